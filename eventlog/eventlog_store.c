@@ -1,0 +1,384 @@
+/* The event log's write path: decode and validate each message, drop exact duplicates, apply
+ * the reducers, extend the hash chain, COPY the rows and upsert the projections, all in one
+ * transaction so the events and the state derived from them never disagree. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "buf.h"
+#include "db.h"
+#include "envelope.h"
+#include "error.h"
+#include "eventlog.h"
+#include "log.h"
+#include "xmalloc.h"
+
+typedef enum { M_SKIP = 0, M_ACCEPT, M_REJECT } disposition_t;
+
+typedef struct {
+    const sp_bus_msg_t *msg;
+    sp_envelope_t *env; /* NULL when undecodable or invalid */
+    disposition_t disp;
+    int duplicate;
+    char reason[SP_REASON_MAX];
+} item_t;
+
+int el_store_load_head(el_store_t *st)
+{
+    PGresult *r = PQexec(st->db, "SELECT stream_seq, hash FROM events ORDER BY stream_seq DESC "
+                                 "LIMIT 1");
+    int rc = sp_db_check(r, PGRES_TUPLES_OK);
+    if (rc < 0)
+        goto out;
+    if (PQntuples(r) == 0) {
+        st->head.seq = 0;
+        memcpy(st->head.hash, SP_CHAIN_GENESIS, SP_SHA256_LEN);
+        goto out;
+    }
+    st->head.seq = strtoull(PQgetvalue(r, 0, 0), NULL, 10);
+    /* bytea in text form: \x + 64 hex digits */
+    const char *h = PQgetvalue(r, 0, 1);
+    if (strncmp(h, "\\x", 2) != 0 || sp_hex_decode(h + 2, st->head.hash, SP_SHA256_LEN) < 0)
+        rc = SP_ECHAIN;
+out:
+    PQclear(r);
+    return rc;
+}
+
+/* COPY text format (PostgreSQL docs, COPY, "Text Format"): escape backslash and the three
+ * separators; \N is NULL. */
+static void copy_text(sp_buf_t *b, const char *s)
+{
+    if (!s) {
+        sp_buf_puts(b, "\\N");
+    } else {
+        for (; *s; s++) {
+            switch (*s) {
+            case '\\':
+                sp_buf_puts(b, "\\\\");
+                break;
+            case '\t':
+                sp_buf_puts(b, "\\t");
+                break;
+            case '\n':
+                sp_buf_puts(b, "\\n");
+                break;
+            case '\r':
+                sp_buf_puts(b, "\\r");
+                break;
+            default:
+                sp_buf_putc(b, *s);
+            }
+        }
+    }
+}
+
+static void copy_sep(sp_buf_t *b)
+{
+    sp_buf_putc(b, '\t');
+}
+
+/* bytea hex input, with the backslash itself escaped for COPY. */
+static void copy_bytea(sp_buf_t *b, const uint8_t *data, size_t len)
+{
+    sp_buf_puts(b, "\\\\x");
+    sp_buf_hex(b, data, len);
+}
+
+static void copy_ts_us(sp_buf_t *b, int64_t us)
+{
+    time_t sec = (time_t)(us / 1000000);
+    struct tm tm;
+    char tbuf[32];
+    gmtime_r(&sec, &tm);
+    strftime(tbuf, sizeof(tbuf), "%Y-%m-%d %H:%M:%S", &tm);
+    sp_buf_printf(b, "%s.%06lld+00", tbuf, (long long)(us % 1000000));
+}
+
+static void copy_opt(sp_buf_t *b, const char *s)
+{
+    copy_text(b, s && s[0] ? s : NULL);
+}
+
+static void copy_row(sp_buf_t *b, const item_t *it, const uint8_t prev[SP_SHA256_LEN],
+                     const uint8_t hash[SP_SHA256_LEN])
+{
+    const sp_bus_msg_t *m = it->msg;
+    const sp_envelope_t *e = it->env;
+
+    sp_buf_printf(b, "%llu", (unsigned long long)m->stream_seq);
+    copy_sep(b);
+    copy_opt(b, e ? e->event_id : NULL);
+    copy_sep(b);
+    copy_text(b, m->subject);
+    copy_sep(b);
+    copy_opt(b, e ? e->type : NULL);
+    copy_sep(b);
+    copy_opt(b, e ? e->aggregate->kind : NULL);
+    copy_sep(b);
+    copy_opt(b, e ? e->aggregate->id : NULL);
+    copy_sep(b);
+    copy_text(b, e ? e->tenant : NULL);
+    copy_sep(b);
+    copy_opt(b, e ? e->actor : NULL);
+    copy_sep(b);
+    if (e)
+        copy_ts_us(b, e->occurred_at_us);
+    else
+        copy_text(b, NULL);
+    copy_sep(b);
+    copy_ts_us(b, m->published_ns / 1000);
+    copy_sep(b);
+    copy_text(b, e ? e->correlation_id : NULL);
+    copy_sep(b);
+    copy_opt(b, e ? e->causation_id : NULL);
+    copy_sep(b);
+    if (e)
+        sp_buf_printf(b, "%u", e->schema_version);
+    else
+        copy_text(b, NULL);
+    copy_sep(b);
+    sp_buf_puts(b, it->disp == M_ACCEPT ? "accepted" : "rejected");
+    copy_sep(b);
+    copy_text(b, it->disp == M_ACCEPT ? NULL : it->reason);
+    copy_sep(b);
+    copy_bytea(b, m->data, m->len);
+    copy_sep(b);
+    copy_bytea(b, prev, SP_SHA256_LEN);
+    copy_sep(b);
+    copy_bytea(b, hash, SP_SHA256_LEN);
+    sp_buf_putc(b, '\n');
+}
+
+static int cmp_item_id(const void *a, const void *b)
+{
+    const item_t *x = *(item_t *const *)a, *y = *(item_t *const *)b;
+    int c = strcmp(x->env->event_id, y->env->event_id);
+    if (c)
+        return c;
+    return x->msg->stream_seq < y->msg->stream_seq ? -1 : 1;
+}
+
+static int same_bytes(const item_t *a, const uint8_t *data, size_t len)
+{
+    return a->msg->len == len && (len == 0 || memcmp(a->msg->data, data, len) == 0);
+}
+
+/* Marks duplicates: within the batch (a later copy of an earlier message) and against accepted
+ * rows already stored. A different message reusing a stored event_id is rejected, not
+ * deduplicated: the id is the event's identity, and two contents cannot share it. */
+static int find_duplicates(el_store_t *st, item_t *items, size_t n)
+{
+    item_t **by_id = sp_xcalloc(n ? n : 1, sizeof(*by_id));
+    size_t k = 0;
+    sp_buf_t arr;
+    int rc = 0;
+
+    sp_buf_init(&arr);
+    for (size_t i = 0; i < n; i++)
+        if (items[i].disp == M_ACCEPT)
+            by_id[k++] = &items[i];
+    qsort(by_id, k, sizeof(*by_id), cmp_item_id);
+    /* Within an id, by_id is in stream order: the first is the leader, later ones copies. */
+    for (size_t i = 1, lead = 0; i < k; i++) {
+        item_t *first = by_id[lead], *cur = by_id[i];
+        if (strcmp(first->env->event_id, cur->env->event_id) != 0) {
+            lead = i;
+            continue;
+        }
+        if (same_bytes(first, cur->msg->data, cur->msg->len)) {
+            cur->disp = M_SKIP;
+            cur->duplicate = 1;
+        } else {
+            cur->disp = M_REJECT;
+            snprintf(cur->reason, sizeof(cur->reason), "event_id %s reused with other content",
+                     cur->env->event_id);
+        }
+    }
+
+    sp_buf_putc(&arr, '{');
+    for (size_t i = 0; i < n; i++) {
+        if (items[i].disp != M_ACCEPT)
+            continue;
+        if (arr.len > 1)
+            sp_buf_putc(&arr, ',');
+        sp_buf_puts(&arr, items[i].env->event_id);
+    }
+    sp_buf_putc(&arr, '}');
+    if (arr.len == 2)
+        goto out;
+
+    const char *params[1] = {arr.data};
+    PGresult *r = PQexecParams(st->db,
+                               "SELECT event_id::text, payload FROM events WHERE status = "
+                               "'accepted' AND event_id = ANY($1::uuid[])",
+                               1, NULL, params, NULL, NULL, 1 /* binary results */);
+    if ((rc = sp_db_check(r, PGRES_TUPLES_OK)) < 0) {
+        sp_log(SP_LOG_ERROR, "duplicate lookup failed", SP_KS("error", PQerrorMessage(st->db)));
+        PQclear(r);
+        goto out;
+    }
+    for (int row = 0; row < PQntuples(r); row++) {
+        const char *id = PQgetvalue(r, row, 0);
+        const uint8_t *payload = (const uint8_t *)PQgetvalue(r, row, 1);
+        size_t plen = (size_t)PQgetlength(r, row, 1);
+        for (size_t i = 0; i < n; i++) {
+            item_t *it = &items[i];
+            if (it->disp != M_ACCEPT || strcmp(it->env->event_id, id) != 0)
+                continue;
+            if (same_bytes(it, payload, plen)) {
+                it->disp = M_SKIP;
+                it->duplicate = 1;
+            } else {
+                it->disp = M_REJECT;
+                snprintf(it->reason, sizeof(it->reason), "event_id %s reused with other content",
+                         id);
+            }
+        }
+    }
+    PQclear(r);
+out:
+    sp_buf_dispose(&arr);
+    free(by_id);
+    return rc;
+}
+
+static int load_rows(el_store_t *st, item_t *items, size_t n)
+{
+    const char **sbx = sp_xcalloc(n ? n : 1, sizeof(char *));
+    const char **wkr = sp_xcalloc(n ? n : 1, sizeof(char *));
+    size_t ns = 0, nw = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (items[i].disp != M_ACCEPT)
+            continue;
+        if (sp_event_is_worker(items[i].env->payload_case))
+            wkr[nw++] = items[i].env->aggregate->id;
+        else
+            sbx[ns++] = items[i].env->aggregate->id;
+    }
+    int rc = sp_projection_load_sandboxes(st->proj, st->db, sbx, ns);
+    if (rc >= 0)
+        rc = sp_projection_load_workers(st->proj, st->db, wkr, nw);
+    if (rc < 0)
+        sp_log(SP_LOG_ERROR, "projection load failed", SP_KS("error", PQerrorMessage(st->db)));
+    free(sbx);
+    free(wkr);
+    return rc;
+}
+
+static int copy_in(PGconn *db, const sp_buf_t *rows)
+{
+    PGresult *r = PQexec(db, "COPY events (stream_seq, event_id, subject, type, aggregate_kind,"
+                             " aggregate_id, tenant, actor, occurred_at, published_at,"
+                             " correlation_id, causation_id, schema_version, status,"
+                             " reject_reason, payload, prev_hash, hash) FROM STDIN");
+    int ok = r && PQresultStatus(r) == PGRES_COPY_IN;
+    PQclear(r);
+    if (!ok)
+        return SP_EDB;
+    if (PQputCopyData(db, rows->data, (int)rows->len) != 1 || PQputCopyEnd(db, NULL) != 1)
+        return SP_EDB;
+    int rc = 0;
+    while ((r = PQgetResult(db)) != NULL) {
+        if (PQresultStatus(r) != PGRES_COMMAND_OK)
+            rc = SP_EDB;
+        PQclear(r);
+    }
+    return rc;
+}
+
+int el_store_batch(el_store_t *st, const sp_bus_batch_t *batch)
+{
+    size_t n = sp_bus_batch_len(batch);
+    item_t *items = sp_xcalloc(n ? n : 1, sizeof(*items));
+    el_counts_t counts = {0};
+    el_head_t head = st->head;
+    sp_buf_t rows;
+    int rc = 0;
+    int in_tx = 0;
+
+    sp_buf_init(&rows);
+    for (size_t i = 0; i < n; i++) {
+        item_t *it = &items[i];
+        it->msg = sp_bus_batch_msg(batch, i);
+        /* Redelivered after a crash or a lost ack: already stored. */
+        if (it->msg->stream_seq <= head.seq) {
+            it->disp = M_SKIP;
+            counts.skipped++;
+            continue;
+        }
+        if (sp_envelope_decode(it->msg->data, it->msg->len, &it->env, it->reason) < 0) {
+            it->disp = M_REJECT;
+            continue;
+        }
+        if (sp_envelope_check_subject(it->env, it->msg->subject, it->reason) < 0) {
+            it->disp = M_REJECT;
+            continue;
+        }
+        it->disp = M_ACCEPT;
+    }
+
+    if ((rc = sp_db_exec(st->db, "BEGIN")) < 0)
+        goto out;
+    in_tx = 1;
+    if ((rc = find_duplicates(st, items, n)) < 0)
+        goto out;
+    if ((rc = load_rows(st, items, n)) < 0)
+        goto out;
+
+    for (size_t i = 0; i < n; i++) {
+        item_t *it = &items[i];
+        uint8_t hash[SP_SHA256_LEN];
+        if (it->disp == M_SKIP) {
+            counts.duplicates += it->duplicate;
+            continue;
+        }
+        if (it->disp == M_ACCEPT &&
+            sp_projection_apply(st->proj, it->env, it->msg->stream_seq, it->reason) < 0)
+            it->disp = M_REJECT;
+        sp_chain_next(head.hash, it->msg->data, it->msg->len, hash);
+        copy_row(&rows, it, head.hash, hash);
+        memcpy(head.hash, hash, SP_SHA256_LEN);
+        if (it->disp == M_ACCEPT)
+            counts.accepted++;
+        else
+            counts.rejected++;
+    }
+    if (n > 0 && sp_bus_batch_msg(batch, n - 1)->stream_seq > head.seq)
+        head.seq = sp_bus_batch_msg(batch, n - 1)->stream_seq;
+
+    if (rows.len > 0 && (rc = copy_in(st->db, &rows)) < 0) {
+        sp_log(SP_LOG_ERROR, "COPY events failed", SP_KS("error", PQerrorMessage(st->db)));
+        goto out;
+    }
+    if ((rc = sp_projection_flush(st->proj, st->db)) < 0) {
+        sp_log(SP_LOG_ERROR, "projection flush failed", SP_KS("error", PQerrorMessage(st->db)));
+        goto out;
+    }
+    if ((rc = sp_db_exec(st->db, "COMMIT")) < 0) {
+        sp_log(SP_LOG_ERROR, "commit failed", SP_KS("error", PQerrorMessage(st->db)));
+        in_tx = 0;
+        goto out;
+    }
+    in_tx = 0;
+    st->head = head;
+    st->counts.accepted += counts.accepted;
+    st->counts.rejected += counts.rejected;
+    st->counts.duplicates += counts.duplicates;
+    st->counts.skipped += counts.skipped;
+    for (size_t i = 0; i < n; i++)
+        if (items[i].disp == M_REJECT)
+            sp_log(SP_LOG_WARN, "event rejected", SP_KU("seq", items[i].msg->stream_seq),
+                   SP_KS("subject", items[i].msg->subject), SP_KS("reason", items[i].reason),
+                   SP_KS("corr", items[i].env ? items[i].env->correlation_id : ""));
+out:
+    if (in_tx)
+        sp_db_exec(st->db, "ROLLBACK");
+    sp_projection_clear(st->proj);
+    for (size_t i = 0; i < n; i++)
+        sp_envelope_free(items[i].env);
+    free(items);
+    sp_buf_dispose(&rows);
+    return rc;
+}

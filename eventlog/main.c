@@ -1,0 +1,269 @@
+/* space-eventlog: the durable consumer of SPACE_EVENTS that appends every message to the
+ * PostgreSQL event log, hash-chained, and keeps the projections in step (DESIGN.md, eventlog/).
+ *
+ * Exactly-once without trusting the consumer's delivery state: the position lives in
+ * PostgreSQL (the last stored stream sequence), written in the same transaction as the rows.
+ * At start, and after any failure, the durable consumer is recreated to start right after that
+ * position, so messages arrive in stream order with nothing pending; a message at or below it
+ * (a redelivery) is acknowledged and skipped. One writer at a time: a session advisory lock;
+ * a second instance waits as a hot standby. */
+#include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bus.h"
+#include "config.h"
+#include "db.h"
+#include "error.h"
+#include "eventlog.h"
+#include "ids.h"
+#include "log.h"
+
+/* pg_advisory_lock key held by the active writer: "SPACELOG" as an int8. */
+#define WRITER_LOCK_KEY "6003360185432762183"
+
+typedef struct {
+    char *nats_url;
+    char *nats_user;
+    char *nats_password;
+    char *pg_url;
+    char *durable;
+    int64_t batch_max;
+    int64_t fetch_timeout_ms;
+    int64_t ack_wait_ms;
+    int64_t stats_interval_s;
+    char *log_level;
+    char *log_format;
+} el_config_t;
+
+static const sp_cfg_opt_t options[] = {
+    SP_CFG_STR_OPT("nats-url", el_config_t, nats_url, "nats://127.0.0.1:4222", "NATS server URL(s)"),
+    SP_CFG_STR_OPT("nats-user", el_config_t, nats_user, NULL, "NATS user"),
+    SP_CFG_STR_OPT("nats-password", el_config_t, nats_password, NULL, "NATS password"),
+    SP_CFG_STR_OPT("pg-url", el_config_t, pg_url, "postgresql:///space", "PostgreSQL URI"),
+    SP_CFG_STR_OPT("durable", el_config_t, durable, "eventlog", "JetStream durable name"),
+    SP_CFG_INT_OPT("batch-max", el_config_t, batch_max, 1, 10000, "1000",
+                   "most events stored per transaction"),
+    SP_CFG_INT_OPT("fetch-timeout-ms", el_config_t, fetch_timeout_ms, 1, 60000, "1000",
+                   "longest wait for the next batch"),
+    SP_CFG_INT_OPT("ack-wait-ms", el_config_t, ack_wait_ms, 1000, 600000, "30000",
+                   "redelivery timeout of unacknowledged events"),
+    SP_CFG_INT_OPT("stats-interval-s", el_config_t, stats_interval_s, 0, 86400, "60",
+                   "seconds between counter log lines (0: never)"),
+    SP_CFG_STR_OPT("log-level", el_config_t, log_level, "info", "debug|info|warn|error"),
+    SP_CFG_STR_OPT("log-format", el_config_t, log_format, "kv", "kv|json"),
+};
+#define N_OPTIONS (sizeof(options) / sizeof(options[0]))
+
+static volatile sig_atomic_t stopping;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stopping = 1;
+}
+
+static void pause_ms(int ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
+    while (!stopping && nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+/* Waits for the writer lock, polling so that a stop request is honoured. */
+static int take_writer_lock(PGconn *db)
+{
+    bool announced = false;
+    while (!stopping) {
+        PGresult *r = PQexec(db, "SELECT pg_try_advisory_lock(" WRITER_LOCK_KEY ")");
+        int rc = sp_db_check(r, PGRES_TUPLES_OK);
+        bool got = rc == 0 && strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+        PQclear(r);
+        if (rc < 0)
+            return rc;
+        if (got)
+            return 0;
+        if (!announced)
+            sp_log(SP_LOG_INFO, "another eventlog holds the writer lock; standing by");
+        announced = true;
+        pause_ms(500);
+    }
+    return -EINTR;
+}
+
+static int open_db(const el_config_t *cfg, PGconn **ret_db)
+{
+    PGconn *db = NULL;
+    int rc = sp_db_connect(cfg->pg_url, "space-eventlog", 30000, &db);
+    if (rc < 0) {
+        sp_log(SP_LOG_ERROR, "cannot connect to PostgreSQL", SP_KS("error", sp_strerror(rc)));
+        return rc;
+    }
+    int version = sp_db_migrate(db);
+    if (version < 0) {
+        sp_log(SP_LOG_ERROR, "schema migration failed", SP_KS("error", PQerrorMessage(db)));
+        PQfinish(db);
+        return version;
+    }
+    if ((rc = take_writer_lock(db)) < 0) {
+        PQfinish(db);
+        return rc;
+    }
+    sp_log(SP_LOG_INFO, "database ready", SP_KI("schema_version", version));
+    *ret_db = db;
+    return 0;
+}
+
+static void log_stats(const el_store_t *st, const char *msg)
+{
+    sp_log(SP_LOG_INFO, msg, SP_KU("head_seq", st->head.seq), SP_KU("accepted", st->counts.accepted),
+           SP_KU("rejected", st->counts.rejected), SP_KU("duplicates", st->counts.duplicates),
+           SP_KU("redelivered", st->counts.skipped));
+}
+
+/* Consumes until stopped or until something fails that needs a fresh start from the head. */
+static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st)
+{
+    sp_bus_consumer_t *c = NULL;
+    int rc = el_store_load_head(st);
+    if (rc < 0) {
+        sp_log(SP_LOG_ERROR, "cannot read the log head", SP_KS("error", PQerrorMessage(st->db)));
+        return rc;
+    }
+    rc = sp_bus_consumer_open(bus, cfg->durable, SP_BUS_SUBJECTS, st->head.seq + 1,
+                              (int)cfg->ack_wait_ms, &c);
+    if (rc < 0) {
+        sp_log(SP_LOG_ERROR, "cannot open the consumer", SP_KS("error", sp_strerror(rc)));
+        return rc;
+    }
+    sp_log(SP_LOG_INFO, "consuming", SP_KU("from_seq", st->head.seq + 1),
+           SP_KS("durable", cfg->durable));
+
+    int64_t next_stats = sp_mono_ns() + cfg->stats_interval_s * 1000000000LL;
+    int bus_errors = 0;
+    while (!stopping) {
+        sp_bus_batch_t *b = NULL;
+        rc = sp_bus_fetch(c, (size_t)cfg->batch_max, (int)cfg->fetch_timeout_ms, &b);
+        if (rc < 0) {
+            sp_log(SP_LOG_WARN, "fetch failed", SP_KS("error", sp_strerror(rc)));
+            sp_bus_batch_free(b);
+            /* cnats reconnects by itself; after repeated failures start over from the head. */
+            if (++bus_errors >= 5)
+                break;
+            pause_ms(200 * bus_errors);
+            continue;
+        }
+        bus_errors = 0;
+        if (sp_bus_batch_len(b) > 0) {
+            rc = el_store_batch(st, b);
+            if (rc < 0) {
+                /* Nothing of the batch was stored; do not ack, start over from the head. */
+                sp_bus_batch_free(b);
+                break;
+            }
+            /* Stored: a lost ack only causes a redelivery, which the head filters out. */
+            if (sp_bus_batch_ack(b) < 0)
+                sp_log(SP_LOG_WARN, "ack failed; stored events will be redelivered and skipped");
+        }
+        sp_bus_batch_free(b);
+        if (cfg->stats_interval_s > 0 && sp_mono_ns() >= next_stats) {
+            log_stats(st, "progress");
+            next_stats = sp_mono_ns() + cfg->stats_interval_s * 1000000000LL;
+        }
+    }
+    sp_bus_consumer_free(c);
+    return stopping ? 0 : (rc < 0 ? rc : SP_EBUS);
+}
+
+int main(int argc, char **argv)
+{
+    el_config_t cfg = {0};
+    char *err = NULL;
+    int argi = 0;
+    int rc = sp_config_load(options, N_OPTIONS, &cfg, argc, argv, &argi, &err);
+    int exit_code = 1;
+    sp_bus_t *bus = NULL;
+    el_store_t st = {0};
+    sp_log_level_t level;
+    sp_log_format_t format;
+
+    if (rc < 0) {
+        fprintf(stderr, "space-eventlog: %s\n", err ? err : sp_strerror(rc));
+        goto out;
+    }
+    if (argi < 0) {
+        exit_code = 0;
+        goto out;
+    }
+    if (argi < argc) {
+        fprintf(stderr, "space-eventlog: unexpected argument '%s'\n", argv[argi]);
+        goto out;
+    }
+    if (sp_log_level_parse(cfg.log_level, &level) < 0 ||
+        sp_log_format_parse(cfg.log_format, &format) < 0) {
+        fprintf(stderr, "space-eventlog: bad --log-level or --log-format\n");
+        goto out;
+    }
+    sp_log_init("space-eventlog", level, format);
+
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    sp_bus_opts_t bo = {.url = cfg.nats_url,
+                        .name = "space-eventlog",
+                        .user = cfg.nats_user[0] ? cfg.nats_user : NULL,
+                        .password = cfg.nats_password[0] ? cfg.nats_password : NULL,
+                        .timeout_ms = 30000};
+    if ((rc = sp_bus_connect(&bo, &bus)) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot connect to NATS", SP_KS("error", sp_strerror(rc)));
+        goto out;
+    }
+    if ((rc = sp_bus_ensure_stream(bus)) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot set up the stream", SP_KS("error", sp_strerror(rc)));
+        goto out;
+    }
+    st.proj = sp_projection_new("public");
+
+    int failures = 0;
+    while (!stopping) {
+        if (!st.db || PQstatus(st.db) != CONNECTION_OK) {
+            PQfinish(st.db);
+            st.db = NULL;
+            if (open_db(&cfg, &st.db) < 0) {
+                pause_ms(1000);
+                continue;
+            }
+        }
+        rc = consume(&cfg, bus, &st);
+        if (rc < 0 && !stopping) {
+            failures++;
+            sp_log(SP_LOG_WARN, "restarting from the log head", SP_KS("error", sp_strerror(rc)),
+                   SP_KI("failures", failures));
+            pause_ms(failures < 10 ? 100 * failures : 1000);
+            /* Drop a connection that may be stuck in a failed state; reconnect above. */
+            if (PQstatus(st.db) != CONNECTION_OK || PQtransactionStatus(st.db) != PQTRANS_IDLE) {
+                PQfinish(st.db);
+                st.db = NULL;
+            }
+        } else {
+            failures = 0;
+        }
+    }
+    log_stats(&st, "stopped");
+    exit_code = 0;
+out:
+    sp_projection_free(st.proj);
+    PQfinish(st.db);
+    sp_bus_free(bus);
+    sp_config_dispose(options, N_OPTIONS, &cfg);
+    free(err);
+    return exit_code;
+}

@@ -1,0 +1,105 @@
+/* The bus: NATS + JetStream (cnats 3.4.1, nats-server 2.9).
+ *
+ * One JetStream stream, SPACE_EVENTS, over "space.ev.>", file storage, a duplicate window
+ * (Nats-Msg-Id = event_id makes a retried publish idempotent). Consumers are pull consumers
+ * with explicit acknowledgement.
+ *
+ * Threads: a sp_bus_t may be used from several threads for publishing; a consumer and the
+ * batches it returns belong to the one thread that fetches. cnats runs its own threads for
+ * I/O and reconnects (reconnect is automatic and unbounded); no callback of this API runs on
+ * them.
+ */
+#ifndef SPACE_BUS_H
+#define SPACE_BUS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SP_BUS_STREAM "SPACE_EVENTS"
+#define SP_BUS_SUBJECTS "space.ev.>"
+#define SP_BUS_MAX_MSG (1024 * 1024) /* server max_payload we configure; envelopes are far smaller */
+
+typedef struct sp_bus sp_bus_t;
+typedef struct sp_bus_consumer sp_bus_consumer_t;
+typedef struct sp_bus_batch sp_bus_batch_t;
+
+typedef struct {
+    const char *url;       /* "nats://127.0.0.1:4222"; comma-separated list for a cluster */
+    const char *name;      /* connection name shown by the server, e.g. "space-eventlog" */
+    const char *user;      /* optional */
+    const char *password;  /* optional; never logged */
+    int timeout_ms;        /* connect and JetStream API timeout; 0 = 5000 */
+    int64_t dup_window_ms; /* duplicate window of the stream when sp_bus_ensure_stream creates
+                              it; 0 = 2 minutes */
+} sp_bus_opts_t;
+
+/* Connects (retrying the initial connect for up to timeout_ms) and gets a JetStream context. */
+int sp_bus_connect(const sp_bus_opts_t *opts, sp_bus_t **ret_bus);
+/* Flushes pending async publishes (bounded wait) and closes. Accepts NULL. */
+void sp_bus_free(sp_bus_t *bus);
+
+/* Creates SPACE_EVENTS if missing (idempotent; an existing stream is left as it is). */
+int sp_bus_ensure_stream(sp_bus_t *bus);
+/* Last sequence stored in SPACE_EVENTS and the number of messages. */
+int sp_bus_stream_info(sp_bus_t *bus, uint64_t *ret_last_seq, uint64_t *ret_msgs);
+
+/* Publishes and waits for the stream's ack. msg_id (optional) goes into Nats-Msg-Id.
+ * *ret_seq (optional) gets the stream sequence; *ret_duplicate (optional) is set to 1 when the
+ * server recognised msg_id as a duplicate (then *ret_seq is the original's sequence). */
+int sp_bus_publish(sp_bus_t *bus, const char *subject, const void *data, size_t len,
+                   const char *msg_id, uint64_t *ret_seq, int *ret_duplicate);
+/* Publishes without waiting for the ack (pipelined; at most 4096 in flight, then it blocks
+ * until acks make room, for up to timeout_ms of the connection, then SP_ETIMEOUT).
+ * Use sp_bus_publish_async_complete to wait for every ack. */
+int sp_bus_publish_async(sp_bus_t *bus, const char *subject, const void *data, size_t len,
+                         const char *msg_id);
+/* Waits up to timeout_ms (<= 0: the connection's timeout_ms) for all pending async
+ * publishes; returns the number that failed since the last call that returned a count (>= 0),
+ * or SP_ETIMEOUT. */
+int sp_bus_publish_async_complete(sp_bus_t *bus, int timeout_ms);
+
+/* Core NATS (not stored in the stream): the data plane, space.io.>. */
+int sp_bus_publish_core(sp_bus_t *bus, const char *subject, const void *data, size_t len);
+
+/* A pull consumer on SP_BUS_STREAM.
+ * durable: the consumer's durable name. filter: subject filter (one: nats-server 2.9).
+ * start_seq: 0 = deliver everything still in the stream; else the first stream sequence to
+ * deliver. The durable is (re)created with that start: whatever delivery state it had is
+ * discarded, so the caller, which keeps its own position (the event log keeps it in
+ * PostgreSQL, atomically with the data), gets messages in stream order with nothing pending.
+ * ack_wait_ms: redelivery timeout for unacked messages (0 = 30 s). */
+int sp_bus_consumer_open(sp_bus_t *bus, const char *durable, const char *filter,
+                         uint64_t start_seq, int ack_wait_ms, sp_bus_consumer_t **ret_consumer);
+/* Unsubscribes (keeps the durable on the server). Accepts NULL. Batches still held stay
+ * valid (and can be acked) until freed. */
+void sp_bus_consumer_free(sp_bus_consumer_t *c);
+/* Deletes the durable on the server. */
+int sp_bus_consumer_delete(sp_bus_t *bus, const char *durable);
+
+typedef struct {
+    const char *subject;  /* borrowed: valid until the batch is freed */
+    const uint8_t *data;  /* borrowed: valid until the batch is freed; may be NULL when len 0 */
+    size_t len;
+    uint64_t stream_seq;
+    uint64_t delivered;   /* delivery count, 1 on first delivery */
+    int64_t published_ns; /* the stream's timestamp, ns since the epoch */
+} sp_bus_msg_t;
+
+/* Fetches up to max messages (at most 4096 and 64 MiB per batch), waiting up to timeout_ms for
+ * the first one and returning what is available once one came. On timeout returns 0 with an
+ * empty batch (never NULL). */
+int sp_bus_fetch(sp_bus_consumer_t *c, size_t max, int timeout_ms, sp_bus_batch_t **ret_batch);
+size_t sp_bus_batch_len(const sp_bus_batch_t *b);
+const sp_bus_msg_t *sp_bus_batch_msg(const sp_bus_batch_t *b, size_t i);
+/* Acknowledges every message of the batch. */
+int sp_bus_batch_ack(sp_bus_batch_t *b);
+/* Frees without acking (the messages are redelivered after ack_wait). Accepts NULL. */
+void sp_bus_batch_free(sp_bus_batch_t *b);
+
+/* Reads one stored message by stream sequence (for SSE replay and tools). *ret_subject and
+ * *ret_data are heap, caller frees; any output may be NULL; SP_ENOTFOUND if that sequence is
+ * gone. */
+int sp_bus_get_msg(sp_bus_t *bus, uint64_t seq, char **ret_subject, uint8_t **ret_data,
+                   size_t *ret_len, int64_t *ret_published_ns);
+
+#endif

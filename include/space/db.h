@@ -1,0 +1,32 @@
+/* PostgreSQL access (libpq) and the schema migrations every daemon applies at start.
+ *
+ * Migrations live in lib/db_migrations.c as an ordered list; sp_db_migrate applies the missing
+ * ones in one transaction each, under an advisory lock so concurrent starters do not race, and
+ * records them in schema_migrations. A migration, once released, is never edited: add a new one.
+ */
+#ifndef SPACE_DB_H
+#define SPACE_DB_H
+
+#include <libpq-fe.h>
+#include <stdint.h>
+
+/* Connects (retrying for up to timeout_ms while the server starts) and sets
+ * application_name. url is a libpq connection string or URI. Errors: SP_EDB, SP_ETIMEOUT. */
+int sp_db_connect(const char *url, const char *application_name, int timeout_ms,
+                  PGconn **ret_conn);
+/* Applies pending migrations. Returns the schema version now in force. */
+int sp_db_migrate(PGconn *conn);
+/* The highest migration version compiled in. */
+int sp_db_schema_version(void);
+
+/* Runs one statement without parameters and checks its status (COMMAND_OK or TUPLES_OK). */
+int sp_db_exec(PGconn *conn, const char *sql);
+/* 0 when res has status expected (TUPLES_OK also satisfies COMMAND_OK), else SP_EDB; res is
+ * not cleared. The error text stays in the connection (PQerrorMessage). */
+int sp_db_check(PGresult *res, ExecStatusType expected);
+
+/* Big-endian int8 for binary parameters. */
+void sp_db_put_i64(char out[8], int64_t v);
+int64_t sp_db_get_i64(const char *in);
+
+#endif

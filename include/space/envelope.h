@@ -1,0 +1,63 @@
+/* The event envelope (proto/space.proto): encode, decode with limits, validate, subjects.
+ *
+ * Everything read from the bus is untrusted: sp_envelope_decode checks the size before
+ * unpacking and validates every field after; a failure comes back with a reason string fit for
+ * a "...Rejected" record.
+ */
+#ifndef SPACE_ENVELOPE_H
+#define SPACE_ENVELOPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "buf.h"
+#include "space.pb-c.h"
+
+typedef Space__V1__Envelope sp_envelope_t;
+typedef Space__V1__Envelope__PayloadCase sp_event_type_t;
+
+#define SP_ENVELOPE_MAX (64 * 1024)
+#define SP_SCHEMA_VERSION 1
+#define SP_REASON_MAX 256
+
+/* Type name of a payload case ("SandboxPlaced"); NULL for an unknown case. */
+const char *sp_event_type_name(sp_event_type_t t);
+/* Payload case for a type name; SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET when unknown. */
+sp_event_type_t sp_event_type_from_name(const char *name);
+
+/* Whether an event type is about a worker (else about a sandbox). */
+int sp_event_is_worker(sp_event_type_t t);
+
+/* Fills the envelope's generated fields: a fresh UUIDv7 event_id (stored in id_buf, which the
+ * envelope then borrows), occurred_at now, schema_version, and type from the payload case. */
+void sp_envelope_stamp(sp_envelope_t *env, char id_buf[37]);
+
+/* Encodes into a heap buffer (caller frees). -E2BIG (SP_ETOOBIG) if over SP_ENVELOPE_MAX;
+ * SP_ESCHEMA if the envelope would not pass sp_envelope_validate. */
+int sp_envelope_encode(const sp_envelope_t *env, uint8_t **ret_buf, size_t *ret_len);
+
+/* Size check, unpack, validate. On failure returns SP_ETOOBIG / SP_EDECODE / SP_ESCHEMA /
+ * SP_ETYPE / SP_EVERSION and writes a one-line reason into reason (SP_REASON_MAX bytes). On
+ * success *ret_env must be freed with sp_envelope_free. */
+int sp_envelope_decode(const uint8_t *buf, size_t len, sp_envelope_t **ret_env,
+                       char reason[SP_REASON_MAX]);
+void sp_envelope_free(sp_envelope_t *env);
+
+/* Schema validation of a decoded envelope: ids, lengths, type matches the payload case,
+ * aggregate kind matches the type, payload fields within limits. */
+int sp_envelope_validate(const sp_envelope_t *env, char reason[SP_REASON_MAX]);
+
+/* The subject an envelope is published on (proto/README.md). worker may be NULL or "" for "_".
+ * Returns the length, or SP_ESCHEMA if a token is not a valid id. */
+int sp_envelope_subject(const sp_envelope_t *env, const char *worker, char *buf, size_t len);
+
+/* Checks that the subject a message arrived on agrees with its envelope (kind, ids, type), so a
+ * publisher cannot smuggle an event for one sandbox onto another's subject. */
+int sp_envelope_check_subject(const sp_envelope_t *env, const char *subject,
+                              char reason[SP_REASON_MAX]);
+
+/* Appends the envelope as one JSON object: proto field names, 64-bit integers as numbers,
+ * bytes as hex, only the payload case that is set. */
+void sp_envelope_to_json(const sp_envelope_t *env, sp_buf_t *out);
+
+#endif

@@ -1,0 +1,29 @@
+/* Synthetic, valid events: the sandbox lifecycle as a worker and scheduler would emit it. For
+ * the demo (`space demo`), integration tests and benchmarks; never used on a real request
+ * path. */
+#ifndef SPACE_EVENTGEN_H
+#define SPACE_EVENTGEN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "envelope.h"
+
+typedef struct {
+    uint8_t *data; /* encoded envelope, heap */
+    size_t len;
+    char subject[192];
+    char event_id[37];
+} sp_eventgen_msg_t;
+
+/* One sandbox event of the given type. worker names the worker for placed/started/resumed/
+ * resuming and the subject's worker token (NULL: "_"). Returns 0 or a negative error. */
+int sp_eventgen_sandbox(sp_event_type_t type, const char *tenant, const char *sandbox,
+                        const char *worker, sp_eventgen_msg_t *out);
+int sp_eventgen_heartbeat(const char *worker, uint32_t running, sp_eventgen_msg_t *out);
+void sp_eventgen_msg_dispose(sp_eventgen_msg_t *m);
+
+/* The five events of a short life: create, placed, started, paused, deleted. */
+extern const sp_event_type_t sp_eventgen_lifecycle[5];
+
+#endif

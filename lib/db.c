@@ -1,0 +1,129 @@
+/* PostgreSQL helpers and migrations (db.h). */
+#include "db.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "db_migrations.h"
+#include "error.h"
+#include "ids.h"
+#include "log.h"
+
+/* pg_advisory_xact_lock key for migrations: "SPACEMIG" as an int8. */
+#define MIGRATION_LOCK_KEY "6003360185432762695"
+
+int sp_db_check(PGresult *res, ExecStatusType expected)
+{
+    if (!res)
+        return SP_EDB;
+    ExecStatusType st = PQresultStatus(res);
+    if (st == expected)
+        return 0;
+    if (expected == PGRES_COMMAND_OK && st == PGRES_TUPLES_OK)
+        return 0;
+    return SP_EDB;
+}
+
+int sp_db_exec(PGconn *conn, const char *sql)
+{
+    PGresult *res = PQexec(conn, sql);
+    int rc = sp_db_check(res, PGRES_COMMAND_OK);
+    if (rc < 0)
+        sp_log(SP_LOG_DEBUG, "db exec failed", SP_KS("error", PQerrorMessage(conn)));
+    PQclear(res);
+    return rc;
+}
+
+int sp_db_connect(const char *url, const char *application_name, int timeout_ms,
+                  PGconn **ret_conn)
+{
+    const char *keys[] = {"dbname", "application_name", "connect_timeout", NULL};
+    const char *vals[] = {url, application_name, "5", NULL};
+    int64_t deadline = sp_mono_ns() + (int64_t)timeout_ms * 1000000;
+
+    for (;;) {
+        /* expand_dbname = 1: "dbname" may be a full connection string or URI. */
+        PGconn *c = PQconnectdbParams(keys, vals, 1);
+        if (c && PQstatus(c) == CONNECTION_OK) {
+            *ret_conn = c;
+            return 0;
+        }
+        sp_log(SP_LOG_DEBUG, "db connect failed", SP_KS("error", c ? PQerrorMessage(c) : "oom"));
+        PQfinish(c);
+        if (sp_mono_ns() >= deadline)
+            return timeout_ms > 0 ? SP_ETIMEOUT : SP_EDB;
+        nanosleep(&(struct timespec){.tv_nsec = 100 * 1000 * 1000}, NULL);
+    }
+}
+
+int sp_db_schema_version(void)
+{
+    return sp_db_migrations[sp_db_n_migrations - 1].version;
+}
+
+int sp_db_migrate(PGconn *conn)
+{
+    int rc;
+    int current = 0;
+
+    rc = sp_db_exec(conn, "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                          " version integer PRIMARY KEY, name text NOT NULL,"
+                          " applied_at timestamptz NOT NULL DEFAULT now())");
+    if (rc < 0)
+        return rc;
+    for (size_t i = 0; i < sp_db_n_migrations; i++) {
+        const sp_db_migration_t *m = &sp_db_migrations[i];
+        char vbuf[16];
+        const char *params[2] = {vbuf, m->name};
+        snprintf(vbuf, sizeof(vbuf), "%d", m->version);
+
+        if ((rc = sp_db_exec(conn, "BEGIN")) < 0)
+            return rc;
+        /* Serialise concurrent starters; the lock ends with the transaction. */
+        if ((rc = sp_db_exec(conn, "SELECT pg_advisory_xact_lock(" MIGRATION_LOCK_KEY ")")) < 0)
+            goto fail;
+        PGresult *res = PQexecParams(conn, "SELECT 1 FROM schema_migrations WHERE version = $1",
+                                     1, NULL, params, NULL, NULL, 0);
+        if ((rc = sp_db_check(res, PGRES_TUPLES_OK)) < 0) {
+            PQclear(res);
+            goto fail;
+        }
+        int applied = PQntuples(res) > 0;
+        PQclear(res);
+        if (!applied) {
+            if ((rc = sp_db_exec(conn, m->sql)) < 0)
+                goto fail;
+            res = PQexecParams(conn, "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+                               2, NULL, params, NULL, NULL, 0);
+            rc = sp_db_check(res, PGRES_COMMAND_OK);
+            PQclear(res);
+            if (rc < 0)
+                goto fail;
+        }
+        if ((rc = sp_db_exec(conn, "COMMIT")) < 0)
+            return rc;
+        current = m->version;
+    }
+    return current;
+fail:
+    sp_db_exec(conn, "ROLLBACK");
+    return rc;
+}
+
+void sp_db_put_i64(char out[8], int64_t v)
+{
+    uint64_t u = (uint64_t)v;
+    for (int i = 7; i >= 0; i--) {
+        out[i] = (char)(u & 0xff);
+        u >>= 8;
+    }
+}
+
+int64_t sp_db_get_i64(const char *in)
+{
+    uint64_t u = 0;
+    for (int i = 0; i < 8; i++)
+        u = (u << 8) | (uint8_t)in[i];
+    return (int64_t)u;
+}

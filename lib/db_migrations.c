@@ -1,0 +1,78 @@
+/* Schema migrations, in order. A released migration is never edited: add a new one (db.h). */
+#include "db_migrations.h"
+
+#include <stddef.h>
+
+static const char m1_events[] =
+    /* The event log: one row per message of SPACE_EVENTS, in stream order, hash-chained.
+     * Rejected messages are rows too (status 'rejected', with the reason): nothing read from
+     * the stream is dropped, and the chain covers every stored message. */
+    "CREATE TABLE events ("
+    "  stream_seq     bigint PRIMARY KEY,"
+    "  event_id       uuid,"
+    "  subject        text NOT NULL,"
+    "  type           text,"
+    "  aggregate_kind text,"
+    "  aggregate_id   text,"
+    "  tenant         text,"
+    "  actor          text,"
+    "  occurred_at    timestamptz,"
+    "  published_at   timestamptz NOT NULL,"
+    "  stored_at      timestamptz NOT NULL DEFAULT clock_timestamp(),"
+    "  correlation_id text,"
+    "  causation_id   uuid,"
+    "  schema_version integer,"
+    "  status         text NOT NULL CHECK (status IN ('accepted', 'rejected')),"
+    "  reject_reason  text,"
+    "  payload        bytea NOT NULL,"
+    "  prev_hash      bytea NOT NULL CHECK (length(prev_hash) = 32),"
+    "  hash           bytea NOT NULL CHECK (length(hash) = 32)"
+    ");"
+    /* An event id is stored once as accepted; a different message reusing it is rejected. */
+    "CREATE UNIQUE INDEX events_event_id_accepted ON events (event_id) WHERE status = 'accepted';"
+    "CREATE INDEX events_aggregate ON events (aggregate_kind, aggregate_id, stream_seq);"
+    "CREATE INDEX events_tenant ON events (tenant, stream_seq);"
+    "CREATE INDEX events_correlation ON events (correlation_id) WHERE correlation_id <> '';"
+    /* Projections: rebuilt from events by the reducers in lib/reduce.c (replay does the same). */
+    "CREATE TABLE sandboxes ("
+    "  id             text PRIMARY KEY,"
+    "  tenant         text NOT NULL,"
+    "  template       text NOT NULL,"
+    "  state          text NOT NULL,"
+    "  worker         text NOT NULL DEFAULT '',"
+    "  timeout_s      integer NOT NULL DEFAULT 0,"
+    "  vcpu           integer NOT NULL DEFAULT 0,"
+    "  memory_mb      integer NOT NULL DEFAULT 0,"
+    "  metadata       jsonb NOT NULL DEFAULT '{}',"
+    "  env_names      jsonb NOT NULL DEFAULT '[]',"
+    "  failure_reason text NOT NULL DEFAULT '',"
+    "  created_at     timestamptz,"
+    "  started_at     timestamptz,"
+    "  updated_at     timestamptz,"
+    "  deleted_at     timestamptz,"
+    "  version        integer NOT NULL,"
+    "  last_seq       bigint NOT NULL"
+    ");"
+    "CREATE INDEX sandboxes_tenant_state ON sandboxes (tenant, state);"
+    "CREATE TABLE workers ("
+    "  id                text PRIMARY KEY,"
+    "  host              text NOT NULL DEFAULT '',"
+    "  state             text NOT NULL,"
+    "  vcpu_total        integer NOT NULL DEFAULT 0,"
+    "  vcpu_used         integer NOT NULL DEFAULT 0,"
+    "  memory_mb_total   bigint NOT NULL DEFAULT 0,"
+    "  memory_mb_used    bigint NOT NULL DEFAULT 0,"
+    "  sandboxes_running integer NOT NULL DEFAULT 0,"
+    "  templates         jsonb NOT NULL DEFAULT '[]',"
+    "  runtimes          jsonb NOT NULL DEFAULT '[]',"
+    "  interval_ms       integer NOT NULL DEFAULT 0,"
+    "  version_string    text NOT NULL DEFAULT '',"
+    "  last_heartbeat_at timestamptz,"
+    "  version           integer NOT NULL,"
+    "  last_seq          bigint NOT NULL"
+    ");";
+
+const sp_db_migration_t sp_db_migrations[] = {
+    {1, "events, sandboxes, workers", m1_events},
+};
+const size_t sp_db_n_migrations = sizeof(sp_db_migrations) / sizeof(sp_db_migrations[0]);

@@ -1,0 +1,420 @@
+/* Envelope encode/decode/validate. Everything decoded here came from the bus and is untrusted:
+ * size first, then protobuf, then every field against its limit (STYLE.md, untrusted input). */
+#include "envelope.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "error.h"
+#include "ids.h"
+#include "xmalloc.h"
+
+#define ID_MAX 64
+#define ACTOR_MAX 128
+#define CORR_MAX 128
+#define TEXT_MAX 256
+#define METADATA_MAX 64
+#define METADATA_KEY_MAX 64
+#define METADATA_VALUE_MAX 512
+#define ENV_NAMES_MAX 128
+#define LIST_MAX 256
+#define ARTIFACTS_MAX 16
+/* 2020-01-01 .. 2100-01-01 in microseconds: anything outside is a bug or a forgery. */
+#define TIME_MIN_US 1577836800000000LL
+#define TIME_MAX_US 4102444800000000LL
+
+static const ProtobufCFieldDescriptor *payload_field(sp_event_type_t t)
+{
+    const ProtobufCMessageDescriptor *d = &space__v1__envelope__descriptor;
+    if (t == SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET)
+        return NULL;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        if (f->id == (uint32_t)t && f->type == PROTOBUF_C_TYPE_MESSAGE &&
+            (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
+            return f;
+    }
+    return NULL;
+}
+
+const char *sp_event_type_name(sp_event_type_t t)
+{
+    const ProtobufCFieldDescriptor *f = payload_field(t);
+    if (!f)
+        return NULL;
+    return ((const ProtobufCMessageDescriptor *)f->descriptor)->short_name;
+}
+
+sp_event_type_t sp_event_type_from_name(const char *name)
+{
+    const ProtobufCMessageDescriptor *d = &space__v1__envelope__descriptor;
+    if (!name)
+        return SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        if (f->type != PROTOBUF_C_TYPE_MESSAGE || !(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
+            continue;
+        if (strcmp(((const ProtobufCMessageDescriptor *)f->descriptor)->short_name, name) == 0)
+            return (sp_event_type_t)f->id;
+    }
+    return SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET;
+}
+
+int sp_event_is_worker(sp_event_type_t t)
+{
+    return t == SPACE__V1__ENVELOPE__PAYLOAD_WORKER_HEARTBEAT ||
+           t == SPACE__V1__ENVELOPE__PAYLOAD_WORKER_STOPPED;
+}
+
+void sp_envelope_stamp(sp_envelope_t *env, char id_buf[37])
+{
+    sp_uuid7_str(id_buf);
+    env->event_id = id_buf;
+    env->occurred_at_us = sp_now_us();
+    env->schema_version = SP_SCHEMA_VERSION;
+    const char *name = sp_event_type_name(env->payload_case);
+    /* The generated struct has no const; the envelope never writes through it. */
+    env->type = (char *)(name ? name : "");
+}
+
+static int fail(char reason[SP_REASON_MAX], int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int fail(char reason[SP_REASON_MAX], int err, const char *fmt, ...)
+{
+    if (reason) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(reason, SP_REASON_MAX, fmt, ap);
+        va_end(ap);
+    }
+    return err;
+}
+
+/* Valid UTF-8 without control characters (C0, DEL): what may appear in any text field, so a
+ * field can be logged, put into JSON and shown in a terminal without surprises. */
+static int text_ok(const char *s, size_t max)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t n = 0;
+    while (*p) {
+        unsigned c = *p;
+        int extra;
+        if (c < 0x20 || c == 0x7f)
+            return 0;
+        if (c < 0x80)
+            extra = 0;
+        else if (c >= 0xc2 && c <= 0xdf)
+            extra = 1;
+        else if (c >= 0xe0 && c <= 0xef)
+            extra = 2;
+        else if (c >= 0xf0 && c <= 0xf4)
+            extra = 3;
+        else
+            return 0;
+        unsigned cp = extra == 0 ? c : c & (0x3fu >> extra);
+        p++;
+        n++;
+        for (int i = 0; i < extra; i++, p++, n++) {
+            if ((*p & 0xc0) != 0x80)
+                return 0;
+            cp = (cp << 6) | (*p & 0x3fu);
+        }
+        /* Overlong forms, surrogates and code points past U+10FFFF. */
+        if ((extra == 2 && cp < 0x800) || (extra == 3 && (cp < 0x10000 || cp > 0x10ffff)) ||
+            (cp >= 0xd800 && cp <= 0xdfff))
+            return 0;
+        if (n > max)
+            return 0;
+    }
+    return 1;
+}
+
+static int env_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 128 || (s[0] >= '0' && s[0] <= '9'))
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              c == '_'))
+            return 0;
+    }
+    return 1;
+}
+
+#define CHECK_TEXT(field, max, name)                                                               \
+    do {                                                                                           \
+        if (!text_ok((field), (max)))                                                              \
+            return fail(reason, SP_ESCHEMA, "%s: not UTF-8 text of at most %d bytes", (name),      \
+                        (int)(max));                                                               \
+    } while (0)
+#define CHECK_ID(field, name)                                                                      \
+    do {                                                                                           \
+        if (!sp_id_valid(field))                                                                   \
+            return fail(reason, SP_ESCHEMA, "%s: not an id ([a-z0-9_-], 1..64 chars)", (name));    \
+    } while (0)
+#define CHECK_OPT_ID(field, name)                                                                  \
+    do {                                                                                           \
+        if ((field)[0] && !sp_id_valid(field))                                                     \
+            return fail(reason, SP_ESCHEMA, "%s: not an id ([a-z0-9_-], 1..64 chars)", (name));    \
+    } while (0)
+
+static int validate_create(const Space__V1__SandboxCreateRequested *p, char reason[SP_REASON_MAX])
+{
+    CHECK_ID(p->template_, "template");
+    if (p->timeout_s > 30 * 24 * 3600)
+        return fail(reason, SP_ESCHEMA, "timeout_s: %u is over 30 days", p->timeout_s);
+    if (p->n_metadata > METADATA_MAX)
+        return fail(reason, SP_ESCHEMA, "metadata: %zu entries, at most %d", p->n_metadata,
+                    METADATA_MAX);
+    for (size_t i = 0; i < p->n_metadata; i++) {
+        if (!p->metadata[i] || !p->metadata[i]->key[0])
+            return fail(reason, SP_ESCHEMA, "metadata[%zu]: empty key", i);
+        CHECK_TEXT(p->metadata[i]->key, METADATA_KEY_MAX, "metadata key");
+        CHECK_TEXT(p->metadata[i]->value, METADATA_VALUE_MAX, "metadata value");
+    }
+    if (p->n_env_names > ENV_NAMES_MAX)
+        return fail(reason, SP_ESCHEMA, "env_names: %zu entries, at most %d", p->n_env_names,
+                    ENV_NAMES_MAX);
+    for (size_t i = 0; i < p->n_env_names; i++)
+        if (!env_name_ok(p->env_names[i]))
+            return fail(reason, SP_ESCHEMA, "env_names[%zu]: not an environment variable name", i);
+    if (p->resources) {
+        if (p->resources->vcpu > 64)
+            return fail(reason, SP_ESCHEMA, "resources.vcpu: %u is over 64", p->resources->vcpu);
+        if (p->resources->memory_mb > 1024 * 1024)
+            return fail(reason, SP_ESCHEMA, "resources.memory_mb: %u is over 1 TiB",
+                        p->resources->memory_mb);
+    }
+    CHECK_TEXT(p->idempotency_key, CORR_MAX, "idempotency_key");
+    return 0;
+}
+
+static int validate_list(char **items, size_t n, const char *name, char reason[SP_REASON_MAX])
+{
+    if (n > LIST_MAX)
+        return fail(reason, SP_ESCHEMA, "%s: %zu entries, at most %d", name, n, LIST_MAX);
+    for (size_t i = 0; i < n; i++)
+        CHECK_ID(items[i], name);
+    return 0;
+}
+
+static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
+{
+    switch (e->payload_case) {
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED:
+        return validate_create(e->sandbox_create_requested, reason);
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED:
+        CHECK_TEXT(e->sandbox_delete_requested->reason, TEXT_MAX, "reason");
+        return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_REQUESTED:
+        CHECK_TEXT(e->sandbox_suspend_requested->reason, TEXT_MAX, "reason");
+        return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSE_REQUESTED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUME_REQUESTED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDING:
+        return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED:
+        CHECK_ID(e->sandbox_placed->worker, "worker");
+        CHECK_TEXT(e->sandbox_placed->scheduler, ID_MAX, "scheduler");
+        return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED:
+        CHECK_ID(e->sandbox_started->worker, "worker");
+        CHECK_OPT_ID(e->sandbox_started->runtime, "runtime");
+        CHECK_TEXT(e->sandbox_started->address, ID_MAX, "address");
+        return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_FAILED:
+        CHECK_TEXT(e->sandbox_failed->reason, TEXT_MAX, "reason");
+        CHECK_TEXT(e->sandbox_failed->detail, TEXT_MAX * 4, "detail");
+        return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMED:
+        CHECK_ID(e->sandbox_resumed->worker, "worker");
+        return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDED: {
+        const Space__V1__SandboxSuspended *p = e->sandbox_suspended;
+        if (p->n_artifacts == 0 || p->n_artifacts > ARTIFACTS_MAX)
+            return fail(reason, SP_ESCHEMA, "artifacts: %zu, want 1..%d", p->n_artifacts,
+                        ARTIFACTS_MAX);
+        for (size_t i = 0; i < p->n_artifacts; i++) {
+            const Space__V1__SnapshotArtifact *a = p->artifacts[i];
+            CHECK_TEXT(a->name, ID_MAX, "artifact name");
+            CHECK_TEXT(a->store_key, TEXT_MAX, "artifact store_key");
+            if (a->sha256.len != 32)
+                return fail(reason, SP_ESCHEMA, "artifacts[%zu].sha256: %zu bytes, want 32", i,
+                            a->sha256.len);
+        }
+        return 0;
+    }
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMING:
+        CHECK_ID(e->sandbox_resuming->worker, "worker");
+        return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETED:
+        CHECK_TEXT(e->sandbox_deleted->reason, TEXT_MAX, "reason");
+        return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_REQUEST_REJECTED: {
+        const Space__V1__SandboxRequestRejected *p = e->sandbox_request_rejected;
+        if (sp_event_type_from_name(p->request_type) == SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET)
+            return fail(reason, SP_ESCHEMA, "request_type: not an event type");
+        CHECK_ID(p->reason, "reason");
+        CHECK_TEXT(p->detail, TEXT_MAX * 4, "detail");
+        return 0;
+    }
+    case SPACE__V1__ENVELOPE__PAYLOAD_WORKER_HEARTBEAT: {
+        const Space__V1__WorkerHeartbeat *p = e->worker_heartbeat;
+        CHECK_ID(p->worker, "worker");
+        if (strcmp(p->worker, e->aggregate->id) != 0)
+            return fail(reason, SP_ESCHEMA, "worker: differs from the aggregate id");
+        CHECK_TEXT(p->host, TEXT_MAX, "host");
+        CHECK_TEXT(p->version, ID_MAX, "version");
+        if (p->vcpu_used > p->vcpu_total || p->memory_mb_used > p->memory_mb_total)
+            return fail(reason, SP_ESCHEMA, "capacity: used exceeds total");
+        if (p->interval_ms == 0 || p->interval_ms > 3600 * 1000)
+            return fail(reason, SP_ESCHEMA, "interval_ms: %u, want 1..3600000", p->interval_ms);
+        int rc = validate_list(p->templates, p->n_templates, "templates", reason);
+        if (rc < 0)
+            return rc;
+        return validate_list(p->runtimes, p->n_runtimes, "runtimes", reason);
+    }
+    case SPACE__V1__ENVELOPE__PAYLOAD_WORKER_STOPPED:
+        CHECK_ID(e->worker_stopped->worker, "worker");
+        if (strcmp(e->worker_stopped->worker, e->aggregate->id) != 0)
+            return fail(reason, SP_ESCHEMA, "worker: differs from the aggregate id");
+        CHECK_TEXT(e->worker_stopped->reason, TEXT_MAX, "reason");
+        return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET:
+    default:
+        break;
+    }
+    return fail(reason, SP_ETYPE, "no known payload");
+}
+
+int sp_envelope_validate(const sp_envelope_t *e, char reason[SP_REASON_MAX])
+{
+    uint8_t uuid[16];
+
+    if (e->schema_version != SP_SCHEMA_VERSION)
+        return fail(reason, SP_EVERSION, "schema_version %u is not supported (want %d)",
+                    e->schema_version, SP_SCHEMA_VERSION);
+    if (sp_uuid_parse(e->event_id, uuid) < 0 || (uuid[6] >> 4) != 7)
+        return fail(reason, SP_ESCHEMA, "event_id: not a UUIDv7");
+    if (!text_ok(e->type, ID_MAX))
+        return fail(reason, SP_ETYPE, "type: not text");
+    const char *want = sp_event_type_name(e->payload_case);
+    if (!want) {
+        if (sp_event_type_from_name(e->type) != SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET)
+            return fail(reason, SP_ETYPE, "type %s: payload missing", e->type);
+        return fail(reason, SP_ETYPE, "type %s: unknown event type", e->type);
+    }
+    if (strcmp(want, e->type) != 0)
+        return fail(reason, SP_ETYPE, "type %s does not match payload %s", e->type, want);
+    if (!e->aggregate)
+        return fail(reason, SP_ESCHEMA, "aggregate: missing");
+    const char *kind = sp_event_is_worker(e->payload_case) ? "worker" : "sandbox";
+    if (strcmp(e->aggregate->kind, kind) != 0)
+        return fail(reason, SP_ESCHEMA, "aggregate.kind: %s events are about a %s", e->type, kind);
+    CHECK_ID(e->aggregate->id, "aggregate.id");
+    if (sp_event_is_worker(e->payload_case))
+        CHECK_OPT_ID(e->tenant, "tenant");
+    else
+        CHECK_ID(e->tenant, "tenant");
+    if (!e->actor[0])
+        return fail(reason, SP_ESCHEMA, "actor: missing");
+    CHECK_TEXT(e->actor, ACTOR_MAX, "actor");
+    if (e->occurred_at_us < TIME_MIN_US || e->occurred_at_us > TIME_MAX_US)
+        return fail(reason, SP_ESCHEMA, "occurred_at_us: %lld is outside 2020..2100",
+                    (long long)e->occurred_at_us);
+    CHECK_TEXT(e->correlation_id, CORR_MAX, "correlation_id");
+    if (e->causation_id[0] && sp_uuid_parse(e->causation_id, uuid) < 0)
+        return fail(reason, SP_ESCHEMA, "causation_id: not a UUID");
+    return validate_payload(e, reason);
+}
+
+int sp_envelope_encode(const sp_envelope_t *env, uint8_t **ret_buf, size_t *ret_len)
+{
+    char reason[SP_REASON_MAX];
+    int rc = sp_envelope_validate(env, reason);
+    if (rc < 0)
+        return SP_ESCHEMA;
+    size_t n = space__v1__envelope__get_packed_size(env);
+    if (n > SP_ENVELOPE_MAX)
+        return SP_ETOOBIG;
+    uint8_t *buf = sp_xmalloc(n ? n : 1);
+    space__v1__envelope__pack(env, buf);
+    *ret_buf = buf;
+    *ret_len = n;
+    return 0;
+}
+
+int sp_envelope_decode(const uint8_t *buf, size_t len, sp_envelope_t **ret_env,
+                       char reason[SP_REASON_MAX])
+{
+    if (len > SP_ENVELOPE_MAX)
+        return fail(reason, SP_ETOOBIG, "envelope of %zu bytes exceeds %d", len, SP_ENVELOPE_MAX);
+    if (len == 0)
+        return fail(reason, SP_EDECODE, "empty message");
+    sp_envelope_t *e = space__v1__envelope__unpack(NULL, len, buf);
+    if (!e)
+        return fail(reason, SP_EDECODE, "not a protobuf Envelope (truncated or corrupt)");
+    int rc = sp_envelope_validate(e, reason);
+    if (rc < 0) {
+        space__v1__envelope__free_unpacked(e, NULL);
+        return rc;
+    }
+    *ret_env = e;
+    return 0;
+}
+
+void sp_envelope_free(sp_envelope_t *env)
+{
+    if (env)
+        space__v1__envelope__free_unpacked(env, NULL);
+}
+
+int sp_envelope_subject(const sp_envelope_t *env, const char *worker, char *buf, size_t len)
+{
+    int n;
+    if (!env->aggregate || !sp_id_valid(env->aggregate->id) || !env->type[0])
+        return SP_ESCHEMA;
+    if (sp_event_is_worker(env->payload_case)) {
+        n = snprintf(buf, len, "space.ev.wkr.%s.%s", env->aggregate->id, env->type);
+    } else {
+        if (worker && worker[0] && !sp_id_valid(worker))
+            return SP_ESCHEMA;
+        n = snprintf(buf, len, "space.ev.sbx.%s.%s.%s", worker && worker[0] ? worker : "_",
+                     env->aggregate->id, env->type);
+    }
+    if (n < 0 || (size_t)n >= len)
+        return -ENOBUFS;
+    return n;
+}
+
+int sp_envelope_check_subject(const sp_envelope_t *env, const char *subject,
+                              char reason[SP_REASON_MAX])
+{
+    char want[256];
+    const char *worker = NULL;
+    char wbuf[ID_MAX + 1];
+
+    /* The worker token is the one part the envelope does not determine: take it from the
+     * subject after checking its shape, then require every other token to agree. */
+    if (!sp_event_is_worker(env->payload_case) && strncmp(subject, "space.ev.sbx.", 13) == 0) {
+        const char *w = subject + 13;
+        const char *dot = strchr(w, '.');
+        if (!dot || (size_t)(dot - w) > ID_MAX)
+            return fail(reason, SP_ESCHEMA, "subject %.128s: malformed", subject);
+        memcpy(wbuf, w, (size_t)(dot - w));
+        wbuf[dot - w] = '\0';
+        if (strcmp(wbuf, "_") != 0) {
+            if (!sp_id_valid(wbuf))
+                return fail(reason, SP_ESCHEMA, "subject %.128s: bad worker token", subject);
+            worker = wbuf;
+        }
+    }
+    if (sp_envelope_subject(env, worker, want, sizeof(want)) < 0 || strcmp(want, subject) != 0)
+        return fail(reason, SP_ESCHEMA, "subject %.128s does not match the envelope", subject);
+    return 0;
+}

@@ -1,0 +1,184 @@
+/* Integration test harness (harness.h). */
+#include "harness.h"
+
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "db.h"
+#include "error.h"
+#include "xmalloc.h"
+
+void sp_test_stack_load(void)
+{
+    const char *home = getenv("SPACE_HOME");
+    char path[4096];
+    char line[4096];
+
+    if (!home || !home[0])
+        fail_msg("SPACE_HOME is not set: run this test through ctest (the stack fixture)");
+    snprintf(path, sizeof(path), "%s/space.env", home);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        fail_msg("%s is missing: did `space up` (the fixture) succeed?", path);
+    while (fgets(line, sizeof(line), f)) {
+        line[strcspn(line, "\r\n")] = '\0';
+        char *eq = strchr(line, '=');
+        if (line[0] == '#' || !eq)
+            continue;
+        *eq = '\0';
+        const char *val = eq + 1;
+        /* space.env may quote values for the shell. */
+        size_t vlen = strlen(val);
+        char *unq = sp_xstrdup(val);
+        if (vlen >= 2 && (val[0] == '\'' || val[0] == '"') && val[vlen - 1] == val[0]) {
+            memcpy(unq, val + 1, vlen - 2);
+            unq[vlen - 2] = '\0';
+        }
+        setenv(line, unq, 1);
+        free(unq);
+    }
+    fclose(f);
+    if (!getenv("SPACE_NATS_URL") || !getenv("SPACE_PG_URL"))
+        fail_msg("%s lacks SPACE_NATS_URL or SPACE_PG_URL", path);
+}
+
+const char *sp_test_env(const char *name)
+{
+    const char *v = getenv(name);
+    if (!v)
+        fail_msg("environment variable %s is not set", name);
+    return v;
+}
+
+sp_bus_t *sp_test_bus(void)
+{
+    sp_bus_t *bus = NULL;
+    sp_bus_opts_t o = {.url = sp_test_env("SPACE_NATS_URL"), .name = "space-test",
+                       .timeout_ms = 10000};
+    int rc = sp_bus_connect(&o, &bus);
+    if (rc < 0)
+        fail_msg("cannot connect to NATS at %s: %s", o.url, sp_strerror(rc));
+    rc = sp_bus_ensure_stream(bus);
+    if (rc < 0)
+        fail_msg("cannot ensure the stream: %s", sp_strerror(rc));
+    return bus;
+}
+
+PGconn *sp_test_db(void)
+{
+    PGconn *db = NULL;
+    int rc = sp_db_connect(sp_test_env("SPACE_PG_URL"), "space-test", 10000, &db);
+    if (rc < 0)
+        fail_msg("cannot connect to PostgreSQL: %s", sp_strerror(rc));
+    return db;
+}
+
+int sp_test_space(const char *args)
+{
+    const char *bin = getenv("SPACE_BIN_DIR");
+    char *cmd = sp_xasprintf("'%s/space' %s", bin ? bin : ".", args);
+    int st = system(cmd);
+    free(cmd);
+    if (st == -1 || !WIFEXITED(st))
+        return -1;
+    return WEXITSTATUS(st);
+}
+
+long long sp_test_db_scalar(PGconn *db, const char *sql)
+{
+    PGresult *r = PQexec(db, sql);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1)
+        fail_msg("query failed: %s: %s", sql, PQerrorMessage(db));
+    long long v = PQgetisnull(r, 0, 0) ? -1 : strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    return v;
+}
+
+long long sp_test_db_wait_scalar(PGconn *db, const char *sql, long long want, int timeout_ms)
+{
+    long long v = -1;
+    for (int waited = 0; waited <= timeout_ms; waited += 50) {
+        /* The schema may not exist yet right after start; treat errors as "not yet". */
+        PGresult *r = PQexec(db, sql);
+        if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0))
+            v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+        PQclear(r);
+        if (v == want)
+            return v;
+        nanosleep(&(struct timespec){.tv_nsec = 50 * 1000 * 1000}, NULL);
+    }
+    return v;
+}
+
+int sp_test_daemon_pid(const char *name)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/run/%s.pid", sp_test_env("SPACE_HOME"), name);
+    FILE *f = fopen(path, "r");
+    int pid = 0;
+    if (!f)
+        return 0;
+    if (fscanf(f, "%d", &pid) != 1)
+        pid = 0;
+    fclose(f);
+    if (pid > 0 && kill(pid, 0) < 0)
+        pid = 0;
+    return pid;
+}
+
+void sp_test_daemon_kill9(const char *name)
+{
+    int pid = sp_test_daemon_pid(name);
+    if (pid <= 0)
+        fail_msg("%s is not running", name);
+    kill(pid, SIGKILL);
+    for (int i = 0; i < 200 && kill(pid, 0) == 0; i++) {
+        /* Not our child: wait until the process is gone (or a zombie of its reaper). */
+        char stat[64];
+        snprintf(stat, sizeof(stat), "/proc/%d/stat", pid);
+        FILE *f = fopen(stat, "r");
+        char st = 'Z';
+        if (f) {
+            if (fscanf(f, "%*d %*s %c", &st) != 1)
+                st = 'Z';
+            fclose(f);
+        }
+        if (st == 'Z')
+            break;
+        nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
+    }
+}
+
+int sp_test_replay(const char *args, char *out, size_t outlen)
+{
+    const char *bin = getenv("SPACE_BIN_DIR");
+    char *cmd = sp_xasprintf("'%s/space-replay' --pg-url '%s' %s", bin ? bin : ".",
+                             sp_test_env("SPACE_PG_URL"), args);
+    FILE *p = popen(cmd, "r");
+    free(cmd);
+    if (!p)
+        fail_msg("cannot run space-replay");
+    size_t n = 0;
+    char buf[4096];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof(buf), p)) > 0) {
+        if (out && n + 1 < outlen) {
+            size_t take = got < outlen - 1 - n ? got : outlen - 1 - n;
+            memcpy(out + n, buf, take);
+            n += take;
+        }
+    }
+    if (out && outlen)
+        out[n] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}

@@ -1,0 +1,164 @@
+/* Hostile input on the bus: malformed envelopes are stored as rejected with a reason (never
+ * dropped, never a crash), the chain still covers them, and valid events keep flowing. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "eventgen.h"
+#include "harness.h"
+#include "xmalloc.h"
+
+static sp_bus_t *bus;
+static PGconn *db;
+
+static uint64_t publish(const char *subject, const void *data, size_t len)
+{
+    uint64_t seq = 0;
+    int dup = 0;
+    assert_int_equal(sp_bus_publish(bus, subject, data, len, NULL, &seq, &dup), 0);
+    assert_false(dup);
+    return seq;
+}
+
+/* Waits for the row of seq and checks its status and that the reason mentions needle. */
+static void expect_row(uint64_t seq, const char *status, const char *needle)
+{
+    char sql[256];
+    snprintf(sql, sizeof(sql), "SELECT count(*) FROM events WHERE stream_seq = %llu",
+             (unsigned long long)seq);
+    assert_int_equal(sp_test_db_wait_scalar(db, sql, 1, 20000), 1);
+    snprintf(sql, sizeof(sql),
+             "SELECT status, coalesce(reject_reason, '') FROM events WHERE stream_seq = %llu",
+             (unsigned long long)seq);
+    PGresult *r = PQexec(db, sql);
+    assert_int_equal(PQntuples(r), 1);
+    if (strcmp(PQgetvalue(r, 0, 0), status) != 0 || !strstr(PQgetvalue(r, 0, 1), needle))
+        fail_msg("seq %llu: status %s reason '%s'; expected %s with '%s'",
+                 (unsigned long long)seq, PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1), status,
+                 needle);
+    print_message("seq %llu %s: %s\n", (unsigned long long)seq, status, PQgetvalue(r, 0, 1));
+    PQclear(r);
+}
+
+/* Packs an envelope without the encoder's validation, as a careless or hostile publisher. */
+static uint8_t *pack_raw(sp_envelope_t *env, size_t *len)
+{
+    *len = space__v1__envelope__get_packed_size(env);
+    uint8_t *buf = sp_xmalloc(*len);
+    space__v1__envelope__pack(env, buf);
+    return buf;
+}
+
+static void test_rejects(void **state)
+{
+    sp_eventgen_msg_t good, other;
+    sp_envelope_t *env;
+    char reason[SP_REASON_MAX];
+    size_t len;
+    uint8_t *raw;
+
+    sp_test_stack_load();
+    bus = sp_test_bus();
+    db = sp_test_db();
+    int pid = sp_test_daemon_pid("space-eventlog");
+    assert_true(pid > 0);
+
+    assert_int_equal(sp_eventgen_sandbox(SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED,
+                                         "t1", "sbx_bad1", NULL, &good),
+                     0);
+
+    /* Truncated. */
+    uint64_t s_trunc = publish(good.subject, good.data, good.len / 2);
+    /* Oversized (the server takes it; the envelope limit is ours). */
+    size_t big = 70 * 1024;
+    uint8_t *junk = sp_xcalloc(1, big);
+    uint64_t s_big = publish(good.subject, junk, big);
+    free(junk);
+    /* Empty. */
+    uint64_t s_empty = publish(good.subject, "", 0);
+
+    /* Unknown type (no payload this version knows). */
+    assert_int_equal(sp_envelope_decode(good.data, good.len, &env, reason), 0);
+    char *orig_type = env->type;
+    env->type = "SandboxTeleported";
+    env->payload_case = SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET;
+    raw = pack_raw(env, &len);
+    env->payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED;
+    env->type = orig_type;
+    sp_envelope_free(env);
+    uint64_t s_type = publish("space.ev.sbx._.sbx_bad1.SandboxTeleported", raw, len);
+    free(raw);
+
+    /* Wrong schema version. */
+    assert_int_equal(sp_envelope_decode(good.data, good.len, &env, reason), 0);
+    env->schema_version = 7;
+    raw = pack_raw(env, &len);
+    sp_envelope_free(env);
+    uint64_t s_version = publish(good.subject, raw, len);
+    free(raw);
+
+    /* A valid event on another sandbox's subject. */
+    uint64_t s_subject =
+        publish("space.ev.sbx._.sbx_victim.SandboxCreateRequested", good.data, good.len);
+
+    /* A fact about a sandbox that was never created. */
+    assert_int_equal(sp_eventgen_sandbox(SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED, "t1",
+                                         "sbx_ghost", "w1", &other),
+                     0);
+    uint64_t s_ghost = publish(other.subject, other.data, other.len);
+    sp_eventgen_msg_dispose(&other);
+
+    /* The valid create, then a different event reusing its id. */
+    uint64_t s_good = publish(good.subject, good.data, good.len);
+    assert_int_equal(sp_envelope_decode(good.data, good.len, &env, reason), 0);
+    env->sandbox_create_requested->timeout_s = 999;
+    raw = pack_raw(env, &len);
+    sp_envelope_free(env);
+    uint64_t s_reuse = publish(good.subject, raw, len);
+    free(raw);
+
+    /* A second tenant trying to delete the first tenant's sandbox. */
+    assert_int_equal(sp_eventgen_sandbox(SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED,
+                                         "t2", "sbx_bad1", NULL, &other),
+                     0);
+    uint64_t s_tenant = publish(other.subject, other.data, other.len);
+    sp_eventgen_msg_dispose(&other);
+
+    expect_row(s_trunc, "rejected", "");
+    expect_row(s_big, "rejected", "exceeds");
+    expect_row(s_empty, "rejected", "empty");
+    expect_row(s_type, "rejected", "unknown event type");
+    expect_row(s_version, "rejected", "schema_version");
+    expect_row(s_subject, "rejected", "subject");
+    expect_row(s_ghost, "rejected", "unknown sandbox");
+    expect_row(s_good, "accepted", "");
+    expect_row(s_reuse, "rejected", "reused");
+    expect_row(s_tenant, "rejected", "tenant");
+
+    /* Rejected events left the projection alone; the accepted one made the sandbox. */
+    assert_int_equal(sp_test_db_scalar(db, "SELECT count(*) FROM sandboxes"), 1);
+    assert_int_equal(sp_test_db_scalar(db, "SELECT timeout_s FROM sandboxes WHERE id = "
+                                           "'sbx_bad1'"),
+                     300);
+    /* Same process, still serving, and the chain covers the rejected rows too. */
+    assert_int_equal(sp_test_daemon_pid("space-eventlog"), pid);
+    char out[4096];
+    assert_int_equal(sp_test_replay("verify", out, sizeof(out)), 0);
+    assert_non_null(strstr(out, "chain intact: 10 events"));
+
+    sp_eventgen_msg_dispose(&good);
+    PQfinish(db);
+    sp_bus_free(bus);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_rejects)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

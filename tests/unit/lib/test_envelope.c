@@ -1,0 +1,229 @@
+/* Envelope: encode/decode round trip, and every way a hostile publisher can get it wrong. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "envelope.h"
+#include "error.h"
+#include "ids.h"
+
+typedef struct {
+    sp_envelope_t env;
+    Space__V1__Aggregate agg;
+    Space__V1__SandboxCreateRequested create;
+    Space__V1__Resources res;
+    Space__V1__KeyValue kv;
+    Space__V1__KeyValue *kvs[1];
+    char *env_names[1];
+    char id[37];
+} fixture_t;
+
+static void make_create(fixture_t *f)
+{
+    memset(f, 0, sizeof(*f));
+    space__v1__envelope__init(&f->env);
+    space__v1__aggregate__init(&f->agg);
+    space__v1__sandbox_create_requested__init(&f->create);
+    space__v1__resources__init(&f->res);
+    space__v1__key_value__init(&f->kv);
+    f->agg.kind = "sandbox";
+    f->agg.id = "sbx_test0001";
+    f->kv.key = "owner";
+    f->kv.value = "agent \"7\"\u00e9";
+    f->kvs[0] = &f->kv;
+    f->env_names[0] = "OPENAI_BASE_URL";
+    f->res.vcpu = 2;
+    f->res.memory_mb = 512;
+    f->create.template_ = "base";
+    f->create.timeout_s = 300;
+    f->create.n_metadata = 1;
+    f->create.metadata = f->kvs;
+    f->create.n_env_names = 1;
+    f->create.env_names = f->env_names;
+    f->create.resources = &f->res;
+    f->env.aggregate = &f->agg;
+    f->env.tenant = "acme";
+    f->env.actor = "key_123";
+    f->env.correlation_id = "req-1";
+    f->env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED;
+    f->env.sandbox_create_requested = &f->create;
+    sp_envelope_stamp(&f->env, f->id);
+}
+
+static int decode_rc(const uint8_t *buf, size_t len, char reason[SP_REASON_MAX])
+{
+    sp_envelope_t *e = NULL;
+    int rc = sp_envelope_decode(buf, len, &e, reason);
+    sp_envelope_free(e);
+    return rc;
+}
+
+static void test_round_trip(void **state)
+{
+    fixture_t f;
+    uint8_t *buf;
+    size_t len;
+    sp_envelope_t *e = NULL;
+    char reason[SP_REASON_MAX];
+
+    make_create(&f);
+    assert_string_equal(f.env.type, "SandboxCreateRequested");
+    assert_int_equal(sp_envelope_encode(&f.env, &buf, &len), 0);
+    assert_int_equal(sp_envelope_decode(buf, len, &e, reason), 0);
+    assert_string_equal(e->event_id, f.id);
+    assert_string_equal(e->sandbox_create_requested->template_, "base");
+    assert_int_equal(e->sandbox_create_requested->resources->memory_mb, 512);
+    assert_string_equal(e->sandbox_create_requested->metadata[0]->value, "agent \"7\"\u00e9");
+
+    char subj[256];
+    assert_true(sp_envelope_subject(e, NULL, subj, sizeof(subj)) > 0);
+    assert_string_equal(subj, "space.ev.sbx._.sbx_test0001.SandboxCreateRequested");
+    assert_int_equal(sp_envelope_check_subject(e, subj, reason), 0);
+    assert_int_equal(
+        sp_envelope_check_subject(e, "space.ev.sbx.w1.sbx_test0001.SandboxCreateRequested", reason),
+        0);
+    /* Another sandbox's subject, another type, or junk: refused. */
+    assert_int_equal(
+        sp_envelope_check_subject(e, "space.ev.sbx._.sbx_other.SandboxCreateRequested", reason),
+        SP_ESCHEMA);
+    assert_int_equal(
+        sp_envelope_check_subject(e, "space.ev.sbx._.sbx_test0001.SandboxDeleted", reason),
+        SP_ESCHEMA);
+    assert_int_equal(
+        sp_envelope_check_subject(e, "space.ev.sbx.W*.sbx_test0001.SandboxCreateRequested", reason),
+        SP_ESCHEMA);
+    sp_envelope_free(e);
+    free(buf);
+}
+
+static void test_truncated_and_garbage(void **state)
+{
+    fixture_t f;
+    uint8_t *buf;
+    size_t len;
+    char reason[SP_REASON_MAX];
+
+    make_create(&f);
+    assert_int_equal(sp_envelope_encode(&f.env, &buf, &len), 0);
+    /* Every strict prefix is either undecodable or fails validation: never accepted. */
+    for (size_t n = 0; n < len; n++)
+        assert_true(decode_rc(buf, n, reason) < 0);
+    uint8_t junk[64];
+    memset(junk, 0xff, sizeof(junk));
+    assert_int_equal(decode_rc(junk, sizeof(junk), reason), SP_EDECODE);
+    free(buf);
+}
+
+static void test_oversized(void **state)
+{
+    size_t n = SP_ENVELOPE_MAX + 1;
+    uint8_t *big = calloc(1, n);
+    char reason[SP_REASON_MAX];
+    assert_int_equal(decode_rc(big, n, reason), SP_ETOOBIG);
+    assert_non_null(strstr(reason, "exceeds"));
+    free(big);
+}
+
+static void expect_invalid(fixture_t *f, int want, const char *needle)
+{
+    char reason[SP_REASON_MAX] = "";
+    assert_int_equal(sp_envelope_validate(&f->env, reason), want);
+    if (!strstr(reason, needle))
+        fail_msg("reason '%s' lacks '%s'", reason, needle);
+}
+
+static void test_field_validation(void **state)
+{
+    fixture_t f;
+
+    make_create(&f);
+    f.env.schema_version = 2;
+    expect_invalid(&f, SP_EVERSION, "schema_version");
+
+    make_create(&f);
+    f.env.type = "SandboxNuked";
+    expect_invalid(&f, SP_ETYPE, "does not match");
+
+    make_create(&f);
+    f.env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET;
+    f.env.type = "SandboxNuked";
+    expect_invalid(&f, SP_ETYPE, "unknown event type");
+
+    make_create(&f);
+    f.env.event_id = "not-a-uuid";
+    expect_invalid(&f, SP_ESCHEMA, "event_id");
+
+    make_create(&f);
+    f.agg.id = "../../etc/passwd";
+    expect_invalid(&f, SP_ESCHEMA, "aggregate.id");
+
+    make_create(&f);
+    f.agg.kind = "worker";
+    expect_invalid(&f, SP_ESCHEMA, "aggregate.kind");
+
+    make_create(&f);
+    f.env.tenant = "";
+    expect_invalid(&f, SP_ESCHEMA, "tenant");
+
+    make_create(&f);
+    f.env.actor = "evil\nlevel=error";
+    expect_invalid(&f, SP_ESCHEMA, "actor");
+
+    make_create(&f);
+    f.env.occurred_at_us = 1;
+    expect_invalid(&f, SP_ESCHEMA, "occurred_at");
+
+    make_create(&f);
+    f.kv.value = "\xc3\x28"; /* invalid UTF-8 */
+    expect_invalid(&f, SP_ESCHEMA, "metadata value");
+
+    make_create(&f);
+    f.env_names[0] = "1BAD=NAME";
+    expect_invalid(&f, SP_ESCHEMA, "env_names");
+
+    make_create(&f);
+    f.res.vcpu = 1000;
+    expect_invalid(&f, SP_ESCHEMA, "vcpu");
+
+    make_create(&f);
+    f.create.template_ = "";
+    expect_invalid(&f, SP_ESCHEMA, "template");
+}
+
+static void test_type_names(void **state)
+{
+    assert_string_equal(sp_event_type_name(SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED),
+                        "SandboxPlaced");
+    assert_int_equal(sp_event_type_from_name("WorkerHeartbeat"),
+                     SPACE__V1__ENVELOPE__PAYLOAD_WORKER_HEARTBEAT);
+    assert_int_equal(sp_event_type_from_name("Envelope"), SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET);
+    assert_null(sp_event_type_name((sp_event_type_t)9999));
+    assert_true(sp_event_is_worker(SPACE__V1__ENVELOPE__PAYLOAD_WORKER_STOPPED));
+    assert_false(sp_event_is_worker(SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETED));
+}
+
+static void test_encode_refuses_invalid(void **state)
+{
+    fixture_t f;
+    uint8_t *buf = NULL;
+    size_t len;
+    make_create(&f);
+    f.env.tenant = "";
+    assert_int_equal(sp_envelope_encode(&f.env, &buf, &len), SP_ESCHEMA);
+    assert_null(buf);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trip), cmocka_unit_test(test_truncated_and_garbage),
+        cmocka_unit_test(test_oversized),  cmocka_unit_test(test_field_validation),
+        cmocka_unit_test(test_type_names), cmocka_unit_test(test_encode_refuses_invalid),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,235 @@
+/* The sandbox state machine and worker reducer, as DESIGN.md states them. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "error.h"
+#include "reduce.h"
+
+/* A minimal envelope of a given type for sandbox "sbx_a" of tenant "t1". Payload messages are
+ * zero-initialised by their generated init so every string is "". */
+typedef struct {
+    sp_envelope_t env;
+    Space__V1__Aggregate agg;
+    union {
+        Space__V1__SandboxCreateRequested create;
+        Space__V1__SandboxPlaced placed;
+        Space__V1__SandboxStarted started;
+        Space__V1__SandboxFailed failed;
+        Space__V1__SandboxResumed resumed;
+        Space__V1__SandboxResuming resuming;
+        Space__V1__SandboxRequestRejected rejected;
+        Space__V1__WorkerHeartbeat hb;
+        Space__V1__WorkerStopped stopped;
+        Space__V1__SandboxDeleted deleted;
+        Space__V1__SandboxPaused paused;
+        Space__V1__SandboxSuspending suspending;
+        Space__V1__SandboxSuspended suspended;
+    } p;
+    char id[37];
+} ev_t;
+
+static sp_envelope_t *ev(ev_t *e, sp_event_type_t t, const char *worker)
+{
+    memset(e, 0, sizeof(*e));
+    space__v1__envelope__init(&e->env);
+    space__v1__aggregate__init(&e->agg);
+    e->agg.kind = "sandbox";
+    e->agg.id = "sbx_a";
+    e->env.aggregate = &e->agg;
+    e->env.tenant = "t1";
+    e->env.actor = "test";
+    e->env.payload_case = t;
+    switch (t) {
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED:
+        space__v1__sandbox_create_requested__init(&e->p.create);
+        e->p.create.template_ = "base";
+        e->env.sandbox_create_requested = &e->p.create;
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED:
+        space__v1__sandbox_placed__init(&e->p.placed);
+        e->p.placed.worker = (char *)worker;
+        e->env.sandbox_placed = &e->p.placed;
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED:
+        space__v1__sandbox_started__init(&e->p.started);
+        e->p.started.worker = (char *)worker;
+        e->env.sandbox_started = &e->p.started;
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSED:
+        space__v1__sandbox_paused__init(&e->p.paused);
+        e->env.sandbox_paused = &e->p.paused;
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMED:
+        space__v1__sandbox_resumed__init(&e->p.resumed);
+        e->p.resumed.worker = (char *)worker;
+        e->env.sandbox_resumed = &e->p.resumed;
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDING:
+        space__v1__sandbox_suspending__init(&e->p.suspending);
+        e->env.sandbox_suspending = &e->p.suspending;
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDED:
+        space__v1__sandbox_suspended__init(&e->p.suspended);
+        e->env.sandbox_suspended = &e->p.suspended;
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMING:
+        space__v1__sandbox_resuming__init(&e->p.resuming);
+        e->p.resuming.worker = (char *)worker;
+        e->env.sandbox_resuming = &e->p.resuming;
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETED:
+        space__v1__sandbox_deleted__init(&e->p.deleted);
+        e->env.sandbox_deleted = &e->p.deleted;
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_FAILED:
+        space__v1__sandbox_failed__init(&e->p.failed);
+        e->p.failed.reason = "image_missing";
+        e->env.sandbox_failed = &e->p.failed;
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_REQUEST_REJECTED:
+        space__v1__sandbox_request_rejected__init(&e->p.rejected);
+        e->p.rejected.request_type = "SandboxCreateRequested";
+        e->p.rejected.reason = "no_capacity";
+        e->env.sandbox_request_rejected = &e->p.rejected;
+        break;
+    default:
+        fail_msg("unexpected type");
+    }
+    sp_envelope_stamp(&e->env, e->id);
+    return &e->env;
+}
+
+#define APPLY(s, t, w) sp_reduce_sandbox((s), ev(&e, (t), (w)), ++seq, reason)
+
+static void test_full_lifecycle(void **state)
+{
+    sp_sandbox_t s;
+    ev_t e;
+    char reason[SP_REASON_MAX];
+    uint64_t seq = 0;
+
+    sp_sandbox_init(&s, "sbx_a");
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED, NULL), 0);
+    assert_int_equal(s.state, SP_SBX_REQUESTED);
+    assert_string_equal(s.tenant, "t1");
+    assert_string_equal(s.template_, "base");
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED, "w1"), 0);
+    assert_int_equal(s.state, SP_SBX_PLACED);
+    assert_string_equal(s.worker, "w1");
+    /* Only the worker it was placed on may start it. */
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED, "w2"), SP_ETRANSITION);
+    assert_int_equal(s.state, SP_SBX_PLACED);
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED, "w1"), 0);
+    assert_int_equal(s.state, SP_SBX_RUNNING);
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSED, NULL), 0);
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSED, NULL), SP_ETRANSITION);
+    assert_non_null(strstr(reason, "illegal transition"));
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDING, NULL), 0);
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDED, NULL), 0);
+    assert_int_equal(s.state, SP_SBX_SUSPENDED);
+    assert_string_equal(s.worker, "");
+    /* Resumed on another host. */
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED, "w2"), 0);
+    assert_int_equal(s.state, SP_SBX_SUSPENDED);
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMING, "w2"), 0);
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMED, "w2"), 0);
+    assert_int_equal(s.state, SP_SBX_RUNNING);
+    assert_string_equal(s.worker, "w2");
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETED, NULL), 0);
+    assert_int_equal(s.state, SP_SBX_DELETED);
+    /* Deleted is terminal. */
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED, "w2"), SP_ETRANSITION);
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETED, NULL), SP_ETRANSITION);
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_FAILED, NULL), SP_ETRANSITION);
+    assert_int_equal(s.version, 10);
+    sp_sandbox_dispose(&s);
+}
+
+static void test_refusals_leave_row_untouched(void **state)
+{
+    sp_sandbox_t s;
+    ev_t e;
+    char reason[SP_REASON_MAX];
+    uint64_t seq = 0;
+
+    sp_sandbox_init(&s, "sbx_a");
+    /* Facts about a sandbox nobody asked for. */
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED, "w1"), SP_ETRANSITION);
+    assert_int_equal(s.state, SP_SBX_NONE);
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED, NULL), 0);
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED, NULL),
+                     SP_ETRANSITION);
+    /* Another tenant cannot touch it. */
+    sp_envelope_t *x = ev(&e, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETED, NULL);
+    x->tenant = "t2";
+    assert_int_equal(sp_reduce_sandbox(&s, x, ++seq, reason), SP_ETRANSITION);
+    assert_non_null(strstr(reason, "tenant"));
+    assert_int_equal(s.state, SP_SBX_REQUESTED);
+    /* A refused create fails the sandbox with the scheduler's reason. */
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_REQUEST_REJECTED, NULL), 0);
+    assert_int_equal(s.state, SP_SBX_FAILED);
+    assert_string_equal(s.failure_reason, "no_capacity");
+    assert_int_equal(s.version, 2);
+    assert_int_equal(s.last_seq, 5);
+    sp_sandbox_dispose(&s);
+}
+
+static void test_worker_heartbeats(void **state)
+{
+    sp_worker_t w;
+    char reason[SP_REASON_MAX];
+    sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
+    Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
+    Space__V1__WorkerHeartbeat hb = SPACE__V1__WORKER_HEARTBEAT__INIT;
+    Space__V1__WorkerStopped st = SPACE__V1__WORKER_STOPPED__INIT;
+    char *tmpl[] = {"base", "tiny"};
+    char id[37];
+
+    agg.kind = "worker";
+    agg.id = "w1";
+    env.aggregate = &agg;
+    env.actor = "svc:worker";
+    hb.worker = "w1";
+    hb.vcpu_total = 8;
+    hb.vcpu_used = 2;
+    hb.templates = tmpl;
+    hb.n_templates = 2;
+    hb.interval_ms = 1000;
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_WORKER_HEARTBEAT;
+    env.worker_heartbeat = &hb;
+    sp_envelope_stamp(&env, id);
+
+    sp_worker_init(&w, "w1");
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_WORKER_STOPPED;
+    env.worker_stopped = &st;
+    assert_int_equal(sp_reduce_worker(&w, &env, 1, reason), SP_ETRANSITION);
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_WORKER_HEARTBEAT;
+    env.worker_heartbeat = &hb;
+    assert_int_equal(sp_reduce_worker(&w, &env, 2, reason), 0);
+    assert_true(w.up);
+    assert_string_equal(w.templates_json, "[\"base\",\"tiny\"]");
+    /* An older heartbeat arriving late does not roll capacity back. */
+    env.occurred_at_us -= 1000000;
+    assert_int_equal(sp_reduce_worker(&w, &env, 3, reason), SP_ETRANSITION);
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_WORKER_STOPPED;
+    env.worker_stopped = &st;
+    assert_int_equal(sp_reduce_worker(&w, &env, 4, reason), 0);
+    assert_false(w.up);
+    assert_int_equal(w.vcpu_used, 0);
+    sp_worker_dispose(&w);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_full_lifecycle),
+        cmocka_unit_test(test_refusals_leave_row_untouched),
+        cmocka_unit_test(test_worker_heartbeats),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
