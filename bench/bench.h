@@ -1,0 +1,24 @@
+/* space-bench: latency and throughput harness (bench/README.md). */
+#ifndef SPACE_BENCH_H
+#define SPACE_BENCH_H
+
+#include <libpq-fe.h>
+#include <stddef.h>
+
+#include "bus.h"
+
+typedef struct {
+    sp_bus_t *bus;
+    PGconn *db;
+    unsigned runs;
+    size_t events;
+    unsigned rate;
+    unsigned seconds;
+} bench_ctx_t;
+
+/* p-th percentile (nearest rank) of v; sorts v in place. */
+double bench_pct(double *v, size_t n, double p);
+
+int bench_eventlog(bench_ctx_t *c);
+
+#endif

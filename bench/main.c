@@ -1,0 +1,78 @@
+/* space-bench: performance claims, measured as distributions against baselines in the same
+ * run (never as timed assertions in tests). Runs against the stack in $SPACE_HOME/space.env,
+ * or the URLs given. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "config.h"
+#include "db.h"
+#include "error.h"
+#include "log.h"
+
+typedef struct {
+    char *nats_url;
+    char *pg_url;
+    int64_t runs;
+    int64_t events;
+    int64_t rate;
+    int64_t seconds;
+} bench_config_t;
+
+static const sp_cfg_opt_t options[] = {
+    SP_CFG_STR_OPT("nats-url", bench_config_t, nats_url, "nats://127.0.0.1:4222", "NATS URL"),
+    SP_CFG_STR_OPT("pg-url", bench_config_t, pg_url, "postgresql:///space", "PostgreSQL URI"),
+    SP_CFG_INT_OPT("runs", bench_config_t, runs, 1, 100, "5", "repetitions of each measurement"),
+    SP_CFG_INT_OPT("events", bench_config_t, events, 100, 10000000, "20000",
+                   "events per throughput run"),
+    SP_CFG_INT_OPT("rate", bench_config_t, rate, 1, 100000, "1000",
+                   "events/s for the latency runs"),
+    SP_CFG_INT_OPT("seconds", bench_config_t, seconds, 1, 3600, "5", "length of a latency run"),
+};
+#define N_OPTIONS (sizeof(options) / sizeof(options[0]))
+
+int main(int argc, char **argv)
+{
+    bench_config_t cfg = {0};
+    char *err = NULL;
+    int argi = 0, code = 1;
+    bench_ctx_t c = {0};
+
+    if (sp_config_load(options, N_OPTIONS, &cfg, argc, argv, &argi, &err) < 0) {
+        fprintf(stderr, "space-bench: %s\n", err ? err : "bad options");
+        goto out;
+    }
+    if (argi < 0) {
+        code = 0;
+        goto out;
+    }
+    if (argi >= argc || strcmp(argv[argi], "eventlog") != 0 || argi + 1 != argc) {
+        fprintf(stderr, "usage: space-bench [options] eventlog\n");
+        goto out;
+    }
+    sp_log_init("space-bench", SP_LOG_WARN, SP_LOG_KV);
+    sp_bus_opts_t bo = {.url = cfg.nats_url, .name = "space-bench", .timeout_ms = 10000};
+    int rc = sp_bus_connect(&bo, &c.bus);
+    if (rc >= 0)
+        rc = sp_bus_ensure_stream(c.bus);
+    if (rc < 0) {
+        fprintf(stderr, "space-bench: NATS: %s\n", sp_strerror(rc));
+        goto out;
+    }
+    if ((rc = sp_db_connect(cfg.pg_url, "space-bench", 10000, &c.db)) < 0) {
+        fprintf(stderr, "space-bench: PostgreSQL: %s\n", sp_strerror(rc));
+        goto out;
+    }
+    c.runs = (unsigned)cfg.runs;
+    c.events = (size_t)cfg.events;
+    c.rate = (unsigned)cfg.rate;
+    c.seconds = (unsigned)cfg.seconds;
+    code = bench_eventlog(&c);
+out:
+    PQfinish(c.db);
+    sp_bus_free(c.bus);
+    sp_config_dispose(options, N_OPTIONS, &cfg);
+    free(err);
+    return code;
+}

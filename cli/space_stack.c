@@ -1,0 +1,746 @@
+/* `space up|down|status|env`: the stack directory, the command lock, the environment file and
+ * the SPACE daemons. nats-server and PostgreSQL have their own files (space_nats.c,
+ * space_pg.c). Layout and contract in space_stack.h. */
+#include "space_stack.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "space_proc.h"
+#include "xmalloc.h"
+
+#define MARKER                 ".space-home"
+#define ENV_FILE               "space.env"
+#define DAEMON_SETTLE_MS       300 /* a daemon still alive after this did not die at startup */
+#define DAEMON_STOP_TIMEOUT_MS 10000
+#define LOG_TAIL_BYTES         2048
+
+extern char **environ;
+
+/* The SPACE daemons `space up` starts, in start order (stopped in reverse), after nats-server
+ * and PostgreSQL. Each is a program in the bin directory; its name is also its process name,
+ * pid file (run/<name>.pid) and log (log/<name>.log). One line per daemon: gateway, scheduler
+ * and worker go here when they exist. A program that is not built is skipped. */
+static const struct daemon_def {
+    const char *name;
+} daemons[] = {
+    {"space-eventlog"},
+};
+#define N_DAEMONS (sizeof(daemons) / sizeof(daemons[0]))
+
+char *sp__stack_path(const sp_stack_t *st, const char *rel)
+{
+    return sp_xasprintf("%s/%s", st->home, rel);
+}
+
+int sp__stack_mkdir(const char *dir, mode_t mode)
+{
+    struct stat sb;
+
+    if (mkdir(dir, mode) == 0)
+        return 0;
+    if (errno != EEXIST)
+        return -errno;
+    if (stat(dir, &sb) < 0)
+        return -errno;
+    return S_ISDIR(sb.st_mode) ? 0 : -ENOTDIR;
+}
+
+void sp__stack_report(const char *name, const char *state, const sp_stack_part_t *part)
+{
+    if (part && part->pid > 0 && part->url)
+        printf("%-*s %-8s pid %-7d %s\n", SP_STACK_PART_WIDTH, name, state, (int)part->pid,
+               part->url);
+    else if (part && part->pid > 0)
+        printf("%-*s %-8s pid %d\n", SP_STACK_PART_WIDTH, name, state, (int)part->pid);
+    else
+        printf("%-*s %s\n", SP_STACK_PART_WIDTH, name, state);
+    fflush(stdout);
+}
+
+void sp__stack_fail_log(const char *msg, const char *log_path)
+{
+    fflush(stdout);
+    fprintf(stderr, "space: %s; last lines of %s:\n", msg, log_path);
+    sp_proc_log_tail(log_path, LOG_TAIL_BYTES, stderr);
+}
+
+void sp__stack_part_dispose(sp_stack_part_t *part)
+{
+    free(part->url);
+    part->url = NULL;
+}
+
+/* Characters a stack path may hold: the path goes unquoted into space.env (sourced by shells),
+ * quoted into nats.conf, and into PostgreSQL's comma-separated unix_socket_directories. */
+static bool path_chars_ok(const char *s)
+{
+    for (; *s; s++) {
+        if (!isalnum((unsigned char)*s) && !strchr("/._+:@=-", *s))
+            return false;
+    }
+    return true;
+}
+
+static bool home_chars_ok(const char *home)
+{
+    if (path_chars_ok(home))
+        return true;
+    fprintf(stderr, "space: SPACE_HOME %s may only hold letters, digits and / . _ + : @ = -\n",
+            home);
+    return false;
+}
+
+/* A PostgreSQL role or database name that needs no quoting anywhere (URI, SQL, shell). */
+static bool pg_name_ok(const char *s)
+{
+    size_t len = strlen(s);
+
+    if (len == 0 || len > 63 || isdigit((unsigned char)*s))
+        return false;
+    for (; *s; s++) {
+        if (!isalnum((unsigned char)*s) && *s != '_')
+            return false;
+    }
+    return true;
+}
+
+static bool host_ok(const char *s)
+{
+    size_t len = strlen(s);
+
+    if (len == 0 || len > 253)
+        return false;
+    for (; *s; s++) {
+        if (!isalnum((unsigned char)*s) && !strchr(".:-_", *s))
+            return false;
+    }
+    return true;
+}
+
+static int validate(const sp_stack_config_t *cfg)
+{
+    sp_log_format_t fmt;
+
+    if (!cfg->home || !*cfg->home) {
+        fprintf(stderr, "space: SPACE_HOME is empty\n");
+        return -1;
+    }
+    if (!host_ok(cfg->nats_host)) {
+        fprintf(stderr, "space: SPACE_NATS_HOST '%s' is not a host name or address\n",
+                cfg->nats_host);
+        return -1;
+    }
+    if (!pg_name_ok(cfg->pg_user) || !pg_name_ok(cfg->pg_db)) {
+        fprintf(stderr,
+                "space: SPACE_PG_USER '%s' and SPACE_PG_DB '%s' must be 1-63 letters, "
+                "digits or '_', not starting with a digit\n",
+                cfg->pg_user, cfg->pg_db);
+        return -1;
+    }
+    if (!cfg->nats_server || !*cfg->nats_server || !cfg->pg_bin_dir || !*cfg->pg_bin_dir ||
+        !cfg->pg_os_user || !*cfg->pg_os_user) {
+        fprintf(stderr, "space: SPACE_NATS_SERVER, SPACE_PG_BIN_DIR and SPACE_PG_OS_USER must "
+                        "not be empty\n");
+        return -1;
+    }
+    if (sp_log_format_parse(cfg->log_format ? cfg->log_format : "", &fmt) < 0) {
+        fprintf(stderr, "space: SPACE_LOG_FORMAT '%s' is neither kv nor json\n",
+                cfg->log_format ? cfg->log_format : "");
+        return -1;
+    }
+    return 0;
+}
+
+static char *absolute(const char *path)
+{
+    char cwd[PATH_MAX];
+
+    if (path[0] == '/')
+        return sp_xstrdup(path);
+    if (!getcwd(cwd, sizeof(cwd)))
+        return NULL;
+    return sp_xasprintf("%s/%s", cwd, path);
+}
+
+static int mkdir_p(const char *path, mode_t mode)
+{
+    char *copy = sp_xstrdup(path);
+    int r = 0;
+
+    for (char *s = strchr(copy + 1, '/'); s; s = strchr(s + 1, '/')) {
+        *s = '\0';
+        r = sp__stack_mkdir(copy, mode);
+        *s = '/';
+        if (r < 0)
+            goto out;
+    }
+    r = sp__stack_mkdir(copy, mode);
+out:
+    free(copy);
+    return r;
+}
+
+/* True when dir holds nothing, or only what `space up` makes. */
+static bool created_by_space(const char *home)
+{
+    char *marker = sp_xasprintf("%s/" MARKER, home), *env = sp_xasprintf("%s/" ENV_FILE, home);
+    bool yes = access(marker, F_OK) == 0 || access(env, F_OK) == 0;
+
+    free(marker);
+    free(env);
+    return yes;
+}
+
+static bool dir_empty(const char *dir)
+{
+    struct dirent *de;
+    bool empty = true;
+    DIR *d = opendir(dir);
+
+    if (!d)
+        return false;
+    while (empty && (de = readdir(d)))
+        empty = strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0;
+    closedir(d);
+    return empty;
+}
+
+static void stack_dispose(sp_stack_t *st)
+{
+    free(st->home);
+    free(st->run_dir);
+    free(st->log_dir);
+}
+
+/* Resolves $SPACE_HOME into st. With create, makes it (and run/, log/, the marker) and refuses
+ * a non-empty directory that `space up` did not create: `space down --purge` deletes what holds
+ * the marker, so the marker must never land in someone's own directory. Returns 1 when the
+ * directory exists, 0 when it does not (st->home is then the absolute path as given), -1 after
+ * printing an error. */
+static int stack_open(const sp_stack_config_t *cfg, bool create, sp_stack_t *st)
+{
+    char resolved[PATH_MAX], *abs, *marker;
+    struct stat sb;
+    int r, fd;
+
+    *st = (sp_stack_t){.cfg = cfg};
+    abs = absolute(cfg->home);
+    if (!abs) {
+        fprintf(stderr, "space: cannot tell the current directory: %s\n", strerror(errno));
+        return -1;
+    }
+    if (create) {
+        if (!home_chars_ok(abs)) {
+            free(abs);
+            return -1;
+        }
+        if (stat(abs, &sb) == 0 && S_ISDIR(sb.st_mode) && !created_by_space(abs) &&
+            !dir_empty(abs)) {
+            fprintf(stderr,
+                    "space: %s is not empty and was not made by `space up` (no " MARKER
+                    "): choose a new or empty SPACE_HOME\n",
+                    abs);
+            free(abs);
+            return -1;
+        }
+        if ((r = mkdir_p(abs, 0755)) < 0) {
+            fprintf(stderr, "space: cannot create %s: %s\n", abs, strerror(-r));
+            free(abs);
+            return -1;
+        }
+    }
+    if (!realpath(abs, resolved)) {
+        if (errno == ENOENT && !create) {
+            st->home = abs;
+            return 0;
+        }
+        fprintf(stderr, "space: cannot resolve %s: %s\n", abs, strerror(errno));
+        free(abs);
+        return -1;
+    }
+    free(abs);
+    if (!home_chars_ok(resolved))
+        return -1;
+    st->home = sp_xstrdup(resolved);
+    st->run_dir = sp__stack_path(st, "run");
+    st->log_dir = sp__stack_path(st, "log");
+    if (!create)
+        return 1;
+
+    marker = sp__stack_path(st, MARKER);
+    fd = open(marker, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    r = fd < 0 ? -errno : 0;
+    if (fd >= 0)
+        close(fd);
+    free(marker);
+    if (r == 0)
+        r = sp__stack_mkdir(st->run_dir, 0755);
+    if (r == 0)
+        r = sp__stack_mkdir(st->log_dir, 0755);
+    if (r < 0) {
+        fprintf(stderr, "space: cannot set up %s: %s\n", st->home, strerror(-r));
+        stack_dispose(st);
+        return -1;
+    }
+    return 1;
+}
+
+/* Serializes space commands on one home (two `space up` at once would both start servers).
+ * Returns the lock's descriptor (close-on-exec, so no daemon inherits it) or -1. */
+static int stack_lock(const sp_stack_t *st)
+{
+    char *path = sp__stack_path(st, "run/space.lock");
+    int fd;
+
+    fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) {
+        fprintf(stderr, "space: cannot open %s: %s\n", path, strerror(errno));
+        goto out;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        fprintf(stderr, "space: waiting for another space command on %s\n", st->home);
+        if (flock(fd, LOCK_EX) < 0) {
+            fprintf(stderr, "space: cannot lock %s: %s\n", path, strerror(errno));
+            close(fd);
+            fd = -1;
+        }
+    }
+out:
+    free(path);
+    return fd;
+}
+
+static int write_env_file(const sp_stack_t *st, const char *nats_url, const char *pg_url)
+{
+    char *path = sp__stack_path(st, ENV_FILE), *tmp = sp__stack_path(st, ENV_FILE ".tmp");
+    /* Single quotes because the PostgreSQL URI holds '&'; no value can hold a quote (paths
+     * and names are checked in validate and stack_open). */
+    char *text = sp_xasprintf("# Written by `space up`. In a shell: set -a; . %s; set +a\n"
+                              "SPACE_HOME='%s'\nSPACE_NATS_URL='%s'\nSPACE_PG_URL='%s'\n",
+                              path, st->home, nats_url, pg_url);
+    size_t len = strlen(text);
+    int fd, r = 0;
+
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0 || fchmod(fd, 0600) < 0 || write(fd, text, len) != (ssize_t)len) {
+        r = errno ? -errno : -EIO;
+        if (fd >= 0)
+            close(fd);
+        unlink(tmp);
+        goto out;
+    }
+    if (close(fd) < 0 || rename(tmp, path) < 0) {
+        r = -errno;
+        unlink(tmp);
+    }
+out:
+    if (r < 0)
+        fprintf(stderr, "space: cannot write %s: %s\n", path, strerror(-r));
+    free(path);
+    free(tmp);
+    free(text);
+    return r;
+}
+
+/* True when space.env exists and its value for key is not value (quotes as write_env_file
+ * writes them). */
+static bool env_file_differs(const sp_stack_t *st, const char *key, const char *value)
+{
+    char *path = sp__stack_path(st, ENV_FILE), line[PATH_MAX + 256];
+    size_t klen = strlen(key), vlen;
+    bool differs = false;
+    FILE *f;
+
+    f = fopen(path, "re");
+    free(path);
+    if (!f)
+        return false;
+    while (fgets(line, sizeof(line), f)) {
+        char *v = line + klen + 1;
+
+        if (strncmp(line, key, klen) != 0 || line[klen] != '=')
+            continue;
+        v[strcspn(v, "\n")] = '\0';
+        vlen = strlen(v);
+        if (vlen >= 2 && v[0] == '\'' && v[vlen - 1] == '\'') {
+            v[vlen - 1] = '\0';
+            v++;
+        }
+        differs = strcmp(v, value) != 0;
+        break;
+    }
+    fclose(f);
+    return differs;
+}
+
+static char *bin_dir(const sp_stack_config_t *cfg)
+{
+    char exe[PATH_MAX], *slash;
+    ssize_t n;
+
+    if (cfg->bin_dir && *cfg->bin_dir)
+        return sp_xstrdup(cfg->bin_dir);
+    n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0)
+        return sp_xstrdup(".");
+    exe[n] = '\0';
+    slash = strrchr(exe, '/');
+    if (slash)
+        *slash = '\0';
+    return sp_xstrdup(exe[0] ? exe : "/");
+}
+
+/* The caller's environment with the stack's variables set (replacing any inherited ones).
+ * The array and its four new strings are heap; free with free_env. */
+static char **daemon_env(const sp_stack_t *st, const char *nats_url, const char *pg_url)
+{
+    static const char *const ours[] = {
+        "SPACE_HOME=", "SPACE_NATS_URL=", "SPACE_PG_URL=", "SPACE_LOG_FORMAT="};
+    size_t n = 0, k = 0;
+    char **env;
+
+    while (environ[n])
+        n++;
+    env = sp_xcalloc(n + 5, sizeof(*env));
+    for (size_t i = 0; i < n; i++) {
+        bool skip = false;
+
+        for (size_t j = 0; j < 4; j++)
+            skip = skip || strncmp(environ[i], ours[j], strlen(ours[j])) == 0;
+        if (!skip)
+            env[k++] = environ[i];
+    }
+    env[k++] = sp_xasprintf("SPACE_HOME=%s", st->home);
+    env[k++] = sp_xasprintf("SPACE_NATS_URL=%s", nats_url);
+    env[k++] = sp_xasprintf("SPACE_PG_URL=%s", pg_url);
+    env[k++] = sp_xasprintf("SPACE_LOG_FORMAT=%s", st->cfg->log_format);
+    env[k] = NULL;
+    return env;
+}
+
+static void free_env(char **env)
+{
+    size_t n = 0;
+
+    while (env[n])
+        n++;
+    for (size_t i = n - 4; i < n; i++)
+        free(env[i]);
+    free(env);
+}
+
+static int daemon_down(const sp_stack_t *st, const char *name)
+{
+    char *pidfile = sp_xasprintf("%s/%s.pid", st->run_dir, name);
+    int r = 0, s;
+    pid_t pid;
+
+    if (sp_proc_pidfile_check(pidfile, name, &pid) == 1) {
+        s = sp_proc_stop(pid, name, SIGTERM, DAEMON_STOP_TIMEOUT_MS);
+        if (s < 0) {
+            fprintf(stderr, "space: cannot stop %s (pid %d): %s\n", name, (int)pid, strerror(-s));
+            r = -1;
+            goto out;
+        }
+        printf("%-*s stopped  pid %d%s\n", SP_STACK_PART_WIDTH, name, (int)pid,
+               s == 1 ? " (killed after 10 s)" : "");
+    }
+    unlink(pidfile);
+out:
+    free(pidfile);
+    return r;
+}
+
+/* Starts the daemons that are not running. restart: the NATS or PostgreSQL URL changed (a
+ * server was restarted on another ephemeral port), so running daemons are stopped first and
+ * started again with the new environment. */
+static int daemons_up(const sp_stack_t *st, const char *nats_url, const char *pg_url, bool restart)
+{
+    pid_t started[N_DAEMONS] = {0};
+    char *dir = bin_dir(st->cfg), **env = daemon_env(st, nats_url, pg_url);
+    bool any = false;
+    int r = 0, e, status;
+
+    for (size_t i = 0; i < N_DAEMONS; i++) {
+        const char *name = daemons[i].name;
+        char *prog = sp_xasprintf("%s/%s", dir, name);
+        char *pidfile = sp_xasprintf("%s/%s.pid", st->run_dir, name);
+        char *log = sp_xasprintf("%s/%s.log", st->log_dir, name);
+        char *argv[] = {(char *)name, NULL};
+        sp_proc_spec_t spec = {.path = prog,
+                               .argv = argv,
+                               .envp = env,
+                               .cwd = st->home,
+                               .log_path = log,
+                               .detach = true};
+        sp_stack_part_t part = {0};
+
+        if (restart && sp_proc_pidfile_check(pidfile, name, &part.pid) == 1) {
+            printf("%-*s restart  (the NATS or PostgreSQL URL changed)\n", SP_STACK_PART_WIDTH,
+                   name);
+            if (daemon_down(st, name) < 0)
+                r = -1;
+        }
+        if (sp_proc_pidfile_check(pidfile, name, &part.pid) == 1) {
+            if (!restart)
+                sp__stack_report(name, "running", &part);
+        } else if (access(prog, X_OK) < 0) {
+            printf("%-*s skipped  (%s is not built)\n", SP_STACK_PART_WIDTH, name, prog);
+        } else if ((e = sp_proc_spawn(&spec, &started[i])) < 0) {
+            fprintf(stderr, "space: cannot start %s: %s\n", prog, strerror(-e));
+            r = -1;
+        } else {
+            (void)sp_proc_pidfile_write(pidfile, started[i]);
+            any = true;
+        }
+        free(prog);
+        free(pidfile);
+        free(log);
+    }
+
+    /* One settle period for all of them: a daemon that cannot reach NATS or PostgreSQL, or
+     * rejects its configuration, exits right away. */
+    if (any)
+        sp_proc_sleep_ms(DAEMON_SETTLE_MS);
+    for (size_t i = 0; i < N_DAEMONS; i++) {
+        const char *name = daemons[i].name;
+        sp_stack_part_t part = {.pid = started[i], .started = true};
+
+        if (!started[i])
+            continue;
+        if (sp_proc_reap(started[i], &status) == 1) {
+            char *log = sp_xasprintf("%s/%s.log", st->log_dir, name);
+            char *pidfile = sp_xasprintf("%s/%s.pid", st->run_dir, name);
+            char msg[128];
+
+            if (WIFEXITED(status))
+                snprintf(msg, sizeof(msg), "%s exited at startup with status %d", name,
+                         WEXITSTATUS(status));
+            else
+                snprintf(msg, sizeof(msg), "%s was killed at startup by signal %d", name,
+                         WTERMSIG(status));
+            sp__stack_fail_log(msg, log);
+            unlink(pidfile);
+            free(log);
+            free(pidfile);
+            r = -1;
+            continue;
+        }
+        sp__stack_report(name, "started", &part);
+    }
+    free(dir);
+    free_env(env);
+    return r;
+}
+
+int sp_stack_up(const sp_stack_config_t *cfg)
+{
+    sp_stack_part_t nats = {0}, pg = {0};
+    long long t0 = sp_proc_now_ms();
+    char *env_path = NULL;
+    int r = SP_STACK_EXIT_FAIL, lock = -1;
+    bool moved;
+    sp_stack_t st;
+
+    if (validate(cfg) < 0)
+        return SP_STACK_EXIT_USAGE;
+    if (stack_open(cfg, true, &st) < 0)
+        return SP_STACK_EXIT_FAIL;
+    lock = stack_lock(&st);
+    if (lock < 0)
+        goto out;
+    printf("space up: %s\n", st.home);
+    fflush(stdout);
+    if (sp__pg_preflight(&st) < 0 || sp__nats_up(&st, &nats) < 0 || sp__pg_up(&st, &pg) < 0)
+        goto fail;
+    moved = env_file_differs(&st, "SPACE_NATS_URL", nats.url) ||
+            env_file_differs(&st, "SPACE_PG_URL", pg.url);
+    if (write_env_file(&st, nats.url, pg.url) < 0)
+        goto fail;
+    if (daemons_up(&st, nats.url, pg.url, moved) < 0)
+        goto fail;
+
+    env_path = sp__stack_path(&st, ENV_FILE);
+    printf("space up: ready in %.2f s\n"
+           "SPACE_NATS_URL='%s'\n"
+           "SPACE_PG_URL='%s'\n"
+           "environment: %s (set -a; . %s; set +a)\n",
+           (double)(sp_proc_now_ms() - t0) / 1000.0, nats.url, pg.url, env_path, env_path);
+    r = SP_STACK_EXIT_OK;
+    goto out;
+fail:
+    fprintf(stderr,
+            "space up: failed; `space status` shows what runs, `space down` stops it; logs are "
+            "in %s\n",
+            st.log_dir);
+out:
+    if (lock >= 0)
+        close(lock);
+    free(env_path);
+    sp__stack_part_dispose(&nats);
+    sp__stack_part_dispose(&pg);
+    stack_dispose(&st);
+    return r;
+}
+
+static int remove_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw)
+{
+    if (remove(path) < 0) {
+        fprintf(stderr, "space: cannot delete %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Deletes the stack directory. Only one that `space up` made (marker or environment file), never
+ * "/", never across a mount point (FTW_MOUNT), never following a symlink (FTW_PHYS). */
+static int purge(const sp_stack_t *st)
+{
+    if (strcmp(st->home, "/") == 0 || !created_by_space(st->home)) {
+        fprintf(stderr,
+                "space: refusing to delete %s: it holds no " MARKER " or " ENV_FILE
+                ", so `space up` did not make it\n",
+                st->home);
+        return -1;
+    }
+    if (nftw(st->home, remove_entry, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0)
+        return -1;
+    printf("space down: deleted %s\n", st->home);
+    return 0;
+}
+
+int sp_stack_down(const sp_stack_config_t *cfg, bool purge_home)
+{
+    int r = SP_STACK_EXIT_OK, lock = -1, exists;
+    struct stat sb;
+    sp_stack_t st;
+
+    if (validate(cfg) < 0)
+        return SP_STACK_EXIT_USAGE;
+    exists = stack_open(cfg, false, &st);
+    if (exists < 0)
+        return SP_STACK_EXIT_FAIL;
+    if (exists == 0) {
+        printf("space down: nothing at %s\n", st.home);
+        goto out;
+    }
+    if (stat(st.run_dir, &sb) == 0) {
+        lock = stack_lock(&st);
+        if (lock < 0) {
+            r = SP_STACK_EXIT_FAIL;
+            goto out;
+        }
+    }
+    for (size_t i = N_DAEMONS; i-- > 0;) {
+        if (daemon_down(&st, daemons[i].name) < 0)
+            r = SP_STACK_EXIT_FAIL;
+    }
+    if (sp__pg_down(&st) < 0)
+        r = SP_STACK_EXIT_FAIL;
+    if (sp__nats_down(&st) < 0)
+        r = SP_STACK_EXIT_FAIL;
+    if (r != SP_STACK_EXIT_OK) {
+        fprintf(stderr, "space down: something is still running%s\n",
+                purge_home ? "; not deleting anything" : "");
+        goto out;
+    }
+    printf("space down: nothing running under %s\n", st.home);
+    if (purge_home && purge(&st) < 0)
+        r = SP_STACK_EXIT_FAIL;
+out:
+    if (lock >= 0)
+        close(lock);
+    stack_dispose(&st);
+    return r;
+}
+
+int sp_stack_status(const sp_stack_config_t *cfg)
+{
+    sp_stack_part_t nats = {0}, pg = {0};
+    bool all = true;
+    char *dir = NULL;
+    sp_stack_t st;
+    int exists;
+
+    if (validate(cfg) < 0)
+        return SP_STACK_EXIT_USAGE;
+    exists = stack_open(cfg, false, &st);
+    if (exists < 0)
+        return SP_STACK_EXIT_FAIL;
+    if (exists == 1) {
+        sp__nats_probe(&st, &nats);
+        sp__pg_probe(&st, &pg);
+    }
+    sp__stack_report("nats-server", nats.pid ? "running" : "stopped", &nats);
+    sp__stack_report("postgres", pg.pid ? "running" : "stopped", &pg);
+    all = nats.pid && pg.pid;
+
+    dir = bin_dir(cfg);
+    for (size_t i = 0; i < N_DAEMONS; i++) {
+        const char *name = daemons[i].name;
+        char *pidfile = exists == 1 ? sp_xasprintf("%s/%s.pid", st.run_dir, name) : NULL;
+        char *prog = sp_xasprintf("%s/%s", dir, name);
+        sp_stack_part_t part = {0};
+
+        if (pidfile && sp_proc_pidfile_check(pidfile, name, &part.pid) == 1) {
+            sp__stack_report(name, "running", &part);
+        } else if (access(prog, X_OK) < 0) {
+            /* Not built: `space up` skips it, so it does not make the stack incomplete. */
+            printf("%-*s absent   (%s is not built)\n", SP_STACK_PART_WIDTH, name, prog);
+        } else {
+            sp__stack_report(name, "stopped", NULL);
+            all = false;
+        }
+        free(pidfile);
+        free(prog);
+    }
+    free(dir);
+    sp__stack_part_dispose(&nats);
+    sp__stack_part_dispose(&pg);
+    stack_dispose(&st);
+    return all ? SP_STACK_EXIT_OK : SP_STACK_EXIT_NOT_ALL;
+}
+
+int sp_stack_env(const sp_stack_config_t *cfg)
+{
+    char buf[4096], *path;
+    int r = SP_STACK_EXIT_OK, exists;
+    sp_stack_t st;
+    size_t n;
+    FILE *f;
+
+    if (validate(cfg) < 0)
+        return SP_STACK_EXIT_USAGE;
+    exists = stack_open(cfg, false, &st);
+    if (exists < 0)
+        return SP_STACK_EXIT_FAIL;
+    path = sp__stack_path(&st, ENV_FILE);
+    f = fopen(path, "re");
+    if (!f) {
+        fprintf(stderr, "space: cannot read %s: %s%s\n", path, strerror(errno),
+                errno == ENOENT ? " (run `space up` first)" : "");
+        r = SP_STACK_EXIT_FAIL;
+        goto out;
+    }
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
+        fwrite(buf, 1, n, stdout);
+    fclose(f);
+out:
+    free(path);
+    stack_dispose(&st);
+    return r;
+}

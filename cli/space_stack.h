@@ -1,0 +1,90 @@
+/* The local stack behind `space up|down|status|env`: nats-server with JetStream, a private
+ * PostgreSQL cluster and the SPACE daemons, all under one directory ($SPACE_HOME):
+ *
+ *   $SPACE_HOME/.space-home          marker: this directory was created by `space up`
+ *   $SPACE_HOME/space.env            SPACE_HOME, SPACE_NATS_URL, SPACE_PG_URL (mode 0600)
+ *   $SPACE_HOME/run/                 pid files, nats-server's ports file, the command lock
+ *   $SPACE_HOME/log/                 one log per process (nats.log, postgres.log, <daemon>.log)
+ *   $SPACE_HOME/nats/                nats.conf (generated) and the JetStream store
+ *   $SPACE_HOME/pg/data, pg/run      the cluster and its unix socket directory
+ *
+ * Everything here prints for people: progress on stdout, errors (with the log tail of a process
+ * that died) on stderr. The sp_stack_* entry points return the process exit code.
+ */
+#ifndef SPACE_CLI_STACK_H
+#define SPACE_CLI_STACK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+enum {
+    SP_STACK_EXIT_OK = 0,
+    SP_STACK_EXIT_FAIL = 1,    /* something could not be started, stopped or read */
+    SP_STACK_EXIT_USAGE = 2,   /* bad command line or configuration value */
+    SP_STACK_EXIT_NOT_ALL = 3, /* status: at least one component is not running */
+};
+
+/* Filled by sp_config_load from the table in main.c (flags, SPACE_* environment, file). */
+typedef struct {
+    char *home;
+    char *nats_host;
+    int64_t nats_port; /* 0: nats-server picks a free port, read back from its ports file */
+    char *nats_server;
+    int64_t pg_port; /* names the socket file .s.PGSQL.<port>; PostgreSQL listens on no TCP */
+    char *pg_user;
+    char *pg_db;
+    char *pg_bin_dir;
+    char *pg_os_user;
+    char *bin_dir; /* empty: the directory of the running `space` binary */
+    char *log_format;
+} sp_stack_config_t;
+
+int sp_stack_up(const sp_stack_config_t *cfg);
+int sp_stack_down(const sp_stack_config_t *cfg, bool purge);
+int sp_stack_status(const sp_stack_config_t *cfg);
+int sp_stack_env(const sp_stack_config_t *cfg);
+
+/* Internals shared by space_stack.c, space_nats.c and space_pg.c. */
+
+typedef struct {
+    const sp_stack_config_t *cfg;
+    char *home;    /* absolute, symlinks resolved */
+    char *run_dir; /* home/run */
+    char *log_dir; /* home/log */
+} sp_stack_t;
+
+/* What one component looks like after up or a status probe. */
+typedef struct {
+    pid_t pid;    /* 0: not running */
+    bool started; /* started by this command (not found running) */
+    int port;
+    char *url; /* heap; NULL when not running */
+} sp_stack_part_t;
+
+#define SP_STACK_PART_WIDTH 15 /* name column of the one-line reports */
+
+/* "home/rel" (heap). */
+char *sp__stack_path(const sp_stack_t *st, const char *rel);
+/* Creates dir with mode if missing (the mode is applied only when it creates it). -errno. */
+int sp__stack_mkdir(const char *dir, mode_t mode);
+/* Prints "<name> <state> pid <pid> <url>" for a report. */
+void sp__stack_report(const char *name, const char *state, const sp_stack_part_t *part);
+/* Prints msg for a process that died or failed, then the tail of its log. */
+void sp__stack_fail_log(const char *msg, const char *log_path);
+void sp__stack_part_dispose(sp_stack_part_t *part);
+
+/* Each returns 0 after printing its report line, or -1 after printing why it failed. */
+int sp__nats_up(const sp_stack_t *st, sp_stack_part_t *ret_part);
+int sp__nats_down(const sp_stack_t *st);
+/* Fills part (pid 0 when not running); never fails. */
+void sp__nats_probe(const sp_stack_t *st, sp_stack_part_t *ret_part);
+
+/* Checks (and prepares) what PostgreSQL needs before anything is started, so that a SPACE_HOME
+ * it cannot use fails up front; does nothing when it runs already. */
+int sp__pg_preflight(const sp_stack_t *st);
+int sp__pg_up(const sp_stack_t *st, sp_stack_part_t *ret_part);
+int sp__pg_down(const sp_stack_t *st);
+void sp__pg_probe(const sp_stack_t *st, sp_stack_part_t *ret_part);
+
+#endif

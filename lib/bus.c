@@ -1,0 +1,618 @@
+/* The bus over cnats / JetStream (bus.h).
+ *
+ * Acknowledgement: consumers use AckPolicy explicit, not AckAll. sp_bus_batch_ack sends a
+ * plain ack (a publish, no reply awaited) for every message but the last and a synchronous
+ * ack for the last one: the acks leave in one write, and the server handles one connection's
+ * acks in order, so the reply to the last one means every ack of the batch was applied. One
+ * round trip per batch, as with AckAll, but a batch freed without acking is still redelivered
+ * even after a later batch was acked, which AckAll would silently ack along with it.
+ *
+ * Fetch: one pull request with no_wait and expires. nats-server 2.9 treats that pair as a
+ * one-shot request: it waits up to expires for the first message, then returns what is
+ * available at once (status 408 ends it) instead of holding the request until the batch is
+ * full. That is what natsSubscription_Fetch sends too; natsSubscription_FetchRequest is used
+ * to add max_bytes, so a batch of large messages stays bounded in memory.
+ */
+#include "bus.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <nats/nats.h>
+
+#include "error.h"
+#include "log.h"
+#include "xmalloc.h"
+
+#define DEFAULT_TIMEOUT_MS    5000
+#define DEFAULT_DUP_WINDOW_MS ((int64_t)2 * 60 * 1000)
+#define DEFAULT_ACK_WAIT_MS   30000
+#define RECONNECT_WAIT_MS     250
+#define RECONNECT_BUF_BYTES   (8 * 1024 * 1024)
+#define CONNECT_RETRY_MS      100
+#define ASYNC_MAX_PENDING     4096
+/* A batch is at most this many messages and bytes, so one fetch has a bounded footprint; the
+ * consumer's MaxAckPending is set above it so a full batch is never held back. */
+#define FETCH_MAX_MSGS  4096
+#define FETCH_MAX_BYTES ((int64_t)64 * 1024 * 1024)
+#define MAX_ACK_PENDING 20000
+
+struct sp_bus {
+    natsConnection *nc;
+    jsCtx *js;
+    int64_t timeout_ms;
+    int64_t dup_window_ms;
+    /* Async publishes the server refused since the last sp_bus_publish_async_complete;
+     * incremented on a cnats thread. */
+    atomic_int async_failed;
+};
+
+struct sp_bus_consumer {
+    sp_bus_t *bus;
+    natsSubscription *sub;
+    /* Batches not yet freed: their messages need the subscription to be acked, so a consumer
+     * freed before them is only unsubscribed and is destroyed with its last batch. */
+    size_t live_batches;
+    bool freed;
+};
+
+/* The public view of a message beside the cnats message it borrows from. */
+typedef struct {
+    sp_bus_msg_t pub;
+    natsMsg *msg;
+} batch_entry_t;
+
+struct sp_bus_batch {
+    sp_bus_consumer_t *consumer;
+    batch_entry_t *e;
+    size_t n;
+};
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Maps a cnats status (and the JetStream error code, when the server sent one) to our codes
+ * and logs the cnats error text at debug. cnats error texts carry neither the URL nor the
+ * credentials, and nothing here logs the options. */
+static int map_status(natsStatus s, jsErrCode jerr, const char *what)
+{
+    int rc;
+
+    if (s == NATS_OK)
+        return 0;
+    if (jerr == JSStreamNotFoundErr || jerr == JSConsumerNotFoundErr ||
+        jerr == JSNoMessageFoundErr || s == NATS_NOT_FOUND)
+        rc = SP_ENOTFOUND;
+    else if (s == NATS_TIMEOUT)
+        rc = SP_ETIMEOUT;
+    else if (s == NATS_NO_MEMORY)
+        rc = -ENOMEM;
+    else if (s == NATS_INVALID_ARG || s == NATS_INVALID_SUBJECT || s == NATS_INVALID_TIMEOUT)
+        rc = -EINVAL;
+    else if (s == NATS_MAX_PAYLOAD)
+        rc = SP_ETOOBIG;
+    else
+        rc = SP_EBUS;
+    sp_log(SP_LOG_DEBUG, "bus call failed", SP_KS("call", what),
+           SP_KS("status", natsStatus_GetText(s)), SP_KI("js_err", jerr),
+           SP_KS("error", nats_GetLastError(NULL)));
+    return rc;
+}
+
+/* Runs on a cnats thread for every async publish the server refused (or that had no
+ * responder); cnats destroys pae->Msg afterwards. */
+static void on_async_pub_err(jsCtx *js, jsPubAckErr *pae, void *closure)
+{
+    sp_bus_t *bus = closure;
+
+    atomic_fetch_add(&bus->async_failed, 1);
+    sp_log(SP_LOG_DEBUG, "bus async publish failed",
+           SP_KS("subject", pae->Msg ? natsMsg_GetSubject(pae->Msg) : NULL),
+           SP_KS("status", natsStatus_GetText(pae->Err)), SP_KI("js_err", pae->ErrCode),
+           SP_KS("error", pae->ErrText));
+}
+
+/* A comma-separated URL list becomes the server list (natsOptions_SetURL takes one URL). */
+static natsStatus set_servers(natsOptions *o, const char *urls)
+{
+    char *copy = sp_xstrdup(urls);
+    const char **list = NULL;
+    int n = 0;
+    natsStatus s;
+
+    for (char *save = NULL, *tok = strtok_r(copy, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ')
+            tok++;
+        if (*tok == '\0')
+            continue;
+        list = sp_xreallocarray(list, (size_t)n + 1, sizeof(*list));
+        list[n++] = tok;
+    }
+    s = n > 0 ? natsOptions_SetServers(o, list, n) : NATS_INVALID_ARG;
+    free(list);
+    free(copy);
+    return s;
+}
+
+int sp_bus_connect(const sp_bus_opts_t *opts, sp_bus_t **ret_bus)
+{
+    natsOptions *no = NULL;
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    sp_bus_t *bus = NULL;
+    jsOptions jo;
+    int64_t deadline;
+    natsStatus s;
+    int rc;
+
+    if (!opts || !opts->url || !ret_bus || opts->timeout_ms < 0 || opts->dup_window_ms < 0)
+        return -EINVAL;
+
+    bus = sp_xcalloc(1, sizeof(*bus));
+    bus->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : DEFAULT_TIMEOUT_MS;
+    bus->dup_window_ms = opts->dup_window_ms > 0 ? opts->dup_window_ms : DEFAULT_DUP_WINDOW_MS;
+    atomic_init(&bus->async_failed, 0);
+
+    s = natsOptions_Create(&no);
+    if (s == NATS_OK)
+        s = set_servers(no, opts->url);
+    if (s == NATS_OK && opts->name)
+        s = natsOptions_SetName(no, opts->name);
+    if (s == NATS_OK && opts->user)
+        s = natsOptions_SetUserInfo(no, opts->user, opts->password);
+    /* Reconnect forever: the daemons outlive a nats-server restart. */
+    if (s == NATS_OK)
+        s = natsOptions_SetMaxReconnect(no, -1);
+    if (s == NATS_OK)
+        s = natsOptions_SetReconnectWait(no, RECONNECT_WAIT_MS);
+    if (s == NATS_OK)
+        s = natsOptions_SetReconnectBufSize(no, RECONNECT_BUF_BYTES);
+    if (s != NATS_OK) {
+        rc = map_status(s, 0, "natsOptions");
+        goto out;
+    }
+
+    /* The initial connect is retried: at boot nats-server may not be listening yet. Each
+     * attempt gets what is left of the budget, so the whole call ends near timeout_ms. */
+    deadline = mono_ms() + bus->timeout_ms;
+    for (;;) {
+        int64_t left = deadline - mono_ms();
+        natsOptions_SetTimeout(no, left > 0 ? left : 1);
+        s = natsConnection_Connect(&nc, no);
+        if (s == NATS_OK)
+            break;
+        bool transient = s == NATS_NO_SERVER || s == NATS_TIMEOUT || s == NATS_IO_ERROR ||
+                         s == NATS_CONNECTION_CLOSED || s == NATS_STALE_CONNECTION;
+        if (!transient || mono_ms() + CONNECT_RETRY_MS >= deadline) {
+            rc = map_status(s, 0, "natsConnection_Connect");
+            if (transient)
+                rc = SP_ETIMEOUT;
+            goto out;
+        }
+        nanosleep(&(struct timespec){.tv_nsec = CONNECT_RETRY_MS * 1000000L}, NULL);
+    }
+
+    jsOptions_Init(&jo);
+    jo.Wait = bus->timeout_ms;
+    /* Bounded pipelining: past MaxPending in flight, a publish waits (up to StallWait) for
+     * acks instead of queueing without limit. */
+    jo.PublishAsync.MaxPending = ASYNC_MAX_PENDING;
+    jo.PublishAsync.StallWait = bus->timeout_ms;
+    jo.PublishAsync.ErrHandler = on_async_pub_err;
+    jo.PublishAsync.ErrHandlerClosure = bus;
+    s = natsConnection_JetStream(&js, nc, &jo);
+    if (s != NATS_OK) {
+        rc = map_status(s, 0, "natsConnection_JetStream");
+        goto out;
+    }
+
+    bus->nc = nc;
+    bus->js = js;
+    nc = NULL;
+    js = NULL;
+    *ret_bus = bus;
+    bus = NULL;
+    rc = 0;
+out:
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    natsOptions_Destroy(no);
+    free(bus);
+    return rc;
+}
+
+void sp_bus_free(sp_bus_t *bus)
+{
+    jsPubOptions po;
+    bool drained;
+
+    if (!bus)
+        return;
+    jsPubOptions_Init(&po);
+    po.MaxWait = bus->timeout_ms;
+    drained = js_PublishAsyncComplete(bus->js, &po) == NATS_OK;
+    if (!drained)
+        sp_log(SP_LOG_DEBUG, "bus closed with async publishes unacknowledged");
+    natsConnection_FlushTimeout(bus->nc, bus->timeout_ms);
+    jsCtx_Destroy(bus->js);
+    natsConnection_Close(bus->nc);
+    natsConnection_Destroy(bus->nc);
+    /* With publishes still pending, a late ack may be in on_async_pub_err on a cnats thread
+     * while the connection closes, and cnats offers no way to wait for that thread: the few
+     * bytes of bus are left to it rather than freed under it. */
+    if (drained)
+        free(bus);
+}
+
+int sp_bus_ensure_stream(sp_bus_t *bus)
+{
+    jsStreamInfo *si = NULL;
+    jsStreamConfig cfg;
+    jsErrCode jerr = 0;
+    const char *subjects[] = {SP_BUS_SUBJECTS};
+    natsStatus s;
+
+    s = js_GetStreamInfo(&si, bus->js, SP_BUS_STREAM, NULL, &jerr);
+    jsStreamInfo_Destroy(si);
+    si = NULL;
+    if (s == NATS_OK)
+        return 0;
+    if (s != NATS_NOT_FOUND && jerr != JSStreamNotFoundErr)
+        return map_status(s, jerr, "js_GetStreamInfo");
+
+    jsStreamConfig_Init(&cfg);
+    cfg.Name = SP_BUS_STREAM;
+    cfg.Subjects = subjects;
+    cfg.SubjectsLen = 1;
+    cfg.Storage = js_FileStorage;
+    cfg.Retention = js_LimitsPolicy;
+    /* The stream is the system of record: no age, count or size limit, and should a server
+     * limit ever be reached, refuse new events rather than drop old ones. */
+    cfg.MaxAge = 0;
+    cfg.MaxMsgs = -1;
+    cfg.MaxBytes = -1;
+    cfg.Discard = js_DiscardNew;
+    cfg.MaxMsgSize = SP_BUS_MAX_MSG;
+    cfg.Duplicates = bus->dup_window_ms * 1000000; /* nanoseconds */
+    jerr = 0;
+    s = js_AddStream(&si, bus->js, &cfg, NULL, &jerr);
+    jsStreamInfo_Destroy(si);
+    /* Another daemon may have created it between our two calls. */
+    if (s != NATS_OK && jerr == JSStreamNameExistErr)
+        return 0;
+    return map_status(s, jerr, "js_AddStream");
+}
+
+int sp_bus_stream_info(sp_bus_t *bus, uint64_t *ret_last_seq, uint64_t *ret_msgs)
+{
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s;
+
+    s = js_GetStreamInfo(&si, bus->js, SP_BUS_STREAM, NULL, &jerr);
+    if (s != NATS_OK)
+        return map_status(s, jerr, "js_GetStreamInfo");
+    if (ret_last_seq)
+        *ret_last_seq = si->State.LastSeq;
+    if (ret_msgs)
+        *ret_msgs = si->State.Msgs;
+    jsStreamInfo_Destroy(si);
+    return 0;
+}
+
+static int new_msg(const char *subject, const void *data, size_t len, natsMsg **ret_msg)
+{
+    natsStatus s;
+
+    if (!subject)
+        return -EINVAL;
+    if (len > (size_t)SP_BUS_MAX_MSG)
+        return SP_ETOOBIG;
+    s = natsMsg_Create(ret_msg, subject, NULL, data, (int)len);
+    return map_status(s, 0, "natsMsg_Create");
+}
+
+int sp_bus_publish(sp_bus_t *bus, const char *subject, const void *data, size_t len,
+                   const char *msg_id, uint64_t *ret_seq, int *ret_duplicate)
+{
+    natsMsg *msg = NULL;
+    jsPubAck *pa = NULL;
+    jsPubOptions po;
+    jsErrCode jerr = 0;
+    natsStatus s;
+    int rc;
+
+    rc = new_msg(subject, data, len, &msg);
+    if (rc < 0)
+        return rc;
+    jsPubOptions_Init(&po);
+    po.MsgId = msg_id;
+    s = js_PublishMsg(&pa, bus->js, msg, &po, &jerr);
+    rc = map_status(s, jerr, "js_PublishMsg");
+    if (rc == 0) {
+        if (ret_seq)
+            *ret_seq = pa->Sequence;
+        if (ret_duplicate)
+            *ret_duplicate = pa->Duplicate ? 1 : 0;
+    }
+    jsPubAck_Destroy(pa);
+    natsMsg_Destroy(msg);
+    return rc;
+}
+
+int sp_bus_publish_async(sp_bus_t *bus, const char *subject, const void *data, size_t len,
+                         const char *msg_id)
+{
+    natsMsg *msg = NULL;
+    jsPubOptions po;
+    natsStatus s;
+    int rc;
+
+    rc = new_msg(subject, data, len, &msg);
+    if (rc < 0)
+        return rc;
+    jsPubOptions_Init(&po);
+    po.MsgId = msg_id;
+    s = js_PublishMsgAsync(bus->js, &msg, &po);
+    /* On success cnats owns the message and has set msg to NULL. */
+    natsMsg_Destroy(msg);
+    return map_status(s, 0, "js_PublishMsgAsync");
+}
+
+int sp_bus_publish_async_complete(sp_bus_t *bus, int timeout_ms)
+{
+    jsPubOptions po;
+    natsStatus s;
+
+    jsPubOptions_Init(&po);
+    po.MaxWait = timeout_ms > 0 ? timeout_ms : bus->timeout_ms;
+    s = js_PublishAsyncComplete(bus->js, &po);
+    if (s != NATS_OK)
+        return map_status(s, 0, "js_PublishAsyncComplete");
+    return atomic_exchange(&bus->async_failed, 0);
+}
+
+int sp_bus_publish_core(sp_bus_t *bus, const char *subject, const void *data, size_t len)
+{
+    natsStatus s;
+
+    if (!subject)
+        return -EINVAL;
+    if (len > (size_t)SP_BUS_MAX_MSG)
+        return SP_ETOOBIG;
+    s = natsConnection_Publish(bus->nc, subject, data, (int)len);
+    return map_status(s, 0, "natsConnection_Publish");
+}
+
+int sp_bus_consumer_delete(sp_bus_t *bus, const char *durable)
+{
+    jsErrCode jerr = 0;
+    natsStatus s;
+
+    if (!durable)
+        return -EINVAL;
+    s = js_DeleteConsumer(bus->js, SP_BUS_STREAM, durable, NULL, &jerr);
+    return map_status(s, jerr, "js_DeleteConsumer");
+}
+
+int sp_bus_consumer_open(sp_bus_t *bus, const char *durable, const char *filter, uint64_t start_seq,
+                         int ack_wait_ms, sp_bus_consumer_t **ret_consumer)
+{
+    jsConsumerInfo *ci = NULL;
+    jsConsumerConfig cfg;
+    jsSubOptions so;
+    jsErrCode jerr = 0;
+    natsSubscription *sub = NULL;
+    sp_bus_consumer_t *c;
+    natsStatus s;
+    int rc;
+
+    if (!durable || !*durable || !ret_consumer || ack_wait_ms < 0)
+        return -EINVAL;
+    if (!filter || !*filter)
+        filter = SP_BUS_SUBJECTS;
+
+    /* Recreate rather than update: the caller's stored position is the truth, and whatever
+     * the old durable had delivered or left pending must not leak into the new run. */
+    rc = sp_bus_consumer_delete(bus, durable);
+    if (rc < 0 && rc != SP_ENOTFOUND)
+        return rc;
+
+    jsConsumerConfig_Init(&cfg);
+    cfg.Durable = durable;
+    cfg.FilterSubject = filter;
+    if (start_seq > 0) {
+        cfg.DeliverPolicy = js_DeliverByStartSequence;
+        cfg.OptStartSeq = start_seq;
+    } else {
+        cfg.DeliverPolicy = js_DeliverAll;
+    }
+    cfg.AckPolicy = js_AckExplicit;
+    cfg.AckWait = (int64_t)(ack_wait_ms > 0 ? ack_wait_ms : DEFAULT_ACK_WAIT_MS) * 1000000;
+    cfg.MaxAckPending = MAX_ACK_PENDING;
+    cfg.ReplayPolicy = js_ReplayInstant;
+    s = js_AddConsumer(&ci, bus->js, SP_BUS_STREAM, &cfg, NULL, &jerr);
+    jsConsumerInfo_Destroy(ci);
+    if (s != NATS_OK)
+        return map_status(s, jerr, "js_AddConsumer");
+
+    /* Bound to the durable just made: cnats neither creates nor, on unsubscribe, deletes it.
+     * cnats requires the subject to equal the consumer's filter. */
+    jsSubOptions_Init(&so);
+    so.Stream = SP_BUS_STREAM;
+    so.Consumer = durable;
+    so.ManualAck = true;
+    jerr = 0;
+    s = js_PullSubscribe(&sub, bus->js, filter, durable, NULL, &so, &jerr);
+    if (s != NATS_OK)
+        return map_status(s, jerr, "js_PullSubscribe");
+    /* Each fetch is bounded (FETCH_MAX_MSGS, FETCH_MAX_BYTES); the default pending limits of
+     * the subscription would only add a second, lossy bound (slow consumer drops). */
+    natsSubscription_SetPendingLimits(sub, -1, -1);
+
+    c = sp_xcalloc(1, sizeof(*c));
+    c->bus = bus;
+    c->sub = sub;
+    *ret_consumer = c;
+    return 0;
+}
+
+static void consumer_destroy(sp_bus_consumer_t *c)
+{
+    natsSubscription_Destroy(c->sub);
+    free(c);
+}
+
+void sp_bus_consumer_free(sp_bus_consumer_t *c)
+{
+    if (!c)
+        return;
+    /* Unsubscribing a bound pull subscription keeps the durable on the server. */
+    natsSubscription_Unsubscribe(c->sub);
+    c->freed = true;
+    if (c->live_batches == 0)
+        consumer_destroy(c);
+}
+
+int sp_bus_fetch(sp_bus_consumer_t *c, size_t max, int timeout_ms, sp_bus_batch_t **ret_batch)
+{
+    sp_bus_batch_t *b;
+    jsFetchRequest req;
+    natsMsgList list;
+    natsStatus s;
+
+    if (!c || c->freed || max == 0 || !ret_batch)
+        return -EINVAL;
+    if (max > FETCH_MAX_MSGS)
+        max = FETCH_MAX_MSGS;
+    if (timeout_ms <= 0)
+        timeout_ms = 1;
+
+    jsFetchRequest_Init(&req);
+    req.Batch = (int)max;
+    req.MaxBytes = FETCH_MAX_BYTES;
+    req.NoWait = true;
+    req.Expires = (int64_t)timeout_ms * 1000000;
+    memset(&list, 0, sizeof(list));
+    s = natsSubscription_FetchRequest(&list, c->sub, &req);
+    /* No message before expiry (408 from the server or our own deadline) or none at all
+     * (404) is the normal empty result, not an error. */
+    if (s == NATS_TIMEOUT || s == NATS_NOT_FOUND)
+        s = NATS_OK;
+    if (s != NATS_OK)
+        return map_status(s, 0, "natsSubscription_FetchRequest");
+
+    b = sp_xcalloc(1, sizeof(*b));
+    b->consumer = c;
+    if (list.Count > 0)
+        b->e = sp_xreallocarray(NULL, (size_t)list.Count, sizeof(*b->e));
+    for (int i = 0; i < list.Count; i++) {
+        natsMsg *m = list.Msgs[i];
+        jsMsgMetaData *meta = NULL;
+
+        /* cnats filters status messages (404/408/409, no data, a Status header); anything
+         * else that is not a stream message has no metadata and is dropped here too. */
+        if (natsMsg_GetMetaData(&meta, m) != NATS_OK) {
+            sp_log(SP_LOG_DEBUG, "bus fetch skipped a non-stream message",
+                   SP_KS("subject", natsMsg_GetSubject(m)));
+            continue;
+        }
+        list.Msgs[i] = NULL;
+        sp_bus_msg_t *it = &b->e[b->n].pub;
+        it->subject = natsMsg_GetSubject(m);
+        it->len = (size_t)natsMsg_GetDataLength(m);
+        it->data = it->len ? (const uint8_t *)natsMsg_GetData(m) : NULL;
+        it->stream_seq = meta->Sequence.Stream;
+        it->delivered = meta->NumDelivered;
+        it->published_ns = meta->Timestamp;
+        b->e[b->n++].msg = m;
+        jsMsgMetaData_Destroy(meta);
+    }
+    natsMsgList_Destroy(&list);
+    c->live_batches++;
+    *ret_batch = b;
+    return 0;
+}
+
+size_t sp_bus_batch_len(const sp_bus_batch_t *b)
+{
+    return b ? b->n : 0;
+}
+
+const sp_bus_msg_t *sp_bus_batch_msg(const sp_bus_batch_t *b, size_t i)
+{
+    return b && i < b->n ? &b->e[i].pub : NULL;
+}
+
+int sp_bus_batch_ack(sp_bus_batch_t *b)
+{
+    jsOptions jo;
+    jsErrCode jerr = 0;
+    natsStatus s = NATS_OK;
+
+    if (!b)
+        return -EINVAL;
+    if (b->n == 0)
+        return 0;
+    for (size_t i = 0; i + 1 < b->n && s == NATS_OK; i++)
+        s = natsMsg_Ack(b->e[i].msg, NULL);
+    if (s != NATS_OK)
+        return map_status(s, 0, "natsMsg_Ack");
+    jsOptions_Init(&jo);
+    jo.Wait = b->consumer->bus->timeout_ms;
+    s = natsMsg_AckSync(b->e[b->n - 1].msg, &jo, &jerr);
+    return map_status(s, jerr, "natsMsg_AckSync");
+}
+
+void sp_bus_batch_free(sp_bus_batch_t *b)
+{
+    sp_bus_consumer_t *c;
+
+    if (!b)
+        return;
+    for (size_t i = 0; i < b->n; i++)
+        natsMsg_Destroy(b->e[i].msg);
+    free(b->e);
+    c = b->consumer;
+    free(b);
+    if (--c->live_batches == 0 && c->freed)
+        consumer_destroy(c);
+}
+
+int sp_bus_get_msg(sp_bus_t *bus, uint64_t seq, char **ret_subject, uint8_t **ret_data,
+                   size_t *ret_len, int64_t *ret_published_ns)
+{
+    natsMsg *m = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s;
+
+    if (seq == 0)
+        return -EINVAL;
+    s = js_GetMsg(&m, bus->js, SP_BUS_STREAM, seq, NULL, &jerr);
+    if (s != NATS_OK)
+        return map_status(s, jerr, "js_GetMsg");
+
+    size_t len = (size_t)natsMsg_GetDataLength(m);
+    if (ret_subject)
+        *ret_subject = sp_xstrdup(natsMsg_GetSubject(m));
+    if (ret_data) {
+        *ret_data = sp_xmalloc(len);
+        if (len)
+            memcpy(*ret_data, natsMsg_GetData(m), len);
+    }
+    if (ret_len)
+        *ret_len = len;
+    if (ret_published_ns)
+        *ret_published_ns = natsMsg_GetTime(m);
+    natsMsg_Destroy(m);
+    return 0;
+}

@@ -1,0 +1,95 @@
+/* SHA-256 through OpenSSL's EVP interface, and the event log's hash chain. */
+#include "hash.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <openssl/evp.h>
+
+const uint8_t SP_CHAIN_GENESIS[SP_SHA256_LEN] = {0};
+
+/* OpenSSL 3 resolves EVP_sha256() through a provider lookup on every init; fetching the
+ * implementation once keeps that lookup off the event log's per-event path. */
+static EVP_MD *sha256_md;
+static pthread_once_t sha256_once = PTHREAD_ONCE_INIT;
+
+static void sha256_fetch(void)
+{
+    sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
+}
+
+/* Hashing can fail only when OpenSSL cannot allocate or has no SHA-256 provider; both leave the
+ * process unable to keep the audit chain, so it stops like on out of memory. */
+static _Noreturn void die(const char *what)
+{
+    fprintf(stderr, "space: %s: SHA-256 is not available from OpenSSL\n", what);
+    abort();
+}
+
+static void sha256_parts(const void *a, size_t alen, const void *b, size_t blen,
+                         uint8_t out[SP_SHA256_LEN])
+{
+    unsigned int outlen = 0;
+    int ok;
+
+    pthread_once(&sha256_once, sha256_fetch);
+    if (!sha256_md)
+        die("EVP_MD_fetch");
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    if (!ctx)
+        die("EVP_MD_CTX_new");
+    ok = EVP_DigestInit_ex(ctx, sha256_md, NULL) && EVP_DigestUpdate(ctx, a, alen) &&
+         EVP_DigestUpdate(ctx, b, blen) && EVP_DigestFinal_ex(ctx, out, &outlen);
+    EVP_MD_CTX_free(ctx);
+    if (!ok || outlen != SP_SHA256_LEN)
+        die("EVP_Digest");
+}
+
+void sp_sha256(const void *data, size_t len, uint8_t out[SP_SHA256_LEN])
+{
+    sha256_parts(data, len, NULL, 0, out);
+}
+
+void sp_chain_next(const uint8_t prev[SP_SHA256_LEN], const void *data, size_t len,
+                   uint8_t out[SP_SHA256_LEN])
+{
+    sha256_parts(prev, SP_SHA256_LEN, data, len, out);
+}
+
+void sp_hex_encode(const uint8_t *in, size_t len, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+
+    for (size_t i = 0; i < len; i++) {
+        out[2 * i] = digits[in[i] >> 4];
+        out[2 * i + 1] = digits[in[i] & 0x0f];
+    }
+    out[2 * len] = '\0';
+}
+
+static int hex_value(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+int sp_hex_decode(const char *in, uint8_t *out, size_t len)
+{
+    /* Validate everything first so out is written only on success. */
+    for (size_t i = 0; i < 2 * len; i++)
+        if (hex_value(in[i]) < 0)
+            return -EINVAL;
+    if (in[2 * len] != '\0')
+        return -EINVAL;
+    for (size_t i = 0; i < len; i++)
+        out[i] =
+            (uint8_t)((unsigned)hex_value(in[2 * i]) << 4 | (unsigned)hex_value(in[2 * i + 1]));
+    return 0;
+}
