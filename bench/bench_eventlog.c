@@ -241,8 +241,8 @@ int bench_eventlog(bench_ctx_t *c)
         nl += k;
         free(ms);
     }
-    double l50 = bench_pct(lat, nl, 50), l90 = bench_pct(lat, nl, 90),
-           l99 = bench_pct(lat, nl, 99), lmax = nl ? lat[nl - 1] : NAN;
+    double l50 = bench_pct(lat, nl, 50), l90 = bench_pct(lat, nl, 90), l99 = bench_pct(lat, nl, 99),
+           lmax = nl ? lat[nl - 1] : NAN;
     printf("\n  publish-to-persisted lag at %u ev/s, %zu events: p50 %.2f ms, p90 %.2f ms, "
            "p99 %.2f ms, max %.2f ms\n",
            c->rate, nl, l50, l90, l99, lmax);

@@ -50,6 +50,7 @@ static void usage(FILE *out)
             "  down [--purge]  stop them; --purge also deletes $SPACE_HOME\n"
             "  status          one line per component; exit 0 if all run, 3 otherwise\n"
             "  env             print $SPACE_HOME/space.env (SPACE_NATS_URL, SPACE_PG_URL)\n"
+            "  demo            publish a sandbox's events, show the log's timeline and verify it\n"
             "\n");
     sp_config_usage(out, "space <command>", options, N_OPTIONS);
 }
@@ -72,7 +73,7 @@ int main(int argc, char **argv)
         return SP_STACK_EXIT_OK;
     }
     if (strcmp(cmd, "up") != 0 && strcmp(cmd, "down") != 0 && strcmp(cmd, "status") != 0 &&
-        strcmp(cmd, "env") != 0) {
+        strcmp(cmd, "env") != 0 && strcmp(cmd, "demo") != 0) {
         fprintf(stderr, "space: unknown command '%s' (see space --help)\n", cmd);
         return SP_STACK_EXIT_USAGE;
     }
@@ -109,8 +110,13 @@ int main(int argc, char **argv)
         r = sp_stack_down(&cfg, purge);
     else if (strcmp(cmd, "status") == 0)
         r = sp_stack_status(&cfg);
-    else
+    else if (strcmp(cmd, "env") == 0)
         r = sp_stack_env(&cfg);
+    else {
+        char *bin = sp_stack_bin_dir(&cfg);
+        r = sp_stack_demo(&cfg, bin);
+        free(bin);
+    }
 out:
     free(err);
     free(args);

@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "log.h"
 #include "space_proc.h"
 #include "xmalloc.h"
@@ -356,38 +357,18 @@ out:
     return r;
 }
 
-/* True when space.env exists and its value for key is not value (quotes as write_env_file
- * writes them). */
+/* True when space.env exists and its value for key is not value. */
 static bool env_file_differs(const sp_stack_t *st, const char *key, const char *value)
 {
-    char *path = sp__stack_path(st, ENV_FILE), line[PATH_MAX + 256];
-    size_t klen = strlen(key), vlen;
-    bool differs = false;
-    FILE *f;
+    char *path = sp__stack_path(st, ENV_FILE), *old = NULL;
+    bool differs = sp_env_file_get(path, key, &old) == 0 && strcmp(old, value) != 0;
 
-    f = fopen(path, "re");
+    free(old);
     free(path);
-    if (!f)
-        return false;
-    while (fgets(line, sizeof(line), f)) {
-        char *v = line + klen + 1;
-
-        if (strncmp(line, key, klen) != 0 || line[klen] != '=')
-            continue;
-        v[strcspn(v, "\n")] = '\0';
-        vlen = strlen(v);
-        if (vlen >= 2 && v[0] == '\'' && v[vlen - 1] == '\'') {
-            v[vlen - 1] = '\0';
-            v++;
-        }
-        differs = strcmp(v, value) != 0;
-        break;
-    }
-    fclose(f);
     return differs;
 }
 
-static char *bin_dir(const sp_stack_config_t *cfg)
+char *sp_stack_bin_dir(const sp_stack_config_t *cfg)
 {
     char exe[PATH_MAX], *slash;
     ssize_t n;
@@ -471,7 +452,7 @@ out:
 static int daemons_up(const sp_stack_t *st, const char *nats_url, const char *pg_url, bool restart)
 {
     pid_t started[N_DAEMONS] = {0};
-    char *dir = bin_dir(st->cfg), **env = daemon_env(st, nats_url, pg_url);
+    char *dir = sp_stack_bin_dir(st->cfg), **env = daemon_env(st, nats_url, pg_url);
     bool any = false;
     int r = 0, e, status;
 
@@ -658,7 +639,7 @@ int sp_stack_down(const sp_stack_config_t *cfg, bool purge_home)
                 purge_home ? "; not deleting anything" : "");
         goto out;
     }
-    printf("space down: nothing running under %s\n", st.home);
+    printf("space down: everything under %s is stopped\n", st.home);
     if (purge_home && purge(&st) < 0)
         r = SP_STACK_EXIT_FAIL;
 out:
@@ -689,7 +670,7 @@ int sp_stack_status(const sp_stack_config_t *cfg)
     sp__stack_report("postgres", pg.pid ? "running" : "stopped", &pg);
     all = nats.pid && pg.pid;
 
-    dir = bin_dir(cfg);
+    dir = sp_stack_bin_dir(cfg);
     for (size_t i = 0; i < N_DAEMONS; i++) {
         const char *name = daemons[i].name;
         char *pidfile = exists == 1 ? sp_xasprintf("%s/%s.pid", st.run_dir, name) : NULL;

@@ -44,6 +44,10 @@ int sp_stack_up(const sp_stack_config_t *cfg);
 int sp_stack_down(const sp_stack_config_t *cfg, bool purge);
 int sp_stack_status(const sp_stack_config_t *cfg);
 int sp_stack_env(const sp_stack_config_t *cfg);
+/* Publishes a demo sandbox's events and shows the log with space-replay from bin. */
+int sp_stack_demo(const sp_stack_config_t *cfg, const char *bin);
+/* The directory of the SPACE programs: cfg->bin_dir, else that of the running program (heap). */
+char *sp_stack_bin_dir(const sp_stack_config_t *cfg);
 
 /* Internals shared by space_stack.c, space_nats.c and space_pg.c. */
 

@@ -14,6 +14,8 @@
 #include "log.h"
 #include "xmalloc.h"
 
+#define REJECTS_LOGGED_PER_BATCH 10
+
 typedef enum { M_SKIP = 0, M_ACCEPT, M_REJECT } disposition_t;
 
 typedef struct {
@@ -170,7 +172,7 @@ static int same_bytes(const item_t *a, const uint8_t *data, size_t len)
  * deduplicated: the id is the event's identity, and two contents cannot share it. */
 static int find_duplicates(el_store_t *st, item_t *items, size_t n)
 {
-    item_t **by_id = sp_xcalloc(n ? n : 1, sizeof(*by_id));
+    item_t **by_id = sp_xcalloc(n ? n : 1, sizeof(item_t *));
     size_t k = 0;
     sp_buf_t arr;
     int rc = 0;
@@ -179,7 +181,7 @@ static int find_duplicates(el_store_t *st, item_t *items, size_t n)
     for (size_t i = 0; i < n; i++)
         if (items[i].disp == M_ACCEPT)
             by_id[k++] = &items[i];
-    qsort(by_id, k, sizeof(*by_id), cmp_item_id);
+    qsort(by_id, k, sizeof(item_t *), cmp_item_id);
     /* Within an id, by_id is in stream order: the first is the leader, later ones copies. */
     for (size_t i = 1, lead = 0; i < k; i++) {
         item_t *first = by_id[lead], *cur = by_id[i];
@@ -367,11 +369,19 @@ int el_store_batch(el_store_t *st, const sp_bus_batch_t *batch)
     st->counts.rejected += counts.rejected;
     st->counts.duplicates += counts.duplicates;
     st->counts.skipped += counts.skipped;
-    for (size_t i = 0; i < n; i++)
-        if (items[i].disp == M_REJECT)
-            sp_log(SP_LOG_WARN, "event rejected", SP_KU("seq", items[i].msg->stream_seq),
-                   SP_KS("subject", items[i].msg->subject), SP_KS("reason", items[i].reason),
-                   SP_KS("corr", items[i].env ? items[i].env->correlation_id : ""));
+    /* Every rejection is in the table; the log names the first few of a batch and counts the
+     * rest, so a flood of bad messages cannot flood the log. */
+    size_t logged = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (items[i].disp != M_REJECT || logged++ >= REJECTS_LOGGED_PER_BATCH)
+            continue;
+        sp_log(SP_LOG_WARN, "event rejected", SP_KU("seq", items[i].msg->stream_seq),
+               SP_KS("subject", items[i].msg->subject), SP_KS("reason", items[i].reason),
+               SP_KS("corr", items[i].env ? items[i].env->correlation_id : ""));
+    }
+    if (logged > REJECTS_LOGGED_PER_BATCH)
+        sp_log(SP_LOG_WARN, "more events rejected in this batch",
+               SP_KU("not_logged", logged - REJECTS_LOGGED_PER_BATCH), SP_KU("last_seq", head.seq));
 out:
     if (in_tx)
         sp_db_exec(st->db, "ROLLBACK");

@@ -42,7 +42,8 @@ typedef struct {
 } el_config_t;
 
 static const sp_cfg_opt_t options[] = {
-    SP_CFG_STR_OPT("nats-url", el_config_t, nats_url, "nats://127.0.0.1:4222", "NATS server URL(s)"),
+    SP_CFG_STR_OPT("nats-url", el_config_t, nats_url, "nats://127.0.0.1:4222",
+                   "NATS server URL(s)"),
     SP_CFG_STR_OPT("nats-user", el_config_t, nats_user, NULL, "NATS user"),
     SP_CFG_STR_OPT("nats-password", el_config_t, nats_password, NULL, "NATS password"),
     SP_CFG_STR_OPT("pg-url", el_config_t, pg_url, "postgresql:///space", "PostgreSQL URI"),
@@ -121,9 +122,9 @@ static int open_db(const el_config_t *cfg, PGconn **ret_db)
 
 static void log_stats(const el_store_t *st, const char *msg)
 {
-    sp_log(SP_LOG_INFO, msg, SP_KU("head_seq", st->head.seq), SP_KU("accepted", st->counts.accepted),
-           SP_KU("rejected", st->counts.rejected), SP_KU("duplicates", st->counts.duplicates),
-           SP_KU("redelivered", st->counts.skipped));
+    sp_log(SP_LOG_INFO, msg, SP_KU("head_seq", st->head.seq),
+           SP_KU("accepted", st->counts.accepted), SP_KU("rejected", st->counts.rejected),
+           SP_KU("duplicates", st->counts.duplicates), SP_KU("redelivered", st->counts.skipped));
 }
 
 /* Consumes until stopped or until something fails that needs a fresh start from the head. */

@@ -31,8 +31,10 @@ void sp_buf_reset(sp_buf_t *b)
 
 static void reserve(sp_buf_t *b, size_t extra)
 {
-    if (extra >= SIZE_MAX - b->len - 1)
-        sp_xreallocarray(NULL, SIZE_MAX, 2); /* aborts: the overflow message lives there */
+    if (extra >= SIZE_MAX - b->len - 1) {
+        fputs("sp_buf: size overflow\n", stderr);
+        abort();
+    }
     size_t need = b->len + extra + 1;
     if (need <= b->cap)
         return;

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "error.h"
 #include "xmalloc.h"
 
 /* A config file line longer than this is an error, not something to allocate for. */
@@ -405,4 +406,71 @@ void sp_config_dispose(const sp_cfg_opt_t *table, size_t n, void *cfg)
             *p = NULL;
         }
     }
+}
+
+/* space.env files: KEY=VALUE lines where VALUE may be wrapped in single quotes (the writer
+ * never puts a quote inside), blank lines and '#' comments. */
+int sp_env_file_each(const char *path, int (*fn)(const char *key, const char *value, void *arg),
+                     void *arg)
+{
+    FILE *f = fopen(path, "re");
+    char line[8192];
+    int rc = 0;
+
+    if (!f)
+        return -errno;
+    while (rc >= 0 && fgets(line, sizeof(line), f)) {
+        line[strcspn(line, "\r\n")] = '\0';
+        char *eq = strchr(line, '=');
+        if (line[0] == '#' || !eq || eq == line)
+            continue;
+        *eq = '\0';
+        char *v = eq + 1;
+        size_t vlen = strlen(v);
+        if (vlen >= 2 && v[0] == '\'' && v[vlen - 1] == '\'') {
+            v[vlen - 1] = '\0';
+            v++;
+        }
+        rc = fn(line, v, arg);
+    }
+    fclose(f);
+    return rc < 0 ? rc : 0;
+}
+
+static int export_one(const char *key, const char *value, void *arg)
+{
+    (void)arg;
+    return setenv(key, value, 1) < 0 ? -errno : 0;
+}
+
+int sp_env_file_export(const char *path)
+{
+    return sp_env_file_each(path, export_one, NULL);
+}
+
+typedef struct {
+    const char *key;
+    char *value;
+} env_get_t;
+
+static int get_one(const char *key, const char *value, void *arg)
+{
+    env_get_t *g = arg;
+    if (strcmp(key, g->key) != 0)
+        return 0;
+    free(g->value);
+    g->value = sp_xstrdup(value);
+    return 0;
+}
+
+int sp_env_file_get(const char *path, const char *key, char **ret_value)
+{
+    env_get_t g = {key, NULL};
+    int rc = sp_env_file_each(path, get_one, &g);
+    if (rc < 0)
+        return rc;
+    if (!g.value)
+        return SP_ENOTFOUND;
+    *ret_value = g.value;
+    return 0;
 }

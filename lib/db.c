@@ -35,8 +35,15 @@ int sp_db_exec(PGconn *conn, const char *sql)
     return rc;
 }
 
-int sp_db_connect(const char *url, const char *application_name, int timeout_ms,
-                  PGconn **ret_conn)
+/* Server NOTICEs ("relation already exists, skipping") would go to stderr unformatted; they
+ * are debug information. */
+static void on_notice(void *arg, const char *message)
+{
+    (void)arg;
+    sp_log(SP_LOG_DEBUG, "postgres notice", SP_KS("message", message));
+}
+
+int sp_db_connect(const char *url, const char *application_name, int timeout_ms, PGconn **ret_conn)
 {
     const char *keys[] = {"dbname", "application_name", "connect_timeout", NULL};
     const char *vals[] = {url, application_name, "5", NULL};
@@ -46,6 +53,7 @@ int sp_db_connect(const char *url, const char *application_name, int timeout_ms,
         /* expand_dbname = 1: "dbname" may be a full connection string or URI. */
         PGconn *c = PQconnectdbParams(keys, vals, 1);
         if (c && PQstatus(c) == CONNECTION_OK) {
+            PQsetNoticeProcessor(c, on_notice, NULL);
             *ret_conn = c;
             return 0;
         }
@@ -83,8 +91,8 @@ int sp_db_migrate(PGconn *conn)
         /* Serialise concurrent starters; the lock ends with the transaction. */
         if ((rc = sp_db_exec(conn, "SELECT pg_advisory_xact_lock(" MIGRATION_LOCK_KEY ")")) < 0)
             goto fail;
-        PGresult *res = PQexecParams(conn, "SELECT 1 FROM schema_migrations WHERE version = $1",
-                                     1, NULL, params, NULL, NULL, 0);
+        PGresult *res = PQexecParams(conn, "SELECT 1 FROM schema_migrations WHERE version = $1", 1,
+                                     NULL, params, NULL, NULL, 0);
         if ((rc = sp_db_check(res, PGRES_TUPLES_OK)) < 0) {
             PQclear(res);
             goto fail;
@@ -94,8 +102,9 @@ int sp_db_migrate(PGconn *conn)
         if (!applied) {
             if ((rc = sp_db_exec(conn, m->sql)) < 0)
                 goto fail;
-            res = PQexecParams(conn, "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
-                               2, NULL, params, NULL, NULL, 0);
+            res =
+                PQexecParams(conn, "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+                             2, NULL, params, NULL, NULL, 0);
             rc = sp_db_check(res, PGRES_COMMAND_OK);
             PQclear(res);
             if (rc < 0)

@@ -11,16 +11,16 @@
 #include "ids.h"
 #include "xmalloc.h"
 
-#define ID_MAX 64
-#define ACTOR_MAX 128
-#define CORR_MAX 128
-#define TEXT_MAX 256
-#define METADATA_MAX 64
-#define METADATA_KEY_MAX 64
+#define ID_MAX             64
+#define ACTOR_MAX          128
+#define CORR_MAX           128
+#define TEXT_MAX           256
+#define METADATA_MAX       64
+#define METADATA_KEY_MAX   64
 #define METADATA_VALUE_MAX 512
-#define ENV_NAMES_MAX 128
-#define LIST_MAX 256
-#define ARTIFACTS_MAX 16
+#define ENV_NAMES_MAX      128
+#define LIST_MAX           256
+#define ARTIFACTS_MAX      16
 /* 2020-01-01 .. 2100-01-01 in microseconds: anything outside is a bug or a forgery. */
 #define TIME_MIN_US 1577836800000000LL
 #define TIME_MAX_US 4102444800000000LL
@@ -56,7 +56,8 @@ sp_event_type_t sp_event_type_from_name(const char *name)
         const ProtobufCFieldDescriptor *f = &d->fields[i];
         if (f->type != PROTOBUF_C_TYPE_MESSAGE || !(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
             continue;
-        if (strcmp(((const ProtobufCMessageDescriptor *)f->descriptor)->short_name, name) == 0)
+        const char *sn = ((const ProtobufCMessageDescriptor *)f->descriptor)->short_name;
+        if (sn && strcmp(sn, name) == 0)
             return (sp_event_type_t)f->id;
     }
     return SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET;

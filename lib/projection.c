@@ -124,7 +124,7 @@ static sbx_entry_t *sbx_get(sp_projection_t *p, const char *id, int add)
     if (!add)
         return NULL;
     map_grow(&p->sbx_map, p->n_sbx + 1, sbx_id, p);
-    if (p->n_sbx == p->cap_sbx) {
+    if (!p->sbx || p->n_sbx == p->cap_sbx) {
         p->cap_sbx = p->cap_sbx ? p->cap_sbx * 2 : 64;
         p->sbx = sp_xreallocarray(p->sbx, p->cap_sbx, sizeof(*p->sbx));
     }
@@ -145,7 +145,7 @@ static wkr_entry_t *wkr_get(sp_projection_t *p, const char *id, int add)
     if (!add)
         return NULL;
     map_grow(&p->wkr_map, p->n_wkr + 1, wkr_id, p);
-    if (p->n_wkr == p->cap_wkr) {
+    if (!p->wkr || p->n_wkr == p->cap_wkr) {
         p->cap_wkr = p->cap_wkr ? p->cap_wkr * 2 : 16;
         p->wkr = sp_xreallocarray(p->wkr, p->cap_wkr, sizeof(*p->wkr));
     }
@@ -168,8 +168,8 @@ const sp_worker_t *sp_projection_worker(sp_projection_t *p, const char *id)
     return e && e->row.known ? &e->row : NULL;
 }
 
-void sp_projection_each_sandbox(sp_projection_t *p,
-                                void (*fn)(const sp_sandbox_t *s, void *arg), void *arg)
+void sp_projection_each_sandbox(sp_projection_t *p, void (*fn)(const sp_sandbox_t *s, void *arg),
+                                void *arg)
 {
     for (size_t i = 0; i < p->n_sbx; i++)
         if (p->sbx[i].row.state != SP_SBX_NONE)
@@ -291,12 +291,14 @@ int sp_projection_load_sandboxes(sp_projection_t *p, PGconn *db, const char *con
     }
     if ((rc = quoted_schema(db, p, &schema)) < 0)
         goto out;
-    sp_buf_printf(&sql,
-                  "SELECT id, tenant, template, state, worker, timeout_s, vcpu, memory_mb,"
-                  " metadata::text, env_names::text, failure_reason, " US("created_at") ", " US(
-                      "started_at") ", " US("updated_at") ", " US("deleted_at") ", version, last_seq"
-                  " FROM %s.sandboxes WHERE id = ANY($1::text[])",
-                  schema);
+    sp_buf_printf(
+        &sql,
+        "SELECT id, tenant, template, state, worker, timeout_s, vcpu, memory_mb,"
+        " metadata::text, env_names::text, failure_reason, " US("created_at") ", " US(
+            "started_at") ", " US("updated_at") ", " US("deleted_at") ", version, last_seq"
+                                                                      " FROM %s.sandboxes WHERE id "
+                                                                      "= ANY($1::text[])",
+        schema);
     const char *params[1] = {arr.data};
     PGresult *r = PQexecParams(db, sql.data, 1, NULL, params, NULL, NULL, 0);
     if ((rc = sp_db_check(r, PGRES_TUPLES_OK)) < 0) {
@@ -346,12 +348,13 @@ int sp_projection_load_workers(sp_projection_t *p, PGconn *db, const char *const
     }
     if ((rc = quoted_schema(db, p, &schema)) < 0)
         goto out;
-    sp_buf_printf(&sql,
-                  "SELECT id, host, state, vcpu_total, vcpu_used, memory_mb_total, memory_mb_used,"
-                  " sandboxes_running, templates::text, runtimes::text, interval_ms,"
-                  " version_string, " US("last_heartbeat_at") ", version, last_seq"
-                  " FROM %s.workers WHERE id = ANY($1::text[])",
-                  schema);
+    sp_buf_printf(
+        &sql,
+        "SELECT id, host, state, vcpu_total, vcpu_used, memory_mb_total, memory_mb_used,"
+        " sandboxes_running, templates::text, runtimes::text, interval_ms,"
+        " version_string, " US("last_heartbeat_at") ", version, last_seq"
+                                                    " FROM %s.workers WHERE id = ANY($1::text[])",
+        schema);
     const char *params[1] = {arr.data};
     PGresult *r = PQexecParams(db, sql.data, 1, NULL, params, NULL, NULL, 0);
     if ((rc = sp_db_check(r, PGRES_TUPLES_OK)) < 0) {
@@ -427,7 +430,8 @@ static int flush_sandboxes(sp_projection_t *p, PGconn *db, const char *schema)
     for (int c = 0; c < NCOL; c++)
         sp_buf_putc(&col[c], '}');
     sp_buf_init(&sql);
-#define TSCOL(x) "CASE WHEN " x " = 0 THEN NULL ELSE to_timestamp(0) + " x " * interval '1 microsecond' END"
+#define TSCOL(x)                                                                                   \
+    "CASE WHEN " x " = 0 THEN NULL ELSE to_timestamp(0) + " x " * interval '1 microsecond' END"
     sp_buf_printf(
         &sql,
         "INSERT INTO %s.sandboxes AS t (id, tenant, template, state, worker, timeout_s, vcpu,"
@@ -436,18 +440,22 @@ static int flush_sandboxes(sp_projection_t *p, PGconn *db, const char *schema)
         " SELECT id, tenant, template, state, worker, timeout_s, vcpu, memory_mb, metadata::jsonb,"
         " env_names::jsonb, failure_reason, " TSCOL("c") ", " TSCOL("s") ", " TSCOL("u") ", " TSCOL(
             "d") ", version, last_seq"
-        " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[],"
-        " $7::int[], $8::int[], $9::text[], $10::text[], $11::text[], $12::bigint[],"
-        " $13::bigint[], $14::bigint[], $15::bigint[], $16::int[], $17::bigint[])"
-        " AS x(id, tenant, template, state, worker, timeout_s, vcpu, memory_mb, metadata,"
-        " env_names, failure_reason, c, s, u, d, version, last_seq)"
-        " ON CONFLICT (id) DO UPDATE SET tenant = EXCLUDED.tenant, template = EXCLUDED.template,"
-        " state = EXCLUDED.state, worker = EXCLUDED.worker, timeout_s = EXCLUDED.timeout_s,"
-        " vcpu = EXCLUDED.vcpu, memory_mb = EXCLUDED.memory_mb, metadata = EXCLUDED.metadata,"
-        " env_names = EXCLUDED.env_names, failure_reason = EXCLUDED.failure_reason,"
-        " created_at = EXCLUDED.created_at, started_at = EXCLUDED.started_at,"
-        " updated_at = EXCLUDED.updated_at, deleted_at = EXCLUDED.deleted_at,"
-        " version = EXCLUDED.version, last_seq = EXCLUDED.last_seq",
+                 " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], "
+                 "$6::int[],"
+                 " $7::int[], $8::int[], $9::text[], $10::text[], $11::text[], $12::bigint[],"
+                 " $13::bigint[], $14::bigint[], $15::bigint[], $16::int[], $17::bigint[])"
+                 " AS x(id, tenant, template, state, worker, timeout_s, vcpu, memory_mb, metadata,"
+                 " env_names, failure_reason, c, s, u, d, version, last_seq)"
+                 " ON CONFLICT (id) DO UPDATE SET tenant = EXCLUDED.tenant, template = "
+                 "EXCLUDED.template,"
+                 " state = EXCLUDED.state, worker = EXCLUDED.worker, timeout_s = "
+                 "EXCLUDED.timeout_s,"
+                 " vcpu = EXCLUDED.vcpu, memory_mb = EXCLUDED.memory_mb, metadata = "
+                 "EXCLUDED.metadata,"
+                 " env_names = EXCLUDED.env_names, failure_reason = EXCLUDED.failure_reason,"
+                 " created_at = EXCLUDED.created_at, started_at = EXCLUDED.started_at,"
+                 " updated_at = EXCLUDED.updated_at, deleted_at = EXCLUDED.deleted_at,"
+                 " version = EXCLUDED.version, last_seq = EXCLUDED.last_seq",
         schema);
     const char *params[NCOL];
     for (int c = 0; c < NCOL; c++)
@@ -507,22 +515,26 @@ static int flush_workers(sp_projection_t *p, PGconn *db, const char *schema)
         " memory_mb_used, sandboxes_running, templates, runtimes, interval_ms, version_string,"
         " last_heartbeat_at, version, last_seq)"
         " SELECT id, host, state, vcpu_total, vcpu_used, memory_mb_total, memory_mb_used,"
-        " sandboxes_running, templates::jsonb, runtimes::jsonb, interval_ms, version_string, " TSCOL(
+        " sandboxes_running, templates::jsonb, runtimes::jsonb, interval_ms, "
+        "version_string, " TSCOL(
             "hb") ", version, last_seq"
-        " FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::int[], $6::bigint[],"
-        " $7::bigint[], $8::int[], $9::text[], $10::text[], $11::int[], $12::text[],"
-        " $13::bigint[], $14::int[], $15::bigint[])"
-        " AS x(id, host, state, vcpu_total, vcpu_used, memory_mb_total, memory_mb_used,"
-        " sandboxes_running, templates, runtimes, interval_ms, version_string, hb, version,"
-        " last_seq)"
-        " ON CONFLICT (id) DO UPDATE SET host = EXCLUDED.host, state = EXCLUDED.state,"
-        " vcpu_total = EXCLUDED.vcpu_total, vcpu_used = EXCLUDED.vcpu_used,"
-        " memory_mb_total = EXCLUDED.memory_mb_total, memory_mb_used = EXCLUDED.memory_mb_used,"
-        " sandboxes_running = EXCLUDED.sandboxes_running, templates = EXCLUDED.templates,"
-        " runtimes = EXCLUDED.runtimes, interval_ms = EXCLUDED.interval_ms,"
-        " version_string = EXCLUDED.version_string,"
-        " last_heartbeat_at = EXCLUDED.last_heartbeat_at, version = EXCLUDED.version,"
-        " last_seq = EXCLUDED.last_seq",
+                  " FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::int[], "
+                  "$6::bigint[],"
+                  " $7::bigint[], $8::int[], $9::text[], $10::text[], $11::int[], $12::text[],"
+                  " $13::bigint[], $14::int[], $15::bigint[])"
+                  " AS x(id, host, state, vcpu_total, vcpu_used, memory_mb_total, memory_mb_used,"
+                  " sandboxes_running, templates, runtimes, interval_ms, version_string, hb, "
+                  "version,"
+                  " last_seq)"
+                  " ON CONFLICT (id) DO UPDATE SET host = EXCLUDED.host, state = EXCLUDED.state,"
+                  " vcpu_total = EXCLUDED.vcpu_total, vcpu_used = EXCLUDED.vcpu_used,"
+                  " memory_mb_total = EXCLUDED.memory_mb_total, memory_mb_used = "
+                  "EXCLUDED.memory_mb_used,"
+                  " sandboxes_running = EXCLUDED.sandboxes_running, templates = EXCLUDED.templates,"
+                  " runtimes = EXCLUDED.runtimes, interval_ms = EXCLUDED.interval_ms,"
+                  " version_string = EXCLUDED.version_string,"
+                  " last_heartbeat_at = EXCLUDED.last_heartbeat_at, version = EXCLUDED.version,"
+                  " last_seq = EXCLUDED.last_seq",
         schema);
 #undef TSCOL
     const char *params[NCOL];

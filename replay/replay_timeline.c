@@ -80,8 +80,8 @@ int replay_timeline(PGconn *db, const replay_config_t *cfg)
         char reason[SP_REASON_MAX];
         char when[48];
 
-        if (sp_envelope_decode((const uint8_t *)PQgetvalue(r, i, 3),
-                               (size_t)PQgetlength(r, i, 3), &e, reason) < 0) {
+        if (sp_envelope_decode((const uint8_t *)PQgetvalue(r, i, 3), (size_t)PQgetlength(r, i, 3),
+                               &e, reason) < 0) {
             fprintf(stderr, "space-replay: stream_seq %" PRIu64 " does not decode: %s\n", seq,
                     reason);
             code = 2;

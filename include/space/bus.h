@@ -15,9 +15,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SP_BUS_STREAM "SPACE_EVENTS"
+#define SP_BUS_STREAM   "SPACE_EVENTS"
 #define SP_BUS_SUBJECTS "space.ev.>"
-#define SP_BUS_MAX_MSG (1024 * 1024) /* server max_payload we configure; envelopes are far smaller */
+#define SP_BUS_MAX_MSG                                                                             \
+    (1024 * 1024) /* server max_payload we configure; envelopes are far smaller */
 
 typedef struct sp_bus sp_bus_t;
 typedef struct sp_bus_consumer sp_bus_consumer_t;
@@ -68,8 +69,8 @@ int sp_bus_publish_core(sp_bus_t *bus, const char *subject, const void *data, si
  * discarded, so the caller, which keeps its own position (the event log keeps it in
  * PostgreSQL, atomically with the data), gets messages in stream order with nothing pending.
  * ack_wait_ms: redelivery timeout for unacked messages (0 = 30 s). */
-int sp_bus_consumer_open(sp_bus_t *bus, const char *durable, const char *filter,
-                         uint64_t start_seq, int ack_wait_ms, sp_bus_consumer_t **ret_consumer);
+int sp_bus_consumer_open(sp_bus_t *bus, const char *durable, const char *filter, uint64_t start_seq,
+                         int ack_wait_ms, sp_bus_consumer_t **ret_consumer);
 /* Unsubscribes (keeps the durable on the server). Accepts NULL. Batches still held stay
  * valid (and can be acked) until freed. */
 void sp_bus_consumer_free(sp_bus_consumer_t *c);
@@ -77,8 +78,8 @@ void sp_bus_consumer_free(sp_bus_consumer_t *c);
 int sp_bus_consumer_delete(sp_bus_t *bus, const char *durable);
 
 typedef struct {
-    const char *subject;  /* borrowed: valid until the batch is freed */
-    const uint8_t *data;  /* borrowed: valid until the batch is freed; may be NULL when len 0 */
+    const char *subject; /* borrowed: valid until the batch is freed */
+    const uint8_t *data; /* borrowed: valid until the batch is freed; may be NULL when len 0 */
     size_t len;
     uint64_t stream_seq;
     uint64_t delivered;   /* delivery count, 1 on first delivery */

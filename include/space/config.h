@@ -60,4 +60,14 @@ void sp_config_usage(FILE *out, const char *prog, const sp_cfg_opt_t *table, siz
 /* Frees the strings that sp_config_load allocated. */
 void sp_config_dispose(const sp_cfg_opt_t *table, size_t n, void *cfg);
 
+/* space.env files (written by `space up`): KEY=VALUE lines, VALUE optionally in single quotes,
+ * '#' comments. sp_env_file_each calls fn for every pair (borrowed strings, valid during the
+ * call) and stops at fn's first negative return; -errno when the file cannot be read. */
+int sp_env_file_each(const char *path, int (*fn)(const char *key, const char *value, void *arg),
+                     void *arg);
+/* setenv()s every pair, replacing what the environment had. */
+int sp_env_file_export(const char *path);
+/* The value of key (heap, caller frees); SP_ENOTFOUND when absent. */
+int sp_env_file_get(const char *path, const char *key, char **ret_value);
+
 #endif

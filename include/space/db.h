@@ -12,8 +12,7 @@
 
 /* Connects (retrying for up to timeout_ms while the server starts) and sets
  * application_name. url is a libpq connection string or URI. Errors: SP_EDB, SP_ETIMEOUT. */
-int sp_db_connect(const char *url, const char *application_name, int timeout_ms,
-                  PGconn **ret_conn);
+int sp_db_connect(const char *url, const char *application_name, int timeout_ms, PGconn **ret_conn);
 /* Applies pending migrations. Returns the schema version now in force. */
 int sp_db_migrate(PGconn *conn);
 /* The highest migration version compiled in. */

@@ -16,9 +16,9 @@
 typedef Space__V1__Envelope sp_envelope_t;
 typedef Space__V1__Envelope__PayloadCase sp_event_type_t;
 
-#define SP_ENVELOPE_MAX (64 * 1024)
+#define SP_ENVELOPE_MAX   (64 * 1024)
 #define SP_SCHEMA_VERSION 1
-#define SP_REASON_MAX 256
+#define SP_REASON_MAX     256
 
 /* Type name of a payload case ("SandboxPlaced"); NULL for an unknown case. */
 const char *sp_event_type_name(sp_event_type_t t);

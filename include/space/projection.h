@@ -40,7 +40,7 @@ int sp_projection_flush(sp_projection_t *p, PGconn *db);
 const sp_sandbox_t *sp_projection_sandbox(sp_projection_t *p, const char *id);
 const sp_worker_t *sp_projection_worker(sp_projection_t *p, const char *id);
 /* Visits every existing cached sandbox in insertion order. */
-void sp_projection_each_sandbox(sp_projection_t *p,
-                                void (*fn)(const sp_sandbox_t *s, void *arg), void *arg);
+void sp_projection_each_sandbox(sp_projection_t *p, void (*fn)(const sp_sandbox_t *s, void *arg),
+                                void *arg);
 
 #endif

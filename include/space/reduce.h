@@ -45,7 +45,7 @@ typedef struct {
     char *env_names_json; /* JSON array text */
     char failure_reason[SP_REASON_MAX];
     int64_t created_at_us, started_at_us, updated_at_us, deleted_at_us; /* 0 = unset */
-    uint32_t version; /* events applied */
+    uint32_t version;                                                   /* events applied */
     uint64_t last_seq;
 } sp_sandbox_t;
 

@@ -5,13 +5,16 @@
 
 #include <stddef.h>
 
-void *sp_xmalloc(size_t n);
-void *sp_xcalloc(size_t nmemb, size_t size);
-void *sp_xrealloc(void *p, size_t n);
+/* Never NULL: tell the compiler and the static analyzer. */
+#define SP_NONNULL_RET __attribute__((returns_nonnull, warn_unused_result))
+
+void *sp_xmalloc(size_t n) SP_NONNULL_RET;
+void *sp_xcalloc(size_t nmemb, size_t size) SP_NONNULL_RET;
+void *sp_xrealloc(void *p, size_t n) SP_NONNULL_RET;
 /* reallocarray with overflow check; aborts on overflow or OOM. */
-void *sp_xreallocarray(void *p, size_t nmemb, size_t size);
-char *sp_xstrdup(const char *s);
-char *sp_xstrndup(const char *s, size_t n);
-char *sp_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void *sp_xreallocarray(void *p, size_t nmemb, size_t size) SP_NONNULL_RET;
+char *sp_xstrdup(const char *s) SP_NONNULL_RET;
+char *sp_xstrndup(const char *s, size_t n) SP_NONNULL_RET;
+char *sp_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2))) SP_NONNULL_RET;
 
 #endif

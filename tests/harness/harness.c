@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "config.h"
 #include "db.h"
 #include "error.h"
 #include "xmalloc.h"
@@ -21,32 +22,14 @@ void sp_test_stack_load(void)
 {
     const char *home = getenv("SPACE_HOME");
     char path[4096];
-    char line[4096];
 
     if (!home || !home[0])
         fail_msg("SPACE_HOME is not set: run this test through ctest (the stack fixture)");
     snprintf(path, sizeof(path), "%s/space.env", home);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        fail_msg("%s is missing: did `space up` (the fixture) succeed?", path);
-    while (fgets(line, sizeof(line), f)) {
-        line[strcspn(line, "\r\n")] = '\0';
-        char *eq = strchr(line, '=');
-        if (line[0] == '#' || !eq)
-            continue;
-        *eq = '\0';
-        const char *val = eq + 1;
-        /* space.env may quote values for the shell. */
-        size_t vlen = strlen(val);
-        char *unq = sp_xstrdup(val);
-        if (vlen >= 2 && (val[0] == '\'' || val[0] == '"') && val[vlen - 1] == val[0]) {
-            memcpy(unq, val + 1, vlen - 2);
-            unq[vlen - 2] = '\0';
-        }
-        setenv(line, unq, 1);
-        free(unq);
-    }
-    fclose(f);
+    int rc = sp_env_file_export(path);
+    if (rc < 0)
+        fail_msg("cannot read %s (%s): did `space up` (the fixture) succeed?", path,
+                 sp_strerror(rc));
     if (!getenv("SPACE_NATS_URL") || !getenv("SPACE_PG_URL"))
         fail_msg("%s lacks SPACE_NATS_URL or SPACE_PG_URL", path);
 }
@@ -62,8 +45,8 @@ const char *sp_test_env(const char *name)
 sp_bus_t *sp_test_bus(void)
 {
     sp_bus_t *bus = NULL;
-    sp_bus_opts_t o = {.url = sp_test_env("SPACE_NATS_URL"), .name = "space-test",
-                       .timeout_ms = 10000};
+    sp_bus_opts_t o = {
+        .url = sp_test_env("SPACE_NATS_URL"), .name = "space-test", .timeout_ms = 10000};
     int rc = sp_bus_connect(&o, &bus);
     if (rc < 0)
         fail_msg("cannot connect to NATS at %s: %s", o.url, sp_strerror(rc));
@@ -86,7 +69,7 @@ int sp_test_space(const char *args)
 {
     const char *bin = getenv("SPACE_BIN_DIR");
     char *cmd = sp_xasprintf("'%s/space' %s", bin ? bin : ".", args);
-    int st = system(cmd);
+    int st = system(cmd); /* NOLINT(cert-env33-c): tests run the CLI as a user would */
     free(cmd);
     if (st == -1 || !WIFEXITED(st))
         return -1;
@@ -124,11 +107,12 @@ int sp_test_daemon_pid(const char *name)
     char path[4096];
     snprintf(path, sizeof(path), "%s/run/%s.pid", sp_test_env("SPACE_HOME"), name);
     FILE *f = fopen(path, "r");
+    char line[32];
     int pid = 0;
     if (!f)
         return 0;
-    if (fscanf(f, "%d", &pid) != 1)
-        pid = 0;
+    if (fgets(line, sizeof(line), f))
+        pid = (int)strtol(line, NULL, 10);
     fclose(f);
     if (pid > 0 && kill(pid, 0) < 0)
         pid = 0;
@@ -163,7 +147,7 @@ int sp_test_replay(const char *args, char *out, size_t outlen)
     const char *bin = getenv("SPACE_BIN_DIR");
     char *cmd = sp_xasprintf("'%s/space-replay' --pg-url '%s' %s", bin ? bin : ".",
                              sp_test_env("SPACE_PG_URL"), args);
-    FILE *p = popen(cmd, "r");
+    FILE *p = popen(cmd, "r"); /* NOLINT(cert-env33-c): as a user would run it */
     free(cmd);
     if (!p)
         fail_msg("cannot run space-replay");

@@ -22,7 +22,7 @@
 #include "xmalloc.h"
 
 #define SANDBOXES 2000
-#define N (SANDBOXES * 5)
+#define N         (SANDBOXES * 5)
 
 static sp_eventgen_msg_t *msgs;
 
@@ -50,8 +50,8 @@ static void publish_all(sp_bus_t *bus, PGconn *db)
             if (stored > 0) {
                 sp_test_daemon_kill9("space-eventlog");
                 killed = 1;
-                print_message("killed space-eventlog with %lld rows stored, %d published\n",
-                              stored, i + 1);
+                print_message("killed space-eventlog with %lld rows stored, %d published\n", stored,
+                              i + 1);
             }
         }
     }

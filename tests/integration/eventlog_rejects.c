@@ -39,9 +39,8 @@ static void expect_row(uint64_t seq, const char *status, const char *needle)
     PGresult *r = PQexec(db, sql);
     assert_int_equal(PQntuples(r), 1);
     if (strcmp(PQgetvalue(r, 0, 0), status) != 0 || !strstr(PQgetvalue(r, 0, 1), needle))
-        fail_msg("seq %llu: status %s reason '%s'; expected %s with '%s'",
-                 (unsigned long long)seq, PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1), status,
-                 needle);
+        fail_msg("seq %llu: status %s reason '%s'; expected %s with '%s'", (unsigned long long)seq,
+                 PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1), status, needle);
     print_message("seq %llu %s: %s\n", (unsigned long long)seq, status, PQgetvalue(r, 0, 1));
     PQclear(r);
 }
