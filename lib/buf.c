@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "hash.h"
 #include "xmalloc.h"
 
 void sp_buf_init(sp_buf_t *b)
@@ -125,11 +126,7 @@ void sp_buf_json_str(sp_buf_t *b, const char *s)
 
 void sp_buf_hex(sp_buf_t *b, const uint8_t *data, size_t len)
 {
-    static const char hex[] = "0123456789abcdef";
     reserve(b, len * 2);
-    for (size_t i = 0; i < len; i++) {
-        b->data[b->len++] = hex[data[i] >> 4];
-        b->data[b->len++] = hex[data[i] & 0xf];
-    }
-    b->data[b->len] = '\0';
+    sp_hex_encode(data, len, b->data + b->len); /* writes the NUL too */
+    b->len += len * 2;
 }

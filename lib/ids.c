@@ -10,6 +10,8 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "hash.h"
+
 #define RAND_B_MAX ((UINT64_C(1) << 62) - 1)
 #define RAND_A_MAX 0xfff
 
@@ -123,16 +125,18 @@ void sp_uuid7(uint8_t out[16])
 
 void sp_uuid_format(const uint8_t uuid[16], char out[SP_UUID_STR_LEN + 1])
 {
-    static const char digits[] = "0123456789abcdef";
+    /* 8-4-4-4-12 hex digits: byte groups of 4, 2, 2, 2 and 6. */
+    static const int groups[] = {4, 2, 2, 2, 6};
     char *p = out;
+    int at = 0;
 
-    for (int i = 0; i < 16; i++) {
-        if (i == 4 || i == 6 || i == 8 || i == 10)
+    for (size_t g = 0; g < sizeof(groups) / sizeof(groups[0]); g++) {
+        if (g)
             *p++ = '-';
-        *p++ = digits[uuid[i] >> 4];
-        *p++ = digits[uuid[i] & 0x0f];
+        sp_hex_encode(uuid + at, (size_t)groups[g], p);
+        p += 2 * groups[g];
+        at += groups[g];
     }
-    *p = '\0';
 }
 
 void sp_uuid7_str(char out[SP_UUID_STR_LEN + 1])
@@ -143,17 +147,6 @@ void sp_uuid7_str(char out[SP_UUID_STR_LEN + 1])
     sp_uuid_format(uuid, out);
 }
 
-static int hex_value(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 static bool is_hyphen_pos(int i)
 {
     return i == 8 || i == 13 || i == 18 || i == 23;
@@ -161,31 +154,22 @@ static bool is_hyphen_pos(int i)
 
 int sp_uuid_parse(const char *s, uint8_t out[16])
 {
-    uint8_t tmp[16] = {0};
-    int nibble = 0;
+    char digits[33];
+    size_t n = 0;
 
     if (!s)
         return -EINVAL;
-    /* Stops at a NUL too: '\0' is neither a hyphen nor a hex digit. */
+    /* Stops at a NUL too: '\0' is neither a hyphen nor kept as a digit. */
     for (int i = 0; i < SP_UUID_STR_LEN; i++) {
-        if (is_hyphen_pos(i)) {
-            if (s[i] != '-')
-                return -EINVAL;
-            continue;
-        }
-        int v = hex_value(s[i]);
-        if (v < 0)
+        if (is_hyphen_pos(i) != (s[i] == '-') || s[i] == '\0')
             return -EINVAL;
-        if (nibble % 2 == 0)
-            tmp[nibble / 2] = (uint8_t)(v << 4);
-        else
-            tmp[nibble / 2] |= (uint8_t)v;
-        nibble++;
+        if (s[i] != '-')
+            digits[n++] = s[i];
     }
-    if (s[SP_UUID_STR_LEN] != '\0')
+    if (s[SP_UUID_STR_LEN] != '\0' || n != 32)
         return -EINVAL;
-    memcpy(out, tmp, sizeof(tmp));
-    return 0;
+    digits[n] = '\0';
+    return sp_hex_decode(digits, out, 16) < 0 ? -EINVAL : 0;
 }
 
 int sp_uuid7_time_ms(const uint8_t uuid[16], int64_t *ret_ms)
