@@ -23,8 +23,16 @@ typedef struct {
     sp_envelope_t *env; /* NULL when undecodable or invalid */
     disposition_t disp;
     int duplicate;
+    int quarantine; /* store as rejected without decoding (the database refused it) */
     char reason[SP_REASON_MAX];
 } item_t;
+
+static void remember_error(el_store_t *st, const char *what)
+{
+    snprintf(st->last_error, sizeof(st->last_error), "%s: %s", what, PQerrorMessage(st->db));
+    st->last_error[strcspn(st->last_error, "\n")] = '\0';
+    sp_log(SP_LOG_ERROR, "store failed", SP_KS("error", st->last_error));
+}
 
 int el_store_load_head(el_store_t *st)
 {
@@ -103,6 +111,17 @@ static void copy_opt(sp_buf_t *b, const char *s)
     copy_text(b, s && s[0] ? s : NULL);
 }
 
+/* Bytes that came from the network (the subject, a reason quoting it) are stored as safe
+ * text: invalid UTF-8 would make PostgreSQL refuse the whole COPY. */
+static void copy_safe(sp_buf_t *b, const char *s, size_t max)
+{
+    sp_buf_t t;
+    sp_buf_init(&t);
+    sp_buf_safe_text(&t, s, max);
+    copy_text(b, t.data ? t.data : "");
+    sp_buf_dispose(&t);
+}
+
 static void copy_row(sp_buf_t *b, const item_t *it, const uint8_t prev[SP_SHA256_LEN],
                      const uint8_t hash[SP_SHA256_LEN])
 {
@@ -113,7 +132,7 @@ static void copy_row(sp_buf_t *b, const item_t *it, const uint8_t prev[SP_SHA256
     copy_sep(b);
     copy_opt(b, e ? e->event_id : NULL);
     copy_sep(b);
-    copy_text(b, m->subject);
+    copy_safe(b, m->subject, 1024);
     copy_sep(b);
     copy_opt(b, e ? e->type : NULL);
     copy_sep(b);
@@ -143,7 +162,10 @@ static void copy_row(sp_buf_t *b, const item_t *it, const uint8_t prev[SP_SHA256
     copy_sep(b);
     sp_buf_puts(b, it->disp == M_ACCEPT ? "accepted" : "rejected");
     copy_sep(b);
-    copy_text(b, it->disp == M_ACCEPT ? NULL : it->reason);
+    if (it->disp == M_ACCEPT)
+        copy_text(b, NULL);
+    else
+        copy_safe(b, it->reason, SP_REASON_MAX);
     copy_sep(b);
     copy_bytea(b, m->data, m->len);
     copy_sep(b);
@@ -217,7 +239,7 @@ static int find_duplicates(el_store_t *st, item_t *items, size_t n)
                                "'accepted' AND event_id = ANY($1::uuid[])",
                                1, NULL, params, NULL, NULL, 1 /* binary results */);
     if ((rc = sp_db_check(r, PGRES_TUPLES_OK)) < 0) {
-        sp_log(SP_LOG_ERROR, "duplicate lookup failed", SP_KS("error", PQerrorMessage(st->db)));
+        remember_error(st, "duplicate lookup");
         PQclear(r);
         goto out;
     }
@@ -263,7 +285,7 @@ static int load_rows(el_store_t *st, item_t *items, size_t n)
     if (rc >= 0)
         rc = sp_projection_load_workers(st->proj, st->db, wkr, nw);
     if (rc < 0)
-        sp_log(SP_LOG_ERROR, "projection load failed", SP_KS("error", PQerrorMessage(st->db)));
+        remember_error(st, "projection load");
     free(sbx);
     free(wkr);
     return rc;
@@ -290,9 +312,9 @@ static int copy_in(PGconn *db, const sp_buf_t *rows)
     return rc;
 }
 
-int el_store_batch(el_store_t *st, const sp_bus_batch_t *batch)
+static int store_items(el_store_t *st, const sp_bus_msg_t *const *msgs, size_t n, int quarantine,
+                       const char *why)
 {
-    size_t n = sp_bus_batch_len(batch);
     item_t *items = sp_xcalloc(n ? n : 1, sizeof(*items));
     el_counts_t counts = {0};
     el_head_t head = st->head;
@@ -303,11 +325,17 @@ int el_store_batch(el_store_t *st, const sp_bus_batch_t *batch)
     sp_buf_init(&rows);
     for (size_t i = 0; i < n; i++) {
         item_t *it = &items[i];
-        it->msg = sp_bus_batch_msg(batch, i);
+        it->msg = msgs[i];
         /* Redelivered after a crash or a lost ack: already stored. */
         if (it->msg->stream_seq <= head.seq) {
             it->disp = M_SKIP;
             counts.skipped++;
+            continue;
+        }
+        if (quarantine) {
+            it->disp = M_REJECT;
+            it->quarantine = 1;
+            snprintf(it->reason, sizeof(it->reason), "not storable: %s", why);
             continue;
         }
         if (sp_envelope_decode(it->msg->data, it->msg->len, &it->env, it->reason) < 0) {
@@ -321,8 +349,10 @@ int el_store_batch(el_store_t *st, const sp_bus_batch_t *batch)
         it->disp = M_ACCEPT;
     }
 
-    if ((rc = sp_db_exec(st->db, "BEGIN")) < 0)
+    if ((rc = sp_db_exec(st->db, "BEGIN")) < 0) {
+        remember_error(st, "begin");
         goto out;
+    }
     in_tx = 1;
     if ((rc = find_duplicates(st, items, n)) < 0)
         goto out;
@@ -347,19 +377,19 @@ int el_store_batch(el_store_t *st, const sp_bus_batch_t *batch)
         else
             counts.rejected++;
     }
-    if (n > 0 && sp_bus_batch_msg(batch, n - 1)->stream_seq > head.seq)
-        head.seq = sp_bus_batch_msg(batch, n - 1)->stream_seq;
+    if (n > 0 && msgs[n - 1]->stream_seq > head.seq)
+        head.seq = msgs[n - 1]->stream_seq;
 
     if (rows.len > 0 && (rc = copy_in(st->db, &rows)) < 0) {
-        sp_log(SP_LOG_ERROR, "COPY events failed", SP_KS("error", PQerrorMessage(st->db)));
+        remember_error(st, "COPY events");
         goto out;
     }
     if ((rc = sp_projection_flush(st->proj, st->db)) < 0) {
-        sp_log(SP_LOG_ERROR, "projection flush failed", SP_KS("error", PQerrorMessage(st->db)));
+        remember_error(st, "projection flush");
         goto out;
     }
     if ((rc = sp_db_exec(st->db, "COMMIT")) < 0) {
-        sp_log(SP_LOG_ERROR, "commit failed", SP_KS("error", PQerrorMessage(st->db)));
+        remember_error(st, "commit");
         in_tx = 0;
         goto out;
     }
@@ -390,5 +420,38 @@ out:
         sp_envelope_free(items[i].env);
     free(items);
     sp_buf_dispose(&rows);
+    return rc;
+}
+
+int el_store_msgs(el_store_t *st, const sp_bus_msg_t *const *msgs, size_t n)
+{
+    return store_items(st, msgs, n, 0, NULL);
+}
+
+int el_store_batch(el_store_t *st, const sp_bus_batch_t *batch)
+{
+    size_t n = sp_bus_batch_len(batch);
+    const sp_bus_msg_t **msgs = sp_xcalloc(n ? n : 1, sizeof(sp_bus_msg_t *));
+    int rc;
+
+    for (size_t i = 0; i < n; i++)
+        msgs[i] = sp_bus_batch_msg(batch, i);
+    rc = el_store_msgs(st, msgs, n);
+    if (rc < 0 && PQstatus(st->db) == CONNECTION_OK) {
+        sp_log(SP_LOG_WARN, "batch refused; storing its messages one at a time",
+               SP_KU("messages", n));
+        rc = 0;
+        for (size_t i = 0; i < n && rc >= 0; i++) {
+            rc = el_store_msgs(st, &msgs[i], 1);
+            if (rc < 0 && PQstatus(st->db) == CONNECTION_OK) {
+                char why[sizeof(st->last_error)];
+                snprintf(why, sizeof(why), "%s", st->last_error);
+                sp_log(SP_LOG_ERROR, "message not storable; recording it as rejected",
+                       SP_KU("seq", msgs[i]->stream_seq), SP_KS("error", why));
+                rc = store_items(st, &msgs[i], 1, 1, why);
+            }
+        }
+    }
+    free(msgs);
     return rc;
 }

@@ -124,6 +124,50 @@ void sp_buf_json_str(sp_buf_t *b, const char *s)
     sp_buf_putc(b, '"');
 }
 
+/* Length of the valid UTF-8 sequence at p (RFC 3629: no overlongs, no surrogates, at most
+ * U+10FFFF) that is not a control character; 0 if there is none. */
+static size_t utf8_seq(const unsigned char *p)
+{
+    unsigned c = p[0];
+    if (c >= 0x20 && c < 0x7f)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf)
+        return (p[1] & 0xc0) == 0x80 && (c != 0xc2 || p[1] >= 0xa0) ? 2 : 0; /* no C1 controls */
+    if (c >= 0xe0 && c <= 0xef) {
+        if ((p[1] & 0xc0) != 0x80 || (p[2] & 0xc0) != 0x80)
+            return 0;
+        if ((c == 0xe0 && p[1] < 0xa0) || (c == 0xed && p[1] >= 0xa0))
+            return 0;
+        return 3;
+    }
+    if (c >= 0xf0 && c <= 0xf4) {
+        if ((p[1] & 0xc0) != 0x80 || (p[2] & 0xc0) != 0x80 || (p[3] & 0xc0) != 0x80)
+            return 0;
+        if ((c == 0xf0 && p[1] < 0x90) || (c == 0xf4 && p[1] >= 0x90))
+            return 0;
+        return 4;
+    }
+    return 0;
+}
+
+void sp_buf_safe_text(sp_buf_t *b, const char *s, size_t max)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t used = 0;
+    while (*p && used < max) {
+        size_t k = utf8_seq(p);
+        if (k > 0) {
+            sp_buf_append(b, p, k);
+            p += k;
+            used += k;
+        } else {
+            sp_buf_printf(b, "\\x%02x", *p);
+            p++;
+            used++;
+        }
+    }
+}
+
 void sp_buf_hex(sp_buf_t *b, const uint8_t *data, size_t len)
 {
     reserve(b, len * 2);

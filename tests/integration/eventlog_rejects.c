@@ -129,6 +129,16 @@ static void test_rejects(void **state)
     uint64_t s_tenant = publish(other.subject, other.data, other.len);
     sp_eventgen_msg_dispose(&other);
 
+    /* Bytes that are not UTF-8 in the subject: stored escaped, not a COPY failure. */
+    uint64_t s_bytes = publish("space.ev.sbx._.\xff\xfe.Sandbox", "junk", 4);
+
+    expect_row(s_bytes, "rejected", "");
+    char sql[128];
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM events WHERE stream_seq = %llu AND subject = "
+             "'space.ev.sbx._.\\xff\\xfe.Sandbox'",
+             (unsigned long long)s_bytes);
+    assert_int_equal(sp_test_db_scalar(db, sql), 1);
     expect_row(s_trunc, "rejected", "");
     expect_row(s_big, "rejected", "exceeds");
     expect_row(s_empty, "rejected", "empty");
@@ -149,15 +159,66 @@ static void test_rejects(void **state)
     assert_int_equal(sp_test_daemon_pid("space-eventlog"), pid);
     char out[4096];
     assert_int_equal(sp_test_replay("verify", out, sizeof(out)), 0);
-    assert_non_null(strstr(out, "chain intact: 10 events"));
+    assert_non_null(strstr(out, "chain intact: 11 events"));
 
     sp_eventgen_msg_dispose(&good);
     PQfinish(db);
     sp_bus_free(bus);
 }
 
+/* A message the database refuses (here a trigger plays a constraint the eventlog did not
+ * foresee) must not stall the log: its batch is stored one message at a time, the refused one
+ * is recorded as rejected ("not storable") and the ones around it are accepted. */
+static void test_unstorable_message(void **state)
+{
+    sp_eventgen_msg_t m[3];
+    uint64_t seq[3];
+    const char *ids[3] = {"sbx_before", "sbx_poison", "sbx_after"};
+
+    sp_test_stack_load();
+    bus = sp_test_bus();
+    db = sp_test_db();
+    PQclear(PQexec(db, "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$"
+                       " BEGIN IF NEW.status = 'accepted' AND NEW.aggregate_id = 'sbx_poison'"
+                       " THEN RAISE EXCEPTION 'poison refused'; END IF; RETURN NEW; END $$"));
+    PGresult *r = PQexec(db, "CREATE TRIGGER refuse_poison BEFORE INSERT ON events FOR EACH "
+                             "ROW EXECUTE FUNCTION refuse_poison()");
+    assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
+    PQclear(r);
+
+    /* Published back to back so they travel in one batch. */
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(sp_eventgen_sandbox(SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED,
+                                             "t1", ids[i], NULL, &m[i]),
+                         0);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(
+            sp_bus_publish_async(bus, m[i].subject, m[i].data, m[i].len, m[i].event_id), 0);
+    assert_int_equal(sp_bus_publish_async_complete(bus, 10000), 0);
+    uint64_t last = 0, msgs = 0;
+    assert_int_equal(sp_bus_stream_info(bus, &last, &msgs), 0);
+    for (int i = 0; i < 3; i++)
+        seq[i] = last - 2 + (uint64_t)i;
+
+    expect_row(seq[0], "accepted", "");
+    expect_row(seq[1], "rejected", "not storable");
+    expect_row(seq[1], "rejected", "poison refused");
+    expect_row(seq[2], "accepted", "");
+    PQclear(PQexec(db, "DROP TRIGGER refuse_poison ON events"));
+    assert_int_equal(sp_test_db_scalar(db, "SELECT count(*) FROM sandboxes WHERE id IN "
+                                           "('sbx_before', 'sbx_after')"),
+                     2);
+    char out[4096];
+    assert_int_equal(sp_test_replay("verify", out, sizeof(out)), 0);
+    for (int i = 0; i < 3; i++)
+        sp_eventgen_msg_dispose(&m[i]);
+    PQfinish(db);
+    sp_bus_free(bus);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_rejects)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_rejects),
+                                       cmocka_unit_test(test_unstorable_message)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
