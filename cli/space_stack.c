@@ -35,10 +35,15 @@ extern char **environ;
  * and PostgreSQL. Each is a program in the bin directory; its name is also its process name,
  * pid file (run/<name>.pid) and log (log/<name>.log). One line per daemon: gateway, scheduler
  * and worker go here when they exist. A program that is not built is skipped. */
+/* In start order (stopped in reverse). Each gets SPACE_NATS_URL, SPACE_PG_URL, SPACE_HOME and
+ * SPACE_LOG_FORMAT in its environment, plus the arguments daemon_args gives it. */
 static const struct daemon_def {
     const char *name;
 } daemons[] = {
     {"space-eventlog"},
+    {"space-scheduler"},
+    {"space-worker"},
+    {"space-gateway"},
 };
 #define N_DAEMONS (sizeof(daemons) / sizeof(daemons[0]))
 
@@ -325,14 +330,20 @@ out:
     return fd;
 }
 
-static int write_env_file(const sp_stack_t *st, const char *nats_url, const char *pg_url)
+static int write_env_file(const sp_stack_t *st, const char *nats_url, const char *pg_url,
+                          const char *api_url, const char *api_key)
 {
     char *path = sp__stack_path(st, ENV_FILE), *tmp = sp__stack_path(st, ENV_FILE ".tmp");
     /* Single quotes because the PostgreSQL URI holds '&'; no value can hold a quote (paths
-     * and names are checked in validate and stack_open). */
+     * and names are checked in validate and stack_open; keys and URLs are made here). */
+    char *api = api_url && api_key
+                    ? sp_xasprintf("SPACE_API_URL='%s'\nSPACE_API_KEY='%s'\n", api_url, api_key)
+                    : sp_xstrdup("");
     char *text = sp_xasprintf("# Written by `space up`. In a shell: set -a; . %s; set +a\n"
-                              "SPACE_HOME='%s'\nSPACE_NATS_URL='%s'\nSPACE_PG_URL='%s'\n",
-                              path, st->home, nats_url, pg_url);
+                              "SPACE_HOME='%s'\nSPACE_NATS_URL='%s'\nSPACE_PG_URL='%s'\n%s",
+                              path, st->home, nats_url, pg_url, api);
+    explicit_bzero(api, strlen(api));
+    free(api);
     size_t len = strlen(text);
     int fd, r = 0;
 
@@ -353,6 +364,7 @@ out:
         fprintf(stderr, "space: cannot write %s: %s\n", path, strerror(-r));
     free(path);
     free(tmp);
+    explicit_bzero(text, strlen(text));
     free(text);
     return r;
 }
@@ -446,6 +458,45 @@ out:
     return r;
 }
 
+/* Command line of a daemon (heap strings, NULL-terminated; free with free_args). */
+static char **daemon_args(const sp_stack_t *st, const char *name)
+{
+    char **a = sp_xcalloc(8, sizeof(char *));
+    size_t n = 0;
+    a[n++] = sp_xstrdup(name);
+    if (strcmp(name, "space-gateway") == 0) {
+        a[n++] = sp_xstrdup("--port");
+        a[n++] = sp_xasprintf("%lld", (long long)st->cfg->api_port);
+        a[n++] = sp_xstrdup("--port-file");
+        a[n++] = sp_xasprintf("%s/%s", st->run_dir, SP_STACK_GATEWAY_PORT_FILE);
+    } else if (strcmp(name, "space-worker") == 0) {
+        a[n++] = sp_xstrdup("--state-dir");
+        a[n++] = sp_xasprintf("%s/worker", st->home);
+    }
+    return a;
+}
+
+/* Whether `up` should start name (the daemons option lists it). */
+static bool requested(const sp_stack_config_t *cfg, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = cfg->daemons; p && *p;) {
+        size_t k = strcspn(p, ",");
+        if (k == n && strncmp(p, name, n) == 0)
+            return true;
+        p += k;
+        p += *p == ',';
+    }
+    return false;
+}
+
+static void free_args(char **a)
+{
+    for (size_t i = 0; a[i]; i++)
+        free(a[i]);
+    free(a);
+}
+
 /* Starts the daemons that are not running. restart: the NATS or PostgreSQL URL changed (a
  * server was restarted on another ephemeral port), so running daemons are stopped first and
  * started again with the new environment. */
@@ -461,7 +512,7 @@ static int daemons_up(const sp_stack_t *st, const char *nats_url, const char *pg
         char *prog = sp_xasprintf("%s/%s", dir, name);
         char *pidfile = sp_xasprintf("%s/%s.pid", st->run_dir, name);
         char *log = sp_xasprintf("%s/%s.log", st->log_dir, name);
-        char *argv[] = {(char *)name, NULL};
+        char **argv = daemon_args(st, name);
         sp_proc_spec_t spec = {.path = prog,
                                .argv = argv,
                                .envp = env,
@@ -470,6 +521,13 @@ static int daemons_up(const sp_stack_t *st, const char *nats_url, const char *pg
                                .detach = true};
         sp_stack_part_t part = {0};
 
+        if (!requested(st->cfg, name)) {
+            free(prog);
+            free(pidfile);
+            free(log);
+            free_args(argv);
+            continue;
+        }
         if (restart && sp_proc_pidfile_check(pidfile, name, &part.pid) == 1) {
             printf("%-*s restart  (the NATS or PostgreSQL URL changed)\n", SP_STACK_PART_WIDTH,
                    name);
@@ -491,6 +549,7 @@ static int daemons_up(const sp_stack_t *st, const char *nats_url, const char *pg
         free(prog);
         free(pidfile);
         free(log);
+        free_args(argv);
     }
 
     /* One settle period for all of them: a daemon that cannot reach NATS or PostgreSQL, or
@@ -532,7 +591,7 @@ int sp_stack_up(const sp_stack_config_t *cfg)
 {
     sp_stack_part_t nats = {0}, pg = {0};
     long long t0 = sp_proc_now_ms();
-    char *env_path = NULL;
+    char *env_path = NULL, *api_url = NULL, *api_key = NULL;
     int r = SP_STACK_EXIT_FAIL, lock = -1;
     bool moved;
     sp_stack_t st;
@@ -550,10 +609,15 @@ int sp_stack_up(const sp_stack_config_t *cfg)
         goto fail;
     moved = env_file_differs(&st, "SPACE_NATS_URL", nats.url) ||
             env_file_differs(&st, "SPACE_PG_URL", pg.url);
-    if (write_env_file(&st, nats.url, pg.url) < 0)
+    if (write_env_file(&st, nats.url, pg.url, NULL, NULL) < 0)
         goto fail;
     if (daemons_up(&st, nats.url, pg.url, moved) < 0)
         goto fail;
+    if (sp__api_up(&st, pg.url, &api_url, &api_key) < 0 ||
+        write_env_file(&st, nats.url, pg.url, api_url, api_key) < 0)
+        goto fail;
+    if (api_url)
+        printf("SPACE_API_URL='%s'\nSPACE_API_KEY is in %s/space.env\n", api_url, st.home);
 
     env_path = sp__stack_path(&st, ENV_FILE);
     printf("space up: ready in %.2f s\n"
@@ -572,6 +636,11 @@ out:
     if (lock >= 0)
         close(lock);
     free(env_path);
+    free(api_url);
+    if (api_key) {
+        explicit_bzero(api_key, strlen(api_key));
+        free(api_key);
+    }
     sp__stack_part_dispose(&nats);
     sp__stack_part_dispose(&pg);
     stack_dispose(&st);

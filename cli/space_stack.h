@@ -38,7 +38,12 @@ typedef struct {
     char *pg_os_user;
     char *bin_dir; /* empty: the directory of the running `space` binary */
     char *log_format;
+    char *daemons;    /* comma-separated names `up` starts; `down` stops every one */
+    int64_t api_port; /* space-gateway's port; 0: any free one, read back from its port file */
 } sp_stack_config_t;
+
+#define SP_STACK_GATEWAY_PORT_FILE "space-gateway.port"
+#define SP_STACK_TENANT            "default" /* tenant of the first API key */
 
 int sp_stack_up(const sp_stack_config_t *cfg);
 int sp_stack_down(const sp_stack_config_t *cfg, bool purge);
@@ -77,6 +82,11 @@ void sp__stack_report(const char *name, const char *state, const sp_stack_part_t
 /* Prints msg for a process that died or failed, then the tail of its log. */
 void sp__stack_fail_log(const char *msg, const char *log_path);
 void sp__stack_part_dispose(sp_stack_part_t *part);
+
+/* After the daemons are up: the gateway's URL (NULL when it does not run) and an API key for
+ * tenant SP_STACK_TENANT: the one space.env already holds if it is still valid, else a new
+ * one. Returns 0, or -1 after printing why. */
+int sp__api_up(const sp_stack_t *st, const char *pg_url, char **ret_api_url, char **ret_api_key);
 
 /* Each returns 0 after printing its report line, or -1 after printing why it failed. */
 int sp__nats_up(const sp_stack_t *st, sp_stack_part_t *ret_part);

@@ -388,6 +388,17 @@ static int store_items(el_store_t *st, const sp_bus_msg_t *const *msgs, size_t n
         remember_error(st, "projection flush");
         goto out;
     }
+    /* Readers that need their own write reflected (the gateway answering a create) LISTEN on
+     * this channel; PostgreSQL delivers it at commit. */
+    if (rows.len > 0) {
+        char notify[64];
+        snprintf(notify, sizeof(notify), "NOTIFY " SP_EVENTLOG_CHANNEL ", '%llu'",
+                 (unsigned long long)head.seq);
+        if ((rc = sp_db_exec(st->db, notify)) < 0) {
+            remember_error(st, "notify");
+            goto out;
+        }
+    }
     if ((rc = sp_db_exec(st->db, "COMMIT")) < 0) {
         remember_error(st, "commit");
         in_tx = 0;

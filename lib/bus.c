@@ -404,15 +404,58 @@ int sp_bus_consumer_delete(sp_bus_t *bus, const char *durable)
     return map_status(s, jerr, "js_DeleteConsumer");
 }
 
+static void consumer_config(jsConsumerConfig *cfg, const char *durable, const char *filter,
+                            uint64_t start_seq, int ack_wait_ms)
+{
+    jsConsumerConfig_Init(cfg);
+    cfg->Durable = durable;
+    cfg->FilterSubject = filter;
+    if (start_seq > 0) {
+        cfg->DeliverPolicy = js_DeliverByStartSequence;
+        cfg->OptStartSeq = start_seq;
+    } else {
+        cfg->DeliverPolicy = js_DeliverAll;
+    }
+    cfg->AckPolicy = js_AckExplicit;
+    cfg->AckWait = (int64_t)(ack_wait_ms > 0 ? ack_wait_ms : DEFAULT_ACK_WAIT_MS) * 1000000;
+    cfg->MaxAckPending = MAX_ACK_PENDING;
+    cfg->ReplayPolicy = js_ReplayInstant;
+}
+
+/* A pull subscription bound to the existing durable: cnats neither creates nor, on
+ * unsubscribe, deletes it. cnats requires the subject to equal the consumer's filter. */
+static int subscribe_bound(sp_bus_t *bus, const char *durable, const char *filter,
+                           sp_bus_consumer_t **ret_consumer)
+{
+    jsSubOptions so;
+    jsErrCode jerr = 0;
+    natsSubscription *sub = NULL;
+    natsStatus s;
+
+    jsSubOptions_Init(&so);
+    so.Stream = SP_BUS_STREAM;
+    so.Consumer = durable;
+    so.ManualAck = true;
+    s = js_PullSubscribe(&sub, bus->js, filter, durable, NULL, &so, &jerr);
+    if (s != NATS_OK)
+        return map_status(s, jerr, "js_PullSubscribe");
+    /* Each fetch is bounded (FETCH_MAX_MSGS, FETCH_MAX_BYTES); the default pending limits of
+     * the subscription would only add a second, lossy bound (slow consumer drops). */
+    natsSubscription_SetPendingLimits(sub, -1, -1);
+
+    sp_bus_consumer_t *c = sp_xcalloc(1, sizeof(*c));
+    c->bus = bus;
+    c->sub = sub;
+    *ret_consumer = c;
+    return 0;
+}
+
 int sp_bus_consumer_open(sp_bus_t *bus, const char *durable, const char *filter, uint64_t start_seq,
                          int ack_wait_ms, sp_bus_consumer_t **ret_consumer)
 {
     jsConsumerInfo *ci = NULL;
     jsConsumerConfig cfg;
-    jsSubOptions so;
     jsErrCode jerr = 0;
-    natsSubscription *sub = NULL;
-    sp_bus_consumer_t *c;
     natsStatus s;
     int rc;
 
@@ -427,43 +470,48 @@ int sp_bus_consumer_open(sp_bus_t *bus, const char *durable, const char *filter,
     if (rc < 0 && rc != SP_ENOTFOUND)
         return rc;
 
-    jsConsumerConfig_Init(&cfg);
-    cfg.Durable = durable;
-    cfg.FilterSubject = filter;
-    if (start_seq > 0) {
-        cfg.DeliverPolicy = js_DeliverByStartSequence;
-        cfg.OptStartSeq = start_seq;
-    } else {
-        cfg.DeliverPolicy = js_DeliverAll;
-    }
-    cfg.AckPolicy = js_AckExplicit;
-    cfg.AckWait = (int64_t)(ack_wait_ms > 0 ? ack_wait_ms : DEFAULT_ACK_WAIT_MS) * 1000000;
-    cfg.MaxAckPending = MAX_ACK_PENDING;
-    cfg.ReplayPolicy = js_ReplayInstant;
+    consumer_config(&cfg, durable, filter, start_seq, ack_wait_ms);
     s = js_AddConsumer(&ci, bus->js, SP_BUS_STREAM, &cfg, NULL, &jerr);
     jsConsumerInfo_Destroy(ci);
     if (s != NATS_OK)
         return map_status(s, jerr, "js_AddConsumer");
+    return subscribe_bound(bus, durable, filter, ret_consumer);
+}
 
-    /* Bound to the durable just made: cnats neither creates nor, on unsubscribe, deletes it.
-     * cnats requires the subject to equal the consumer's filter. */
-    jsSubOptions_Init(&so);
-    so.Stream = SP_BUS_STREAM;
-    so.Consumer = durable;
-    so.ManualAck = true;
+int sp_bus_consumer_bind(sp_bus_t *bus, const char *durable, const char *filter, int ack_wait_ms,
+                         sp_bus_consumer_t **ret_consumer)
+{
+    jsConsumerInfo *ci = NULL;
+    jsConsumerConfig cfg;
+    jsErrCode jerr = 0;
+    natsStatus s;
+
+    if (!durable || !*durable || !ret_consumer || ack_wait_ms < 0)
+        return -EINVAL;
+    if (!filter || !*filter)
+        filter = SP_BUS_SUBJECTS;
+
+    s = js_GetConsumerInfo(&ci, bus->js, SP_BUS_STREAM, durable, NULL, &jerr);
+    if (s == NATS_OK) {
+        int same = ci->Config && ci->Config->FilterSubject &&
+                   strcmp(ci->Config->FilterSubject, filter) == 0;
+        jsConsumerInfo_Destroy(ci);
+        if (!same)
+            return -EEXIST;
+        return subscribe_bound(bus, durable, filter, ret_consumer);
+    }
+    if (map_status(s, jerr, "js_GetConsumerInfo") != SP_ENOTFOUND)
+        return map_status(s, jerr, "js_GetConsumerInfo");
+    consumer_config(&cfg, durable, filter, 0, ack_wait_ms);
+    ci = NULL;
     jerr = 0;
-    s = js_PullSubscribe(&sub, bus->js, filter, durable, NULL, &so, &jerr);
+    /* Another instance may create it at the same moment: the server accepts an identical
+     * configuration twice, so both then bind to the one consumer. */
+    s = js_AddConsumer(&ci, bus->js, SP_BUS_STREAM, &cfg, NULL, &jerr);
+    jsConsumerInfo_Destroy(ci);
     if (s != NATS_OK)
-        return map_status(s, jerr, "js_PullSubscribe");
-    /* Each fetch is bounded (FETCH_MAX_MSGS, FETCH_MAX_BYTES); the default pending limits of
-     * the subscription would only add a second, lossy bound (slow consumer drops). */
-    natsSubscription_SetPendingLimits(sub, -1, -1);
-
-    c = sp_xcalloc(1, sizeof(*c));
-    c->bus = bus;
-    c->sub = sub;
-    *ret_consumer = c;
-    return 0;
+        return map_status(s, jerr, "js_AddConsumer");
+    return subscribe_bound(bus, durable, filter, ret_consumer);
 }
 
 static void consumer_destroy(sp_bus_consumer_t *c)
@@ -571,6 +619,27 @@ int sp_bus_batch_ack(sp_bus_batch_t *b)
     jo.Wait = b->consumer->bus->timeout_ms;
     s = natsMsg_AckSync(b->e[b->n - 1].msg, &jo, &jerr);
     return map_status(s, jerr, "natsMsg_AckSync");
+}
+
+int sp_bus_batch_ack_one(sp_bus_batch_t *b, size_t i)
+{
+    if (!b || i >= b->n)
+        return -EINVAL;
+    return map_status(natsMsg_Ack(b->e[i].msg, NULL), 0, "natsMsg_Ack");
+}
+
+int sp_bus_batch_nak_one(sp_bus_batch_t *b, size_t i)
+{
+    if (!b || i >= b->n)
+        return -EINVAL;
+    return map_status(natsMsg_Nak(b->e[i].msg, NULL), 0, "natsMsg_Nak");
+}
+
+int sp_bus_batch_in_progress(sp_bus_batch_t *b, size_t i)
+{
+    if (!b || i >= b->n)
+        return -EINVAL;
+    return map_status(natsMsg_InProgress(b->e[i].msg, NULL), 0, "natsMsg_InProgress");
 }
 
 void sp_bus_batch_free(sp_bus_batch_t *b)

@@ -72,7 +72,28 @@ static const char m1_events[] =
     "  last_seq          bigint NOT NULL"
     ");";
 
+static const char m2_keys[] =
+    /* API keys: the secret is never stored, only SHA-256 of the whole key (apikey.h). */
+    "CREATE TABLE api_keys ("
+    "  id         text PRIMARY KEY,"
+    "  tenant     text NOT NULL,"
+    "  hash       bytea NOT NULL CHECK (length(hash) = 32),"
+    "  name       text NOT NULL DEFAULT '',"
+    "  created_at timestamptz NOT NULL DEFAULT now(),"
+    "  revoked_at timestamptz"
+    ");"
+    /* Idempotency-Key of a create: a retried request gets the same sandbox. */
+    "CREATE TABLE idempotency_keys ("
+    "  tenant     text NOT NULL,"
+    "  key        text NOT NULL,"
+    "  sandbox_id text NOT NULL,"
+    "  request_sha256 bytea NOT NULL,"
+    "  created_at timestamptz NOT NULL DEFAULT now(),"
+    "  PRIMARY KEY (tenant, key)"
+    ");";
+
 const sp_db_migration_t sp_db_migrations[] = {
     {1, "events, sandboxes, workers", m1_events},
+    {2, "api_keys, idempotency_keys", m2_keys},
 };
 const size_t sp_db_n_migrations = sizeof(sp_db_migrations) / sizeof(sp_db_migrations[0]);

@@ -66,7 +66,8 @@ sp_event_type_t sp_event_type_from_name(const char *name)
 int sp_event_is_worker(sp_event_type_t t)
 {
     return t == SPACE__V1__ENVELOPE__PAYLOAD_WORKER_HEARTBEAT ||
-           t == SPACE__V1__ENVELOPE__PAYLOAD_WORKER_STOPPED;
+           t == SPACE__V1__ENVELOPE__PAYLOAD_WORKER_STOPPED ||
+           t == SPACE__V1__ENVELOPE__PAYLOAD_WORKER_RECONCILED;
 }
 
 void sp_envelope_stamp(sp_envelope_t *env, char id_buf[37])
@@ -256,6 +257,9 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETED:
         CHECK_TEXT(e->sandbox_deleted->reason, TEXT_MAX, "reason");
         return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_ADOPTED:
+        CHECK_ID(e->sandbox_adopted->worker, "worker");
+        return 0;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_REQUEST_REJECTED: {
         const Space__V1__SandboxRequestRejected *p = e->sandbox_request_rejected;
         if (sp_event_type_from_name(p->request_type) == SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET)
@@ -279,6 +283,18 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
         if (rc < 0)
             return rc;
         return validate_list(p->runtimes, p->n_runtimes, "runtimes", reason);
+    }
+    case SPACE__V1__ENVELOPE__PAYLOAD_WORKER_RECONCILED: {
+        const Space__V1__WorkerReconciled *p = e->worker_reconciled;
+        CHECK_ID(p->worker, "worker");
+        if (strcmp(p->worker, e->aggregate->id) != 0)
+            return fail(reason, SP_ESCHEMA, "worker: differs from the aggregate id");
+        int rc = validate_list(p->adopted, p->n_adopted, "adopted", reason);
+        if (rc == 0)
+            rc = validate_list(p->lost, p->n_lost, "lost", reason);
+        if (rc == 0)
+            rc = validate_list(p->cleaned, p->n_cleaned, "cleaned", reason);
+        return rc;
     }
     case SPACE__V1__ENVELOPE__PAYLOAD_WORKER_STOPPED:
         CHECK_ID(e->worker_stopped->worker, "worker");

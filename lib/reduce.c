@@ -133,6 +133,8 @@ static unsigned allowed_from(sp_event_type_t t)
         return BIT(SP_SBX_SUSPENDED);
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETED:
         return LIVE | BIT(SP_SBX_FAILED);
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_ADOPTED:
+        return BIT(SP_SBX_RUNNING) | BIT(SP_SBX_PAUSED);
     default:
         /* Intents and refusals: any existing sandbox. */
         return LIVE | BIT(SP_SBX_FAILED) | BIT(SP_SBX_DELETED);
@@ -223,6 +225,11 @@ int sp_reduce_sandbox(sp_sandbox_t *s, const sp_envelope_t *env, uint64_t seq,
         s->state = SP_SBX_DELETED;
         s->deleted_at_us = env->occurred_at_us;
         break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_ADOPTED:
+        if (strcmp(s->worker, env->sandbox_adopted->worker) != 0)
+            return refuse(reason, "SandboxAdopted by worker %s, owned by %s",
+                          env->sandbox_adopted->worker, s->worker);
+        break;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_REQUEST_REJECTED: {
         const Space__V1__SandboxRequestRejected *p = env->sandbox_request_rejected;
         /* A refused create leaves nothing behind: the sandbox failed before it existed. */
@@ -292,6 +299,8 @@ int sp_reduce_worker(sp_worker_t *w, const sp_envelope_t *env, uint64_t seq,
         w->runtimes_json = json_array(p->runtimes, p->n_runtimes);
         w->last_heartbeat_us = env->occurred_at_us;
         w->up = 1;
+    } else if (env->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_WORKER_RECONCILED) {
+        /* An audit record: the worker's capacity comes with its next heartbeat. */
     } else {
         if (!w->known)
             return refuse(reason, "WorkerStopped for unknown worker %s", w->id);

@@ -71,6 +71,13 @@ int sp_bus_publish_core(sp_bus_t *bus, const char *subject, const void *data, si
  * ack_wait_ms: redelivery timeout for unacked messages (0 = 30 s). */
 int sp_bus_consumer_open(sp_bus_t *bus, const char *durable, const char *filter, uint64_t start_seq,
                          int ack_wait_ms, sp_bus_consumer_t **ret_consumer);
+/* A shared, long-lived pull consumer: binds to the durable if it exists (keeping its delivery
+ * state, so messages a crashed instance never acknowledged are redelivered), else creates it
+ * to deliver everything in the stream under filter. Several processes may bind the same
+ * durable: each message then goes to one of them (a work queue). -EEXIST if a durable of
+ * that name exists with another filter. */
+int sp_bus_consumer_bind(sp_bus_t *bus, const char *durable, const char *filter, int ack_wait_ms,
+                         sp_bus_consumer_t **ret_consumer);
 /* Unsubscribes (keeps the durable on the server). Accepts NULL. Batches still held stay
  * valid (and can be acked) until freed. */
 void sp_bus_consumer_free(sp_bus_consumer_t *c);
@@ -94,6 +101,11 @@ size_t sp_bus_batch_len(const sp_bus_batch_t *b);
 const sp_bus_msg_t *sp_bus_batch_msg(const sp_bus_batch_t *b, size_t i);
 /* Acknowledges every message of the batch. */
 int sp_bus_batch_ack(sp_bus_batch_t *b);
+/* One message: acknowledge, negatively acknowledge (redeliver now), or tell the server it is
+ * still being worked on (restarts its ack_wait). Safe from any thread while the batch lives. */
+int sp_bus_batch_ack_one(sp_bus_batch_t *b, size_t i);
+int sp_bus_batch_nak_one(sp_bus_batch_t *b, size_t i);
+int sp_bus_batch_in_progress(sp_bus_batch_t *b, size_t i);
 /* Frees without acking (the messages are redelivered after ack_wait). Accepts NULL. */
 void sp_bus_batch_free(sp_bus_batch_t *b);
 

@@ -10,6 +10,10 @@
 #include <libpq-fe.h>
 #include <stdint.h>
 
+/* The channel space-eventlog NOTIFYs with the new head stream_seq (decimal text) at every
+ * commit: LISTEN on it to wait until the projections include a given event. */
+#define SP_EVENTLOG_CHANNEL "space_eventlog_head"
+
 /* Connects (retrying for up to timeout_ms while the server starts) and sets
  * application_name. url is a libpq connection string or URI. Errors: SP_EDB, SP_ETIMEOUT. */
 int sp_db_connect(const char *url, const char *application_name, int timeout_ms, PGconn **ret_conn);

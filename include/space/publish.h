@@ -1,0 +1,26 @@
+/* Publishing events: stamp, validate, encode, pick the subject, publish with a message id.
+ * The one way daemons put facts and intents on the bus. */
+#ifndef SPACE_PUBLISH_H
+#define SPACE_PUBLISH_H
+
+#include <stdint.h>
+
+#include "bus.h"
+#include "envelope.h"
+
+/* Fills event_id (into id_buf), occurred_at, schema_version and type, then publishes env on
+ * its subject (worker: the worker token for sandbox events, NULL for "_") and waits for the
+ * stream's ack. msg_id is the Nats-Msg-Id: pass a key derived from the event this one answers
+ * ("placed:<intent id>") so that a retry after a crash is dropped by the stream's duplicate
+ * window; NULL uses the event id. *ret_seq (optional): the stream sequence; a duplicate
+ * reports the original's. SP_ESCHEMA if the envelope does not validate. */
+int sp_publish_event(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const char *worker,
+                     const char *msg_id, uint64_t *ret_seq);
+
+/* Starts an envelope that answers cause (same tenant, aggregate and correlation; causation =
+ * cause's event id) as actor. The caller sets payload_case and the payload. Borrowed strings:
+ * cause must outlive env. */
+void sp_envelope_answer(sp_envelope_t *env, Space__V1__Aggregate *agg, const sp_envelope_t *cause,
+                        const char *actor);
+
+#endif

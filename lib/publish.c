@@ -1,0 +1,38 @@
+/* Publishing events (publish.h). */
+#include "publish.h"
+
+#include <stdlib.h>
+
+#include "error.h"
+
+int sp_publish_event(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const char *worker,
+                     const char *msg_id, uint64_t *ret_seq)
+{
+    char subject[256];
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int rc;
+
+    sp_envelope_stamp(env, id_buf);
+    if ((rc = sp_envelope_subject(env, worker, subject, sizeof(subject))) < 0)
+        return rc;
+    if ((rc = sp_envelope_encode(env, &buf, &len)) < 0)
+        return rc;
+    rc = sp_bus_publish(bus, subject, buf, len, msg_id ? msg_id : env->event_id, ret_seq, NULL);
+    free(buf);
+    return rc;
+}
+
+void sp_envelope_answer(sp_envelope_t *env, Space__V1__Aggregate *agg, const sp_envelope_t *cause,
+                        const char *actor)
+{
+    space__v1__envelope__init(env);
+    space__v1__aggregate__init(agg);
+    agg->kind = cause->aggregate->kind;
+    agg->id = cause->aggregate->id;
+    env->aggregate = agg;
+    env->tenant = cause->tenant;
+    env->actor = (char *)actor;
+    env->correlation_id = cause->correlation_id;
+    env->causation_id = cause->event_id;
+}

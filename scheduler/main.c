@@ -1,0 +1,136 @@
+/* space-scheduler: places create intents on workers (scheduler_place.c). Consumes the
+ * unplaced subjects, space.ev.sbx._.>, through a shared durable: run as many as you like,
+ * each intent goes to one of them, and one that dies mid-placement leaves the intent to be
+ * redelivered to another (placed once: see scheduler_place.c). */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "db.h"
+#include "error.h"
+#include "ids.h"
+#include "log.h"
+#include "scheduler.h"
+
+static const sp_cfg_opt_t options[] = {
+    SP_CFG_STR_OPT("nats-url", sched_config_t, nats_url, "nats://127.0.0.1:4222", "NATS URL(s)"),
+    SP_CFG_STR_OPT("pg-url", sched_config_t, pg_url, "postgresql:///space", "PostgreSQL URI"),
+    SP_CFG_STR_OPT("name", sched_config_t, name, "scheduler", "this instance's name (an id)"),
+    SP_CFG_STR_OPT("durable", sched_config_t, durable, "scheduler",
+                   "shared JetStream durable of all schedulers"),
+    SP_CFG_INT_OPT("batch-max", sched_config_t, batch_max, 1, 1000, "64", "intents per fetch"),
+    SP_CFG_INT_OPT("ack-wait-ms", sched_config_t, ack_wait_ms, 1000, 600000, "10000",
+                   "redelivery of an intent whose scheduler died"),
+    SP_CFG_INT_OPT("heartbeat-misses", sched_config_t, heartbeat_misses, 1, 100, "3",
+                   "a worker is live while its last heartbeat is younger than this many intervals"),
+    SP_CFG_STR_OPT("log-level", sched_config_t, log_level, "info", "debug|info|warn|error"),
+    SP_CFG_STR_OPT("log-format", sched_config_t, log_format, "kv", "kv|json"),
+};
+#define N_OPTIONS (sizeof(options) / sizeof(options[0]))
+
+static volatile sig_atomic_t stopping;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stopping = 1;
+}
+
+static void pause_ms(int ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
+    while (!stopping && nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+static int run(sched_t *s)
+{
+    sp_bus_consumer_t *c = NULL;
+    int rc = sp_bus_consumer_bind(s->bus, s->cfg->durable, "space.ev.sbx._.>",
+                                  (int)s->cfg->ack_wait_ms, &c);
+    if (rc < 0) {
+        sp_log(SP_LOG_ERROR, "cannot bind the consumer", SP_KS("error", sp_strerror(rc)));
+        return rc;
+    }
+    sp_log(SP_LOG_INFO, "scheduling", SP_KS("name", s->cfg->name));
+    while (!stopping) {
+        sp_bus_batch_t *b = NULL;
+        rc = sp_bus_fetch(c, (size_t)s->cfg->batch_max, 1000, &b);
+        if (rc < 0) {
+            sp_bus_batch_free(b);
+            pause_ms(200);
+            continue;
+        }
+        for (size_t i = 0; i < sp_bus_batch_len(b); i++) {
+            if (PQstatus(s->db) != CONNECTION_OK)
+                PQreset(s->db);
+            if (sched_handle(s, sp_bus_batch_msg(b, i)) < 0) {
+                /* Leave it (and the rest of the batch) for redelivery after ack_wait. */
+                pause_ms(500);
+                break;
+            }
+            sp_bus_batch_ack_one(b, i);
+        }
+        sp_bus_batch_free(b);
+    }
+    sp_bus_consumer_free(c);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    sched_config_t cfg = {0};
+    sched_t s = {.cfg = &cfg};
+    char *err = NULL;
+    int argi = 0, code = 1, rc;
+    sp_log_level_t level;
+    sp_log_format_t format;
+
+    if (sp_config_load(options, N_OPTIONS, &cfg, argc, argv, &argi, &err) < 0) {
+        fprintf(stderr, "space-scheduler: %s\n", err ? err : "bad options");
+        goto out;
+    }
+    if (argi < 0) {
+        code = 0;
+        goto out;
+    }
+    if (argi < argc || sp_log_level_parse(cfg.log_level, &level) < 0 ||
+        sp_log_format_parse(cfg.log_format, &format) < 0 || !sp_id_valid(cfg.name)) {
+        fprintf(stderr, "space-scheduler: bad arguments (see --help)\n");
+        goto out;
+    }
+    sp_log_init("space-scheduler", level, format);
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    sp_bus_opts_t bo = {.url = cfg.nats_url, .name = "space-scheduler", .timeout_ms = 30000};
+    if ((rc = sp_bus_connect(&bo, &s.bus)) < 0 || (rc = sp_bus_ensure_stream(s.bus)) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot reach NATS", SP_KS("error", sp_strerror(rc)));
+        goto out;
+    }
+    if ((rc = sp_db_connect(cfg.pg_url, "space-scheduler", 30000, &s.db)) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot reach PostgreSQL", SP_KS("error", sp_strerror(rc)));
+        goto out;
+    }
+    if ((rc = sp_db_migrate(s.db)) < 0) {
+        sp_log(SP_LOG_ERROR, "schema migration failed", SP_KS("error", PQerrorMessage(s.db)));
+        goto out;
+    }
+    run(&s);
+    code = 0;
+out:
+    free(s.recent);
+    PQfinish(s.db);
+    sp_bus_free(s.bus);
+    sp_config_dispose(options, N_OPTIONS, &cfg);
+    free(err);
+    return code;
+}

@@ -1,0 +1,44 @@
+/* space-scheduler internals. */
+#ifndef SPACE_SCHEDULER_H
+#define SPACE_SCHEDULER_H
+
+#include <libpq-fe.h>
+#include <stdint.h>
+
+#include "bus.h"
+#include "envelope.h"
+
+typedef struct {
+    char *nats_url;
+    char *pg_url;
+    char *name;
+    char *durable;
+    int64_t batch_max;
+    int64_t ack_wait_ms;
+    int64_t heartbeat_misses;
+    char *log_level;
+    char *log_format;
+} sched_config_t;
+
+/* Placements made since a worker's last heartbeat, so that a burst of creates spreads over
+ * workers before their heartbeats catch up. Small: one entry per worker seen. */
+typedef struct {
+    char worker[65];
+    int64_t heartbeat_us; /* the heartbeat these counts are relative to */
+    uint32_t placed;
+} sched_recent_t;
+
+typedef struct {
+    const sched_config_t *cfg;
+    sp_bus_t *bus;
+    PGconn *db;
+    sched_recent_t *recent;
+    size_t n_recent;
+} sched_t;
+
+/* Handles one event from space.ev.sbx._.>: 0 = done (ack), < 0 = could not be handled now
+ * (the database or the bus failed: redeliver later). Invalid events are done: the event log
+ * records them as rejected. */
+int sched_handle(sched_t *s, const sp_bus_msg_t *m);
+
+#endif

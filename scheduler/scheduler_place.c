@@ -1,0 +1,241 @@
+/* Placement: a create intent goes to the least loaded live worker that has the template, or
+ * is refused with a reason the API can show. State comes from the projections (PostgreSQL),
+ * never from memory that a restart would lose, so a restarted or second scheduler decides the
+ * same way. The placement's message id is derived from the intent ("placed:<intent id>"):
+ * if a scheduler dies between publishing and acking, the redelivered intent is placed again
+ * and the stream's duplicate window drops the second placement, so an intent is placed once. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "db.h"
+#include "error.h"
+#include "log.h"
+#include "publish.h"
+#include "reduce.h"
+#include "scheduler.h"
+#include "xmalloc.h"
+
+/* The projection's state of a sandbox, SP_SBX_NONE when absent (also: not stored yet). */
+static int sandbox_state(sched_t *s, const char *id, sp_sbx_state_t *ret_state, char *worker,
+                         size_t worker_len)
+{
+    const char *params[1] = {id};
+    PGresult *r = PQexecParams(s->db, "SELECT state, worker FROM sandboxes WHERE id = $1", 1, NULL,
+                               params, NULL, NULL, 0);
+    int rc = sp_db_check(r, PGRES_TUPLES_OK);
+    if (rc == 0) {
+        *ret_state = PQntuples(r) ? sp_sbx_state_from_name(PQgetvalue(r, 0, 0)) : SP_SBX_NONE;
+        snprintf(worker, worker_len, "%s", PQntuples(r) ? PQgetvalue(r, 0, 1) : "");
+    }
+    PQclear(r);
+    return rc;
+}
+
+static sched_recent_t *recent_for(sched_t *s, const char *worker, int64_t heartbeat_us)
+{
+    for (size_t i = 0; i < s->n_recent; i++) {
+        sched_recent_t *e = &s->recent[i];
+        if (strcmp(e->worker, worker) != 0)
+            continue;
+        if (e->heartbeat_us != heartbeat_us) {
+            /* A newer heartbeat counts the earlier placements itself. */
+            e->heartbeat_us = heartbeat_us;
+            e->placed = 0;
+        }
+        return e;
+    }
+    s->recent = sp_xreallocarray(s->recent, s->n_recent + 1, sizeof(*s->recent));
+    sched_recent_t *e = &s->recent[s->n_recent++];
+    snprintf(e->worker, sizeof(e->worker), "%s", worker);
+    e->heartbeat_us = heartbeat_us;
+    e->placed = 0;
+    return e;
+}
+
+typedef enum { PICK_OK, PICK_NO_WORKER, PICK_NO_TEMPLATE, PICK_NO_CAPACITY } pick_t;
+
+/* Chooses a worker for template/vcpu; fills worker. */
+static int pick_worker(sched_t *s, const char *tmpl, uint32_t vcpu, char worker[65],
+                       pick_t *ret_pick)
+{
+    char misses[16];
+    const char *params[2] = {tmpl, misses};
+    snprintf(misses, sizeof(misses), "%lld", (long long)s->cfg->heartbeat_misses);
+    /* Live: a heartbeat within `misses` intervals. */
+    PGresult *r =
+        PQexecParams(s->db,
+                     "SELECT id, templates ? $1, vcpu_total, vcpu_used, sandboxes_running,"
+                     " (extract(epoch from last_heartbeat_at) * 1000000)::bigint"
+                     " FROM workers WHERE state = 'up' AND last_heartbeat_at >"
+                     " now() - interval_ms * $2::int * interval '1 millisecond' ORDER BY id",
+                     2, NULL, params, NULL, NULL, 0);
+    int rc = sp_db_check(r, PGRES_TUPLES_OK);
+    if (rc < 0) {
+        PQclear(r);
+        return rc;
+    }
+    int best = -1, with_template = 0;
+    uint32_t best_load = UINT32_MAX;
+    for (int i = 0; i < PQntuples(r); i++) {
+        if (strcmp(PQgetvalue(r, i, 1), "t") != 0)
+            continue;
+        with_template++;
+        uint32_t total = (uint32_t)strtoul(PQgetvalue(r, i, 2), NULL, 10);
+        uint32_t used = (uint32_t)strtoul(PQgetvalue(r, i, 3), NULL, 10);
+        uint32_t running = (uint32_t)strtoul(PQgetvalue(r, i, 4), NULL, 10);
+        int64_t hb = strtoll(PQgetvalue(r, i, 5), NULL, 10);
+        sched_recent_t *rec = recent_for(s, PQgetvalue(r, i, 0), hb);
+        /* vCPUs are overcommitted (sandboxes idle most of the time): refuse only a request
+         * larger than the whole worker. */
+        if (vcpu > total)
+            continue;
+        uint32_t load = running + rec->placed;
+        (void)used;
+        if (load < best_load) {
+            best_load = load;
+            best = i;
+        }
+    }
+    if (best >= 0) {
+        snprintf(worker, 65, "%s", PQgetvalue(r, best, 0));
+        recent_for(s, worker, strtoll(PQgetvalue(r, best, 5), NULL, 10))->placed++;
+        *ret_pick = PICK_OK;
+    } else if (PQntuples(r) == 0) {
+        *ret_pick = PICK_NO_WORKER;
+    } else {
+        *ret_pick = with_template ? PICK_NO_CAPACITY : PICK_NO_TEMPLATE;
+    }
+    PQclear(r);
+    return 0;
+}
+
+static int reject(sched_t *s, const sp_envelope_t *intent, const char *reason, const char *detail)
+{
+    sp_envelope_t env;
+    Space__V1__Aggregate agg;
+    Space__V1__SandboxRequestRejected rej = SPACE__V1__SANDBOX_REQUEST_REJECTED__INIT;
+    char id[37], msg_id[64];
+
+    sp_envelope_answer(&env, &agg, intent, "svc:scheduler");
+    rej.request_type = intent->type;
+    rej.reason = (char *)reason;
+    rej.detail = (char *)detail;
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_REQUEST_REJECTED;
+    env.sandbox_request_rejected = &rej;
+    snprintf(msg_id, sizeof(msg_id), "rejected:%s", intent->event_id);
+    int rc = sp_publish_event(s->bus, &env, id, NULL, msg_id, NULL);
+    sp_log(SP_LOG_INFO, "create refused", SP_KS("sandbox", intent->aggregate->id),
+           SP_KS("reason", reason), SP_KS("corr", intent->correlation_id));
+    return rc;
+}
+
+static int place(sched_t *s, const sp_envelope_t *intent)
+{
+    const Space__V1__SandboxCreateRequested *req = intent->sandbox_create_requested;
+    char worker[65] = "", owner[65];
+    sp_sbx_state_t state;
+    pick_t pick;
+    int rc;
+
+    if ((rc = sandbox_state(s, intent->aggregate->id, &state, owner, sizeof(owner))) < 0)
+        return rc;
+    if (state != SP_SBX_NONE && state != SP_SBX_REQUESTED)
+        return 0; /* placed or refused before (a redelivery) */
+    uint32_t vcpu = req->resources && req->resources->vcpu ? req->resources->vcpu : 1;
+    if ((rc = pick_worker(s, req->template_, vcpu, worker, &pick)) < 0)
+        return rc;
+    switch (pick) {
+    case PICK_NO_WORKER:
+        return reject(s, intent, "no_capacity", "no worker is up");
+    case PICK_NO_TEMPLATE:
+        return reject(s, intent, "unknown_template", "no live worker has this template");
+    case PICK_NO_CAPACITY:
+        return reject(s, intent, "no_capacity", "no worker can fit the requested resources");
+    case PICK_OK:
+        break;
+    }
+
+    sp_envelope_t env;
+    Space__V1__Aggregate agg;
+    Space__V1__SandboxPlaced placed = SPACE__V1__SANDBOX_PLACED__INIT;
+    char id[37], msg_id[64];
+    sp_envelope_answer(&env, &agg, intent, "svc:scheduler");
+    placed.worker = worker;
+    placed.scheduler = s->cfg->name;
+    placed.request = (Space__V1__SandboxCreateRequested *)req;
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED;
+    env.sandbox_placed = &placed;
+    snprintf(msg_id, sizeof(msg_id), "placed:%s", intent->event_id);
+    if ((rc = sp_publish_event(s->bus, &env, id, worker, msg_id, NULL)) < 0)
+        return rc;
+    sp_log(SP_LOG_INFO, "placed", SP_KS("sandbox", intent->aggregate->id), SP_KS("worker", worker),
+           SP_KS("corr", intent->correlation_id));
+    return 0;
+}
+
+/* A delete of a sandbox no worker owns: the scheduler is the owner of unplaced intents. */
+static int delete_unplaced(sched_t *s, const sp_envelope_t *intent)
+{
+    char owner[65], id[37], msg_id[64];
+    sp_sbx_state_t state;
+    int rc = sandbox_state(s, intent->aggregate->id, &state, owner, sizeof(owner));
+    if (rc < 0)
+        return rc;
+    if (state == SP_SBX_NONE || state == SP_SBX_DELETED)
+        return 0;
+    if (owner[0]) {
+        /* Placed meanwhile: hand the same request to its owner (the event log sees identical
+         * bytes twice and stores them once). */
+        snprintf(msg_id, sizeof(msg_id), "forward:%s", intent->event_id);
+        char subject[256];
+        uint8_t *buf = NULL;
+        size_t len = 0;
+        if ((rc = sp_envelope_subject(intent, owner, subject, sizeof(subject))) < 0 ||
+            (rc = sp_envelope_encode(intent, &buf, &len)) < 0)
+            return rc;
+        rc = sp_bus_publish(s->bus, subject, buf, len, msg_id, NULL, NULL);
+        free(buf);
+        return rc;
+    }
+    sp_envelope_t env;
+    Space__V1__Aggregate agg;
+    Space__V1__SandboxDeleted del = SPACE__V1__SANDBOX_DELETED__INIT;
+    sp_envelope_answer(&env, &agg, intent, "svc:scheduler");
+    del.reason = intent->sandbox_delete_requested->reason;
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETED;
+    env.sandbox_deleted = &del;
+    snprintf(msg_id, sizeof(msg_id), "deleted:%s", intent->event_id);
+    return sp_publish_event(s->bus, &env, id, NULL, msg_id, NULL);
+}
+
+int sched_handle(sched_t *s, const sp_bus_msg_t *m)
+{
+    sp_envelope_t *env = NULL;
+    char reason[SP_REASON_MAX];
+    int rc = 0;
+
+    if (sp_envelope_decode(m->data, m->len, &env, reason) < 0 ||
+        sp_envelope_check_subject(env, m->subject, reason) < 0) {
+        sp_log(SP_LOG_WARN, "ignoring invalid event", SP_KU("seq", m->stream_seq),
+               SP_KS("reason", reason));
+        sp_envelope_free(env);
+        return 0;
+    }
+    switch (env->payload_case) {
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED:
+        rc = place(s, env);
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED:
+        rc = delete_unplaced(s, env);
+        break;
+    default:
+        break; /* our own answers and other facts on "_": nothing to do */
+    }
+    if (rc < 0)
+        sp_log(SP_LOG_WARN, "will retry", SP_KS("sandbox", env->aggregate->id),
+               SP_KS("type", env->type), SP_KS("error", sp_strerror(rc)),
+               SP_KS("corr", env->correlation_id));
+    sp_envelope_free(env);
+    return rc;
+}
