@@ -105,12 +105,12 @@ int sp_eventgen_sandbox(sp_event_type_t type, const char *tenant, const char *sa
     return finish(&env, worker, out);
 }
 
-int sp_eventgen_heartbeat(const char *worker, uint32_t running, sp_eventgen_msg_t *out)
+int sp_eventgen_heartbeat(const char *worker, const char *const *templates, size_t n_templates,
+                          uint32_t running, uint32_t interval_ms, sp_eventgen_msg_t *out)
 {
     sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
     Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
     Space__V1__WorkerHeartbeat hb = SPACE__V1__WORKER_HEARTBEAT__INIT;
-    char *templates[] = {"base", "tiny"};
     char *runtimes[] = {"gvisor"};
 
     memset(out, 0, sizeof(*out));
@@ -123,11 +123,11 @@ int sp_eventgen_heartbeat(const char *worker, uint32_t running, sp_eventgen_msg_
     hb.vcpu_total = 2;
     hb.memory_mb_total = 24576;
     hb.sandboxes_running = running;
-    hb.templates = templates;
-    hb.n_templates = 2;
+    hb.templates = (char **)templates;
+    hb.n_templates = n_templates;
     hb.runtimes = runtimes;
     hb.n_runtimes = 1;
-    hb.interval_ms = 1000;
+    hb.interval_ms = interval_ms;
     hb.version = "0.1.0";
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_WORKER_HEARTBEAT;
     env.worker_heartbeat = &hb;

@@ -20,7 +20,9 @@ typedef struct {
  * resuming and the subject's worker token (NULL: "_"). Returns 0 or a negative error. */
 int sp_eventgen_sandbox(sp_event_type_t type, const char *tenant, const char *sandbox,
                         const char *worker, sp_eventgen_msg_t *out);
-int sp_eventgen_heartbeat(const char *worker, uint32_t running, sp_eventgen_msg_t *out);
+/* A heartbeat of a worker with these templates, sandboxes_running and interval. */
+int sp_eventgen_heartbeat(const char *worker, const char *const *templates, size_t n_templates,
+                          uint32_t running, uint32_t interval_ms, sp_eventgen_msg_t *out);
 void sp_eventgen_msg_dispose(sp_eventgen_msg_t *m);
 
 /* The five events of a short life: create, placed, started, paused, deleted. */
