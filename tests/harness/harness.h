@@ -29,4 +29,24 @@ void sp_test_daemon_kill9(const char *name);
  * NULL) and returns its exit status. */
 int sp_test_replay(const char *args, char *out, size_t outlen);
 
+/* A minimal HTTP/1.1 client for tests: one request per connection (Connection: close) to
+ * 127.0.0.1:port, body de-chunked. */
+typedef struct {
+    int status;
+    char *headers; /* raw header block, heap */
+    char *body;    /* heap, NUL-terminated */
+    size_t body_len;
+} sp_test_http_resp_t;
+
+/* Sends method path with optional bearer key and body (JSON); returns 0 or fails the test
+ * when the exchange itself fails. extra_headers: "Name: value\r\n..." or NULL. */
+int sp_test_http(int port, const char *method, const char *path, const char *key,
+                 const char *extra_headers, const char *body, size_t body_len,
+                 sp_test_http_resp_t *ret);
+void sp_test_http_free(sp_test_http_resp_t *r);
+/* The value of header name in r (case-insensitive), copied into out; 0 if found. */
+int sp_test_http_header(const sp_test_http_resp_t *r, const char *name, char *out, size_t len);
+/* The port of SPACE_API_URL (http://127.0.0.1:PORT). */
+int sp_test_api_port(void);
+
 #endif
