@@ -224,12 +224,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     int r = sp_json_parse(text, len, &lim, &doc, err);
     if (r < 0) {
-        size_t off = SIZE_MAX;
-        int used = 0;
+        char *end = NULL;
         if ((r != -EINVAL && r != SP_ETOOBIG) || doc)
             abort();
-        if (sscanf(err, "offset %zu: %n", &off, &used) != 1 || used == 0 || off > len ||
-            err[used] == '\0' || strlen(err) >= SP_JSON_ERR_MAX)
+        /* "offset N: reason" */
+        if (strncmp(err, "offset ", 7) != 0 || err[7] < '0' || err[7] > '9')
+            abort();
+        unsigned long long off = strtoull(err + 7, &end, 10);
+        if (off > len || strncmp(end, ": ", 2) != 0 || end[2] == '\0' ||
+            strlen(err) >= SP_JSON_ERR_MAX)
             abort();
         return 0;
     }
