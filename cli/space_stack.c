@@ -673,6 +673,39 @@ static int purge(const sp_stack_t *st)
     return 0;
 }
 
+/* Runs `space-worker --teardown` on the stack's worker state, if there is one. */
+static int worker_teardown(const sp_stack_t *st)
+{
+    char *state = sp_xasprintf("%s/worker", st->home);
+    char *dir = sp_stack_bin_dir(st->cfg), *prog = sp_xasprintf("%s/space-worker", dir);
+    char *log = sp_xasprintf("%s/space-worker-teardown.log", st->log_dir);
+    char *argv[] = {"space-worker", "--teardown", "--state-dir", state, NULL};
+    struct stat sb;
+    pid_t pid;
+    int r = 0, status = 0;
+
+    if (stat(state, &sb) == 0 && access(prog, X_OK) == 0) {
+        sp_proc_spec_t spec = {.path = prog,
+                               .argv = argv,
+                               .envp = environ,
+                               .cwd = st->home,
+                               .log_path = log,
+                               .detach = false};
+        if (sp_proc_spawn(&spec, &pid) < 0 || sp_proc_wait_exit(pid, 120000, &status) < 0 ||
+            !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            sp__stack_fail_log("space-worker --teardown failed", log);
+            r = -1;
+        } else {
+            printf("%-*s released its sandboxes and volume\n", SP_STACK_PART_WIDTH, "space-worker");
+        }
+    }
+    free(state);
+    free(dir);
+    free(prog);
+    free(log);
+    return r;
+}
+
 int sp_stack_down(const sp_stack_config_t *cfg, bool purge_home)
 {
     int r = SP_STACK_EXIT_OK, lock = -1, exists;
@@ -706,6 +739,14 @@ int sp_stack_down(const sp_stack_config_t *cfg, bool purge_home)
     if (r != SP_STACK_EXIT_OK) {
         fprintf(stderr, "space down: something is still running%s\n",
                 purge_home ? "; not deleting anything" : "");
+        goto out;
+    }
+    /* Sandboxes outlive a stopped worker (the next one adopts them); a purge must release
+     * them and the worker's volume mount before anything can be deleted. */
+    if (purge_home && worker_teardown(&st) < 0) {
+        fprintf(stderr, "space down: the worker's sandboxes could not all be released; "
+                        "not deleting anything\n");
+        r = SP_STACK_EXIT_FAIL;
         goto out;
     }
     printf("space down: everything under %s is stopped\n", st.home);

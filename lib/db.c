@@ -75,22 +75,21 @@ int sp_db_migrate(PGconn *conn)
     int rc;
     int current = 0;
 
-    rc = sp_db_exec(conn, "CREATE TABLE IF NOT EXISTS schema_migrations ("
-                          " version integer PRIMARY KEY, name text NOT NULL,"
-                          " applied_at timestamptz NOT NULL DEFAULT now())");
-    if (rc < 0)
+    /* One transaction under an advisory lock: daemons starting together would otherwise race
+     * even on CREATE TABLE IF NOT EXISTS (a unique violation in pg_type). */
+    if ((rc = sp_db_exec(conn, "BEGIN")) < 0)
         return rc;
+    if ((rc = sp_db_exec(conn, "SELECT pg_advisory_xact_lock(" MIGRATION_LOCK_KEY ")")) < 0 ||
+        (rc = sp_db_exec(conn, "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                               " version integer PRIMARY KEY, name text NOT NULL,"
+                               " applied_at timestamptz NOT NULL DEFAULT now())")) < 0)
+        goto fail;
     for (size_t i = 0; i < sp_db_n_migrations; i++) {
         const sp_db_migration_t *m = &sp_db_migrations[i];
         char vbuf[16];
         const char *params[2] = {vbuf, m->name};
         snprintf(vbuf, sizeof(vbuf), "%d", m->version);
 
-        if ((rc = sp_db_exec(conn, "BEGIN")) < 0)
-            return rc;
-        /* Serialise concurrent starters; the lock ends with the transaction. */
-        if ((rc = sp_db_exec(conn, "SELECT pg_advisory_xact_lock(" MIGRATION_LOCK_KEY ")")) < 0)
-            goto fail;
         PGresult *res = PQexecParams(conn, "SELECT 1 FROM schema_migrations WHERE version = $1", 1,
                                      NULL, params, NULL, NULL, 0);
         if ((rc = sp_db_check(res, PGRES_TUPLES_OK)) < 0) {
@@ -110,10 +109,10 @@ int sp_db_migrate(PGconn *conn)
             if (rc < 0)
                 goto fail;
         }
-        if ((rc = sp_db_exec(conn, "COMMIT")) < 0)
-            return rc;
         current = m->version;
     }
+    if ((rc = sp_db_exec(conn, "COMMIT")) < 0)
+        return rc;
     return current;
 fail:
     sp_db_exec(conn, "ROLLBACK");

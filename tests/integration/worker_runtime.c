@@ -1,0 +1,659 @@
+/* The worker runtime on this host, for real: runsc (gVisor, ptrace), btrfs on a sparse loop
+ * image, network namespaces and veths. Three sandboxes are created at once from the "tiny"
+ * template, checked for isolation, destroyed, and the host is checked for leftovers.
+ *
+ * Needs root (skipped otherwise). The CTest fixture's NATS/PostgreSQL stack is not used.
+ * Everything lives in a temp dir under /tmp; the group teardown destroys every sandbox this
+ * test may have made, unmounts the image and removes the dir even when a test failed midway.
+ *
+ * Latency: SPACE_WK_BENCH=N runs N extra create/destroy rounds (default 10) and prints
+ * medians; with SPACE_WK_DEBUG=1 the runtime's debug lines give the per-step breakdown.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <spawn.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <btrfsutil.h>
+#include <cmocka.h>
+
+#include "error.h"
+#include "hash.h"
+#include "ids.h"
+#include "log.h"
+#include "worker_runtime.h"
+
+#define N_PAR       3
+#define BENCH_MAX   50
+#define WORKER_ID   "it-worker-runtime"
+#define NET_PREFIX  "10.213"
+#define MEMORY_MB   256
+#define IMAGE_BYTES (2ull << 30)
+
+extern char **environ;
+
+static char tmpdir[64];
+static char state_dir[128], vol_dir[128];
+static char tag[9];
+static wk_host_t *host;
+static char ids[N_PAR][SP_SANDBOX_ID_LEN + 1];
+static char bench_ids[BENCH_MAX][SP_SANDBOX_ID_LEN + 1];
+static char bad_id[SP_SANDBOX_ID_LEN + 1];
+static char base_id[SP_SANDBOX_ID_LEN + 1];
+static int not_root;
+
+/* Skips without root; fails when the host did not open (the reason is on stderr). */
+#define NEED_HOST()                                                                                \
+    do {                                                                                           \
+        if (not_root)                                                                              \
+            skip();                                                                                \
+        if (!host)                                                                                 \
+            fail_msg("host did not open (see stderr)");                                            \
+    } while (0)
+
+static int64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)ftw;
+    return flag == FTW_DP ? rmdir(path) : unlink(path);
+}
+
+/* Names in dir starting with prefix (dot entries skipped), space-separated into out;
+ * returns how many. A missing dir has none. */
+static int entries(const char *dir, const char *prefix, char *out, size_t len)
+{
+    if (out && len)
+        out[0] = '\0';
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.' || strncmp(de->d_name, prefix, strlen(prefix)) != 0)
+            continue;
+        n++;
+        size_t used = out ? strlen(out) : 0;
+        if (out && used + strlen(de->d_name) + 2 < len)
+            snprintf(out + used, len - used, "%s ", de->d_name);
+    }
+    closedir(d);
+    return n;
+}
+
+/* Sandbox cgroup directories under every controller's space-<tag>. */
+static int cgroup_dirs(char *out, size_t len)
+{
+    char names[4096];
+    int n = 0;
+    out[0] = '\0';
+    entries("/sys/fs/cgroup", "", names, sizeof(names));
+    for (char *save = NULL, *c = strtok_r(names, " ", &save); c; c = strtok_r(NULL, " ", &save)) {
+        char dir[256], sub[1024];
+        snprintf(dir, sizeof(dir), "/sys/fs/cgroup/%s/space-%s", c, tag);
+        DIR *d = opendir(dir);
+        if (!d)
+            continue;
+        struct dirent *de;
+        while ((de = readdir(d))) {
+            if (de->d_type != DT_DIR || de->d_name[0] == '.')
+                continue;
+            n++;
+            size_t used = strlen(out);
+            snprintf(sub, sizeof(sub), "%s/%s ", dir, de->d_name);
+            if (used + strlen(sub) + 1 < len)
+                snprintf(out + used, len - used, "%s", sub);
+        }
+        closedir(d);
+    }
+    return n;
+}
+
+/* Runs argv on the host and captures stdout+stderr; returns the exit status. */
+static int host_run(const char *const *argv, char *out, size_t len)
+{
+    int p[2];
+    out[0] = '\0';
+    if (pipe(p) < 0)
+        return -1;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, p[1], 2);
+    posix_spawn_file_actions_addclose(&fa, p[0]);
+    pid_t pid;
+    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, (char *const *)argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(p[1]);
+    size_t got = 0;
+    ssize_t r;
+    while ((r = read(p[0], out + got, len - 1 - got)) > 0 && got + (size_t)r < len - 1)
+        got += (size_t)r;
+    if (r > 0)
+        got += (size_t)r;
+    out[got] = '\0';
+    close(p[0]);
+    if (rc != 0)
+        return -1;
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The loop device behind our image, if one is still attached: its name into out. */
+static int loop_left(char *out, size_t len)
+{
+    char names[4096];
+    int n = 0;
+    out[0] = '\0';
+    entries("/sys/block", "loop", names, sizeof(names));
+    for (char *save = NULL, *l = strtok_r(names, " ", &save); l; l = strtok_r(NULL, " ", &save)) {
+        char path[256], back[512] = "";
+        snprintf(path, sizeof(path), "/sys/block/%s/loop/backing_file", l);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        if (fgets(back, sizeof(back), f) && strncmp(back, tmpdir, strlen(tmpdir)) == 0) {
+            n++;
+            snprintf(out, len, "%s", l);
+        }
+        fclose(f);
+    }
+    return n;
+}
+
+static int run(const char *id, char *out, size_t len, const char *arg0, ...)
+{
+    const char *argv[16];
+    size_t n = 0;
+    va_list ap;
+    va_start(ap, arg0);
+    for (const char *a = arg0; a && n < 15; a = va_arg(ap, const char *))
+        argv[n++] = a;
+    va_end(ap);
+    argv[n] = NULL;
+    int ex = -1;
+    int rc = wk_sandbox_exec(host, id, argv, out, len, &ex);
+    if (rc < 0)
+        fail_msg("exec %s in %s: rc=%d out=%s", arg0, id, rc, out);
+    return ex;
+}
+
+static void usage_is(size_t want)
+{
+    wk_host_usage_t u;
+    assert_int_equal(wk_host_usage(host, &u), 0);
+    if (u.containers != want || u.subvolumes != want || u.netns != want || u.veths != want ||
+        u.cgroups != want)
+        fail_msg("usage containers=%zu subvolumes=%zu netns=%zu veths=%zu cgroups=%zu, want %zu",
+                 u.containers, u.subvolumes, u.netns, u.veths, u.cgroups, want);
+}
+
+/* ---- fixture ---- */
+
+static int open_host(char err[WK_ERR_MAX])
+{
+    wk_host_config_t cfg = {.worker_id = WORKER_ID,
+                            .state_dir = state_dir,
+                            .volume_dir = vol_dir,
+                            .image_bytes = IMAGE_BYTES,
+                            .runsc = "runsc",
+                            .runsc_platform = "ptrace",
+                            .net_prefix = NET_PREFIX};
+    return wk_host_open(&cfg, &host, err);
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) {
+        fprintf(stderr, "worker_runtime: not root, skipping\n");
+        not_root = 1;
+        return 0;
+    }
+    if (getenv("SPACE_WK_DEBUG"))
+        sp_log_init("it_worker_runtime", SP_LOG_DEBUG, SP_LOG_KV);
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/space-wk-XXXXXX");
+    if (!mkdtemp(tmpdir) || chmod(tmpdir, 0755) < 0) {
+        fprintf(stderr, "mkdtemp: %s\n", strerror(errno));
+        return -1;
+    }
+    snprintf(state_dir, sizeof(state_dir), "%s/state", tmpdir);
+    snprintf(vol_dir, sizeof(vol_dir), "%s/vol", tmpdir);
+    uint8_t d[SP_SHA256_LEN];
+    char hex[SP_SHA256_HEX_LEN + 1];
+    sp_sha256(WORKER_ID, strlen(WORKER_ID), d);
+    sp_hex_encode(d, SP_SHA256_LEN, hex);
+    memcpy(tag, hex, 8);
+    tag[8] = '\0';
+
+    char err[WK_ERR_MAX] = "";
+    int rc = open_host(err);
+    if (rc < 0) {
+        fprintf(stderr, "wk_host_open: %d %s\n", rc, err);
+        host = NULL;
+    }
+    return 0; /* the tests fail on !host; teardown still cleans up */
+}
+
+static void destroy_quiet(const char *id)
+{
+    char err[WK_ERR_MAX];
+    if (id[0] && wk_sandbox_destroy(host, id, err) < 0)
+        fprintf(stderr, "teardown: destroy %s: %s\n", id, err);
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    if (!tmpdir[0])
+        return 0;
+    if (host) {
+        for (int i = 0; i < N_PAR; i++)
+            destroy_quiet(ids[i]);
+        for (int i = 0; i < BENCH_MAX; i++)
+            destroy_quiet(bench_ids[i]);
+        destroy_quiet(bad_id);
+        destroy_quiet(base_id);
+        wk_host_close(host);
+        host = NULL;
+    }
+    /* The image mount (its loop device goes with it: autoclear). */
+    for (int i = 0; i < 50; i++) {
+        if (umount2(vol_dir, 0) == 0 || errno == EINVAL || errno == ENOENT)
+            break;
+        usleep(100 * 1000);
+    }
+    /* The per-worker cgroup parents runsc made (empty once the sandboxes are gone). */
+    char names[4096], left[256];
+    entries("/sys/fs/cgroup", "", names, sizeof(names));
+    for (char *save = NULL, *c = strtok_r(names, " ", &save); c; c = strtok_r(NULL, " ", &save)) {
+        char dir[256];
+        snprintf(dir, sizeof(dir), "/sys/fs/cgroup/%s/space-%s", c, tag);
+        (void)rmdir(dir);
+    }
+    if (nftw(tmpdir, rm_one, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0)
+        fprintf(stderr, "teardown: cannot remove %s: %s\n", tmpdir, strerror(errno));
+    if (loop_left(left, sizeof(left)))
+        fprintf(stderr, "teardown: loop device left: %s\n", left);
+    return 0;
+}
+
+/* ---- tests ---- */
+
+static void test_template_tiny(void **state)
+{
+    (void)state;
+    NEED_HOST();
+    char err[WK_ERR_MAX] = "";
+    int64_t t0 = mono_us();
+    int rc = wk_template_ensure(host, "tiny", err);
+    if (rc < 0)
+        fail_msg("ensure tiny: %d %s", rc, err);
+    fprintf(stderr, "tiny template built in %.1f ms\n", (double)(mono_us() - t0) / 1000.0);
+    assert_int_equal(wk_template_ensure(host, "tiny", err), 0); /* ready: no rebuild */
+
+    char **names = NULL;
+    size_t n = 0;
+    assert_int_equal(wk_template_list(host, &names, &n), 0);
+    int found = 0;
+    for (size_t i = 0; i < n; i++)
+        found |= strcmp(names[i], "tiny") == 0;
+    wk_strv_free(names, n);
+    assert_true(found);
+
+    assert_true(wk_template_ensure(host, "nosuch", err) < 0);
+    assert_true(err[0] != '\0');
+    assert_true(wk_template_ensure(host, "../etc", err) < 0);
+
+    /* Opening again over the mounted volume (a worker restart) is fine. */
+    wk_host_close(host);
+    host = NULL;
+    assert_int_equal(open_host(err), 0);
+    assert_int_equal(wk_template_ensure(host, "tiny", err), 0);
+}
+
+typedef struct {
+    const char *id;
+    wk_sandbox_info_t info;
+    char err[WK_ERR_MAX];
+    int rc;
+} create_job_t;
+
+static void *create_thread(void *arg)
+{
+    create_job_t *j = arg;
+    wk_sandbox_spec_t spec = {.id = j->id, .template_ = "tiny", .vcpu = 1, .memory_mb = MEMORY_MB};
+    j->rc = wk_sandbox_create(host, &spec, &j->info, j->err);
+    return NULL;
+}
+
+static create_job_t jobs[N_PAR];
+
+static void test_create_parallel(void **state)
+{
+    (void)state;
+    NEED_HOST();
+    pthread_t t[N_PAR];
+    for (int i = 0; i < N_PAR; i++) {
+        sp_sandbox_id_new(ids[i]);
+        jobs[i].id = ids[i];
+    }
+    for (int i = 0; i < N_PAR; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, create_thread, &jobs[i]), 0);
+    for (int i = 0; i < N_PAR; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < N_PAR; i++) {
+        if (jobs[i].rc < 0)
+            fail_msg("create %s: %d %s", ids[i], jobs[i].rc, jobs[i].err);
+        fprintf(stderr, "created %s address=%s create_ms=%u (3 at once)\n", ids[i],
+                jobs[i].info.address, jobs[i].info.create_ms);
+        assert_true(strncmp(jobs[i].info.address, NET_PREFIX ".", strlen(NET_PREFIX) + 1) == 0);
+        for (int k = 0; k < i; k++)
+            assert_string_not_equal(jobs[i].info.address, jobs[k].info.address);
+    }
+    usage_is(N_PAR);
+
+    wk_host_sandbox_t *list = NULL;
+    size_t n = 0;
+    assert_int_equal(wk_host_scan(host, &list, &n), 0);
+    assert_int_equal(n, N_PAR);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(list[i].state, WK_RUNNING);
+    free(list);
+
+    /* A second create of a live id fails and must not harm the first. */
+    char err[WK_ERR_MAX] = "";
+    wk_sandbox_spec_t spec = {.id = ids[0], .template_ = "tiny"};
+    assert_int_equal(wk_sandbox_create(host, &spec, NULL, err), -EEXIST);
+    char out[256];
+    assert_int_equal(run(ids[0], out, sizeof(out), "echo", "still", NULL), 0);
+    assert_string_equal(out, "still\n");
+    usage_is(N_PAR);
+}
+
+static void test_exec_isolation(void **state)
+{
+    (void)state;
+    NEED_HOST();
+    if (!ids[N_PAR - 1][0])
+        fail_msg("no sandboxes");
+    char out[8192], want[128];
+    for (int i = 0; i < N_PAR; i++) {
+        assert_int_equal(run(ids[i], out, sizeof(out), "echo", "hi", NULL), 0);
+        assert_string_equal(out, "hi\n");
+
+        /* hostname is the id */
+        assert_int_equal(run(ids[i], out, sizeof(out), "hostname", NULL), 0);
+        snprintf(want, sizeof(want), "%s\n", ids[i]);
+        assert_string_equal(out, want);
+
+        /* its own address on eth0, default route via .1 */
+        assert_int_equal(run(ids[i], out, sizeof(out), "ip", "-4", "addr", "show", "eth0", NULL),
+                         0);
+        snprintf(want, sizeof(want), "inet %s/30", jobs[i].info.address);
+        if (!strstr(out, want))
+            fail_msg("%s: no %s in: %s", ids[i], want, out);
+        assert_int_equal(run(ids[i], out, sizeof(out), "ip", "route", NULL), 0);
+        if (!strstr(out, "default via " NET_PREFIX "."))
+            fail_msg("%s: no default route in: %s", ids[i], out);
+
+        /* ps sees only the sandbox: init, its sleep, ps itself */
+        assert_int_equal(run(ids[i], out, sizeof(out), "ps", NULL), 0);
+        int lines = 0;
+        for (const char *p = out; *p; p++)
+            lines += *p == '\n';
+        if (lines > 6 || strstr(out, "runsc") || strstr(out, "it_worker_runtime") ||
+            strstr(out, "process_api") || !strstr(out, "sleep 3600"))
+            fail_msg("%s: ps shows more than the sandbox:\n%s", ids[i], out);
+
+        /* the memory limit is what the guest kernel reports */
+        assert_int_equal(run(ids[i], out, sizeof(out), "cat", "/proc/meminfo", NULL), 0);
+        const char *m = strstr(out, "MemTotal:");
+        assert_non_null(m);
+        unsigned long kb = strtoul(m + strlen("MemTotal:"), NULL, 10);
+        assert_int_equal(kb, (unsigned long)MEMORY_MB * 1024);
+    }
+
+    /* A file written in one sandbox is in its disk only. */
+    assert_int_equal(run(ids[0], out, sizeof(out), "sh", "-c", "echo secret > /root/marker", NULL),
+                     0);
+    assert_int_equal(run(ids[0], out, sizeof(out), "cat", "/root/marker", NULL), 0);
+    assert_string_equal(out, "secret\n");
+    for (int i = 1; i < N_PAR; i++)
+        assert_int_not_equal(run(ids[i], out, sizeof(out), "cat", "/root/marker", NULL), 0);
+    char path[256];
+    snprintf(path, sizeof(path), "%s/sandboxes/%s/root/marker", vol_dir, ids[0]);
+    assert_int_equal(access(path, F_OK), 0);
+    snprintf(path, sizeof(path), "%s/templates/tiny/root/marker", vol_dir);
+    assert_int_not_equal(access(path, F_OK), 0);
+
+    /* A background process that keeps the output pipe open does not hold exec up. */
+    int64_t t0 = mono_us();
+    assert_int_equal(run(ids[2], out, sizeof(out), "sh", "-c", "sleep 30 & echo bg", NULL), 0);
+    assert_string_equal(out, "bg\n");
+    assert_true(mono_us() - t0 < 10 * 1000000);
+    assert_int_equal(run(ids[2], out, sizeof(out), "sh", "-c", "exit 3", NULL), 3);
+
+    /* Bounded output: a long output is cut, not overflowed. */
+    char small[8];
+    assert_int_equal(run(ids[1], small, sizeof(small), "echo", "0123456789", NULL), 0);
+    assert_string_equal(small, "0123456");
+}
+
+static void no_leftovers(void)
+{
+    usage_is(0);
+    wk_host_sandbox_t *list = NULL;
+    size_t n = 0;
+    assert_int_equal(wk_host_scan(host, &list, &n), 0);
+    free(list);
+    assert_int_equal(n, 0);
+
+    /* And as the host shows it, looked at directly. */
+    char out[4096], root[192];
+    snprintf(root, sizeof(root), "--root=%s/runsc", state_dir);
+    const char *argv[] = {"runsc", root, "list", "-quiet", NULL};
+    assert_int_equal(host_run(argv, out, sizeof(out)), 0);
+    if (out[0])
+        fail_msg("runsc list not empty: %s", out);
+    char prefix[32];
+    snprintf(prefix, sizeof(prefix), "sp-%s-", tag);
+    if (entries("/run/netns", prefix, out, sizeof(out)))
+        fail_msg("netns left: %s", out);
+    snprintf(prefix, sizeof(prefix), "spv%.4s", tag);
+    if (entries("/sys/class/net", prefix, out, sizeof(out)))
+        fail_msg("veth left: %s", out);
+    if (cgroup_dirs(out, sizeof(out)))
+        fail_msg("cgroup dirs left: %s", out);
+    char dir[256];
+    snprintf(dir, sizeof(dir), "%s/bundles", state_dir);
+    if (entries(dir, "", out, sizeof(out)))
+        fail_msg("bundles left: %s", out);
+    snprintf(dir, sizeof(dir), "%s/sandboxes", vol_dir);
+    if (entries(dir, "", out, sizeof(out)))
+        fail_msg("disks left: %s", out);
+}
+
+static void test_destroy(void **state)
+{
+    (void)state;
+    NEED_HOST();
+    char err[WK_ERR_MAX] = "";
+    for (int i = 0; i < N_PAR; i++) {
+        if (!ids[i][0])
+            continue;
+        int64_t t0 = mono_us();
+        int rc = wk_sandbox_destroy(host, ids[i], err);
+        if (rc < 0)
+            fail_msg("destroy %s: %d %s", ids[i], rc, err);
+        fprintf(stderr, "destroyed %s in %.1f ms\n", ids[i], (double)(mono_us() - t0) / 1000.0);
+        assert_int_equal(wk_sandbox_destroy(host, ids[i], err), 0); /* twice is fine */
+    }
+    no_leftovers();
+    char out[64];
+    const char *argv[] = {"echo", "x", NULL};
+    int ex;
+    assert_int_equal(wk_sandbox_exec(host, ids[0], argv, out, sizeof(out), &ex), SP_ENOTFOUND);
+    assert_int_equal(wk_sandbox_destroy(host, "never-created", err), 0);
+}
+
+static void test_unknown_template(void **state)
+{
+    (void)state;
+    NEED_HOST();
+    char err[WK_ERR_MAX] = "";
+    sp_sandbox_id_new(bad_id);
+    wk_sandbox_spec_t spec = {.id = bad_id, .template_ = "nosuch"};
+    wk_sandbox_info_t info;
+    int rc = wk_sandbox_create(host, &spec, &info, err);
+    assert_true(rc < 0);
+    assert_true(err[0] != '\0');
+    fprintf(stderr, "unknown template: %d %s\n", rc, err);
+    spec.id = "../x";
+    spec.template_ = "tiny";
+    assert_int_equal(wk_sandbox_create(host, &spec, &info, err), -EINVAL);
+    no_leftovers();
+}
+
+/* A create that fails after runsc made its cgroups (the template has no /bin/sh, so the init
+ * cannot start) must leave nothing behind either (runtime-notes.md: a failed create leaves
+ * cgroup v1 directories). */
+static void test_failed_start(void **state)
+{
+    (void)state;
+    NEED_HOST();
+    char build[256], tmpl[256], err[WK_ERR_MAX] = "";
+    snprintf(build, sizeof(build), "%s/templates/.build-empty", vol_dir);
+    snprintf(tmpl, sizeof(tmpl), "%s/templates/empty", vol_dir);
+    assert_int_equal(btrfs_util_create_subvolume(build, 0, NULL, NULL), BTRFS_UTIL_OK);
+    assert_int_equal(
+        btrfs_util_create_snapshot(build, tmpl, BTRFS_UTIL_CREATE_SNAPSHOT_READ_ONLY, NULL, NULL),
+        BTRFS_UTIL_OK);
+    assert_int_equal(btrfs_util_delete_subvolume(build, 0), BTRFS_UTIL_OK);
+
+    sp_sandbox_id_new(bad_id);
+    wk_sandbox_spec_t spec = {.id = bad_id, .template_ = "empty"};
+    int rc = wk_sandbox_create(host, &spec, NULL, err);
+    fprintf(stderr, "template without /bin/sh: %d %s\n", rc, err);
+    assert_true(rc < 0);
+    assert_true(err[0] != '\0');
+    no_leftovers();
+    assert_int_equal(btrfs_util_delete_subvolume(tmpl, 0), BTRFS_UTIL_OK);
+}
+
+/* Opt-in (SPACE_WK_BASE=1; minutes, needs the Debian mirror): builds "base" and checks that
+ * GNU coreutils work under runsc (the statx shim), python3 runs and user exists. */
+static void test_base_template(void **state)
+{
+    (void)state;
+    NEED_HOST();
+    if (!getenv("SPACE_WK_BASE"))
+        skip();
+    char err[WK_ERR_MAX] = "", out[8192], path[256];
+    int64_t t0 = mono_us();
+    int rc = wk_template_ensure(host, "base", err);
+    if (rc < 0)
+        fail_msg("ensure base: %d %s", rc, err);
+    snprintf(path, sizeof(path), "%s/templates/base", vol_dir);
+    const char *du[] = {"du", "-sx", "--block-size=1M", path, NULL};
+    host_run(du, out, sizeof(out));
+    fprintf(stderr, "base template: %.1f s, %s", (double)(mono_us() - t0) / 1e6, out);
+
+    sp_sandbox_id_new(base_id);
+    wk_sandbox_spec_t spec = {.id = base_id, .template_ = "base"};
+    wk_sandbox_info_t info;
+    rc = wk_sandbox_create(host, &spec, &info, err);
+    if (rc < 0)
+        fail_msg("create from base: %d %s", rc, err);
+    fprintf(stderr, "base sandbox created in %u ms\n", info.create_ms);
+    if (run(base_id, out, sizeof(out), "ls", "-la", "/home/user", NULL) != 0)
+        fail_msg("ls -la: %s", out);
+    if (run(base_id, out, sizeof(out), "stat", "/etc/passwd", NULL) != 0)
+        fail_msg("stat: %s", out);
+    assert_int_equal(run(base_id, out, sizeof(out), "python3", "-c", "print(6*7)", NULL), 0);
+    assert_string_equal(out, "42\n");
+    assert_int_equal(run(base_id, out, sizeof(out), "id", "-u", "user", NULL), 0);
+    assert_string_equal(out, "1000\n");
+    assert_int_equal(
+        run(base_id, out, sizeof(out), "bash", "-c", "cp -a /etc /tmp/e && echo ok", NULL), 0);
+    assert_string_equal(out, "ok\n");
+    assert_int_equal(wk_sandbox_destroy(host, base_id, err), 0);
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void test_latency(void **state)
+{
+    (void)state;
+    NEED_HOST();
+    const char *e = getenv("SPACE_WK_BENCH");
+    long n = e ? strtol(e, NULL, 10) : 10;
+    if (n <= 0)
+        skip();
+    if (n > BENCH_MAX)
+        n = BENCH_MAX;
+    uint32_t create_ms[BENCH_MAX], first_ms[BENCH_MAX], destroy_ms[BENCH_MAX];
+    char err[WK_ERR_MAX] = "", out[64];
+    for (int i = 0; i < n; i++) {
+        sp_sandbox_id_new(bench_ids[i]);
+        wk_sandbox_spec_t spec = {.id = bench_ids[i], .template_ = "tiny"};
+        wk_sandbox_info_t info;
+        int rc = wk_sandbox_create(host, &spec, &info, err);
+        if (rc < 0)
+            fail_msg("bench create: %d %s", rc, err);
+        create_ms[i] = info.create_ms;
+        int64_t t0 = mono_us();
+        assert_int_equal(run(bench_ids[i], out, sizeof(out), "echo", "hi", NULL), 0);
+        first_ms[i] = (uint32_t)((mono_us() - t0) / 1000);
+        t0 = mono_us();
+        rc = wk_sandbox_destroy(host, bench_ids[i], err);
+        if (rc < 0)
+            fail_msg("bench destroy: %d %s", rc, err);
+        destroy_ms[i] = (uint32_t)((mono_us() - t0) / 1000);
+    }
+    qsort(create_ms, (size_t)n, sizeof(uint32_t), cmp_u32);
+    qsort(first_ms, (size_t)n, sizeof(uint32_t), cmp_u32);
+    qsort(destroy_ms, (size_t)n, sizeof(uint32_t), cmp_u32);
+    fprintf(stderr,
+            "latency over %ld sequential rounds: create median %u ms (min %u, max %u), "
+            "first exec median %u ms, destroy median %u ms (min %u, max %u)\n",
+            n, create_ms[n / 2], create_ms[0], create_ms[n - 1], first_ms[n / 2], destroy_ms[n / 2],
+            destroy_ms[0], destroy_ms[n - 1]);
+    no_leftovers();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_template_tiny),    cmocka_unit_test(test_create_parallel),
+        cmocka_unit_test(test_exec_isolation),   cmocka_unit_test(test_destroy),
+        cmocka_unit_test(test_unknown_template), cmocka_unit_test(test_failed_start),
+        cmocka_unit_test(test_base_template),    cmocka_unit_test(test_latency),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

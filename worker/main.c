@@ -1,0 +1,202 @@
+/* space-worker: one per host, root. Owns its sandboxes (worker_runtime.h does the host work),
+ * consumes its own subjects (worker_events.c), reconciles with the host at start
+ * (worker_reconcile.c) and publishes heartbeats with its capacity. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/sysinfo.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "db.h"
+#include "error.h"
+#include "ids.h"
+#include "log.h"
+#include "worker.h"
+#include "xmalloc.h"
+
+static const sp_cfg_opt_t options[] = {
+    SP_CFG_STR_OPT("id", wk_config_t, id, "worker-1", "this worker's id (unique per host)"),
+    SP_CFG_STR_OPT("nats-url", wk_config_t, nats_url, "nats://127.0.0.1:4222", "NATS URL(s)"),
+    SP_CFG_STR_OPT("pg-url", wk_config_t, pg_url, "postgresql:///space", "PostgreSQL URI"),
+    SP_CFG_STR_OPT("state-dir", wk_config_t, state_dir, "./var/worker",
+                   "runsc root, bundles, the volume image"),
+    SP_CFG_STR_OPT("volume-dir", wk_config_t, volume_dir, NULL,
+                   "btrfs mount for templates and disks (default: <state-dir>/volumes)"),
+    SP_CFG_INT_OPT("image-mb", wk_config_t, image_mb, 256, 16 * 1024 * 1024, "20480",
+                   "size of the sparse btrfs image when volume-dir is not btrfs"),
+    SP_CFG_STR_OPT("runsc", wk_config_t, runsc, "runsc", "runsc program"),
+    SP_CFG_STR_OPT("runsc-platform", wk_config_t, runsc_platform, "ptrace", "ptrace or kvm"),
+    SP_CFG_STR_OPT("net-prefix", wk_config_t, net_prefix, "10.200",
+                   "first two octets of the sandbox address pool (a /16 inside netns only)"),
+    SP_CFG_STR_OPT("templates", wk_config_t, templates, "tiny",
+                   "templates to prepare at start, comma-separated (base takes minutes)"),
+    SP_CFG_INT_OPT("vcpu-total", wk_config_t, vcpu_total, 0, 4096, "0", "0: the host's CPUs"),
+    SP_CFG_INT_OPT("memory-mb-total", wk_config_t, memory_mb_total, 0, 1LL << 32, "0",
+                   "0: the host's memory"),
+    SP_CFG_INT_OPT("heartbeat-ms", wk_config_t, heartbeat_ms, 100, 600000, "2000",
+                   "heartbeat interval"),
+    SP_CFG_INT_OPT("ack-wait-ms", wk_config_t, ack_wait_ms, 5000, 3600000, "120000",
+                   "redelivery of an event this worker died handling"),
+    SP_CFG_INT_OPT("batch-max", wk_config_t, batch_max, 1, 1000, "64", "events per fetch"),
+    SP_CFG_INT_OPT("parallel", wk_config_t, parallel, 1, 256, "16",
+                   "sandboxes created or deleted at once"),
+    SP_CFG_BOOL_OPT("teardown", wk_config_t, teardown, "false",
+                    "destroy every sandbox of this worker, unmount its volume and exit"),
+    SP_CFG_STR_OPT("log-level", wk_config_t, log_level, "info", "debug|info|warn|error"),
+    SP_CFG_STR_OPT("log-format", wk_config_t, log_format, "kv", "kv|json"),
+};
+#define N_OPTIONS (sizeof(options) / sizeof(options[0]))
+
+static volatile int stopping;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stopping = 1;
+}
+
+static void *heartbeat_main(void *arg)
+{
+    wk_t *w = arg;
+    while (!stopping) {
+        int rc = wk_heartbeat(w);
+        if (rc < 0)
+            sp_log(SP_LOG_WARN, "heartbeat failed", SP_KS("error", sp_strerror(rc)));
+        for (int64_t slept = 0; slept < w->cfg->heartbeat_ms && !stopping; slept += 50) {
+            struct timespec ts = {.tv_nsec = 50 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return NULL;
+}
+
+static int prepare_templates(wk_t *w)
+{
+    char *list = sp_xstrdup(w->cfg->templates), *save = NULL;
+    int rc = 0;
+    for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        char err[WK_ERR_MAX] = "";
+        int64_t t0 = sp_mono_ns();
+        if ((rc = wk_template_ensure(w->host, t, err)) < 0) {
+            sp_log(SP_LOG_ERROR, "template not ready", SP_KS("template", t), SP_KS("error", err));
+            break;
+        }
+        sp_log(SP_LOG_INFO, "template ready", SP_KS("template", t),
+               SP_KI("ms", (sp_mono_ns() - t0) / 1000000));
+    }
+    free(list);
+    if (rc < 0)
+        return rc;
+    pthread_mutex_lock(&w->mu);
+    rc = wk_template_list(w->host, &w->templates, &w->n_templates);
+    pthread_mutex_unlock(&w->mu);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    wk_config_t cfg = {0};
+    wk_t w = {.cfg = &cfg};
+    char *err = NULL, *volume_dir = NULL;
+    char herr[WK_ERR_MAX] = "";
+    int argi = 0, code = 1, rc;
+    sp_log_level_t level;
+    sp_log_format_t format;
+    PGconn *db = NULL;
+    pthread_t hb;
+    int hb_started = 0;
+
+    pthread_mutex_init(&w.mu, NULL);
+    if (sp_config_load(options, N_OPTIONS, &cfg, argc, argv, &argi, &err) < 0) {
+        fprintf(stderr, "space-worker: %s\n", err ? err : "bad options");
+        goto out;
+    }
+    if (argi < 0) {
+        code = 0;
+        goto out;
+    }
+    if (argi < argc || sp_log_level_parse(cfg.log_level, &level) < 0 ||
+        sp_log_format_parse(cfg.log_format, &format) < 0 || !sp_id_valid(cfg.id)) {
+        fprintf(stderr, "space-worker: bad arguments (see --help)\n");
+        goto out;
+    }
+    sp_log_init("space-worker", level, format);
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    gethostname(w.hostname, sizeof(w.hostname) - 1);
+    struct sysinfo si;
+    sysinfo(&si);
+    w.vcpu_total = cfg.vcpu_total ? (uint32_t)cfg.vcpu_total : (uint32_t)get_nprocs();
+    w.memory_mb_total = cfg.memory_mb_total ? (uint64_t)cfg.memory_mb_total
+                                            : (uint64_t)si.totalram * si.mem_unit / (1024 * 1024);
+
+    volume_dir =
+        cfg.volume_dir[0] ? sp_xstrdup(cfg.volume_dir) : sp_xasprintf("%s/volumes", cfg.state_dir);
+    wk_host_config_t hc = {
+        .worker_id = cfg.id,
+        .state_dir = cfg.state_dir,
+        .volume_dir = volume_dir,
+        .image_bytes = (uint64_t)cfg.image_mb * 1024 * 1024,
+        .runsc = cfg.runsc,
+        .runsc_platform = cfg.runsc_platform,
+        .net_prefix = cfg.net_prefix,
+    };
+    if ((rc = wk_host_open(&hc, &w.host, herr)) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot prepare the host", SP_KS("error", herr));
+        goto out;
+    }
+    if (cfg.teardown) {
+        /* The worker's own daemon is stopped (space down does that first): nothing races. */
+        if ((rc = wk_host_teardown(w.host, herr)) < 0) {
+            sp_log(SP_LOG_ERROR, "teardown failed", SP_KS("error", herr));
+            goto out;
+        }
+        sp_log(SP_LOG_INFO, "host torn down", SP_KS("state_dir", cfg.state_dir));
+        code = 0;
+        goto out;
+    }
+    if (prepare_templates(&w) < 0)
+        goto out;
+    sp_bus_opts_t bo = {.url = cfg.nats_url, .name = "space-worker", .timeout_ms = 30000};
+    if ((rc = sp_bus_connect(&bo, &w.bus)) < 0 || (rc = sp_bus_ensure_stream(w.bus)) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot reach NATS", SP_KS("error", sp_strerror(rc)));
+        goto out;
+    }
+    if ((rc = sp_db_connect(cfg.pg_url, "space-worker", 30000, &db)) < 0 ||
+        (rc = sp_db_migrate(db)) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot reach PostgreSQL", SP_KS("error", sp_strerror(rc)));
+        goto out;
+    }
+    /* Before the first heartbeat: the scheduler must not place here before we know what we
+     * own. */
+    if ((rc = wk_reconcile(&w, db)) < 0)
+        goto out;
+    PQfinish(db);
+    db = NULL;
+    if (pthread_create(&hb, NULL, heartbeat_main, &w) == 0)
+        hb_started = 1;
+    wk_serve(&w, &stopping);
+    code = 0;
+out:
+    stopping = 1;
+    if (hb_started)
+        pthread_join(hb, NULL);
+    PQfinish(db);
+    sp_bus_free(w.bus);
+    wk_host_close(w.host);
+    wk_strv_free(w.templates, w.n_templates);
+    free(w.owned);
+    free(volume_dir);
+    pthread_mutex_destroy(&w.mu);
+    sp_config_dispose(options, N_OPTIONS, &cfg);
+    free(err);
+    return code;
+}

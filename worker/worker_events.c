@@ -1,0 +1,337 @@
+/* The worker's event loop: SandboxPlaced -> create -> SandboxStarted | SandboxFailed;
+ * SandboxDeleteRequested -> destroy -> SandboxDeleted. Everything arriving on the worker's
+ * subjects is validated like any input. Facts carry message ids derived from the event they
+ * answer ("started:<placed id>"), so a redelivery after a crash cannot produce a second one
+ * within the stream's duplicate window, and handlers are idempotent beyond it (the owned
+ * table and the host say what already exists).
+ *
+ * A batch is split by sandbox: each sandbox's messages run in order on one thread, different
+ * sandboxes in parallel (at most cfg->parallel threads), and the batch is acknowledged once
+ * all are done. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "error.h"
+#include "ids.h"
+#include "log.h"
+#include "publish.h"
+#include "worker.h"
+#include "xmalloc.h"
+
+int wk_owned_add(wk_t *w, const char *id, uint32_t vcpu, uint32_t memory_mb)
+{
+    pthread_mutex_lock(&w->mu);
+    for (size_t i = 0; i < w->n_owned; i++) {
+        if (strcmp(w->owned[i].id, id) == 0) {
+            pthread_mutex_unlock(&w->mu);
+            return 0;
+        }
+    }
+    if (w->n_owned == w->cap_owned) {
+        w->cap_owned = w->cap_owned ? w->cap_owned * 2 : 32;
+        w->owned = sp_xreallocarray(w->owned, w->cap_owned, sizeof(*w->owned));
+    }
+    wk_owned_t *o = &w->owned[w->n_owned++];
+    snprintf(o->id, sizeof(o->id), "%s", id);
+    o->vcpu = vcpu;
+    o->memory_mb = memory_mb;
+    pthread_mutex_unlock(&w->mu);
+    return 1;
+}
+
+int wk_owned_remove(wk_t *w, const char *id)
+{
+    int found = 0;
+    pthread_mutex_lock(&w->mu);
+    for (size_t i = 0; i < w->n_owned; i++) {
+        if (strcmp(w->owned[i].id, id) == 0) {
+            w->owned[i] = w->owned[--w->n_owned];
+            found = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+    return found;
+}
+
+int wk_owned_has(wk_t *w, const char *id)
+{
+    int found = 0;
+    pthread_mutex_lock(&w->mu);
+    for (size_t i = 0; i < w->n_owned && !found; i++)
+        found = strcmp(w->owned[i].id, id) == 0;
+    pthread_mutex_unlock(&w->mu);
+    return found;
+}
+
+int wk_heartbeat(wk_t *w)
+{
+    sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
+    Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
+    Space__V1__WorkerHeartbeat hb = SPACE__V1__WORKER_HEARTBEAT__INIT;
+    char *runtimes[] = {"gvisor"};
+    char id[37];
+    uint32_t vcpu_used = 0;
+    uint64_t mem_used = 0;
+
+    agg.kind = "worker";
+    agg.id = w->cfg->id;
+    env.aggregate = &agg;
+    env.actor = "svc:worker";
+    hb.worker = w->cfg->id;
+    hb.host = w->hostname;
+    hb.vcpu_total = w->vcpu_total;
+    hb.memory_mb_total = w->memory_mb_total;
+    hb.runtimes = runtimes;
+    hb.n_runtimes = 1;
+    hb.interval_ms = (uint32_t)w->cfg->heartbeat_ms;
+    hb.version = "0.1.0";
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_WORKER_HEARTBEAT;
+    env.worker_heartbeat = &hb;
+
+    pthread_mutex_lock(&w->mu);
+    for (size_t i = 0; i < w->n_owned; i++) {
+        vcpu_used += w->owned[i].vcpu;
+        mem_used += w->owned[i].memory_mb;
+    }
+    hb.sandboxes_running = (uint32_t)w->n_owned;
+    /* Overcommitted sandboxes may exceed the totals; the schema wants used <= total. */
+    hb.vcpu_used = vcpu_used < w->vcpu_total ? vcpu_used : w->vcpu_total;
+    hb.memory_mb_used = mem_used < w->memory_mb_total ? mem_used : w->memory_mb_total;
+    hb.templates = w->templates;
+    hb.n_templates = w->n_templates;
+    int rc = sp_publish_event(w->bus, &env, id, NULL, NULL, NULL);
+    pthread_mutex_unlock(&w->mu);
+    return rc;
+}
+
+static int publish_fact(wk_t *w, sp_envelope_t *env, const char *prefix, const char *cause_id)
+{
+    char id[37], msg_id[96];
+    snprintf(msg_id, sizeof(msg_id), "%s:%s", prefix, cause_id);
+    int rc = sp_publish_event(w->bus, env, id, w->cfg->id, msg_id, NULL);
+    if (rc < 0)
+        sp_log(SP_LOG_ERROR, "cannot publish", SP_KS("type", env->type),
+               SP_KS("sandbox", env->aggregate->id), SP_KS("error", sp_strerror(rc)),
+               SP_KS("corr", env->correlation_id));
+    return rc;
+}
+
+static int on_placed(wk_t *w, const sp_envelope_t *ev)
+{
+    const Space__V1__SandboxPlaced *p = ev->sandbox_placed;
+    const char *sbx = ev->aggregate->id;
+    sp_envelope_t env;
+    Space__V1__Aggregate agg;
+    char err[WK_ERR_MAX] = "";
+    int rc;
+
+    if (strcmp(p->worker, w->cfg->id) != 0) {
+        sp_log(SP_LOG_WARN, "placement names another worker", SP_KS("sandbox", sbx),
+               SP_KS("worker", p->worker), SP_KS("corr", ev->correlation_id));
+        return 0;
+    }
+    if (wk_owned_has(w, sbx))
+        return 0; /* created before: a redelivery */
+    if (!p->request) {
+        /* A placement for resume: the lifecycle issue handles it. */
+        sp_log(SP_LOG_WARN, "placement without a create request is not supported yet",
+               SP_KS("sandbox", sbx));
+        return 0;
+    }
+    wk_sandbox_spec_t spec = {
+        .id = sbx,
+        .template_ = p->request->template_,
+        .vcpu = p->request->resources ? p->request->resources->vcpu : 0,
+        .memory_mb = p->request->resources ? p->request->resources->memory_mb : 0,
+    };
+    if (spec.vcpu == 0)
+        spec.vcpu = 1;
+    if (spec.memory_mb == 0)
+        spec.memory_mb = 512;
+    wk_sandbox_info_t info = {0};
+    int64_t t0 = sp_mono_ns();
+    rc = wk_template_ensure(w->host, spec.template_, err);
+    if (rc >= 0)
+        rc = wk_sandbox_create(w->host, &spec, &info, err);
+    sp_envelope_answer(&env, &agg, ev, "svc:worker");
+    if (rc < 0) {
+        Space__V1__SandboxFailed failed = SPACE__V1__SANDBOX_FAILED__INIT;
+        failed.reason = "create_failed";
+        failed.detail = err;
+        env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_FAILED;
+        env.sandbox_failed = &failed;
+        sp_log(SP_LOG_WARN, "create failed", SP_KS("sandbox", sbx), SP_KS("error", err),
+               SP_KS("corr", ev->correlation_id));
+        return publish_fact(w, &env, "failed", ev->event_id);
+    }
+    wk_owned_add(w, sbx, spec.vcpu, spec.memory_mb);
+    Space__V1__SandboxStarted started = SPACE__V1__SANDBOX_STARTED__INIT;
+    started.worker = w->cfg->id;
+    started.runtime = "gvisor";
+    started.address = info.address;
+    started.start_ms = (uint32_t)((sp_mono_ns() - t0) / 1000000);
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED;
+    env.sandbox_started = &started;
+    sp_log(SP_LOG_INFO, "started", SP_KS("sandbox", sbx), SP_KU("ms", started.start_ms),
+           SP_KS("address", info.address), SP_KS("corr", ev->correlation_id));
+    return publish_fact(w, &env, "started", ev->event_id);
+}
+
+static int on_delete(wk_t *w, const sp_envelope_t *ev)
+{
+    const char *sbx = ev->aggregate->id;
+    char err[WK_ERR_MAX] = "";
+    int rc = wk_sandbox_destroy(w->host, sbx, err);
+    if (rc < 0) {
+        /* Leave it for redelivery: a half-released sandbox must not be reported deleted. */
+        sp_log(SP_LOG_ERROR, "destroy failed", SP_KS("sandbox", sbx), SP_KS("error", err),
+               SP_KS("corr", ev->correlation_id));
+        return rc;
+    }
+    wk_owned_remove(w, sbx);
+    sp_envelope_t env;
+    Space__V1__Aggregate agg;
+    Space__V1__SandboxDeleted del = SPACE__V1__SANDBOX_DELETED__INIT;
+    sp_envelope_answer(&env, &agg, ev, "svc:worker");
+    del.reason = ev->sandbox_delete_requested->reason;
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETED;
+    env.sandbox_deleted = &del;
+    sp_log(SP_LOG_INFO, "deleted", SP_KS("sandbox", sbx), SP_KS("corr", ev->correlation_id));
+    return publish_fact(w, &env, "deleted", ev->event_id);
+}
+
+/* 0: done (ack); < 0: retry later. */
+static int handle(wk_t *w, const sp_bus_msg_t *m)
+{
+    sp_envelope_t *ev = NULL;
+    char reason[SP_REASON_MAX];
+    int rc = 0;
+
+    if (sp_envelope_decode(m->data, m->len, &ev, reason) < 0 ||
+        sp_envelope_check_subject(ev, m->subject, reason) < 0) {
+        sp_log(SP_LOG_WARN, "ignoring invalid event", SP_KU("seq", m->stream_seq),
+               SP_KS("reason", reason));
+        sp_envelope_free(ev);
+        return 0;
+    }
+    switch (ev->payload_case) {
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED:
+        rc = on_placed(w, ev);
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED:
+        rc = on_delete(w, ev);
+        break;
+    default:
+        break; /* our own facts, and intents of later issues */
+    }
+    sp_envelope_free(ev);
+    return rc;
+}
+
+typedef struct {
+    wk_t *w;
+    sp_bus_batch_t *batch;
+    size_t *idx; /* this group's message indexes, in stream order */
+    size_t n;
+    pthread_t thread;
+    int failed;
+} group_t;
+
+static void *run_group(void *arg)
+{
+    group_t *g = arg;
+    for (size_t i = 0; i < g->n; i++) {
+        if (handle(g->w, sp_bus_batch_msg(g->batch, g->idx[i])) < 0) {
+            g->failed = 1;
+            break; /* later messages of this sandbox wait for the redelivery too */
+        }
+        sp_bus_batch_ack_one(g->batch, g->idx[i]);
+    }
+    return NULL;
+}
+
+/* The sandbox token of space.ev.sbx.<worker>.<sandbox>.<type>. */
+static void sandbox_of(const char *subject, char *out, size_t len)
+{
+    const char *p = subject;
+    for (int dots = 0; *p && dots < 4; p++)
+        if (*p == '.')
+            dots++;
+    size_t n = strcspn(p, ".");
+    if (n >= len)
+        n = len - 1;
+    memcpy(out, p, n);
+    out[n] = '\0';
+}
+
+static void process_batch(wk_t *w, sp_bus_batch_t *b)
+{
+    size_t n = sp_bus_batch_len(b);
+    group_t *groups = sp_xcalloc(n ? n : 1, sizeof(*groups));
+    char(*keys)[65] = sp_xcalloc(n ? n : 1, sizeof(*keys));
+    size_t ng = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        char key[65];
+        sandbox_of(sp_bus_batch_msg(b, i)->subject, key, sizeof(key));
+        size_t g = 0;
+        while (g < ng && strcmp(keys[g], key) != 0)
+            g++;
+        if (g == ng) {
+            snprintf(keys[ng], sizeof(keys[ng]), "%s", key);
+            groups[ng] = (group_t){.w = w, .batch = b, .idx = sp_xcalloc(n, sizeof(size_t))};
+            ng++;
+        }
+        groups[g].idx[groups[g].n++] = i;
+    }
+    /* Waves of at most `parallel` threads. */
+    size_t wave = (size_t)w->cfg->parallel;
+    for (size_t start = 0; start < ng; start += wave) {
+        size_t end = start + wave < ng ? start + wave : ng;
+        for (size_t g = start; g < end; g++)
+            if (pthread_create(&groups[g].thread, NULL, run_group, &groups[g]) != 0)
+                run_group(&groups[g]), groups[g].thread = 0;
+        for (size_t g = start; g < end; g++)
+            if (groups[g].thread)
+                pthread_join(groups[g].thread, NULL);
+    }
+    for (size_t g = 0; g < ng; g++)
+        free(groups[g].idx);
+    free(groups);
+    free(keys);
+}
+
+int wk_serve(wk_t *w, volatile int *stop)
+{
+    char filter[128];
+    sp_bus_consumer_t *c = NULL;
+    char durable[96];
+
+    snprintf(filter, sizeof(filter), "space.ev.sbx.%s.>", w->cfg->id);
+    snprintf(durable, sizeof(durable), "worker-%s", w->cfg->id);
+    int rc = sp_bus_consumer_bind(w->bus, durable, filter, (int)w->cfg->ack_wait_ms, &c);
+    if (rc < 0) {
+        sp_log(SP_LOG_ERROR, "cannot bind the consumer", SP_KS("error", sp_strerror(rc)));
+        return rc;
+    }
+    sp_log(SP_LOG_INFO, "serving", SP_KS("worker", w->cfg->id), SP_KS("filter", filter));
+    while (!*stop) {
+        sp_bus_batch_t *b = NULL;
+        rc = sp_bus_fetch(c, (size_t)w->cfg->batch_max, 500, &b);
+        if (rc < 0) {
+            sp_bus_batch_free(b);
+            struct timespec ts = {.tv_nsec = 200 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        if (sp_bus_batch_len(b) > 0)
+            process_batch(w, b);
+        sp_bus_batch_free(b);
+    }
+    sp_bus_consumer_free(c);
+    return 0;
+}

@@ -1,0 +1,181 @@
+/* Start-up reconciliation: the log (the sandboxes projection) says what this worker owns; the
+ * host says what exists. Running in both: adopted. Live in the log but not running here: lost
+ * (its leftovers released, SandboxFailed). On the host but dead in the log (or unknown to it):
+ * released. A sandbox placed but not started yet is left alone: its SandboxPlaced was never
+ * acknowledged and comes back, and the create runs then. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "db.h"
+#include "error.h"
+#include "ids.h"
+#include "log.h"
+#include "publish.h"
+#include "reduce.h"
+#include "worker.h"
+#include "xmalloc.h"
+
+typedef struct {
+    char **v;
+    size_t n;
+} idlist_t;
+
+static void idlist_add(idlist_t *l, const char *id)
+{
+    l->v = sp_xreallocarray(l->v, l->n + 1, sizeof(char *));
+    l->v[l->n++] = sp_xstrdup(id);
+}
+
+static void idlist_free(idlist_t *l)
+{
+    for (size_t i = 0; i < l->n; i++)
+        free(l->v[i]);
+    free(l->v);
+}
+
+/* A sandbox fact with no intent behind it: caused by the restart itself. */
+static int publish_sandbox_fact(wk_t *w, const char *tenant, const char *sbx, const char *what,
+                                sp_envelope_t *env, Space__V1__Aggregate *agg)
+{
+    char id[37], msg_id[128];
+    agg->kind = "sandbox";
+    agg->id = (char *)sbx;
+    env->aggregate = agg;
+    env->tenant = (char *)tenant;
+    env->actor = "svc:worker";
+    /* One per sandbox and worker start: the host's boot-unique pid is not stable, the time is. */
+    snprintf(msg_id, sizeof(msg_id), "%s:%s:%lld", what, sbx, (long long)(sp_now_us() / 1000000));
+    return sp_publish_event(w->bus, env, id, w->cfg->id, msg_id, NULL);
+}
+
+#define RECONCILED_PER_EVENT 256
+
+static size_t slice(const idlist_t *l, size_t off, char ***ret)
+{
+    *ret = off < l->n ? l->v + off : NULL;
+    size_t left = off < l->n ? l->n - off : 0;
+    return left < RECONCILED_PER_EVENT ? left : RECONCILED_PER_EVENT;
+}
+
+static int publish_reconciled(wk_t *w, const idlist_t *adopted, const idlist_t *lost,
+                              const idlist_t *cleaned, size_t off)
+{
+    sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
+    Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
+    Space__V1__WorkerReconciled rec = SPACE__V1__WORKER_RECONCILED__INIT;
+    char id[37];
+
+    agg.kind = "worker";
+    agg.id = w->cfg->id;
+    env.aggregate = &agg;
+    env.actor = "svc:worker";
+    rec.worker = w->cfg->id;
+    rec.n_adopted = slice(adopted, off, &rec.adopted);
+    rec.n_lost = slice(lost, off, &rec.lost);
+    rec.n_cleaned = slice(cleaned, off, &rec.cleaned);
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_WORKER_RECONCILED;
+    env.worker_reconciled = &rec;
+    return sp_publish_event(w->bus, &env, id, NULL, NULL, NULL);
+}
+
+int wk_reconcile(wk_t *w, PGconn *db)
+{
+    wk_host_sandbox_t *host = NULL;
+    size_t n_host = 0;
+    idlist_t adopted = {0}, lost = {0}, cleaned = {0};
+    int rc;
+
+    if ((rc = wk_host_scan(w->host, &host, &n_host)) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot scan the host", SP_KS("error", sp_strerror(rc)));
+        return rc;
+    }
+    const char *params[1] = {w->cfg->id};
+    PGresult *r = PQexecParams(db,
+                               "SELECT id, tenant, state, vcpu, memory_mb FROM sandboxes WHERE "
+                               "worker = $1 AND state NOT IN ('deleted', 'failed', 'suspended')",
+                               1, NULL, params, NULL, NULL, 0);
+    if ((rc = sp_db_check(r, PGRES_TUPLES_OK)) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot read the projection", SP_KS("error", PQerrorMessage(db)));
+        PQclear(r);
+        free(host);
+        return rc;
+    }
+
+    for (int i = 0; i < PQntuples(r); i++) {
+        const char *sbx = PQgetvalue(r, i, 0), *tenant = PQgetvalue(r, i, 1);
+        sp_sbx_state_t state = sp_sbx_state_from_name(PQgetvalue(r, i, 2));
+        wk_state_t hs = WK_ABSENT;
+        for (size_t k = 0; k < n_host; k++)
+            if (strcmp(host[k].id, sbx) == 0)
+                hs = host[k].state;
+        if (state == SP_SBX_PLACED || state == SP_SBX_REQUESTED)
+            continue; /* its placement will be redelivered */
+        sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
+        Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
+        if (hs == WK_RUNNING) {
+            wk_owned_add(w, sbx, (uint32_t)strtoul(PQgetvalue(r, i, 3), NULL, 10),
+                         (uint32_t)strtoul(PQgetvalue(r, i, 4), NULL, 10));
+            Space__V1__SandboxAdopted ad = SPACE__V1__SANDBOX_ADOPTED__INIT;
+            ad.worker = w->cfg->id;
+            env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_ADOPTED;
+            env.sandbox_adopted = &ad;
+            if ((rc = publish_sandbox_fact(w, tenant, sbx, "adopted", &env, &agg)) < 0)
+                goto out;
+            idlist_add(&adopted, sbx);
+            continue;
+        }
+        char err[WK_ERR_MAX] = "";
+        if (hs != WK_ABSENT && (rc = wk_sandbox_destroy(w->host, sbx, err)) < 0) {
+            sp_log(SP_LOG_ERROR, "cannot release a lost sandbox", SP_KS("sandbox", sbx),
+                   SP_KS("error", err));
+            goto out;
+        }
+        Space__V1__SandboxFailed failed = SPACE__V1__SANDBOX_FAILED__INIT;
+        failed.reason = "lost";
+        failed.detail = hs == WK_ABSENT ? "gone from the host after a worker restart"
+                                        : "not running after a worker restart; released";
+        env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_FAILED;
+        env.sandbox_failed = &failed;
+        if ((rc = publish_sandbox_fact(w, tenant, sbx, "lost", &env, &agg)) < 0)
+            goto out;
+        idlist_add(&lost, sbx);
+    }
+    /* Whatever the host has that the log does not hold live. */
+    for (size_t k = 0; k < n_host; k++) {
+        int live = wk_owned_has(w, host[k].id);
+        for (int i = 0; i < PQntuples(r) && !live; i++)
+            live = strcmp(PQgetvalue(r, i, 0), host[k].id) == 0 &&
+                   strcmp(PQgetvalue(r, i, 2), "placed") == 0;
+        if (live)
+            continue;
+        int was_lost = 0;
+        for (size_t i = 0; i < lost.n; i++)
+            was_lost |= strcmp(lost.v[i], host[k].id) == 0;
+        if (was_lost)
+            continue;
+        char err[WK_ERR_MAX] = "";
+        if ((rc = wk_sandbox_destroy(w->host, host[k].id, err)) < 0) {
+            sp_log(SP_LOG_ERROR, "cannot release an orphan", SP_KS("sandbox", host[k].id),
+                   SP_KS("error", err));
+            goto out;
+        }
+        idlist_add(&cleaned, host[k].id);
+    }
+
+    /* Lists are bounded per event (envelope.c): a large host reports in several. */
+    for (size_t off = 0; off == 0 || off < adopted.n || off < lost.n || off < cleaned.n;
+         off += RECONCILED_PER_EVENT) {
+        if ((rc = publish_reconciled(w, &adopted, &lost, &cleaned, off)) < 0)
+            goto out;
+    }
+    sp_log(SP_LOG_INFO, "reconciled", SP_KU("adopted", adopted.n), SP_KU("lost", lost.n),
+           SP_KU("cleaned", cleaned.n));
+out:
+    PQclear(r);
+    free(host);
+    idlist_free(&adopted);
+    idlist_free(&lost);
+    idlist_free(&cleaned);
+    return rc;
+}

@@ -1,0 +1,371 @@
+/* The gVisor driver: the OCI bundle, runsc calls, and the cgroup directories runsc leaves.
+ *
+ * Every runsc call has a timeout (WK_RUNSC_TIMEOUT_MS) and never shares the worker's stdio:
+ * `runsc create` hands its own stdin/stdout/stderr to the container's init (runtime-notes.md),
+ * so create gets /dev/null for stdin and stdout and a capture pipe for stderr, which the worker
+ * closes once create has exited. The init placeholder never writes; a guest that writes to
+ * /proc/1/fd/2 later gets EPIPE, and nothing of the guest reaches a host file.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "buf.h"
+#include "error.h"
+#include "ids.h"
+#include "worker_runtime_int.h"
+#include "xmalloc.h"
+
+#define ERR_CAPTURE  4096
+#define LIST_CAPTURE (4u << 20)
+#define CPU_PERIOD   100000
+
+/* The capability set container engines give root in a container (Docker's default set);
+ * runsc spec's three are not enough for `cp -a` (runtime-notes.md). */
+static const char *const CAPS[] = {
+    "CAP_CHOWN",   "CAP_DAC_OVERRIDE", "CAP_FOWNER",  "CAP_FSETID",      "CAP_KILL",
+    "CAP_SETGID",  "CAP_SETUID",       "CAP_SETPCAP", "CAP_SETFCAP",     "CAP_NET_BIND_SERVICE",
+    "CAP_NET_RAW", "CAP_SYS_CHROOT",   "CAP_MKNOD",   "CAP_AUDIT_WRITE",
+};
+
+/* A long-running init until the guest agent exists. `sleep & wait` so SIGTERM ends it at
+ * once instead of after the sleep. */
+static const char *const INIT_ARGS[] = {
+    "/bin/sh",
+    "-c",
+    "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done",
+};
+
+static void json_strv(sp_buf_t *b, const char *const *v, size_t n)
+{
+    sp_buf_putc(b, '[');
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            sp_buf_putc(b, ',');
+        sp_buf_json_str(b, v[i]);
+    }
+    sp_buf_putc(b, ']');
+}
+
+int wk__runsc_write_config(const wk_host_t *h, const wk__bundle_t *bd, const char *bundle_dir,
+                           char err[WK_ERR_MAX])
+{
+    uint32_t vcpu = bd->vcpu ? bd->vcpu : 1;
+    uint32_t mem_mb = bd->memory_mb ? bd->memory_mb : 512;
+    size_t ncaps = sizeof(CAPS) / sizeof(CAPS[0]);
+    sp_buf_t b;
+    sp_buf_init(&b);
+
+    sp_buf_puts(&b, "{\"ociVersion\":\"1.0.2\",\"process\":{\"terminal\":false,"
+                    "\"user\":{\"uid\":0,\"gid\":0},\"args\":");
+    json_strv(&b, INIT_ARGS, sizeof(INIT_ARGS) / sizeof(INIT_ARGS[0]));
+    sp_buf_puts(&b, ",\"env\":[\"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:"
+                    "/bin\",\"HOME=/root\"],\"cwd\":\"/\",\"capabilities\":{\"bounding\":");
+    json_strv(&b, CAPS, ncaps);
+    sp_buf_puts(&b, ",\"effective\":");
+    json_strv(&b, CAPS, ncaps);
+    sp_buf_puts(&b, ",\"permitted\":");
+    json_strv(&b, CAPS, ncaps);
+    sp_buf_puts(&b, "},\"rlimits\":[{\"type\":\"RLIMIT_NOFILE\",\"hard\":65536,\"soft\":65536}]},"
+                    "\"root\":{\"path\":");
+    sp_buf_json_str(&b, bd->rootfs);
+    sp_buf_puts(&b, ",\"readonly\":false},\"hostname\":");
+    sp_buf_json_str(&b, bd->id);
+    sp_buf_puts(&b, ",\"mounts\":["
+                    "{\"destination\":\"/proc\",\"type\":\"proc\",\"source\":\"proc\"},"
+                    "{\"destination\":\"/dev\",\"type\":\"tmpfs\",\"source\":\"tmpfs\"},"
+                    "{\"destination\":\"/sys\",\"type\":\"sysfs\",\"source\":\"sysfs\","
+                    "\"options\":[\"nosuid\",\"noexec\",\"nodev\",\"ro\"]}],"
+                    "\"linux\":{\"namespaces\":[{\"type\":\"pid\"},{\"type\":\"network\","
+                    "\"path\":");
+    sp_buf_json_str(&b, bd->netns_path);
+    sp_buf_puts(&b, "},{\"type\":\"ipc\"},{\"type\":\"uts\"},{\"type\":\"mount\"}],"
+                    "\"cgroupsPath\":");
+    char cg[128];
+    snprintf(cg, sizeof(cg), "/space-%s/%s", h->tag, bd->id);
+    sp_buf_json_str(&b, cg);
+    sp_buf_printf(&b,
+                  ",\"resources\":{\"memory\":{\"limit\":%llu},"
+                  "\"cpu\":{\"quota\":%llu,\"period\":%u}}}}\n",
+                  (unsigned long long)mem_mb << 20, (unsigned long long)vcpu * CPU_PERIOD,
+                  CPU_PERIOD);
+
+    int rc = 0;
+    char *path = sp_xasprintf("%s/config.json", bundle_dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        rc = wk__fail(err, -errno, "create %s: %s", path, strerror(errno));
+        goto out;
+    }
+    size_t off = 0;
+    while (off < b.len) {
+        ssize_t n = write(fd, b.data + off, b.len - off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            rc = wk__fail(err, -errno, "write %s: %s", path, strerror(errno));
+            break;
+        }
+        off += (size_t)n;
+    }
+    if (close(fd) < 0 && rc == 0)
+        rc = wk__fail(err, -errno, "close %s: %s", path, strerror(errno));
+out:
+    free(path);
+    sp_buf_dispose(&b);
+    return rc;
+}
+
+enum {
+    CALL_NET = 1 << 0,    /* --network=sandbox --platform=..., for create and start */
+    CALL_WRAP = 1 << 1,   /* in the netns wrapper (wk__cmd_t.netns_wrapper) */
+    CALL_REAPER = 1 << 2, /* under a reaper (wk__cmd_t.reaper): the call leaves a sandbox */
+};
+
+/* runsc <global flags> <sub...> */
+static int runsc_call(const wk_host_t *h, const char *const *sub, size_t nsub, unsigned flags,
+                      wk_out_mode_t mode, char *out, size_t out_len, int *ret_exit)
+{
+    char *root = sp_xasprintf("--root=%s", h->runsc_root);
+    char *platform = sp_xasprintf("--platform=%s", h->platform);
+    const char **argv = sp_xcalloc(nsub + 5, sizeof(*argv));
+    size_t n = 0;
+    argv[n++] = h->runsc;
+    argv[n++] = root;
+    if (flags & CALL_NET) {
+        argv[n++] = "--network=sandbox";
+        argv[n++] = platform;
+    }
+    for (size_t i = 0; i < nsub; i++)
+        argv[n++] = sub[i];
+    argv[n] = NULL;
+    wk__cmd_t c = {.argv = argv,
+                   .timeout_ms = WK_RUNSC_TIMEOUT_MS,
+                   .netns_wrapper = (flags & CALL_WRAP) != 0,
+                   .reaper = (flags & CALL_REAPER) != 0,
+                   .out_mode = mode,
+                   .out = out,
+                   .out_len = out_len};
+    int rc = wk__run(&c, ret_exit);
+    free(argv);
+    free(platform);
+    free(root);
+    return rc;
+}
+
+/* Turns a failed call into rc and "runsc <what>: <reason>". */
+static int call_failed(char *err, int rc, int ex, const char *what, const char *out)
+{
+    char line[WK_ERR_MAX];
+    wk__last_line(out, line, sizeof(line));
+    if (rc < 0)
+        return wk__fail(err, rc, "runsc %s: %s", what, sp_strerror(rc));
+    return wk__fail(err, -EIO, "runsc %s: exit %d: %s", what, ex, line[0] ? line : "no output");
+}
+
+int wk__runsc_create(const wk_host_t *h, const char *id, const char *bundle_dir,
+                     char err[WK_ERR_MAX])
+{
+    char *out = sp_xmalloc(ERR_CAPTURE);
+    const char *sub[] = {"create", "--bundle", bundle_dir, id};
+    int ex = 0;
+    int rc = runsc_call(h, sub, 4, CALL_NET | CALL_WRAP | CALL_REAPER, WK_OUT_STDERR, out,
+                        ERR_CAPTURE, &ex);
+    if (rc < 0 || ex != 0)
+        rc = call_failed(err, rc, ex, "create", out);
+    free(out);
+    return rc;
+}
+
+int wk__runsc_start(const wk_host_t *h, const char *id, char err[WK_ERR_MAX])
+{
+    char *out = sp_xmalloc(ERR_CAPTURE);
+    const char *sub[] = {"start", id};
+    int ex = 0;
+    int rc = runsc_call(h, sub, 2, CALL_NET | CALL_WRAP, WK_OUT_STDERR, out, ERR_CAPTURE, &ex);
+    if (rc < 0 || ex != 0)
+        rc = call_failed(err, rc, ex, "start", out);
+    free(out);
+    return rc;
+}
+
+static bool listed(const wk_host_t *h, const char *id, int *ret_rc)
+{
+    wk_host_sandbox_t *list = NULL;
+    size_t n = 0;
+    *ret_rc = wk__runsc_list(h, &list, &n);
+    bool found = false;
+    for (size_t i = 0; i < n && !found; i++)
+        found = strcmp(list[i].id, id) == 0;
+    free(list);
+    return found;
+}
+
+int wk__runsc_delete(const wk_host_t *h, const char *id, char err[WK_ERR_MAX])
+{
+    char *out = sp_xmalloc(ERR_CAPTURE);
+    const char *sub[] = {"delete", "--force", id};
+    int ex = 0;
+    int rc = runsc_call(h, sub, 3, 0, WK_OUT_STDERR, out, ERR_CAPTURE, &ex);
+    if (rc < 0 || ex != 0) {
+        /* "does not exist" is success; anything else only if the container is gone. */
+        int lrc = 0;
+        if (listed(h, id, &lrc) || lrc < 0)
+            rc = call_failed(err, rc, ex, "delete", out);
+        else
+            rc = 0;
+    }
+    free(out);
+    return rc;
+}
+
+int wk__runsc_exec(const wk_host_t *h, const char *id, const char *const *argv, char *out,
+                   size_t out_len, int *ret_exit)
+{
+    size_t n = 0;
+    while (argv[n])
+        n++;
+    const char **sub = sp_xcalloc(n + 2, sizeof(*sub));
+    sub[0] = "exec";
+    sub[1] = id;
+    for (size_t i = 0; i < n; i++)
+        sub[2 + i] = argv[i];
+    int rc = runsc_call(h, sub, n + 2, 0, WK_OUT_BOTH, out, out_len, ret_exit);
+    free(sub);
+    return rc;
+}
+
+/* `runsc list --format=json` prints null or an array of OCI state objects
+ * ({"ociVersion":..,"id":..,"status":..,"pid":..,"bundle":..}). Ids are ours (sp_id_valid,
+ * no escapes), and a quote inside any JSON string is escaped, so "id":" cannot appear inside
+ * a value: scanning for the keys is exact for this output. */
+static void list_parse(const char *s, wk_host_sandbox_t **list, size_t *n)
+{
+    static const char KID[] = "\"id\":\"", KST[] = "\"status\":\"";
+    size_t cap = 0;
+    const char *p = s;
+    while ((p = strstr(p, KID))) {
+        p += sizeof(KID) - 1;
+        const char *e = strchr(p, '"');
+        if (!e)
+            break;
+        const char *next = strstr(e, KID);
+        const char *st = strstr(e, KST);
+        wk_state_t state = WK_STOPPED;
+        if (st && (!next || st < next) && strncmp(st + sizeof(KST) - 1, "running\"", 8) == 0)
+            state = WK_RUNNING;
+        size_t len = (size_t)(e - p);
+        if (len > 0 && len < sizeof((*list)->id)) {
+            wk_host_sandbox_t sb = {.state = state};
+            memcpy(sb.id, p, len);
+            sb.id[len] = '\0';
+            if (sp_id_valid(sb.id)) {
+                if (*n == cap) {
+                    cap = cap ? cap * 2 : 16;
+                    *list = sp_xreallocarray(*list, cap, sizeof(**list));
+                }
+                (*list)[(*n)++] = sb;
+            }
+        }
+        p = e;
+    }
+}
+
+int wk__runsc_list(const wk_host_t *h, wk_host_sandbox_t **ret_list, size_t *ret_n)
+{
+    char *out = sp_xmalloc(LIST_CAPTURE);
+    const char *sub[] = {"list", "--format=json"};
+    int ex = 0;
+    int rc = runsc_call(h, sub, 2, 0, WK_OUT_STDOUT, out, LIST_CAPTURE, &ex);
+    if (rc == 0 && ex != 0)
+        rc = -EIO;
+    if (rc == 0 && strlen(out) >= LIST_CAPTURE - 1)
+        rc = SP_ETOOBIG;
+    if (rc == 0) {
+        wk_host_sandbox_t *list = NULL;
+        size_t n = 0;
+        list_parse(out, &list, &n);
+        *ret_list = list;
+        *ret_n = n;
+    }
+    free(out);
+    return rc;
+}
+
+/* ---- cgroups ---- */
+
+int wk__cgroup_remove(const wk_host_t *h, const char *id)
+{
+    DIR *d = opendir(WK_CGROUP_ROOT);
+    if (!d)
+        return errno == ENOENT ? 0 : -errno;
+    int rc = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        char *p = sp_xasprintf("%s/%s/space-%s/%s", WK_CGROUP_ROOT, de->d_name, h->tag, id);
+        /* A cgroup with a task still exiting is busy for a moment. */
+        int r = 0;
+        for (int tries = 0; tries < 100; tries++) {
+            r = rmdir(p) == 0 ? 0 : -errno;
+            if (r != -EBUSY)
+                break;
+            struct timespec ts = {0, 20 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        if (r < 0 && r != -ENOENT && r != -ENOTDIR && rc == 0)
+            rc = r;
+        free(p);
+    }
+    closedir(d);
+    return rc;
+}
+
+int wk__cgroup_ids(const wk_host_t *h, char ***ret_ids, size_t *ret_n)
+{
+    char **ids = NULL;
+    size_t n = 0, cap = 0;
+    DIR *d = opendir(WK_CGROUP_ROOT);
+    if (!d) {
+        *ret_ids = NULL;
+        *ret_n = 0;
+        return errno == ENOENT ? 0 : -errno;
+    }
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        char *p = sp_xasprintf("%s/%s/space-%s", WK_CGROUP_ROOT, de->d_name, h->tag);
+        DIR *c = opendir(p);
+        free(p);
+        if (!c)
+            continue;
+        struct dirent *ce;
+        while ((ce = readdir(c))) {
+            if (ce->d_type != DT_DIR || !sp_id_valid(ce->d_name))
+                continue;
+            bool dup = false;
+            for (size_t i = 0; i < n && !dup; i++)
+                dup = strcmp(ids[i], ce->d_name) == 0;
+            if (dup)
+                continue;
+            if (n == cap) {
+                cap = cap ? cap * 2 : 16;
+                ids = sp_xreallocarray(ids, cap, sizeof(*ids));
+            }
+            ids[n++] = sp_xstrdup(ce->d_name);
+        }
+        closedir(c);
+    }
+    closedir(d);
+    *ret_ids = ids;
+    *ret_n = n;
+    return 0;
+}

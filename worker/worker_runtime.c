@@ -1,0 +1,570 @@
+/* The host side of sandboxes (worker_runtime.h): host setup, create/destroy/exec of one
+ * sandbox, and what the host shows (scan, usage). The parts live in worker_volume.c (btrfs),
+ * worker_template.c, worker_net.c (netns, veth, addresses), worker_runsc.c and
+ * worker_spawn.c (running programs).
+ *
+ * Create order: bundle directory (the marker that an id is in use: mkdir fails for a second
+ * create of the same id, and destroy removes it last), disk snapshot, network, config.json,
+ * runsc create, runsc start. Any failure after the marker destroys the id completely, which is
+ * exact because everything named after the id was made by this create.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "hash.h"
+#include "ids.h"
+#include "log.h"
+#include "worker_runtime_int.h"
+#include "xmalloc.h"
+
+#define MAX_VCPU      256
+#define MAX_MEMORY_MB (1u << 20)
+
+/* ---- files ---- */
+
+int wk__mkdir_p(const char *path, mode_t mode)
+{
+    char *p = sp_xstrdup(path);
+    int rc = 0;
+    for (char *s = p + 1;; s++) {
+        if (*s != '/' && *s != '\0')
+            continue;
+        char c = *s;
+        *s = '\0';
+        if (mkdir(p, mode) < 0 && errno != EEXIST) {
+            rc = -errno;
+            break;
+        }
+        *s = c;
+        if (c == '\0')
+            break;
+    }
+    free(p);
+    if (rc == 0) {
+        struct stat st;
+        if (stat(path, &st) < 0)
+            rc = -errno;
+        else if (!S_ISDIR(st.st_mode))
+            rc = -ENOTDIR;
+    }
+    return rc;
+}
+
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)ftw;
+    int r = flag == FTW_DP ? rmdir(path) : unlink(path);
+    return r < 0 && errno != ENOENT ? errno : 0;
+}
+
+int wk__rm_rf(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) < 0)
+        return errno == ENOENT ? 0 : -errno;
+    /* FTW_MOUNT: never descend into another file system mounted below. */
+    int r = nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+    if (r < 0)
+        return errno == ENOENT ? 0 : -errno;
+    return r > 0 ? -r : 0;
+}
+
+void wk__last_line(const char *text, char *out, size_t out_len)
+{
+    out[0] = '\0';
+    if (!text || out_len == 0)
+        return;
+    size_t len = strlen(text);
+    while (len > 0 && (text[len - 1] == '\n' || text[len - 1] == '\r' || text[len - 1] == ' '))
+        len--;
+    size_t start = len;
+    while (start > 0 && text[start - 1] != '\n')
+        start--;
+    size_t n = len - start;
+    if (n >= out_len)
+        n = out_len - 1;
+    /* Control bytes would break the one-line reason. */
+    for (size_t i = 0; i < n; i++) {
+        char ch = text[start + i];
+        if ((unsigned char)ch < 0x20 || ch == 0x7f)
+            ch = '?';
+        out[i] = ch;
+    }
+    out[n] = '\0';
+}
+
+/* ---- host ---- */
+
+/* One decimal octet, 0-255, no sign, no leading zeros beyond "0" itself. */
+static const char *parse_octet(const char *s, uint8_t *ret)
+{
+    if (*s < '0' || *s > '9' || (s[0] == '0' && s[1] >= '0' && s[1] <= '9'))
+        return NULL;
+    unsigned v = 0;
+    int digits = 0;
+    for (; *s >= '0' && *s <= '9'; s++) {
+        if (++digits > 3)
+            return NULL;
+        v = v * 10 + (unsigned)(*s - '0');
+    }
+    if (v > 255)
+        return NULL;
+    *ret = (uint8_t)v;
+    return s;
+}
+
+static int parse_prefix(const char *s, uint8_t *a, uint8_t *b)
+{
+    if (!s || !(s = parse_octet(s, a)) || *s++ != '.' || !(s = parse_octet(s, b)) || *s != '\0')
+        return -EINVAL;
+    return 0;
+}
+
+static bool platform_valid(const char *p)
+{
+    if (!p || !*p || strlen(p) > 32)
+        return false;
+    for (; *p; p++) {
+        if (*p < 'a' || *p > 'z')
+            return false;
+    }
+    return true;
+}
+
+int wk_host_open(const wk_host_config_t *cfg, wk_host_t **ret_host, char err[WK_ERR_MAX])
+{
+    uint8_t a, b;
+    if (!cfg || !ret_host)
+        return wk__fail(err, -EINVAL, "no config");
+    if (!cfg->worker_id || !sp_id_valid(cfg->worker_id))
+        return wk__fail(err, SP_ECONFIG, "invalid worker_id");
+    if (!cfg->state_dir || cfg->state_dir[0] != '/' || !cfg->volume_dir ||
+        cfg->volume_dir[0] != '/')
+        return wk__fail(err, SP_ECONFIG, "state_dir and volume_dir must be absolute paths");
+    if (parse_prefix(cfg->net_prefix, &a, &b) < 0)
+        return wk__fail(err, SP_ECONFIG, "net_prefix must be two octets like 10.200");
+    const char *platform = cfg->runsc_platform ? cfg->runsc_platform : "ptrace";
+    if (!platform_valid(platform))
+        return wk__fail(err, SP_ECONFIG, "invalid runsc_platform");
+    char *runsc = NULL;
+    int rc = wk__find_program(cfg->runsc ? cfg->runsc : "runsc", &runsc);
+    if (rc < 0)
+        return wk__fail(err, SP_ECONFIG, "runsc program %s not found",
+                        cfg->runsc ? cfg->runsc : "runsc");
+
+    wk_host_t *h = sp_xcalloc(1, sizeof(*h));
+    h->worker_id = sp_xstrdup(cfg->worker_id);
+    h->state_dir = sp_xstrdup(cfg->state_dir);
+    h->volume_dir = sp_xstrdup(cfg->volume_dir);
+    h->runsc = runsc;
+    h->platform = sp_xstrdup(platform);
+    h->net_a = a;
+    h->net_b = b;
+    uint8_t d[SP_SHA256_LEN];
+    char hex[SP_SHA256_HEX_LEN + 1];
+    sp_sha256(cfg->worker_id, strlen(cfg->worker_id), d);
+    sp_hex_encode(d, SP_SHA256_LEN, hex);
+    memcpy(h->tag, hex, WK_TAG_LEN);
+    h->tag[WK_TAG_LEN] = '\0';
+    h->runsc_root = sp_xasprintf("%s/runsc", h->state_dir);
+    h->bundles_dir = sp_xasprintf("%s/bundles", h->state_dir);
+    h->templates_dir = sp_xasprintf("%s/templates", h->volume_dir);
+    h->sandboxes_dir = sp_xasprintf("%s/sandboxes", h->volume_dir);
+    pthread_mutex_init(&h->pool_lock, NULL);
+    pthread_mutex_init(&h->tmpl_lock, NULL);
+    pthread_cond_init(&h->tmpl_cond, NULL);
+
+    const char *dirs[] = {h->state_dir, h->runsc_root, h->bundles_dir};
+    for (size_t i = 0; i < 3; i++) {
+        rc = wk__mkdir_p(dirs[i], i == 0 ? 0755 : 0700);
+        if (rc < 0) {
+            rc = wk__fail(err, rc, "mkdir %s: %s", dirs[i], strerror(-rc));
+            goto fail;
+        }
+    }
+    rc = wk__volume_open(cfg, err);
+    if (rc < 0)
+        goto fail;
+    const char *vdirs[] = {h->templates_dir, h->sandboxes_dir};
+    for (size_t i = 0; i < 2; i++) {
+        if (mkdir(vdirs[i], 0700) < 0 && errno != EEXIST) {
+            rc = wk__fail(err, -errno, "mkdir %s: %s", vdirs[i], strerror(errno));
+            goto fail;
+        }
+    }
+    rc = wk__net_prepare();
+    if (rc < 0) {
+        rc = wk__fail(err, rc, "prepare %s: %s", WK_NETNS_DIR, strerror(-rc));
+        goto fail;
+    }
+    *ret_host = h;
+    return 0;
+fail:
+    wk_host_close(h);
+    return rc;
+}
+
+void wk_host_close(wk_host_t *h)
+{
+    if (!h)
+        return;
+    pthread_mutex_destroy(&h->pool_lock);
+    pthread_mutex_destroy(&h->tmpl_lock);
+    pthread_cond_destroy(&h->tmpl_cond);
+    wk_strv_free(h->building, h->n_building);
+    free(h->worker_id);
+    free(h->state_dir);
+    free(h->volume_dir);
+    free(h->runsc);
+    free(h->platform);
+    free(h->runsc_root);
+    free(h->bundles_dir);
+    free(h->templates_dir);
+    free(h->sandboxes_dir);
+    free(h);
+}
+
+/* ---- sandboxes ---- */
+
+static double ms_since(int64_t t_us)
+{
+    return (double)(wk__now_us() - t_us) / 1000.0;
+}
+
+int wk_sandbox_create(wk_host_t *h, const wk_sandbox_spec_t *spec, wk_sandbox_info_t *ret_info,
+                      char err[WK_ERR_MAX])
+{
+    if (!h || !spec || !spec->id || !sp_id_valid(spec->id))
+        return wk__fail(err, -EINVAL, "invalid sandbox id");
+    if (!spec->template_ || !sp_id_valid(spec->template_))
+        return wk__fail(err, -EINVAL, "invalid template name");
+    if (spec->vcpu > MAX_VCPU || spec->memory_mb > MAX_MEMORY_MB)
+        return wk__fail(err, -EINVAL, "vcpu or memory_mb out of range");
+    const char *id = spec->id;
+    int64_t t0 = wk__now_us();
+    char *tmpl = sp_xasprintf("%s/%s", h->templates_dir, spec->template_);
+    char *bundle = sp_xasprintf("%s/%s", h->bundles_dir, id);
+    char *rootfs = sp_xasprintf("%s/%s", h->sandboxes_dir, id);
+    char netns[WK_NETNS_NAME_MAX];
+    wk__netns_name(h, id, netns);
+    char *netns_path = sp_xasprintf("%s/%s", WK_NETNS_DIR, netns);
+    wk_sandbox_info_t info;
+    memset(&info, 0, sizeof(info));
+    bool marked = false;
+    double snap_ms = 0, net_ms = 0, create_ms = 0, start_ms = 0;
+    int rc;
+
+    bool ro = false;
+    rc = wk__subvol_is(tmpl, &ro);
+    if (rc <= 0 || !ro) {
+        rc = wk__fail(err, rc < 0 ? rc : SP_ENOTFOUND, "template %s is not ready", spec->template_);
+        goto out;
+    }
+    if (mkdir(bundle, 0700) < 0) {
+        rc = wk__fail(err, -errno, "sandbox %s: %s", id,
+                      errno == EEXIST ? "exists" : strerror(errno));
+        goto out;
+    }
+    marked = true;
+
+    int64_t t = wk__now_us();
+    rc = wk__subvol_snapshot(tmpl, rootfs, false, err);
+    if (rc < 0)
+        goto out;
+    snap_ms = ms_since(t);
+
+    t = wk__now_us();
+    rc = wk__net_create(h, id, info.address, err);
+    if (rc < 0)
+        goto out;
+    net_ms = ms_since(t);
+
+    wk__bundle_t bd = {.id = id,
+                       .rootfs = rootfs,
+                       .netns_path = netns_path,
+                       .vcpu = spec->vcpu,
+                       .memory_mb = spec->memory_mb};
+    rc = wk__runsc_write_config(h, &bd, bundle, err);
+    if (rc < 0)
+        goto out;
+
+    t = wk__now_us();
+    rc = wk__runsc_create(h, id, bundle, err);
+    if (rc < 0)
+        goto out;
+    create_ms = ms_since(t);
+
+    t = wk__now_us();
+    rc = wk__runsc_start(h, id, err);
+    if (rc < 0)
+        goto out;
+    start_ms = ms_since(t);
+
+    info.create_ms = (uint32_t)((wk__now_us() - t0) / 1000);
+    sp_log(SP_LOG_DEBUG, "sandbox created", SP_KS("sandbox", id), SP_KS("address", info.address),
+           SP_KF("snapshot_ms", snap_ms), SP_KF("net_ms", net_ms),
+           SP_KF("runsc_create_ms", create_ms), SP_KF("runsc_start_ms", start_ms),
+           SP_KU("total_ms", info.create_ms));
+    if (ret_info)
+        *ret_info = info;
+out:
+    if (rc < 0 && marked)
+        (void)wk_sandbox_destroy(h, id, NULL);
+    free(netns_path);
+    free(rootfs);
+    free(bundle);
+    free(tmpl);
+    return rc;
+}
+
+int wk_sandbox_destroy(wk_host_t *h, const char *id, char err[WK_ERR_MAX])
+{
+    if (!h || !id || !sp_id_valid(id))
+        return wk__fail(err, -EINVAL, "invalid sandbox id");
+    int64_t t0 = wk__now_us();
+    /* A container that will not go away keeps everything else: deleting the disk or the
+     * network under a running sandbox would leave it unmanageable. */
+    int rc = wk__runsc_delete(h, id, err);
+    if (rc < 0)
+        return rc;
+    double runsc_ms = ms_since(t0);
+
+    int r = wk__cgroup_remove(h, id);
+    if (r < 0)
+        rc = wk__fail(err, r, "remove cgroups of %s: %s", id, strerror(-r));
+    char e2[WK_ERR_MAX];
+    r = wk__net_destroy(h, id, e2);
+    if (r < 0 && rc == 0)
+        rc = wk__fail(err, r, "%s", e2);
+    char *p = sp_xasprintf("%s/%s", h->sandboxes_dir, id);
+    r = wk__subvol_delete(p, e2);
+    if (r < 0 && rc == 0)
+        rc = wk__fail(err, r, "%s", e2);
+    free(p);
+    /* The marker goes last, and only when everything else went. */
+    if (rc == 0) {
+        p = sp_xasprintf("%s/%s", h->bundles_dir, id);
+        r = wk__rm_rf(p);
+        if (r < 0)
+            rc = wk__fail(err, r, "remove %s: %s", p, strerror(-r));
+        free(p);
+    }
+    sp_log(SP_LOG_DEBUG, "sandbox destroyed", SP_KS("sandbox", id), SP_KI("rc", rc),
+           SP_KF("runsc_ms", runsc_ms), SP_KF("total_ms", ms_since(t0)));
+    return rc;
+}
+
+int wk_sandbox_exec(wk_host_t *h, const char *id, const char *const *argv, char *out,
+                    size_t out_len, int *ret_exit_code)
+{
+    if (!h || !id || !sp_id_valid(id) || !argv || !argv[0] || !out || out_len == 0)
+        return -EINVAL;
+    out[0] = '\0';
+    char *bundle = sp_xasprintf("%s/%s", h->bundles_dir, id);
+    int present = access(bundle, F_OK) == 0;
+    free(bundle);
+    if (!present)
+        return SP_ENOTFOUND;
+    int ex = 0;
+    int rc = wk__runsc_exec(h, id, argv, out, out_len, &ex);
+    if (rc == 0 && ret_exit_code)
+        *ret_exit_code = ex;
+    return rc;
+}
+
+/* ---- scan and usage ---- */
+
+typedef struct {
+    wk_host_sandbox_t *v;
+    size_t n, cap;
+} sblist_t;
+
+/* Adds id, or updates its state when state is a container state (RUNNING/STOPPED). */
+static void sb_add(sblist_t *l, const char *id, wk_state_t state)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        if (strcmp(l->v[i].id, id) == 0) {
+            if (state != WK_PARTIAL)
+                l->v[i].state = state;
+            return;
+        }
+    }
+    if (strlen(id) >= sizeof(l->v[0].id))
+        return;
+    if (l->n == l->cap) {
+        l->cap = l->cap ? l->cap * 2 : 16;
+        l->v = sp_xreallocarray(l->v, l->cap, sizeof(*l->v));
+    }
+    wk_host_sandbox_t *s = &l->v[l->n++];
+    memset(s, 0, sizeof(*s));
+    snprintf(s->id, sizeof(s->id), "%s", id);
+    s->state = state;
+}
+
+/* Calls fn for each entry of dir whose name starts with prefix and whose remainder is an
+ * id; returns how many, or < 0 if dir cannot be read (a missing dir is 0). */
+static int each_id(const char *dir, const char *prefix, void (*fn)(void *, const char *), void *ctx)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return errno == ENOENT ? 0 : -errno;
+    size_t plen = strlen(prefix);
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (strncmp(de->d_name, prefix, plen) != 0 || !sp_id_valid(de->d_name + plen))
+            continue;
+        if (fn)
+            fn(ctx, de->d_name + plen);
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static void add_partial(void *ctx, const char *id)
+{
+    sb_add(ctx, id, WK_PARTIAL);
+}
+
+int wk_host_scan(wk_host_t *h, wk_host_sandbox_t **ret_list, size_t *ret_n)
+{
+    sblist_t l = {0};
+    wk_host_sandbox_t *cont = NULL;
+    size_t ncont = 0;
+    int rc = wk__runsc_list(h, &cont, &ncont);
+    if (rc < 0)
+        goto fail;
+    char prefix[WK_TAG_LEN + 8];
+    snprintf(prefix, sizeof(prefix), "sp-%s-", h->tag);
+    int r;
+    if ((r = each_id(h->sandboxes_dir, "", add_partial, &l)) < 0 ||
+        (r = each_id(h->bundles_dir, "", add_partial, &l)) < 0 ||
+        (r = each_id(WK_NETNS_DIR, prefix, add_partial, &l)) < 0) {
+        rc = r;
+        goto fail;
+    }
+    char **cg = NULL;
+    size_t ncg = 0;
+    rc = wk__cgroup_ids(h, &cg, &ncg);
+    if (rc < 0)
+        goto fail;
+    for (size_t i = 0; i < ncg; i++)
+        sb_add(&l, cg[i], WK_PARTIAL);
+    wk_strv_free(cg, ncg);
+    for (size_t i = 0; i < ncont; i++)
+        sb_add(&l, cont[i].id, cont[i].state);
+    free(cont);
+    *ret_list = l.v;
+    *ret_n = l.n;
+    return 0;
+fail:
+    free(cont);
+    free(l.v);
+    return rc;
+}
+
+static void count_subvol(void *ctx, const char *id)
+{
+    void **c = ctx;
+    const wk_host_t *h = c[0];
+    size_t *n = c[1];
+    char *p = sp_xasprintf("%s/%s", h->sandboxes_dir, id);
+    if (wk__subvol_is(p, NULL) == 1)
+        (*n)++;
+    free(p);
+}
+
+int wk_host_usage(wk_host_t *h, wk_host_usage_t *ret)
+{
+    wk_host_usage_t u;
+    memset(&u, 0, sizeof(u));
+    wk_host_sandbox_t *cont = NULL;
+    int rc = wk__runsc_list(h, &cont, &u.containers);
+    free(cont);
+    if (rc < 0)
+        return rc;
+
+    void *ctx[2] = {h, &u.subvolumes};
+    int r = each_id(h->sandboxes_dir, "", count_subvol, ctx);
+    if (r < 0)
+        return r;
+
+    char prefix[WK_TAG_LEN + 8];
+    snprintf(prefix, sizeof(prefix), "sp-%s-", h->tag);
+    r = each_id(WK_NETNS_DIR, prefix, NULL, NULL);
+    if (r < 0)
+        return r;
+    u.netns = (size_t)r;
+
+    /* Veth names are not ids (hashes): count by prefix. */
+    char vprefix[IFNAMSIZ];
+    snprintf(vprefix, sizeof(vprefix), "spv%.4s", h->tag);
+    DIR *d = opendir("/sys/class/net");
+    if (!d)
+        return -errno;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (strncmp(de->d_name, vprefix, strlen(vprefix)) == 0)
+            u.veths++;
+    }
+    closedir(d);
+
+    char **cg = NULL;
+    rc = wk__cgroup_ids(h, &cg, &u.cgroups);
+    wk_strv_free(cg, u.cgroups);
+    if (rc < 0)
+        return rc;
+    *ret = u;
+    return 0;
+}
+
+int wk_host_teardown(wk_host_t *h, char err[WK_ERR_MAX])
+{
+    wk_host_sandbox_t *list = NULL;
+    size_t n = 0;
+    int rc = wk_host_scan(h, &list, &n);
+    if (rc < 0)
+        return wk__fail(err, rc, "scan failed");
+    for (size_t i = 0; i < n; i++) {
+        if ((rc = wk_sandbox_destroy(h, list[i].id, err)) < 0) {
+            free(list);
+            return rc;
+        }
+    }
+    free(list);
+    /* The per-worker cgroup parents are empty now. */
+    char *pattern = sp_xasprintf("space-%s", h->tag);
+    DIR *d = opendir(WK_CGROUP_ROOT);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        char *p = sp_xasprintf("%s/%s/%s", WK_CGROUP_ROOT, de->d_name, pattern);
+        rmdir(p);
+        free(p);
+    }
+    if (d)
+        closedir(d);
+    free(pattern);
+    /* Our image, loop-mounted with autoclear: unmounting releases the loop device too. A
+     * volume_dir that is the host's own btrfs is not ours to unmount. */
+    char *image = sp_xasprintf("%s/volumes.img", h->state_dir);
+    if (access(image, F_OK) == 0 && umount2(h->volume_dir, 0) < 0 && errno != EINVAL &&
+        errno != ENOENT) {
+        rc = wk__fail(err, -errno, "umount %s: %s", h->volume_dir, strerror(errno));
+        free(image);
+        return rc;
+    }
+    free(image);
+    return 0;
+}

@@ -1,0 +1,107 @@
+/* The host side of sandboxes on one worker: the gVisor (runsc) runtime driver, btrfs volumes
+ * and templates, the per-sandbox network namespace, and cleanup. No bus, no events: the worker
+ * daemon (worker/main.c) drives this module and reports what happened.
+ *
+ * Threads: every function may be called from several threads at once for DIFFERENT sandbox
+ * ids (the daemon runs creates in parallel); calls for the same id must not overlap. The
+ * address pool and template builds are locked inside.
+ *
+ * Errors: < 0 (negative errno or SP_E*), with a one-line human reason in err (WK_ERR_MAX)
+ * where the signature has one. Nothing here logs above debug.
+ */
+#ifndef SPACE_WORKER_RUNTIME_H
+#define SPACE_WORKER_RUNTIME_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define WK_ERR_MAX 256
+
+typedef struct {
+    const char *worker_id;      /* sp_id_valid; names runsc ids, netns and cgroups it owns */
+    const char *state_dir;      /* e.g. $SPACE_HOME/worker-<id>: runsc root, bundles, image */
+    const char *volume_dir;     /* btrfs mount point for templates and sandbox disks; if it is not
+                                   btrfs, a sparse loop image under state_dir is mounted there */
+    uint64_t image_bytes;       /* size of that loop image (sparse) */
+    const char *runsc;          /* runsc program */
+    const char *runsc_platform; /* "ptrace" (default here) or "kvm" */
+    const char *net_prefix;     /* first two octets of the sandbox /30 pool, e.g. "10.200" */
+} wk_host_config_t;
+
+typedef struct wk_host wk_host_t;
+
+/* Prepares the host: directories, the btrfs volume (mounting the loop image if needed),
+ * runsc root. Idempotent across restarts; does not touch existing sandboxes. */
+int wk_host_open(const wk_host_config_t *cfg, wk_host_t **ret_host, char err[WK_ERR_MAX]);
+/* Releases memory and fds; leaves sandboxes, mounts and templates in place. Accepts NULL. */
+void wk_host_close(wk_host_t *h);
+
+/* Templates are read-only btrfs subvolumes under volume_dir/templates/<name>. Built-in:
+ *   "tiny": busybox-static, built in well under a second;
+ *   "base": Debian bookworm minbase via debootstrap with bash, coreutils, iproute2, curl,
+ *           ca-certificates, python3, the statx shim (runtime-notes.md) and user "user" with
+ *           /home/user; minutes, needs the Debian mirror.
+ * wk_template_ensure builds one if missing (serialised) and returns 0 when it is ready. */
+int wk_template_ensure(wk_host_t *h, const char *name, char err[WK_ERR_MAX]);
+/* Names of templates that are ready (heap array of heap strings; free with
+ * wk_strv_free). */
+int wk_template_list(wk_host_t *h, char ***ret_names, size_t *ret_n);
+void wk_strv_free(char **v, size_t n);
+
+typedef struct {
+    const char *id;        /* sandbox id (sp_id_valid) */
+    const char *template_; /* must be ready */
+    uint32_t vcpu;         /* 0 = 1 */
+    uint32_t memory_mb;    /* 0 = 512 */
+} wk_sandbox_spec_t;
+
+typedef struct {
+    char address[16];   /* the sandbox's IPv4 address inside its netns */
+    uint32_t create_ms; /* snapshot + netns + runsc create + start, as measured */
+} wk_sandbox_info_t;
+
+/* Creates and starts a sandbox: writable btrfs snapshot of the template, netns + veth with a
+ * /30 from the pool (no egress yet: the host side has no route out), runsc create + start
+ * with CPU and memory limits, a long-running init (a placeholder until the guest agent
+ * exists). runsc create runs under a small detached process ("space-reaper") that reaps the
+ * sandbox's runsc processes as soon as they exit (PID 1 here reaps orphans only about once a
+ * second, which made every destroy wait). On failure everything it made is released before
+ * it returns. */
+int wk_sandbox_create(wk_host_t *h, const wk_sandbox_spec_t *spec, wk_sandbox_info_t *ret_info,
+                      char err[WK_ERR_MAX]);
+
+/* Stops and releases everything of a sandbox: runsc container and state, subvolume, netns,
+ * veth, address, cgroup directories left by runsc. Idempotent: releasing what is already gone
+ * is success. */
+int wk_sandbox_destroy(wk_host_t *h, const char *id, char err[WK_ERR_MAX]);
+
+/* Runs argv inside a running sandbox via `runsc exec` and captures stdout+stderr (at most
+ * out_len - 1 bytes, NUL-terminated) and the exit code. For tests and diagnostics until the
+ * guest agent exists. */
+int wk_sandbox_exec(wk_host_t *h, const char *id, const char *const *argv, char *out,
+                    size_t out_len, int *ret_exit_code);
+
+typedef enum { WK_ABSENT = 0, WK_RUNNING, WK_STOPPED, WK_PARTIAL } wk_state_t;
+
+/* What the host shows for this worker: every sandbox id that has any resource here (runsc
+ * container, subvolume, netns), with a state: RUNNING (container running), STOPPED
+ * (container exists, not running), PARTIAL (some resources without a container). */
+typedef struct {
+    char id[65];
+    wk_state_t state;
+} wk_host_sandbox_t;
+int wk_host_scan(wk_host_t *h, wk_host_sandbox_t **ret_list, size_t *ret_n);
+
+/* Destroys every sandbox of this worker and unmounts the volume image it mounted: what
+ * `space down --purge` needs before it can delete the state directory. The host must not be
+ * used afterwards except to close it. */
+int wk_host_teardown(wk_host_t *h, char err[WK_ERR_MAX]);
+
+/* Counts of host resources belonging to this worker, for leak checks in tests. */
+typedef struct {
+    size_t containers, subvolumes, netns, veths, cgroups;
+} wk_host_usage_t;
+int wk_host_usage(wk_host_t *h, wk_host_usage_t *ret);
+
+#endif

@@ -1,0 +1,158 @@
+/* Internals shared by the files that implement worker_runtime.h (worker_*.c). Not a contract
+ * for anyone else: the worker daemon includes worker_runtime.h only.
+ *
+ * Naming of host resources (all derived from the worker id, so two workers on one host never
+ * touch each other's, and from the sandbox id, so every resource maps back to its sandbox):
+ *   tag      8 hex chars of SHA-256(worker_id)
+ *   netns    /run/netns/sp-<tag>-<id>
+ *   veth     spv<tag[0..4)><8 hex of SHA-256(id)> (IFNAMSIZ-1 = 15 chars), peer "eth0" in the
+ *            netns; its ifalias is "space <worker_id> <id>"
+ *   cgroups  /sys/fs/cgroup/<controller>/space-<tag>/<id> (linux.cgroupsPath)
+ *   runsc    --root=<state_dir>/runsc, container id = sandbox id
+ *   disk     <volume_dir>/sandboxes/<id>, templates in <volume_dir>/templates/<name>
+ *   bundle   <state_dir>/bundles/<id>: made first and removed last, so it marks an id in use
+ */
+#ifndef SPACE_WORKER_RUNTIME_INT_H
+#define SPACE_WORKER_RUNTIME_INT_H
+
+#include <net/if.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "worker_runtime.h"
+
+#define WK_TAG_LEN          8
+#define WK_NETNS_DIR        "/run/netns"
+#define WK_NETNS_NAME_MAX   96
+#define WK_CGROUP_ROOT      "/sys/fs/cgroup"
+#define WK_RUNSC_TIMEOUT_MS 30000
+/* debootstrap of "base" downloads ~100 MB; allow a slow mirror. */
+#define WK_TEMPLATE_TIMEOUT_MS (30 * 60 * 1000)
+
+struct wk_host {
+    char *worker_id;
+    char *state_dir;
+    char *volume_dir;
+    char *runsc; /* absolute path, resolved at open */
+    char *platform;
+    uint8_t net_a, net_b; /* net_prefix */
+    char tag[WK_TAG_LEN + 1];
+    char *runsc_root;
+    char *bundles_dir;
+    char *templates_dir;
+    char *sandboxes_dir;
+
+    /* Held from the address dump until the host side of the new veth has its address, so two
+     * creates never pick the same /30. */
+    pthread_mutex_t pool_lock;
+    /* Guards building[]: names of templates being built; waiters sleep on tmpl_cond. */
+    pthread_mutex_t tmpl_lock;
+    pthread_cond_t tmpl_cond;
+    char **building;
+    size_t n_building;
+};
+
+/* Error text into err (WK_ERR_MAX), printf-style; returns rc so callers can
+ * `return wk__fail(err, rc, ...)`. err may be NULL. */
+int wk__fail(char *err, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int64_t wk__now_us(void);
+
+/* ---- processes (worker_spawn.c) ---- */
+
+typedef enum {
+    WK_OUT_NULL = 0, /* stdout and stderr to /dev/null */
+    WK_OUT_STDOUT,   /* capture stdout, stderr to /dev/null */
+    WK_OUT_STDERR,   /* capture stderr, stdout to /dev/null */
+    WK_OUT_BOTH,     /* capture stdout and stderr into one stream */
+    WK_OUT_FD,       /* stdout and stderr to out_fd */
+} wk_out_mode_t;
+
+typedef struct {
+    const char *const *argv; /* argv[0] is an absolute path */
+    int timeout_ms;          /* the child's process group is SIGKILLed after this */
+    /* Run in a private mount namespace with a tmpfs on /proc/sys/net (runtime-notes.md: this
+     * runsc takes any netns for the root one on new kernels and refuses to start). */
+    bool netns_wrapper;
+    /* Run the command under a detached reaper process that is a child subreaper and lives
+     * until every process the command left behind has exited (for `runsc create`, whose
+     * sandbox and gofer outlive it). Without it they are orphaned to PID 1, and `runsc delete`
+     * waits until PID 1 reaps the killed sandbox: about a second on hosts whose init reaps
+     * lazily (this project's VMs), milliseconds with the reaper. */
+    bool reaper;
+    wk_out_mode_t out_mode;
+    int out_fd;     /* WK_OUT_FD */
+    char *out;      /* WK_OUT_STD*, WK_OUT_BOTH: first out_len - 1 bytes, NUL-terminated */
+    size_t out_len; /* the rest is read and dropped */
+} wk__cmd_t;
+
+/* Runs the command to completion. 0 and *ret_exit (exit status, or 128 + signal) when it ran;
+ * SP_ETIMEOUT when it was killed for its timeout; negative errno when it could not start.
+ * Only the child's own exit is awaited: a grandchild holding the capture pipe (runsc keeps
+ * the container's stdio) does not block the caller. */
+int wk__run(const wk__cmd_t *c, int *ret_exit);
+/* Looks name up in $PATH (or takes it as is when it has a '/'); heap path in *ret_path. */
+int wk__find_program(const char *name, char **ret_path);
+
+/* ---- files (worker_runtime.c) ---- */
+
+int wk__mkdir_p(const char *path, mode_t mode);
+/* Removes a directory tree without crossing mount points; a missing path is success. */
+int wk__rm_rf(const char *path);
+/* Last non-empty line of text, without its newline, into out (for error reasons). */
+void wk__last_line(const char *text, char *out, size_t out_len);
+
+/* ---- btrfs (worker_volume.c) ---- */
+
+/* Makes volume_dir a btrfs mount: as it is, or by loop-mounting state_dir/volumes.img (made
+ * sparse with mkfs.btrfs if missing). Idempotent. */
+int wk__volume_open(const wk_host_config_t *cfg, char err[WK_ERR_MAX]);
+int wk__subvol_create(const char *path, char err[WK_ERR_MAX]);
+int wk__subvol_snapshot(const char *src, const char *dst, bool read_only, char err[WK_ERR_MAX]);
+/* A missing path is success. */
+int wk__subvol_delete(const char *path, char err[WK_ERR_MAX]);
+/* 1 if path is a subvolume (and *ret_read_only says whether it is read-only, when non-NULL),
+ * 0 if it is missing or a plain directory, < 0 on error. */
+int wk__subvol_is(const char *path, bool *ret_read_only);
+
+/* ---- network (worker_net.c) ---- */
+
+/* Makes /run/netns exist and a shared mount point, as `ip netns add` does. */
+int wk__net_prepare(void);
+void wk__netns_name(const wk_host_t *h, const char *id, char out[WK_NETNS_NAME_MAX]);
+void wk__veth_name(const wk_host_t *h, const char *id, char out[IFNAMSIZ]);
+/* netns + veth + /30 (host .1, sandbox .2, default route via .1, lo up). On failure
+ * whatever it made is removed. */
+int wk__net_create(wk_host_t *h, const char *id, char ret_addr[16], char err[WK_ERR_MAX]);
+/* Removes the veth and the netns; what is already gone is success. */
+int wk__net_destroy(wk_host_t *h, const char *id, char err[WK_ERR_MAX]);
+
+/* ---- runsc (worker_runsc.c) ---- */
+
+typedef struct {
+    const char *id;
+    const char *rootfs;
+    const char *netns_path;
+    uint32_t vcpu;
+    uint32_t memory_mb;
+} wk__bundle_t;
+
+/* Writes <bundle_dir>/config.json (OCI runtime spec). */
+int wk__runsc_write_config(const wk_host_t *h, const wk__bundle_t *b, const char *bundle_dir,
+                           char err[WK_ERR_MAX]);
+int wk__runsc_create(const wk_host_t *h, const char *id, const char *bundle_dir,
+                     char err[WK_ERR_MAX]);
+int wk__runsc_start(const wk_host_t *h, const char *id, char err[WK_ERR_MAX]);
+/* delete --force (kills the sandbox); a container that does not exist is success. */
+int wk__runsc_delete(const wk_host_t *h, const char *id, char err[WK_ERR_MAX]);
+int wk__runsc_exec(const wk_host_t *h, const char *id, const char *const *argv, char *out,
+                   size_t out_len, int *ret_exit);
+/* Containers under our runsc root: ids and states (WK_RUNNING or WK_STOPPED). */
+int wk__runsc_list(const wk_host_t *h, wk_host_sandbox_t **ret_list, size_t *ret_n);
+/* rmdir of space-<tag>/<id> under every cgroup v1 controller (and the unified tree). */
+int wk__cgroup_remove(const wk_host_t *h, const char *id);
+/* Distinct ids that have a cgroup directory under any controller (heap strv). */
+int wk__cgroup_ids(const wk_host_t *h, char ***ret_ids, size_t *ret_n);
+
+#endif
