@@ -257,11 +257,74 @@ static void test_bad_input(void **state)
     sp_test_http_free(&r);
 }
 
+static long long events_of(const char *type, const char *sbx)
+{
+    char sql[256];
+    PGconn *db = sp_test_db();
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM events WHERE status = 'accepted' AND type = '%s' AND "
+             "aggregate_id = '%s'",
+             type, sbx);
+    long long n = sp_test_db_wait_scalar(db, sql, 1, 20000);
+    PQfinish(db);
+    return n;
+}
+
+/* SIGKILL the worker while sandboxes run and lose one of them behind its back: the restarted
+ * worker adopts the two still running, reports the lost one, and nothing leaks. */
+static void test_worker_restart(void **state)
+{
+    created_t c[3] = {0};
+    char state_json[64];
+
+    sp_test_stack_load();
+    port = sp_test_api_port();
+    key = sp_test_env("SPACE_API_KEY");
+    for (int i = 0; i < 3; i++) {
+        create_one(&c[i]);
+        assert_int_equal(c[i].status, 201);
+    }
+    sp_test_daemon_kill9("space-worker");
+    char *cmd = sp_xasprintf("runsc --root='%s/worker/runsc' delete --force %s 2>&1",
+                             sp_test_env("SPACE_HOME"), c[2].id);
+    free(sh(cmd));
+    free(cmd);
+    assert_int_equal(sp_test_space("up >/dev/null"), 0);
+
+    assert_int_equal(events_of("SandboxAdopted", c[0].id), 1);
+    assert_int_equal(events_of("SandboxAdopted", c[1].id), 1);
+    assert_int_equal(events_of("SandboxFailed", c[2].id), 1);
+    for (int i = 0; i < 3; i++) {
+        sp_test_http_resp_t r;
+        char path[512];
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s", c[i].id);
+        sp_test_http(port, "GET", path, key, NULL, NULL, 0, &r);
+        sp_json_doc_t *doc = body_json(&r);
+        snprintf(state_json, sizeof(state_json), "%s", str_field(doc, "state"));
+        sp_json_doc_free(doc);
+        sp_test_http_free(&r);
+        assert_string_equal(state_json, i < 2 ? "running" : "failed");
+    }
+    /* The adopted ones still work. */
+    char *out = runsc_exec(c[1].id, "echo alive");
+    assert_non_null(strstr(out, "alive"));
+    free(out);
+    for (int i = 0; i < 3; i++) {
+        delete_one(&c[i]);
+        assert_int_equal(c[i].status, 204);
+    }
+    char *left = leftovers(c, 3);
+    if (left[0])
+        fail_msg("host resources left for: %s", left);
+    free(left);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ten_sandboxes),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_worker_restart),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
