@@ -14,11 +14,18 @@ typedef struct {
     size_t events;
     unsigned rate;
     unsigned seconds;
+    /* create */
+    size_t creates;
+    const char *home; /* SPACE_HOME: the worker's template rootfs for the baseline */
+    char api_host[64];
+    int api_port;
+    const char *api_key;
 } bench_ctx_t;
 
 /* p-th percentile (nearest rank) of v; sorts v in place. */
 double bench_pct(double *v, size_t n, double p);
 
 int bench_eventlog(bench_ctx_t *c);
+int bench_create(bench_ctx_t *c);
 
 #endif

@@ -9,6 +9,7 @@
 #include "config.h"
 #include "db.h"
 #include "error.h"
+#include "httpc.h"
 #include "log.h"
 
 typedef struct {
@@ -18,6 +19,10 @@ typedef struct {
     int64_t events;
     int64_t rate;
     int64_t seconds;
+    int64_t creates;
+    char *api_url;
+    char *api_key;
+    char *home;
 } bench_config_t;
 
 static const sp_cfg_opt_t options[] = {
@@ -29,6 +34,11 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_INT_OPT("rate", bench_config_t, rate, 1, 100000, "1000",
                    "events/s for the latency runs"),
     SP_CFG_INT_OPT("seconds", bench_config_t, seconds, 1, 3600, "5", "length of a latency run"),
+    SP_CFG_INT_OPT("creates", bench_config_t, creates, 1, 100000, "200",
+                   "sandboxes created (create bench)"),
+    SP_CFG_STR_OPT("api-url", bench_config_t, api_url, "http://127.0.0.1:8080", "the HTTP API"),
+    SP_CFG_STR_OPT("api-key", bench_config_t, api_key, NULL, "API key (create bench)"),
+    SP_CFG_STR_OPT("home", bench_config_t, home, "./var", "SPACE_HOME of the stack"),
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -47,8 +57,9 @@ int main(int argc, char **argv)
         code = 0;
         goto out;
     }
-    if (argi >= argc || strcmp(argv[argi], "eventlog") != 0 || argi + 1 != argc) {
-        fprintf(stderr, "usage: space-bench [options] eventlog\n");
+    if (argi + 1 != argc ||
+        (strcmp(argv[argi], "eventlog") != 0 && strcmp(argv[argi], "create") != 0)) {
+        fprintf(stderr, "usage: space-bench [options] eventlog|create\n");
         goto out;
     }
     sp_log_init("space-bench", SP_LOG_WARN, SP_LOG_KV);
@@ -68,7 +79,18 @@ int main(int argc, char **argv)
     c.events = (size_t)cfg.events;
     c.rate = (unsigned)cfg.rate;
     c.seconds = (unsigned)cfg.seconds;
-    code = bench_eventlog(&c);
+    c.creates = (size_t)cfg.creates;
+    c.home = cfg.home;
+    c.api_key = cfg.api_key;
+    if (strcmp(argv[argi], "create") == 0) {
+        if (sp_httpc_parse_url(cfg.api_url, c.api_host, sizeof(c.api_host), &c.api_port) < 0) {
+            fprintf(stderr, "space-bench: bad --api-url\n");
+            goto out;
+        }
+        code = bench_create(&c);
+    } else {
+        code = bench_eventlog(&c);
+    }
 out:
     PQfinish(c.db);
     sp_bus_free(c.bus);

@@ -7,6 +7,7 @@
 #include <libpq-fe.h>
 
 #include "bus.h"
+#include "httpc.h"
 
 /* Fails the test (cmocka fail_msg) when the stack is not there. */
 void sp_test_stack_load(void);
@@ -31,12 +32,7 @@ int sp_test_replay(const char *args, char *out, size_t outlen);
 
 /* A minimal HTTP/1.1 client for tests: one request per connection (Connection: close) to
  * 127.0.0.1:port, body de-chunked. */
-typedef struct {
-    int status;
-    char *headers; /* raw header block, heap */
-    char *body;    /* heap, NUL-terminated */
-    size_t body_len;
-} sp_test_http_resp_t;
+typedef sp_httpc_resp_t sp_test_http_resp_t;
 
 /* Sends method path with optional bearer key and body (JSON); returns 0 or fails the test
  * when the exchange itself fails. extra_headers: "Name: value\r\n..." or NULL. */

@@ -1,0 +1,210 @@
+/* The tools' HTTP client (httpc.h). */
+#include "httpc.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "buf.h"
+#include "error.h"
+#include "ids.h"
+#include "xmalloc.h"
+
+/* Waits for fd to be ready for events until deadline (monotonic ns). */
+static int wait_fd(int fd, short events, int64_t deadline)
+{
+    for (;;) {
+        int64_t left = (deadline - sp_mono_ns()) / 1000000;
+        if (left <= 0)
+            return SP_ETIMEOUT;
+        struct pollfd p = {.fd = fd, .events = events};
+        int n = poll(&p, 1, (int)(left > 60000 ? 60000 : left));
+        if (n > 0)
+            return 0;
+        if (n < 0 && errno != EINTR)
+            return -errno;
+    }
+}
+
+/* Sends everything unless the server stops reading (it may answer early, e.g. 413 to a body
+ * it will not take, and close): then the response is what counts. */
+static int send_all(int fd, const char *p, size_t n, int64_t deadline)
+{
+    while (n > 0) {
+        int rc = wait_fd(fd, POLLOUT, deadline);
+        if (rc < 0)
+            return rc;
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (w < 0 && (errno == EPIPE || errno == ECONNRESET))
+            return 1;
+        if (w <= 0)
+            return -errno;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* De-chunks body in place (RFC 9112 section 7.1); SP_EDECODE when malformed. */
+static int dechunk(char *body, size_t len, size_t *ret_len)
+{
+    size_t in = 0, out = 0;
+    for (;;) {
+        char *end = NULL;
+        if (in >= len)
+            return SP_EDECODE;
+        unsigned long long n = strtoull(body + in, &end, 16);
+        char *crlf = memmem(body + in, len - in, "\r\n", 2);
+        if (!crlf || end == body + in)
+            return SP_EDECODE;
+        in = (size_t)(crlf - body) + 2;
+        if (n == 0)
+            break;
+        if (n > len - in)
+            return SP_EDECODE;
+        memmove(body + out, body + in, n);
+        out += n;
+        in += n + 2;
+    }
+    body[out] = '\0';
+    *ret_len = out;
+    return 0;
+}
+
+int sp_httpc_do(const sp_httpc_req_t *req, sp_httpc_resp_t *ret)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)req->port)};
+    int64_t deadline =
+        sp_mono_ns() + (int64_t)(req->timeout_ms ? req->timeout_ms : 120000) * 1000000;
+    size_t max = req->max_response ? req->max_response : 64u * 1024 * 1024;
+    sp_buf_t out, in;
+    int fd = -1, rc;
+
+    memset(ret, 0, sizeof(*ret));
+    if (inet_pton(AF_INET, req->host, &sa.sin_addr) != 1)
+        return -EINVAL;
+    sp_buf_init(&out);
+    sp_buf_init(&in);
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        rc = -errno;
+        goto out;
+    }
+    sp_buf_printf(&out, "%s %s HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\n", req->method,
+                  req->path, req->host, req->port);
+    if (req->key)
+        sp_buf_printf(&out, "Authorization: Bearer %s\r\n", req->key);
+    if (req->body)
+        sp_buf_printf(&out, "Content-Type: application/json\r\nContent-Length: %zu\r\n",
+                      req->body_len);
+    if (req->extra_headers)
+        sp_buf_puts(&out, req->extra_headers);
+    sp_buf_puts(&out, "\r\n");
+    rc = send_all(fd, out.data, out.len, deadline);
+    if (rc == 0 && req->body)
+        rc = send_all(fd, req->body, req->body_len, deadline);
+    if (rc < 0)
+        goto out;
+
+    char chunk[65536];
+    for (;;) {
+        if ((rc = wait_fd(fd, POLLIN, deadline)) < 0)
+            goto out;
+        ssize_t n = recv(fd, chunk, sizeof(chunk), MSG_DONTWAIT);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (n < 0 && errno == ECONNRESET && in.len > 0)
+            break; /* answered, then reset because we were still sending */
+        if (n < 0) {
+            rc = -errno;
+            goto out;
+        }
+        if (n == 0)
+            break;
+        if (in.len + (size_t)n > max) {
+            rc = SP_ETOOBIG;
+            goto out;
+        }
+        sp_buf_append(&in, chunk, (size_t)n);
+    }
+
+    char *sep = in.data ? strstr(in.data, "\r\n\r\n") : NULL;
+    if (!sep || sscanf(in.data, "HTTP/1.%*d %3d", &ret->status) != 1) { /* NOLINT(cert-err34-c) */
+        rc = SP_EDECODE;
+        goto out;
+    }
+    ret->headers = sp_xstrndup(in.data, (size_t)(sep - in.data) + 2);
+    size_t blen = in.len - (size_t)(sep + 4 - in.data);
+    ret->body = sp_xmalloc(blen + 1);
+    memcpy(ret->body, sep + 4, blen);
+    ret->body[blen] = '\0';
+    ret->body_len = blen;
+    char te[64];
+    if (sp_httpc_header(ret, "transfer-encoding", te, sizeof(te)) == 0 &&
+        strcasecmp(te, "chunked") == 0 && (rc = dechunk(ret->body, blen, &ret->body_len)) < 0) {
+        sp_httpc_resp_free(ret);
+        goto out;
+    }
+    rc = 0;
+out:
+    if (fd >= 0)
+        close(fd);
+    if (out.data)
+        explicit_bzero(out.data, out.len); /* it held the key */
+    sp_buf_dispose(&out);
+    sp_buf_dispose(&in);
+    return rc;
+}
+
+void sp_httpc_resp_free(sp_httpc_resp_t *r)
+{
+    free(r->headers);
+    free(r->body);
+    memset(r, 0, sizeof(*r));
+}
+
+int sp_httpc_header(const sp_httpc_resp_t *r, const char *name, char *out, size_t len)
+{
+    size_t n = strlen(name);
+    for (const char *p = strstr(r->headers, "\r\n"); p && p[2]; p = strstr(p + 2, "\r\n")) {
+        const char *line = p + 2;
+        if (strncasecmp(line, name, n) == 0 && line[n] == ':') {
+            const char *v = line + n + 1;
+            while (*v == ' ')
+                v++;
+            size_t vl = strcspn(v, "\r\n");
+            if (vl >= len)
+                vl = len - 1;
+            memcpy(out, v, vl);
+            out[vl] = '\0';
+            return 0;
+        }
+    }
+    return SP_ENOTFOUND;
+}
+
+int sp_httpc_parse_url(const char *url, char *host, size_t host_len, int *ret_port)
+{
+    if (strncmp(url, "http://", 7) != 0)
+        return -EINVAL;
+    const char *h = url + 7, *colon = strchr(h, ':');
+    if (!colon || (size_t)(colon - h) >= host_len)
+        return -EINVAL;
+    char *end = NULL;
+    long port = strtol(colon + 1, &end, 10);
+    if (port <= 0 || port > 65535 || (*end && *end != '/'))
+        return -EINVAL;
+    memcpy(host, h, (size_t)(colon - h));
+    host[colon - h] = '\0';
+    *ret_port = (int)port;
+    return 0;
+}
