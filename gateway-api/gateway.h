@@ -1,0 +1,327 @@
+/* space-gateway internals, shared by gateway-api/ files only (never by another daemon).
+ *
+ * Threads and ownership, in one place:
+ * - Everything named here runs on the libuv loop thread unless it says otherwise: h2o, the
+ *   request contexts, the waiters, the SSE streams, the metrics, the API key cache.
+ * - gw_job_t.run runs on a libuv thread-pool thread with a PostgreSQL connection of the pool
+ *   to itself; it may call sp_bus_publish (the bus is thread-safe for publishing) and must not
+ *   touch loop state. gw_job_t.done runs on the loop afterwards.
+ * - The LISTEN thread (gw_listener_t) only stores the newest head sequence in an atomic and
+ *   wakes the loop with uv_async_send.
+ */
+#ifndef SPACE_GATEWAY_H
+#define SPACE_GATEWAY_H
+
+#define H2O_USE_LIBUV 1
+#include <h2o.h>
+#include <libpq-fe.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "buf.h"
+#include "bus.h"
+#include "hash.h"
+#include "reduce.h"
+
+#define GW_DAEMON         "space-gateway"
+#define GW_REQUEST_ID_MAX 64
+#define GW_IDEM_KEY_MAX   128
+#define GW_PATH_MAX       2048 /* request target, query included: longer is 414 */
+#define GW_QUERY_MAX      32   /* query parameters: more is 400 */
+#define GW_EVENT_ID_LEN   36
+
+/* One immutable config, filled from the table in main.c. */
+typedef struct {
+    char *listen_host;
+    int64_t port;
+    char *port_file;
+    char *nats_url;
+    char *nats_user;
+    char *nats_password;
+    char *pg_url;
+    int64_t pg_pool;
+    int64_t queue_max;
+    int64_t create_timeout_s;
+    int64_t delete_timeout_s;
+    int64_t sse_keepalive_s;
+    int64_t sse_max_lag_bytes;
+    int64_t sse_write_timeout_s;
+    int64_t max_streams;
+    int64_t max_body_bytes;
+    int64_t stop_timeout_s;
+    char *log_level;
+    char *log_format;
+} gw_config_t;
+
+typedef struct gw gw_t;
+
+/* ---- metrics (gateway_metrics.c) ---- */
+
+typedef enum {
+    GW_R_HEALTHZ = 0,
+    GW_R_METRICS,
+    GW_R_SANDBOX_CREATE,
+    GW_R_SANDBOX_LIST,
+    GW_R_SANDBOX_GET,
+    GW_R_SANDBOX_DELETE,
+    GW_R_SANDBOX_EVENTS,
+    GW_R_EVENTS,
+    GW_R_TEMPLATES,
+    GW_R_OTHER, /* unknown routes and responses h2o itself produced (413 while reading a body) */
+    GW_R_COUNT
+} gw_route_t;
+
+#define GW_CREATE_BUCKETS 14
+
+typedef struct {
+    uint64_t requests[GW_R_COUNT][600]; /* by status code 100..599 (index = code) */
+    int64_t in_flight;
+    int64_t streams;
+    uint64_t publish_failures;
+    uint64_t streams_closed_slow;
+    uint64_t create_buckets[GW_CREATE_BUCKETS + 1]; /* the last is +Inf */
+    double create_sum;
+    uint64_t create_count;
+} gw_metrics_t;
+
+void gw_metrics_request(gw_metrics_t *m, gw_route_t route, int status);
+void gw_metrics_create_latency(gw_metrics_t *m, double seconds);
+void gw_metrics_render(const gw_metrics_t *m, sp_buf_t *out);
+
+/* ---- PostgreSQL pool and jobs (gateway_db.c) ---- */
+
+typedef struct gw_job gw_job_t;
+struct gw_job {
+    uv_work_t work;
+    gw_t *gw;
+    PGconn *db;
+    size_t conn_index;
+    /* Runs on a pool thread with db to itself. */
+    void (*run)(gw_job_t *job, PGconn *db);
+    /* Runs on the loop once run returned; owns the job (frees it). */
+    void (*done)(gw_job_t *job);
+    gw_job_t *next; /* queue link while waiting for a connection */
+};
+
+typedef struct {
+    char *url;
+    PGconn **conns;
+    size_t *free_list;
+    size_t n, n_free;
+    gw_job_t *head, *tail; /* jobs waiting for a connection, FIFO */
+    size_t queued, queue_max;
+    size_t running;
+} gw_pool_t;
+
+/* Opens n connections (retrying while PostgreSQL starts, up to timeout_ms) and applies the
+ * schema migrations on the first. */
+int gw_pool_open(gw_pool_t *p, const char *url, size_t n, size_t queue_max, int timeout_ms);
+/* Closes the connections; no job may be queued or running. Accepts a zeroed pool. */
+void gw_pool_close(gw_pool_t *p);
+/* Runs job->run on a pool thread as soon as a connection is free, then job->done on the loop.
+ * -EBUSY (and nothing runs) when queue_max jobs already wait. */
+int gw_job_submit(gw_t *gw, gw_job_t *job);
+
+/* The LISTEN side: one dedicated connection and thread; see gateway_db.c. */
+typedef struct {
+    pthread_t thread;
+    bool started;
+    int wake_fd;
+    char *url;
+    uv_async_t async;
+    _Atomic uint64_t head;
+    atomic_bool stop;
+} gw_listener_t;
+
+/* Starts the thread; async (initialised on the loop by the caller) is sent at every
+ * notification and after every (re)connect. */
+int gw_listener_start(gw_listener_t *l, const char *url);
+void gw_listener_stop(gw_listener_t *l);
+
+/* ---- requests (gateway_http.c) ---- */
+
+typedef struct gw_req gw_req_t;
+struct gw_req {
+    gw_t *gw;
+    h2o_req_t *req; /* NULL once h2o disposed the request: then nothing may be sent */
+    int refs;
+    gw_route_t route;
+    bool responded;
+    bool counted_in_flight;
+    int status;
+    int64_t start_ns;
+    char request_id[GW_REQUEST_ID_MAX + 1];
+    char tenant[SP_ID_MAX + 1];
+    char key_id[SP_ID_MAX + 1];
+    char path_id[SP_ID_MAX + 1]; /* {id} of /v1/sandboxes/{id}[/events] */
+    char method[16];             /* copies for the log line, which may outlive the request */
+    char path[512];
+    /* What to do once the API key is verified. */
+    void (*after_auth)(gw_req_t *rq);
+};
+
+void gw_req_ref(gw_req_t *rq);
+void gw_req_unref(gw_req_t *rq);
+/* Whether a response can still be sent (the client's request is alive and unanswered). */
+bool gw_req_live(const gw_req_t *rq);
+/* The value of a request header (lower-case name) or NULL; *ret_dup set when it repeats. */
+const h2o_iovec_t *gw_req_header(const gw_req_t *rq, const char *name, bool *ret_dup);
+
+/* Sends a complete response (body copied into the request's pool), logs the request line and
+ * counts it. No-op when the request is gone or already answered. */
+void gw_respond(gw_req_t *rq, int status, const char *content_type, const char *body, size_t len);
+void gw_respond_json(gw_req_t *rq, int status, const sp_buf_t *body);
+/* {"code": code, "message": ...}; extra (may be NULL) is appended as more members. */
+void gw_respond_error(gw_req_t *rq, int status, const char *code, const char *extra_json,
+                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* A stream took over the response: gw_respond no longer applies and the request stops
+ * counting as in flight (it counts as a stream). */
+void gw_req_mark_streaming(gw_req_t *rq);
+/* The request line for the log, at the end of a request or a stream. */
+void gw_log_request(gw_req_t *rq, int status);
+/* Adds the headers every response carries (X-Request-Id, Content-Type, Cache-Control). */
+void gw_add_common_headers(gw_req_t *rq, const char *content_type);
+
+/* The query string, decoded (application/x-www-form-urlencoded) into the request's pool. */
+typedef struct {
+    size_t n;
+    struct {
+        char *key, *value;
+    } p[GW_QUERY_MAX];
+} gw_query_t;
+/* 0, or -EINVAL (bad escape) / -E2BIG (too many parameters). Strings live in req->pool. */
+int gw_query_parse(h2o_req_t *req, gw_query_t *q);
+
+/* Valid UTF-8 of at most max bytes without control characters (what an event may carry). */
+bool gw_text_ok(const char *s, size_t max);
+
+/* ---- API keys (gateway_auth.c) ---- */
+
+#define GW_AUTH_CACHE_SLOTS 1024
+#define GW_AUTH_TTL_NS      (10LL * 1000 * 1000 * 1000)
+
+typedef struct {
+    struct {
+        uint8_t hash[SP_SHA256_LEN];
+        int64_t expires_ns; /* 0 = empty */
+        char tenant[SP_ID_MAX + 1];
+        char key_id[SP_ID_MAX + 1];
+    } slot[GW_AUTH_CACHE_SLOTS];
+} gw_auth_cache_t;
+
+/* Verifies the request's bearer key, then calls rq->after_auth (maybe before returning), or
+ * answers 401/503 itself. */
+void gw_auth(gw_req_t *rq);
+
+/* ---- sandboxes (gateway_sandboxes.c, gateway_create.c) ---- */
+
+void gw_sandbox_create(gw_req_t *rq);
+void gw_sandbox_list(gw_req_t *rq);
+void gw_sandbox_get(gw_req_t *rq);
+void gw_sandbox_delete(gw_req_t *rq);
+void gw_templates(gw_req_t *rq);
+void gw_health(gw_req_t *rq);
+
+/* The column list every sandbox read selects, and its rendering as the API's sandbox JSON
+ * (pool thread side: reads a PGresult in text format). */
+#define GW_SBX_COLUMNS                                                                             \
+    "id, tenant, template, state, worker, timeout_s, vcpu, memory_mb, metadata::text, "            \
+    "env_names::text, failure_reason, (extract(epoch FROM created_at) * 1000000)::int8, "          \
+    "(extract(epoch FROM started_at) * 1000000)::int8"
+#define GW_SBX_NCOLUMNS 13
+void gw_sandbox_json(const PGresult *r, int row, sp_buf_t *out);
+
+/* Waiting for the projection to show the outcome of an intent (read-your-writes). */
+typedef enum { GW_WAIT_CREATE = 1, GW_WAIT_DELETE } gw_wait_kind_t;
+
+typedef struct gw_waiter gw_waiter_t;
+struct gw_waiter {
+    gw_req_t *rq; /* holds a reference */
+    gw_wait_kind_t kind;
+    char sandbox_id[SP_ID_MAX + 1];
+    char event_id[GW_EVENT_ID_LEN + 1]; /* the intent: a refusal names it as causation */
+    int64_t deadline_ns;
+    gw_waiter_t *prev, *next;
+};
+
+/* Registers a waiter and schedules a check (the outcome may already be there). */
+void gw_wait_register(gw_t *gw, gw_req_t *rq, gw_wait_kind_t kind, const char *sandbox_id,
+                      const char *event_id, int timeout_s);
+/* Re-reads the rows of every waiter (after a NOTIFY, a registration, or the safety tick). */
+void gw_waiters_check(gw_t *gw);
+/* Answers waiters past their deadline with 504. */
+void gw_waiters_expire(gw_t *gw);
+/* Answers every waiter with 503 (shutdown). */
+void gw_waiters_abort_all(gw_t *gw);
+
+/* Body of POST /v1/sandboxes, validated (gateway_create.c). */
+#define GW_METADATA_MAX  64
+#define GW_ENV_MAX       128
+#define GW_ENV_VALUE_MAX (32 * 1024)
+#define GW_ERR_MSG_MAX   256
+/* Validates the body and builds the SandboxCreateRequested intent for sandbox_id: the encoded
+ * envelope (heap, caller frees), its subject and event id. On a client error returns -EINVAL
+ * with an error code and message for a 400. Env values are checked and dropped here. */
+int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char *sandbox_id,
+                    const char *idempotency_key, uint8_t **ret_buf, size_t *ret_len,
+                    char ret_subject[192], char ret_event_id[GW_EVENT_ID_LEN + 1],
+                    const char **ret_code, char err[GW_ERR_MSG_MAX]);
+
+/* ---- server-sent events (gateway_events.c) ---- */
+
+void gw_events_open(gw_req_t *rq, bool per_sandbox);
+/* The head moved: streams that are live fetch what is new. */
+void gw_events_notify(gw_t *gw);
+/* Keepalives and write timeouts, once a second. */
+void gw_events_tick(gw_t *gw);
+/* Ends every stream (shutdown): idle ones now, busy ones after their write (or at once with
+ * force, by shutting the socket down). */
+void gw_events_close_all(gw_t *gw, bool force);
+
+typedef struct gw_stream gw_stream_t;
+
+/* ---- the daemon ---- */
+
+struct gw {
+    const gw_config_t *cfg;
+    uv_loop_t *loop;
+    h2o_globalconf_t h2o_config;
+    h2o_context_t h2o_ctx;
+    h2o_accept_ctx_t accept_ctx;
+    uv_tcp_t listener;
+    bool listener_open;
+    sp_bus_t *bus;
+    gw_pool_t pool;
+    gw_listener_t notify;
+    uint64_t head_seq; /* newest stream_seq the event log announced */
+    gw_metrics_t metrics;
+    gw_auth_cache_t auth;
+    /* Waiters and the one check job that may be in flight for them. */
+    gw_waiter_t *waiters;
+    size_t n_waiters;
+    bool check_running, check_again;
+    /* SSE streams. */
+    gw_stream_t *streams;
+    size_t n_streams;
+    size_t n_stream_opening;
+    bool stopping;
+};
+
+/* A connection's file descriptor, for shutdown(2) when a stream must end now. -1 if unknown. */
+int gw_req_fd(h2o_req_t *req);
+
+int gw_http_init(gw_t *gw);
+void gw_http_dispose(gw_t *gw);
+/* Number of open HTTP connections. */
+size_t gw_http_connections(gw_t *gw);
+/* Half-closes every connection for reading: idle ones end now, busy ones after answering. */
+void gw_http_shutdown_reads(gw_t *gw);
+
+/* RFC 3339 UTC with milliseconds ("2026-01-02T03:04:05.678Z") of microseconds since the
+ * epoch, or null when us is 0 or negative. Appends a JSON value. */
+void gw_json_time(sp_buf_t *b, int64_t us);
+
+#endif

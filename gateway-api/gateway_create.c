@@ -1,0 +1,263 @@
+/* The body of POST /v1/sandboxes, checked field by field, then turned into the
+ * SandboxCreateRequested intent. Everything is validated before anything is published: the
+ * JSON parser is strict (json.h), unknown fields and wrong types are refused, the limits are
+ * those lib/envelope.c enforces on the bus, and sp_envelope_validate is the final word.
+ *
+ * Environment values: only the NAMES go into the event (env_names), because the event log is
+ * kept forever and shown to auditors. The values are checked here and then dropped: carrying
+ * them to the worker is the data plane's job (space.io.>, a later issue), never the log's. */
+#include "gateway.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "envelope.h"
+#include "error.h"
+#include "ids.h"
+#include "json.h"
+#include "xmalloc.h"
+
+#define TIMEOUT_MAX_S      2592000 /* 30 days, as lib/envelope.c */
+#define TIMEOUT_DEFAULT_S  300
+#define METADATA_KEY_MAX   64
+#define METADATA_VALUE_MAX 512
+#define ENV_NAME_MAX       128
+#define VCPU_MAX           64
+#define MEMORY_MB_MAX      (1024 * 1024)
+#define VCPU_DEFAULT       1
+#define MEMORY_MB_DEFAULT  512
+
+typedef struct {
+    const char *code;
+    char *msg;
+} verr_t;
+
+static int bad(verr_t *e, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int bad(verr_t *e, const char *code, const char *fmt, ...)
+{
+    va_list ap;
+    e->code = code;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, GW_ERR_MSG_MAX, fmt, ap);
+    va_end(ap);
+    return -EINVAL;
+}
+
+/* POSIX portable environment names, as lib/envelope.c accepts them. */
+static bool env_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > ENV_NAME_MAX || (s[0] >= '0' && s[0] <= '9'))
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              c == '_'))
+            return false;
+    }
+    return true;
+}
+
+static int get_uint(const sp_json_t *v, const char *name, int64_t min, int64_t max, uint32_t *ret,
+                    verr_t *e)
+{
+    int64_t x;
+    int rc = sp_json_int(v, min, max, &x);
+    if (rc == -ERANGE)
+        return bad(e, "invalid_field", "%s must be within %lld..%lld", name, (long long)min,
+                   (long long)max);
+    if (rc < 0)
+        return bad(e, "invalid_field", "%s must be an integer", name);
+    *ret = (uint32_t)x;
+    return 0;
+}
+
+typedef struct {
+    const char *template_;
+    uint32_t timeout_s, vcpu, memory_mb;
+    size_t n_metadata, n_env;
+    Space__V1__KeyValue kv[GW_METADATA_MAX];
+    Space__V1__KeyValue *kvp[GW_METADATA_MAX];
+    char *env_names[GW_ENV_MAX];
+} spec_t;
+
+static int parse_metadata(const sp_json_t *v, spec_t *s, verr_t *e)
+{
+    if (sp_json_type(v) != SP_JSON_OBJECT)
+        return bad(e, "invalid_field", "metadata must be an object of strings");
+    size_t n = sp_json_len(v);
+    if (n > GW_METADATA_MAX)
+        return bad(e, "invalid_field", "metadata has %zu entries, at most %d", n, GW_METADATA_MAX);
+    for (size_t i = 0; i < n; i++) {
+        const char *k = sp_json_key_at(v, i);
+        const char *val = sp_json_str(sp_json_at(v, i), NULL);
+        if (!k || !k[0] || !gw_text_ok(k, METADATA_KEY_MAX))
+            return bad(e, "invalid_field",
+                       "metadata keys must be 1..%d bytes of text without control characters",
+                       METADATA_KEY_MAX);
+        if (!val)
+            return bad(e, "invalid_field", "metadata.%s must be a string", k);
+        if (!gw_text_ok(val, METADATA_VALUE_MAX))
+            return bad(e, "invalid_field",
+                       "metadata.%s must be at most %d bytes of text without control characters", k,
+                       METADATA_VALUE_MAX);
+        Space__V1__KeyValue init = SPACE__V1__KEY_VALUE__INIT;
+        s->kv[i] = init;
+        s->kv[i].key = (char *)k;
+        s->kv[i].value = (char *)val;
+        s->kvp[i] = &s->kv[i];
+    }
+    s->n_metadata = n;
+    return 0;
+}
+
+static int parse_env(const sp_json_t *v, spec_t *s, verr_t *e)
+{
+    if (sp_json_type(v) != SP_JSON_OBJECT)
+        return bad(e, "invalid_field", "env must be an object of strings");
+    size_t n = sp_json_len(v);
+    if (n > GW_ENV_MAX)
+        return bad(e, "invalid_field", "env has %zu entries, at most %d", n, GW_ENV_MAX);
+    for (size_t i = 0; i < n; i++) {
+        const char *k = sp_json_key_at(v, i);
+        size_t vlen = 0;
+        if (!k || !env_name_ok(k))
+            return bad(e, "invalid_field",
+                       "env names must match [A-Za-z_][A-Za-z0-9_]* (at most %d chars)",
+                       ENV_NAME_MAX);
+        /* The value is checked (a string within the limit) and goes no further. */
+        if (!sp_json_str(sp_json_at(v, i), &vlen))
+            return bad(e, "invalid_field", "env.%s must be a string", k);
+        if (vlen > GW_ENV_VALUE_MAX)
+            return bad(e, "invalid_field", "env.%s is over %d bytes", k, GW_ENV_VALUE_MAX);
+        s->env_names[i] = (char *)k;
+    }
+    s->n_env = n;
+    return 0;
+}
+
+static int parse_resources(const sp_json_t *v, spec_t *s, verr_t *e)
+{
+    int rc;
+    if (sp_json_type(v) != SP_JSON_OBJECT)
+        return bad(e, "invalid_field", "resources must be an object");
+    for (size_t i = 0; i < sp_json_len(v); i++) {
+        const char *k = sp_json_key_at(v, i);
+        const sp_json_t *x = sp_json_at(v, i);
+        if (strcmp(k, "vcpu") == 0)
+            rc = get_uint(x, "resources.vcpu", 1, VCPU_MAX, &s->vcpu, e);
+        else if (strcmp(k, "memory_mb") == 0)
+            rc = get_uint(x, "resources.memory_mb", 1, MEMORY_MB_MAX, &s->memory_mb, e);
+        else
+            rc = bad(e, "unknown_field", "unknown field resources.%s", k);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int parse_body(const sp_json_t *root, spec_t *s, verr_t *e)
+{
+    int rc = 0;
+
+    if (sp_json_type(root) != SP_JSON_OBJECT)
+        return bad(e, "invalid_json", "the body must be a JSON object");
+    s->timeout_s = TIMEOUT_DEFAULT_S;
+    s->vcpu = VCPU_DEFAULT;
+    s->memory_mb = MEMORY_MB_DEFAULT;
+    for (size_t i = 0; i < sp_json_len(root) && rc == 0; i++) {
+        const char *k = sp_json_key_at(root, i);
+        const sp_json_t *v = sp_json_at(root, i);
+        if (strcmp(k, "template") == 0) {
+            s->template_ = sp_json_str(v, NULL);
+            if (!s->template_)
+                rc = bad(e, "invalid_field", "template must be a string");
+            else if (!sp_id_valid(s->template_))
+                rc = bad(e, "invalid_field",
+                         "template must be a template name ([a-z0-9][a-z0-9_-], 1..64 chars)");
+        } else if (strcmp(k, "timeout_s") == 0) {
+            rc = get_uint(v, "timeout_s", 0, TIMEOUT_MAX_S, &s->timeout_s, e);
+        } else if (strcmp(k, "metadata") == 0) {
+            rc = parse_metadata(v, s, e);
+        } else if (strcmp(k, "env") == 0) {
+            rc = parse_env(v, s, e);
+        } else if (strcmp(k, "resources") == 0) {
+            rc = parse_resources(v, s, e);
+        } else {
+            rc = bad(e, "unknown_field", "unknown field %s", k);
+        }
+    }
+    if (rc == 0 && !s->template_)
+        rc = bad(e, "missing_field", "template is required");
+    return rc;
+}
+
+int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char *sandbox_id,
+                    const char *idempotency_key, uint8_t **ret_buf, size_t *ret_len,
+                    char ret_subject[192], char ret_event_id[GW_EVENT_ID_LEN + 1],
+                    const char **ret_code, char err[GW_ERR_MSG_MAX])
+{
+    verr_t e = {.code = NULL, .msg = err};
+    sp_json_doc_t *doc = NULL;
+    char jerr[SP_JSON_ERR_MAX];
+    char reason[SP_REASON_MAX];
+    spec_t *s = NULL;
+    int rc;
+
+    sp_json_limits_t lim = {
+        .max_bytes = len + 1, .max_depth = 4, .max_nodes = 1024, .max_string = GW_ENV_VALUE_MAX};
+    if (len == 0) {
+        rc = bad(&e, "invalid_json", "the body is empty; expected a JSON object");
+        goto out;
+    }
+    if (sp_json_parse(body, len, &lim, &doc, jerr) < 0) {
+        rc = bad(&e, "invalid_json", "the body is not valid JSON: %s", jerr);
+        goto out;
+    }
+    s = sp_xcalloc(1, sizeof(*s));
+    if ((rc = parse_body(sp_json_root(doc), s, &e)) < 0)
+        goto out;
+
+    sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
+    Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
+    Space__V1__SandboxCreateRequested create = SPACE__V1__SANDBOX_CREATE_REQUESTED__INIT;
+    Space__V1__Resources res = SPACE__V1__RESOURCES__INIT;
+    agg.kind = "sandbox";
+    agg.id = (char *)sandbox_id;
+    create.template_ = (char *)s->template_;
+    create.timeout_s = s->timeout_s;
+    create.metadata = s->kvp;
+    create.n_metadata = s->n_metadata;
+    create.env_names = s->env_names;
+    create.n_env_names = s->n_env;
+    res.vcpu = s->vcpu;
+    res.memory_mb = s->memory_mb;
+    create.resources = &res;
+    create.idempotency_key = (char *)(idempotency_key ? idempotency_key : "");
+    env.aggregate = &agg;
+    env.tenant = (char *)rq->tenant;
+    env.actor = (char *)rq->key_id;
+    env.correlation_id = (char *)rq->request_id;
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED;
+    env.sandbox_create_requested = &create;
+    sp_envelope_stamp(&env, ret_event_id);
+    if (sp_envelope_validate(&env, reason) < 0) {
+        rc = bad(&e, "invalid_field", "%s", reason);
+        goto out;
+    }
+    if ((rc = sp_envelope_subject(&env, NULL, ret_subject, 192)) < 0 ||
+        (rc = sp_envelope_encode(&env, ret_buf, ret_len)) < 0) {
+        rc = bad(&e, "invalid_field", "the request does not fit in an event (%s)", sp_strerror(rc));
+        goto out;
+    }
+    rc = 0;
+out:
+    *ret_code = e.code ? e.code : "invalid_json";
+    free(s);
+    sp_json_doc_free(doc);
+    return rc;
+}

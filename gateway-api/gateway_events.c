@@ -1,0 +1,535 @@
+/* Server-sent events (the WHATWG HTML "server-sent events" format): /v1/events and
+ * /v1/sandboxes/{id}/events, read from the events table, the tenant's sandbox rows only.
+ *
+ * Every record is `id: <stream_seq>`, `event: <type>`, `data: {"seq":..,"status":..,
+ * "event":{...}}`, so a client resumes exactly where it stopped with Last-Event-ID. A stream
+ * has a cursor (every row up to it was examined) and reads pages after it on a pool thread:
+ * - catching up (the last page may not have been the end): the next page is read only once
+ *   the client took the previous one (the pending buffer is empty), so a resume from far back
+ *   is paced by the client and held to about two pages of memory;
+ * - live (the last read reached the head): a read follows each NOTIFY of the event log.
+ * Output goes through h2o's generator flow control: one h2o_send at a time, the next after
+ * proceed(). What accumulates meanwhile is the client's lag; past sse-max-lag-bytes, or with a
+ * write stuck for sse-write-timeout-s, the connection is shut down: the client reconnects with
+ * Last-Event-ID and loses nothing. Nothing is ever buffered without bound.
+ *
+ * Each stream reads for itself: a shared reader for live streams would save queries when
+ * there are many streams (known limit of this first version; max-streams bounds it). */
+#include "gateway.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "db.h"
+#include "envelope.h"
+#include "error.h"
+#include "ids.h"
+#include "log.h"
+#include "xmalloc.h"
+
+#define PAGE_ROWS        500
+#define PAGE_BYTES       (256 * 1024) /* payload bytes per page, plus at most one row over */
+#define BUF_KEEP_BYTES   (64 * 1024)  /* larger idle buffers are freed, not kept */
+#define KEEPALIVE_RECORD ": keepalive\n\n"
+#define GW_STR_(x)       #x
+#define GW_STR(x)        GW_STR_(x)
+
+struct gw_stream {
+    h2o_generator_t gen; /* first member: h2o hands it back to proceed and stop */
+    gw_t *gw;
+    gw_req_t *rq;   /* holds a reference */
+    h2o_req_t *req; /* NULL once the stream ended */
+    char tenant[SP_ID_MAX + 1];
+    char sandbox[SP_ID_MAX + 1]; /* "" for all of the tenant's sandboxes */
+    uint64_t cursor;
+    bool caught_up;
+    bool fetching;
+    bool sending; /* an h2o_send is in flight: wait for proceed */
+    bool closing; /* end after the write in flight */
+    bool ended;
+    int64_t sending_since_ns, last_write_ns;
+    sp_buf_t pending;  /* records not yet handed to h2o */
+    sp_buf_t inflight; /* records h2o is writing (must stay valid until proceed) */
+    gw_stream_t *prev, *next;
+};
+
+static void stream_free(gw_stream_t *s)
+{
+    sp_buf_dispose(&s->pending);
+    sp_buf_dispose(&s->inflight);
+    gw_req_unref(s->rq);
+    free(s);
+}
+
+/* Unlinks an ended stream; it is freed now or when its read job comes back. */
+static void stream_end(gw_stream_t *s)
+{
+    gw_t *gw = s->gw;
+    if (s->ended)
+        return;
+    s->ended = true;
+    s->req = NULL;
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        gw->streams = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    gw->n_streams--;
+    gw->metrics.streams--;
+    gw_metrics_request(&gw->metrics, s->rq->route, 200);
+    gw_log_request(s->rq, 200);
+    if (!s->fetching)
+        stream_free(s);
+}
+
+/* Ends the response cleanly (only when no write is in flight). */
+static void stream_finish(gw_stream_t *s)
+{
+    h2o_req_t *req = s->req;
+    if (!req || s->sending)
+        return;
+    s->req = NULL;
+    req->http1_is_persistent = 0;
+    h2o_send(req, NULL, 0, H2O_SEND_STATE_FINAL);
+    stream_end(s);
+}
+
+/* Ends the stream now, even with a write stuck in flight: shutting the socket down makes that
+ * write fail, and h2o then closes the connection and calls stop. */
+static void stream_abort(gw_stream_t *s, const char *why)
+{
+    if (!s->req)
+        return;
+    sp_log(SP_LOG_INFO, "closing stream", SP_KS("reason", why),
+           SP_KS("request_id", s->rq->request_id), SP_KS("tenant", s->tenant),
+           SP_KU("cursor", s->cursor));
+    if (!s->sending) {
+        stream_finish(s);
+        return;
+    }
+    s->closing = true;
+    int fd = gw_req_fd(s->req);
+    if (fd >= 0)
+        shutdown(fd, SHUT_RDWR);
+}
+
+static void trim(sp_buf_t *b)
+{
+    if (b->cap > BUF_KEEP_BYTES)
+        sp_buf_dispose(b);
+    else
+        sp_buf_reset(b);
+}
+
+static void flush(gw_stream_t *s)
+{
+    if (!s->req || s->sending || s->pending.len == 0)
+        return;
+    sp_buf_t t = s->inflight;
+    s->inflight = s->pending;
+    s->pending = t;
+    trim(&s->pending);
+    s->sending = true;
+    s->sending_since_ns = s->last_write_ns = sp_mono_ns();
+    h2o_iovec_t iov = h2o_iovec_init(s->inflight.data, s->inflight.len);
+    h2o_send(s->req, &iov, 1, H2O_SEND_STATE_IN_PROGRESS);
+}
+
+static void maybe_fetch(gw_stream_t *s);
+
+static void on_proceed(h2o_generator_t *gen, h2o_req_t *req)
+{
+    gw_stream_t *s = (gw_stream_t *)gen;
+    (void)req;
+    s->sending = false;
+    trim(&s->inflight);
+    if (s->closing) {
+        stream_finish(s);
+        return;
+    }
+    flush(s);
+    maybe_fetch(s);
+}
+
+static void on_stop(h2o_generator_t *gen, h2o_req_t *req)
+{
+    gw_stream_t *s = (gw_stream_t *)gen;
+    (void)req;
+    s->sending = false;
+    stream_end(s);
+}
+
+/* ---- reading pages ---- */
+
+typedef struct {
+    gw_job_t job;
+    gw_stream_t *s;
+    char tenant[SP_ID_MAX + 1];
+    char sandbox[SP_ID_MAX + 1];
+    uint64_t cursor;
+    bool failed;
+    bool caught_up;
+    uint64_t new_cursor;
+    sp_buf_t text;
+} fetch_job_t;
+
+static void append_record(sp_buf_t *b, uint64_t seq, const char *status, const char *reason,
+                          const sp_envelope_t *env)
+{
+    sp_buf_printf(b, "id: %" PRIu64 "\nevent: %s\ndata: {\"seq\":%" PRIu64 ",\"status\":\"%s\"",
+                  seq, env->type, seq, status);
+    if (reason && reason[0]) {
+        sp_buf_t safe;
+        sp_buf_init(&safe);
+        sp_buf_safe_text(&safe, reason, SP_REASON_MAX);
+        sp_buf_puts(b, ",\"reason\":");
+        sp_buf_json_str(b, safe.data ? safe.data : "");
+        sp_buf_dispose(&safe);
+    }
+    sp_buf_puts(b, ",\"event\":");
+    sp_envelope_to_json(env, b);
+    sp_buf_puts(b, "}\n\n");
+}
+
+static void fetch_run(gw_job_t *job, PGconn *db)
+{
+    fetch_job_t *f = (fetch_job_t *)job;
+    char cursor[24];
+    uint64_t head = 0;
+
+    /* The head first: every row up to it is committed (one writer, in stream order), so a page
+     * that comes back complete covers everything up to it. */
+    PGresult *r = PQexec(db, "SELECT coalesce(max(stream_seq), 0) FROM events");
+    if (sp_db_check(r, PGRES_TUPLES_OK) < 0 || PQntuples(r) != 1) {
+        f->failed = true;
+        PQclear(r);
+        return;
+    }
+    head = strtoull(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+
+    snprintf(cursor, sizeof(cursor), "%" PRIu64, f->cursor);
+    const char *params[3] = {f->tenant, cursor, f->sandbox};
+    /* A page: at most PAGE_ROWS rows and about PAGE_BYTES of payload; the last column tells
+     * how many rows the row limit alone would have given (to know if the page is the end). */
+    r = PQexecParams(
+        db,
+        "WITH page AS (SELECT stream_seq, type, status, payload, reject_reason, "
+        "sum(octet_length(payload)) OVER (ORDER BY stream_seq) AS cum FROM events "
+        "WHERE tenant = $1 AND aggregate_kind = 'sandbox' AND stream_seq > $2::int8 "
+        "AND ($3::text = '' OR aggregate_id = $3) ORDER BY stream_seq LIMIT " GW_STR(
+            PAGE_ROWS) ") "
+                       "SELECT stream_seq, status, payload, coalesce(reject_reason, ''), "
+                       "(SELECT count(*) FROM page) FROM page WHERE cum - octet_length(payload) "
+                       "< " GW_STR(PAGE_BYTES) " ORDER BY stream_seq",
+        3, NULL, params, NULL, NULL, 1);
+    if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
+        sp_log(SP_LOG_WARN, "event page query failed", SP_KS("error", PQerrorMessage(db)));
+        f->failed = true;
+        PQclear(r);
+        return;
+    }
+    int rows = PQntuples(r);
+    uint64_t last = f->cursor;
+    int64_t inner = 0;
+    for (int i = 0; i < rows; i++) {
+        sp_envelope_t *env = NULL;
+        char why[SP_REASON_MAX];
+        uint64_t seq = (uint64_t)sp_db_get_i64(PQgetvalue(r, i, 0));
+        const char *status = PQgetvalue(r, i, 1);
+        inner = sp_db_get_i64(PQgetvalue(r, i, 4));
+        last = seq;
+        /* A rejected row whose payload does not decode has nothing to show: skipped. */
+        if (sp_envelope_decode((const uint8_t *)PQgetvalue(r, i, 2), (size_t)PQgetlength(r, i, 2),
+                               &env, why) < 0)
+            continue;
+        bool accepted = strcmp(status, "accepted") == 0;
+        append_record(&f->text, seq, accepted ? "accepted" : "rejected",
+                      accepted ? NULL : PQgetvalue(r, i, 3), env);
+        sp_envelope_free(env);
+    }
+    PQclear(r);
+    if (rows == 0 || (rows == inner && inner < PAGE_ROWS)) {
+        f->caught_up = true;
+        f->new_cursor = last > head ? last : head;
+        if (f->new_cursor < f->cursor)
+            f->new_cursor = f->cursor;
+    } else {
+        f->caught_up = false;
+        f->new_cursor = last;
+    }
+}
+
+static void fetch_done(gw_job_t *job)
+{
+    fetch_job_t *f = (fetch_job_t *)job;
+    gw_stream_t *s = f->s;
+    gw_t *gw = job->gw;
+
+    s->fetching = false;
+    if (s->ended) {
+        stream_free(s);
+    } else if (f->failed) {
+        /* Retried by the next NOTIFY or tick. */
+        s->caught_up = true;
+    } else {
+        if (f->new_cursor > s->cursor)
+            s->cursor = f->new_cursor;
+        s->caught_up = f->caught_up;
+        if (f->text.len)
+            sp_buf_append(&s->pending, f->text.data, f->text.len);
+        if (s->pending.len + s->inflight.len > (size_t)gw->cfg->sse_max_lag_bytes) {
+            gw->metrics.streams_closed_slow++;
+            stream_abort(s, "client lags behind");
+        } else {
+            flush(s);
+            maybe_fetch(s);
+        }
+    }
+    sp_buf_dispose(&f->text);
+    free(f);
+}
+
+static void maybe_fetch(gw_stream_t *s)
+{
+    gw_t *gw = s->gw;
+    if (!s->req || s->fetching || s->closing)
+        return;
+    if (s->caught_up ? s->cursor >= gw->head_seq : s->pending.len > 0)
+        return;
+    fetch_job_t *f = sp_xcalloc(1, sizeof(*f));
+    f->s = s;
+    snprintf(f->tenant, sizeof(f->tenant), "%s", s->tenant);
+    snprintf(f->sandbox, sizeof(f->sandbox), "%s", s->sandbox);
+    f->cursor = s->cursor;
+    sp_buf_init(&f->text);
+    f->job.run = fetch_run;
+    f->job.done = fetch_done;
+    if (gw_job_submit(gw, &f->job) < 0) {
+        free(f); /* the queue is full: the tick tries again */
+        return;
+    }
+    s->fetching = true;
+}
+
+/* ---- opening ---- */
+
+typedef struct {
+    gw_job_t job;
+    gw_req_t *rq;
+    char tenant[SP_ID_MAX + 1];
+    char sandbox[SP_ID_MAX + 1];
+    bool need_head;
+    bool failed;
+    bool found;
+    uint64_t start;
+} open_job_t;
+
+static void open_run(gw_job_t *job, PGconn *db)
+{
+    open_job_t *o = (open_job_t *)job;
+    o->found = true;
+    if (o->sandbox[0]) {
+        const char *p[2] = {o->sandbox, o->tenant};
+        PGresult *r = PQexecParams(db, "SELECT 1 FROM sandboxes WHERE id = $1 AND tenant = $2", 2,
+                                   NULL, p, NULL, NULL, 0);
+        o->failed = sp_db_check(r, PGRES_TUPLES_OK) < 0;
+        o->found = !o->failed && PQntuples(r) == 1;
+        PQclear(r);
+        if (o->failed || !o->found)
+            return;
+    }
+    if (o->need_head) {
+        PGresult *r = PQexec(db, "SELECT coalesce(max(stream_seq), 0) FROM events");
+        o->failed = sp_db_check(r, PGRES_TUPLES_OK) < 0 || PQntuples(r) != 1;
+        if (!o->failed)
+            o->start = strtoull(PQgetvalue(r, 0, 0), NULL, 10);
+        PQclear(r);
+    }
+}
+
+static void stream_start(gw_req_t *rq, const open_job_t *o)
+{
+    gw_t *gw = rq->gw;
+    h2o_req_t *req = rq->req;
+    gw_stream_t *s = sp_xcalloc(1, sizeof(*s));
+
+    s->gen.proceed = on_proceed;
+    s->gen.stop = on_stop;
+    s->gw = gw;
+    s->rq = rq;
+    gw_req_ref(rq);
+    s->req = req;
+    snprintf(s->tenant, sizeof(s->tenant), "%s", o->tenant);
+    snprintf(s->sandbox, sizeof(s->sandbox), "%s", o->sandbox);
+    s->cursor = o->start;
+    s->caught_up = false;
+    sp_buf_init(&s->pending);
+    sp_buf_init(&s->inflight);
+    s->next = gw->streams;
+    if (gw->streams)
+        gw->streams->prev = s;
+    gw->streams = s;
+    gw->n_streams++;
+    gw->metrics.streams++;
+
+    req->res.status = 200;
+    req->res.reason = "OK";
+    gw_add_common_headers(rq, "text/event-stream");
+    gw_req_mark_streaming(rq);
+    h2o_start_response(req, &s->gen);
+    /* The headers leave with this first record; then the backlog follows. */
+    sp_buf_printf(&s->pending, ": stream from %" PRIu64 "\n\n", s->cursor);
+    flush(s);
+    maybe_fetch(s);
+}
+
+static void open_done(gw_job_t *job)
+{
+    open_job_t *o = (open_job_t *)job;
+    gw_req_t *rq = o->rq;
+    gw_t *gw = job->gw;
+
+    gw->n_stream_opening--;
+    if (o->failed)
+        gw_respond_error(rq, 503, "unavailable", NULL, "the database is not available; retry");
+    else if (!o->found)
+        gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
+    else if (gw->stopping)
+        gw_respond_error(rq, 503, "shutting_down", NULL, "the gateway is stopping");
+    else if (gw_req_live(rq))
+        stream_start(rq, o);
+    gw_req_unref(rq);
+    free(o);
+}
+
+static int parse_seq(const char *s, size_t len, uint64_t *ret)
+{
+    uint64_t v = 0;
+    if (len == 0 || len > 19)
+        return -EINVAL;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -EINVAL;
+        v = v * 10 + (uint64_t)(s[i] - '0');
+    }
+    *ret = v;
+    return 0;
+}
+
+void gw_events_open(gw_req_t *rq, bool per_sandbox)
+{
+    gw_t *gw = rq->gw;
+    gw_query_t q;
+    bool dup = false, have_start = false;
+    uint64_t start = 0;
+
+    if (per_sandbox && !sp_id_valid(rq->path_id)) {
+        gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
+        return;
+    }
+    if (gw_query_parse(rq->req, &q) < 0) {
+        gw_respond_error(rq, 400, "invalid_query", NULL, "malformed query string");
+        return;
+    }
+    const h2o_iovec_t *h = gw_req_header(rq, "last-event-id", &dup);
+    if (h) {
+        if (dup || parse_seq(h->base, h->len, &start) < 0) {
+            gw_respond_error(rq, 400, "invalid_last_event_id", NULL,
+                             "Last-Event-ID must be an event id (a stream sequence) sent once");
+            return;
+        }
+        have_start = true;
+    }
+    for (size_t i = 0; i < q.n; i++) {
+        const char *k = q.p[i].key, *v = q.p[i].value;
+        uint64_t x;
+        if (strcmp(k, "last_event_id") != 0 && strcmp(k, "from") != 0) {
+            gw_respond_error(rq, 400, "invalid_query", NULL, "unknown parameter %s", k);
+            return;
+        }
+        if (parse_seq(v, strlen(v), &x) < 0) {
+            gw_respond_error(rq, 400, "invalid_query", NULL, "%s must be a stream sequence", k);
+            return;
+        }
+        /* The header wins over the query (a browser's EventSource sends the header when it
+         * reconnects, with the URL it first used). */
+        if (!have_start) {
+            start = x;
+            have_start = true;
+        }
+    }
+    if (gw->n_streams + gw->n_stream_opening >= (size_t)gw->cfg->max_streams) {
+        gw_respond_error(rq, 429, "too_many_streams", NULL,
+                         "this gateway serves at most %lld streams; retry later",
+                         (long long)gw->cfg->max_streams);
+        return;
+    }
+    open_job_t *o = sp_xcalloc(1, sizeof(*o));
+    o->rq = rq;
+    snprintf(o->tenant, sizeof(o->tenant), "%s", rq->tenant);
+    if (per_sandbox)
+        snprintf(o->sandbox, sizeof(o->sandbox), "%s", rq->path_id);
+    o->need_head = !have_start;
+    o->start = start;
+    o->job.run = open_run;
+    o->job.done = open_done;
+    gw_req_ref(rq);
+    if (gw_job_submit(gw, &o->job) < 0) {
+        gw_req_unref(rq);
+        free(o);
+        gw_respond_error(rq, 503, "overloaded", NULL, "too many requests are waiting");
+        return;
+    }
+    gw->n_stream_opening++;
+}
+
+/* ---- driven by the loop ---- */
+
+void gw_events_notify(gw_t *gw)
+{
+    for (gw_stream_t *s = gw->streams; s; s = s->next)
+        maybe_fetch(s);
+}
+
+void gw_events_tick(gw_t *gw)
+{
+    int64_t now = sp_mono_ns();
+    int64_t keepalive = gw->cfg->sse_keepalive_s * 1000000000LL;
+    int64_t write_timeout = gw->cfg->sse_write_timeout_s * 1000000000LL;
+    gw_stream_t *s = gw->streams;
+
+    while (s) {
+        gw_stream_t *next = s->next; /* s may end below */
+        if (s->sending && now - s->sending_since_ns > write_timeout) {
+            gw->metrics.streams_closed_slow++;
+            stream_abort(s, "write timeout");
+        } else if (!s->sending && s->pending.len == 0 && now - s->last_write_ns >= keepalive) {
+            sp_buf_puts(&s->pending, KEEPALIVE_RECORD);
+            flush(s);
+        }
+        if (!s->ended)
+            maybe_fetch(s);
+        s = next;
+    }
+}
+
+void gw_events_close_all(gw_t *gw, bool force)
+{
+    gw_stream_t *s = gw->streams;
+    while (s) {
+        gw_stream_t *next = s->next;
+        if (!s->sending)
+            stream_finish(s);
+        else if (force)
+            stream_abort(s, "shutdown");
+        else
+            s->closing = true;
+        s = next;
+    }
+}

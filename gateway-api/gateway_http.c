@@ -1,0 +1,765 @@
+/* HTTP front end: h2o on the libuv loop, routing, request contexts, responses, the query
+ * string, and the JSON form of the errors h2o produces by itself.
+ *
+ * h2o 2.2 reads a request's whole body before it calls the handler, and stops reading the
+ * connection until the response is complete: a request therefore stays alive while a job or a
+ * wait runs for it, and only an SSE stream can see its client vanish (the generator's stop).
+ * The request context (gw_req_t) is still a heap object tied to the request's pool, so a job
+ * that finishes after the request is gone finds rq->req == NULL instead of freed memory. */
+#include "gateway.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "error.h"
+#include "ids.h"
+#include "log.h"
+#include "xmalloc.h"
+
+typedef struct {
+    h2o_handler_t super;
+    gw_t *gw;
+} gw_handler_t;
+
+typedef struct {
+    h2o_filter_t super;
+    gw_t *gw;
+} gw_filter_t;
+
+/* An accepted connection: the uv handle h2o uses, and who to tell when it closes. */
+typedef struct {
+    uv_tcp_t tcp;
+    gw_t *gw;
+} gw_conn_t;
+
+static size_t n_connections;
+
+/* ---- small helpers ---- */
+
+static const char *reason_phrase(int status)
+{
+    switch (status) {
+    case 200:
+        return "OK";
+    case 201:
+        return "Created";
+    case 204:
+        return "No Content";
+    case 400:
+        return "Bad Request";
+    case 401:
+        return "Unauthorized";
+    case 404:
+        return "Not Found";
+    case 405:
+        return "Method Not Allowed";
+    case 409:
+        return "Conflict";
+    case 413:
+        return "Payload Too Large";
+    case 414:
+        return "URI Too Long";
+    case 415:
+        return "Unsupported Media Type";
+    case 429:
+        return "Too Many Requests";
+    case 500:
+        return "Internal Server Error";
+    case 503:
+        return "Service Unavailable";
+    case 504:
+        return "Gateway Timeout";
+    default:
+        return "Unknown";
+    }
+}
+
+bool gw_text_ok(const char *s, size_t max)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t n = 0;
+
+    while (*p) {
+        unsigned c = *p;
+        int extra;
+        if (c < 0x20 || c == 0x7f)
+            return false;
+        if (c < 0x80)
+            extra = 0;
+        else if (c >= 0xc2 && c <= 0xdf)
+            extra = 1;
+        else if (c >= 0xe0 && c <= 0xef)
+            extra = 2;
+        else if (c >= 0xf0 && c <= 0xf4)
+            extra = 3;
+        else
+            return false;
+        unsigned cp = extra == 0 ? c : c & (0x3fu >> extra);
+        p++;
+        n++;
+        for (int i = 0; i < extra; i++, p++, n++) {
+            if ((*p & 0xc0) != 0x80)
+                return false;
+            cp = (cp << 6) | (*p & 0x3fu);
+        }
+        /* Overlong forms, surrogates and code points past U+10FFFF (RFC 3629 section 3). */
+        if ((extra == 2 && cp < 0x800) || (extra == 3 && (cp < 0x10000 || cp > 0x10ffff)) ||
+            (cp >= 0xd800 && cp <= 0xdfff))
+            return false;
+        if (n > max)
+            return false;
+    }
+    return true;
+}
+
+/* A client's X-Request-Id is echoed only if it is a plain token: it goes into logs, events and
+ * a response header. */
+static bool request_id_ok(const char *s, size_t len)
+{
+    if (len == 0 || len > GW_REQUEST_ID_MAX)
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+static void pick_request_id(h2o_req_t *req, char out[GW_REQUEST_ID_MAX + 1])
+{
+    ssize_t i = h2o_find_header_by_str(&req->headers, H2O_STRLIT("x-request-id"), -1);
+    if (i >= 0) {
+        const h2o_iovec_t *v = &req->headers.entries[i].value;
+        if (request_id_ok(v->base, v->len)) {
+            memcpy(out, v->base, v->len);
+            out[v->len] = '\0';
+            return;
+        }
+    }
+    sp_uuid7_str(out);
+}
+
+static void copy_iovec(char *dst, size_t cap, h2o_iovec_t v)
+{
+    size_t n = v.len < cap - 1 ? v.len : cap - 1;
+    if (n)
+        memcpy(dst, v.base, n);
+    dst[n] = '\0';
+}
+
+int gw_req_fd(h2o_req_t *req)
+{
+    if (!req->conn || !req->conn->callbacks->get_socket)
+        return -1;
+    h2o_socket_t *sock = req->conn->callbacks->get_socket(req->conn);
+    return sock ? h2o_socket_get_fd(sock) : -1;
+}
+
+/* ---- request contexts ---- */
+
+void gw_req_ref(gw_req_t *rq)
+{
+    rq->refs++;
+}
+
+void gw_req_unref(gw_req_t *rq)
+{
+    if (!rq || --rq->refs > 0)
+        return;
+    free(rq);
+}
+
+bool gw_req_live(const gw_req_t *rq)
+{
+    return rq && rq->req && !rq->responded;
+}
+
+static void in_flight_done(gw_req_t *rq)
+{
+    if (rq->counted_in_flight) {
+        rq->counted_in_flight = false;
+        rq->gw->metrics.in_flight--;
+    }
+}
+
+void gw_req_mark_streaming(gw_req_t *rq)
+{
+    rq->responded = true;
+    in_flight_done(rq);
+}
+
+/* h2o clears the pool when the request ends (answered, or its connection closed). */
+static void on_pool_dispose(void *p)
+{
+    gw_req_t *rq = *(gw_req_t **)p;
+    if (!rq->responded && rq->req) {
+        /* Ended without an answer from us (connection closed under a stream, shutdown). */
+        in_flight_done(rq);
+    }
+    rq->req = NULL;
+    gw_req_unref(rq);
+}
+
+static gw_req_t *req_new(gw_t *gw, h2o_req_t *req)
+{
+    gw_req_t *rq = sp_xcalloc(1, sizeof(*rq));
+    rq->gw = gw;
+    rq->req = req;
+    rq->refs = 1; /* the pool's */
+    rq->route = GW_R_OTHER;
+    rq->start_ns = sp_mono_ns();
+    pick_request_id(req, rq->request_id);
+    copy_iovec(rq->method, sizeof(rq->method), req->method);
+    copy_iovec(rq->path, sizeof(rq->path), req->path);
+    gw_req_t **link = h2o_mem_alloc_shared(&req->pool, sizeof(gw_req_t *), on_pool_dispose);
+    *link = rq;
+    rq->counted_in_flight = true;
+    gw->metrics.in_flight++;
+    return rq;
+}
+
+const h2o_iovec_t *gw_req_header(const gw_req_t *rq, const char *name, bool *ret_dup)
+{
+    const h2o_headers_t *h = &rq->req->headers;
+    ssize_t i = h2o_find_header_by_str(h, name, strlen(name), -1);
+    if (ret_dup)
+        *ret_dup = i >= 0 && h2o_find_header_by_str(h, name, strlen(name), i) >= 0;
+    return i >= 0 ? &h->entries[i].value : NULL;
+}
+
+/* ---- responses ---- */
+
+void gw_log_request(gw_req_t *rq, int status)
+{
+    double ms = (double)(sp_mono_ns() - rq->start_ns) / 1e6;
+    sp_log(SP_LOG_INFO, "request", SP_KS("method", rq->method), SP_KS("path", rq->path),
+           SP_KI("status", status), SP_KF("duration_ms", ms), SP_KS("request_id", rq->request_id),
+           SP_KS("tenant", rq->tenant));
+}
+
+void gw_add_common_headers(gw_req_t *rq, const char *content_type)
+{
+    h2o_req_t *req = rq->req;
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, content_type,
+                   strlen(content_type));
+    h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-request-id"), 0, NULL,
+                          rq->request_id, strlen(rq->request_id));
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL,
+                   H2O_STRLIT("no-store"));
+}
+
+void gw_respond(gw_req_t *rq, int status, const char *content_type, const char *body, size_t len)
+{
+    static h2o_generator_t generator = {NULL, NULL};
+
+    if (!gw_req_live(rq))
+        return;
+    h2o_req_t *req = rq->req;
+    rq->responded = true;
+    rq->status = status;
+    req->res.status = status;
+    req->res.reason = reason_phrase(status);
+    gw_add_common_headers(rq, content_type);
+    req->res.content_length = len;
+    h2o_iovec_t buf = h2o_strdup(&req->pool, body ? body : "", len);
+    h2o_start_response(req, &generator);
+    h2o_send(req, &buf, 1, H2O_SEND_STATE_FINAL);
+    gw_metrics_request(&rq->gw->metrics, rq->route, status);
+    in_flight_done(rq);
+    gw_log_request(rq, status);
+}
+
+void gw_respond_json(gw_req_t *rq, int status, const sp_buf_t *body)
+{
+    gw_respond(rq, status, "application/json", body->data, body->len);
+}
+
+void gw_respond_error(gw_req_t *rq, int status, const char *code, const char *extra_json,
+                      const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    sp_buf_t b;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    sp_buf_init(&b);
+    sp_buf_puts(&b, "{\"code\":");
+    sp_buf_json_str(&b, code);
+    sp_buf_puts(&b, ",\"message\":");
+    /* Messages may quote client input: keep them valid UTF-8 before escaping. */
+    sp_buf_t safe;
+    sp_buf_init(&safe);
+    sp_buf_safe_text(&safe, msg, sizeof(msg));
+    sp_buf_json_str(&b, safe.data ? safe.data : "");
+    sp_buf_dispose(&safe);
+    if (extra_json) {
+        sp_buf_putc(&b, ',');
+        sp_buf_puts(&b, extra_json);
+    }
+    sp_buf_putc(&b, '}');
+    gw_respond_json(rq, status, &b);
+    sp_buf_dispose(&b);
+}
+
+/* ---- query strings ---- */
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* application/x-www-form-urlencoded decoding (WHATWG URL, section 5.1): '+' is a space. A
+ * decoded NUL is refused: values become C strings. */
+static char *url_decode(h2o_mem_pool_t *pool, const char *s, size_t len)
+{
+    char *out = h2o_mem_alloc_pool(pool, len + 1);
+    size_t o = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] == '%') {
+            int hi, lo;
+            if (i + 2 >= len)
+                return NULL;
+            hi = hexval(s[i + 1]);
+            lo = hexval(s[i + 2]);
+            if (hi < 0 || lo < 0 || (hi == 0 && lo == 0))
+                return NULL;
+            out[o++] = (char)(hi * 16 + lo);
+            i += 2;
+        } else if (s[i] == '+') {
+            out[o++] = ' ';
+        } else {
+            out[o++] = s[i];
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+int gw_query_parse(h2o_req_t *req, gw_query_t *q)
+{
+    q->n = 0;
+    if (req->query_at == SIZE_MAX)
+        return 0;
+    const char *p = req->path.base + req->query_at + 1;
+    const char *end = req->path.base + req->path.len;
+    while (p < end) {
+        const char *amp = memchr(p, '&', (size_t)(end - p));
+        const char *seg_end = amp ? amp : end;
+        if (seg_end > p) {
+            if (q->n == GW_QUERY_MAX)
+                return -E2BIG;
+            const char *eq = memchr(p, '=', (size_t)(seg_end - p));
+            const char *kend = eq ? eq : seg_end;
+            char *k = url_decode(&req->pool, p, (size_t)(kend - p));
+            char *v = eq ? url_decode(&req->pool, eq + 1, (size_t)(seg_end - eq - 1))
+                         : url_decode(&req->pool, "", 0);
+            if (!k || !v)
+                return -EINVAL;
+            q->p[q->n].key = k;
+            q->p[q->n].value = v;
+            q->n++;
+        }
+        p = seg_end + 1;
+    }
+    return 0;
+}
+
+/* ---- routing ---- */
+
+static void metrics_page(gw_req_t *rq)
+{
+    sp_buf_t b;
+    sp_buf_init(&b);
+    gw_metrics_render(&rq->gw->metrics, &b);
+    gw_respond(rq, 200, "text/plain; version=0.0.4", b.data, b.len);
+    sp_buf_dispose(&b);
+}
+
+static void method_not_allowed(gw_req_t *rq, const char *allow)
+{
+    h2o_add_header(&rq->req->pool, &rq->req->res.headers, H2O_TOKEN_ALLOW, NULL, allow,
+                   strlen(allow));
+    gw_respond_error(rq, 405, "method_not_allowed", NULL, "%s is not allowed here; use %s",
+                     rq->method, allow);
+}
+
+static bool is_method(const h2o_req_t *req, const char *m)
+{
+    return h2o_memis(req->method.base, req->method.len, m, strlen(m));
+}
+
+/* Matches /v1/sandboxes/{id} and /v1/sandboxes/{id}/events; *ret_events tells which. The id
+ * is copied as it is (checked after authentication, so a malformed id reads as unknown). */
+static bool match_sandbox_path(const char *path, size_t len, char id[SP_ID_MAX + 1],
+                               bool *ret_events)
+{
+    static const char prefix[] = "/v1/sandboxes/";
+    const size_t plen = sizeof(prefix) - 1;
+    if (len <= plen || memcmp(path, prefix, plen) != 0)
+        return false;
+    const char *s = path + plen;
+    size_t rest = len - plen;
+    const char *slash = memchr(s, '/', rest);
+    size_t idlen = slash ? (size_t)(slash - s) : rest;
+    if (idlen == 0 || idlen > SP_ID_MAX)
+        return false;
+    if (slash) {
+        if (!h2o_memis(slash, rest - idlen, H2O_STRLIT("/events")))
+            return false;
+        *ret_events = true;
+    } else {
+        *ret_events = false;
+    }
+    memcpy(id, s, idlen);
+    id[idlen] = '\0';
+    return true;
+}
+
+static void with_auth(gw_req_t *rq, void (*fn)(gw_req_t *))
+{
+    rq->after_auth = fn;
+    gw_auth(rq);
+}
+
+static void events_all(gw_req_t *rq)
+{
+    gw_events_open(rq, false);
+}
+
+static void events_sandbox(gw_req_t *rq)
+{
+    gw_events_open(rq, true);
+}
+
+static void route(gw_req_t *rq)
+{
+    h2o_req_t *req = rq->req;
+    size_t len = req->query_at == SIZE_MAX ? req->path.len : req->query_at;
+    const char *path = req->path.base;
+    bool events = false;
+
+    if (rq->gw->stopping) {
+        req->http1_is_persistent = 0;
+        gw_respond_error(rq, 503, "shutting_down", NULL, "the gateway is stopping");
+        return;
+    }
+    if (req->path.len > GW_PATH_MAX) {
+        gw_respond_error(rq, 414, "uri_too_long", NULL, "the request target exceeds %d bytes",
+                         GW_PATH_MAX);
+        return;
+    }
+    if (h2o_memis(path, len, H2O_STRLIT("/healthz"))) {
+        rq->route = GW_R_HEALTHZ;
+        if (!is_method(req, "GET")) {
+            method_not_allowed(rq, "GET");
+            return;
+        }
+        {
+            gw_health(rq);
+            return;
+        }
+    }
+    if (h2o_memis(path, len, H2O_STRLIT("/metrics"))) {
+        rq->route = GW_R_METRICS;
+        if (!is_method(req, "GET")) {
+            method_not_allowed(rq, "GET");
+            return;
+        }
+        {
+            metrics_page(rq);
+            return;
+        }
+    }
+    if (h2o_memis(path, len, H2O_STRLIT("/v1/sandboxes"))) {
+        if (is_method(req, "GET")) {
+            rq->route = GW_R_SANDBOX_LIST;
+            {
+                with_auth(rq, gw_sandbox_list);
+                return;
+            }
+        }
+        if (is_method(req, "POST")) {
+            rq->route = GW_R_SANDBOX_CREATE;
+            {
+                with_auth(rq, gw_sandbox_create);
+                return;
+            }
+        }
+        {
+            method_not_allowed(rq, "GET, POST");
+            return;
+        }
+    }
+    if (h2o_memis(path, len, H2O_STRLIT("/v1/templates"))) {
+        rq->route = GW_R_TEMPLATES;
+        if (!is_method(req, "GET")) {
+            method_not_allowed(rq, "GET");
+            return;
+        }
+        {
+            with_auth(rq, gw_templates);
+            return;
+        }
+    }
+    if (h2o_memis(path, len, H2O_STRLIT("/v1/events"))) {
+        rq->route = GW_R_EVENTS;
+        if (!is_method(req, "GET")) {
+            method_not_allowed(rq, "GET");
+            return;
+        }
+        {
+            with_auth(rq, events_all);
+            return;
+        }
+    }
+    if (match_sandbox_path(path, len, rq->path_id, &events)) {
+        if (events) {
+            rq->route = GW_R_SANDBOX_EVENTS;
+            if (!is_method(req, "GET")) {
+                method_not_allowed(rq, "GET");
+                return;
+            }
+            {
+                with_auth(rq, events_sandbox);
+                return;
+            }
+        }
+        if (is_method(req, "GET")) {
+            rq->route = GW_R_SANDBOX_GET;
+            {
+                with_auth(rq, gw_sandbox_get);
+                return;
+            }
+        }
+        if (is_method(req, "DELETE")) {
+            rq->route = GW_R_SANDBOX_DELETE;
+            {
+                with_auth(rq, gw_sandbox_delete);
+                return;
+            }
+        }
+        {
+            method_not_allowed(rq, "GET, DELETE");
+            return;
+        }
+    }
+    gw_respond_error(rq, 404, "not_found", NULL, "no such route");
+}
+
+static int on_req(h2o_handler_t *self, h2o_req_t *req)
+{
+    gw_t *gw = ((gw_handler_t *)self)->gw;
+    gw_req_t *rq = req_new(gw, req);
+    route(rq);
+    return 0;
+}
+
+/* ---- h2o's own error responses ----
+ *
+ * h2o answers some requests before any handler runs: a body over max_request_entity_size
+ * (413, whether announced by Content-Length or found while decoding chunks), broken chunked
+ * encoding (400), an unknown Expect (417). Those responses pass through this filter, which
+ * gives them the API's shape: a JSON error, X-Request-Id, and a log line. */
+
+typedef struct {
+    h2o_ostream_t super;
+    h2o_iovec_t body;
+    bool sent;
+} rewrite_ostream_t;
+
+static void rewrite_send(h2o_ostream_t *self, h2o_req_t *req, h2o_iovec_t *bufs, size_t bufcnt,
+                         h2o_send_state_t state)
+{
+    rewrite_ostream_t *o = (rewrite_ostream_t *)self;
+    (void)bufs;
+    (void)bufcnt;
+    if (!o->sent) {
+        o->sent = true;
+        h2o_ostream_send_next(&o->super, req, &o->body, 1, state);
+    } else {
+        h2o_ostream_send_next(&o->super, req, NULL, 0, state);
+    }
+}
+
+static void on_setup_ostream(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **slot)
+{
+    gw_t *gw = ((gw_filter_t *)self)->gw;
+    const char *code, *message;
+
+    if (req->res.status < 400 || req->res.content_length == SIZE_MAX ||
+        h2o_find_header_by_str(&req->res.headers, H2O_STRLIT("x-request-id"), -1) >= 0) {
+        h2o_setup_next_ostream(req, slot);
+        return;
+    }
+    switch (req->res.status) {
+    case 413:
+        code = "body_too_large";
+        message = "the request body exceeds the limit";
+        break;
+    case 400:
+        code = "bad_request";
+        message = "malformed request (body encoding)";
+        break;
+    case 417:
+        code = "expectation_failed";
+        message = "unsupported Expect header";
+        break;
+    default:
+        code = "http_error";
+        message = req->res.reason ? req->res.reason : "error";
+        break;
+    }
+    char rid[GW_REQUEST_ID_MAX + 1];
+    pick_request_id(req, rid);
+    sp_buf_t b;
+    sp_buf_init(&b);
+    sp_buf_puts(&b, "{\"code\":");
+    sp_buf_json_str(&b, code);
+    sp_buf_puts(&b, ",\"message\":");
+    sp_buf_json_str(&b, message);
+    sp_buf_putc(&b, '}');
+    h2o_iovec_t body = h2o_strdup(&req->pool, b.data, b.len);
+    sp_buf_dispose(&b);
+
+    ssize_t ct = h2o_find_header(&req->res.headers, H2O_TOKEN_CONTENT_TYPE, -1);
+    if (ct >= 0)
+        req->res.headers.entries[ct].value = h2o_iovec_init(H2O_STRLIT("application/json"));
+    else
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL,
+                       H2O_STRLIT("application/json"));
+    h2o_iovec_t rid_v = h2o_strdup(&req->pool, rid, strlen(rid));
+    h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-request-id"), 0, NULL,
+                          rid_v.base, rid_v.len);
+    req->res.content_length = body.len;
+
+    rewrite_ostream_t *o = (rewrite_ostream_t *)h2o_add_ostream(req, sizeof(*o), slot);
+    o->super.do_send = rewrite_send;
+    o->body = body;
+    o->sent = false;
+    slot = &o->super.next;
+
+    char method[16], path[512];
+    copy_iovec(method, sizeof(method), req->input.method);
+    copy_iovec(path, sizeof(path), req->input.path);
+    gw_metrics_request(&gw->metrics, GW_R_OTHER, req->res.status);
+    sp_log(SP_LOG_INFO, "request", SP_KS("method", method), SP_KS("path", path),
+           SP_KI("status", req->res.status), SP_KF("duration_ms", 0.0), SP_KS("request_id", rid),
+           SP_KS("tenant", ""));
+    h2o_setup_next_ostream(req, slot);
+}
+
+/* ---- listener ---- */
+
+static void on_conn_close(uv_handle_t *h)
+{
+    gw_conn_t *c = (gw_conn_t *)h;
+    n_connections--;
+    free(c);
+}
+
+static void on_accept(uv_stream_t *listener, int status)
+{
+    gw_t *gw = listener->data;
+    if (status != 0)
+        return;
+    gw_conn_t *c = sp_xcalloc(1, sizeof(*c));
+    c->gw = gw;
+    uv_tcp_init(listener->loop, &c->tcp);
+    if (uv_accept(listener, (uv_stream_t *)&c->tcp) != 0) {
+        n_connections++;
+        uv_close((uv_handle_t *)&c->tcp, on_conn_close);
+        return;
+    }
+    n_connections++;
+    uv_tcp_nodelay(&c->tcp, 1);
+    h2o_socket_t *sock = h2o_uv_socket_create((uv_stream_t *)&c->tcp, on_conn_close);
+    h2o_accept(&gw->accept_ctx, sock);
+}
+
+static int bind_listener(gw_t *gw)
+{
+    struct sockaddr_storage ss;
+    int rc;
+
+    memset(&ss, 0, sizeof(ss));
+    if (uv_ip4_addr(gw->cfg->listen_host, (int)gw->cfg->port, (struct sockaddr_in *)&ss) != 0 &&
+        uv_ip6_addr(gw->cfg->listen_host, (int)gw->cfg->port, (struct sockaddr_in6 *)&ss) != 0) {
+        sp_log(SP_LOG_ERROR, "listen-host is not an IP address",
+               SP_KS("listen_host", gw->cfg->listen_host));
+        return -EINVAL;
+    }
+    uv_tcp_init(gw->loop, &gw->listener);
+    gw->listener.data = gw;
+    gw->listener_open = true;
+    if ((rc = uv_tcp_bind(&gw->listener, (struct sockaddr *)&ss, 0)) != 0 ||
+        (rc = uv_listen((uv_stream_t *)&gw->listener, 511, on_accept)) != 0) {
+        sp_log(SP_LOG_ERROR, "cannot listen", SP_KS("listen_host", gw->cfg->listen_host),
+               SP_KI("port", gw->cfg->port), SP_KS("error", uv_strerror(rc)));
+        return rc;
+    }
+    return 0;
+}
+
+size_t gw_http_connections(gw_t *gw)
+{
+    (void)gw;
+    return n_connections;
+}
+
+static int shut_reads(h2o_req_t *req, void *arg)
+{
+    (void)arg;
+    int fd = gw_req_fd(req);
+    if (fd >= 0)
+        shutdown(fd, SHUT_RD);
+    return 0;
+}
+
+void gw_http_shutdown_reads(gw_t *gw)
+{
+    if (gw->h2o_config.http1.callbacks.foreach_request)
+        gw->h2o_config.http1.callbacks.foreach_request(&gw->h2o_ctx, shut_reads, NULL);
+}
+
+int gw_http_init(gw_t *gw)
+{
+    h2o_config_init(&gw->h2o_config);
+    gw->h2o_config.server_name = h2o_iovec_init(H2O_STRLIT(GW_DAEMON));
+    gw->h2o_config.max_request_entity_size = (size_t)gw->cfg->max_body_bytes;
+    /* HTTP/1.1 only: no cleartext h2c upgrade (its streams could end under a running job). */
+    gw->h2o_config.http1.upgrade_to_http2 = 0;
+    h2o_hostconf_t *host =
+        h2o_config_register_host(&gw->h2o_config, h2o_iovec_init(H2O_STRLIT("default")), 65535);
+    h2o_pathconf_t *root = h2o_config_register_path(host, "/", 0);
+    gw_handler_t *h = (gw_handler_t *)h2o_create_handler(root, sizeof(*h));
+    h->super.on_req = on_req;
+    h->gw = gw;
+    h2o_pathconf_t *paths[] = {root, &host->fallback_path};
+    for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++) {
+        gw_filter_t *f = (gw_filter_t *)h2o_create_filter(paths[i], sizeof(*f));
+        f->super.on_setup_ostream = on_setup_ostream;
+        f->gw = gw;
+    }
+    h2o_context_init(&gw->h2o_ctx, gw->loop, &gw->h2o_config);
+    gw->accept_ctx.ctx = &gw->h2o_ctx;
+    gw->accept_ctx.hosts = gw->h2o_config.hosts;
+    return bind_listener(gw);
+}
+
+void gw_http_dispose(gw_t *gw)
+{
+    h2o_context_dispose(&gw->h2o_ctx);
+}

@@ -1,0 +1,1022 @@
+/* /v1/sandboxes, /v1/templates, /healthz: reads from the PostgreSQL projections, writes only
+ * intents to the bus, and waits for the projection to show the outcome of an intent before it
+ * answers (read-your-writes: a 201 means GET will show the sandbox running).
+ *
+ * Waiting: every waiter (a create or delete that published its intent) sits in one list on the
+ * loop. Whenever the event log announces a new head (NOTIFY), a waiter is added, or a second
+ * passes, one check job reads the rows of all waiting sandboxes in a single query and answers
+ * those whose outcome is there. A waiter is always checked after it is registered, so an
+ * outcome committed before the registration is not missed. */
+#include "gateway.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "db.h"
+#include "envelope.h"
+#include "error.h"
+#include "ids.h"
+#include "log.h"
+#include "xmalloc.h"
+
+#define LIST_LIMIT_DEFAULT 100
+#define LIST_LIMIT_MAX     1000
+
+static PGresult *query(PGconn *db, const char *sql, int n, const char *const *params)
+{
+    return PQexecParams(db, sql, n, NULL, params, NULL, NULL, 0);
+}
+
+static void log_db_error(const char *what, PGconn *db)
+{
+    sp_log(SP_LOG_WARN, "query failed", SP_KS("query", what), SP_KS("error", PQerrorMessage(db)));
+}
+
+static void overloaded(gw_req_t *rq)
+{
+    gw_respond_error(rq, 503, "overloaded", NULL, "too many requests are waiting");
+}
+
+static void db_unavailable(gw_req_t *rq)
+{
+    gw_respond_error(rq, 503, "unavailable", NULL, "the database is not available; retry");
+}
+
+/* ---- sandbox JSON ---- */
+
+void gw_json_time(sp_buf_t *b, int64_t us)
+{
+    if (us <= 0) {
+        sp_buf_puts(b, "null");
+        return;
+    }
+    time_t secs = (time_t)(us / 1000000);
+    struct tm tm;
+    if (!gmtime_r(&secs, &tm)) {
+        sp_buf_puts(b, "null");
+        return;
+    }
+    sp_buf_printf(b, "\"%04d-%02d-%02dT%02d:%02d:%02d.%03dZ\"", tm.tm_year + 1900, tm.tm_mon + 1,
+                  tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(us % 1000000 / 1000));
+}
+
+static int64_t col_i64(const PGresult *r, int row, int col)
+{
+    if (PQgetisnull(r, row, col))
+        return 0;
+    return strtoll(PQgetvalue(r, row, col), NULL, 10);
+}
+
+static void json_opt_str(sp_buf_t *b, const char *s)
+{
+    if (s && s[0])
+        sp_buf_json_str(b, s);
+    else
+        sp_buf_puts(b, "null");
+}
+
+void gw_sandbox_json(const PGresult *r, int row, sp_buf_t *b)
+{
+    int64_t created = col_i64(r, row, 11), started = col_i64(r, row, 12);
+    int64_t timeout_s = col_i64(r, row, 5);
+    const char *state = PQgetvalue(r, row, 3);
+
+    sp_buf_puts(b, "{\"id\":");
+    sp_buf_json_str(b, PQgetvalue(r, row, 0));
+    sp_buf_puts(b, ",\"tenant\":");
+    sp_buf_json_str(b, PQgetvalue(r, row, 1));
+    sp_buf_puts(b, ",\"template\":");
+    sp_buf_json_str(b, PQgetvalue(r, row, 2));
+    sp_buf_puts(b, ",\"state\":");
+    sp_buf_json_str(b, state);
+    sp_buf_puts(b, ",\"worker\":");
+    json_opt_str(b, PQgetvalue(r, row, 4));
+    sp_buf_puts(b, ",\"created_at\":");
+    gw_json_time(b, created);
+    sp_buf_puts(b, ",\"started_at\":");
+    gw_json_time(b, started);
+    /* timeout_s 0 means no automatic end. */
+    sp_buf_puts(b, ",\"timeout_at\":");
+    gw_json_time(b, started > 0 && timeout_s > 0 ? started + timeout_s * 1000000 : 0);
+    sp_buf_printf(b, ",\"timeout_s\":%" PRId64, timeout_s);
+    /* jsonb's own output: valid JSON, built by the reducer from validated event fields. */
+    sp_buf_puts(b, ",\"metadata\":");
+    sp_buf_puts(b, PQgetisnull(r, row, 8) ? "{}" : PQgetvalue(r, row, 8));
+    sp_buf_puts(b, ",\"env_names\":");
+    sp_buf_puts(b, PQgetisnull(r, row, 9) ? "[]" : PQgetvalue(r, row, 9));
+    sp_buf_printf(b, ",\"resources\":{\"vcpu\":%" PRId64 ",\"memory_mb\":%" PRId64 "}",
+                  col_i64(r, row, 6), col_i64(r, row, 7));
+    sp_buf_puts(b, ",\"failure_reason\":");
+    json_opt_str(b, PQgetvalue(r, row, 10));
+    sp_buf_puts(b, ",\"network\":null}");
+}
+
+/* ---- waiters ---- */
+
+typedef struct {
+    char id[SP_ID_MAX + 1];
+    sp_sbx_state_t state;
+    char failure_reason[SP_REASON_MAX];
+    char *json;
+} view_t;
+
+typedef struct {
+    char event_id[GW_EVENT_ID_LEN + 1];
+    char reason[SP_REASON_MAX];
+    char detail[SP_REASON_MAX];
+} reject_t;
+
+typedef struct {
+    gw_job_t job;
+    sp_buf_t ids;       /* text[] literal of the waiting sandboxes */
+    sp_buf_t event_ids; /* uuid[] literal of delete intents ("{}" if none) */
+    bool any_delete;
+    bool failed;
+    view_t *rows;
+    size_t n_rows;
+    reject_t *rejects;
+    size_t n_rejects;
+} check_job_t;
+
+static int view_cmp(const void *a, const void *b)
+{
+    return strcmp(((const view_t *)a)->id, ((const view_t *)b)->id);
+}
+
+static void check_run(gw_job_t *job, PGconn *db)
+{
+    check_job_t *c = (check_job_t *)job;
+    const char *p1[1] = {c->ids.data};
+    PGresult *r =
+        query(db, "SELECT " GW_SBX_COLUMNS " FROM sandboxes WHERE id = ANY($1::text[])", 1, p1);
+    if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
+        log_db_error("waiters", db);
+        c->failed = true;
+        PQclear(r);
+        return;
+    }
+    c->n_rows = (size_t)PQntuples(r);
+    c->rows = sp_xcalloc(c->n_rows ? c->n_rows : 1, sizeof(*c->rows));
+    for (size_t i = 0; i < c->n_rows; i++) {
+        view_t *v = &c->rows[i];
+        sp_buf_t b;
+        snprintf(v->id, sizeof(v->id), "%s", PQgetvalue(r, (int)i, 0));
+        v->state = sp_sbx_state_from_name(PQgetvalue(r, (int)i, 3));
+        snprintf(v->failure_reason, sizeof(v->failure_reason), "%s", PQgetvalue(r, (int)i, 10));
+        sp_buf_init(&b);
+        gw_sandbox_json(r, (int)i, &b);
+        v->json = sp_buf_take(&b);
+    }
+    PQclear(r);
+    qsort(c->rows, c->n_rows, sizeof(*c->rows), view_cmp);
+    if (!c->any_delete)
+        return;
+
+    /* A refused delete answers with SandboxRequestRejected naming the intent as causation. */
+    const char *p2[2] = {c->ids.data, c->event_ids.data};
+    r = PQexecParams(db,
+                     "SELECT causation_id::text, payload FROM events WHERE aggregate_kind = "
+                     "'sandbox' AND aggregate_id = ANY($1::text[]) AND type = "
+                     "'SandboxRequestRejected' AND status = 'accepted' AND causation_id = "
+                     "ANY($2::uuid[])",
+                     2, NULL, p2, NULL, NULL, 1);
+    if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
+        log_db_error("rejections", db);
+        PQclear(r);
+        return;
+    }
+    c->rejects = sp_xcalloc((size_t)PQntuples(r) + 1, sizeof(*c->rejects));
+    for (int i = 0; i < PQntuples(r); i++) {
+        sp_envelope_t *env = NULL;
+        char why[SP_REASON_MAX];
+        if (sp_envelope_decode((const uint8_t *)PQgetvalue(r, i, 1), (size_t)PQgetlength(r, i, 1),
+                               &env, why) < 0)
+            continue;
+        reject_t *x = &c->rejects[c->n_rejects++];
+        snprintf(x->event_id, sizeof(x->event_id), "%s", PQgetvalue(r, i, 0));
+        snprintf(x->reason, sizeof(x->reason), "%s", env->sandbox_request_rejected->reason);
+        snprintf(x->detail, sizeof(x->detail), "%s", env->sandbox_request_rejected->detail);
+        sp_envelope_free(env);
+    }
+    PQclear(r);
+}
+
+static void waiter_unlink(gw_t *gw, gw_waiter_t *w)
+{
+    if (w->prev)
+        w->prev->next = w->next;
+    else
+        gw->waiters = w->next;
+    if (w->next)
+        w->next->prev = w->prev;
+    gw->n_waiters--;
+}
+
+static void waiter_free(gw_t *gw, gw_waiter_t *w)
+{
+    waiter_unlink(gw, w);
+    gw_req_unref(w->rq);
+    free(w);
+}
+
+static void answer_create(gw_waiter_t *w, const view_t *v)
+{
+    gw_req_t *rq = w->rq;
+    char extra[128];
+    snprintf(extra, sizeof(extra), "\"sandbox_id\":\"%s\"", w->sandbox_id);
+
+    if (v->state == SP_SBX_RUNNING) {
+        char loc[128];
+        int n = snprintf(loc, sizeof(loc), "/v1/sandboxes/%s", w->sandbox_id);
+        h2o_iovec_t l = h2o_strdup(&rq->req->pool, loc, (size_t)n);
+        h2o_add_header(&rq->req->pool, &rq->req->res.headers, H2O_TOKEN_LOCATION, NULL, l.base,
+                       l.len);
+        gw_metrics_create_latency(&rq->gw->metrics, (double)(sp_mono_ns() - rq->start_ns) / 1e9);
+        gw_respond(rq, 201, "application/json", v->json, strlen(v->json));
+    } else if (strcmp(v->failure_reason, "unknown_template") == 0) {
+        gw_respond_error(rq, 400, "unknown_template", extra,
+                         "no worker offers this template (sandbox %s failed)", w->sandbox_id);
+    } else if (strcmp(v->failure_reason, "no_capacity") == 0) {
+        gw_respond_error(rq, 503, "no_capacity", extra,
+                         "no worker has room for this sandbox now (sandbox %s failed); retry",
+                         w->sandbox_id);
+    } else if (v->state == SP_SBX_DELETED) {
+        gw_respond_error(rq, 409, "sandbox_deleted", extra,
+                         "sandbox %s was deleted before it started", w->sandbox_id);
+    } else {
+        gw_respond_error(rq, 500, "sandbox_failed", extra, "sandbox %s failed: %s", w->sandbox_id,
+                         v->failure_reason[0] ? v->failure_reason : "unknown");
+    }
+}
+
+/* The outcome of a waiter if the rows show one: true when answered. */
+static bool settle(gw_waiter_t *w, const check_job_t *c)
+{
+    view_t key;
+    snprintf(key.id, sizeof(key.id), "%s", w->sandbox_id);
+    const view_t *v = bsearch(&key, c->rows, c->n_rows, sizeof(*c->rows), view_cmp);
+
+    if (!gw_req_live(w->rq))
+        return true; /* nobody to answer */
+    if (w->kind == GW_WAIT_CREATE) {
+        if (!v ||
+            (v->state != SP_SBX_RUNNING && v->state != SP_SBX_FAILED && v->state != SP_SBX_DELETED))
+            return false;
+        answer_create(w, v);
+        return true;
+    }
+    if (v && v->state == SP_SBX_DELETED) {
+        gw_respond(w->rq, 204, "application/json", NULL, 0);
+        return true;
+    }
+    for (size_t i = 0; i < c->n_rejects; i++) {
+        if (strcmp(c->rejects[i].event_id, w->event_id) == 0) {
+            const reject_t *x = &c->rejects[i];
+            gw_respond_error(w->rq, 409, x->reason, NULL, "the delete was refused: %s",
+                             x->detail[0] ? x->detail : x->reason);
+            return true;
+        }
+    }
+    return false;
+}
+
+static void check_done(gw_job_t *job)
+{
+    check_job_t *c = (check_job_t *)job;
+    gw_t *gw = job->gw;
+
+    gw->check_running = false;
+    if (!c->failed) {
+        gw_waiter_t *w = gw->waiters;
+        while (w) {
+            gw_waiter_t *next = w->next;
+            if (settle(w, c))
+                waiter_free(gw, w);
+            w = next;
+        }
+    }
+    for (size_t i = 0; i < c->n_rows; i++)
+        free(c->rows[i].json);
+    free(c->rows);
+    free(c->rejects);
+    sp_buf_dispose(&c->ids);
+    sp_buf_dispose(&c->event_ids);
+    free(c);
+    if (gw->check_again) {
+        gw->check_again = false;
+        gw_waiters_check(gw);
+    }
+}
+
+void gw_waiters_check(gw_t *gw)
+{
+    if (gw->n_waiters == 0)
+        return;
+    if (gw->check_running) {
+        gw->check_again = true;
+        return;
+    }
+    check_job_t *c = sp_xcalloc(1, sizeof(*c));
+    sp_buf_init(&c->ids);
+    sp_buf_init(&c->event_ids);
+    sp_buf_putc(&c->ids, '{');
+    sp_buf_putc(&c->event_ids, '{');
+    size_t n_ev = 0, n_id = 0;
+    for (gw_waiter_t *w = gw->waiters; w; w = w->next) {
+        /* Ids and event ids are [a-z0-9_-] and UUID text: array literals need no quoting. */
+        sp_buf_printf(&c->ids, "%s%s", n_id++ ? "," : "", w->sandbox_id);
+        if (w->kind == GW_WAIT_DELETE && w->event_id[0]) {
+            sp_buf_printf(&c->event_ids, "%s%s", n_ev++ ? "," : "", w->event_id);
+            c->any_delete = true;
+        }
+    }
+    sp_buf_putc(&c->ids, '}');
+    sp_buf_putc(&c->event_ids, '}');
+    c->job.run = check_run;
+    c->job.done = check_done;
+    if (gw_job_submit(gw, &c->job) < 0) {
+        /* The queue is full: the once-a-second tick tries again. */
+        sp_buf_dispose(&c->ids);
+        sp_buf_dispose(&c->event_ids);
+        free(c);
+        return;
+    }
+    gw->check_running = true;
+}
+
+void gw_wait_register(gw_t *gw, gw_req_t *rq, gw_wait_kind_t kind, const char *sandbox_id,
+                      const char *event_id, int timeout_s)
+{
+    if (gw->stopping) {
+        gw_respond_error(rq, 503, "shutting_down", NULL,
+                         "the gateway is stopping; sandbox %s was requested", sandbox_id);
+        return;
+    }
+    gw_waiter_t *w = sp_xcalloc(1, sizeof(*w));
+    w->rq = rq;
+    gw_req_ref(rq);
+    w->kind = kind;
+    snprintf(w->sandbox_id, sizeof(w->sandbox_id), "%s", sandbox_id);
+    snprintf(w->event_id, sizeof(w->event_id), "%s", event_id ? event_id : "");
+    w->deadline_ns = sp_mono_ns() + (int64_t)timeout_s * 1000000000LL;
+    w->next = gw->waiters;
+    if (gw->waiters)
+        gw->waiters->prev = w;
+    gw->waiters = w;
+    gw->n_waiters++;
+    gw_waiters_check(gw);
+}
+
+void gw_waiters_expire(gw_t *gw)
+{
+    int64_t now = sp_mono_ns();
+    gw_waiter_t *w = gw->waiters;
+    while (w) {
+        gw_waiter_t *next = w->next;
+        if (!gw_req_live(w->rq)) {
+            waiter_free(gw, w);
+        } else if (now >= w->deadline_ns) {
+            char extra[128];
+            snprintf(extra, sizeof(extra), "\"sandbox_id\":\"%s\"", w->sandbox_id);
+            if (w->kind == GW_WAIT_CREATE)
+                gw_respond_error(w->rq, 504, "timeout", extra,
+                                 "sandbox %s did not start within %lld s; it may still start: "
+                                 "GET /v1/sandboxes/%s",
+                                 w->sandbox_id, (long long)gw->cfg->create_timeout_s,
+                                 w->sandbox_id);
+            else
+                gw_respond_error(w->rq, 504, "timeout", extra,
+                                 "sandbox %s was not deleted within %lld s; the delete may still "
+                                 "happen: GET /v1/sandboxes/%s",
+                                 w->sandbox_id, (long long)gw->cfg->delete_timeout_s,
+                                 w->sandbox_id);
+            waiter_free(gw, w);
+        }
+        w = next;
+    }
+}
+
+void gw_waiters_abort_all(gw_t *gw)
+{
+    gw_waiter_t *w = gw->waiters;
+    while (w) {
+        gw_waiter_t *next = w->next;
+        char extra[128];
+        snprintf(extra, sizeof(extra), "\"sandbox_id\":\"%s\"", w->sandbox_id);
+        gw_respond_error(w->rq, 503, "shutting_down", extra,
+                         "the gateway is stopping; the request for sandbox %s may still complete",
+                         w->sandbox_id);
+        waiter_free(gw, w);
+        w = next;
+    }
+}
+
+/* ---- POST /v1/sandboxes ---- */
+
+typedef enum { C_PUBLISHED = 1, C_REPLAY, C_CONFLICT, C_DB_ERROR, C_BUS_ERROR } create_outcome_t;
+
+typedef struct {
+    gw_job_t job;
+    gw_req_t *rq;
+    uint8_t *data;
+    size_t len;
+    char subject[192];
+    char event_id[GW_EVENT_ID_LEN + 1];
+    char sandbox_id[SP_ID_MAX + 1];
+    char tenant[SP_ID_MAX + 1];
+    char *idem_key; /* NULL without Idempotency-Key */
+    char body_hash[SP_SHA256_HEX_LEN + 1];
+    create_outcome_t outcome;
+    char existing_id[SP_ID_MAX + 1];
+    int bus_rc;
+} create_job_t;
+
+/* Claims the Idempotency-Key for this request, or finds the request that claimed it. Returns
+ * 0 when claimed, 1 when answered (replay or conflict), <0 on database failure. */
+static int claim_key(create_job_t *c, PGconn *db)
+{
+    const char *p[4] = {c->tenant, c->idem_key, c->sandbox_id, c->body_hash};
+    PGresult *r = query(db,
+                        "INSERT INTO idempotency_keys (tenant, key, sandbox_id, request_sha256) "
+                        "VALUES ($1, $2, $3, decode($4, 'hex')) ON CONFLICT (tenant, key) DO "
+                        "NOTHING RETURNING sandbox_id",
+                        4, p);
+    if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
+        log_db_error("idempotency insert", db);
+        PQclear(r);
+        return SP_EDB;
+    }
+    int claimed = PQntuples(r) == 1;
+    PQclear(r);
+    if (claimed)
+        return 0;
+    r = query(db,
+              "SELECT sandbox_id, encode(request_sha256, 'hex') FROM idempotency_keys WHERE "
+              "tenant = $1 AND key = $2",
+              2, p);
+    if (sp_db_check(r, PGRES_TUPLES_OK) < 0 || PQntuples(r) != 1) {
+        log_db_error("idempotency select", db);
+        PQclear(r);
+        return SP_EDB;
+    }
+    snprintf(c->existing_id, sizeof(c->existing_id), "%s", PQgetvalue(r, 0, 0));
+    c->outcome = strcmp(PQgetvalue(r, 0, 1), c->body_hash) == 0 ? C_REPLAY : C_CONFLICT;
+    PQclear(r);
+    return 1;
+}
+
+static void create_run(gw_job_t *job, PGconn *db)
+{
+    create_job_t *c = (create_job_t *)job;
+    int rc;
+
+    if (c->idem_key) {
+        rc = claim_key(c, db);
+        if (rc < 0) {
+            c->outcome = C_DB_ERROR;
+            return;
+        }
+        if (rc > 0)
+            return;
+    }
+    c->bus_rc = sp_bus_publish(job->gw->bus, c->subject, c->data, c->len, c->event_id, NULL, NULL);
+    if (c->bus_rc < 0) {
+        c->outcome = C_BUS_ERROR;
+        if (c->idem_key) {
+            /* Nothing was published: free the key so a retry is not stuck waiting. */
+            const char *p[3] = {c->tenant, c->idem_key, c->sandbox_id};
+            PQclear(query(db,
+                          "DELETE FROM idempotency_keys WHERE tenant = $1 AND key = $2 AND "
+                          "sandbox_id = $3",
+                          3, p));
+        }
+        return;
+    }
+    c->outcome = C_PUBLISHED;
+}
+
+static void create_done(gw_job_t *job)
+{
+    create_job_t *c = (create_job_t *)job;
+    gw_req_t *rq = c->rq;
+    gw_t *gw = job->gw;
+
+    switch (c->outcome) {
+    case C_PUBLISHED:
+        sp_log(SP_LOG_DEBUG, "create requested", SP_KS("sandbox", c->sandbox_id),
+               SP_KS("event_id", c->event_id), SP_KS("request_id", rq->request_id));
+        gw_wait_register(gw, rq, GW_WAIT_CREATE, c->sandbox_id, c->event_id,
+                         (int)gw->cfg->create_timeout_s);
+        break;
+    case C_REPLAY:
+        gw_wait_register(gw, rq, GW_WAIT_CREATE, c->existing_id, NULL,
+                         (int)gw->cfg->create_timeout_s);
+        break;
+    case C_CONFLICT:
+        gw_respond_error(rq, 409, "idempotency_key_reused", NULL,
+                         "this Idempotency-Key was used for another request (sandbox %s)",
+                         c->existing_id);
+        break;
+    case C_BUS_ERROR:
+        gw->metrics.publish_failures++;
+        sp_log(SP_LOG_WARN, "publish failed", SP_KS("sandbox", c->sandbox_id),
+               SP_KS("event_id", c->event_id), SP_KS("error", sp_strerror(c->bus_rc)),
+               SP_KS("request_id", rq->request_id));
+        gw_respond_error(rq, 503, "bus_unavailable", NULL,
+                         "the event bus did not accept the request; retry");
+        break;
+    case C_DB_ERROR:
+    default:
+        db_unavailable(rq);
+        break;
+    }
+    gw_req_unref(rq);
+    free(c->data);
+    free(c->idem_key);
+    free(c);
+}
+
+static bool idem_key_ok(const char *s, size_t len)
+{
+    if (len == 0 || len > GW_IDEM_KEY_MAX)
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if (s[i] < 0x20 || s[i] > 0x7e)
+            return false;
+    return true;
+}
+
+static bool json_content_type(const h2o_iovec_t *ct)
+{
+    static const char want[] = "application/json";
+    const size_t n = sizeof(want) - 1;
+    if (ct->len < n || strncasecmp(ct->base, want, n) != 0)
+        return false;
+    return ct->len == n || ct->base[n] == ';' || ct->base[n] == ' ';
+}
+
+void gw_sandbox_create(gw_req_t *rq)
+{
+    h2o_req_t *req = rq->req;
+    bool dup = false;
+    const char *code = NULL;
+    char err[GW_ERR_MSG_MAX];
+    create_job_t *c = sp_xcalloc(1, sizeof(*c));
+    const h2o_iovec_t *ct = gw_req_header(rq, "content-type", NULL);
+    const h2o_iovec_t *ik = gw_req_header(rq, "idempotency-key", &dup);
+    const char *body = req->entity.base ? req->entity.base : "";
+    size_t len = req->entity.base ? req->entity.len : 0;
+
+    if (ct && !json_content_type(ct)) {
+        gw_respond_error(rq, 415, "unsupported_media_type", NULL,
+                         "send the body as application/json");
+        goto fail;
+    }
+    if (len > (size_t)rq->gw->cfg->max_body_bytes) {
+        gw_respond_error(rq, 413, "body_too_large", NULL, "the body exceeds %lld bytes",
+                         (long long)rq->gw->cfg->max_body_bytes);
+        goto fail;
+    }
+    if (ik) {
+        if (dup || !idem_key_ok(ik->base, ik->len)) {
+            gw_respond_error(rq, 400, "invalid_idempotency_key", NULL,
+                             "Idempotency-Key must be 1..%d printable ASCII characters, once",
+                             GW_IDEM_KEY_MAX);
+            goto fail;
+        }
+        c->idem_key = sp_xstrndup(ik->base, ik->len);
+        uint8_t h[SP_SHA256_LEN];
+        sp_sha256(body, len, h);
+        sp_hex_encode(h, sizeof(h), c->body_hash);
+    }
+    sp_sandbox_id_new(c->sandbox_id);
+    snprintf(c->tenant, sizeof(c->tenant), "%s", rq->tenant);
+    if (gw_create_build(rq, body, len, c->sandbox_id, c->idem_key, &c->data, &c->len, c->subject,
+                        c->event_id, &code, err) < 0) {
+        gw_respond_error(rq, 400, code, NULL, "%s", err);
+        goto fail;
+    }
+    c->rq = rq;
+    c->job.run = create_run;
+    c->job.done = create_done;
+    gw_req_ref(rq);
+    if (gw_job_submit(rq->gw, &c->job) < 0) {
+        gw_req_unref(rq);
+        overloaded(rq);
+        goto fail;
+    }
+    return;
+fail:
+    free(c->data);
+    free(c->idem_key);
+    free(c);
+}
+
+/* ---- GET /v1/sandboxes/{id} ---- */
+
+typedef struct {
+    gw_job_t job;
+    gw_req_t *rq;
+    const char *sql;
+    const char *params[6];
+    int nparams;
+    char *p_owned[6];
+    int limit; /* list: rows wanted (one more is fetched to know if there is a next page) */
+    bool list;
+    bool failed;
+    int n;
+    sp_buf_t out;
+} read_job_t;
+
+static void read_run(gw_job_t *job, PGconn *db)
+{
+    read_job_t *j = (read_job_t *)job;
+    PGresult *r = query(db, j->sql, j->nparams, j->params);
+    if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
+        log_db_error(j->list ? "list" : "read", db);
+        j->failed = true;
+        PQclear(r);
+        return;
+    }
+    int rows = PQntuples(r);
+    j->n = rows;
+    if (!j->list) {
+        if (rows == 1)
+            gw_sandbox_json(r, 0, &j->out);
+        PQclear(r);
+        return;
+    }
+    int shown = rows > j->limit ? j->limit : rows;
+    sp_buf_puts(&j->out, "{\"sandboxes\":[");
+    for (int i = 0; i < shown; i++) {
+        if (i)
+            sp_buf_putc(&j->out, ',');
+        gw_sandbox_json(r, i, &j->out);
+    }
+    sp_buf_puts(&j->out, "],\"next_cursor\":");
+    if (rows > j->limit)
+        sp_buf_json_str(&j->out, PQgetvalue(r, shown - 1, 0));
+    else
+        sp_buf_puts(&j->out, "null");
+    sp_buf_putc(&j->out, '}');
+    PQclear(r);
+}
+
+static void read_done(gw_job_t *job)
+{
+    read_job_t *j = (read_job_t *)job;
+    gw_req_t *rq = j->rq;
+
+    if (j->failed)
+        db_unavailable(rq);
+    else if (!j->list && j->n != 1)
+        gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
+    else
+        gw_respond_json(rq, 200, &j->out);
+    gw_req_unref(rq);
+    sp_buf_dispose(&j->out);
+    for (size_t i = 0; i < sizeof(j->p_owned) / sizeof(j->p_owned[0]); i++)
+        free(j->p_owned[i]);
+    free(j);
+}
+
+static void read_submit(gw_req_t *rq, read_job_t *j)
+{
+    j->rq = rq;
+    j->job.run = read_run;
+    j->job.done = read_done;
+    sp_buf_init(&j->out);
+    gw_req_ref(rq);
+    if (gw_job_submit(rq->gw, &j->job) < 0) {
+        gw_req_unref(rq);
+        overloaded(rq);
+        for (size_t i = 0; i < sizeof(j->p_owned) / sizeof(j->p_owned[0]); i++)
+            free(j->p_owned[i]);
+        free(j);
+    }
+}
+
+void gw_sandbox_get(gw_req_t *rq)
+{
+    if (!sp_id_valid(rq->path_id)) {
+        gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
+        return;
+    }
+    read_job_t *j = sp_xcalloc(1, sizeof(*j));
+    /* Another tenant's sandbox is "not found", exactly like one that does not exist. */
+    j->sql = "SELECT " GW_SBX_COLUMNS " FROM sandboxes WHERE id = $1 AND tenant = $2";
+    j->params[0] = rq->path_id;
+    j->params[1] = rq->tenant;
+    j->nparams = 2;
+    read_submit(rq, j);
+}
+
+/* ---- GET /v1/sandboxes ---- */
+
+void gw_sandbox_list(gw_req_t *rq)
+{
+    gw_query_t q;
+    const char *state = NULL, *cursor = NULL;
+    int64_t limit = LIST_LIMIT_DEFAULT;
+    sp_buf_t filter;
+    int rc = gw_query_parse(rq->req, &q);
+
+    if (rc < 0) {
+        gw_respond_error(rq, 400, "invalid_query", NULL,
+                         rc == -E2BIG ? "more than %d query parameters"
+                                      : "malformed query string (limit %d parameters)",
+                         GW_QUERY_MAX);
+        return;
+    }
+    sp_buf_init(&filter);
+    sp_buf_putc(&filter, '{');
+    size_t n_filters = 0;
+    for (size_t i = 0; i < q.n; i++) {
+        const char *k = q.p[i].key, *v = q.p[i].value;
+        if (strcmp(k, "state") == 0) {
+            if (sp_sbx_state_from_name(v) == SP_SBX_NONE) {
+                gw_respond_error(rq, 400, "invalid_query", NULL, "state: unknown state %s", v);
+                goto out;
+            }
+            state = v;
+        } else if (strcmp(k, "limit") == 0) {
+            char *end = NULL;
+            errno = 0;
+            long long x = strtoll(v, &end, 10);
+            if (errno || !end || *end || end == v || x < 1 || x > LIST_LIMIT_MAX) {
+                gw_respond_error(rq, 400, "invalid_query", NULL, "limit must be 1..%d",
+                                 LIST_LIMIT_MAX);
+                goto out;
+            }
+            limit = x;
+        } else if (strcmp(k, "cursor") == 0) {
+            if (!sp_id_valid(v)) {
+                gw_respond_error(rq, 400, "invalid_query", NULL, "cursor is not valid");
+                goto out;
+            }
+            cursor = v;
+        } else if (strncmp(k, "metadata.", 9) == 0 && k[9] && gw_text_ok(k + 9, 64) &&
+                   gw_text_ok(v, 512)) {
+            sp_buf_printf(&filter, "%s", n_filters++ ? "," : "");
+            sp_buf_json_str(&filter, k + 9);
+            sp_buf_putc(&filter, ':');
+            sp_buf_json_str(&filter, v);
+        } else {
+            gw_respond_error(rq, 400, "invalid_query", NULL, "unknown or invalid parameter %s", k);
+            goto out;
+        }
+    }
+    sp_buf_putc(&filter, '}');
+
+    read_job_t *j = sp_xcalloc(1, sizeof(*j));
+    j->list = true;
+    j->limit = (int)limit;
+    /* Keyset pagination by id: the cursor is the last id of the previous page. Deleted
+     * sandboxes are listed only when asked for by state. Metadata filters are jsonb
+     * containment, so every pair must match. */
+    j->sql = "SELECT " GW_SBX_COLUMNS " FROM sandboxes WHERE tenant = $1 AND "
+             "(($2::text IS NULL AND state <> 'deleted') OR state = $2) AND "
+             "metadata @> $3::jsonb AND id > $4 ORDER BY id LIMIT $5";
+    j->params[0] = rq->tenant;
+    j->params[1] = state; /* NULL: any state but deleted */
+    j->p_owned[0] = sp_buf_take(&filter);
+    j->params[2] = j->p_owned[0];
+    j->p_owned[1] = sp_xstrdup(cursor ? cursor : "");
+    j->params[3] = j->p_owned[1];
+    j->p_owned[2] = sp_xasprintf("%lld", (long long)limit + 1);
+    j->params[4] = j->p_owned[2];
+    j->nparams = 5;
+    read_submit(rq, j);
+out:
+    sp_buf_dispose(&filter);
+}
+
+/* ---- DELETE /v1/sandboxes/{id} ---- */
+
+typedef enum { D_PUBLISHED = 1, D_NOT_FOUND, D_DB_ERROR, D_BUS_ERROR } delete_outcome_t;
+
+typedef struct {
+    gw_job_t job;
+    gw_req_t *rq;
+    char id[SP_ID_MAX + 1];
+    char tenant[SP_ID_MAX + 1];
+    char actor[SP_ID_MAX + 1];
+    char request_id[GW_REQUEST_ID_MAX + 1];
+    char event_id[GW_EVENT_ID_LEN + 1];
+    delete_outcome_t outcome;
+    int bus_rc;
+} delete_job_t;
+
+static void delete_run(gw_job_t *job, PGconn *db)
+{
+    delete_job_t *d = (delete_job_t *)job;
+    const char *p[2] = {d->id, d->tenant};
+    char worker[SP_ID_MAX + 1];
+    PGresult *r =
+        query(db, "SELECT state, worker FROM sandboxes WHERE id = $1 AND tenant = $2", 2, p);
+
+    if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
+        log_db_error("delete lookup", db);
+        PQclear(r);
+        d->outcome = D_DB_ERROR;
+        return;
+    }
+    if (PQntuples(r) != 1 || strcmp(PQgetvalue(r, 0, 0), "deleted") == 0) {
+        PQclear(r);
+        d->outcome = D_NOT_FOUND;
+        return;
+    }
+    snprintf(worker, sizeof(worker), "%s", PQgetvalue(r, 0, 1));
+    PQclear(r);
+
+    /* The intent goes to the owner's subject: the worker's durable consumer sees exactly its
+     * sandboxes ("_" while none is placed: the scheduler's). */
+    sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
+    Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
+    Space__V1__SandboxDeleteRequested del = SPACE__V1__SANDBOX_DELETE_REQUESTED__INIT;
+    char subject[192];
+    uint8_t *data = NULL;
+    size_t len = 0;
+    agg.kind = "sandbox";
+    agg.id = d->id;
+    del.reason = "api";
+    env.aggregate = &agg;
+    env.tenant = d->tenant;
+    env.actor = d->actor;
+    env.correlation_id = d->request_id;
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED;
+    env.sandbox_delete_requested = &del;
+    sp_envelope_stamp(&env, d->event_id);
+    int rc = sp_envelope_subject(&env, worker, subject, sizeof(subject));
+    if (rc >= 0)
+        rc = sp_envelope_encode(&env, &data, &len);
+    if (rc >= 0)
+        rc = sp_bus_publish(job->gw->bus, subject, data, len, d->event_id, NULL, NULL);
+    free(data);
+    d->bus_rc = rc;
+    d->outcome = rc < 0 ? D_BUS_ERROR : D_PUBLISHED;
+}
+
+static void delete_done(gw_job_t *job)
+{
+    delete_job_t *d = (delete_job_t *)job;
+    gw_req_t *rq = d->rq;
+    gw_t *gw = job->gw;
+
+    switch (d->outcome) {
+    case D_PUBLISHED:
+        gw_wait_register(gw, rq, GW_WAIT_DELETE, d->id, d->event_id,
+                         (int)gw->cfg->delete_timeout_s);
+        break;
+    case D_NOT_FOUND:
+        gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
+        break;
+    case D_BUS_ERROR:
+        gw->metrics.publish_failures++;
+        sp_log(SP_LOG_WARN, "publish failed", SP_KS("sandbox", d->id),
+               SP_KS("event_id", d->event_id), SP_KS("error", sp_strerror(d->bus_rc)),
+               SP_KS("request_id", rq->request_id));
+        gw_respond_error(rq, 503, "bus_unavailable", NULL,
+                         "the event bus did not accept the request; retry");
+        break;
+    case D_DB_ERROR:
+    default:
+        db_unavailable(rq);
+        break;
+    }
+    gw_req_unref(rq);
+    free(d);
+}
+
+void gw_sandbox_delete(gw_req_t *rq)
+{
+    if (!sp_id_valid(rq->path_id)) {
+        gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
+        return;
+    }
+    delete_job_t *d = sp_xcalloc(1, sizeof(*d));
+    d->rq = rq;
+    snprintf(d->id, sizeof(d->id), "%s", rq->path_id);
+    snprintf(d->tenant, sizeof(d->tenant), "%s", rq->tenant);
+    snprintf(d->actor, sizeof(d->actor), "%s", rq->key_id);
+    snprintf(d->request_id, sizeof(d->request_id), "%s", rq->request_id);
+    d->job.run = delete_run;
+    d->job.done = delete_done;
+    gw_req_ref(rq);
+    if (gw_job_submit(rq->gw, &d->job) < 0) {
+        gw_req_unref(rq);
+        free(d);
+        overloaded(rq);
+    }
+}
+
+/* ---- GET /v1/templates ---- */
+
+typedef struct {
+    gw_job_t job;
+    gw_req_t *rq;
+    bool failed;
+    sp_buf_t out;
+} templates_job_t;
+
+static void templates_run(gw_job_t *job, PGconn *db)
+{
+    templates_job_t *t = (templates_job_t *)job;
+    PGresult *r = PQexec(db, "SELECT DISTINCT t FROM workers, jsonb_array_elements_text(templates) "
+                             "AS t WHERE state = 'up' ORDER BY t");
+    if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
+        log_db_error("templates", db);
+        t->failed = true;
+        PQclear(r);
+        return;
+    }
+    sp_buf_puts(&t->out, "{\"templates\":[");
+    for (int i = 0; i < PQntuples(r); i++) {
+        sp_buf_puts(&t->out, i ? ",{\"name\":" : "{\"name\":");
+        sp_buf_json_str(&t->out, PQgetvalue(r, i, 0));
+        sp_buf_putc(&t->out, '}');
+    }
+    sp_buf_puts(&t->out, "]}");
+    PQclear(r);
+}
+
+static void templates_done(gw_job_t *job)
+{
+    templates_job_t *t = (templates_job_t *)job;
+    if (t->failed)
+        db_unavailable(t->rq);
+    else
+        gw_respond_json(t->rq, 200, &t->out);
+    gw_req_unref(t->rq);
+    sp_buf_dispose(&t->out);
+    free(t);
+}
+
+void gw_templates(gw_req_t *rq)
+{
+    templates_job_t *t = sp_xcalloc(1, sizeof(*t));
+    t->rq = rq;
+    sp_buf_init(&t->out);
+    t->job.run = templates_run;
+    t->job.done = templates_done;
+    gw_req_ref(rq);
+    if (gw_job_submit(rq->gw, &t->job) < 0) {
+        gw_req_unref(rq);
+        free(t);
+        overloaded(rq);
+    }
+}
+
+/* ---- /healthz ---- */
+
+typedef struct {
+    gw_job_t job;
+    gw_req_t *rq;
+    bool pg_ok, nats_ok;
+} health_job_t;
+
+static void health_run(gw_job_t *job, PGconn *db)
+{
+    health_job_t *h = (health_job_t *)job;
+    uint64_t seq = 0, msgs = 0;
+    PGresult *r = PQexec(db, "SELECT 1");
+    h->pg_ok = sp_db_check(r, PGRES_TUPLES_OK) == 0;
+    PQclear(r);
+    /* A JetStream API round trip: the server is reachable and the stream is there. */
+    h->nats_ok = sp_bus_stream_info(job->gw->bus, &seq, &msgs) == 0;
+}
+
+static void health_done(gw_job_t *job)
+{
+    health_job_t *h = (health_job_t *)job;
+    if (h->pg_ok && h->nats_ok) {
+        static const char ok[] = "{\"status\":\"ok\"}";
+        gw_respond(h->rq, 200, "application/json", ok, sizeof(ok) - 1);
+    } else {
+        gw_respond_error(h->rq, 503, "unavailable", "\"status\":\"unavailable\"",
+                         "postgres %s, nats %s", h->pg_ok ? "ok" : "unreachable",
+                         h->nats_ok ? "ok" : "unreachable");
+    }
+    gw_req_unref(h->rq);
+    free(h);
+}
+
+void gw_health(gw_req_t *rq)
+{
+    health_job_t *h = sp_xcalloc(1, sizeof(*h));
+    h->rq = rq;
+    h->job.run = health_run;
+    h->job.done = health_done;
+    gw_req_ref(rq);
+    if (gw_job_submit(rq->gw, &h->job) < 0) {
+        gw_req_unref(rq);
+        free(h);
+        gw_respond_error(rq, 503, "unavailable", "\"status\":\"overloaded\"",
+                         "too many requests are waiting");
+    }
+}
