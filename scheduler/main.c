@@ -121,7 +121,8 @@ int main(int argc, char **argv)
         goto out;
     }
     if ((rc = sp_db_migrate(s.db)) < 0) {
-        sp_log(SP_LOG_ERROR, "schema migration failed", SP_KS("error", PQerrorMessage(s.db)));
+        sp_log(SP_LOG_ERROR, "schema migration failed", SP_KS("error", sp_strerror(rc)),
+               SP_KS("detail", PQerrorMessage(s.db)));
         goto out;
     }
     run(&s);

@@ -134,7 +134,7 @@ static int place(sched_t *s, const sp_envelope_t *intent)
 {
     const Space__V1__SandboxCreateRequested *req = intent->sandbox_create_requested;
     char worker[65] = "", owner[65];
-    sp_sbx_state_t state;
+    sp_sbx_state_t state = SP_SBX_NONE;
     pick_t pick;
     int rc;
 
@@ -178,7 +178,7 @@ static int place(sched_t *s, const sp_envelope_t *intent)
 static int delete_unplaced(sched_t *s, const sp_envelope_t *intent)
 {
     char owner[65], id[37], msg_id[64];
-    sp_sbx_state_t state;
+    sp_sbx_state_t state = SP_SBX_NONE;
     int rc = sandbox_state(s, intent->aggregate->id, &state, owner, sizeof(owner));
     if (rc < 0)
         return rc;

@@ -150,13 +150,15 @@ int main(int argc, char **argv)
         .net_prefix = cfg.net_prefix,
     };
     if ((rc = wk_host_open(&hc, &w.host, herr)) < 0) {
-        sp_log(SP_LOG_ERROR, "cannot prepare the host", SP_KS("error", herr));
+        sp_log(SP_LOG_ERROR, "cannot prepare the host", SP_KS("error", herr),
+               SP_KS("code", sp_strerror(rc)));
         goto out;
     }
     if (cfg.teardown) {
         /* The worker's own daemon is stopped (space down does that first): nothing races. */
         if ((rc = wk_host_teardown(w.host, herr)) < 0) {
-            sp_log(SP_LOG_ERROR, "teardown failed", SP_KS("error", herr));
+            sp_log(SP_LOG_ERROR, "teardown failed", SP_KS("error", herr),
+                   SP_KS("code", sp_strerror(rc)));
             goto out;
         }
         sp_log(SP_LOG_INFO, "host torn down", SP_KS("state_dir", cfg.state_dir));
@@ -177,7 +179,7 @@ int main(int argc, char **argv)
     }
     /* Before the first heartbeat: the scheduler must not place here before we know what we
      * own. */
-    if ((rc = wk_reconcile(&w, db)) < 0)
+    if (wk_reconcile(&w, db) < 0)
         goto out;
     PQfinish(db);
     db = NULL;
