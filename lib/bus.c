@@ -393,6 +393,92 @@ int sp_bus_publish_core(sp_bus_t *bus, const char *subject, const void *data, si
     return map_status(s, 0, "natsConnection_Publish");
 }
 
+struct sp_bus_sub {
+    natsSubscription *sub;
+    sp_bus_msg_cb cb;
+    void *arg;
+};
+
+static void on_core_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
+{
+    sp_bus_sub_t *s = closure;
+    (void)nc;
+    (void)sub;
+    s->cb(s->arg, natsMsg_GetSubject(msg), natsMsg_GetReply(msg),
+          (const uint8_t *)natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg));
+    natsMsg_Destroy(msg);
+}
+
+int sp_bus_subscribe(sp_bus_t *bus, const char *subject, const char *queue, sp_bus_msg_cb cb,
+                     void *arg, sp_bus_sub_t **ret_sub)
+{
+    natsStatus s;
+    if (!subject || !cb || !ret_sub)
+        return -EINVAL;
+    sp_bus_sub_t *sb = sp_xcalloc(1, sizeof(*sb));
+    sb->cb = cb;
+    sb->arg = arg;
+    if (queue && *queue)
+        s = natsConnection_QueueSubscribe(&sb->sub, bus->nc, subject, queue, on_core_msg, sb);
+    else
+        s = natsConnection_Subscribe(&sb->sub, bus->nc, subject, on_core_msg, sb);
+    if (s == NATS_OK) {
+        /* Bounded: a subscriber that cannot keep up loses messages (NATS slow consumer) rather
+         * than growing without limit; data-plane users detect the gap by sequence numbers. */
+        s = natsSubscription_SetPendingLimits(sb->sub, 65536, 256 * 1024 * 1024);
+    }
+    if (s != NATS_OK) {
+        natsSubscription_Destroy(sb->sub);
+        free(sb);
+        return map_status(s, 0, "natsConnection_Subscribe");
+    }
+    *ret_sub = sb;
+    return 0;
+}
+
+void sp_bus_unsubscribe(sp_bus_sub_t *s)
+{
+    if (!s)
+        return;
+    /* Drain: no new messages, the pending ones are handed to the callback, then the
+     * subscription closes; waiting for that means no callback of it runs any more. If the
+     * drain cannot start (connection closed), unsubscribing is all there is to do. */
+    if (natsSubscription_Drain(s->sub) == NATS_OK)
+        natsSubscription_WaitForDrainCompletion(s->sub, 5000);
+    else
+        natsSubscription_Unsubscribe(s->sub);
+    natsSubscription_Destroy(s->sub);
+    free(s);
+}
+
+int sp_bus_flush(sp_bus_t *bus, int timeout_ms)
+{
+    return map_status(natsConnection_FlushTimeout(bus->nc, timeout_ms > 0 ? timeout_ms : 5000), 0,
+                      "natsConnection_Flush");
+}
+
+int sp_bus_request(sp_bus_t *bus, const char *subject, const void *data, size_t len,
+                   int timeout_ms, uint8_t **ret_data, size_t *ret_len)
+{
+    natsMsg *reply = NULL;
+    if (!subject || !ret_data || !ret_len)
+        return -EINVAL;
+    if (len > (size_t)SP_BUS_MAX_MSG)
+        return SP_ETOOBIG;
+    natsStatus s = natsConnection_Request(&reply, bus->nc, subject, data, (int)len,
+                                          timeout_ms > 0 ? timeout_ms : bus->timeout_ms);
+    if (s != NATS_OK)
+        return s == NATS_NO_RESPONDERS ? SP_ENOTFOUND : map_status(s, 0, "natsConnection_Request");
+    size_t n = (size_t)natsMsg_GetDataLength(reply);
+    uint8_t *copy = sp_xmalloc(n ? n : 1);
+    if (n)
+        memcpy(copy, natsMsg_GetData(reply), n);
+    natsMsg_Destroy(reply);
+    *ret_data = copy;
+    *ret_len = n;
+    return 0;
+}
+
 int sp_bus_consumer_delete(sp_bus_t *bus, const char *durable)
 {
     jsErrCode jerr = 0;

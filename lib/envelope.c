@@ -21,6 +21,9 @@
 #define ENV_NAMES_MAX      128
 #define LIST_MAX           256
 #define ARTIFACTS_MAX      16
+#define ARGV_MAX 256
+#define ARG_MAX_BYTES 4096
+#define CMD_MAX_BYTES 16384
 /* 2020-01-01 .. 2100-01-01 in microseconds: anything outside is a bug or a forgery. */
 #define TIME_MIN_US 1577836800000000LL
 #define TIME_MAX_US 4102444800000000LL
@@ -195,6 +198,32 @@ static int validate_create(const Space__V1__SandboxCreateRequested *p, char reas
     return 0;
 }
 
+static int validate_command(const Space__V1__CommandRequested *p, char reason[SP_REASON_MAX])
+{
+    CHECK_ID(p->cmd_id, "cmd_id");
+    if ((p->n_argv == 0) == (p->cmd[0] == '\0'))
+        return fail(reason, SP_ESCHEMA, "exactly one of argv and cmd");
+    if (p->n_argv > ARGV_MAX)
+        return fail(reason, SP_ESCHEMA, "argv: %zu entries, at most %d", p->n_argv, ARGV_MAX);
+    for (size_t i = 0; i < p->n_argv; i++)
+        CHECK_TEXT(p->argv[i], ARG_MAX_BYTES, "argv");
+    CHECK_TEXT(p->cmd, CMD_MAX_BYTES, "cmd");
+    if (p->n_env_names > ENV_NAMES_MAX)
+        return fail(reason, SP_ESCHEMA, "env_names: %zu entries, at most %d", p->n_env_names,
+                    ENV_NAMES_MAX);
+    for (size_t i = 0; i < p->n_env_names; i++)
+        if (!env_name_ok(p->env_names[i]))
+            return fail(reason, SP_ESCHEMA, "env_names[%zu]: not an environment variable name", i);
+    CHECK_TEXT(p->cwd, 1024, "cwd");
+    if (p->user[0] && strcmp(p->user, "root") != 0 && strcmp(p->user, "user") != 0)
+        return fail(reason, SP_ESCHEMA, "user: root or user");
+    if (p->timeout_s > 24 * 3600)
+        return fail(reason, SP_ESCHEMA, "timeout_s: %u is over 24 h", p->timeout_s);
+    if (p->stdin_sha256.len != 0 && p->stdin_sha256.len != 32)
+        return fail(reason, SP_ESCHEMA, "stdin_sha256: want 32 bytes");
+    return 0;
+}
+
 static int validate_list(char **items, size_t n, const char *name, char reason[SP_REASON_MAX])
 {
     if (n > LIST_MAX)
@@ -257,6 +286,30 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETED:
         CHECK_TEXT(e->sandbox_deleted->reason, TEXT_MAX, "reason");
         return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED:
+        return validate_command(e->command_requested, reason);
+    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED:
+        CHECK_ID(e->command_started->cmd_id, "cmd_id");
+        return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT: {
+        const Space__V1__CommandOutput *p = e->command_output;
+        CHECK_ID(p->cmd_id, "cmd_id");
+        if (p->stream != 1 && p->stream != 2)
+            return fail(reason, SP_ESCHEMA, "stream: %u, want 1 or 2", p->stream);
+        if (p->data.len > SP_COMMAND_OUTPUT_CHUNK_MAX)
+            return fail(reason, SP_ESCHEMA, "data: %zu bytes, at most %d", p->data.len,
+                        SP_COMMAND_OUTPUT_CHUNK_MAX);
+        return 0;
+    }
+    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED: {
+        const Space__V1__CommandExited *p = e->command_exited;
+        CHECK_ID(p->cmd_id, "cmd_id");
+        CHECK_TEXT(p->error, TEXT_MAX * 4, "error");
+        if ((p->stdout_sha256.len != 0 && p->stdout_sha256.len != 32) ||
+            (p->stderr_sha256.len != 0 && p->stderr_sha256.len != 32))
+            return fail(reason, SP_ESCHEMA, "sha256: want 32 bytes");
+        return 0;
+    }
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_ADOPTED:
         CHECK_ID(e->sandbox_adopted->worker, "worker");
         return 0;

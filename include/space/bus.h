@@ -62,6 +62,26 @@ int sp_bus_publish_async_complete(sp_bus_t *bus, int timeout_ms);
 /* Core NATS (not stored in the stream): the data plane, space.io.>. */
 int sp_bus_publish_core(sp_bus_t *bus, const char *subject, const void *data, size_t len);
 
+/* Core NATS subscriptions (the data plane). cb runs on a cnats thread, one message at a time
+ * per subscription, with subject, reply (NULL if none) and data borrowed for the call: copy
+ * what you keep and hand work to your own loop. queue (optional) makes a queue group. A
+ * subscriber that falls behind by 64k messages or 256 MiB loses messages (NATS slow
+ * consumer): data-plane messages carry sequence numbers so readers can tell. */
+typedef struct sp_bus_sub sp_bus_sub_t;
+typedef void (*sp_bus_msg_cb)(void *arg, const char *subject, const char *reply,
+                              const uint8_t *data, size_t len);
+int sp_bus_subscribe(sp_bus_t *bus, const char *subject, const char *queue, sp_bus_msg_cb cb,
+                     void *arg, sp_bus_sub_t **ret_sub);
+/* Stops the subscription; when it returns, no callback of it runs any more. Accepts NULL. */
+void sp_bus_unsubscribe(sp_bus_sub_t *s);
+/* Waits until the server has processed everything published so far (e.g. a subscription made
+ * just before a request that will cause messages on it). */
+int sp_bus_flush(sp_bus_t *bus, int timeout_ms);
+/* Request/reply over core NATS: sends data and waits up to timeout_ms (0: the bus timeout)
+ * for one reply (heap copy, caller frees). SP_ENOTFOUND when nobody listens, SP_ETIMEOUT. */
+int sp_bus_request(sp_bus_t *bus, const char *subject, const void *data, size_t len,
+                   int timeout_ms, uint8_t **ret_data, size_t *ret_len);
+
 /* A pull consumer on SP_BUS_STREAM.
  * durable: the consumer's durable name. filter: subject filter (one: nats-server 2.9).
  * start_seq: 0 = deliver everything still in the stream; else the first stream sequence to

@@ -19,6 +19,8 @@ typedef Space__V1__Envelope__PayloadCase sp_event_type_t;
 #define SP_ENVELOPE_MAX   (64 * 1024)
 #define SP_SCHEMA_VERSION 1
 #define SP_REASON_MAX     256
+/* Largest data of one CommandOutput audit event. */
+#define SP_COMMAND_OUTPUT_CHUNK_MAX (16 * 1024)
 
 /* Type name of a payload case ("SandboxPlaced"); NULL for an unknown case. */
 const char *sp_event_type_name(sp_event_type_t t);
