@@ -93,3 +93,33 @@ int sp_hex_decode(const char *in, uint8_t *out, size_t len)
             (uint8_t)((unsigned)hex_value(in[2 * i]) << 4 | (unsigned)hex_value(in[2 * i + 1]));
     return 0;
 }
+
+struct sp_sha256_ctx {
+    EVP_MD_CTX *ctx;
+};
+
+sp_sha256_ctx_t *sp_sha256_new(void)
+{
+    pthread_once(&sha256_once, sha256_fetch);
+    if (!sha256_md)
+        die("EVP_MD_fetch");
+    sp_sha256_ctx_t *c = malloc(sizeof(*c));
+    if (!c || !(c->ctx = EVP_MD_CTX_new()) || EVP_DigestInit_ex(c->ctx, sha256_md, NULL) != 1)
+        die("EVP_DigestInit_ex");
+    return c;
+}
+
+void sp_sha256_update(sp_sha256_ctx_t *c, const void *data, size_t len)
+{
+    if (len && EVP_DigestUpdate(c->ctx, data, len) != 1)
+        die("EVP_DigestUpdate");
+}
+
+void sp_sha256_final(sp_sha256_ctx_t *c, uint8_t out[SP_SHA256_LEN])
+{
+    unsigned int outlen = 0;
+    if (EVP_DigestFinal_ex(c->ctx, out, &outlen) != 1 || outlen != SP_SHA256_LEN)
+        die("EVP_DigestFinal_ex");
+    EVP_MD_CTX_free(c->ctx);
+    free(c);
+}

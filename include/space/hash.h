@@ -15,6 +15,13 @@
 extern const uint8_t SP_CHAIN_GENESIS[SP_SHA256_LEN];
 
 void sp_sha256(const void *data, size_t len, uint8_t out[SP_SHA256_LEN]);
+
+/* Incremental SHA-256 (for streams such as command output). final writes the digest and frees
+ * the context. Out of memory aborts, like sp_xmalloc. */
+typedef struct sp_sha256_ctx sp_sha256_ctx_t;
+sp_sha256_ctx_t *sp_sha256_new(void);
+void sp_sha256_update(sp_sha256_ctx_t *c, const void *data, size_t len);
+void sp_sha256_final(sp_sha256_ctx_t *c, uint8_t out[SP_SHA256_LEN]);
 /* out may be the same buffer as prev. */
 void sp_chain_next(const uint8_t prev[SP_SHA256_LEN], const void *data, size_t len,
                    uint8_t out[SP_SHA256_LEN]);

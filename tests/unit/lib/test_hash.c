@@ -174,6 +174,26 @@ static void test_hex_decode_rejects(void **state)
     assert_int_equal(sp_hex_decode("00", out, 0), -EINVAL);
 }
 
+/* Incremental hashing in uneven pieces equals the one-shot digest. */
+static void test_sha256_incremental(void **state)
+{
+    (void)state;
+    uint8_t data[100000], one[SP_SHA256_LEN], inc[SP_SHA256_LEN];
+    for (size_t i = 0; i < sizeof(data); i++)
+        data[i] = (uint8_t)(i * 131 + 7);
+    sp_sha256(data, sizeof(data), one);
+    sp_sha256_ctx_t *c = sp_sha256_new();
+    size_t at = 0;
+    for (size_t step = 1; at < sizeof(data); step = step * 3 + 1) {
+        size_t n = step < sizeof(data) - at ? step : sizeof(data) - at;
+        sp_sha256_update(c, data + at, n);
+        at += n;
+    }
+    sp_sha256_update(c, data, 0);
+    sp_sha256_final(c, inc);
+    assert_memory_equal(one, inc, SP_SHA256_LEN);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -185,6 +205,7 @@ int main(void)
         cmocka_unit_test(test_hex_round_trip),
         cmocka_unit_test(test_hex_decode_upper_case),
         cmocka_unit_test(test_hex_decode_rejects),
+        cmocka_unit_test(test_sha256_incremental),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
