@@ -8,6 +8,9 @@
  *   touch loop state. gw_job_t.done runs on the loop afterwards.
  * - The LISTEN thread (gw_listener_t) only stores the newest head sequence in an atomic and
  *   wakes the loop with uv_async_send.
+ * - A command's bus jobs run on a pool thread without a connection (blocking NATS calls); its
+ *   data-plane callback runs on a cnats thread and touches only the command's mutex-protected
+ *   queue and its uv_async_t (gateway_commands.c).
  */
 #ifndef SPACE_GATEWAY_H
 #define SPACE_GATEWAY_H
@@ -23,7 +26,10 @@
 
 #include "buf.h"
 #include "bus.h"
+#include "dataplane.pb-c.h"
+#include "envelope.h"
 #include "hash.h"
+#include "json.h"
 #include "reduce.h"
 
 #define GW_DAEMON         "space-gateway"
@@ -52,6 +58,9 @@ typedef struct {
     int64_t max_streams;
     int64_t max_body_bytes;
     int64_t stop_timeout_s;
+    int64_t max_commands;
+    int64_t command_buffer_bytes;
+    int64_t bus_threads;
     char *log_level;
     char *log_format;
 } gw_config_t;
@@ -70,11 +79,34 @@ typedef enum {
     GW_R_SANDBOX_EVENTS,
     GW_R_EVENTS,
     GW_R_TEMPLATES,
+    GW_R_SANDBOX_COMMANDS,
     GW_R_OTHER, /* unknown routes and responses h2o itself produced (413 while reading a body) */
     GW_R_COUNT
 } gw_route_t;
 
 #define GW_CREATE_BUCKETS 14
+#define GW_EXEC_BUCKETS   14
+
+/* How a command request ended up: accepted by the worker, or why not. */
+typedef enum {
+    GW_CMD_ACCEPTED = 0,
+    GW_CMD_WORKER_UNAVAILABLE, /* nobody answered on the worker's exec subject */
+    GW_CMD_SANDBOX_NOT_RUNNING,
+    GW_CMD_AGENT_UNAVAILABLE,
+    GW_CMD_TOO_MANY,
+    GW_CMD_WORKER_ERROR, /* refused for another reason, or an unreadable reply */
+    GW_CMD_BUS_ERROR,    /* subscribe, flush or the intent's publish failed */
+    GW_CMD_OUTCOMES
+} gw_cmd_outcome_t;
+
+/* How an accepted command's response ended. */
+typedef enum {
+    GW_CMD_END_EXIT = 0, /* the worker's IoExit */
+    GW_CMD_END_TIMEOUT,  /* no IoExit within timeout_s + 30 s */
+    GW_CMD_END_CLIENT,   /* the SSE client went away */
+    GW_CMD_END_SHUTDOWN, /* the gateway stopped */
+    GW_CMD_ENDS
+} gw_cmd_end_t;
 
 typedef struct {
     uint64_t requests[GW_R_COUNT][600]; /* by status code 100..599 (index = code) */
@@ -85,10 +117,20 @@ typedef struct {
     uint64_t create_buckets[GW_CREATE_BUCKETS + 1]; /* the last is +Inf */
     double create_sum;
     uint64_t create_count;
+    uint64_t commands[GW_CMD_OUTCOMES];
+    uint64_t command_ends[GW_CMD_ENDS];
+    int64_t commands_running;
+    uint64_t commands_output_lost;
+    uint64_t commands_truncated;
+    uint64_t exec_buckets[GW_EXEC_BUCKETS + 1];
+    double exec_sum;
+    uint64_t exec_count;
 } gw_metrics_t;
 
 void gw_metrics_request(gw_metrics_t *m, gw_route_t route, int status);
 void gw_metrics_create_latency(gw_metrics_t *m, double seconds);
+/* ExecRequest sent to ExecReply received (or no responder), as the bus thread measured it. */
+void gw_metrics_exec_latency(gw_metrics_t *m, double seconds);
 void gw_metrics_render(const gw_metrics_t *m, sp_buf_t *out);
 
 /* ---- PostgreSQL pool and jobs (gateway_db.c) ---- */
@@ -156,7 +198,7 @@ struct gw_req {
     char request_id[GW_REQUEST_ID_MAX + 1];
     char tenant[SP_ID_MAX + 1];
     char key_id[SP_ID_MAX + 1];
-    char path_id[SP_ID_MAX + 1]; /* {id} of /v1/sandboxes/{id}[/events] */
+    char path_id[SP_ID_MAX + 1]; /* {id} of /v1/sandboxes/{id}[/events|/commands] */
     char method[16];             /* copies for the log line, which may outlive the request */
     char path[512];
     /* What to do once the API key is verified. */
@@ -257,6 +299,9 @@ void gw_waiters_expire(gw_t *gw);
 /* Answers every waiter with 503 (shutdown). */
 void gw_waiters_abort_all(gw_t *gw);
 
+/* Whether a Content-Type names application/json (parameters allowed). */
+bool gw_json_content_type(const h2o_iovec_t *ct);
+
 /* Body of POST /v1/sandboxes, validated (gateway_create.c). */
 #define GW_METADATA_MAX  64
 #define GW_ENV_MAX       128
@@ -269,6 +314,66 @@ int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char
                     const char *idempotency_key, uint8_t **ret_buf, size_t *ret_len,
                     char ret_subject[192], char ret_event_id[GW_EVENT_ID_LEN + 1],
                     const char **ret_code, char err[GW_ERR_MSG_MAX]);
+/* POSIX portable environment variable names, as lib/envelope.c accepts them. */
+bool gw_env_name_ok(const char *s);
+
+/* ---- commands (gateway_commands.c, gateway_command_body.c) ---- */
+
+#define GW_STDIN_MAX (1024 * 1024)
+
+/* A validated command body. Strings borrow from doc; stdin_data is a heap copy (wiped by
+ * dispose). */
+typedef struct {
+    sp_json_doc_t *doc;
+    const char *cmd; /* NULL when argv is given */
+    const char **argv;
+    size_t n_argv;
+    const char *env_names[GW_ENV_MAX];
+    const char *env_values[GW_ENV_MAX];
+    size_t n_env;
+    const char *cwd;  /* NULL: the agent's default */
+    const char *user; /* NULL: root */
+    uint32_t timeout_s;
+    bool has_stdin;
+    uint8_t *stdin_data;
+    size_t stdin_len;
+    uint8_t stdin_sha256[SP_SHA256_LEN];
+    bool background;
+} gw_cmd_spec_t;
+
+/* Parses and checks the body; on a client error returns -EINVAL with an error code and message
+ * for a 400 (s is then to be disposed all the same). */
+int gw_cmd_spec_parse(const char *body, size_t len, gw_cmd_spec_t *s, const char **ret_code,
+                      char err[GW_ERR_MSG_MAX]);
+/* Wipes stdin and frees. Accepts NULL and a zeroed spec. */
+void gw_cmd_spec_dispose(gw_cmd_spec_t *s);
+
+/* The CommandRequested intent, built in place; every string is borrowed from s and the
+ * arguments, which must outlive it. The caller stamps and publishes env (sp_publish_event). */
+typedef struct {
+    sp_envelope_t env;
+    Space__V1__Aggregate agg;
+    Space__V1__CommandRequested cr;
+} gw_cmd_intent_t;
+void gw_cmd_intent_init(gw_cmd_intent_t *in, const gw_cmd_spec_t *s, const char *sandbox,
+                        const char *tenant, const char *actor, const char *correlation,
+                        const char *cmd_id);
+/* The ExecRequest, packed into a heap buffer the caller wipes and frees; SP_ETOOBIG when it
+ * would not fit in one NATS message (SP_BUS_MAX_MSG). */
+int gw_cmd_exec_pack(const gw_cmd_spec_t *s, const char *sandbox, const char *tenant,
+                     const char *cmd_id, const char *intent_event_id, const char *correlation,
+                     uint8_t **ret_buf, size_t *ret_len);
+/* Appends base64 (RFC 4648 section 4, padded). */
+void gw_b64_encode(sp_buf_t *out, const uint8_t *p, size_t n);
+
+typedef struct gw_cmd gw_cmd_t;
+
+void gw_command_run(gw_req_t *rq);
+/* Deadlines, keepalives and write timeouts, once a second. */
+void gw_commands_tick(gw_t *gw);
+/* Ends every command's response (shutdown); the commands keep running in their sandboxes. With
+ * force, responses stuck in a write end now. */
+void gw_commands_close_all(gw_t *gw, bool force);
 
 /* ---- server-sent events (gateway_events.c) ---- */
 
@@ -307,6 +412,13 @@ struct gw {
     gw_stream_t *streams;
     size_t n_streams;
     size_t n_stream_opening;
+    /* Commands: every one from validation to the close of its async handle. */
+    gw_cmd_t *commands;
+    size_t n_commands;
+    /* Bus jobs (blocking NATS calls without a database connection): at most bus-threads run,
+     * the others wait in this FIFO. */
+    size_t bus_running;
+    gw_cmd_t *bus_head, *bus_tail;
     bool stopping;
 };
 

@@ -47,8 +47,7 @@ static int bad(verr_t *e, const char *code, const char *fmt, ...)
     return -EINVAL;
 }
 
-/* POSIX portable environment names, as lib/envelope.c accepts them. */
-static bool env_name_ok(const char *s)
+bool gw_env_name_ok(const char *s)
 {
     size_t n = strlen(s);
     if (n == 0 || n > ENV_NAME_MAX || (s[0] >= '0' && s[0] <= '9'))
@@ -125,7 +124,7 @@ static int parse_env(const sp_json_t *v, spec_t *s, verr_t *e)
     for (size_t i = 0; i < n; i++) {
         const char *k = sp_json_key_at(v, i);
         size_t vlen = 0;
-        if (!k || !env_name_ok(k))
+        if (!k || !gw_env_name_ok(k))
             return bad(e, "invalid_field",
                        "env names must match [A-Za-z_][A-Za-z0-9_]* (at most %d chars)",
                        ENV_NAME_MAX);

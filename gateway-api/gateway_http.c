@@ -18,6 +18,7 @@
 #include "ids.h"
 #include "log.h"
 #include "xmalloc.h"
+#include "text.h"
 
 typedef struct {
     h2o_handler_t super;
@@ -66,6 +67,8 @@ static const char *reason_phrase(int status)
         return "Unsupported Media Type";
     case 429:
         return "Too Many Requests";
+    case 501:
+        return "Not Implemented";
     case 500:
         return "Internal Server Error";
     case 503:
@@ -79,40 +82,7 @@ static const char *reason_phrase(int status)
 
 bool gw_text_ok(const char *s, size_t max)
 {
-    const unsigned char *p = (const unsigned char *)s;
-    size_t n = 0;
-
-    while (*p) {
-        unsigned c = *p;
-        int extra;
-        if (c < 0x20 || c == 0x7f)
-            return false;
-        if (c < 0x80)
-            extra = 0;
-        else if (c >= 0xc2 && c <= 0xdf)
-            extra = 1;
-        else if (c >= 0xe0 && c <= 0xef)
-            extra = 2;
-        else if (c >= 0xf0 && c <= 0xf4)
-            extra = 3;
-        else
-            return false;
-        unsigned cp = extra == 0 ? c : c & (0x3fu >> extra);
-        p++;
-        n++;
-        for (int i = 0; i < extra; i++, p++, n++) {
-            if ((*p & 0xc0) != 0x80)
-                return false;
-            cp = (cp << 6) | (*p & 0x3fu);
-        }
-        /* Overlong forms, surrogates and code points past U+10FFFF (RFC 3629 section 3). */
-        if ((extra == 2 && cp < 0x800) || (extra == 3 && (cp < 0x10000 || cp > 0x10ffff)) ||
-            (cp >= 0xd800 && cp <= 0xdfff))
-            return false;
-        if (n > max)
-            return false;
-    }
-    return true;
+    return sp_text_valid(s, max, 0);
 }
 
 /* A client's X-Request-Id is echoed only if it is a plain token: it goes into logs, events and
@@ -401,10 +371,13 @@ static bool is_method(const h2o_req_t *req, const char *m)
     return h2o_memis(req->method.base, req->method.len, m, strlen(m));
 }
 
-/* Matches /v1/sandboxes/{id} and /v1/sandboxes/{id}/events; *ret_events tells which. The id
- * is copied as it is (checked after authentication, so a malformed id reads as unknown). */
+typedef enum { SUB_NONE = 0, SUB_EVENTS, SUB_COMMANDS } sub_resource_t;
+
+/* Matches /v1/sandboxes/{id}, /v1/sandboxes/{id}/events and /v1/sandboxes/{id}/commands;
+ * *ret_sub tells which. The id is copied as it is (checked after authentication, so a
+ * malformed id reads as unknown). */
 static bool match_sandbox_path(const char *path, size_t len, char id[SP_ID_MAX + 1],
-                               bool *ret_events)
+                               sub_resource_t *ret_sub)
 {
     static const char prefix[] = "/v1/sandboxes/";
     const size_t plen = sizeof(prefix) - 1;
@@ -417,11 +390,14 @@ static bool match_sandbox_path(const char *path, size_t len, char id[SP_ID_MAX +
     if (idlen == 0 || idlen > SP_ID_MAX)
         return false;
     if (slash) {
-        if (!h2o_memis(slash, rest - idlen, H2O_STRLIT("/events")))
+        if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/events")))
+            *ret_sub = SUB_EVENTS;
+        else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/commands")))
+            *ret_sub = SUB_COMMANDS;
+        else
             return false;
-        *ret_events = true;
     } else {
-        *ret_events = false;
+        *ret_sub = SUB_NONE;
     }
     memcpy(id, s, idlen);
     id[idlen] = '\0';
@@ -449,7 +425,7 @@ static void route(gw_req_t *rq)
     h2o_req_t *req = rq->req;
     size_t len = req->query_at == SIZE_MAX ? req->path.len : req->query_at;
     const char *path = req->path.base;
-    bool events = false;
+    sub_resource_t sub = SUB_NONE;
 
     if (rq->gw->stopping) {
         req->http1_is_persistent = 0;
@@ -525,8 +501,17 @@ static void route(gw_req_t *rq)
             return;
         }
     }
-    if (match_sandbox_path(path, len, rq->path_id, &events)) {
-        if (events) {
+    if (match_sandbox_path(path, len, rq->path_id, &sub)) {
+        if (sub == SUB_COMMANDS) {
+            rq->route = GW_R_SANDBOX_COMMANDS;
+            if (!is_method(req, "POST")) {
+                method_not_allowed(rq, "POST");
+                return;
+            }
+            with_auth(rq, gw_command_run);
+            return;
+        }
+        if (sub == SUB_EVENTS) {
             rq->route = GW_R_SANDBOX_EVENTS;
             if (!is_method(req, "GET")) {
                 method_not_allowed(rq, "GET");

@@ -14,6 +14,7 @@ static const char *const route_names[GW_R_COUNT] = {
     [GW_R_SANDBOX_EVENTS] = "sandbox_events",
     [GW_R_EVENTS] = "events",
     [GW_R_TEMPLATES] = "templates",
+    [GW_R_SANDBOX_COMMANDS] = "sandbox_commands",
     [GW_R_OTHER] = "other",
 };
 
@@ -22,6 +23,81 @@ static const char *const route_names[GW_R_COUNT] = {
 static const double create_bounds[GW_CREATE_BUCKETS] = {
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120,
 };
+
+static const char *const outcome_names[GW_CMD_OUTCOMES] = {
+    [GW_CMD_ACCEPTED] = "accepted",
+    [GW_CMD_WORKER_UNAVAILABLE] = "worker_unavailable",
+    [GW_CMD_SANDBOX_NOT_RUNNING] = "sandbox_not_running",
+    [GW_CMD_AGENT_UNAVAILABLE] = "agent_unavailable",
+    [GW_CMD_TOO_MANY] = "too_many_commands",
+    [GW_CMD_WORKER_ERROR] = "worker_error",
+    [GW_CMD_BUS_ERROR] = "bus_error",
+};
+
+static const char *const end_names[GW_CMD_ENDS] = {
+    [GW_CMD_END_EXIT] = "exit",
+    [GW_CMD_END_TIMEOUT] = "timeout",
+    [GW_CMD_END_CLIENT] = "client_gone",
+    [GW_CMD_END_SHUTDOWN] = "shutdown",
+};
+
+/* Upper bounds in seconds of the exec round trip (ExecRequest to ExecReply): a NATS round trip
+ * to the worker and its hand-off to the agent; 10 s is the gateway's timeout. */
+static const double exec_bounds[GW_EXEC_BUCKETS] = {
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+};
+
+void gw_metrics_exec_latency(gw_metrics_t *m, double seconds)
+{
+    size_t i = 0;
+    while (i < GW_EXEC_BUCKETS && seconds > exec_bounds[i])
+        i++;
+    m->exec_buckets[i]++;
+    m->exec_sum += seconds;
+    m->exec_count++;
+}
+
+static void render_commands(const gw_metrics_t *m, sp_buf_t *out)
+{
+    sp_buf_puts(out, "# HELP space_gateway_commands_total Command requests that reached a worker "
+                     "(or tried to), by outcome.\n# TYPE space_gateway_commands_total counter\n");
+    for (int i = 0; i < GW_CMD_OUTCOMES; i++)
+        sp_buf_printf(out, "space_gateway_commands_total{outcome=\"%s\"} %" PRIu64 "\n",
+                      outcome_names[i], m->commands[i]);
+    sp_buf_puts(out, "# HELP space_gateway_command_ends_total Accepted commands whose response "
+                     "ended, by how.\n# TYPE space_gateway_command_ends_total counter\n");
+    for (int i = 0; i < GW_CMD_ENDS; i++)
+        sp_buf_printf(out, "space_gateway_command_ends_total{how=\"%s\"} %" PRIu64 "\n",
+                      end_names[i], m->command_ends[i]);
+    sp_buf_printf(out,
+                  "# HELP space_gateway_commands_in_progress Command requests being handled.\n"
+                  "# TYPE space_gateway_commands_in_progress gauge\n"
+                  "space_gateway_commands_in_progress %" PRId64 "\n",
+                  m->commands_running);
+    sp_buf_printf(out,
+                  "# HELP space_gateway_command_output_lost_total Commands whose output had a "
+                  "gap (data-plane messages lost).\n# TYPE space_gateway_command_output_lost_total "
+                  "counter\nspace_gateway_command_output_lost_total %" PRIu64 "\n",
+                  m->commands_output_lost);
+    sp_buf_printf(out,
+                  "# HELP space_gateway_command_output_truncated_total Commands whose output was "
+                  "cut (a cap, or a client slower than the command).\n# TYPE "
+                  "space_gateway_command_output_truncated_total counter\n"
+                  "space_gateway_command_output_truncated_total %" PRIu64 "\n",
+                  m->commands_truncated);
+    sp_buf_puts(out, "# HELP space_gateway_exec_seconds ExecRequest to ExecReply round trip.\n"
+                     "# TYPE space_gateway_exec_seconds histogram\n");
+    uint64_t cum = 0;
+    for (size_t i = 0; i < GW_EXEC_BUCKETS; i++) {
+        cum += m->exec_buckets[i];
+        sp_buf_printf(out, "space_gateway_exec_seconds_bucket{le=\"%g\"} %" PRIu64 "\n",
+                      exec_bounds[i], cum);
+    }
+    cum += m->exec_buckets[GW_EXEC_BUCKETS];
+    sp_buf_printf(out, "space_gateway_exec_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n", cum);
+    sp_buf_printf(out, "space_gateway_exec_seconds_sum %.6f\n", m->exec_sum);
+    sp_buf_printf(out, "space_gateway_exec_seconds_count %" PRIu64 "\n", m->exec_count);
+}
 
 void gw_metrics_request(gw_metrics_t *m, gw_route_t route, int status)
 {
@@ -83,4 +159,5 @@ void gw_metrics_render(const gw_metrics_t *m, sp_buf_t *out)
     sp_buf_printf(out, "space_gateway_create_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n", cum);
     sp_buf_printf(out, "space_gateway_create_seconds_sum %.6f\n", m->create_sum);
     sp_buf_printf(out, "space_gateway_create_seconds_count %" PRIu64 "\n", m->create_count);
+    render_commands(m, out);
 }

@@ -551,7 +551,7 @@ static bool idem_key_ok(const char *s, size_t len)
     return true;
 }
 
-static bool json_content_type(const h2o_iovec_t *ct)
+bool gw_json_content_type(const h2o_iovec_t *ct)
 {
     static const char want[] = "application/json";
     const size_t n = sizeof(want) - 1;
@@ -572,7 +572,7 @@ void gw_sandbox_create(gw_req_t *rq)
     const char *body = req->entity.base ? req->entity.base : "";
     size_t len = req->entity.base ? req->entity.len : 0;
 
-    if (ct && !json_content_type(ct)) {
+    if (ct && !gw_json_content_type(ct)) {
         gw_respond_error(rq, 415, "unsupported_media_type", NULL,
                          "send the body as application/json");
         goto fail;

@@ -1,7 +1,8 @@
 /* space-gateway: the HTTP/JSON API (DESIGN.md, gateway-api/). It authenticates, validates,
  * turns each mutation into an intent event on the bus, waits until the PostgreSQL projection
  * shows the outcome, serves reads from the projections and streams the event log as SSE. It
- * reads only PostgreSQL and writes only intents: stateless, run as many as needed.
+ * reads only PostgreSQL and writes only intents; commands go to their worker on the data plane
+ * (core NATS) and stream their output back. Stateless: run as many as needed.
  *
  * Concurrency: one libuv loop runs h2o and every piece of request state. Nothing on the loop
  * blocks:
@@ -15,8 +16,12 @@
  *   log's channel (SP_EVENTLOG_CHANNEL): it blocks in poll() on PQsocket, and on each NOTIFY
  *   stores the new head and wakes the loop with uv_async_send. The loop then re-checks the
  *   requests waiting for an outcome and lets live SSE streams read what is new.
- * - cnats runs its own threads; the gateway uses it only through sp_bus_publish from jobs, so
- *   no NATS callback ever touches loop state.
+ * - cnats runs its own threads. Blocking NATS calls run on libuv's thread pool: intents are
+ *   published from database jobs; a command's subscribe, publish and exec request/reply, and
+ *   the drain of its subscription, are "bus jobs" without a database connection, at most
+ *   bus-threads at once (the pool has pg-pool + 1 + bus-threads threads, so database jobs never
+ *   wait behind them). Data-plane callbacks run on cnats threads: they only fill a command's
+ *   mutex-protected queue and wake the loop with its uv_async_t (gateway_commands.c).
  *
  * SIGTERM or SIGINT: stop accepting, answer waiting requests with 503, end streams, half-close
  * idle connections, let running jobs finish, exit 0; stop-timeout-s bounds it all. */
@@ -66,6 +71,13 @@ static const sp_cfg_opt_t options[] = {
                    "largest request body (413 beyond, chunked or not)"),
     SP_CFG_INT_OPT("stop-timeout-s", gw_config_t, stop_timeout_s, 1, 60, "5",
                    "longest graceful stop before the process exits anyway"),
+    SP_CFG_INT_OPT("max-commands", gw_config_t, max_commands, 0, 100000, "128",
+                   "commands handled at once (429 beyond); each may hold 32 MiB in JSON mode"),
+    SP_CFG_INT_OPT("command-buffer-bytes", gw_config_t, command_buffer_bytes, 1048576, 1073741824,
+                   "8388608",
+                   "output buffered for a slow SSE client per command; beyond it is dropped"),
+    SP_CFG_INT_OPT("bus-threads", gw_config_t, bus_threads, 1, 256, "8",
+                   "threads for blocking NATS calls of commands (exec request/reply)"),
     SP_CFG_STR_OPT("log-level", gw_config_t, log_level, "info", "debug|info|warn|error"),
     SP_CFG_STR_OPT("log-format", gw_config_t, log_format, "kv", "kv|json"),
 };
@@ -98,6 +110,7 @@ static void on_tick(uv_timer_t *t)
     /* A safety net under NOTIFY (a notification lost with its connection). */
     gw_waiters_check(&gw);
     gw_events_tick(&gw);
+    gw_commands_tick(&gw);
 }
 
 static void close_handle(uv_handle_t *h)
@@ -133,10 +146,12 @@ static void on_stop_tick(uv_timer_t *t)
     (void)t;
     int64_t elapsed = sp_mono_ns() - stop_started_ns;
 
-    if (elapsed > FORCE_STREAMS_NS)
+    if (elapsed > FORCE_STREAMS_NS) {
         gw_events_close_all(&gw, true);
+        gw_commands_close_all(&gw, true);
+    }
     if (gw_http_connections(&gw) == 0 && gw.pool.running == 0 && gw.pool.queued == 0 &&
-        gw.n_streams == 0) {
+        gw.n_streams == 0 && gw.n_commands == 0) {
         sp_log(SP_LOG_INFO, "stopped", SP_KF("took_ms", (double)elapsed / 1e6));
         finish();
         return;
@@ -144,7 +159,7 @@ static void on_stop_tick(uv_timer_t *t)
     if (elapsed > gw.cfg->stop_timeout_s * 1000000000LL) {
         sp_log(SP_LOG_WARN, "stop timeout: exiting with work in progress",
                SP_KU("connections", gw_http_connections(&gw)), SP_KU("jobs", gw.pool.running),
-               SP_KU("streams", gw.n_streams));
+               SP_KU("streams", gw.n_streams), SP_KU("commands", gw.n_commands));
         if (gw.cfg->port_file[0])
             unlink(gw.cfg->port_file);
         _exit(0);
@@ -170,6 +185,7 @@ static void begin_stop(void)
     gw.h2o_ctx.shutdown_requested = 1;
     gw_waiters_abort_all(&gw);
     gw_events_close_all(&gw, false);
+    gw_commands_close_all(&gw, false);
     gw_http_shutdown_reads(&gw);
     uv_timer_stop(&tick_timer);
     uv_timer_start(&stop_timer, on_stop_tick, 0, STOP_TICK_MS);
@@ -251,10 +267,11 @@ int main(int argc, char **argv)
     sp_log_init(GW_DAEMON, level, format);
     signal(SIGPIPE, SIG_IGN);
 
-    /* libuv sizes its thread pool at the first job: one thread per pooled connection, so a job
-     * never waits for a thread while holding a connection. */
+    /* libuv sizes its thread pool at the first job: one thread per pooled connection and per
+     * bus job, so a job never waits for a thread while holding a connection. */
     char pool_threads[24];
-    snprintf(pool_threads, sizeof(pool_threads), "%lld", (long long)cfg.pg_pool + 1);
+    snprintf(pool_threads, sizeof(pool_threads), "%lld",
+             (long long)cfg.pg_pool + 1 + (long long)cfg.bus_threads);
     setenv("UV_THREADPOOL_SIZE", pool_threads, 1);
 
     gw.cfg = &cfg;

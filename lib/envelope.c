@@ -9,6 +9,7 @@
 
 #include "error.h"
 #include "ids.h"
+#include "text.h"
 #include "xmalloc.h"
 
 #define ID_MAX             64
@@ -21,9 +22,9 @@
 #define ENV_NAMES_MAX      128
 #define LIST_MAX           256
 #define ARTIFACTS_MAX      16
-#define ARGV_MAX 256
-#define ARG_MAX_BYTES 4096
-#define CMD_MAX_BYTES 16384
+#define ARGV_MAX           256
+#define ARG_MAX_BYTES      4096
+#define CMD_MAX_BYTES      16384
 /* 2020-01-01 .. 2100-01-01 in microseconds: anything outside is a bug or a forgery. */
 #define TIME_MIN_US 1577836800000000LL
 #define TIME_MAX_US 4102444800000000LL
@@ -97,43 +98,14 @@ static int fail(char reason[SP_REASON_MAX], int err, const char *fmt, ...)
     return err;
 }
 
-/* Valid UTF-8 without control characters (C0, DEL): what may appear in any text field, so a
- * field can be logged, put into JSON and shown in a terminal without surprises. */
 static int text_ok(const char *s, size_t max)
 {
-    const unsigned char *p = (const unsigned char *)s;
-    size_t n = 0;
-    while (*p) {
-        unsigned c = *p;
-        int extra;
-        if (c < 0x20 || c == 0x7f)
-            return 0;
-        if (c < 0x80)
-            extra = 0;
-        else if (c >= 0xc2 && c <= 0xdf)
-            extra = 1;
-        else if (c >= 0xe0 && c <= 0xef)
-            extra = 2;
-        else if (c >= 0xf0 && c <= 0xf4)
-            extra = 3;
-        else
-            return 0;
-        unsigned cp = extra == 0 ? c : c & (0x3fu >> extra);
-        p++;
-        n++;
-        for (int i = 0; i < extra; i++, p++, n++) {
-            if ((*p & 0xc0) != 0x80)
-                return 0;
-            cp = (cp << 6) | (*p & 0x3fu);
-        }
-        /* Overlong forms, surrogates and code points past U+10FFFF. */
-        if ((extra == 2 && cp < 0x800) || (extra == 3 && (cp < 0x10000 || cp > 0x10ffff)) ||
-            (cp >= 0xd800 && cp <= 0xdfff))
-            return 0;
-        if (n > max)
-            return 0;
-    }
-    return 1;
+    return sp_text_valid(s, max, 0);
+}
+
+static int script_ok(const char *s, size_t max)
+{
+    return sp_text_valid(s, max, SP_TEXT_SPACE_CONTROLS);
 }
 
 static int env_name_ok(const char *s)
@@ -206,8 +178,11 @@ static int validate_command(const Space__V1__CommandRequested *p, char reason[SP
     if (p->n_argv > ARGV_MAX)
         return fail(reason, SP_ESCHEMA, "argv: %zu entries, at most %d", p->n_argv, ARGV_MAX);
     for (size_t i = 0; i < p->n_argv; i++)
-        CHECK_TEXT(p->argv[i], ARG_MAX_BYTES, "argv");
-    CHECK_TEXT(p->cmd, CMD_MAX_BYTES, "cmd");
+        if (!script_ok(p->argv[i], ARG_MAX_BYTES))
+            return fail(reason, SP_ESCHEMA, "argv[%zu]: not UTF-8 text of at most %d bytes", i,
+                        ARG_MAX_BYTES);
+    if (!script_ok(p->cmd, CMD_MAX_BYTES))
+        return fail(reason, SP_ESCHEMA, "cmd: not UTF-8 text of at most %d bytes", CMD_MAX_BYTES);
     if (p->n_env_names > ENV_NAMES_MAX)
         return fail(reason, SP_ESCHEMA, "env_names: %zu entries, at most %d", p->n_env_names,
                     ENV_NAMES_MAX);

@@ -1,0 +1,394 @@
+/* The body of POST /v1/sandboxes/{id}/commands, checked field by field, and the two messages
+ * made from it: the CommandRequested intent (for the event log) and the ExecRequest (for the
+ * worker, on the data plane). The limits are those lib/envelope.c's validate_command enforces on
+ * the bus, so a body that passes here is an event the log accepts.
+ *
+ * What goes where: the event carries environment NAMES, the size of stdin and its SHA-256; the
+ * values and the stdin bytes go only into the ExecRequest, which is never stored (DESIGN.md:
+ * the event log is kept forever and shown to auditors). The heap copies made here of those
+ * values (stdin, the "NAME=value" strings, the packed request) are wiped before they are
+ * freed. */
+#include "gateway.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "envelope.h"
+#include "error.h"
+#include "ids.h"
+#include "json.h"
+#include "xmalloc.h"
+#include "text.h"
+
+#define ARGV_MAX          256
+#define ARG_MAX_BYTES     4096
+#define CMD_MAX_BYTES     16384
+#define CWD_MAX_BYTES     1024
+#define CMD_TIMEOUT_MAX_S (24 * 3600)
+
+typedef struct {
+    const char *code;
+    char *msg;
+} verr_t;
+
+static int bad(verr_t *e, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int bad(verr_t *e, const char *code, const char *fmt, ...)
+{
+    va_list ap;
+    e->code = code;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, GW_ERR_MSG_MAX, fmt, ap);
+    va_end(ap);
+    return -EINVAL;
+}
+
+/* ---- base64 (RFC 4648 section 4, with padding) ---- */
+
+static const char b64_alphabet[] =
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+void gw_b64_encode(sp_buf_t *out, const uint8_t *p, size_t n)
+{
+    char q[4];
+    size_t i = 0;
+    for (; i + 3 <= n; i += 3) {
+        uint32_t v = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8 | p[i + 2];
+        q[0] = b64_alphabet[v >> 18];
+        q[1] = b64_alphabet[(v >> 12) & 63];
+        q[2] = b64_alphabet[(v >> 6) & 63];
+        q[3] = b64_alphabet[v & 63];
+        sp_buf_append(out, q, 4);
+    }
+    if (i < n) {
+        uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0);
+        q[0] = b64_alphabet[v >> 18];
+        q[1] = b64_alphabet[(v >> 12) & 63];
+        q[2] = '=';
+        q[3] = '=';
+        if (i + 1 < n)
+            q[2] = b64_alphabet[(v >> 6) & 63];
+        sp_buf_append(out, q, 4);
+    }
+}
+
+static int b64_value(char c)
+{
+    if (c >= 'A' && c <= 'Z')
+        return c - 'A';
+    if (c >= 'a' && c <= 'z')
+        return c - 'a' + 26;
+    if (c >= '0' && c <= '9')
+        return c - '0' + 52;
+    if (c == '+')
+        return 62;
+    if (c == '/')
+        return 63;
+    return -1;
+}
+
+/* Strict: a multiple of 4 characters of the alphabet, padding only at the end, and the unused
+ * bits of the last group zero (RFC 4648 section 3.5), so one byte string has one encoding. */
+static int b64_decode(const char *s, size_t n, uint8_t **ret, size_t *ret_len)
+{
+    if (n % 4 != 0)
+        return -EINVAL;
+    size_t pad = 0;
+    if (n >= 4 && s[n - 1] == '=')
+        pad = s[n - 2] == '=' ? 2 : 1;
+    uint8_t *out = sp_xmalloc(n / 4 * 3 + 1);
+    size_t o = 0;
+    for (size_t i = 0; i < n; i += 4) {
+        bool last = i + 4 == n;
+        int v[4];
+        for (int k = 0; k < 4; k++) {
+            bool padded = last && k >= 4 - (int)pad;
+            v[k] = padded ? 0 : b64_value(s[i + (size_t)k]);
+            if (v[k] < 0) {
+                free(out);
+                return -EINVAL;
+            }
+        }
+        uint32_t x =
+            (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
+        if (last && ((pad == 2 && (x & 0xffff)) || (pad == 1 && (x & 0xff)))) {
+            free(out);
+            return -EINVAL;
+        }
+        out[o++] = (uint8_t)(x >> 16);
+        if (!last || pad < 2)
+            out[o++] = (uint8_t)(x >> 8);
+        if (!last || pad < 1)
+            out[o++] = (uint8_t)x;
+    }
+    *ret = out;
+    *ret_len = o;
+    return 0;
+}
+
+/* ---- the body ---- */
+
+static int parse_argv(const sp_json_t *v, gw_cmd_spec_t *s, verr_t *e)
+{
+    if (sp_json_type(v) != SP_JSON_ARRAY)
+        return bad(e, "invalid_field", "argv must be an array of strings");
+    size_t n = sp_json_len(v);
+    if (n == 0 || n > ARGV_MAX)
+        return bad(e, "invalid_field", "argv must have 1..%d entries", ARGV_MAX);
+    s->argv = sp_xcalloc(n, sizeof(*s->argv));
+    for (size_t i = 0; i < n; i++) {
+        const char *a = sp_json_str(sp_json_at(v, i), NULL);
+        if (!a)
+            return bad(e, "invalid_field", "argv[%zu] must be a string", i);
+        if (!sp_text_valid(a, ARG_MAX_BYTES, SP_TEXT_SPACE_CONTROLS))
+            return bad(e, "invalid_field",
+                       "argv[%zu] must be at most %d bytes of UTF-8 without control characters "
+                       "other than newline, tab and carriage return",
+                       i, ARG_MAX_BYTES);
+        s->argv[i] = a;
+    }
+    if (!s->argv[0][0])
+        return bad(e, "invalid_field", "argv[0] must not be empty");
+    s->n_argv = n;
+    return 0;
+}
+
+static int parse_env(const sp_json_t *v, gw_cmd_spec_t *s, verr_t *e)
+{
+    if (sp_json_type(v) != SP_JSON_OBJECT)
+        return bad(e, "invalid_field", "env must be an object of strings");
+    size_t n = sp_json_len(v);
+    if (n > GW_ENV_MAX)
+        return bad(e, "invalid_field", "env has %zu entries, at most %d", n, GW_ENV_MAX);
+    for (size_t i = 0; i < n; i++) {
+        const char *k = sp_json_key_at(v, i);
+        size_t vlen = 0;
+        const char *val = sp_json_str(sp_json_at(v, i), &vlen);
+        if (!k || !gw_env_name_ok(k))
+            return bad(e, "invalid_field",
+                       "env names must match [A-Za-z_][A-Za-z0-9_]* (at most 128 chars)");
+        if (!val)
+            return bad(e, "invalid_field", "env.%s must be a string", k);
+        if (vlen > GW_ENV_VALUE_MAX)
+            return bad(e, "invalid_field", "env.%s is over %d bytes", k, GW_ENV_VALUE_MAX);
+        s->env_names[i] = k;
+        s->env_values[i] = val;
+    }
+    s->n_env = n;
+    return 0;
+}
+
+static int parse_stdin(const sp_json_t *v, bool b64, gw_cmd_spec_t *s, verr_t *e)
+{
+    const char *name = b64 ? "stdin_b64" : "stdin";
+    size_t len = 0;
+    const char *str = sp_json_str(v, &len);
+
+    if (s->has_stdin)
+        return bad(e, "invalid_field", "give at most one of stdin and stdin_b64");
+    if (!str)
+        return bad(e, "invalid_field", "%s must be a string", name);
+    if (b64) {
+        if (len > (GW_STDIN_MAX + 2) / 3 * 4)
+            return bad(e, "invalid_field", "stdin_b64 decodes to more than %d bytes", GW_STDIN_MAX);
+        if (b64_decode(str, len, &s->stdin_data, &s->stdin_len) < 0)
+            return bad(e, "invalid_field", "stdin_b64 is not base64 (RFC 4648, padded)");
+        if (s->stdin_len > GW_STDIN_MAX)
+            return bad(e, "invalid_field", "stdin_b64 decodes to more than %d bytes", GW_STDIN_MAX);
+    } else {
+        if (len > GW_STDIN_MAX)
+            return bad(e, "invalid_field", "stdin is over %d bytes", GW_STDIN_MAX);
+        s->stdin_data = sp_xmalloc(len ? len : 1);
+        memcpy(s->stdin_data, str, len);
+        s->stdin_len = len;
+    }
+    s->has_stdin = true;
+    sp_sha256(s->stdin_data, s->stdin_len, s->stdin_sha256);
+    return 0;
+}
+
+static int parse_field(const char *k, const sp_json_t *v, gw_cmd_spec_t *s, verr_t *e)
+{
+    if (strcmp(k, "cmd") == 0) {
+        s->cmd = sp_json_str(v, NULL);
+        if (!s->cmd)
+            return bad(e, "invalid_field", "cmd must be a string");
+        if (!s->cmd[0] || !sp_text_valid(s->cmd, CMD_MAX_BYTES, SP_TEXT_SPACE_CONTROLS))
+            return bad(e, "invalid_field",
+                       "cmd must be 1..%d bytes of UTF-8 without control characters other than "
+                       "newline, tab and carriage return",
+                       CMD_MAX_BYTES);
+        return 0;
+    }
+    if (strcmp(k, "argv") == 0)
+        return parse_argv(v, s, e);
+    if (strcmp(k, "env") == 0)
+        return parse_env(v, s, e);
+    if (strcmp(k, "cwd") == 0) {
+        s->cwd = sp_json_str(v, NULL);
+        if (!s->cwd || !gw_text_ok(s->cwd, CWD_MAX_BYTES))
+            return bad(e, "invalid_field",
+                       "cwd must be a string of at most %d bytes without control characters",
+                       CWD_MAX_BYTES);
+        return 0;
+    }
+    if (strcmp(k, "user") == 0) {
+        s->user = sp_json_str(v, NULL);
+        if (!s->user || (strcmp(s->user, "root") != 0 && strcmp(s->user, "user") != 0))
+            return bad(e, "invalid_field", "user must be \"root\" or \"user\"");
+        return 0;
+    }
+    if (strcmp(k, "timeout_s") == 0) {
+        int64_t x;
+        int rc = sp_json_int(v, 0, CMD_TIMEOUT_MAX_S, &x);
+        if (rc < 0)
+            return bad(e, "invalid_field", "timeout_s must be an integer within 0..%d",
+                       CMD_TIMEOUT_MAX_S);
+        s->timeout_s = (uint32_t)x;
+        return 0;
+    }
+    if (strcmp(k, "stdin") == 0)
+        return parse_stdin(v, false, s, e);
+    if (strcmp(k, "stdin_b64") == 0)
+        return parse_stdin(v, true, s, e);
+    if (strcmp(k, "background") == 0) {
+        if (sp_json_bool(v, &s->background) < 0)
+            return bad(e, "invalid_field", "background must be a boolean");
+        return 0;
+    }
+    return bad(e, "unknown_field", "unknown field %s", k);
+}
+
+void gw_cmd_spec_dispose(gw_cmd_spec_t *s)
+{
+    if (!s)
+        return;
+    if (s->stdin_data) {
+        explicit_bzero(s->stdin_data, s->stdin_len);
+        free(s->stdin_data);
+    }
+    free(s->argv);
+    sp_json_doc_free(s->doc);
+    memset(s, 0, sizeof(*s));
+}
+
+int gw_cmd_spec_parse(const char *body, size_t len, gw_cmd_spec_t *s, const char **ret_code,
+                      char err[GW_ERR_MSG_MAX])
+{
+    verr_t e = {.code = NULL, .msg = err};
+    char jerr[SP_JSON_ERR_MAX];
+    int rc = 0;
+
+    memset(s, 0, sizeof(*s));
+    /* Strings as long as the body: stdin may be most of it (the body limit bounds them all). */
+    sp_json_limits_t lim = {
+        .max_bytes = len + 1, .max_depth = 3, .max_nodes = 1024, .max_string = len + 1};
+    if (len == 0) {
+        rc = bad(&e, "invalid_json", "the body is empty; expected a JSON object");
+        goto out;
+    }
+    if (sp_json_parse(body, len, &lim, &s->doc, jerr) < 0) {
+        rc = bad(&e, "invalid_json", "the body is not valid JSON: %s", jerr);
+        goto out;
+    }
+    const sp_json_t *root = sp_json_root(s->doc);
+    if (sp_json_type(root) != SP_JSON_OBJECT) {
+        rc = bad(&e, "invalid_json", "the body must be a JSON object");
+        goto out;
+    }
+    for (size_t i = 0; i < sp_json_len(root) && rc == 0; i++)
+        rc = parse_field(sp_json_key_at(root, i), sp_json_at(root, i), s, &e);
+    if (rc < 0)
+        goto out;
+    if ((s->cmd != NULL) == (s->n_argv > 0)) {
+        rc = bad(&e, s->cmd ? "invalid_field" : "missing_field",
+                 "give exactly one of cmd (run as /bin/sh -c) and argv");
+        goto out;
+    }
+out:
+    *ret_code = e.code ? e.code : "invalid_json";
+    return rc;
+}
+
+/* ---- the messages ---- */
+
+void gw_cmd_intent_init(gw_cmd_intent_t *in, const gw_cmd_spec_t *s, const char *sandbox,
+                        const char *tenant, const char *actor, const char *correlation,
+                        const char *cmd_id)
+{
+    space__v1__envelope__init(&in->env);
+    space__v1__aggregate__init(&in->agg);
+    space__v1__command_requested__init(&in->cr);
+    in->agg.kind = "sandbox";
+    in->agg.id = (char *)sandbox;
+    /* The generated structs have no const; nothing writes through these pointers. */
+    in->cr.cmd_id = (char *)cmd_id;
+    in->cr.argv = (char **)s->argv;
+    in->cr.n_argv = s->n_argv;
+    in->cr.cmd = (char *)(s->cmd ? s->cmd : "");
+    in->cr.env_names = (char **)s->env_names;
+    in->cr.n_env_names = s->n_env;
+    in->cr.cwd = (char *)(s->cwd ? s->cwd : "");
+    in->cr.user = (char *)(s->user ? s->user : "");
+    in->cr.timeout_s = s->timeout_s;
+    in->cr.background = s->background;
+    in->cr.stdin_bytes = s->stdin_len;
+    if (s->has_stdin) {
+        in->cr.stdin_sha256.data = (uint8_t *)s->stdin_sha256;
+        in->cr.stdin_sha256.len = SP_SHA256_LEN;
+    }
+    in->env.aggregate = &in->agg;
+    in->env.tenant = (char *)tenant;
+    in->env.actor = (char *)actor;
+    in->env.correlation_id = (char *)correlation;
+    in->env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED;
+    in->env.command_requested = &in->cr;
+}
+
+int gw_cmd_exec_pack(const gw_cmd_spec_t *s, const char *sandbox, const char *tenant,
+                     const char *cmd_id, const char *intent_event_id, const char *correlation,
+                     uint8_t **ret_buf, size_t *ret_len)
+{
+    Space__Io__V1__ExecRequest req = SPACE__IO__V1__EXEC_REQUEST__INIT;
+    char *env[GW_ENV_MAX];
+    size_t env_len[GW_ENV_MAX];
+    int rc = 0;
+
+    req.sandbox = (char *)sandbox;
+    req.tenant = (char *)tenant;
+    req.cmd_id = (char *)cmd_id;
+    req.intent_event_id = (char *)intent_event_id;
+    req.correlation_id = (char *)correlation;
+    req.argv = (char **)s->argv;
+    req.n_argv = s->n_argv;
+    req.cmd = (char *)(s->cmd ? s->cmd : "");
+    for (size_t i = 0; i < s->n_env; i++) {
+        env[i] = sp_xasprintf("%s=%s", s->env_names[i], s->env_values[i]);
+        env_len[i] = strlen(env[i]);
+    }
+    req.env = env;
+    req.n_env = s->n_env;
+    req.cwd = (char *)(s->cwd ? s->cwd : "");
+    req.user = (char *)(s->user ? s->user : "root");
+    req.timeout_s = s->timeout_s;
+    req.stdin.data = s->stdin_data;
+    req.stdin.len = s->stdin_len;
+
+    size_t n = space__io__v1__exec_request__get_packed_size(&req);
+    if (n > (size_t)SP_BUS_MAX_MSG) {
+        rc = SP_ETOOBIG;
+    } else {
+        uint8_t *buf = sp_xmalloc(n ? n : 1);
+        space__io__v1__exec_request__pack(&req, buf);
+        *ret_buf = buf;
+        *ret_len = n;
+    }
+    for (size_t i = 0; i < s->n_env; i++) {
+        explicit_bzero(env[i], env_len[i]);
+        free(env[i]);
+    }
+    return rc;
+}

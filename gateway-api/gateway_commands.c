@@ -1,0 +1,1251 @@
+/* POST /v1/sandboxes/{id}/commands: run a command in a running sandbox and stream its output
+ * (proto/dataplane.proto is the contract with the worker).
+ *
+ * The flow, for one command:
+ * 1. On the loop: the body is validated (gateway_command_body.c); a pool job reads the sandbox
+ *    (404 for another tenant's, 409 unless running) and the worker it runs on.
+ * 2. A bus job (a blocking NATS sequence, on libuv's thread pool without a database connection)
+ *    subscribes to space.io.cmd.<cmd_id>.> and flushes, so no output can be published before
+ *    the subscription exists; then publishes the CommandRequested intent (names, sizes and
+ *    digests only) and sends the ExecRequest (the values) to space.io.wkr.<worker>.exec, waiting
+ *    up to 10 s for the ExecReply.
+ * 3. Accepted: the response starts (SSE by default, or one JSON answer at the end with
+ *    Accept: application/json). IoChunks and the IoExit arrive on a cnats thread; the callback
+ *    decodes them, checks their sequence numbers, and appends them to the command's queue under
+ *    its mutex, then wakes the loop with the command's uv_async_t. It never blocks and never
+ *    touches loop state: when the queue is over its bound it drops and marks the output
+ *    truncated.
+ * 4. The loop turns queued chunks into SSE records (through h2o's generator: one write at a
+ *    time, the next after proceed) or into the collected JSON answer, and ends the response at
+ *    the IoExit, or with an error when none came within timeout_s + 30 s.
+ * 5. The subscription is drained off the loop (another bus job); when it is gone, no callback
+ *    can run, so the async handle is closed and the command freed in its close callback.
+ *
+ * Loss: core NATS keeps one publisher's order but a subscriber that falls behind loses
+ * messages. Every IoChunk carries seq 1, 2, ...; a gap, or an IoExit whose last_seq is not the
+ * last seq that arrived, is reported as "output_lost": true, and never waited for.
+ *
+ * Bounds: SSE buffers at most command-buffer-bytes per command (queued chunks plus unsent
+ * records); beyond that the rest of the output is dropped (truncated), the command keeps
+ * running, and the exit event still comes. JSON keeps at most 16 MiB per stream, queue
+ * included. A client that goes away is not followed further: the command keeps running (no
+ * kill in this version). */
+#include "gateway.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+
+#include "db.h"
+#include "error.h"
+#include "ids.h"
+#include "log.h"
+#include "publish.h"
+#include "xmalloc.h"
+
+#define EXEC_TIMEOUT_MS   10000
+#define FLUSH_TIMEOUT_MS  5000
+#define DEFAULT_TIMEOUT_S 60
+#define EXIT_GRACE_S      30                 /* beyond timeout_s before the gateway gives up */
+#define JSON_CAP          (16 * 1024 * 1024) /* bytes per stream in a JSON answer */
+#define CHUNK_DATA_MAX    (64 * 1024)        /* dataplane.proto: IoChunk.data */
+#define IO_MSG_MAX        (CHUNK_DATA_MAX + 1024)
+#define REPLY_MAX         (64 * 1024)
+#define TEXT_MAX          256 /* error texts from the worker, kept */
+#define BUF_KEEP_BYTES    (64 * 1024)
+#define KEEPALIVE_RECORD  ": keepalive\n\n"
+
+typedef enum { PH_LOOKUP = 1, PH_SETUP, PH_RUNNING, PH_DONE } phase_t;
+
+typedef struct io_chunk io_chunk_t;
+struct io_chunk {
+    io_chunk_t *next;
+    uint32_t stream;
+    size_t len;
+    uint8_t data[];
+};
+
+typedef struct {
+    int32_t exit_code;
+    uint32_t signal;
+    bool timed_out;
+    bool truncated;
+    uint64_t bytes[3]; /* by stream: [1] stdout, [2] stderr */
+    char error[TEXT_MAX];
+} exit_info_t;
+
+struct gw_cmd {
+    h2o_generator_t gen; /* first member: h2o hands it back to proceed and stop */
+    uv_async_t async;    /* cnats thread -> loop; closed last */
+    gw_t *gw;
+    gw_req_t *rq;   /* holds a reference */
+    h2o_req_t *req; /* SSE: while the response is open */
+    bool sse;
+    phase_t phase;
+    gw_cmd_spec_t spec;
+    char cmd_id[SP_ID_MAX + 1];
+    char sandbox[SP_ID_MAX + 1];
+    char tenant[SP_ID_MAX + 1];
+    char actor[SP_ID_MAX + 1];
+    char request_id[GW_REQUEST_ID_MAX + 1];
+    char worker[SP_ID_MAX + 1];
+    char event_id[GW_EVENT_ID_LEN + 1];
+    char prefix[96]; /* "space.io.cmd.<cmd_id>." */
+
+    /* The bus job in flight (at most one per command). */
+    uv_work_t work;
+    void (*bus_run)(gw_cmd_t *c);
+    void (*bus_done)(gw_cmd_t *c);
+    gw_cmd_t *bus_next;
+    bool bus_busy;
+    sp_bus_sub_t *sub; /* written by bus jobs, read on the loop after them */
+
+    /* What the setup job found. */
+    gw_cmd_outcome_t outcome;
+    int bus_rc;
+    const char *bus_step;
+    double exec_s; /* < 0: no request was sent */
+    char reply_error[64];
+    char reply_detail[TEXT_MAX];
+
+    /* Loop side of the response. */
+    bool resp_done;    /* nothing more will be written (answered, or the client is gone) */
+    bool sse_open;     /* counted as a stream, not yet logged */
+    bool sending;      /* an h2o_send is in flight: wait for proceed */
+    bool exit_queued;  /* the exit record is in pending: end once written */
+    bool loop_dropped; /* SSE: the unsent backlog passed the bound */
+    bool async_closing;
+    int64_t deadline_ns, sending_since_ns, last_write_ns;
+    sp_buf_t pending, inflight; /* SSE records: not yet handed to h2o / being written */
+    sp_buf_t out[3];            /* JSON: collected output by stream */
+    uint8_t carry[3][4];        /* SSE: an incomplete UTF-8 sequence at a chunk's end */
+    size_t carry_len[3];
+
+    /* Shared with the cnats thread: under mu. */
+    pthread_mutex_t mu;
+    io_chunk_t *head, *tail;
+    size_t queued;     /* bytes of data in the queue */
+    size_t loop_bytes; /* SSE bytes pending or in flight on the loop (published by the loop) */
+    uint64_t next_seq; /* the seq expected next */
+    uint64_t last_seq; /* the highest seq that arrived */
+    uint64_t seen[3];  /* bytes that arrived, kept or not */
+    uint64_t kept[3];  /* JSON: bytes kept toward JSON_CAP */
+    bool closed;       /* the loop wants nothing more */
+    bool lost;         /* a gap in seq, or an unreadable message */
+    bool dropped;      /* SSE: the bound was hit; the rest is dropped */
+    bool capped;       /* JSON: JSON_CAP was hit */
+    bool have_exit;
+    exit_info_t exit;
+
+    gw_cmd_t *prev, *next;
+};
+
+/* ---- bus jobs ---- */
+
+static void bus_start(gw_t *gw, gw_cmd_t *c);
+
+static void bus_work_cb(uv_work_t *w)
+{
+    gw_cmd_t *c = w->data;
+    c->bus_run(c);
+}
+
+static void bus_after_cb(uv_work_t *w, int status)
+{
+    gw_cmd_t *c = w->data;
+    gw_t *gw = c->gw;
+
+    (void)status; /* never cancelled */
+    gw->bus_running--;
+    c->bus_busy = false;
+    while (gw->bus_head && gw->bus_running < (size_t)gw->cfg->bus_threads) {
+        gw_cmd_t *next = gw->bus_head;
+        gw->bus_head = next->bus_next;
+        if (!gw->bus_head)
+            gw->bus_tail = NULL;
+        bus_start(gw, next);
+    }
+    c->bus_done(c);
+}
+
+static void bus_start(gw_t *gw, gw_cmd_t *c)
+{
+    gw->bus_running++;
+    c->bus_next = NULL;
+    c->work.data = c;
+    uv_queue_work(gw->loop, &c->work, bus_work_cb, bus_after_cb);
+}
+
+/* At most bus-threads jobs run at once, so with UV_THREADPOOL_SIZE = pg-pool + 1 + bus-threads
+ * a database job never waits behind a blocked NATS call. The FIFO is bounded by max-commands
+ * (one job per command at a time). */
+static void bus_submit(gw_cmd_t *c, void (*run)(gw_cmd_t *), void (*done)(gw_cmd_t *))
+{
+    gw_t *gw = c->gw;
+    c->bus_run = run;
+    c->bus_done = done;
+    c->bus_busy = true;
+    if (gw->bus_running < (size_t)gw->cfg->bus_threads && !gw->bus_head) {
+        bus_start(gw, c);
+        return;
+    }
+    c->bus_next = NULL;
+    if (gw->bus_tail)
+        gw->bus_tail->bus_next = c;
+    else
+        gw->bus_head = c;
+    gw->bus_tail = c;
+}
+
+/* ---- lifetime ---- */
+
+static void free_queue(gw_cmd_t *c)
+{
+    io_chunk_t *q = c->head;
+    while (q) {
+        io_chunk_t *n = q->next;
+        free(q);
+        q = n;
+    }
+    c->head = c->tail = NULL;
+    c->queued = 0;
+}
+
+static void on_async_closed(uv_handle_t *h)
+{
+    gw_cmd_t *c = h->data;
+    gw_t *gw = c->gw;
+
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        gw->commands = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    gw->n_commands--;
+    gw->metrics.commands_running--;
+    free_queue(c);
+    sp_buf_dispose(&c->pending);
+    sp_buf_dispose(&c->inflight);
+    for (int i = 0; i < 3; i++)
+        sp_buf_dispose(&c->out[i]);
+    gw_cmd_spec_dispose(&c->spec);
+    pthread_mutex_destroy(&c->mu);
+    gw_req_unref(c->rq);
+    free(c);
+}
+
+/* Frees once the response is over and no callback can run any more. */
+static void maybe_free(gw_cmd_t *c)
+{
+    if (!c->resp_done || c->sub || c->bus_busy || c->async_closing)
+        return;
+    c->async_closing = true;
+    uv_close((uv_handle_t *)&c->async, on_async_closed);
+}
+
+static void unsub_run(gw_cmd_t *c)
+{
+    sp_bus_unsubscribe(c->sub);
+    c->sub = NULL;
+}
+
+static void unsub_done(gw_cmd_t *c)
+{
+    maybe_free(c);
+}
+
+/* Stops taking output and drains the subscription off the loop. */
+static void drop_sub(gw_cmd_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    c->closed = true;
+    free_queue(c);
+    pthread_mutex_unlock(&c->mu);
+    if (c->sub && !c->bus_busy)
+        bus_submit(c, unsub_run, unsub_done);
+}
+
+/* The response is over (answered with an error, or the client is gone). */
+static void resp_over(gw_cmd_t *c)
+{
+    c->resp_done = true;
+    maybe_free(c);
+}
+
+/* ---- text ---- */
+
+/* The length of the well-formed UTF-8 sequence at p (Unicode 15, table 3-7), or 0 when it is
+ * not one; *partial is set when p[0..avail) is a proper prefix of one. */
+static size_t utf8_seq(const uint8_t *p, size_t avail, bool *partial)
+{
+    uint8_t c = p[0], lo = 0x80, hi = 0xbf;
+    size_t need;
+
+    *partial = false;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf) {
+        need = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        need = 3;
+        if (c == 0xe0)
+            lo = 0xa0;
+        else if (c == 0xed)
+            hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        need = 4;
+        if (c == 0xf0)
+            lo = 0x90;
+        else if (c == 0xf4)
+            hi = 0x8f;
+    } else {
+        return 0;
+    }
+    for (size_t i = 1; i < need; i++) {
+        if (i >= avail) {
+            *partial = true;
+            return 0;
+        }
+        uint8_t b = p[i];
+        if (i == 1 ? (b < lo || b > hi) : (b & 0xc0) != 0x80)
+            return 0;
+    }
+    return need;
+}
+
+/* The length of the longest well-formed prefix; *ret_tail_partial when what follows it is the
+ * start of a sequence cut by the end of the buffer. */
+static size_t utf8_prefix(const uint8_t *p, size_t n, bool *ret_tail_partial)
+{
+    size_t i = 0;
+    *ret_tail_partial = false;
+    while (i < n) {
+        if (p[i] < 0x80) {
+            i++;
+            continue;
+        }
+        bool partial;
+        size_t k = utf8_seq(p + i, n - i, &partial);
+        if (k == 0) {
+            *ret_tail_partial = partial;
+            return i;
+        }
+        i += k;
+    }
+    return n;
+}
+
+static bool utf8_valid(const uint8_t *p, size_t n)
+{
+    bool partial;
+    return utf8_prefix(p, n, &partial) == n;
+}
+
+/* A JSON string of n bytes of well-formed UTF-8 that may contain any control character (NUL
+ * included, as \u0000): command output, unlike event fields, is not text-checked. */
+static void json_str_n(sp_buf_t *b, const uint8_t *p, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t run = 0;
+
+    sp_buf_putc(b, '"');
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = p[i];
+        if (c >= 0x20 && c != '"' && c != '\\' && c != 0x7f)
+            continue;
+        sp_buf_append(b, p + run, i - run);
+        run = i + 1;
+        switch (c) {
+        case '"':
+            sp_buf_puts(b, "\\\"");
+            break;
+        case '\\':
+            sp_buf_puts(b, "\\\\");
+            break;
+        case '\n':
+            sp_buf_puts(b, "\\n");
+            break;
+        case '\r':
+            sp_buf_puts(b, "\\r");
+            break;
+        case '\t':
+            sp_buf_puts(b, "\\t");
+            break;
+        default: {
+            char esc[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 0xf]};
+            sp_buf_append(b, esc, sizeof(esc));
+            break;
+        }
+        }
+    }
+    sp_buf_append(b, p + run, n - run);
+    sp_buf_putc(b, '"');
+}
+
+/* An error text from the worker (untrusted) or ours, as a JSON value: null when empty. */
+static void json_error(sp_buf_t *b, const char *s)
+{
+    if (!s || !s[0]) {
+        sp_buf_puts(b, "null");
+        return;
+    }
+    sp_buf_t safe;
+    sp_buf_init(&safe);
+    sp_buf_safe_text(&safe, s, TEXT_MAX);
+    sp_buf_json_str(b, safe.data ? safe.data : "");
+    sp_buf_dispose(&safe);
+}
+
+static const char *stream_name(uint32_t stream)
+{
+    return stream == 2 ? "stderr" : "stdout";
+}
+
+/* ---- the data plane (cnats thread) ---- */
+
+static void on_chunk(gw_cmd_t *c, const uint8_t *data, size_t len)
+{
+    Space__Io__V1__IoChunk *m = NULL;
+    bool bad = len > IO_MSG_MAX;
+    bool wake = false;
+
+    if (!bad)
+        m = space__io__v1__io_chunk__unpack(NULL, len, data);
+    bad = bad || !m || strcmp(m->cmd_id, c->cmd_id) != 0 || (m->stream != 1 && m->stream != 2) ||
+          m->data.len > CHUNK_DATA_MAX || m->seq == 0;
+
+    pthread_mutex_lock(&c->mu);
+    if (c->closed || c->have_exit)
+        goto out;
+    if (bad) {
+        /* Whatever it carried cannot be shown: the output has a hole. */
+        c->lost = true;
+        goto out;
+    }
+    if (m->seq != c->next_seq)
+        c->lost = true;
+    if (m->seq < c->next_seq)
+        goto out; /* a repeat, or out of order: the gap was already reported */
+    c->next_seq = m->seq + 1;
+    c->last_seq = m->seq;
+    c->seen[m->stream] += m->data.len;
+    size_t keep = m->data.len;
+    if (!c->sse) {
+        uint64_t room = JSON_CAP - c->kept[m->stream];
+        if (keep > room) {
+            keep = (size_t)room;
+            c->capped = true;
+        }
+        c->kept[m->stream] += keep;
+    } else if (c->dropped ||
+               c->queued + c->loop_bytes + keep > (size_t)c->gw->cfg->command_buffer_bytes) {
+        /* Never wait for the loop here: past the bound the rest of the output is dropped. */
+        c->dropped = true;
+        keep = 0;
+    }
+    if (keep > 0) {
+        io_chunk_t *q = sp_xmalloc(sizeof(*q) + keep);
+        q->next = NULL;
+        q->stream = m->stream;
+        q->len = keep;
+        memcpy(q->data, m->data.data, keep);
+        if (c->tail)
+            c->tail->next = q;
+        else
+            c->head = q;
+        c->tail = q;
+        c->queued += keep;
+        wake = true;
+    }
+out:
+    pthread_mutex_unlock(&c->mu);
+    if (m)
+        space__io__v1__io_chunk__free_unpacked(m, NULL);
+    if (wake)
+        uv_async_send(&c->async);
+}
+
+static void on_exit_msg(gw_cmd_t *c, const uint8_t *data, size_t len)
+{
+    Space__Io__V1__IoExit *m = NULL;
+    bool wake = false;
+
+    if (len <= REPLY_MAX)
+        m = space__io__v1__io_exit__unpack(NULL, len, data);
+    pthread_mutex_lock(&c->mu);
+    if (!c->closed && !c->have_exit) {
+        if (!m || strcmp(m->cmd_id, c->cmd_id) != 0) {
+            /* Unreadable: the deadline ends the command. */
+            c->lost = true;
+        } else {
+            c->have_exit = true;
+            c->exit.exit_code = m->exit_code;
+            c->exit.signal = m->signal;
+            c->exit.timed_out = m->timed_out;
+            c->exit.truncated = m->truncated;
+            c->exit.bytes[1] = m->stdout_bytes;
+            c->exit.bytes[2] = m->stderr_bytes;
+            snprintf(c->exit.error, sizeof(c->exit.error), "%s", m->error);
+            if (m->last_seq != c->last_seq)
+                c->lost = true;
+            wake = true;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (m)
+        space__io__v1__io_exit__free_unpacked(m, NULL);
+    if (wake)
+        uv_async_send(&c->async);
+}
+
+static void on_msg(void *arg, const char *subject, const char *reply, const uint8_t *data,
+                   size_t len)
+{
+    gw_cmd_t *c = arg;
+    size_t n = strlen(c->prefix);
+    (void)reply;
+
+    if (strncmp(subject, c->prefix, n) != 0)
+        return;
+    if (strcmp(subject + n, "out") == 0)
+        on_chunk(c, data, len);
+    else if (strcmp(subject + n, "exit") == 0)
+        on_exit_msg(c, data, len);
+}
+
+/* ---- SSE output (loop) ---- */
+
+static void sse_closed(gw_cmd_t *c)
+{
+    if (!c->sse_open)
+        return;
+    c->sse_open = false;
+    c->gw->metrics.streams--;
+    gw_metrics_request(&c->gw->metrics, c->rq->route, 200);
+    gw_log_request(c->rq, 200);
+}
+
+static void publish_loop_bytes(gw_cmd_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    c->loop_bytes = c->pending.len + c->inflight.len;
+    if (c->loop_dropped)
+        c->dropped = true; /* nothing more needs queueing */
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void trim(sp_buf_t *b)
+{
+    if (b->cap > BUF_KEEP_BYTES)
+        sp_buf_dispose(b);
+    else
+        sp_buf_reset(b);
+}
+
+/* Ends the response (only when no write is in flight). */
+static void sse_finish(gw_cmd_t *c)
+{
+    h2o_req_t *req = c->req;
+    if (!req || c->sending)
+        return;
+    c->req = NULL;
+    req->http1_is_persistent = 0;
+    h2o_send(req, NULL, 0, H2O_SEND_STATE_FINAL);
+    sse_closed(c);
+    resp_over(c);
+}
+
+static void sse_flush(gw_cmd_t *c)
+{
+    if (!c->req || c->sending)
+        return;
+    if (c->pending.len == 0) {
+        if (c->exit_queued)
+            sse_finish(c);
+        return;
+    }
+    sp_buf_t t = c->inflight;
+    c->inflight = c->pending;
+    c->pending = t;
+    trim(&c->pending);
+    c->sending = true;
+    c->sending_since_ns = c->last_write_ns = sp_mono_ns();
+    h2o_iovec_t iov = h2o_iovec_init(c->inflight.data, c->inflight.len);
+    h2o_send(c->req, &iov, 1, H2O_SEND_STATE_IN_PROGRESS);
+}
+
+static void on_proceed(h2o_generator_t *gen, h2o_req_t *req)
+{
+    gw_cmd_t *c = (gw_cmd_t *)gen;
+    (void)req;
+    c->sending = false;
+    trim(&c->inflight);
+    sse_flush(c);
+    publish_loop_bytes(c);
+}
+
+static void on_stop(h2o_generator_t *gen, h2o_req_t *req)
+{
+    gw_cmd_t *c = (gw_cmd_t *)gen;
+    (void)req;
+    c->req = NULL;
+    c->sending = false;
+    sse_closed(c);
+    if (c->phase == PH_RUNNING) {
+        /* The client went away: the command keeps running, unwatched. */
+        c->phase = PH_DONE;
+        c->gw->metrics.command_ends[GW_CMD_END_CLIENT]++;
+        sp_log(SP_LOG_INFO, "command client gone", SP_KS("cmd_id", c->cmd_id),
+               SP_KS("sandbox", c->sandbox), SP_KS("request_id", c->request_id));
+        drop_sub(c);
+    }
+    resp_over(c);
+}
+
+static void sse_record(gw_cmd_t *c, const char *event, const uint8_t *p, size_t n, bool b64)
+{
+    sp_buf_printf(&c->pending, "event: %s\ndata: {\"%s\":", event, b64 ? "b64" : "text");
+    if (b64) {
+        sp_buf_putc(&c->pending, '"');
+        gw_b64_encode(&c->pending, p, n);
+        sp_buf_putc(&c->pending, '"');
+    } else {
+        json_str_n(&c->pending, p, n);
+    }
+    sp_buf_puts(&c->pending, "}\n\n");
+}
+
+/* One chunk as SSE records: text while it is well-formed UTF-8 (a sequence cut by the chunk's
+ * end waits for the next chunk of its stream), else base64. */
+static void sse_output(gw_cmd_t *c, uint32_t stream, const uint8_t *data, size_t len)
+{
+    uint8_t *joined = NULL;
+    const uint8_t *p = data;
+    size_t n = len, before = c->pending.len;
+    bool partial;
+
+    if (c->loop_dropped)
+        return;
+    if (c->carry_len[stream] > 0) {
+        joined = sp_xmalloc(c->carry_len[stream] + len);
+        memcpy(joined, c->carry[stream], c->carry_len[stream]);
+        memcpy(joined + c->carry_len[stream], data, len);
+        p = joined;
+        n = c->carry_len[stream] + len;
+        c->carry_len[stream] = 0;
+    }
+    size_t ok = utf8_prefix(p, n, &partial);
+    if (ok == n) {
+        sse_record(c, stream_name(stream), p, n, false);
+    } else if (partial && n - ok < 4) {
+        if (ok > 0)
+            sse_record(c, stream_name(stream), p, ok, false);
+        memcpy(c->carry[stream], p + ok, n - ok);
+        c->carry_len[stream] = n - ok;
+    } else {
+        sse_record(c, stream_name(stream), p, n, true);
+    }
+    free(joined);
+    if (c->pending.len + c->inflight.len > (size_t)c->gw->cfg->command_buffer_bytes) {
+        /* The client reads slower than the command writes: drop from here on. */
+        c->pending.len = before;
+        if (c->pending.data)
+            c->pending.data[before] = '\0';
+        c->carry_len[stream] = 0;
+        c->loop_dropped = true;
+    }
+}
+
+/* ---- ending ---- */
+
+static void json_exit_fields(sp_buf_t *b, const exit_info_t *ex, bool truncated, bool lost)
+{
+    sp_buf_printf(b, "\"exit_code\":%" PRId32 ",\"signal\":%" PRIu32 ",\"timed_out\":%s,\"error\":",
+                  ex->exit_code, ex->signal, ex->timed_out ? "true" : "false");
+    json_error(b, ex->error);
+    sp_buf_printf(b,
+                  ",\"truncated\":%s,\"stdout_bytes\":%" PRIu64 ",\"stderr_bytes\":%" PRIu64
+                  ",\"output_lost\":%s",
+                  truncated ? "true" : "false", ex->bytes[1], ex->bytes[2],
+                  lost ? "true" : "false");
+}
+
+static void json_output(sp_buf_t *b, const char *name, const sp_buf_t *o)
+{
+    const uint8_t *p = (const uint8_t *)(o->data ? o->data : "");
+    sp_buf_printf(b, ",\"%s\":", name);
+    if (utf8_valid(p, o->len)) {
+        json_str_n(b, p, o->len);
+        return;
+    }
+    /* Not UTF-8 (binary, or a character cut by the cap): null, and the bytes in base64. */
+    sp_buf_printf(b, "null,\"%s_b64\":\"", name);
+    gw_b64_encode(b, p, o->len);
+    sp_buf_putc(b, '"');
+}
+
+/* The answer once the command is over: ex is the worker's IoExit, or one the gateway made. */
+static void conclude(gw_cmd_t *c, gw_cmd_end_t how, const exit_info_t *ex)
+{
+    gw_t *gw = c->gw;
+    bool lost, truncated;
+
+    if (c->phase != PH_RUNNING)
+        return;
+    c->phase = PH_DONE;
+    pthread_mutex_lock(&c->mu);
+    lost = c->lost;
+    truncated = ex->truncated || c->dropped || c->capped || c->loop_dropped;
+    pthread_mutex_unlock(&c->mu);
+    gw->metrics.command_ends[how]++;
+    if (lost)
+        gw->metrics.commands_output_lost++;
+    if (truncated)
+        gw->metrics.commands_truncated++;
+    sp_log(SP_LOG_INFO, "command ended", SP_KS("cmd_id", c->cmd_id), SP_KS("sandbox", c->sandbox),
+           SP_KI("exit_code", ex->exit_code), SP_KU("signal", ex->signal),
+           SP_KS("error", ex->error), SP_KI("truncated", truncated), SP_KI("output_lost", lost),
+           SP_KS("request_id", c->request_id));
+
+    if (c->sse) {
+        for (uint32_t s = 1; s <= 2; s++)
+            if (c->carry_len[s] > 0 && !c->loop_dropped)
+                sse_record(c, stream_name(s), c->carry[s], c->carry_len[s], true);
+        sp_buf_puts(&c->pending, "event: exit\ndata: {");
+        json_exit_fields(&c->pending, ex, truncated, lost);
+        sp_buf_puts(&c->pending, "}\n\n");
+        c->exit_queued = true;
+        sse_flush(c);
+        publish_loop_bytes(c);
+    } else if (how == GW_CMD_END_SHUTDOWN) {
+        sp_buf_t extra;
+        sp_buf_init(&extra);
+        sp_buf_puts(&extra, "\"cmd_id\":");
+        sp_buf_json_str(&extra, c->cmd_id);
+        gw_respond_error(c->rq, 503, "shutting_down", extra.data,
+                         "the gateway is stopping; the command keeps running");
+        sp_buf_dispose(&extra);
+        c->resp_done = true;
+    } else {
+        sp_buf_t b;
+        sp_buf_init(&b);
+        sp_buf_puts(&b, "{\"cmd_id\":");
+        sp_buf_json_str(&b, c->cmd_id);
+        json_output(&b, "stdout", &c->out[1]);
+        sp_buf_dispose(&c->out[1]);
+        json_output(&b, "stderr", &c->out[2]);
+        sp_buf_dispose(&c->out[2]);
+        sp_buf_putc(&b, ',');
+        json_exit_fields(&b, ex, truncated, lost);
+        sp_buf_putc(&b, '}');
+        if (gw_req_live(c->rq))
+            h2o_add_header_by_str(&c->rq->req->pool, &c->rq->req->res.headers,
+                                  H2O_STRLIT("x-command-id"), 0, NULL, c->cmd_id,
+                                  strlen(c->cmd_id));
+        gw_respond_json(c->rq, 200, &b);
+        sp_buf_dispose(&b);
+        c->resp_done = true;
+    }
+    drop_sub(c);
+    maybe_free(c);
+}
+
+static void made_exit(exit_info_t *ex, const gw_cmd_t *c, const char *error)
+{
+    memset(ex, 0, sizeof(*ex));
+    ex->exit_code = -1;
+    ex->bytes[1] = c->seen[1];
+    ex->bytes[2] = c->seen[2];
+    snprintf(ex->error, sizeof(ex->error), "%s", error);
+}
+
+/* Moves what the cnats thread queued into the response; ends it at the IoExit. */
+static void process_io(gw_cmd_t *c)
+{
+    io_chunk_t *q;
+    bool have_exit;
+    exit_info_t ex;
+
+    if (c->phase != PH_RUNNING)
+        return;
+    pthread_mutex_lock(&c->mu);
+    q = c->head;
+    c->head = c->tail = NULL;
+    c->queued = 0;
+    have_exit = c->have_exit;
+    if (have_exit)
+        ex = c->exit;
+    pthread_mutex_unlock(&c->mu);
+
+    while (q) {
+        io_chunk_t *next = q->next;
+        if (c->sse)
+            sse_output(c, q->stream, q->data, q->len);
+        else
+            sp_buf_append(&c->out[q->stream], q->data, q->len);
+        free(q);
+        q = next;
+    }
+    if (c->sse) {
+        sse_flush(c);
+        publish_loop_bytes(c);
+    }
+    if (have_exit)
+        conclude(c, GW_CMD_END_EXIT, &ex);
+}
+
+static void on_async(uv_async_t *a)
+{
+    process_io(a->data);
+}
+
+/* ---- starting ---- */
+
+static void start_output(gw_cmd_t *c)
+{
+    gw_t *gw = c->gw;
+    int64_t timeout_s = c->spec.timeout_s ? c->spec.timeout_s : DEFAULT_TIMEOUT_S;
+
+    c->phase = PH_RUNNING;
+    c->deadline_ns = sp_mono_ns() + (timeout_s + EXIT_GRACE_S) * 1000000000LL;
+    if (!gw_req_live(c->rq)) {
+        c->phase = PH_DONE;
+        gw->metrics.command_ends[GW_CMD_END_CLIENT]++;
+        drop_sub(c);
+        resp_over(c);
+        return;
+    }
+    if (c->sse) {
+        h2o_req_t *req = c->rq->req;
+        req->res.status = 200;
+        req->res.reason = "OK";
+        gw_add_common_headers(c->rq, "text/event-stream");
+        h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-command-id"), 0, NULL,
+                              c->cmd_id, strlen(c->cmd_id));
+        gw_req_mark_streaming(c->rq);
+        gw->metrics.streams++;
+        c->sse_open = true;
+        c->req = req;
+        c->gen.proceed = on_proceed;
+        c->gen.stop = on_stop;
+        h2o_start_response(req, &c->gen);
+        sp_buf_puts(&c->pending, "event: start\ndata: {\"cmd_id\":");
+        sp_buf_json_str(&c->pending, c->cmd_id);
+        sp_buf_puts(&c->pending, "}\n\n");
+    }
+    process_io(c);
+}
+
+/* Bus thread: subscribe, flush, publish the intent, send the ExecRequest. */
+static void setup_run(gw_cmd_t *c)
+{
+    sp_bus_t *bus = c->gw->bus;
+    char subject[160];
+    uint8_t *req = NULL, *reply = NULL;
+    size_t req_len = 0, reply_len = 0;
+    gw_cmd_intent_t in;
+    int rc;
+
+    c->exec_s = -1;
+    c->outcome = GW_CMD_BUS_ERROR;
+    snprintf(subject, sizeof(subject), "%s>", c->prefix);
+    c->bus_step = "subscribe";
+    if ((rc = sp_bus_subscribe(bus, subject, NULL, on_msg, c, &c->sub)) < 0)
+        goto out;
+    /* The server knows the subscription before anything can cause output on it. */
+    c->bus_step = "flush";
+    if ((rc = sp_bus_flush(bus, FLUSH_TIMEOUT_MS)) < 0)
+        goto out;
+    c->bus_step = "publish";
+    gw_cmd_intent_init(&in, &c->spec, c->sandbox, c->tenant, c->actor, c->request_id, c->cmd_id);
+    if ((rc = sp_publish_event(bus, &in.env, c->event_id, c->worker, NULL, NULL)) < 0)
+        goto out;
+    c->bus_step = "request";
+    if ((rc = gw_cmd_exec_pack(&c->spec, c->sandbox, c->tenant, c->cmd_id, c->event_id,
+                               c->request_id, &req, &req_len)) < 0)
+        goto out;
+    snprintf(subject, sizeof(subject), "space.io.wkr.%s.exec", c->worker);
+    int64_t t0 = sp_mono_ns();
+    rc = sp_bus_request(bus, subject, req, req_len, EXEC_TIMEOUT_MS, &reply, &reply_len);
+    c->exec_s = (double)(sp_mono_ns() - t0) / 1e9;
+    explicit_bzero(req, req_len);
+    free(req);
+    if (rc == SP_ENOTFOUND || rc == SP_ETIMEOUT) {
+        c->outcome = GW_CMD_WORKER_UNAVAILABLE;
+        goto out;
+    }
+    if (rc < 0)
+        goto out;
+
+    /* The reply is untrusted: size first, then decode. */
+    Space__Io__V1__ExecReply *r =
+        reply_len <= REPLY_MAX ? space__io__v1__exec_reply__unpack(NULL, reply_len, reply) : NULL;
+    if (!r) {
+        c->outcome = GW_CMD_WORKER_ERROR;
+        snprintf(c->reply_error, sizeof(c->reply_error), "bad_reply");
+        snprintf(c->reply_detail, sizeof(c->reply_detail), "the worker's reply is unreadable");
+    } else if (r->accepted) {
+        c->outcome = GW_CMD_ACCEPTED;
+    } else {
+        snprintf(c->reply_error, sizeof(c->reply_error), "%s", r->error);
+        snprintf(c->reply_detail, sizeof(c->reply_detail), "%s", r->detail);
+        if (strcmp(r->error, "sandbox_not_running") == 0)
+            c->outcome = GW_CMD_SANDBOX_NOT_RUNNING;
+        else if (strcmp(r->error, "agent_unavailable") == 0)
+            c->outcome = GW_CMD_AGENT_UNAVAILABLE;
+        else if (strcmp(r->error, "too_many_commands") == 0)
+            c->outcome = GW_CMD_TOO_MANY;
+        else
+            c->outcome = GW_CMD_WORKER_ERROR;
+    }
+    if (r)
+        space__io__v1__exec_reply__free_unpacked(r, NULL);
+    free(reply);
+    rc = 0;
+out:
+    c->bus_rc = rc;
+    if (c->outcome != GW_CMD_ACCEPTED && c->sub) {
+        sp_bus_unsubscribe(c->sub);
+        c->sub = NULL;
+    }
+}
+
+static void refusal_extra(sp_buf_t *b, const gw_cmd_t *c)
+{
+    sp_buf_t safe;
+    sp_buf_init(&safe);
+    sp_buf_safe_text(&safe, c->reply_error, sizeof(c->reply_error));
+    sp_buf_puts(b, "\"cmd_id\":");
+    sp_buf_json_str(b, c->cmd_id);
+    sp_buf_puts(b, ",\"reason\":");
+    sp_buf_json_str(b, safe.data ? safe.data : "");
+    sp_buf_dispose(&safe);
+}
+
+static void setup_done(gw_cmd_t *c)
+{
+    gw_t *gw = c->gw;
+    gw_req_t *rq = c->rq;
+    sp_buf_t extra;
+
+    gw->metrics.commands[c->outcome]++;
+    if (c->exec_s >= 0)
+        gw_metrics_exec_latency(&gw->metrics, c->exec_s);
+    if (c->outcome == GW_CMD_ACCEPTED && !gw->stopping) {
+        start_output(c);
+        return;
+    }
+    sp_buf_init(&extra);
+    refusal_extra(&extra, c);
+    switch (c->outcome) {
+    case GW_CMD_ACCEPTED:
+        gw_respond_error(rq, 503, "shutting_down", extra.data,
+                         "the gateway is stopping; the command was started and keeps running");
+        break;
+    case GW_CMD_WORKER_UNAVAILABLE:
+        sp_log(SP_LOG_WARN, "worker unavailable for a command", SP_KS("worker", c->worker),
+               SP_KS("sandbox", c->sandbox), SP_KS("cmd_id", c->cmd_id),
+               SP_KS("error", sp_strerror(c->bus_rc)), SP_KS("request_id", c->request_id));
+        if (c->bus_rc == SP_ETIMEOUT)
+            gw_respond_error(rq, 503, "worker_unavailable", extra.data,
+                             "worker %s did not answer within %d s", c->worker,
+                             EXEC_TIMEOUT_MS / 1000);
+        else
+            gw_respond_error(rq, 503, "worker_unavailable", extra.data,
+                             "worker %s is not listening (no responder)", c->worker);
+        break;
+    case GW_CMD_SANDBOX_NOT_RUNNING:
+        gw_respond_error(rq, 409, "sandbox_not_running", extra.data,
+                         "the worker says the sandbox is not running: %s", c->reply_detail);
+        break;
+    case GW_CMD_AGENT_UNAVAILABLE:
+        gw_respond_error(rq, 503, "agent_unavailable", extra.data,
+                         "the sandbox's agent is not available: %s", c->reply_detail);
+        break;
+    case GW_CMD_TOO_MANY:
+        gw_respond_error(rq, 429, "too_many_commands", extra.data,
+                         "the sandbox runs too many commands; retry later: %s", c->reply_detail);
+        break;
+    case GW_CMD_WORKER_ERROR:
+        sp_log(SP_LOG_WARN, "worker refused a command", SP_KS("worker", c->worker),
+               SP_KS("cmd_id", c->cmd_id), SP_KS("reason", c->reply_error),
+               SP_KS("detail", c->reply_detail), SP_KS("request_id", c->request_id));
+        gw_respond_error(rq, 500, "worker_error", extra.data, "the worker refused the command: %s",
+                         c->reply_detail);
+        break;
+    case GW_CMD_BUS_ERROR:
+    default:
+        if (c->bus_step && strcmp(c->bus_step, "publish") == 0)
+            gw->metrics.publish_failures++;
+        sp_log(SP_LOG_WARN, "command setup failed", SP_KS("step", c->bus_step),
+               SP_KS("cmd_id", c->cmd_id), SP_KS("error", sp_strerror(c->bus_rc)),
+               SP_KS("request_id", c->request_id));
+        gw_respond_error(rq, 503, "bus_unavailable", NULL,
+                         "the bus did not take the command (%s); retry", c->bus_step);
+        break;
+    }
+    sp_buf_dispose(&extra);
+    c->phase = PH_DONE;
+    drop_sub(c); /* accepted while stopping: the subscription is still there */
+    resp_over(c);
+}
+
+/* ---- the sandbox ---- */
+
+typedef struct {
+    gw_job_t job;
+    gw_cmd_t *c;
+    bool failed, found;
+    char state[32];
+    char worker[SP_ID_MAX + 1];
+} lookup_job_t;
+
+static void lookup_run(gw_job_t *job, PGconn *db)
+{
+    lookup_job_t *l = (lookup_job_t *)job;
+    const char *p[2] = {l->c->sandbox, l->c->tenant};
+    PGresult *r = PQexecParams(db,
+                               "SELECT state, coalesce(worker, '') FROM sandboxes WHERE id = $1 "
+                               "AND tenant = $2",
+                               2, NULL, p, NULL, NULL, 0);
+    if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
+        sp_log(SP_LOG_WARN, "query failed", SP_KS("query", "command lookup"),
+               SP_KS("error", PQerrorMessage(db)));
+        l->failed = true;
+    } else if (PQntuples(r) == 1) {
+        l->found = true;
+        snprintf(l->state, sizeof(l->state), "%s", PQgetvalue(r, 0, 0));
+        snprintf(l->worker, sizeof(l->worker), "%s", PQgetvalue(r, 0, 1));
+    }
+    PQclear(r);
+}
+
+static void lookup_done(gw_job_t *job)
+{
+    lookup_job_t *l = (lookup_job_t *)job;
+    gw_cmd_t *c = l->c;
+    gw_req_t *rq = c->rq;
+
+    if (c->gw->stopping) {
+        gw_respond_error(rq, 503, "shutting_down", NULL, "the gateway is stopping");
+    } else if (l->failed) {
+        gw_respond_error(rq, 503, "unavailable", NULL, "the database is not available; retry");
+    } else if (!l->found) {
+        gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
+    } else if (strcmp(l->state, "running") != 0) {
+        sp_buf_t extra;
+        sp_buf_init(&extra);
+        sp_buf_puts(&extra, "\"state\":");
+        sp_buf_json_str(&extra, l->state);
+        gw_respond_error(rq, 409, "sandbox_not_running", extra.data,
+                         "the sandbox is %s; commands run only in a running sandbox", l->state);
+        sp_buf_dispose(&extra);
+    } else if (!sp_id_valid(l->worker)) {
+        gw_respond_error(rq, 503, "worker_unavailable", NULL, "the sandbox has no worker");
+    } else {
+        snprintf(c->worker, sizeof(c->worker), "%s", l->worker);
+        c->phase = PH_SETUP;
+        bus_submit(c, setup_run, setup_done);
+        free(l);
+        return;
+    }
+    c->phase = PH_DONE;
+    resp_over(c);
+    free(l);
+}
+
+/* ---- the request ---- */
+
+/* SSE unless the client prefers JSON: the first of the two media types its Accept names wins
+ * (q-values are not weighed). */
+static bool wants_json(const gw_req_t *rq)
+{
+    const h2o_iovec_t *a = gw_req_header(rq, "accept", NULL);
+    static const char json[] = "application/json", sse[] = "text/event-stream";
+    if (!a)
+        return false;
+    for (size_t i = 0; i < a->len; i++) {
+        size_t left = a->len - i;
+        if (left >= sizeof(json) - 1 && strncasecmp(a->base + i, json, sizeof(json) - 1) == 0)
+            return true;
+        if (left >= sizeof(sse) - 1 && strncasecmp(a->base + i, sse, sizeof(sse) - 1) == 0)
+            return false;
+    }
+    return false;
+}
+
+void gw_command_run(gw_req_t *rq)
+{
+    gw_t *gw = rq->gw;
+    h2o_req_t *req = rq->req;
+    const h2o_iovec_t *ct = gw_req_header(rq, "content-type", NULL);
+    const char *body = req->entity.base ? req->entity.base : "";
+    size_t len = req->entity.base ? req->entity.len : 0;
+    const char *code = NULL;
+    char err[GW_ERR_MSG_MAX], reason[SP_REASON_MAX];
+    gw_cmd_spec_t spec;
+    char cmd_id[SP_ID_MAX + 1];
+
+    if (!sp_id_valid(rq->path_id)) {
+        gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
+        return;
+    }
+    if (ct && !gw_json_content_type(ct)) {
+        gw_respond_error(rq, 415, "unsupported_media_type", NULL,
+                         "send the body as application/json");
+        return;
+    }
+    if (len > (size_t)gw->cfg->max_body_bytes) {
+        gw_respond_error(rq, 413, "body_too_large", NULL, "the body exceeds %lld bytes",
+                         (long long)gw->cfg->max_body_bytes);
+        return;
+    }
+    if (gw_cmd_spec_parse(body, len, &spec, &code, err) < 0) {
+        gw_respond_error(rq, 400, code, NULL, "%s", err);
+        gw_cmd_spec_dispose(&spec);
+        return;
+    }
+    if (spec.background) {
+        gw_respond_error(rq, 501, "not_implemented", NULL,
+                         "background commands are not supported yet; send background: false");
+        gw_cmd_spec_dispose(&spec);
+        return;
+    }
+
+    /* cmd_ + the 26 base32hex characters of a fresh sandbox-style id (a UUIDv7). */
+    char fresh[SP_SANDBOX_ID_LEN + 1];
+    sp_sandbox_id_new(fresh);
+    snprintf(cmd_id, sizeof(cmd_id), "cmd_%s", fresh + 4);
+
+    /* The event the log will be asked to accept, checked now so a 400 comes before anything
+     * happens; and the ExecRequest must fit in one NATS message. */
+    gw_cmd_intent_t in;
+    char probe_id[GW_EVENT_ID_LEN + 1];
+    gw_cmd_intent_init(&in, &spec, rq->path_id, rq->tenant, rq->key_id, rq->request_id, cmd_id);
+    sp_envelope_stamp(&in.env, probe_id);
+    if (sp_envelope_validate(&in.env, reason) < 0) {
+        gw_respond_error(rq, 400, "invalid_field", NULL, "%s", reason);
+        gw_cmd_spec_dispose(&spec);
+        return;
+    }
+    uint8_t *probe = NULL;
+    size_t probe_len = 0;
+    if (gw_cmd_exec_pack(&spec, rq->path_id, rq->tenant, cmd_id, probe_id, rq->request_id, &probe,
+                         &probe_len) < 0) {
+        gw_respond_error(rq, 413, "request_too_large", NULL,
+                         "stdin, env and the command together exceed the data plane's %d bytes",
+                         SP_BUS_MAX_MSG);
+        gw_cmd_spec_dispose(&spec);
+        return;
+    }
+    explicit_bzero(probe, probe_len);
+    free(probe);
+    if (gw->n_commands >= (size_t)gw->cfg->max_commands) {
+        gw_respond_error(rq, 429, "too_many_commands", NULL,
+                         "this gateway runs at most %lld commands at once; retry later",
+                         (long long)gw->cfg->max_commands);
+        gw_cmd_spec_dispose(&spec);
+        return;
+    }
+
+    gw_cmd_t *c = sp_xcalloc(1, sizeof(*c));
+    c->gw = gw;
+    c->rq = rq;
+    gw_req_ref(rq);
+    c->sse = !wants_json(rq);
+    c->phase = PH_LOOKUP;
+    c->spec = spec;
+    snprintf(c->cmd_id, sizeof(c->cmd_id), "%s", cmd_id);
+    snprintf(c->sandbox, sizeof(c->sandbox), "%s", rq->path_id);
+    snprintf(c->tenant, sizeof(c->tenant), "%s", rq->tenant);
+    snprintf(c->actor, sizeof(c->actor), "%s", rq->key_id);
+    snprintf(c->request_id, sizeof(c->request_id), "%s", rq->request_id);
+    snprintf(c->prefix, sizeof(c->prefix), "space.io.cmd.%s.", cmd_id);
+    c->next_seq = 1;
+    sp_buf_init(&c->pending);
+    sp_buf_init(&c->inflight);
+    for (int i = 0; i < 3; i++)
+        sp_buf_init(&c->out[i]);
+    pthread_mutex_init(&c->mu, NULL);
+    uv_async_init(gw->loop, &c->async, on_async);
+    c->async.data = c;
+    c->next = gw->commands;
+    if (gw->commands)
+        gw->commands->prev = c;
+    gw->commands = c;
+    gw->n_commands++;
+    gw->metrics.commands_running++;
+
+    lookup_job_t *l = sp_xcalloc(1, sizeof(*l));
+    l->c = c;
+    l->job.run = lookup_run;
+    l->job.done = lookup_done;
+    if (gw_job_submit(gw, &l->job) < 0) {
+        free(l);
+        gw_respond_error(rq, 503, "overloaded", NULL, "too many requests are waiting");
+        c->phase = PH_DONE;
+        resp_over(c);
+    }
+}
+
+/* ---- driven by the loop ---- */
+
+void gw_commands_tick(gw_t *gw)
+{
+    int64_t now = sp_mono_ns();
+    int64_t keepalive = gw->cfg->sse_keepalive_s * 1000000000LL;
+    int64_t write_timeout = gw->cfg->sse_write_timeout_s * 1000000000LL;
+
+    /* Nothing is freed synchronously here (uv_close defers it), so the walk is safe. */
+    for (gw_cmd_t *c = gw->commands; c; c = c->next) {
+        if (c->phase == PH_RUNNING && now >= c->deadline_ns) {
+            process_io(c);
+            if (c->phase == PH_RUNNING) {
+                exit_info_t ex;
+                pthread_mutex_lock(&c->mu);
+                made_exit(&ex, c, "timeout waiting for the worker");
+                pthread_mutex_unlock(&c->mu);
+                conclude(c, GW_CMD_END_TIMEOUT, &ex);
+            }
+        }
+        if (!c->req)
+            continue;
+        if (c->sending && now - c->sending_since_ns > write_timeout) {
+            /* Shutting the socket down fails the write; h2o then calls stop. */
+            gw->metrics.streams_closed_slow++;
+            int fd = gw_req_fd(c->req);
+            if (fd >= 0)
+                shutdown(fd, SHUT_RDWR);
+        } else if (!c->sending && c->pending.len == 0 && now - c->last_write_ns >= keepalive) {
+            sp_buf_puts(&c->pending, KEEPALIVE_RECORD);
+            sse_flush(c);
+        }
+    }
+}
+
+void gw_commands_close_all(gw_t *gw, bool force)
+{
+    for (gw_cmd_t *c = gw->commands; c; c = c->next) {
+        if (c->phase == PH_RUNNING) {
+            process_io(c);
+            if (c->phase == PH_RUNNING) {
+                exit_info_t ex;
+                pthread_mutex_lock(&c->mu);
+                made_exit(&ex, c, "the gateway is stopping; the command keeps running");
+                pthread_mutex_unlock(&c->mu);
+                conclude(c, GW_CMD_END_SHUTDOWN, &ex);
+            }
+        }
+        if (force && c->req && c->sending) {
+            int fd = gw_req_fd(c->req);
+            if (fd >= 0)
+                shutdown(fd, SHUT_RDWR);
+        }
+    }
+}
