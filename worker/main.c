@@ -29,6 +29,9 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_INT_OPT("image-mb", wk_config_t, image_mb, 256, 16 * 1024 * 1024, "20480",
                    "size of the sparse btrfs image when volume-dir is not btrfs"),
     SP_CFG_STR_OPT("runsc", wk_config_t, runsc, "runsc", "runsc program"),
+    SP_CFG_STR_OPT("agent", wk_config_t, agent, NULL,
+                   "the static space-agent binary put into every sandbox (default: next to "
+                   "space-worker)"),
     SP_CFG_STR_OPT("runsc-platform", wk_config_t, runsc_platform, "ptrace", "ptrace or kvm"),
     SP_CFG_STR_OPT("net-prefix", wk_config_t, net_prefix, "10.200",
                    "first two octets of the sandbox address pool (a /16 inside netns only)"),
@@ -74,6 +77,20 @@ static void *heartbeat_main(void *arg)
     return NULL;
 }
 
+/* A program installed next to this one (heap path). */
+static char *sibling_program(const char *name)
+{
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0)
+        return sp_xstrdup(name);
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash)
+        *slash = '\0';
+    return sp_xasprintf("%s/%s", exe, name);
+}
+
 static int prepare_templates(wk_t *w)
 {
     char *list = sp_xstrdup(w->cfg->templates), *save = NULL;
@@ -101,7 +118,7 @@ int main(int argc, char **argv)
 {
     wk_config_t cfg = {0};
     wk_t w = {.cfg = &cfg};
-    char *err = NULL, *volume_dir = NULL;
+    char *err = NULL, *volume_dir = NULL, *agent_path = NULL;
     char herr[WK_ERR_MAX] = "";
     int argi = 0, code = 1, rc;
     sp_log_level_t level;
@@ -140,6 +157,7 @@ int main(int argc, char **argv)
 
     volume_dir =
         cfg.volume_dir[0] ? sp_xstrdup(cfg.volume_dir) : sp_xasprintf("%s/volumes", cfg.state_dir);
+    agent_path = cfg.agent[0] ? sp_xstrdup(cfg.agent) : sibling_program("space-agent");
     wk_host_config_t hc = {
         .worker_id = cfg.id,
         .state_dir = cfg.state_dir,
@@ -148,6 +166,7 @@ int main(int argc, char **argv)
         .runsc = cfg.runsc,
         .runsc_platform = cfg.runsc_platform,
         .net_prefix = cfg.net_prefix,
+        .agent_path = agent_path,
     };
     if ((rc = wk_host_open(&hc, &w.host, herr)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot prepare the host", SP_KS("error", herr),
@@ -183,6 +202,8 @@ int main(int argc, char **argv)
         goto out;
     PQfinish(db);
     db = NULL;
+    if (wk_commands_start(&w) < 0)
+        goto out;
     if (pthread_create(&hb, NULL, heartbeat_main, &w) == 0)
         hb_started = 1;
     wk_serve(&w, &stopping);
@@ -194,9 +215,13 @@ out:
     PQfinish(db);
     sp_bus_free(w.bus);
     wk_host_close(w.host);
+    wk_commands_stop(&w);
+    for (size_t i = 0; i < w.n_owned; i++)
+        wk_box_put(w.owned[i]);
     wk_strv_free(w.templates, w.n_templates);
     free(w.owned);
     free(volume_dir);
+    free(agent_path);
     pthread_mutex_destroy(&w.mu);
     sp_config_dispose(options, N_OPTIONS, &cfg);
     free(err);

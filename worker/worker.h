@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "bus.h"
+#include "worker_agent.h"
 #include "worker_runtime.h"
 
 typedef struct {
@@ -18,6 +19,7 @@ typedef struct {
     char *volume_dir;
     int64_t image_mb;
     char *runsc;
+    char *agent;
     char *runsc_platform;
     char *net_prefix;
     char *templates;         /* comma-separated, prepared at start */
@@ -32,13 +34,26 @@ typedef struct {
     char *log_format;
 } wk_config_t;
 
-/* A sandbox this worker owns. */
-typedef struct {
-    char id[65];
-    uint32_t vcpu, memory_mb;
-} wk_owned_t;
+typedef struct wk wk_t;
+typedef struct wk_cmd wk_cmd_t;
 
+/* A sandbox this worker owns. Heap, reference-counted: the owned table holds one reference,
+ * every user (an exec request on a NATS thread, the agent's callbacks) takes its own. */
 typedef struct {
+    wk_t *w;
+    char id[65];
+    char tenant[65];
+    uint32_t vcpu, memory_mb;
+    int refs; /* under w->mu */
+
+    pthread_mutex_t mu; /* guards what follows */
+    wk_agent_t *agent;  /* NULL: no channel (adopted after a worker restart, or lost) */
+    bool agent_lost;
+    wk_cmd_t *cmds; /* running commands */
+    size_t n_cmds;
+} wk_box_t;
+
+struct wk {
     const wk_config_t *cfg;
     sp_bus_t *bus;
     wk_host_t *host;
@@ -46,12 +61,13 @@ typedef struct {
     uint32_t vcpu_total;
     uint64_t memory_mb_total;
 
-    pthread_mutex_t mu; /* guards owned and templates */
-    wk_owned_t *owned;
+    pthread_mutex_t mu; /* guards owned, refs and templates */
+    wk_box_t **owned;
     size_t n_owned, cap_owned;
     char **templates;
     size_t n_templates;
-} wk_t;
+    sp_bus_sub_t *exec_sub; /* space.io.wkr.<id>.exec */
+};
 
 /* Compares what the log says this worker owns with what the host shows: adopts sandboxes
  * still running (SandboxAdopted), fails the ones that are gone (SandboxFailed "lost"),
@@ -65,9 +81,23 @@ int wk_serve(wk_t *w, volatile int *stop);
 /* Publishes one heartbeat. */
 int wk_heartbeat(wk_t *w);
 
-/* Owned-sandbox table (locks inside). */
-int wk_owned_add(wk_t *w, const char *id, uint32_t vcpu, uint32_t memory_mb);
-int wk_owned_remove(wk_t *w, const char *id);
+/* Owned-sandbox table (locks inside). add returns the new box with one reference for the
+ * caller (NULL if the id is owned already); get takes a reference (NULL if not owned); put
+ * drops one; remove takes the box out of the table and hands the table's reference to the
+ * caller (NULL if not owned). The last put closes the agent channel and frees. */
+wk_box_t *wk_owned_add(wk_t *w, const char *id, const char *tenant, uint32_t vcpu,
+                       uint32_t memory_mb);
+wk_box_t *wk_owned_get(wk_t *w, const char *id);
+wk_box_t *wk_owned_remove(wk_t *w, const char *id);
+void wk_box_put(wk_box_t *b);
 int wk_owned_has(wk_t *w, const char *id);
+
+/* Commands (worker_commands.c): serve ExecRequests from the data plane. */
+int wk_commands_start(wk_t *w);
+void wk_commands_stop(wk_t *w);
+/* Attaches the agent channel of a new sandbox (takes the fds; -1 fds: no channel). */
+int wk_box_attach_agent(wk_box_t *b, int to_fd, int from_fd);
+/* Ends every running command of the box with error (the sandbox is going away). */
+void wk_box_fail_commands(wk_box_t *b, const char *error);
 
 #endif

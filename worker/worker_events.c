@@ -21,50 +21,85 @@
 #include "worker.h"
 #include "xmalloc.h"
 
-int wk_owned_add(wk_t *w, const char *id, uint32_t vcpu, uint32_t memory_mb)
+wk_box_t *wk_owned_add(wk_t *w, const char *id, const char *tenant, uint32_t vcpu,
+                       uint32_t memory_mb)
 {
     pthread_mutex_lock(&w->mu);
     for (size_t i = 0; i < w->n_owned; i++) {
-        if (strcmp(w->owned[i].id, id) == 0) {
+        if (strcmp(w->owned[i]->id, id) == 0) {
             pthread_mutex_unlock(&w->mu);
-            return 0;
+            return NULL;
         }
     }
     if (w->n_owned == w->cap_owned) {
         w->cap_owned = w->cap_owned ? w->cap_owned * 2 : 32;
         w->owned = sp_xreallocarray(w->owned, w->cap_owned, sizeof(*w->owned));
     }
-    wk_owned_t *o = &w->owned[w->n_owned++];
-    snprintf(o->id, sizeof(o->id), "%s", id);
-    o->vcpu = vcpu;
-    o->memory_mb = memory_mb;
+    wk_box_t *b = sp_xcalloc(1, sizeof(*b));
+    b->w = w;
+    snprintf(b->id, sizeof(b->id), "%s", id);
+    snprintf(b->tenant, sizeof(b->tenant), "%s", tenant);
+    b->vcpu = vcpu;
+    b->memory_mb = memory_mb;
+    b->refs = 2; /* the table's and the caller's */
+    pthread_mutex_init(&b->mu, NULL);
+    w->owned[w->n_owned++] = b;
     pthread_mutex_unlock(&w->mu);
-    return 1;
+    return b;
 }
 
-int wk_owned_remove(wk_t *w, const char *id)
+wk_box_t *wk_owned_get(wk_t *w, const char *id)
 {
-    int found = 0;
+    wk_box_t *b = NULL;
+    pthread_mutex_lock(&w->mu);
+    for (size_t i = 0; i < w->n_owned && !b; i++) {
+        if (strcmp(w->owned[i]->id, id) == 0) {
+            b = w->owned[i];
+            b->refs++;
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+    return b;
+}
+
+wk_box_t *wk_owned_remove(wk_t *w, const char *id)
+{
+    wk_box_t *b = NULL;
     pthread_mutex_lock(&w->mu);
     for (size_t i = 0; i < w->n_owned; i++) {
-        if (strcmp(w->owned[i].id, id) == 0) {
+        if (strcmp(w->owned[i]->id, id) == 0) {
+            b = w->owned[i];
             w->owned[i] = w->owned[--w->n_owned];
-            found = 1;
             break;
         }
     }
     pthread_mutex_unlock(&w->mu);
-    return found;
+    return b;
+}
+
+void wk_box_put(wk_box_t *b)
+{
+    if (!b)
+        return;
+    wk_t *w = b->w;
+    pthread_mutex_lock(&w->mu);
+    int last = --b->refs == 0;
+    pthread_mutex_unlock(&w->mu);
+    if (!last)
+        return;
+    /* Closing joins the reader thread, whose callbacks hold references of their own: none
+     * can be running now. */
+    wk_agent_close(b->agent);
+    wk_box_fail_commands(b, "sandbox released");
+    pthread_mutex_destroy(&b->mu);
+    free(b);
 }
 
 int wk_owned_has(wk_t *w, const char *id)
 {
-    int found = 0;
-    pthread_mutex_lock(&w->mu);
-    for (size_t i = 0; i < w->n_owned && !found; i++)
-        found = strcmp(w->owned[i].id, id) == 0;
-    pthread_mutex_unlock(&w->mu);
-    return found;
+    wk_box_t *b = wk_owned_get(w, id);
+    wk_box_put(b);
+    return b != NULL;
 }
 
 int wk_heartbeat(wk_t *w)
@@ -94,8 +129,8 @@ int wk_heartbeat(wk_t *w)
 
     pthread_mutex_lock(&w->mu);
     for (size_t i = 0; i < w->n_owned; i++) {
-        vcpu_used += w->owned[i].vcpu;
-        mem_used += w->owned[i].memory_mb;
+        vcpu_used += w->owned[i]->vcpu;
+        mem_used += w->owned[i]->memory_mb;
     }
     hb.sandboxes_running = (uint32_t)w->n_owned;
     /* Overcommitted sandboxes may exceed the totals; the schema wants used <= total. */
@@ -168,7 +203,13 @@ static int on_placed(wk_t *w, const sp_envelope_t *ev)
                SP_KS("corr", ev->correlation_id));
         return publish_fact(w, &env, "failed", ev->event_id);
     }
-    wk_owned_add(w, sbx, spec.vcpu, spec.memory_mb);
+    wk_box_t *box = wk_owned_add(w, sbx, ev->tenant, spec.vcpu, spec.memory_mb);
+    if (box) {
+        if (wk_box_attach_agent(box, info.agent_to_fd, info.agent_from_fd) < 0)
+            sp_log(SP_LOG_WARN, "no agent channel: commands will be refused", SP_KS("sandbox", sbx),
+                   SP_KS("corr", ev->correlation_id));
+        wk_box_put(box);
+    }
     Space__V1__SandboxStarted started = SPACE__V1__SANDBOX_STARTED__INIT;
     started.worker = w->cfg->id;
     started.runtime = "gvisor";
@@ -185,6 +226,13 @@ static int on_delete(wk_t *w, const sp_envelope_t *ev)
 {
     const char *sbx = ev->aggregate->id;
     char err[WK_ERR_MAX] = "";
+    /* Commands first: their callers hear why, and the agent channel closes before the
+     * sandbox under it goes. */
+    wk_box_t *box = wk_owned_remove(w, sbx);
+    if (box) {
+        wk_box_fail_commands(box, "sandbox deleted");
+        wk_box_put(box);
+    }
     int rc = wk_sandbox_destroy(w->host, sbx, err);
     if (rc < 0) {
         /* Leave it for redelivery: a half-released sandbox must not be reported deleted. */
@@ -192,7 +240,6 @@ static int on_delete(wk_t *w, const sp_envelope_t *ev)
                SP_KS("corr", ev->correlation_id));
         return rc;
     }
-    wk_owned_remove(w, sbx);
     sp_envelope_t env;
     Space__V1__Aggregate agg;
     Space__V1__SandboxDeleted del = SPACE__V1__SANDBOX_DELETED__INIT;

@@ -114,8 +114,12 @@ int wk_reconcile(wk_t *w, PGconn *db)
         sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
         Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
         if (hs == WK_RUNNING) {
-            wk_owned_add(w, sbx, (uint32_t)strtoul(PQgetvalue(r, i, 3), NULL, 10),
-                         (uint32_t)strtoul(PQgetvalue(r, i, 4), NULL, 10));
+            /* The agent's pipes died with the previous worker: commands are refused
+             * ("agent_unavailable") until the channel can be re-established (a later
+             * issue: restore gives the agent new stdio). */
+            wk_box_put(wk_owned_add(w, sbx, tenant,
+                                    (uint32_t)strtoul(PQgetvalue(r, i, 3), NULL, 10),
+                                    (uint32_t)strtoul(PQgetvalue(r, i, 4), NULL, 10)));
             Space__V1__SandboxAdopted ad = SPACE__V1__SANDBOX_ADOPTED__INIT;
             ad.worker = w->cfg->id;
             env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_ADOPTED;

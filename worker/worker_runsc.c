@@ -2,9 +2,11 @@
  *
  * Every runsc call has a timeout (WK_RUNSC_TIMEOUT_MS) and never shares the worker's stdio:
  * `runsc create` hands its own stdin/stdout/stderr to the container's init (runtime-notes.md),
- * so create gets /dev/null for stdin and stdout and a capture pipe for stderr, which the worker
- * closes once create has exited. The init placeholder never writes; a guest that writes to
- * /proc/1/fd/2 later gets EPIPE, and nothing of the guest reaches a host file.
+ * so create gets the two pipes of the agent channel as stdin and stdout (or /dev/null when
+ * there is no agent) and a capture pipe for stderr, which the worker closes once create has
+ * exited. A guest that writes to /proc/1/fd/2 later gets EPIPE, and nothing of the guest
+ * reaches a host file; what it writes to /proc/1/fd/1 reaches the agent channel, which
+ * trusts none of it (worker_agent.c).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -34,8 +36,8 @@ static const char *const CAPS[] = {
     "CAP_NET_RAW", "CAP_SYS_CHROOT",   "CAP_MKNOD",   "CAP_AUDIT_WRITE",
 };
 
-/* A long-running init until the guest agent exists. `sleep & wait` so SIGTERM ends it at
- * once instead of after the sleep. */
+/* The init when the host has no agent (wk_host_config_t.agent_path NULL). `sleep & wait` so
+ * SIGTERM ends it at once instead of after the sleep. */
 static const char *const INIT_ARGS[] = {
     "/bin/sh",
     "-c",
@@ -64,7 +66,10 @@ int wk__runsc_write_config(const wk_host_t *h, const wk__bundle_t *bd, const cha
 
     sp_buf_puts(&b, "{\"ociVersion\":\"1.0.2\",\"process\":{\"terminal\":false,"
                     "\"user\":{\"uid\":0,\"gid\":0},\"args\":");
-    json_strv(&b, INIT_ARGS, sizeof(INIT_ARGS) / sizeof(INIT_ARGS[0]));
+    if (bd->init)
+        json_strv(&b, &bd->init, 1);
+    else
+        json_strv(&b, INIT_ARGS, sizeof(INIT_ARGS) / sizeof(INIT_ARGS[0]));
     sp_buf_puts(&b, ",\"env\":[\"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:"
                     "/bin\",\"HOME=/root\"],\"cwd\":\"/\",\"capabilities\":{\"bounding\":");
     json_strv(&b, CAPS, ncaps);
@@ -128,9 +133,10 @@ enum {
     CALL_REAPER = 1 << 2, /* under a reaper (wk__cmd_t.reaper): the call leaves a sandbox */
 };
 
-/* runsc <global flags> <sub...> */
+/* runsc <global flags> <sub...>; stdio (NULL or {stdin, stdout}) for create. */
 static int runsc_call(const wk_host_t *h, const char *const *sub, size_t nsub, unsigned flags,
-                      wk_out_mode_t mode, char *out, size_t out_len, int *ret_exit)
+                      const int *stdio, wk_out_mode_t mode, char *out, size_t out_len,
+                      int *ret_exit)
 {
     char *root = sp_xasprintf("--root=%s", h->runsc_root);
     char *platform = sp_xasprintf("--platform=%s", h->platform);
@@ -152,6 +158,11 @@ static int runsc_call(const wk_host_t *h, const char *const *sub, size_t nsub, u
                    .out_mode = mode,
                    .out = out,
                    .out_len = out_len};
+    if (stdio) {
+        c.pass_stdio = true;
+        c.stdin_fd = stdio[0];
+        c.stdout_fd = stdio[1];
+    }
     int rc = wk__run(&c, ret_exit);
     free(argv);
     free(platform);
@@ -169,13 +180,15 @@ static int call_failed(char *err, int rc, int ex, const char *what, const char *
     return wk__fail(err, -EIO, "runsc %s: exit %d: %s", what, ex, line[0] ? line : "no output");
 }
 
-int wk__runsc_create(const wk_host_t *h, const char *id, const char *bundle_dir,
-                     char err[WK_ERR_MAX])
+int wk__runsc_create(const wk_host_t *h, const char *id, const char *bundle_dir, int stdin_fd,
+                     int stdout_fd, char err[WK_ERR_MAX])
 {
     char *out = sp_xmalloc(ERR_CAPTURE);
     const char *sub[] = {"create", "--bundle", bundle_dir, id};
+    int stdio[2] = {stdin_fd, stdout_fd};
     int ex = 0;
-    int rc = runsc_call(h, sub, 4, CALL_NET | CALL_WRAP | CALL_REAPER, WK_OUT_STDERR, out,
+    int rc = runsc_call(h, sub, 4, CALL_NET | CALL_WRAP | CALL_REAPER,
+                        stdin_fd >= 0 && stdout_fd >= 0 ? stdio : NULL, WK_OUT_STDERR, out,
                         ERR_CAPTURE, &ex);
     if (rc < 0 || ex != 0)
         rc = call_failed(err, rc, ex, "create", out);
@@ -188,7 +201,8 @@ int wk__runsc_start(const wk_host_t *h, const char *id, char err[WK_ERR_MAX])
     char *out = sp_xmalloc(ERR_CAPTURE);
     const char *sub[] = {"start", id};
     int ex = 0;
-    int rc = runsc_call(h, sub, 2, CALL_NET | CALL_WRAP, WK_OUT_STDERR, out, ERR_CAPTURE, &ex);
+    int rc =
+        runsc_call(h, sub, 2, CALL_NET | CALL_WRAP, NULL, WK_OUT_STDERR, out, ERR_CAPTURE, &ex);
     if (rc < 0 || ex != 0)
         rc = call_failed(err, rc, ex, "start", out);
     free(out);
@@ -212,7 +226,7 @@ int wk__runsc_delete(const wk_host_t *h, const char *id, char err[WK_ERR_MAX])
     char *out = sp_xmalloc(ERR_CAPTURE);
     const char *sub[] = {"delete", "--force", id};
     int ex = 0;
-    int rc = runsc_call(h, sub, 3, 0, WK_OUT_STDERR, out, ERR_CAPTURE, &ex);
+    int rc = runsc_call(h, sub, 3, 0, NULL, WK_OUT_STDERR, out, ERR_CAPTURE, &ex);
     if (rc < 0 || ex != 0) {
         /* "does not exist" is success; anything else only if the container is gone. */
         int lrc = 0;
@@ -236,7 +250,7 @@ int wk__runsc_exec(const wk_host_t *h, const char *id, const char *const *argv, 
     sub[1] = id;
     for (size_t i = 0; i < n; i++)
         sub[2 + i] = argv[i];
-    int rc = runsc_call(h, sub, n + 2, 0, WK_OUT_BOTH, out, out_len, ret_exit);
+    int rc = runsc_call(h, sub, n + 2, 0, NULL, WK_OUT_BOTH, out, out_len, ret_exit);
     free(sub);
     return rc;
 }
@@ -282,7 +296,7 @@ int wk__runsc_list(const wk_host_t *h, wk_host_sandbox_t **ret_list, size_t *ret
     char *out = sp_xmalloc(LIST_CAPTURE);
     const char *sub[] = {"list", "--format=json"};
     int ex = 0;
-    int rc = runsc_call(h, sub, 2, 0, WK_OUT_STDOUT, out, LIST_CAPTURE, &ex);
+    int rc = runsc_call(h, sub, 2, 0, NULL, WK_OUT_STDOUT, out, LIST_CAPTURE, &ex);
     if (rc == 0 && ex != 0)
         rc = -EIO;
     if (rc == 0 && strlen(out) >= LIST_CAPTURE - 1)

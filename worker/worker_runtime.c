@@ -4,12 +4,14 @@
  * worker_spawn.c (running programs).
  *
  * Create order: bundle directory (the marker that an id is in use: mkdir fails for a second
- * create of the same id, and destroy removes it last), disk snapshot, network, config.json,
- * runsc create, runsc start. Any failure after the marker destroys the id completely, which is
- * exact because everything named after the id was made by this create.
+ * create of the same id, and destroy removes it last), disk snapshot, network, the agent
+ * binary into the snapshot, config.json, runsc create (with the agent channel's pipes as the
+ * init's stdin and stdout), runsc start. Any failure after the marker destroys the id
+ * completely, which is exact because everything named after the id was made by this create.
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +29,12 @@
 
 #define MAX_VCPU      256
 #define MAX_MEMORY_MB (1u << 20)
+/* Where the agent lives in every sandbox (relative to its root) and runs from. */
+#define AGENT_DIR        ".space"
+#define AGENT_FILE       "agent"
+#define AGENT_GUEST_PATH "/.space/agent"
+/* Pipe buffer of the channel: fewer wake-ups per 64 KiB Output frame (best effort). */
+#define AGENT_PIPE_BYTES (1 << 20)
 
 /* ---- files ---- */
 
@@ -155,6 +163,9 @@ int wk_host_open(const wk_host_config_t *cfg, wk_host_t **ret_host, char err[WK_
     const char *platform = cfg->runsc_platform ? cfg->runsc_platform : "ptrace";
     if (!platform_valid(platform))
         return wk__fail(err, SP_ECONFIG, "invalid runsc_platform");
+    if (cfg->agent_path && (cfg->agent_path[0] != '/' || access(cfg->agent_path, R_OK) < 0))
+        return wk__fail(err, SP_ECONFIG, "agent %s: %s", cfg->agent_path,
+                        cfg->agent_path[0] != '/' ? "not an absolute path" : strerror(errno));
     char *runsc = NULL;
     int rc = wk__find_program(cfg->runsc ? cfg->runsc : "runsc", &runsc);
     if (rc < 0)
@@ -179,6 +190,7 @@ int wk_host_open(const wk_host_config_t *cfg, wk_host_t **ret_host, char err[WK_
     h->bundles_dir = sp_xasprintf("%s/bundles", h->state_dir);
     h->templates_dir = sp_xasprintf("%s/templates", h->volume_dir);
     h->sandboxes_dir = sp_xasprintf("%s/sandboxes", h->volume_dir);
+    h->agent_path = cfg->agent_path ? sp_xstrdup(cfg->agent_path) : NULL;
     pthread_mutex_init(&h->pool_lock, NULL);
     pthread_mutex_init(&h->tmpl_lock, NULL);
     pthread_cond_init(&h->tmpl_cond, NULL);
@@ -230,6 +242,7 @@ void wk_host_close(wk_host_t *h)
     free(h->bundles_dir);
     free(h->templates_dir);
     free(h->sandboxes_dir);
+    free(h->agent_path);
     free(h);
 }
 
@@ -238,6 +251,102 @@ void wk_host_close(wk_host_t *h)
 static double ms_since(int64_t t_us)
 {
     return (double)(wk__now_us() - t_us) / 1000.0;
+}
+
+static void close_fd(int *fd)
+{
+    if (*fd >= 0) {
+        close(*fd);
+        *fd = -1;
+    }
+}
+
+/* Copies the agent binary to <rootfs>/.space/agent, root-owned, mode 0755. The rootfs is a
+ * snapshot of a template, which may in time come from a guest: nothing in it is followed
+ * (no symlink for .space or agent), and an existing agent is replaced, not written through. */
+static int install_agent(const wk_host_t *h, const char *rootfs, char err[WK_ERR_MAX])
+{
+    int rc = 0, root = -1, dir = -1, in = -1, out = -1;
+    char *buf = NULL;
+    root = open(rootfs, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (root < 0) {
+        rc = wk__fail(err, -errno, "open %s: %s", rootfs, strerror(errno));
+        goto out;
+    }
+    if (mkdirat(root, AGENT_DIR, 0755) < 0 && errno != EEXIST) {
+        rc = wk__fail(err, -errno, "mkdir /%s in the sandbox: %s", AGENT_DIR, strerror(errno));
+        goto out;
+    }
+    dir = openat(root, AGENT_DIR, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (dir < 0 || fstat(dir, &st) < 0) {
+        rc = wk__fail(err, -errno, "open /%s in the sandbox: %s", AGENT_DIR, strerror(errno));
+        goto out;
+    }
+    if ((st.st_uid != 0 || st.st_gid != 0) && fchown(dir, 0, 0) < 0) {
+        rc = wk__fail(err, -errno, "chown /%s in the sandbox: %s", AGENT_DIR, strerror(errno));
+        goto out;
+    }
+    if ((st.st_mode & 07777) != 0755 && fchmod(dir, 0755) < 0) {
+        rc = wk__fail(err, -errno, "chmod /%s in the sandbox: %s", AGENT_DIR, strerror(errno));
+        goto out;
+    }
+    if (unlinkat(dir, AGENT_FILE, 0) < 0 && errno != ENOENT) {
+        rc = wk__fail(err, -errno, "replace %s in the sandbox: %s", AGENT_GUEST_PATH,
+                      strerror(errno));
+        goto out;
+    }
+    in = open(h->agent_path, O_RDONLY | O_CLOEXEC);
+    if (in < 0) {
+        rc = wk__fail(err, -errno, "open agent %s: %s", h->agent_path, strerror(errno));
+        goto out;
+    }
+    out = openat(dir, AGENT_FILE, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0700);
+    if (out < 0) {
+        rc = wk__fail(err, -errno, "create %s in the sandbox: %s", AGENT_GUEST_PATH,
+                      strerror(errno));
+        goto out;
+    }
+    buf = sp_xmalloc(1 << 16);
+    for (;;) {
+        ssize_t n = read(in, buf, 1 << 16);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            rc = wk__fail(err, -errno, "read agent %s: %s", h->agent_path, strerror(errno));
+            goto out;
+        }
+        if (n == 0)
+            break;
+        for (ssize_t off = 0; off < n;) {
+            ssize_t w = write(out, buf + off, (size_t)(n - off));
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w < 0) {
+                rc = wk__fail(err, -errno, "write %s in the sandbox: %s", AGENT_GUEST_PATH,
+                              strerror(errno));
+                goto out;
+            }
+            off += w;
+        }
+    }
+    if (fchown(out, 0, 0) < 0 || fchmod(out, 0755) < 0) {
+        rc =
+            wk__fail(err, -errno, "chmod %s in the sandbox: %s", AGENT_GUEST_PATH, strerror(errno));
+        goto out;
+    }
+    int fd = out;
+    out = -1;
+    if (close(fd) < 0)
+        rc =
+            wk__fail(err, -errno, "close %s in the sandbox: %s", AGENT_GUEST_PATH, strerror(errno));
+out:
+    free(buf);
+    close_fd(&out);
+    close_fd(&in);
+    close_fd(&dir);
+    close_fd(&root);
+    return rc;
 }
 
 int wk_sandbox_create(wk_host_t *h, const wk_sandbox_spec_t *spec, wk_sandbox_info_t *ret_info,
@@ -259,8 +368,12 @@ int wk_sandbox_create(wk_host_t *h, const wk_sandbox_spec_t *spec, wk_sandbox_in
     char *netns_path = sp_xasprintf("%s/%s", WK_NETNS_DIR, netns);
     wk_sandbox_info_t info;
     memset(&info, 0, sizeof(info));
+    info.agent_to_fd = info.agent_from_fd = -1;
+    /* The agent channel: to[1] and from[0] are the host's ends, to[0] and from[1] the init's
+     * stdin and stdout, which only runsc create's child gets (close-on-exec here). */
+    int to[2] = {-1, -1}, from[2] = {-1, -1};
     bool marked = false;
-    double snap_ms = 0, net_ms = 0, create_ms = 0, start_ms = 0;
+    double snap_ms = 0, net_ms = 0, agent_ms = 0, create_ms = 0, start_ms = 0;
     int rc;
 
     bool ro = false;
@@ -288,17 +401,36 @@ int wk_sandbox_create(wk_host_t *h, const wk_sandbox_spec_t *spec, wk_sandbox_in
         goto out;
     net_ms = ms_since(t);
 
+    if (h->agent_path) {
+        t = wk__now_us();
+        rc = install_agent(h, rootfs, err);
+        if (rc < 0)
+            goto out;
+        if (pipe2(to, O_CLOEXEC) < 0 || pipe2(from, O_CLOEXEC) < 0) {
+            rc = wk__fail(err, -errno, "agent pipes: %s", strerror(errno));
+            goto out;
+        }
+        (void)fcntl(from[0], F_SETPIPE_SZ, AGENT_PIPE_BYTES);
+        (void)fcntl(to[1], F_SETPIPE_SZ, AGENT_PIPE_BYTES);
+        agent_ms = ms_since(t);
+    }
+
     wk__bundle_t bd = {.id = id,
                        .rootfs = rootfs,
                        .netns_path = netns_path,
                        .vcpu = spec->vcpu,
-                       .memory_mb = spec->memory_mb};
+                       .memory_mb = spec->memory_mb,
+                       .init = h->agent_path ? AGENT_GUEST_PATH : NULL};
     rc = wk__runsc_write_config(h, &bd, bundle, err);
     if (rc < 0)
         goto out;
 
     t = wk__now_us();
-    rc = wk__runsc_create(h, id, bundle, err);
+    rc = wk__runsc_create(h, id, bundle, to[0], from[1], err);
+    /* The sandbox holds the init's ends now; ours would keep the channel from ever seeing
+     * EOF when the sandbox ends. */
+    close_fd(&to[0]);
+    close_fd(&from[1]);
     if (rc < 0)
         goto out;
     create_ms = ms_since(t);
@@ -311,12 +443,20 @@ int wk_sandbox_create(wk_host_t *h, const wk_sandbox_spec_t *spec, wk_sandbox_in
 
     info.create_ms = (uint32_t)((wk__now_us() - t0) / 1000);
     sp_log(SP_LOG_DEBUG, "sandbox created", SP_KS("sandbox", id), SP_KS("address", info.address),
-           SP_KF("snapshot_ms", snap_ms), SP_KF("net_ms", net_ms),
+           SP_KF("snapshot_ms", snap_ms), SP_KF("net_ms", net_ms), SP_KF("agent_ms", agent_ms),
            SP_KF("runsc_create_ms", create_ms), SP_KF("runsc_start_ms", start_ms),
            SP_KU("total_ms", info.create_ms));
-    if (ret_info)
+    if (ret_info) {
+        info.agent_to_fd = to[1];
+        info.agent_from_fd = from[0];
+        to[1] = from[0] = -1;
         *ret_info = info;
+    }
 out:
+    for (int i = 0; i < 2; i++) {
+        close_fd(&to[i]);
+        close_fd(&from[i]);
+    }
     if (rc < 0 && marked)
         (void)wk_sandbox_destroy(h, id, NULL);
     free(netns_path);

@@ -27,6 +27,9 @@ typedef struct {
     const char *runsc;          /* runsc program */
     const char *runsc_platform; /* "ptrace" (default here) or "kvm" */
     const char *net_prefix;     /* first two octets of the sandbox /30 pool, e.g. "10.200" */
+    const char *agent_path;     /* the static space-agent binary (worker/agent/), copied into
+                                   every sandbox as its init; NULL: a placeholder init and no
+                                   agent channel */
 } wk_host_config_t;
 
 typedef struct wk_host wk_host_t;
@@ -59,13 +62,20 @@ typedef struct {
 typedef struct {
     char address[16];   /* the sandbox's IPv4 address inside its netns */
     uint32_t create_ms; /* snapshot + netns + runsc create + start, as measured */
+    /* The host ends of the agent channel (worker_agent.h): agent_to_fd writes to the agent's
+     * stdin, agent_from_fd reads its stdout. Owned by the caller from then on (close them, or
+     * hand them to wk_agent_open); -1 when the host has no agent_path. */
+    int agent_to_fd;
+    int agent_from_fd;
 } wk_sandbox_info_t;
 
 /* Creates and starts a sandbox: writable btrfs snapshot of the template, netns + veth with a
  * /30 from the pool (no egress yet: the host side has no route out), runsc create + start
- * with CPU and memory limits, a long-running init (a placeholder until the guest agent
- * exists). runsc create runs under a small detached process ("space-reaper") that reaps the
- * sandbox's runsc processes as soon as they exit (PID 1 here reaps orphans only about once a
+ * with CPU and memory limits. The init is space-agent (agent_path, copied to /.space/agent
+ * in the sandbox's disk) with two pipes as its stdin and stdout, whose host ends come back in
+ * ret_info (when ret_info is NULL they are closed); without agent_path, a long-running
+ * placeholder init. runsc create runs under a small detached process ("space-reaper") that reaps
+ * the sandbox's runsc processes as soon as they exit (PID 1 here reaps orphans only about once a
  * second, which made every destroy wait). On failure everything it made is released before
  * it returns. */
 int wk_sandbox_create(wk_host_t *h, const wk_sandbox_spec_t *spec, wk_sandbox_info_t *ret_info,
@@ -77,8 +87,8 @@ int wk_sandbox_create(wk_host_t *h, const wk_sandbox_spec_t *spec, wk_sandbox_in
 int wk_sandbox_destroy(wk_host_t *h, const char *id, char err[WK_ERR_MAX]);
 
 /* Runs argv inside a running sandbox via `runsc exec` and captures stdout+stderr (at most
- * out_len - 1 bytes, NUL-terminated) and the exit code. For tests and diagnostics until the
- * guest agent exists. */
+ * out_len - 1 bytes, NUL-terminated) and the exit code. For tests and diagnostics: commands
+ * go through the agent channel (worker_agent.h). */
 int wk_sandbox_exec(wk_host_t *h, const char *id, const char *const *argv, char *out,
                     size_t out_len, int *ret_exit_code);
 

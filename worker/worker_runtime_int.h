@@ -43,6 +43,7 @@ struct wk_host {
     char *bundles_dir;
     char *templates_dir;
     char *sandboxes_dir;
+    char *agent_path; /* NULL: placeholder init, no agent channel */
 
     /* Held from the address dump until the host side of the new veth has its address, so two
      * creates never pick the same /30. */
@@ -82,7 +83,12 @@ typedef struct {
      * lazily (this project's VMs), milliseconds with the reaper. */
     bool reaper;
     wk_out_mode_t out_mode;
-    int out_fd;     /* WK_OUT_FD */
+    int out_fd; /* WK_OUT_FD */
+    /* The command's stdin and stdout are stdin_fd and stdout_fd (borrowed; dup2'd in the
+     * child only) instead of /dev/null: `runsc create` hands them to the container's init,
+     * the agent channel. out_mode must then be WK_OUT_STDERR or WK_OUT_NULL (for stderr). */
+    bool pass_stdio;
+    int stdin_fd, stdout_fd;
     char *out;      /* WK_OUT_STD*, WK_OUT_BOTH: first out_len - 1 bytes, NUL-terminated */
     size_t out_len; /* the rest is read and dropped */
 } wk__cmd_t;
@@ -136,13 +142,15 @@ typedef struct {
     const char *netns_path;
     uint32_t vcpu;
     uint32_t memory_mb;
+    const char *init; /* path of the init inside the sandbox; NULL: the placeholder */
 } wk__bundle_t;
 
 /* Writes <bundle_dir>/config.json (OCI runtime spec). */
 int wk__runsc_write_config(const wk_host_t *h, const wk__bundle_t *b, const char *bundle_dir,
                            char err[WK_ERR_MAX]);
-int wk__runsc_create(const wk_host_t *h, const char *id, const char *bundle_dir,
-                     char err[WK_ERR_MAX]);
+/* stdin_fd and stdout_fd (borrowed) become the init's stdin and stdout; -1: /dev/null. */
+int wk__runsc_create(const wk_host_t *h, const char *id, const char *bundle_dir, int stdin_fd,
+                     int stdout_fd, char err[WK_ERR_MAX]);
 int wk__runsc_start(const wk_host_t *h, const char *id, char err[WK_ERR_MAX]);
 /* delete --force (kills the sandbox); a container that does not exist is success. */
 int wk__runsc_delete(const wk_host_t *h, const char *id, char err[WK_ERR_MAX]);

@@ -11,6 +11,12 @@
  * process group. It waits for the child only, never for EOF on the capture pipe: runsc hands
  * its stdio to the container, which keeps the write end open for its whole life.
  *
+ * `runsc create` also gets the two pipes of the agent channel as its stdin and stdout
+ * (wk__cmd_t.pass_stdio), which it hands to the container's init: they are dup2'd onto 0 and
+ * 1 in the child only, stay close-on-exec in the worker, and the reaper closes everything but
+ * its status pipe, so the only holders of the agent's ends are the sandbox and the caller
+ * until it closes them.
+ *
  * For `runsc create` the command runs under a reaper (reaper_main): a detached process that is
  * a child subreaper for the sandbox and gofer processes create leaves behind, so they are
  * reaped the moment they die. Orphaned to PID 1 instead, a killed sandbox stays a zombie until
@@ -255,6 +261,7 @@ int wk__run(const wk__cmd_t *c, int *ret_exit)
 {
     int rc = 0;
     int devnull = -1, pipefd[2] = {-1, -1}, statfd[2] = {-1, -1}, pidfd = -1;
+    int copies[2] = {-1, -1}; /* pass_stdio fds that were 0-2, moved up for the dup2s */
     capture_t cap = {.out = c->out, .cap = c->out_len ? c->out_len - 1 : 0};
     if (c->out && c->out_len)
         c->out[0] = '\0';
@@ -286,6 +293,30 @@ int wk__run(const wk__cmd_t *c, int *ret_exit)
         }
         out_fd = err_fd = c->out_fd;
     }
+    int in_fd = devnull;
+    if (c->pass_stdio) {
+        if (c->stdin_fd < 0 || c->stdout_fd < 0 ||
+            (c->out_mode != WK_OUT_STDERR && c->out_mode != WK_OUT_NULL)) {
+            rc = -EINVAL;
+            goto out;
+        }
+        /* Below 3, the child's dup2 onto 0-2 could overwrite one before it is copied. */
+        for (int i = 0; i < 2; i++) {
+            int fd = i == 0 ? c->stdin_fd : c->stdout_fd;
+            if (fd < 3) {
+                copies[i] = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+                if (copies[i] < 0) {
+                    rc = -errno;
+                    goto out;
+                }
+                fd = copies[i];
+            }
+            if (i == 0)
+                in_fd = fd;
+            else
+                out_fd = fd;
+        }
+    }
     if (c->reaper) {
         if (pipe2(statfd, O_CLOEXEC) < 0) {
             rc = -errno;
@@ -306,8 +337,8 @@ int wk__run(const wk__cmd_t *c, int *ret_exit)
     pid_t pid = _Fork();
     if (pid == 0) {
         if (c->reaper)
-            reaper_main(c, devnull, out_fd, err_fd, statfd[1]);
-        child_exec(c, devnull, out_fd, err_fd);
+            reaper_main(c, in_fd, out_fd, err_fd, statfd[1]);
+        child_exec(c, in_fd, out_fd, err_fd);
     }
     int fork_errno = errno;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -441,6 +472,10 @@ out:
             close(pipefd[i]);
         if (statfd[i] >= 0)
             close(statfd[i]);
+    }
+    for (int i = 0; i < 2; i++) {
+        if (copies[i] >= 0)
+            close(copies[i]);
     }
     if (devnull >= 0)
         close(devnull);

@@ -1,0 +1,722 @@
+/* The worker's end of the agent channel (worker_agent.h).
+ *
+ * The agent is inside the sandbox and so is everything that can write to its stdout: each
+ * frame is checked in layers, as the event log checks the bus (docs/architecture.md): the
+ * length prefix before any byte is decoded (WK_AGENT_FRAME_MAX), then the protobuf decode,
+ * then the frame against the channel's state: Hello exactly once and first, only agent ->
+ * worker messages, a cmd_id this worker started and that has not ended, Started once and
+ * before any Output or Exited, stream 1 or 2, 1..WK_AGENT_DATA_MAX bytes of data, an exit
+ * that is either a code 0..255 or a signal, messages of bounded size. The first violation
+ * ends the channel (on_lost "protocol violation: ..."): after one bad frame the stream
+ * cannot be trusted to be in sync. An Error frame without a cmd_id is the agent refusing
+ * one of our frames; it is counted and dropped (it cannot name a command to end).
+ *
+ * Frames are rate-limited with a token bucket (RATE_FRAMES per second): beyond it the reader
+ * slows down rather than fails, which back-pressures the agent through the pipe, so a guest
+ * that floods the channel costs the worker bounded CPU. A command's output beyond OUTPUT_CAP
+ * bytes is dropped and counted (never buffered).
+ *
+ * Writes: one frame at a time under a mutex, non-blocking with poll, so close (or a lost
+ * channel) wakes a writer that waits for a full pipe. A write to a pipe whose agent is gone
+ * fails with EPIPE and raises SIGPIPE: this module assumes the process ignores SIGPIPE (the
+ * daemon does, worker/main.c; so does the integration test). MSG_NOSIGNAL is for sockets
+ * only.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "log.h"
+#include "worker_agent.h"
+#include "xmalloc.h"
+
+#define PROTOCOL    1
+#define CMD_ID_MAX  64
+#define VERSION_MAX 64
+#define MESSAGE_MAX 4096
+#define WHY_MAX     256
+#define READ_BUF    (2 * (WK_AGENT_FRAME_MAX + 4))
+#define RATE_FRAMES 20000.0        /* frames per second, sustained */
+#define RATE_BURST  20000.0        /* frames at once */
+#define OUTPUT_CAP  (256ull << 20) /* output bytes per command passed to on_output */
+
+typedef Space__Agent__V1__AgentFrame frame_t;
+
+typedef struct {
+    char id[CMD_ID_MAX + 1];
+    bool started;
+    uint64_t out_bytes; /* passed to on_output */
+    uint64_t dropped;   /* beyond OUTPUT_CAP */
+} cmd_t;
+
+typedef enum { ST_HELLO = 0, ST_UP, ST_FAILED, ST_LOST } state_t;
+
+struct wk_agent {
+    char sandbox_id[65];
+    wk_agent_callbacks_t cb;
+    int to_fd;   /* writers, under wmu */
+    int from_fd; /* the reader thread only */
+    int wake_fd; /* eventfd, readable once closing or lost: wakes the reader and writers */
+    pthread_t reader;
+
+    pthread_mutex_t wmu; /* one frame at a time on to_fd */
+
+    pthread_mutex_t mu; /* guards what follows */
+    pthread_cond_t cond;
+    state_t state;
+    bool opened;  /* wk_agent_open returned success: callbacks may run */
+    bool closing; /* wk_agent_close began: no callback any more */
+    bool broken;  /* a write failed midway: the stream is not framed any more */
+    char why[WHY_MAX];
+    cmd_t *cmds[WK_AGENT_MAX_COMMANDS];
+    size_t n_cmds;
+
+    /* The reader thread's own. */
+    double tokens;
+    int64_t refill_us;
+    uint64_t ignored_errors;
+};
+
+static int64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static bool cmd_id_valid(const char *s)
+{
+    size_t n = 0;
+    for (; s[n]; n++) {
+        char ch = s[n];
+        if (n >= CMD_ID_MAX ||
+            !((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '-'))
+            return false;
+    }
+    return n > 0;
+}
+
+/* Under mu. */
+static cmd_t *cmd_find(wk_agent_t *a, const char *id, size_t *ret_i)
+{
+    for (size_t i = 0; i < a->n_cmds; i++) {
+        if (strcmp(a->cmds[i]->id, id) == 0) {
+            if (ret_i)
+                *ret_i = i;
+            return a->cmds[i];
+        }
+    }
+    return NULL;
+}
+
+/* Under mu. */
+static void cmd_remove(wk_agent_t *a, size_t i)
+{
+    free(a->cmds[i]);
+    a->cmds[i] = a->cmds[--a->n_cmds];
+}
+
+static void wake_all(wk_agent_t *a)
+{
+    uint64_t one = 1;
+    (void)!write(a->wake_fd, &one, sizeof(one));
+}
+
+/* Copies an agent-supplied message for a callback: at most MESSAGE_MAX bytes, control bytes
+ * and bytes that are not valid UTF-8 replaced by '?', so it is safe in a log line or an
+ * event field. */
+static char *sanitize(const char *s)
+{
+    size_t n = strlen(s);
+    char *out = sp_xmalloc(n + 1);
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)s[i];
+        size_t len = c < 0x80             ? 1
+                     : (c & 0xe0) == 0xc0 ? 2
+                     : (c & 0xf0) == 0xe0 ? 3
+                     : (c & 0xf8) == 0xf0 ? 4
+                                          : 0;
+        bool ok = len > 0 && i + len <= n;
+        for (size_t k = 1; ok && k < len; k++)
+            ok = ((unsigned char)s[i + k] & 0xc0) == 0x80;
+        if (ok && len == 2)
+            ok = c >= 0xc2; /* overlong */
+        if (ok && len == 3) {
+            unsigned char c1 = (unsigned char)s[i + 1];
+            ok = !(c == 0xe0 && c1 < 0xa0) && !(c == 0xed && c1 >= 0xa0); /* overlong, UTF-16 */
+        }
+        if (ok && len == 4) {
+            unsigned char c1 = (unsigned char)s[i + 1];
+            ok = c <= 0xf4 && !(c == 0xf0 && c1 < 0x90) && !(c == 0xf4 && c1 >= 0x90);
+        }
+        if (!ok || (len == 1 && (c < 0x20 || c == 0x7f))) {
+            out[o++] = '?';
+            i++;
+            continue;
+        }
+        memcpy(out + o, s + i, len);
+        o += len;
+        i += len;
+    }
+    out[o] = '\0';
+    return out;
+}
+
+/* ---- writing ---- */
+
+/* Writes all of buf, waiting for room with poll; -EPIPE when the channel is closing or lost
+ * meanwhile, or the agent's end is gone. Under wmu. */
+static int write_all(wk_agent_t *a, const uint8_t *buf, size_t len)
+{
+    size_t off = 0;
+    while (off < len) {
+        ssize_t w = write(a->to_fd, buf + off, len - off);
+        if (w > 0) {
+            off += (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && errno != EAGAIN)
+            return errno == EPIPE ? -EPIPE : -errno;
+        struct pollfd p[2] = {{.fd = a->to_fd, .events = POLLOUT},
+                              {.fd = a->wake_fd, .events = POLLIN}};
+        int r = poll(p, 2, -1);
+        if (r < 0 && errno != EINTR)
+            return -errno;
+        if (r > 0 && (p[1].revents & POLLIN))
+            return -EPIPE;
+    }
+    return 0;
+}
+
+/* Packs and writes one frame. */
+static int send_frame(wk_agent_t *a, const frame_t *f)
+{
+    size_t n = space__agent__v1__agent_frame__get_packed_size(f);
+    if (n > WK_AGENT_FRAME_MAX)
+        return SP_ETOOBIG;
+    uint8_t *buf = sp_xmalloc(n + 4);
+    buf[0] = (uint8_t)(n >> 24);
+    buf[1] = (uint8_t)(n >> 16);
+    buf[2] = (uint8_t)(n >> 8);
+    buf[3] = (uint8_t)n;
+    space__agent__v1__agent_frame__pack(f, buf + 4);
+
+    pthread_mutex_lock(&a->wmu);
+    pthread_mutex_lock(&a->mu);
+    bool usable = a->state == ST_UP && !a->closing && !a->broken;
+    pthread_mutex_unlock(&a->mu);
+    int rc = usable ? write_all(a, buf, n + 4) : -EPIPE;
+    if (rc < 0 && usable) {
+        /* Part of the frame may be in the pipe: nothing after it would be read right. */
+        pthread_mutex_lock(&a->mu);
+        a->broken = true;
+        pthread_mutex_unlock(&a->mu);
+        rc = -EPIPE;
+    }
+    pthread_mutex_unlock(&a->wmu);
+    free(buf);
+    return rc;
+}
+
+int wk_agent_exec(wk_agent_t *a, const Space__Agent__V1__Exec *exec)
+{
+    if (!a || !exec || !exec->cmd_id || !cmd_id_valid(exec->cmd_id) || exec->n_argv == 0 ||
+        !exec->argv || !exec->argv[0] || !exec->argv[0][0])
+        return -EINVAL;
+    frame_t f = SPACE__AGENT__V1__AGENT_FRAME__INIT;
+    f.msg_case = SPACE__AGENT__V1__AGENT_FRAME__MSG_EXEC;
+    f.exec = (Space__Agent__V1__Exec *)exec;
+    if (space__agent__v1__agent_frame__get_packed_size(&f) > WK_AGENT_FRAME_MAX)
+        return SP_ETOOBIG;
+
+    /* Registered before the frame goes out: Started can arrive before send_frame returns. */
+    pthread_mutex_lock(&a->mu);
+    int rc = 0;
+    if (a->state != ST_UP || a->closing || a->broken)
+        rc = -EPIPE;
+    else if (cmd_find(a, exec->cmd_id, NULL))
+        rc = -EEXIST;
+    else if (a->n_cmds >= WK_AGENT_MAX_COMMANDS)
+        rc = -EBUSY;
+    if (rc == 0) {
+        cmd_t *c = sp_xcalloc(1, sizeof(*c));
+        snprintf(c->id, sizeof(c->id), "%s", exec->cmd_id);
+        a->cmds[a->n_cmds++] = c;
+    }
+    pthread_mutex_unlock(&a->mu);
+    if (rc < 0)
+        return rc;
+
+    rc = send_frame(a, &f);
+    if (rc < 0) {
+        pthread_mutex_lock(&a->mu);
+        size_t i;
+        if (cmd_find(a, exec->cmd_id, &i))
+            cmd_remove(a, i);
+        pthread_mutex_unlock(&a->mu);
+    }
+    return rc;
+}
+
+/* 0 if cmd_id names a command that has not ended, else < 0. */
+static int cmd_known(wk_agent_t *a, const char *cmd_id)
+{
+    if (!cmd_id || !cmd_id_valid(cmd_id))
+        return -EINVAL;
+    pthread_mutex_lock(&a->mu);
+    int rc = cmd_find(a, cmd_id, NULL) ? 0 : -ENOENT;
+    pthread_mutex_unlock(&a->mu);
+    return rc;
+}
+
+int wk_agent_stdin(wk_agent_t *a, const char *cmd_id, const uint8_t *data, size_t len, bool eof)
+{
+    if (!a || (len && !data))
+        return -EINVAL;
+    int rc = cmd_known(a, cmd_id);
+    if (rc < 0)
+        return rc;
+    /* In frames of at most WK_AGENT_DATA_MAX bytes; eof rides on the last. */
+    size_t off = 0;
+    do {
+        size_t n = len - off > WK_AGENT_DATA_MAX ? WK_AGENT_DATA_MAX : len - off;
+        Space__Agent__V1__Stdin s = SPACE__AGENT__V1__STDIN__INIT;
+        s.cmd_id = (char *)cmd_id;
+        s.data.data = (uint8_t *)data + off;
+        s.data.len = n;
+        s.eof = eof && off + n == len;
+        frame_t f = SPACE__AGENT__V1__AGENT_FRAME__INIT;
+        f.msg_case = SPACE__AGENT__V1__AGENT_FRAME__MSG_STDIN;
+        f.stdin = &s;
+        rc = send_frame(a, &f);
+        off += n;
+    } while (rc == 0 && off < len);
+    return rc;
+}
+
+int wk_agent_signal(wk_agent_t *a, const char *cmd_id, int sig)
+{
+    if (!a || sig <= 0 || sig > 64)
+        return -EINVAL;
+    int rc = cmd_known(a, cmd_id);
+    if (rc < 0)
+        return rc;
+    Space__Agent__V1__Signal s = SPACE__AGENT__V1__SIGNAL__INIT;
+    s.cmd_id = (char *)cmd_id;
+    s.signal = (uint32_t)sig;
+    frame_t f = SPACE__AGENT__V1__AGENT_FRAME__INIT;
+    f.msg_case = SPACE__AGENT__V1__AGENT_FRAME__MSG_SIGNAL;
+    f.signal = &s;
+    return send_frame(a, &f);
+}
+
+bool wk_agent_alive(wk_agent_t *a)
+{
+    if (!a)
+        return false;
+    pthread_mutex_lock(&a->mu);
+    bool up = a->state == ST_UP && !a->closing && !a->broken;
+    pthread_mutex_unlock(&a->mu);
+    return up;
+}
+
+/* ---- reading ---- */
+
+/* What the reader does after a frame. */
+typedef enum { FRAME_OK = 0, FRAME_BAD } verdict_t;
+
+static verdict_t violation(char why[WHY_MAX], const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static verdict_t violation(char why[WHY_MAX], const char *fmt, ...)
+{
+    int n = snprintf(why, WHY_MAX, "protocol violation: ");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why + n, WHY_MAX - (size_t)n, fmt, ap);
+    va_end(ap);
+    return FRAME_BAD;
+}
+
+/* Waits for the token bucket; false when the channel is closing meanwhile. */
+static bool throttle(wk_agent_t *a)
+{
+    for (;;) {
+        int64_t now = now_us();
+        a->tokens += (double)(now - a->refill_us) * RATE_FRAMES / 1e6;
+        if (a->tokens > RATE_BURST)
+            a->tokens = RATE_BURST;
+        a->refill_us = now;
+        if (a->tokens >= 1.0) {
+            a->tokens -= 1.0;
+            return true;
+        }
+        int ms = (int)((1.0 - a->tokens) * 1000.0 / RATE_FRAMES) + 1;
+        struct pollfd p = {.fd = a->wake_fd, .events = POLLIN};
+        if (poll(&p, 1, ms) > 0)
+            return false;
+    }
+}
+
+/* Validates one decoded frame against the channel state, updates the state and runs its
+ * callback. */
+static verdict_t handle(wk_agent_t *a, const frame_t *f, char why[WHY_MAX])
+{
+    const wk_agent_callbacks_t *cb = &a->cb;
+    pthread_mutex_lock(&a->mu);
+    state_t st = a->state;
+    pthread_mutex_unlock(&a->mu);
+
+    if (st == ST_HELLO) {
+        if (f->msg_case != SPACE__AGENT__V1__AGENT_FRAME__MSG_HELLO)
+            return violation(why, "first frame is not Hello (case %d)", (int)f->msg_case);
+        const Space__Agent__V1__Hello *h = f->hello;
+        if (h->protocol != PROTOCOL)
+            return violation(why, "protocol %u, want %d", h->protocol, PROTOCOL);
+        if (strlen(h->version) > VERSION_MAX)
+            return violation(why, "version longer than %d bytes", VERSION_MAX);
+        char *version = sanitize(h->version);
+        sp_log(SP_LOG_DEBUG, "agent hello", SP_KS("sandbox", a->sandbox_id),
+               SP_KS("version", version), SP_KU("pid", h->pid));
+        free(version);
+        pthread_mutex_lock(&a->mu);
+        a->state = ST_UP;
+        pthread_cond_broadcast(&a->cond);
+        /* No callback before wk_agent_open has returned. */
+        while (!a->opened && !a->closing)
+            pthread_cond_wait(&a->cond, &a->mu);
+        pthread_mutex_unlock(&a->mu);
+        return FRAME_OK;
+    }
+
+    const char *id = NULL;
+    switch (f->msg_case) {
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_STARTED:
+        id = f->started->cmd_id;
+        break;
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_OUTPUT:
+        id = f->output->cmd_id;
+        break;
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_EXITED:
+        id = f->exited->cmd_id;
+        break;
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_ERROR:
+        id = f->error->cmd_id;
+        if (strlen(f->error->message) > MESSAGE_MAX)
+            return violation(why, "Error message longer than %d bytes", MESSAGE_MAX);
+        if (!id[0]) {
+            a->ignored_errors++;
+            char *m = sanitize(f->error->message);
+            sp_log(SP_LOG_DEBUG, "agent refused a frame", SP_KS("sandbox", a->sandbox_id),
+                   SP_KS("error", m), SP_KU("count", a->ignored_errors));
+            free(m);
+            return FRAME_OK;
+        }
+        break;
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_HELLO:
+        return violation(why, "second Hello");
+    default:
+        return violation(why, "unexpected frame (case %d)", (int)f->msg_case);
+    }
+    if (strlen(id) > CMD_ID_MAX)
+        return violation(why, "cmd_id longer than %d bytes", CMD_ID_MAX);
+
+    pthread_mutex_lock(&a->mu);
+    size_t i = 0;
+    cmd_t *c = cmd_find(a, id, &i);
+    verdict_t v = FRAME_OK;
+    bool deliver = true;
+    switch (f->msg_case) {
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_STARTED:
+        if (!c || c->started)
+            v = violation(why, "Started for %s command", c ? "a started" : "an unknown");
+        else if (f->started->pid == 0)
+            v = violation(why, "Started with pid 0");
+        else
+            c->started = true;
+        break;
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_OUTPUT: {
+        const Space__Agent__V1__Output *o = f->output;
+        if (!c || !c->started)
+            v = violation(why, "Output for %s command", c ? "an unstarted" : "an unknown");
+        else if (o->stream != 1 && o->stream != 2)
+            v = violation(why, "Output on stream %u", o->stream);
+        else if (o->data.len == 0 || o->data.len > WK_AGENT_DATA_MAX)
+            v = violation(why, "Output of %zu bytes", o->data.len);
+        else if (c->out_bytes + o->data.len > OUTPUT_CAP) {
+            c->dropped += o->data.len;
+            deliver = false;
+        } else {
+            c->out_bytes += o->data.len;
+        }
+        break;
+    }
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_EXITED: {
+        const Space__Agent__V1__Exited *e = f->exited;
+        bool code = e->exit_code >= 0 && e->exit_code <= 255 && e->signal == 0;
+        bool sig = e->exit_code == -1 && e->signal >= 1 && e->signal <= 64;
+        if (!c || !c->started)
+            v = violation(why, "Exited for %s command", c ? "an unstarted" : "an unknown");
+        else if (!code && !sig)
+            v = violation(why, "Exited with code %d signal %u", e->exit_code, e->signal);
+        else {
+            if (c->dropped)
+                sp_log(SP_LOG_DEBUG, "agent output over the cap dropped",
+                       SP_KS("sandbox", a->sandbox_id), SP_KS("cmd", id),
+                       SP_KU("dropped_bytes", c->dropped));
+            cmd_remove(a, i);
+        }
+        break;
+    }
+    default: /* Error with a cmd_id */
+        if (!c || c->started)
+            v = violation(why, "Error for %s command", c ? "a started" : "an unknown");
+        else
+            cmd_remove(a, i);
+        break;
+    }
+    pthread_mutex_unlock(&a->mu);
+    if (v != FRAME_OK || !deliver)
+        return v;
+
+    switch (f->msg_case) {
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_STARTED:
+        if (cb->on_started)
+            cb->on_started(cb->arg, id, f->started->pid);
+        break;
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_OUTPUT:
+        if (cb->on_output)
+            cb->on_output(cb->arg, id, (int)f->output->stream, f->output->data.data,
+                          f->output->data.len);
+        break;
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_EXITED:
+        if (cb->on_exited)
+            cb->on_exited(cb->arg, id, f->exited->exit_code, (int)f->exited->signal,
+                          f->exited->timed_out);
+        break;
+    default: {
+        char *m = sanitize(f->error->message);
+        if (cb->on_error)
+            cb->on_error(cb->arg, id, m);
+        free(m);
+        break;
+    }
+    }
+    return FRAME_OK;
+}
+
+/* Ends the reader: before Hello the opener learns why; after, on_lost does (unless the
+ * channel is closing, which wants no callback). */
+static void reader_end(wk_agent_t *a, const char *why)
+{
+    pthread_mutex_lock(&a->mu);
+    bool before_hello = a->state == ST_HELLO;
+    bool report = !before_hello && !a->closing;
+    a->state = before_hello ? ST_FAILED : ST_LOST;
+    snprintf(a->why, sizeof(a->why), "%s", why);
+    pthread_cond_broadcast(&a->cond);
+    pthread_mutex_unlock(&a->mu);
+    wake_all(a); /* writers waiting for room give up */
+    /* The agent sees EPIPE from now on instead of filling the pipe. */
+    close(a->from_fd);
+    a->from_fd = -1;
+    if (report) {
+        sp_log(SP_LOG_DEBUG, "agent channel lost", SP_KS("sandbox", a->sandbox_id),
+               SP_KS("why", why));
+        if (a->cb.on_lost)
+            a->cb.on_lost(a->cb.arg, why);
+    }
+}
+
+static void *reader_main(void *arg)
+{
+    wk_agent_t *a = arg;
+    uint8_t *buf = sp_xmalloc(READ_BUF);
+    size_t len = 0;
+    char why[WHY_MAX] = "";
+    for (;;) {
+        struct pollfd p[2] = {{.fd = a->from_fd, .events = POLLIN},
+                              {.fd = a->wake_fd, .events = POLLIN}};
+        int r = poll(p, 2, -1);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            snprintf(why, sizeof(why), "agent channel poll: %s", strerror(errno));
+            break;
+        }
+        if (p[1].revents & POLLIN) {
+            why[0] = '\0'; /* closing */
+            break;
+        }
+        ssize_t n = read(a->from_fd, buf + len, READ_BUF - len);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (n < 0) {
+            snprintf(why, sizeof(why), "agent channel read: %s", strerror(errno));
+            break;
+        }
+        if (n == 0) {
+            snprintf(why, sizeof(why), "agent channel closed (the agent or its sandbox ended)");
+            break;
+        }
+        len += (size_t)n;
+
+        size_t off = 0;
+        verdict_t v = FRAME_OK;
+        while (v == FRAME_OK && len - off >= 4) {
+            const uint8_t *q = buf + off;
+            uint32_t flen =
+                (uint32_t)q[0] << 24 | (uint32_t)q[1] << 16 | (uint32_t)q[2] << 8 | q[3];
+            /* The size first: nothing of a frame over the limit is decoded or buffered. */
+            if (flen > WK_AGENT_FRAME_MAX) {
+                v = violation(why, "frame of %u bytes (limit %d)", flen, WK_AGENT_FRAME_MAX);
+                break;
+            }
+            if (len - off - 4 < flen)
+                break;
+            if (!throttle(a)) {
+                why[0] = '\0';
+                v = FRAME_BAD;
+                break;
+            }
+            frame_t *f = space__agent__v1__agent_frame__unpack(NULL, flen, q + 4);
+            if (!f) {
+                v = violation(why, "undecodable frame of %u bytes", flen);
+                break;
+            }
+            v = handle(a, f, why);
+            space__agent__v1__agent_frame__free_unpacked(f, NULL);
+            off += 4 + (size_t)flen;
+        }
+        if (v != FRAME_OK)
+            break;
+        memmove(buf, buf + off, len - off);
+        len -= off;
+    }
+    free(buf);
+    if (!why[0]) /* only when closing: reader_end reports nothing then */
+        snprintf(why, sizeof(why), "agent channel closed by the worker");
+    reader_end(a, why);
+    return NULL;
+}
+
+/* ---- lifecycle ---- */
+
+int wk_agent_open(int to_agent_fd, int from_agent_fd, const char *sandbox_id,
+                  const wk_agent_callbacks_t *cb, int hello_timeout_ms, wk_agent_t **ret_agent)
+{
+    if (to_agent_fd < 0 || from_agent_fd < 0 || !cb || !ret_agent || hello_timeout_ms < 0) {
+        if (to_agent_fd >= 0)
+            close(to_agent_fd);
+        if (from_agent_fd >= 0)
+            close(from_agent_fd);
+        return -EINVAL;
+    }
+    wk_agent_t *a = sp_xcalloc(1, sizeof(*a));
+    snprintf(a->sandbox_id, sizeof(a->sandbox_id), "%s", sandbox_id ? sandbox_id : "");
+    a->cb = *cb;
+    a->to_fd = to_agent_fd;
+    a->from_fd = from_agent_fd;
+    a->tokens = RATE_BURST;
+    a->refill_us = now_us();
+    pthread_mutex_init(&a->wmu, NULL);
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&a->cond, &ca);
+    pthread_condattr_destroy(&ca);
+
+    int rc = 0;
+    a->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (a->wake_fd < 0) {
+        rc = -errno;
+        goto fail;
+    }
+    /* Our write end only (the agent's read end is another open file description). */
+    int fl = fcntl(a->to_fd, F_GETFL);
+    if (fl < 0 || fcntl(a->to_fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+        rc = -errno;
+        goto fail;
+    }
+    rc = -pthread_create(&a->reader, NULL, reader_main, a);
+    if (rc < 0)
+        goto fail;
+
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += hello_timeout_ms / 1000;
+    dl.tv_nsec += (long)(hello_timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&a->mu);
+    while (a->state == ST_HELLO) {
+        if (pthread_cond_timedwait(&a->cond, &a->mu, &dl) == ETIMEDOUT)
+            break;
+    }
+    if (a->state == ST_HELLO)
+        rc = SP_ETIMEOUT;
+    else if (a->state != ST_UP)
+        rc = strstr(a->why, "protocol violation") ? -EPROTO : -EPIPE;
+    if (rc == 0) {
+        a->opened = true;
+        pthread_cond_broadcast(&a->cond);
+    } else {
+        sp_log(SP_LOG_DEBUG, "agent channel did not open", SP_KS("sandbox", a->sandbox_id),
+               SP_KS("why", a->why[0] ? a->why : "no Hello in time"));
+    }
+    pthread_mutex_unlock(&a->mu);
+    if (rc == 0) {
+        *ret_agent = a;
+        return 0;
+    }
+    wk_agent_close(a);
+    return rc;
+fail:
+    if (a->wake_fd >= 0)
+        close(a->wake_fd);
+    a->wake_fd = -1;
+    close(a->to_fd);
+    close(a->from_fd);
+    pthread_mutex_destroy(&a->wmu);
+    pthread_mutex_destroy(&a->mu);
+    pthread_cond_destroy(&a->cond);
+    free(a);
+    return rc;
+}
+
+void wk_agent_close(wk_agent_t *a)
+{
+    if (!a)
+        return;
+    pthread_mutex_lock(&a->mu);
+    a->closing = true;
+    pthread_cond_broadcast(&a->cond);
+    pthread_mutex_unlock(&a->mu);
+    wake_all(a);
+    pthread_join(a->reader, NULL);
+    if (a->from_fd >= 0)
+        close(a->from_fd);
+    close(a->to_fd);
+    close(a->wake_fd);
+    for (size_t i = 0; i < a->n_cmds; i++)
+        free(a->cmds[i]);
+    pthread_mutex_destroy(&a->wmu);
+    pthread_mutex_destroy(&a->mu);
+    pthread_cond_destroy(&a->cond);
+    free(a);
+}

@@ -1,0 +1,63 @@
+/* The worker's end of the agent channel of one sandbox: length-prefixed AgentFrame messages
+ * (proto/agent.proto; 4-byte big-endian length) over two pipes that are the stdin and stdout
+ * of the sandbox's PID 1, space-agent (worker/agent/).
+ *
+ * Everything read from the agent is untrusted (any root process in the guest can write to
+ * /proc/1/fd/1): every frame is size-checked before decoding (WK_AGENT_FRAME_MAX), decoded,
+ * validated (known cmd_id, stream 1 or 2, data within limits, Exited once per command), and
+ * rate-limited; a violation closes the channel and reports it through on_lost with a reason.
+ * Output beyond the per-command cap is dropped and counted, never buffered.
+ *
+ * Threads: a reader thread per channel runs the callbacks (one at a time, in frame order);
+ * wk_agent_exec/stdin/signal may be called from any thread. Callbacks must not call
+ * wk_agent_close.
+ */
+#ifndef SPACE_WORKER_AGENT_H
+#define SPACE_WORKER_AGENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "agent.pb-c.h"
+
+#define WK_AGENT_FRAME_MAX (128 * 1024) /* a frame larger than this is a protocol violation */
+#define WK_AGENT_DATA_MAX  (64 * 1024)  /* data bytes of one Output frame */
+
+typedef struct wk_agent wk_agent_t;
+
+typedef struct {
+    void (*on_started)(void *arg, const char *cmd_id, uint32_t pid);
+    /* stream 1 = stdout, 2 = stderr; data borrowed for the call. */
+    void (*on_output)(void *arg, const char *cmd_id, int stream, const uint8_t *data, size_t len);
+    /* Last callback of a command: no on_output for it follows. */
+    void (*on_exited)(void *arg, const char *cmd_id, int exit_code, int signal, bool timed_out);
+    /* The agent could not carry out a request for cmd_id (bad cwd, exec failed, ...); the
+     * command is over: no other callback for it follows. */
+    void (*on_error)(void *arg, const char *cmd_id, const char *message);
+    /* The channel is gone (EOF, read error, protocol violation: why says which). Commands
+     * still running are lost; no other callback follows. */
+    void (*on_lost)(void *arg, const char *why);
+    void *arg;
+} wk_agent_callbacks_t;
+
+/* Takes ownership of the two fds (closed by wk_agent_close, or before it returns when it
+ * fails), starts the reader thread and waits up to hello_timeout_ms for the agent's Hello:
+ * SP_ETIMEOUT without one, -EPROTO when the first frame is not a valid Hello, -EPIPE when the
+ * channel closed first. */
+int wk_agent_open(int to_agent_fd, int from_agent_fd, const char *sandbox_id,
+                  const wk_agent_callbacks_t *cb, int hello_timeout_ms, wk_agent_t **ret_agent);
+/* Sends an Exec (the caller fills it; cmd_id must be unique on this channel). -EBUSY when
+ * WK_AGENT_MAX_COMMANDS are running; -EPIPE when the channel is lost. */
+#define WK_AGENT_MAX_COMMANDS 256
+int wk_agent_exec(wk_agent_t *a, const Space__Agent__V1__Exec *exec);
+/* Any len (sent in frames of WK_AGENT_DATA_MAX). stdin and signal: -ENOENT when cmd_id is
+ * not running (it may have just exited). */
+int wk_agent_stdin(wk_agent_t *a, const char *cmd_id, const uint8_t *data, size_t len, bool eof);
+int wk_agent_signal(wk_agent_t *a, const char *cmd_id, int sig);
+/* Whether the channel is still up. */
+bool wk_agent_alive(wk_agent_t *a);
+/* Stops the reader, closes the fds, frees. Accepts NULL. */
+void wk_agent_close(wk_agent_t *a);
+
+#endif
