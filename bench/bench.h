@@ -16,6 +16,7 @@ typedef struct {
     unsigned seconds;
     /* create */
     size_t creates;
+    size_t execs;
     const char *home; /* SPACE_HOME: the worker's template rootfs for the baseline */
     char api_host[64];
     int api_port;
@@ -27,5 +28,6 @@ double bench_pct(double *v, size_t n, double p);
 
 int bench_eventlog(bench_ctx_t *c);
 int bench_create(bench_ctx_t *c);
+int bench_exec(bench_ctx_t *c);
 
 #endif

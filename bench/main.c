@@ -20,6 +20,7 @@ typedef struct {
     int64_t rate;
     int64_t seconds;
     int64_t creates;
+    int64_t execs;
     char *api_url;
     char *api_key;
     char *home;
@@ -36,6 +37,7 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_INT_OPT("seconds", bench_config_t, seconds, 1, 3600, "5", "length of a latency run"),
     SP_CFG_INT_OPT("creates", bench_config_t, creates, 1, 100000, "200",
                    "sandboxes created (create bench)"),
+    SP_CFG_INT_OPT("execs", bench_config_t, execs, 1, 1000000, "1000", "commands run (exec bench)"),
     SP_CFG_STR_OPT("api-url", bench_config_t, api_url, "http://127.0.0.1:8080", "the HTTP API"),
     SP_CFG_STR_OPT("api-key", bench_config_t, api_key, NULL, "API key (create bench)"),
     SP_CFG_STR_OPT("home", bench_config_t, home, "./var", "SPACE_HOME of the stack"),
@@ -58,8 +60,9 @@ int main(int argc, char **argv)
         goto out;
     }
     if (argi + 1 != argc ||
-        (strcmp(argv[argi], "eventlog") != 0 && strcmp(argv[argi], "create") != 0)) {
-        fprintf(stderr, "usage: space-bench [options] eventlog|create\n");
+        (strcmp(argv[argi], "eventlog") != 0 && strcmp(argv[argi], "create") != 0 &&
+         strcmp(argv[argi], "exec") != 0)) {
+        fprintf(stderr, "usage: space-bench [options] eventlog|create|exec\n");
         goto out;
     }
     sp_log_init("space-bench", SP_LOG_WARN, SP_LOG_KV);
@@ -80,14 +83,15 @@ int main(int argc, char **argv)
     c.rate = (unsigned)cfg.rate;
     c.seconds = (unsigned)cfg.seconds;
     c.creates = (size_t)cfg.creates;
+    c.execs = (size_t)cfg.execs;
     c.home = cfg.home;
     c.api_key = cfg.api_key;
-    if (strcmp(argv[argi], "create") == 0) {
+    if (strcmp(argv[argi], "eventlog") != 0) {
         if (sp_httpc_parse_url(cfg.api_url, c.api_host, sizeof(c.api_host), &c.api_port) < 0) {
             fprintf(stderr, "space-bench: bad --api-url\n");
             goto out;
         }
-        code = bench_create(&c);
+        code = strcmp(argv[argi], "create") == 0 ? bench_create(&c) : bench_exec(&c);
     } else {
         code = bench_eventlog(&c);
     }

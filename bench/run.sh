@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs one benchmark against a fresh local stack in a temporary SPACE_HOME, then removes it.
-# Usage: bench/run.sh eventlog|create [space-bench options]   (build first: see README.md)
+# Usage: bench/run.sh eventlog|create|exec [space-bench options]   (build first: see README.md)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${SPACE_BIN_DIR:-$here/build/bin}
@@ -15,7 +15,7 @@ if [ "$what" = eventlog ]; then
 fi
 "$bin/space" up >/dev/null
 set -a; . "$home/space.env"; set +a
-if [ "$what" = create ]; then
+if [ "$what" != eventlog ]; then
   # The worker announces its templates with its first heartbeat.
   for _ in $(seq 100); do
     curl -sf -H "Authorization: Bearer $SPACE_API_KEY" "$SPACE_API_URL/v1/templates" | grep -q tiny && break

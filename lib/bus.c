@@ -457,8 +457,8 @@ int sp_bus_flush(sp_bus_t *bus, int timeout_ms)
                       "natsConnection_Flush");
 }
 
-int sp_bus_request(sp_bus_t *bus, const char *subject, const void *data, size_t len,
-                   int timeout_ms, uint8_t **ret_data, size_t *ret_len)
+int sp_bus_request(sp_bus_t *bus, const char *subject, const void *data, size_t len, int timeout_ms,
+                   uint8_t **ret_data, size_t *ret_len)
 {
     natsMsg *reply = NULL;
     if (!subject || !ret_data || !ret_len)

@@ -137,13 +137,9 @@ static unsigned allowed_from(sp_event_type_t t)
         return BIT(SP_SBX_RUNNING) | BIT(SP_SBX_PAUSED);
     case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED:
         return BIT(SP_SBX_RUNNING);
-    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED:
-    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT:
-    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED:
-        /* A command may finish while its sandbox is being paused or deleted. */
-        return LIVE | BIT(SP_SBX_FAILED) | BIT(SP_SBX_DELETED);
     default:
-        /* Intents and refusals: any existing sandbox. */
+        /* Intents and refusals: any existing sandbox. Command facts too: a command may
+         * finish while its sandbox is being paused or deleted. */
         return LIVE | BIT(SP_SBX_FAILED) | BIT(SP_SBX_DELETED);
     }
 }

@@ -33,7 +33,7 @@ wk_box_t *wk_owned_add(wk_t *w, const char *id, const char *tenant, uint32_t vcp
     }
     if (w->n_owned == w->cap_owned) {
         w->cap_owned = w->cap_owned ? w->cap_owned * 2 : 32;
-        w->owned = sp_xreallocarray(w->owned, w->cap_owned, sizeof(*w->owned));
+        w->owned = sp_xreallocarray(w->owned, w->cap_owned, sizeof(wk_box_t *));
     }
     wk_box_t *b = sp_xcalloc(1, sizeof(*b));
     b->w = w;

@@ -79,8 +79,8 @@ void sp_bus_unsubscribe(sp_bus_sub_t *s);
 int sp_bus_flush(sp_bus_t *bus, int timeout_ms);
 /* Request/reply over core NATS: sends data and waits up to timeout_ms (0: the bus timeout)
  * for one reply (heap copy, caller frees). SP_ENOTFOUND when nobody listens, SP_ETIMEOUT. */
-int sp_bus_request(sp_bus_t *bus, const char *subject, const void *data, size_t len,
-                   int timeout_ms, uint8_t **ret_data, size_t *ret_len);
+int sp_bus_request(sp_bus_t *bus, const char *subject, const void *data, size_t len, int timeout_ms,
+                   uint8_t **ret_data, size_t *ret_len);
 
 /* A pull consumer on SP_BUS_STREAM.
  * durable: the consumer's durable name. filter: subject filter (one: nats-server 2.9).

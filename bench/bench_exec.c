@@ -1,0 +1,119 @@
+/* space-bench exec: the round trip of `echo hi` in a running sandbox through the HTTP API
+ * (POST /v1/sandboxes/{id}/commands with Accept: application/json, until the answer with the
+ * exit code), next to `runsc exec` of the same command in the same sandbox, alternating in
+ * the same run. */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "error.h"
+#include "httpc.h"
+#include "ids.h"
+#include "json.h"
+#include "xmalloc.h"
+
+static int http(bench_ctx_t *c, const char *method, const char *path, const char *extra,
+                const char *body, sp_httpc_resp_t *r)
+{
+    sp_httpc_req_t req = {.host = c->api_host,
+                          .port = c->api_port,
+                          .method = method,
+                          .path = path,
+                          .key = c->api_key,
+                          .extra_headers = extra,
+                          .body = body,
+                          .body_len = body ? strlen(body) : 0};
+    return sp_httpc_do(&req, r);
+}
+
+static double api_exec(bench_ctx_t *c, const char *path)
+{
+    sp_httpc_resp_t r;
+    const char *body = "{\"cmd\":\"echo hi\"}";
+    int64_t t0 = sp_mono_ns();
+    int rc = http(c, "POST", path, "Accept: application/json\r\n", body, &r);
+    double ms = (double)(sp_mono_ns() - t0) / 1e6;
+    if (rc < 0 || r.status != 200 || !strstr(r.body, "\"stdout\":\"hi\\n\"")) {
+        fprintf(stderr, "space-bench: exec failed: %s %d %s\n", sp_strerror(rc), r.status,
+                r.body ? r.body : "");
+        exit(1);
+    }
+    sp_httpc_resp_free(&r);
+    return ms;
+}
+
+static double runsc_exec(const char *root, const char *id)
+{
+    int64_t t0 = sp_mono_ns();
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open("/dev/null", O_RDWR);
+        dup2(fd, 0);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execlp("runsc", "runsc", "--root", root, "exec", id, "/bin/echo", "hi", (char *)NULL);
+        _exit(127);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fprintf(stderr, "space-bench: runsc exec failed\n");
+        exit(1);
+    }
+    return (double)(sp_mono_ns() - t0) / 1e6;
+}
+
+int bench_exec(bench_ctx_t *c)
+{
+    sp_httpc_resp_t r;
+    const char *body = "{\"template\":\"tiny\"}";
+    if (http(c, "POST", "/v1/sandboxes", NULL, body, &r) < 0 || r.status != 201) {
+        fprintf(stderr, "space-bench: create failed\n");
+        return 1;
+    }
+    sp_json_doc_t *doc = NULL;
+    char err[SP_JSON_ERR_MAX], id[80] = "";
+    if (sp_json_parse(r.body, r.body_len, NULL, &doc, err) == 0)
+        snprintf(id, sizeof(id), "%s", sp_json_str(sp_json_get(sp_json_root(doc), "id"), NULL));
+    sp_json_doc_free(doc);
+    sp_httpc_resp_free(&r);
+    if (!id[0])
+        return 1;
+
+    char path[160];
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/commands", id);
+    char *root = sp_xasprintf("%s/worker/runsc", c->home);
+    size_t n = c->execs;
+    double *api = sp_xcalloc(n, sizeof(double)), *base = sp_xcalloc(n, sizeof(double));
+    printf("exec round trip: %zu x `echo hi` through HTTP, alternating with %zu x `runsc exec` "
+           "into the same sandbox\n",
+           n, n);
+    api_exec(c, path);
+    runsc_exec(root, id);
+    for (size_t i = 0; i < n; i++) {
+        api[i] = api_exec(c, path);
+        base[i] = runsc_exec(root, id);
+    }
+    double a50 = bench_pct(api, n, 50), a90 = bench_pct(api, n, 90), a99 = bench_pct(api, n, 99);
+    double b50 = bench_pct(base, n, 50), b90 = bench_pct(base, n, 90), b99 = bench_pct(base, n, 99);
+    printf("\n  %-44s %9s %9s %9s\n", "", "p50 ms", "p90 ms", "p99 ms");
+    printf("  %-44s %9.2f %9.2f %9.2f\n", "POST .../commands echo hi -> exit (HTTP)", a50, a90,
+           a99);
+    printf("  %-44s %9.2f %9.2f %9.2f\n", "runsc exec echo hi (baseline)", b50, b90, b99);
+    printf("  %-44s %9.2f %9.2f %9.2f\n", "ratio API / baseline", a50 / b50, a90 / b90, a99 / b99);
+    printf("\nJSON {\"bench\":\"exec\",\"n\":%zu,\"api_ms_p50\":%.2f,\"api_ms_p90\":%.2f,"
+           "\"api_ms_p99\":%.2f,\"runsc_exec_ms_p50\":%.2f,\"runsc_exec_ms_p90\":%.2f,"
+           "\"runsc_exec_ms_p99\":%.2f}\n",
+           n, a50, a90, a99, b50, b90, b99);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
+    if (http(c, "DELETE", path, NULL, NULL, &r) == 0)
+        sp_httpc_resp_free(&r);
+    free(api);
+    free(base);
+    free(root);
+    return 0;
+}
