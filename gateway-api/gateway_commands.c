@@ -47,6 +47,7 @@
 #include "log.h"
 #include "publish.h"
 #include "xmalloc.h"
+#include "text.h"
 
 #define EXEC_TIMEOUT_MS   10000
 #define FLUSH_TIMEOUT_MS  5000
@@ -280,45 +281,6 @@ static void resp_over(gw_cmd_t *c)
 
 /* ---- text ---- */
 
-/* The length of the well-formed UTF-8 sequence at p (Unicode 15, table 3-7), or 0 when it is
- * not one; *partial is set when p[0..avail) is a proper prefix of one. */
-static size_t utf8_seq(const uint8_t *p, size_t avail, bool *partial)
-{
-    uint8_t c = p[0], lo = 0x80, hi = 0xbf;
-    size_t need;
-
-    *partial = false;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xc2 && c <= 0xdf) {
-        need = 2;
-    } else if (c >= 0xe0 && c <= 0xef) {
-        need = 3;
-        if (c == 0xe0)
-            lo = 0xa0;
-        else if (c == 0xed)
-            hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        need = 4;
-        if (c == 0xf0)
-            lo = 0x90;
-        else if (c == 0xf4)
-            hi = 0x8f;
-    } else {
-        return 0;
-    }
-    for (size_t i = 1; i < need; i++) {
-        if (i >= avail) {
-            *partial = true;
-            return 0;
-        }
-        uint8_t b = p[i];
-        if (i == 1 ? (b < lo || b > hi) : (b & 0xc0) != 0x80)
-            return 0;
-    }
-    return need;
-}
-
 /* The length of the longest well-formed prefix; *ret_tail_partial when what follows it is the
  * start of a sequence cut by the end of the buffer. */
 static size_t utf8_prefix(const uint8_t *p, size_t n, bool *ret_tail_partial)
@@ -331,7 +293,7 @@ static size_t utf8_prefix(const uint8_t *p, size_t n, bool *ret_tail_partial)
             continue;
         }
         bool partial;
-        size_t k = utf8_seq(p + i, n - i, &partial);
+        size_t k = sp_utf8_seq(p + i, n - i, &partial);
         if (k == 0) {
             *ret_tail_partial = partial;
             return i;
@@ -345,47 +307,6 @@ static bool utf8_valid(const uint8_t *p, size_t n)
 {
     bool partial;
     return utf8_prefix(p, n, &partial) == n;
-}
-
-/* A JSON string of n bytes of well-formed UTF-8 that may contain any control character (NUL
- * included, as \u0000): command output, unlike event fields, is not text-checked. */
-static void json_str_n(sp_buf_t *b, const uint8_t *p, size_t n)
-{
-    static const char hex[] = "0123456789abcdef";
-    size_t run = 0;
-
-    sp_buf_putc(b, '"');
-    for (size_t i = 0; i < n; i++) {
-        uint8_t c = p[i];
-        if (c >= 0x20 && c != '"' && c != '\\' && c != 0x7f)
-            continue;
-        sp_buf_append(b, p + run, i - run);
-        run = i + 1;
-        switch (c) {
-        case '"':
-            sp_buf_puts(b, "\\\"");
-            break;
-        case '\\':
-            sp_buf_puts(b, "\\\\");
-            break;
-        case '\n':
-            sp_buf_puts(b, "\\n");
-            break;
-        case '\r':
-            sp_buf_puts(b, "\\r");
-            break;
-        case '\t':
-            sp_buf_puts(b, "\\t");
-            break;
-        default: {
-            char esc[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 0xf]};
-            sp_buf_append(b, esc, sizeof(esc));
-            break;
-        }
-        }
-    }
-    sp_buf_append(b, p + run, n - run);
-    sp_buf_putc(b, '"');
 }
 
 /* An error text from the worker (untrusted) or ours, as a JSON value: null when empty. */
@@ -616,7 +537,7 @@ static void sse_record(gw_cmd_t *c, const char *event, const uint8_t *p, size_t 
         gw_b64_encode(&c->pending, p, n);
         sp_buf_putc(&c->pending, '"');
     } else {
-        json_str_n(&c->pending, p, n);
+        sp_buf_json_strn(&c->pending, p, n);
     }
     sp_buf_puts(&c->pending, "}\n\n");
 }
@@ -681,7 +602,7 @@ static void json_output(sp_buf_t *b, const char *name, const sp_buf_t *o)
     const uint8_t *p = (const uint8_t *)(o->data ? o->data : "");
     sp_buf_printf(b, ",\"%s\":", name);
     if (utf8_valid(p, o->len)) {
-        json_str_n(b, p, o->len);
+        sp_buf_json_strn(b, p, o->len);
         return;
     }
     /* Not UTF-8 (binary, or a character cut by the cap): null, and the bytes in base64. */

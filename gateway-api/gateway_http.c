@@ -280,17 +280,6 @@ void gw_respond_error(gw_req_t *rq, int status, const char *code, const char *ex
 
 /* ---- query strings ---- */
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* application/x-www-form-urlencoded decoding (WHATWG URL, section 5.1): '+' is a space. A
  * decoded NUL is refused: values become C strings. */
 static char *url_decode(h2o_mem_pool_t *pool, const char *s, size_t len)
@@ -302,8 +291,8 @@ static char *url_decode(h2o_mem_pool_t *pool, const char *s, size_t len)
             int hi, lo;
             if (i + 2 >= len)
                 return NULL;
-            hi = hexval(s[i + 1]);
-            lo = hexval(s[i + 2]);
+            hi = sp_hex_digit(s[i + 1]);
+            lo = sp_hex_digit(s[i + 2]);
             if (hi < 0 || lo < 0 || (hi == 0 && lo == 0))
                 return NULL;
             out[o++] = (char)(hi * 16 + lo);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "hash.h"
+#include "text.h"
 #include "xmalloc.h"
 
 void sp_buf_init(sp_buf_t *b)
@@ -89,14 +90,27 @@ char *sp_buf_take(sp_buf_t *b)
 
 void sp_buf_json_str(sp_buf_t *b, const char *s)
 {
-    static const char hex[] = "0123456789abcdef";
     if (!s) {
         sp_buf_puts(b, "null");
         return;
     }
+    sp_buf_json_strn(b, s, strlen(s));
+}
+
+void sp_buf_json_strn(sp_buf_t *b, const void *data, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *p = data;
+    size_t run = 0;
+
     sp_buf_putc(b, '"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        switch (*p) {
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = p[i];
+        if (c >= 0x20 && c != '"' && c != '\\' && c != 0x7f)
+            continue;
+        sp_buf_append(b, p + run, i - run);
+        run = i + 1;
+        switch (c) {
         case '"':
             sp_buf_puts(b, "\\\"");
             break;
@@ -112,42 +126,14 @@ void sp_buf_json_str(sp_buf_t *b, const char *s)
         case '\t':
             sp_buf_puts(b, "\\t");
             break;
-        default:
-            if (*p < 0x20 || *p == 0x7f) {
-                char esc[7] = {'\\', 'u', '0', '0', hex[*p >> 4], hex[*p & 0xf], 0};
-                sp_buf_puts(b, esc);
-            } else {
-                sp_buf_putc(b, (char)*p);
-            }
+        default: {
+            char esc[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 0xf]};
+            sp_buf_append(b, esc, sizeof(esc));
+        }
         }
     }
+    sp_buf_append(b, p + run, n - run);
     sp_buf_putc(b, '"');
-}
-
-/* Length of the valid UTF-8 sequence at p (RFC 3629: no overlongs, no surrogates, at most
- * U+10FFFF) that is not a control character; 0 if there is none. */
-static size_t utf8_seq(const unsigned char *p)
-{
-    unsigned c = p[0];
-    if (c >= 0x20 && c < 0x7f)
-        return 1;
-    if (c >= 0xc2 && c <= 0xdf)
-        return (p[1] & 0xc0) == 0x80 && (c != 0xc2 || p[1] >= 0xa0) ? 2 : 0; /* no C1 controls */
-    if (c >= 0xe0 && c <= 0xef) {
-        if ((p[1] & 0xc0) != 0x80 || (p[2] & 0xc0) != 0x80)
-            return 0;
-        if ((c == 0xe0 && p[1] < 0xa0) || (c == 0xed && p[1] >= 0xa0))
-            return 0;
-        return 3;
-    }
-    if (c >= 0xf0 && c <= 0xf4) {
-        if ((p[1] & 0xc0) != 0x80 || (p[2] & 0xc0) != 0x80 || (p[3] & 0xc0) != 0x80)
-            return 0;
-        if ((c == 0xf0 && p[1] < 0x90) || (c == 0xf4 && p[1] >= 0x90))
-            return 0;
-        return 4;
-    }
-    return 0;
 }
 
 void sp_buf_safe_text(sp_buf_t *b, const char *s, size_t max)
@@ -155,7 +141,10 @@ void sp_buf_safe_text(sp_buf_t *b, const char *s, size_t max)
     const unsigned char *p = (const unsigned char *)s;
     size_t used = 0;
     while (*p && used < max) {
-        size_t k = utf8_seq(p);
+        /* Control characters (C0, DEL, C1) are escaped like invalid bytes. */
+        size_t k = (*p < 0x20 || *p == 0x7f) ? 0 : sp_utf8_seq(p, 4, NULL);
+        if (k == 2 && p[0] == 0xc2 && p[1] < 0xa0)
+            k = 0;
         if (k > 0) {
             sp_buf_append(b, p, k);
             p += k;

@@ -8,6 +8,8 @@
 
 #include <openssl/evp.h>
 
+#include "text.h"
+
 const uint8_t SP_CHAIN_GENESIS[SP_SHA256_LEN] = {0};
 
 /* OpenSSL 3 resolves EVP_sha256() through a provider lookup on every init; fetching the
@@ -69,28 +71,17 @@ void sp_hex_encode(const uint8_t *in, size_t len, char *out)
     out[2 * len] = '\0';
 }
 
-static int hex_value(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 int sp_hex_decode(const char *in, uint8_t *out, size_t len)
 {
     /* Validate everything first so out is written only on success. */
     for (size_t i = 0; i < 2 * len; i++)
-        if (hex_value(in[i]) < 0)
+        if (sp_hex_digit(in[i]) < 0)
             return -EINVAL;
     if (in[2 * len] != '\0')
         return -EINVAL;
     for (size_t i = 0; i < len; i++)
-        out[i] =
-            (uint8_t)((unsigned)hex_value(in[2 * i]) << 4 | (unsigned)hex_value(in[2 * i + 1]));
+        out[i] = (uint8_t)((unsigned)sp_hex_digit(in[2 * i]) << 4 |
+                           (unsigned)sp_hex_digit(in[2 * i + 1]));
     return 0;
 }
 

@@ -31,6 +31,7 @@
 
 #include "error.h"
 #include "xmalloc.h"
+#include "text.h"
 
 #define DEFAULT_MAX_BYTES  ((size_t)1 << 20)
 #define DEFAULT_MAX_DEPTH  32
@@ -238,41 +239,6 @@ static int count_node(struct parser *p, size_t off)
     return 0;
 }
 
-/* Length of the valid UTF-8 sequence starting with a non-ASCII byte at s, 0 if invalid.
- * RFC 3629 section 4: no overlong forms (C0, C1, E0 80..9F, F0 80..8F), no UTF-16 surrogates
- * (ED A0..BF), nothing above U+10FFFF (F4 90.., F5..FF). */
-static size_t utf8_seq(const unsigned char *s, size_t avail)
-{
-    unsigned char c = s[0];
-    unsigned char lo = 0x80;
-    unsigned char hi = 0xbf;
-    size_t n;
-
-    if (c >= 0xc2 && c <= 0xdf) {
-        n = 2;
-    } else if (c >= 0xe0 && c <= 0xef) {
-        n = 3;
-        if (c == 0xe0)
-            lo = 0xa0;
-        else if (c == 0xed)
-            hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        n = 4;
-        if (c == 0xf0)
-            lo = 0x90;
-        else if (c == 0xf4)
-            hi = 0x8f;
-    } else {
-        return 0;
-    }
-    if (avail < n || s[1] < lo || s[1] > hi)
-        return 0;
-    for (size_t i = 2; i < n; i++)
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-    return n;
-}
-
 static int hex4(const unsigned char *s, uint32_t *ret)
 {
     uint32_t v = 0;
@@ -418,7 +384,8 @@ static int parse_string(struct parser *p, const char **ret_s, size_t *ret_len)
             n += k;
             continue;
         }
-        if (c >= 0x80 && (k = utf8_seq(p->s + p->pos, p->len - p->pos)) == 0)
+        if (c >= 0x80 &&
+            (k = sp_utf8_seq((const uint8_t *)p->s + p->pos, p->len - p->pos, NULL)) == 0)
             return fail(p, -EINVAL, p->pos, "invalid UTF-8 byte 0x%02x in string", c);
         if ((r = sbuf_reserve(p, n, k, start)) < 0)
             return r;

@@ -1,43 +1,81 @@
-/* Text validation (text.h). */
+/* Text validation (text.h): the one UTF-8 decoder of the project. */
 #include "text.h"
 
-/* Valid UTF-8 without control characters (C0, DEL): what may appear in any text field, so a
- * field can be logged, put into JSON and shown in a terminal without surprises. Scripts
- * (a command line, its arguments) may also hold newlines and tabs. */
+size_t sp_utf8_seq(const uint8_t *p, size_t avail, bool *ret_partial)
+{
+    uint8_t c = p[0], lo = 0x80, hi = 0xbf;
+    size_t need;
+
+    if (ret_partial)
+        *ret_partial = false;
+    if (avail == 0)
+        return 0;
+    if (c < 0x80)
+        return 1;
+    /* RFC 3629 section 4: no overlong forms (C0, C1, E0 80..9F, F0 80..8F), no UTF-16
+     * surrogates (ED A0..BF), nothing above U+10FFFF (F4 90.., F5..FF). */
+    if (c >= 0xc2 && c <= 0xdf) {
+        need = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        need = 3;
+        if (c == 0xe0)
+            lo = 0xa0;
+        else if (c == 0xed)
+            hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        need = 4;
+        if (c == 0xf0)
+            lo = 0x90;
+        else if (c == 0xf4)
+            hi = 0x8f;
+    } else {
+        return 0;
+    }
+    for (size_t i = 1; i < need; i++) {
+        if (i >= avail) {
+            if (ret_partial)
+                *ret_partial = true;
+            return 0;
+        }
+        uint8_t b = p[i];
+        if (i == 1 ? (b < lo || b > hi) : (b & 0xc0) != 0x80)
+            return 0;
+    }
+    return need;
+}
+
+static bool control(uint8_t c, unsigned flags)
+{
+    if (c >= 0x20 && c != 0x7f)
+        return false;
+    return !((flags & SP_TEXT_SPACE_CONTROLS) && (c == '\n' || c == '\t' || c == '\r'));
+}
+
 bool sp_text_valid(const char *s, size_t max, unsigned flags)
 {
-    const unsigned char *p = (const unsigned char *)s;
+    const uint8_t *p = (const uint8_t *)s;
     size_t n = 0;
-    while (*p) {
-        unsigned c = *p;
-        int extra;
-        if ((c < 0x20 || c == 0x7f) &&
-            !((flags & SP_TEXT_SPACE_CONTROLS) && (c == '\n' || c == '\t' || c == '\r')))
+    while (p[n]) {
+        if (control(p[n], flags))
             return false;
-        if (c < 0x80)
-            extra = 0;
-        else if (c >= 0xc2 && c <= 0xdf)
-            extra = 1;
-        else if (c >= 0xe0 && c <= 0xef)
-            extra = 2;
-        else if (c >= 0xf0 && c <= 0xf4)
-            extra = 3;
-        else
+        /* The NUL terminator stops a truncated sequence: avail need not be exact. */
+        size_t k = sp_utf8_seq(p + n, 4, NULL);
+        if (k == 0)
             return false;
-        unsigned cp = extra == 0 ? c : c & (0x3fu >> extra);
-        p++;
-        n++;
-        for (int i = 0; i < extra; i++, p++, n++) {
-            if ((*p & 0xc0) != 0x80)
-                return false;
-            cp = (cp << 6) | (*p & 0x3fu);
-        }
-        /* Overlong forms, surrogates and code points past U+10FFFF. */
-        if ((extra == 2 && cp < 0x800) || (extra == 3 && (cp < 0x10000 || cp > 0x10ffff)) ||
-            (cp >= 0xd800 && cp <= 0xdfff))
-            return false;
+        n += k;
         if (n > max)
             return false;
     }
     return true;
+}
+
+int sp_hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
 }

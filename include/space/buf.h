@@ -28,6 +28,8 @@ char *sp_buf_take(sp_buf_t *b);
 /* Appends s as a JSON string literal (RFC 8259 section 7): quotes, backslash and control
  * characters escaped; bytes >= 0x80 are copied (callers pass UTF-8). NULL appends null. */
 void sp_buf_json_str(sp_buf_t *b, const char *s);
+/* The same for n bytes that may contain NUL (written as \u0000): e.g. command output. */
+void sp_buf_json_strn(sp_buf_t *b, const void *data, size_t n);
 /* Appends at most max bytes of s as text that is always valid UTF-8 without control
  * characters: valid UTF-8 sequences are copied, every other byte (a control character, a
  * stray or overlong sequence) becomes "\xNN". For bytes from the network that must be stored
