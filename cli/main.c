@@ -55,7 +55,11 @@ static void usage(FILE *out)
             "  down [--purge]  stop them; --purge also deletes $SPACE_HOME\n"
             "  status          one line per component; exit 0 if all run, 3 otherwise\n"
             "  env             print $SPACE_HOME/space.env (SPACE_NATS_URL, SPACE_PG_URL)\n"
-            "  demo            publish a sandbox's events, show the log's timeline and verify it\n"
+            "  demo            a sandbox through the API, a forged event, the log's timeline\n"
+            "  create [TEMPLATE]          create a sandbox (default tiny), print its id\n"
+            "  ls                         list your sandboxes\n"
+            "  rm ID...                   delete sandboxes\n"
+            "  exec ID [--] CMD [ARG...]  run a command, print its output, exit with its code\n"
             "\n");
     sp_config_usage(out, "space <command>", options, N_OPTIONS);
 }
@@ -77,8 +81,10 @@ int main(int argc, char **argv)
         usage(stdout);
         return SP_STACK_EXIT_OK;
     }
-    if (strcmp(cmd, "up") != 0 && strcmp(cmd, "down") != 0 && strcmp(cmd, "status") != 0 &&
-        strcmp(cmd, "env") != 0 && strcmp(cmd, "demo") != 0) {
+    bool client = strcmp(cmd, "create") == 0 || strcmp(cmd, "ls") == 0 || strcmp(cmd, "rm") == 0 ||
+                  strcmp(cmd, "exec") == 0;
+    if (!client && strcmp(cmd, "up") != 0 && strcmp(cmd, "down") != 0 &&
+        strcmp(cmd, "status") != 0 && strcmp(cmd, "env") != 0 && strcmp(cmd, "demo") != 0) {
         fprintf(stderr, "space: unknown command '%s' (see space --help)\n", cmd);
         return SP_STACK_EXIT_USAGE;
     }
@@ -101,6 +107,11 @@ int main(int argc, char **argv)
     }
     if (argi < 0) {
         r = SP_STACK_EXIT_OK; /* --help was printed */
+        goto out;
+    }
+    if (client) {
+        /* Positional arguments follow the options: ID, the command line of exec. */
+        r = sp_client_main(&cfg, cmd, nargs - argi, args + argi);
         goto out;
     }
     if (argi < nargs) {

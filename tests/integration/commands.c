@@ -216,9 +216,29 @@ static void test_hostile_guest(void **state)
     result_free(&r);
 }
 
+/* The `space` CLI on the same API: exec's exit status is the command's (128 + signal). */
+static void test_cli(void **state)
+{
+    char args[256];
+    snprintf(args, sizeof(args), "exec %s -- sh -c 'echo out; exit 7' >/dev/null", sbx[1]);
+    assert_int_equal(sp_test_space(args), 7);
+    snprintf(args, sizeof(args), "exec %s -- sh -c 'kill -9 $$' >/dev/null 2>&1", sbx[1]);
+    assert_int_equal(sp_test_space(args), 137);
+    snprintf(args, sizeof(args), "exec %s -- test -f /bin/busybox", sbx[1]);
+    assert_int_equal(sp_test_space(args), 0);
+    snprintf(args, sizeof(args), "ls | grep -q %s", sbx[1]);
+    assert_int_equal(sp_test_space(args), 0);
+    /* A sandbox made and removed by the CLI. */
+    assert_int_equal(sp_test_space("create tiny > cli-created.id"), 0);
+    assert_int_equal(sp_test_space("rm $(cat cli-created.id)"), 0);
+    assert_int_not_equal(sp_test_space("rm $(cat cli-created.id) 2>/dev/null"), 0);
+    unlink("cli-created.id");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cli),
         cmocka_unit_test(test_basics),
         cmocka_unit_test(test_fifty_concurrent),
         cmocka_unit_test(test_hostile_guest),
