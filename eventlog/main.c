@@ -18,6 +18,7 @@
 
 #include "bus.h"
 #include "config.h"
+#include "daemon.h"
 #include "db.h"
 #include "error.h"
 #include "eventlog.h"
@@ -61,26 +62,11 @@ static const sp_cfg_opt_t options[] = {
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
-static volatile sig_atomic_t stopping;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    stopping = 1;
-}
-
-static void pause_ms(int ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
-    while (!stopping && nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
-
 /* Waits for the writer lock, polling so that a stop request is honoured. */
 static int take_writer_lock(PGconn *db)
 {
     bool announced = false;
-    while (!stopping) {
+    while (!sp_daemon_stopping) {
         PGresult *r = PQexec(db, "SELECT pg_try_advisory_lock(" WRITER_LOCK_KEY ")");
         int rc = sp_db_check(r, PGRES_TUPLES_OK);
         bool got = rc == 0 && strcmp(PQgetvalue(r, 0, 0), "t") == 0;
@@ -92,7 +78,7 @@ static int take_writer_lock(PGconn *db)
         if (!announced)
             sp_log(SP_LOG_INFO, "another eventlog holds the writer lock; standing by");
         announced = true;
-        pause_ms(500);
+        sp_daemon_sleep_ms(500);
     }
     return -EINTR;
 }
@@ -147,7 +133,7 @@ static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st)
 
     int64_t next_stats = sp_mono_ns() + cfg->stats_interval_s * 1000000000LL;
     int bus_errors = 0;
-    while (!stopping) {
+    while (!sp_daemon_stopping) {
         sp_bus_batch_t *b = NULL;
         rc = sp_bus_fetch(c, (size_t)cfg->batch_max, (int)cfg->fetch_timeout_ms, &b);
         if (rc < 0) {
@@ -156,7 +142,7 @@ static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st)
             /* cnats reconnects by itself; after repeated failures start over from the head. */
             if (++bus_errors >= 5)
                 break;
-            pause_ms(200 * bus_errors);
+            sp_daemon_sleep_ms(200 * bus_errors);
             continue;
         }
         bus_errors = 0;
@@ -178,7 +164,7 @@ static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st)
         }
     }
     sp_bus_consumer_free(c);
-    return stopping ? 0 : (rc < 0 ? rc : SP_EBUS);
+    return sp_daemon_stopping ? 0 : (rc < 0 ? rc : SP_EBUS);
 }
 
 int main(int argc, char **argv)
@@ -212,11 +198,7 @@ int main(int argc, char **argv)
     }
     sp_log_init("space-eventlog", level, format);
 
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    sp_daemon_signals();
 
     sp_bus_opts_t bo = {.url = cfg.nats_url,
                         .name = "space-eventlog",
@@ -234,21 +216,21 @@ int main(int argc, char **argv)
     st.proj = sp_projection_new("public");
 
     int failures = 0;
-    while (!stopping) {
+    while (!sp_daemon_stopping) {
         if (!st.db || PQstatus(st.db) != CONNECTION_OK) {
             PQfinish(st.db);
             st.db = NULL;
             if (open_db(&cfg, &st.db) < 0) {
-                pause_ms(1000);
+                sp_daemon_sleep_ms(1000);
                 continue;
             }
         }
         rc = consume(&cfg, bus, &st);
-        if (rc < 0 && !stopping) {
+        if (rc < 0 && !sp_daemon_stopping) {
             failures++;
             sp_log(SP_LOG_WARN, "restarting from the log head", SP_KS("error", sp_strerror(rc)),
                    SP_KI("failures", failures));
-            pause_ms(failures < 10 ? 100 * failures : 1000);
+            sp_daemon_sleep_ms(failures < 10 ? 100 * failures : 1000);
             /* Drop a connection that may be stuck in a failed state; reconnect above. */
             if (PQstatus(st.db) != CONNECTION_OK || PQtransactionStatus(st.db) != PQTRANS_IDLE) {
                 PQfinish(st.db);

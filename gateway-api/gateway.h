@@ -240,6 +240,16 @@ int gw_query_parse(h2o_req_t *req, gw_query_t *q);
 /* Valid UTF-8 of at most max bytes without control characters (what an event may carry). */
 bool gw_text_ok(const char *s, size_t max);
 
+/* A validation failure of a request body: a machine-readable code and a message written into
+ * msg (GW_ERR_MSG_MAX bytes, owned by the caller). */
+typedef struct {
+    const char *code;
+    char *msg;
+} gw_verr_t;
+/* Records code and the formatted message in e; returns -EINVAL. */
+int gw_bad(gw_verr_t *e, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* ---- API keys (gateway_auth.c) ---- */
 
 #define GW_AUTH_CACHE_SLOTS 1024

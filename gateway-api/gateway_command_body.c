@@ -29,23 +29,6 @@
 #define CWD_MAX_BYTES     1024
 #define CMD_TIMEOUT_MAX_S (24 * 3600)
 
-typedef struct {
-    const char *code;
-    char *msg;
-} verr_t;
-
-static int bad(verr_t *e, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int bad(verr_t *e, const char *code, const char *fmt, ...)
-{
-    va_list ap;
-    e->code = code;
-    va_start(ap, fmt);
-    vsnprintf(e->msg, GW_ERR_MSG_MAX, fmt, ap);
-    va_end(ap);
-    return -EINVAL;
-}
-
 /* ---- base64 (RFC 4648 section 4, with padding) ---- */
 
 static const char b64_alphabet[] =
@@ -131,49 +114,49 @@ static int b64_decode(const char *s, size_t n, uint8_t **ret, size_t *ret_len)
 
 /* ---- the body ---- */
 
-static int parse_argv(const sp_json_t *v, gw_cmd_spec_t *s, verr_t *e)
+static int parse_argv(const sp_json_t *v, gw_cmd_spec_t *s, gw_verr_t *e)
 {
     if (sp_json_type(v) != SP_JSON_ARRAY)
-        return bad(e, "invalid_field", "argv must be an array of strings");
+        return gw_bad(e, "invalid_field", "argv must be an array of strings");
     size_t n = sp_json_len(v);
     if (n == 0 || n > ARGV_MAX)
-        return bad(e, "invalid_field", "argv must have 1..%d entries", ARGV_MAX);
+        return gw_bad(e, "invalid_field", "argv must have 1..%d entries", ARGV_MAX);
     s->argv = sp_xcalloc(n, sizeof(*s->argv));
     for (size_t i = 0; i < n; i++) {
         const char *a = sp_json_str(sp_json_at(v, i), NULL);
         if (!a)
-            return bad(e, "invalid_field", "argv[%zu] must be a string", i);
+            return gw_bad(e, "invalid_field", "argv[%zu] must be a string", i);
         if (!sp_text_valid(a, ARG_MAX_BYTES, SP_TEXT_SPACE_CONTROLS))
-            return bad(e, "invalid_field",
-                       "argv[%zu] must be at most %d bytes of UTF-8 without control characters "
-                       "other than newline, tab and carriage return",
-                       i, ARG_MAX_BYTES);
+            return gw_bad(e, "invalid_field",
+                          "argv[%zu] must be at most %d bytes of UTF-8 without control characters "
+                          "other than newline, tab and carriage return",
+                          i, ARG_MAX_BYTES);
         s->argv[i] = a;
     }
     if (!s->argv[0][0])
-        return bad(e, "invalid_field", "argv[0] must not be empty");
+        return gw_bad(e, "invalid_field", "argv[0] must not be empty");
     s->n_argv = n;
     return 0;
 }
 
-static int parse_env(const sp_json_t *v, gw_cmd_spec_t *s, verr_t *e)
+static int parse_env(const sp_json_t *v, gw_cmd_spec_t *s, gw_verr_t *e)
 {
     if (sp_json_type(v) != SP_JSON_OBJECT)
-        return bad(e, "invalid_field", "env must be an object of strings");
+        return gw_bad(e, "invalid_field", "env must be an object of strings");
     size_t n = sp_json_len(v);
     if (n > GW_ENV_MAX)
-        return bad(e, "invalid_field", "env has %zu entries, at most %d", n, GW_ENV_MAX);
+        return gw_bad(e, "invalid_field", "env has %zu entries, at most %d", n, GW_ENV_MAX);
     for (size_t i = 0; i < n; i++) {
         const char *k = sp_json_key_at(v, i);
         size_t vlen = 0;
         const char *val = sp_json_str(sp_json_at(v, i), &vlen);
         if (!k || !gw_env_name_ok(k))
-            return bad(e, "invalid_field",
-                       "env names must match [A-Za-z_][A-Za-z0-9_]* (at most 128 chars)");
+            return gw_bad(e, "invalid_field",
+                          "env names must match [A-Za-z_][A-Za-z0-9_]* (at most 128 chars)");
         if (!val)
-            return bad(e, "invalid_field", "env.%s must be a string", k);
+            return gw_bad(e, "invalid_field", "env.%s must be a string", k);
         if (vlen > GW_ENV_VALUE_MAX)
-            return bad(e, "invalid_field", "env.%s is over %d bytes", k, GW_ENV_VALUE_MAX);
+            return gw_bad(e, "invalid_field", "env.%s is over %d bytes", k, GW_ENV_VALUE_MAX);
         s->env_names[i] = k;
         s->env_values[i] = val;
     }
@@ -181,26 +164,28 @@ static int parse_env(const sp_json_t *v, gw_cmd_spec_t *s, verr_t *e)
     return 0;
 }
 
-static int parse_stdin(const sp_json_t *v, bool b64, gw_cmd_spec_t *s, verr_t *e)
+static int parse_stdin(const sp_json_t *v, bool b64, gw_cmd_spec_t *s, gw_verr_t *e)
 {
     const char *name = b64 ? "stdin_b64" : "stdin";
     size_t len = 0;
     const char *str = sp_json_str(v, &len);
 
     if (s->has_stdin)
-        return bad(e, "invalid_field", "give at most one of stdin and stdin_b64");
+        return gw_bad(e, "invalid_field", "give at most one of stdin and stdin_b64");
     if (!str)
-        return bad(e, "invalid_field", "%s must be a string", name);
+        return gw_bad(e, "invalid_field", "%s must be a string", name);
     if (b64) {
         if (len > (GW_STDIN_MAX + 2) / 3 * 4)
-            return bad(e, "invalid_field", "stdin_b64 decodes to more than %d bytes", GW_STDIN_MAX);
+            return gw_bad(e, "invalid_field", "stdin_b64 decodes to more than %d bytes",
+                          GW_STDIN_MAX);
         if (b64_decode(str, len, &s->stdin_data, &s->stdin_len) < 0)
-            return bad(e, "invalid_field", "stdin_b64 is not base64 (RFC 4648, padded)");
+            return gw_bad(e, "invalid_field", "stdin_b64 is not base64 (RFC 4648, padded)");
         if (s->stdin_len > GW_STDIN_MAX)
-            return bad(e, "invalid_field", "stdin_b64 decodes to more than %d bytes", GW_STDIN_MAX);
+            return gw_bad(e, "invalid_field", "stdin_b64 decodes to more than %d bytes",
+                          GW_STDIN_MAX);
     } else {
         if (len > GW_STDIN_MAX)
-            return bad(e, "invalid_field", "stdin is over %d bytes", GW_STDIN_MAX);
+            return gw_bad(e, "invalid_field", "stdin is over %d bytes", GW_STDIN_MAX);
         s->stdin_data = sp_xmalloc(len ? len : 1);
         memcpy(s->stdin_data, str, len);
         s->stdin_len = len;
@@ -210,17 +195,17 @@ static int parse_stdin(const sp_json_t *v, bool b64, gw_cmd_spec_t *s, verr_t *e
     return 0;
 }
 
-static int parse_field(const char *k, const sp_json_t *v, gw_cmd_spec_t *s, verr_t *e)
+static int parse_field(const char *k, const sp_json_t *v, gw_cmd_spec_t *s, gw_verr_t *e)
 {
     if (strcmp(k, "cmd") == 0) {
         s->cmd = sp_json_str(v, NULL);
         if (!s->cmd)
-            return bad(e, "invalid_field", "cmd must be a string");
+            return gw_bad(e, "invalid_field", "cmd must be a string");
         if (!s->cmd[0] || !sp_text_valid(s->cmd, CMD_MAX_BYTES, SP_TEXT_SPACE_CONTROLS))
-            return bad(e, "invalid_field",
-                       "cmd must be 1..%d bytes of UTF-8 without control characters other than "
-                       "newline, tab and carriage return",
-                       CMD_MAX_BYTES);
+            return gw_bad(e, "invalid_field",
+                          "cmd must be 1..%d bytes of UTF-8 without control characters other than "
+                          "newline, tab and carriage return",
+                          CMD_MAX_BYTES);
         return 0;
     }
     if (strcmp(k, "argv") == 0)
@@ -230,23 +215,23 @@ static int parse_field(const char *k, const sp_json_t *v, gw_cmd_spec_t *s, verr
     if (strcmp(k, "cwd") == 0) {
         s->cwd = sp_json_str(v, NULL);
         if (!s->cwd || !gw_text_ok(s->cwd, CWD_MAX_BYTES))
-            return bad(e, "invalid_field",
-                       "cwd must be a string of at most %d bytes without control characters",
-                       CWD_MAX_BYTES);
+            return gw_bad(e, "invalid_field",
+                          "cwd must be a string of at most %d bytes without control characters",
+                          CWD_MAX_BYTES);
         return 0;
     }
     if (strcmp(k, "user") == 0) {
         s->user = sp_json_str(v, NULL);
         if (!s->user || (strcmp(s->user, "root") != 0 && strcmp(s->user, "user") != 0))
-            return bad(e, "invalid_field", "user must be \"root\" or \"user\"");
+            return gw_bad(e, "invalid_field", "user must be \"root\" or \"user\"");
         return 0;
     }
     if (strcmp(k, "timeout_s") == 0) {
         int64_t x;
         int rc = sp_json_int(v, 0, CMD_TIMEOUT_MAX_S, &x);
         if (rc < 0)
-            return bad(e, "invalid_field", "timeout_s must be an integer within 0..%d",
-                       CMD_TIMEOUT_MAX_S);
+            return gw_bad(e, "invalid_field", "timeout_s must be an integer within 0..%d",
+                          CMD_TIMEOUT_MAX_S);
         s->timeout_s = (uint32_t)x;
         return 0;
     }
@@ -256,10 +241,10 @@ static int parse_field(const char *k, const sp_json_t *v, gw_cmd_spec_t *s, verr
         return parse_stdin(v, true, s, e);
     if (strcmp(k, "background") == 0) {
         if (sp_json_bool(v, &s->background) < 0)
-            return bad(e, "invalid_field", "background must be a boolean");
+            return gw_bad(e, "invalid_field", "background must be a boolean");
         return 0;
     }
-    return bad(e, "unknown_field", "unknown field %s", k);
+    return gw_bad(e, "unknown_field", "unknown field %s", k);
 }
 
 void gw_cmd_spec_dispose(gw_cmd_spec_t *s)
@@ -278,7 +263,7 @@ void gw_cmd_spec_dispose(gw_cmd_spec_t *s)
 int gw_cmd_spec_parse(const char *body, size_t len, gw_cmd_spec_t *s, const char **ret_code,
                       char err[GW_ERR_MSG_MAX])
 {
-    verr_t e = {.code = NULL, .msg = err};
+    gw_verr_t e = {.code = NULL, .msg = err};
     char jerr[SP_JSON_ERR_MAX];
     int rc = 0;
 
@@ -287,16 +272,16 @@ int gw_cmd_spec_parse(const char *body, size_t len, gw_cmd_spec_t *s, const char
     sp_json_limits_t lim = {
         .max_bytes = len + 1, .max_depth = 3, .max_nodes = 1024, .max_string = len + 1};
     if (len == 0) {
-        rc = bad(&e, "invalid_json", "the body is empty; expected a JSON object");
+        rc = gw_bad(&e, "invalid_json", "the body is empty; expected a JSON object");
         goto out;
     }
     if (sp_json_parse(body, len, &lim, &s->doc, jerr) < 0) {
-        rc = bad(&e, "invalid_json", "the body is not valid JSON: %s", jerr);
+        rc = gw_bad(&e, "invalid_json", "the body is not valid JSON: %s", jerr);
         goto out;
     }
     const sp_json_t *root = sp_json_root(s->doc);
     if (sp_json_type(root) != SP_JSON_OBJECT) {
-        rc = bad(&e, "invalid_json", "the body must be a JSON object");
+        rc = gw_bad(&e, "invalid_json", "the body must be a JSON object");
         goto out;
     }
     for (size_t i = 0; i < sp_json_len(root) && rc == 0; i++)
@@ -304,8 +289,8 @@ int gw_cmd_spec_parse(const char *body, size_t len, gw_cmd_spec_t *s, const char
     if (rc < 0)
         goto out;
     if ((s->cmd != NULL) == (s->n_argv > 0)) {
-        rc = bad(&e, s->cmd ? "invalid_field" : "missing_field",
-                 "give exactly one of cmd (run as /bin/sh -c) and argv");
+        rc = gw_bad(&e, s->cmd ? "invalid_field" : "missing_field",
+                    "give exactly one of cmd (run as /bin/sh -c) and argv");
         goto out;
     }
 out:

@@ -30,23 +30,6 @@
 #define VCPU_DEFAULT       1
 #define MEMORY_MB_DEFAULT  512
 
-typedef struct {
-    const char *code;
-    char *msg;
-} verr_t;
-
-static int bad(verr_t *e, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int bad(verr_t *e, const char *code, const char *fmt, ...)
-{
-    va_list ap;
-    e->code = code;
-    va_start(ap, fmt);
-    vsnprintf(e->msg, GW_ERR_MSG_MAX, fmt, ap);
-    va_end(ap);
-    return -EINVAL;
-}
-
 bool gw_env_name_ok(const char *s)
 {
     size_t n = strlen(s);
@@ -62,15 +45,15 @@ bool gw_env_name_ok(const char *s)
 }
 
 static int get_uint(const sp_json_t *v, const char *name, int64_t min, int64_t max, uint32_t *ret,
-                    verr_t *e)
+                    gw_verr_t *e)
 {
     int64_t x;
     int rc = sp_json_int(v, min, max, &x);
     if (rc == -ERANGE)
-        return bad(e, "invalid_field", "%s must be within %lld..%lld", name, (long long)min,
-                   (long long)max);
+        return gw_bad(e, "invalid_field", "%s must be within %lld..%lld", name, (long long)min,
+                      (long long)max);
     if (rc < 0)
-        return bad(e, "invalid_field", "%s must be an integer", name);
+        return gw_bad(e, "invalid_field", "%s must be an integer", name);
     *ret = (uint32_t)x;
     return 0;
 }
@@ -84,26 +67,27 @@ typedef struct {
     char *env_names[GW_ENV_MAX];
 } spec_t;
 
-static int parse_metadata(const sp_json_t *v, spec_t *s, verr_t *e)
+static int parse_metadata(const sp_json_t *v, spec_t *s, gw_verr_t *e)
 {
     if (sp_json_type(v) != SP_JSON_OBJECT)
-        return bad(e, "invalid_field", "metadata must be an object of strings");
+        return gw_bad(e, "invalid_field", "metadata must be an object of strings");
     size_t n = sp_json_len(v);
     if (n > GW_METADATA_MAX)
-        return bad(e, "invalid_field", "metadata has %zu entries, at most %d", n, GW_METADATA_MAX);
+        return gw_bad(e, "invalid_field", "metadata has %zu entries, at most %d", n,
+                      GW_METADATA_MAX);
     for (size_t i = 0; i < n; i++) {
         const char *k = sp_json_key_at(v, i);
         const char *val = sp_json_str(sp_json_at(v, i), NULL);
         if (!k || !k[0] || !gw_text_ok(k, METADATA_KEY_MAX))
-            return bad(e, "invalid_field",
-                       "metadata keys must be 1..%d bytes of text without control characters",
-                       METADATA_KEY_MAX);
+            return gw_bad(e, "invalid_field",
+                          "metadata keys must be 1..%d bytes of text without control characters",
+                          METADATA_KEY_MAX);
         if (!val)
-            return bad(e, "invalid_field", "metadata.%s must be a string", k);
+            return gw_bad(e, "invalid_field", "metadata.%s must be a string", k);
         if (!gw_text_ok(val, METADATA_VALUE_MAX))
-            return bad(e, "invalid_field",
-                       "metadata.%s must be at most %d bytes of text without control characters", k,
-                       METADATA_VALUE_MAX);
+            return gw_bad(e, "invalid_field",
+                          "metadata.%s must be at most %d bytes of text without control characters",
+                          k, METADATA_VALUE_MAX);
         Space__V1__KeyValue init = SPACE__V1__KEY_VALUE__INIT;
         s->kv[i] = init;
         s->kv[i].key = (char *)k;
@@ -114,36 +98,36 @@ static int parse_metadata(const sp_json_t *v, spec_t *s, verr_t *e)
     return 0;
 }
 
-static int parse_env(const sp_json_t *v, spec_t *s, verr_t *e)
+static int parse_env(const sp_json_t *v, spec_t *s, gw_verr_t *e)
 {
     if (sp_json_type(v) != SP_JSON_OBJECT)
-        return bad(e, "invalid_field", "env must be an object of strings");
+        return gw_bad(e, "invalid_field", "env must be an object of strings");
     size_t n = sp_json_len(v);
     if (n > GW_ENV_MAX)
-        return bad(e, "invalid_field", "env has %zu entries, at most %d", n, GW_ENV_MAX);
+        return gw_bad(e, "invalid_field", "env has %zu entries, at most %d", n, GW_ENV_MAX);
     for (size_t i = 0; i < n; i++) {
         const char *k = sp_json_key_at(v, i);
         size_t vlen = 0;
         if (!k || !gw_env_name_ok(k))
-            return bad(e, "invalid_field",
-                       "env names must match [A-Za-z_][A-Za-z0-9_]* (at most %d chars)",
-                       ENV_NAME_MAX);
+            return gw_bad(e, "invalid_field",
+                          "env names must match [A-Za-z_][A-Za-z0-9_]* (at most %d chars)",
+                          ENV_NAME_MAX);
         /* The value is checked (a string within the limit) and goes no further. */
         if (!sp_json_str(sp_json_at(v, i), &vlen))
-            return bad(e, "invalid_field", "env.%s must be a string", k);
+            return gw_bad(e, "invalid_field", "env.%s must be a string", k);
         if (vlen > GW_ENV_VALUE_MAX)
-            return bad(e, "invalid_field", "env.%s is over %d bytes", k, GW_ENV_VALUE_MAX);
+            return gw_bad(e, "invalid_field", "env.%s is over %d bytes", k, GW_ENV_VALUE_MAX);
         s->env_names[i] = (char *)k;
     }
     s->n_env = n;
     return 0;
 }
 
-static int parse_resources(const sp_json_t *v, spec_t *s, verr_t *e)
+static int parse_resources(const sp_json_t *v, spec_t *s, gw_verr_t *e)
 {
     int rc;
     if (sp_json_type(v) != SP_JSON_OBJECT)
-        return bad(e, "invalid_field", "resources must be an object");
+        return gw_bad(e, "invalid_field", "resources must be an object");
     for (size_t i = 0; i < sp_json_len(v); i++) {
         const char *k = sp_json_key_at(v, i);
         const sp_json_t *x = sp_json_at(v, i);
@@ -152,19 +136,19 @@ static int parse_resources(const sp_json_t *v, spec_t *s, verr_t *e)
         else if (strcmp(k, "memory_mb") == 0)
             rc = get_uint(x, "resources.memory_mb", 1, MEMORY_MB_MAX, &s->memory_mb, e);
         else
-            rc = bad(e, "unknown_field", "unknown field resources.%s", k);
+            rc = gw_bad(e, "unknown_field", "unknown field resources.%s", k);
         if (rc < 0)
             return rc;
     }
     return 0;
 }
 
-static int parse_body(const sp_json_t *root, spec_t *s, verr_t *e)
+static int parse_body(const sp_json_t *root, spec_t *s, gw_verr_t *e)
 {
     int rc = 0;
 
     if (sp_json_type(root) != SP_JSON_OBJECT)
-        return bad(e, "invalid_json", "the body must be a JSON object");
+        return gw_bad(e, "invalid_json", "the body must be a JSON object");
     s->timeout_s = TIMEOUT_DEFAULT_S;
     s->vcpu = VCPU_DEFAULT;
     s->memory_mb = MEMORY_MB_DEFAULT;
@@ -174,10 +158,10 @@ static int parse_body(const sp_json_t *root, spec_t *s, verr_t *e)
         if (strcmp(k, "template") == 0) {
             s->template_ = sp_json_str(v, NULL);
             if (!s->template_)
-                rc = bad(e, "invalid_field", "template must be a string");
+                rc = gw_bad(e, "invalid_field", "template must be a string");
             else if (!sp_id_valid(s->template_))
-                rc = bad(e, "invalid_field",
-                         "template must be a template name ([a-z0-9][a-z0-9_-], 1..64 chars)");
+                rc = gw_bad(e, "invalid_field",
+                            "template must be a template name ([a-z0-9][a-z0-9_-], 1..64 chars)");
         } else if (strcmp(k, "timeout_s") == 0) {
             rc = get_uint(v, "timeout_s", 0, TIMEOUT_MAX_S, &s->timeout_s, e);
         } else if (strcmp(k, "metadata") == 0) {
@@ -187,11 +171,11 @@ static int parse_body(const sp_json_t *root, spec_t *s, verr_t *e)
         } else if (strcmp(k, "resources") == 0) {
             rc = parse_resources(v, s, e);
         } else {
-            rc = bad(e, "unknown_field", "unknown field %s", k);
+            rc = gw_bad(e, "unknown_field", "unknown field %s", k);
         }
     }
     if (rc == 0 && !s->template_)
-        rc = bad(e, "missing_field", "template is required");
+        rc = gw_bad(e, "missing_field", "template is required");
     return rc;
 }
 
@@ -200,7 +184,7 @@ int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char
                     char ret_subject[192], char ret_event_id[GW_EVENT_ID_LEN + 1],
                     const char **ret_code, char err[GW_ERR_MSG_MAX])
 {
-    verr_t e = {.code = NULL, .msg = err};
+    gw_verr_t e = {.code = NULL, .msg = err};
     sp_json_doc_t *doc = NULL;
     char jerr[SP_JSON_ERR_MAX];
     char reason[SP_REASON_MAX];
@@ -210,11 +194,11 @@ int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char
     sp_json_limits_t lim = {
         .max_bytes = len + 1, .max_depth = 4, .max_nodes = 1024, .max_string = GW_ENV_VALUE_MAX};
     if (len == 0) {
-        rc = bad(&e, "invalid_json", "the body is empty; expected a JSON object");
+        rc = gw_bad(&e, "invalid_json", "the body is empty; expected a JSON object");
         goto out;
     }
     if (sp_json_parse(body, len, &lim, &doc, jerr) < 0) {
-        rc = bad(&e, "invalid_json", "the body is not valid JSON: %s", jerr);
+        rc = gw_bad(&e, "invalid_json", "the body is not valid JSON: %s", jerr);
         goto out;
     }
     s = sp_xcalloc(1, sizeof(*s));
@@ -245,12 +229,13 @@ int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char
     env.sandbox_create_requested = &create;
     sp_envelope_stamp(&env, ret_event_id);
     if (sp_envelope_validate(&env, reason) < 0) {
-        rc = bad(&e, "invalid_field", "%s", reason);
+        rc = gw_bad(&e, "invalid_field", "%s", reason);
         goto out;
     }
     if ((rc = sp_envelope_subject(&env, NULL, ret_subject, 192)) < 0 ||
         (rc = sp_envelope_encode(&env, ret_buf, ret_len)) < 0) {
-        rc = bad(&e, "invalid_field", "the request does not fit in an event (%s)", sp_strerror(rc));
+        rc = gw_bad(&e, "invalid_field", "the request does not fit in an event (%s)",
+                    sp_strerror(rc));
         goto out;
     }
     rc = 0;

@@ -85,6 +85,16 @@ bool gw_text_ok(const char *s, size_t max)
     return sp_text_valid(s, max, 0);
 }
 
+int gw_bad(gw_verr_t *e, const char *code, const char *fmt, ...)
+{
+    va_list ap;
+    e->code = code;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, GW_ERR_MSG_MAX, fmt, ap);
+    va_end(ap);
+    return -EINVAL;
+}
+
 /* A client's X-Request-Id is echoed only if it is a plain token: it goes into logs, events and
  * a response header. */
 static bool request_id_ok(const char *s, size_t len)

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "daemon.h"
 #include "db.h"
 #include "error.h"
 #include "ids.h"
@@ -33,21 +34,6 @@ static const sp_cfg_opt_t options[] = {
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
-static volatile sig_atomic_t stopping;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    stopping = 1;
-}
-
-static void pause_ms(int ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
-    while (!stopping && nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
-
 static int run(sched_t *s)
 {
     sp_bus_consumer_t *c = NULL;
@@ -58,12 +44,12 @@ static int run(sched_t *s)
         return rc;
     }
     sp_log(SP_LOG_INFO, "scheduling", SP_KS("name", s->cfg->name));
-    while (!stopping) {
+    while (!sp_daemon_stopping) {
         sp_bus_batch_t *b = NULL;
         rc = sp_bus_fetch(c, (size_t)s->cfg->batch_max, 1000, &b);
         if (rc < 0) {
             sp_bus_batch_free(b);
-            pause_ms(200);
+            sp_daemon_sleep_ms(200);
             continue;
         }
         for (size_t i = 0; i < sp_bus_batch_len(b); i++) {
@@ -71,7 +57,7 @@ static int run(sched_t *s)
                 PQreset(s->db);
             if (sched_handle(s, sp_bus_batch_msg(b, i)) < 0) {
                 /* Leave it (and the rest of the batch) for redelivery after ack_wait. */
-                pause_ms(500);
+                sp_daemon_sleep_ms(500);
                 break;
             }
             sp_bus_batch_ack_one(b, i);
@@ -105,11 +91,7 @@ int main(int argc, char **argv)
         goto out;
     }
     sp_log_init("space-scheduler", level, format);
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    sp_daemon_signals();
 
     sp_bus_opts_t bo = {.url = cfg.nats_url, .name = "space-scheduler", .timeout_ms = 30000};
     if ((rc = sp_bus_connect(&bo, &s.bus)) < 0 || (rc = sp_bus_ensure_stream(s.bus)) < 0) {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "daemon.h"
 #include "db.h"
 #include "error.h"
 #include "ids.h"
@@ -54,25 +55,14 @@ static const sp_cfg_opt_t options[] = {
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
-static volatile int stopping;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    stopping = 1;
-}
-
 static void *heartbeat_main(void *arg)
 {
     wk_t *w = arg;
-    while (!stopping) {
+    while (!sp_daemon_stopping) {
         int rc = wk_heartbeat(w);
         if (rc < 0)
             sp_log(SP_LOG_WARN, "heartbeat failed", SP_KS("error", sp_strerror(rc)));
-        for (int64_t slept = 0; slept < w->cfg->heartbeat_ms && !stopping; slept += 50) {
-            struct timespec ts = {.tv_nsec = 50 * 1000 * 1000};
-            nanosleep(&ts, NULL);
-        }
+        sp_daemon_sleep_ms((int)w->cfg->heartbeat_ms);
     }
     return NULL;
 }
@@ -142,11 +132,7 @@ int main(int argc, char **argv)
         goto out;
     }
     sp_log_init("space-worker", level, format);
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    sp_daemon_signals();
 
     gethostname(w.hostname, sizeof(w.hostname) - 1);
     struct sysinfo si;
@@ -206,10 +192,10 @@ int main(int argc, char **argv)
         goto out;
     if (pthread_create(&hb, NULL, heartbeat_main, &w) == 0)
         hb_started = 1;
-    wk_serve(&w, &stopping);
+    wk_serve(&w);
     code = 0;
 out:
-    stopping = 1;
+    sp_daemon_stopping = 1;
     if (hb_started)
         pthread_join(hb, NULL);
     PQfinish(db);

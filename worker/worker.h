@@ -75,8 +75,9 @@ struct wk {
  * WorkerReconciled event. */
 int wk_reconcile(wk_t *w, PGconn *db);
 
-/* Consumes space.ev.sbx.<id>.> until *stop: creates, deletes, answers with facts. */
-int wk_serve(wk_t *w, volatile int *stop);
+/* Consumes space.ev.sbx.<id>.> until a stop is asked for (daemon.h): creates, deletes,
+ * answers with facts. */
+int wk_serve(wk_t *w);
 
 /* Publishes one heartbeat. */
 int wk_heartbeat(wk_t *w);

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "daemon.h"
 #include "error.h"
 #include "ids.h"
 #include "log.h"
@@ -352,7 +353,7 @@ static void process_batch(wk_t *w, sp_bus_batch_t *b)
     free(keys);
 }
 
-int wk_serve(wk_t *w, volatile int *stop)
+int wk_serve(wk_t *w)
 {
     char filter[128];
     sp_bus_consumer_t *c = NULL;
@@ -366,13 +367,12 @@ int wk_serve(wk_t *w, volatile int *stop)
         return rc;
     }
     sp_log(SP_LOG_INFO, "serving", SP_KS("worker", w->cfg->id), SP_KS("filter", filter));
-    while (!*stop) {
+    while (!sp_daemon_stopping) {
         sp_bus_batch_t *b = NULL;
         rc = sp_bus_fetch(c, (size_t)w->cfg->batch_max, 500, &b);
         if (rc < 0) {
             sp_bus_batch_free(b);
-            struct timespec ts = {.tv_nsec = 200 * 1000 * 1000};
-            nanosleep(&ts, NULL);
+            sp_daemon_sleep_ms(200);
             continue;
         }
         if (sp_bus_batch_len(b) > 0)

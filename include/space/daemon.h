@@ -1,0 +1,16 @@
+/* What every daemon's main does with signals: SIGTERM and SIGINT ask for a stop (the daemon
+ * finishes what it is doing and exits 0), SIGPIPE is ignored (writes to a closed pipe or
+ * socket fail with EPIPE instead of killing the process). */
+#ifndef SPACE_DAEMON_H
+#define SPACE_DAEMON_H
+
+#include <signal.h>
+
+/* Set to 1 by SIGTERM or SIGINT once sp_daemon_signals has run. */
+extern volatile sig_atomic_t sp_daemon_stopping;
+
+void sp_daemon_signals(void);
+/* Sleeps ms milliseconds, returning early when a stop is asked for. */
+void sp_daemon_sleep_ms(int ms);
+
+#endif
