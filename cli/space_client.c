@@ -1,20 +1,24 @@
 /* `space create | ls | rm | exec`: the API from a terminal or a script, through the gateway
  * named in $SPACE_HOME/space.env (or SPACE_API_URL and SPACE_API_KEY in the environment).
- * exec waits for the command and exits with its exit code (128 + signal when killed), so
- * scripts can use it like a local command; its output is printed once the command ends
- * (streaming as it comes is the next step). */
+ * exec streams the command's output as it comes (the SSE of POST .../commands) and exits with
+ * its exit code (128 + signal when killed), so scripts can use it like a local command. */
 #include <errno.h>
 #include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "b64.h"
 #include "buf.h"
 #include "config.h"
 #include "error.h"
 #include "httpc.h"
 #include "json.h"
 #include "space_stack.h"
+#include "sse.h"
 #include "xmalloc.h"
 
 typedef struct {
@@ -143,13 +147,75 @@ static int cmd_rm(const api_t *api, int argc, char **argv)
     return code;
 }
 
-/* Writes a JSON answer's stream: the text field, or its base64 twin for binary output. */
-static void print_stream(const sp_json_t *root, const char *name, FILE *out)
+/* ---- exec: the command's SSE stream, printed as it comes ---- */
+
+typedef struct {
+    bool exited;
+    int64_t exit_code, signal;
+    char error[256];
+    bool bad; /* an event that could not be read */
+} exec_state_t;
+
+static void write_all(int fd, const char *p, size_t n)
 {
-    size_t n = 0;
-    const char *s = sp_json_str(sp_json_get(root, name), &n);
-    if (s)
-        fwrite(s, 1, n, out);
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return; /* a closed pipe: the output has nowhere to go */
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+static int on_exec_event(void *arg, const sp_sse_event_t *ev)
+{
+    exec_state_t *st = arg;
+    bool out = strcmp(ev->event, "stdout") == 0, err = strcmp(ev->event, "stderr") == 0;
+    bool exit_ev = strcmp(ev->event, "exit") == 0;
+    if (!out && !err && !exit_ev)
+        return 0; /* start, and whatever a newer gateway adds */
+    sp_json_doc_t *doc = NULL;
+    char jerr[SP_JSON_ERR_MAX];
+    sp_json_limits_t lim = {.max_bytes = ev->data_len + 1, .max_string = ev->data_len + 1};
+    if (sp_json_parse(ev->data, ev->data_len, &lim, &doc, jerr) < 0) {
+        st->bad = true;
+        return 0;
+    }
+    const sp_json_t *root = sp_json_root(doc);
+    if (exit_ev) {
+        st->exited = true;
+        sp_json_int(sp_json_get(root, "exit_code"), -1, 255, &st->exit_code);
+        sp_json_int(sp_json_get(root, "signal"), 0, 127, &st->signal);
+        const char *e = sp_json_str(sp_json_get(root, "error"), NULL);
+        snprintf(st->error, sizeof(st->error), "%s", e ? e : "");
+        bool lost = false, truncated = false;
+        sp_json_bool(sp_json_get(root, "output_lost"), &lost);
+        sp_json_bool(sp_json_get(root, "truncated"), &truncated);
+        if (lost || truncated)
+            fprintf(stderr, "space exec: output %s\n", lost ? "lost in part" : "truncated");
+    } else {
+        size_t n = 0;
+        const char *text = sp_json_str(sp_json_get(root, "text"), &n);
+        const char *b64 = sp_json_str(sp_json_get(root, "b64"), &n);
+        uint8_t *bytes = NULL;
+        if (text) {
+            write_all(out ? 1 : 2, text, n);
+        } else if (b64 && sp_b64_decode(b64, n, &bytes, &n) == 0) {
+            write_all(out ? 1 : 2, (const char *)bytes, n);
+            free(bytes);
+        } else {
+            st->bad = true;
+        }
+    }
+    sp_json_doc_free(doc);
+    return 0;
+}
+
+static int on_exec_data(void *arg, const char *data, size_t len)
+{
+    return sp_sse_feed(arg, data, len);
 }
 
 static int cmd_exec(const api_t *api, int argc, char **argv)
@@ -171,34 +237,41 @@ static int cmd_exec(const api_t *api, int argc, char **argv)
             sp_buf_putc(&body, ',');
         sp_buf_json_str(&body, argv[i]);
     }
-    sp_buf_puts(&body, "]}");
+    sp_buf_puts(&body, "],\"timeout_s\":86400}");
     char *path = sp_xasprintf("/v1/sandboxes/%s/commands", argv[0]);
+    exec_state_t st = {.exit_code = -1};
+    sp_sse_reader_t sse;
+    sp_sse_init(&sse, on_exec_event, &st);
+    sp_httpc_req_t req = {.host = api->host,
+                          .port = api->port,
+                          .method = "POST",
+                          .path = path,
+                          .key = api->key,
+                          .extra_headers = "Accept: text/event-stream\r\n",
+                          .body = body.data,
+                          .body_len = body.len};
     sp_httpc_resp_t r;
-    int rc = call(api, "POST", path, "application/json", body.data, &r);
+    int rc = sp_httpc_stream(&req, &r, on_exec_data, &sse);
+    sp_sse_dispose(&sse);
     free(path);
     sp_buf_dispose(&body);
-    if (rc < 0)
-        return SP_STACK_EXIT_FAIL;
 
     int code;
-    sp_json_doc_t *doc = NULL;
-    char err[SP_JSON_ERR_MAX];
-    sp_json_limits_t lim = {.max_bytes = 64u << 20, .max_string = 32u << 20};
-    if (r.status != 200 || sp_json_parse(r.body, r.body_len, &lim, &doc, err) < 0) {
+    if (r.headers && (r.status < 200 || r.status > 299)) {
         code = api_error(&r);
+    } else if (rc < 0 || !st.exited) {
+        fprintf(stderr, "space exec: the stream ended before the command did%s%s\n",
+                rc < 0 ? ": " : "", rc < 0 ? sp_strerror(rc) : "");
+        code = SP_STACK_EXIT_FAIL;
     } else {
-        const sp_json_t *root = sp_json_root(doc);
-        int64_t exit_code = -1, sig = 0;
-        print_stream(root, "stdout", stdout);
-        print_stream(root, "stderr", stderr);
-        sp_json_int(sp_json_get(root, "exit_code"), -1, 255, &exit_code);
-        sp_json_int(sp_json_get(root, "signal"), 0, 127, &sig);
-        const char *error = sp_json_str(sp_json_get(root, "error"), NULL);
-        if (error && *error)
-            fprintf(stderr, "space exec: %s\n", error);
-        code = sig ? 128 + (int)sig : exit_code >= 0 ? (int)exit_code : SP_STACK_EXIT_FAIL;
+        if (st.error[0])
+            fprintf(stderr, "space exec: %s\n", st.error);
+        if (st.bad)
+            fprintf(stderr, "space exec: some output could not be decoded\n");
+        code = st.signal           ? 128 + (int)st.signal
+               : st.exit_code >= 0 ? (int)st.exit_code
+                                   : SP_STACK_EXIT_FAIL;
     }
-    sp_json_doc_free(doc);
     sp_httpc_resp_free(&r);
     return code;
 }

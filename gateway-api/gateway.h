@@ -80,6 +80,9 @@ typedef enum {
     GW_R_EVENTS,
     GW_R_TEMPLATES,
     GW_R_SANDBOX_COMMANDS,
+    GW_R_COMMAND_LIST,
+    GW_R_COMMAND_STREAM,
+    GW_R_COMMAND_CTL,
     GW_R_OTHER, /* unknown routes and responses h2o itself produced (413 while reading a body) */
     GW_R_COUNT
 } gw_route_t;
@@ -96,6 +99,7 @@ typedef enum {
     GW_CMD_TOO_MANY,
     GW_CMD_WORKER_ERROR, /* refused for another reason, or an unreadable reply */
     GW_CMD_BUS_ERROR,    /* subscribe, flush or the intent's publish failed */
+    GW_CMD_NOT_FOUND,    /* attach: the worker knows no such command */
     GW_CMD_OUTCOMES
 } gw_cmd_outcome_t;
 
@@ -132,6 +136,22 @@ void gw_metrics_create_latency(gw_metrics_t *m, double seconds);
 /* ExecRequest sent to ExecReply received (or no responder), as the bus thread measured it. */
 void gw_metrics_exec_latency(gw_metrics_t *m, double seconds);
 void gw_metrics_render(const gw_metrics_t *m, sp_buf_t *out);
+
+/* ---- bus jobs (gateway_bus.c) ----
+ * Blocking NATS calls (request/reply, subscribe + flush, drain) run on libuv's thread pool
+ * without a database connection: at most bus-threads at once, the others wait in a FIFO, so
+ * with UV_THREADPOOL_SIZE = pg-pool + 1 + bus-threads a database job never waits behind a
+ * blocked NATS call. run must not touch loop state; done runs on the loop afterwards. */
+typedef struct gw_bus_job gw_bus_job_t;
+struct gw_bus_job {
+    uv_work_t work;
+    gw_t *gw;
+    void *arg;
+    void (*run)(gw_bus_job_t *job);
+    void (*done)(gw_bus_job_t *job);
+    gw_bus_job_t *next;
+};
+void gw_bus_submit(gw_t *gw, gw_bus_job_t *job);
 
 /* ---- PostgreSQL pool and jobs (gateway_db.c) ---- */
 
@@ -198,8 +218,10 @@ struct gw_req {
     char request_id[GW_REQUEST_ID_MAX + 1];
     char tenant[SP_ID_MAX + 1];
     char key_id[SP_ID_MAX + 1];
-    char path_id[SP_ID_MAX + 1]; /* {id} of /v1/sandboxes/{id}[/events|/commands] */
-    char method[16];             /* copies for the log line, which may outlive the request */
+    char path_id[SP_ID_MAX + 1];     /* {id} of /v1/sandboxes/{id}[/events|/commands] */
+    char path_sub_id[SP_ID_MAX + 1]; /* {cid} of .../commands/{cid}/{action} */
+    char path_action[16];            /* {action}: stream, stdin, signal, resize */
+    char method[16];                 /* copies for the log line, which may outlive the request */
     char path[512];
     /* What to do once the API key is verified. */
     void (*after_auth)(gw_req_t *rq);
@@ -349,7 +371,12 @@ typedef struct {
     size_t stdin_len;
     uint8_t stdin_sha256[SP_SHA256_LEN];
     bool background;
+    bool stdin_open;
+    uint32_t pty_rows, pty_cols; /* 0: no pty */
 } gw_cmd_spec_t;
+#define GW_PTY_DEFAULT_ROWS 24
+#define GW_PTY_DEFAULT_COLS 80
+#define GW_PTY_MAX          10000 /* worker_agent.h WK_AGENT_PTY_MAX */
 
 /* Parses and checks the body; on a client error returns -EINVAL with an error code and message
  * for a 400 (s is then to be disposed all the same). */
@@ -373,12 +400,29 @@ void gw_cmd_intent_init(gw_cmd_intent_t *in, const gw_cmd_spec_t *s, const char 
 int gw_cmd_exec_pack(const gw_cmd_spec_t *s, const char *sandbox, const char *tenant,
                      const char *cmd_id, const char *intent_event_id, const char *correlation,
                      uint8_t **ret_buf, size_t *ret_len);
-/* Appends base64 (RFC 4648 section 4, padded). */
-void gw_b64_encode(sp_buf_t *out, const uint8_t *p, size_t n);
+
+/* Where a sandbox runs, read by a pool job (gateway_db.c). */
+typedef struct {
+    bool failed, found;
+    char state[32];
+    char worker[SP_ID_MAX + 1];
+} gw_sandbox_loc_t;
+void gw_sandbox_locate(PGconn *db, const char *sandbox, const char *tenant, gw_sandbox_loc_t *loc);
+/* On the loop: answers rq with the error and returns false unless the sandbox is running on a
+ * worker. */
+bool gw_sandbox_loc_ok(gw_req_t *rq, const gw_sandbox_loc_t *loc);
 
 typedef struct gw_cmd gw_cmd_t;
 
+/* POST /v1/sandboxes/{id}/commands: run (SSE, JSON, or 202 for background). */
 void gw_command_run(gw_req_t *rq);
+/* GET /v1/sandboxes/{id}/commands/{cid}/stream: (re)attach to a command's output (SSE or JSON);
+ * Last-Event-ID or ?from_seq= resumes after that seq. */
+void gw_command_attach(gw_req_t *rq);
+/* GET /v1/sandboxes/{id}/commands (gateway_command_ctl.c). */
+void gw_command_list(gw_req_t *rq);
+/* POST /v1/sandboxes/{id}/commands/{cid}/stdin|signal|resize (rq->path_action says which). */
+void gw_command_ctl(gw_req_t *rq);
 /* Deadlines, keepalives and write timeouts, once a second. */
 void gw_commands_tick(gw_t *gw);
 /* Ends every command's response (shutdown); the commands keep running in their sandboxes. With
@@ -428,7 +472,7 @@ struct gw {
     /* Bus jobs (blocking NATS calls without a database connection): at most bus-threads run,
      * the others wait in this FIFO. */
     size_t bus_running;
-    gw_cmd_t *bus_head, *bus_tail;
+    gw_bus_job_t *bus_head, *bus_tail;
     bool stopping;
 };
 

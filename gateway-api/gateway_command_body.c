@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "b64.h"
 #include "envelope.h"
 #include "error.h"
 #include "ids.h"
@@ -28,89 +29,6 @@
 #define CMD_MAX_BYTES     16384
 #define CWD_MAX_BYTES     1024
 #define CMD_TIMEOUT_MAX_S (24 * 3600)
-
-/* ---- base64 (RFC 4648 section 4, with padding) ---- */
-
-static const char b64_alphabet[] =
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-void gw_b64_encode(sp_buf_t *out, const uint8_t *p, size_t n)
-{
-    char q[4];
-    size_t i = 0;
-    for (; i + 3 <= n; i += 3) {
-        uint32_t v = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8 | p[i + 2];
-        q[0] = b64_alphabet[v >> 18];
-        q[1] = b64_alphabet[(v >> 12) & 63];
-        q[2] = b64_alphabet[(v >> 6) & 63];
-        q[3] = b64_alphabet[v & 63];
-        sp_buf_append(out, q, 4);
-    }
-    if (i < n) {
-        uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0);
-        q[0] = b64_alphabet[v >> 18];
-        q[1] = b64_alphabet[(v >> 12) & 63];
-        q[2] = '=';
-        q[3] = '=';
-        if (i + 1 < n)
-            q[2] = b64_alphabet[(v >> 6) & 63];
-        sp_buf_append(out, q, 4);
-    }
-}
-
-static int b64_value(char c)
-{
-    if (c >= 'A' && c <= 'Z')
-        return c - 'A';
-    if (c >= 'a' && c <= 'z')
-        return c - 'a' + 26;
-    if (c >= '0' && c <= '9')
-        return c - '0' + 52;
-    if (c == '+')
-        return 62;
-    if (c == '/')
-        return 63;
-    return -1;
-}
-
-/* Strict: a multiple of 4 characters of the alphabet, padding only at the end, and the unused
- * bits of the last group zero (RFC 4648 section 3.5), so one byte string has one encoding. */
-static int b64_decode(const char *s, size_t n, uint8_t **ret, size_t *ret_len)
-{
-    if (n % 4 != 0)
-        return -EINVAL;
-    size_t pad = 0;
-    if (n >= 4 && s[n - 1] == '=')
-        pad = s[n - 2] == '=' ? 2 : 1;
-    uint8_t *out = sp_xmalloc(n / 4 * 3 + 1);
-    size_t o = 0;
-    for (size_t i = 0; i < n; i += 4) {
-        bool last = i + 4 == n;
-        int v[4];
-        for (int k = 0; k < 4; k++) {
-            bool padded = last && k >= 4 - (int)pad;
-            v[k] = padded ? 0 : b64_value(s[i + (size_t)k]);
-            if (v[k] < 0) {
-                free(out);
-                return -EINVAL;
-            }
-        }
-        uint32_t x =
-            (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
-        if (last && ((pad == 2 && (x & 0xffff)) || (pad == 1 && (x & 0xff)))) {
-            free(out);
-            return -EINVAL;
-        }
-        out[o++] = (uint8_t)(x >> 16);
-        if (!last || pad < 2)
-            out[o++] = (uint8_t)(x >> 8);
-        if (!last || pad < 1)
-            out[o++] = (uint8_t)x;
-    }
-    *ret = out;
-    *ret_len = o;
-    return 0;
-}
 
 /* ---- the body ---- */
 
@@ -178,7 +96,7 @@ static int parse_stdin(const sp_json_t *v, bool b64, gw_cmd_spec_t *s, gw_verr_t
         if (len > (GW_STDIN_MAX + 2) / 3 * 4)
             return gw_bad(e, "invalid_field", "stdin_b64 decodes to more than %d bytes",
                           GW_STDIN_MAX);
-        if (b64_decode(str, len, &s->stdin_data, &s->stdin_len) < 0)
+        if (sp_b64_decode(str, len, &s->stdin_data, &s->stdin_len) < 0)
             return gw_bad(e, "invalid_field", "stdin_b64 is not base64 (RFC 4648, padded)");
         if (s->stdin_len > GW_STDIN_MAX)
             return gw_bad(e, "invalid_field", "stdin_b64 decodes to more than %d bytes",
@@ -192,6 +110,36 @@ static int parse_stdin(const sp_json_t *v, bool b64, gw_cmd_spec_t *s, gw_verr_t
     }
     s->has_stdin = true;
     sp_sha256(s->stdin_data, s->stdin_len, s->stdin_sha256);
+    return 0;
+}
+
+/* "pty": true (80x24), false, or {"rows": R, "cols": C}. */
+static int parse_pty(const sp_json_t *v, gw_cmd_spec_t *s, gw_verr_t *e)
+{
+    bool on;
+    if (sp_json_bool(v, &on) == 0) {
+        s->pty_rows = on ? GW_PTY_DEFAULT_ROWS : 0;
+        s->pty_cols = on ? GW_PTY_DEFAULT_COLS : 0;
+        return 0;
+    }
+    if (sp_json_type(v) != SP_JSON_OBJECT)
+        return gw_bad(e, "invalid_field", "pty must be a boolean or {\"rows\": R, \"cols\": C}");
+    s->pty_rows = GW_PTY_DEFAULT_ROWS;
+    s->pty_cols = GW_PTY_DEFAULT_COLS;
+    for (size_t i = 0; i < sp_json_len(v); i++) {
+        const char *k = sp_json_key_at(v, i);
+        int64_t x;
+        bool rows = strcmp(k, "rows") == 0;
+        if (!rows && strcmp(k, "cols") != 0)
+            return gw_bad(e, "unknown_field", "unknown field pty.%s", k);
+        if (sp_json_int(sp_json_at(v, i), 1, GW_PTY_MAX, &x) < 0)
+            return gw_bad(e, "invalid_field", "pty.%s must be an integer within 1..%d", k,
+                          GW_PTY_MAX);
+        if (rows)
+            s->pty_rows = (uint32_t)x;
+        else
+            s->pty_cols = (uint32_t)x;
+    }
     return 0;
 }
 
@@ -244,6 +192,13 @@ static int parse_field(const char *k, const sp_json_t *v, gw_cmd_spec_t *s, gw_v
             return gw_bad(e, "invalid_field", "background must be a boolean");
         return 0;
     }
+    if (strcmp(k, "stdin_open") == 0) {
+        if (sp_json_bool(v, &s->stdin_open) < 0)
+            return gw_bad(e, "invalid_field", "stdin_open must be a boolean");
+        return 0;
+    }
+    if (strcmp(k, "pty") == 0)
+        return parse_pty(v, s, e);
     return gw_bad(e, "unknown_field", "unknown field %s", k);
 }
 
@@ -320,6 +275,8 @@ void gw_cmd_intent_init(gw_cmd_intent_t *in, const gw_cmd_spec_t *s, const char 
     in->cr.user = (char *)(s->user ? s->user : "");
     in->cr.timeout_s = s->timeout_s;
     in->cr.background = s->background;
+    in->cr.pty = s->pty_rows > 0;
+    in->cr.stdin_open = s->stdin_open;
     in->cr.stdin_bytes = s->stdin_len;
     if (s->has_stdin) {
         in->cr.stdin_sha256.data = (uint8_t *)s->stdin_sha256;
@@ -361,6 +318,10 @@ int gw_cmd_exec_pack(const gw_cmd_spec_t *s, const char *sandbox, const char *te
     req.timeout_s = s->timeout_s;
     req.stdin.data = s->stdin_data;
     req.stdin.len = s->stdin_len;
+    req.background = s->background;
+    req.stdin_open = s->stdin_open;
+    req.pty_rows = s->pty_rows;
+    req.pty_cols = s->pty_cols;
 
     size_t n = space__io__v1__exec_request__get_packed_size(&req);
     if (n > (size_t)SP_BUS_MAX_MSG) {

@@ -42,6 +42,7 @@
 #include <sys/socket.h>
 
 #include "db.h"
+#include "b64.h"
 #include "error.h"
 #include "ids.h"
 #include "log.h"
@@ -66,6 +67,7 @@ typedef enum { PH_LOOKUP = 1, PH_SETUP, PH_RUNNING, PH_DONE } phase_t;
 typedef struct io_chunk io_chunk_t;
 struct io_chunk {
     io_chunk_t *next;
+    uint64_t seq;
     uint32_t stream;
     size_t len;
     uint8_t data[];
@@ -87,6 +89,10 @@ struct gw_cmd {
     gw_req_t *rq;   /* holds a reference */
     h2o_req_t *req; /* SSE: while the response is open */
     bool sse;
+    bool attach;       /* GET .../stream: no intent, no exec; the worker replays what it kept */
+    uint64_t from_seq; /* attach: output after this seq */
+    bool skipped;      /* attach: output between from_seq and the oldest kept chunk is gone */
+    bool start_sent;   /* SSE: the start record is written */
     phase_t phase;
     gw_cmd_spec_t spec;
     char cmd_id[SP_ID_MAX + 1];
@@ -99,10 +105,9 @@ struct gw_cmd {
     char prefix[96]; /* "space.io.cmd.<cmd_id>." */
 
     /* The bus job in flight (at most one per command). */
-    uv_work_t work;
+    gw_bus_job_t job;
     void (*bus_run)(gw_cmd_t *c);
     void (*bus_done)(gw_cmd_t *c);
-    gw_cmd_t *bus_next;
     bool bus_busy;
     sp_bus_sub_t *sub; /* written by bus jobs, read on the loop after them */
 
@@ -142,79 +147,74 @@ struct gw_cmd {
     bool capped;       /* JSON: JSON_CAP was hit */
     bool have_exit;
     exit_info_t exit;
+    uint32_t pid; /* 0 until the worker's IoStart (or the attach reply) */
+    /* Attach: what arrived before the worker's reply, applied after its replay. */
+    bool attaching;
+    io_chunk_t *held_head, *held_tail;
+    size_t held;
+    bool held_have_exit;
+    exit_info_t held_exit;
+    uint64_t held_exit_last_seq;
 
     gw_cmd_t *prev, *next;
 };
 
 /* ---- bus jobs ---- */
 
-static void bus_start(gw_t *gw, gw_cmd_t *c);
-
-static void bus_work_cb(uv_work_t *w)
+static void cmd_job_run(gw_bus_job_t *job)
 {
-    gw_cmd_t *c = w->data;
+    gw_cmd_t *c = job->arg;
     c->bus_run(c);
 }
 
-static void bus_after_cb(uv_work_t *w, int status)
+static void cmd_job_done(gw_bus_job_t *job)
 {
-    gw_cmd_t *c = w->data;
-    gw_t *gw = c->gw;
-
-    (void)status; /* never cancelled */
-    gw->bus_running--;
+    gw_cmd_t *c = job->arg;
     c->bus_busy = false;
-    while (gw->bus_head && gw->bus_running < (size_t)gw->cfg->bus_threads) {
-        gw_cmd_t *next = gw->bus_head;
-        gw->bus_head = next->bus_next;
-        if (!gw->bus_head)
-            gw->bus_tail = NULL;
-        bus_start(gw, next);
-    }
     c->bus_done(c);
 }
 
-static void bus_start(gw_t *gw, gw_cmd_t *c)
-{
-    gw->bus_running++;
-    c->bus_next = NULL;
-    c->work.data = c;
-    uv_queue_work(gw->loop, &c->work, bus_work_cb, bus_after_cb);
-}
-
-/* At most bus-threads jobs run at once, so with UV_THREADPOOL_SIZE = pg-pool + 1 + bus-threads
- * a database job never waits behind a blocked NATS call. The FIFO is bounded by max-commands
- * (one job per command at a time). */
 static void bus_submit(gw_cmd_t *c, void (*run)(gw_cmd_t *), void (*done)(gw_cmd_t *))
 {
-    gw_t *gw = c->gw;
     c->bus_run = run;
     c->bus_done = done;
     c->bus_busy = true;
-    if (gw->bus_running < (size_t)gw->cfg->bus_threads && !gw->bus_head) {
-        bus_start(gw, c);
-        return;
-    }
-    c->bus_next = NULL;
-    if (gw->bus_tail)
-        gw->bus_tail->bus_next = c;
-    else
-        gw->bus_head = c;
-    gw->bus_tail = c;
+    c->job.arg = c;
+    c->job.run = cmd_job_run;
+    c->job.done = cmd_job_done;
+    gw_bus_submit(c->gw, &c->job);
 }
 
 /* ---- lifetime ---- */
 
-static void free_queue(gw_cmd_t *c)
+static void free_chunks(io_chunk_t *q)
 {
-    io_chunk_t *q = c->head;
     while (q) {
         io_chunk_t *n = q->next;
         free(q);
         q = n;
     }
+}
+
+static void free_queue(gw_cmd_t *c)
+{
+    free_chunks(c->head);
     c->head = c->tail = NULL;
     c->queued = 0;
+    free_chunks(c->held_head);
+    c->held_head = c->held_tail = NULL;
+    c->held = 0;
+}
+
+static io_chunk_t *chunk_new(uint64_t seq, uint32_t stream, const uint8_t *data, size_t len)
+{
+    io_chunk_t *q = sp_xmalloc(sizeof(*q) + len);
+    q->next = NULL;
+    q->seq = seq;
+    q->stream = stream;
+    q->len = len;
+    memcpy(q->data, data, len);
+    return q;
 }
 
 static void on_async_closed(uv_handle_t *h)
@@ -330,6 +330,56 @@ static const char *stream_name(uint32_t stream)
 
 /* ---- the data plane (cnats thread) ---- */
 
+/* One chunk in sequence (c->mu held): checks its seq against what came before, applies the
+ * bounds, queues it for the loop. Whether the loop needs waking. */
+static bool accept_chunk(gw_cmd_t *c, uint64_t seq, uint32_t stream, const uint8_t *data,
+                         size_t len)
+{
+    if (seq < c->next_seq)
+        return false; /* a repeat (a replayed chunk that also came live), or out of order */
+    if (seq != c->next_seq)
+        c->lost = true;
+    c->next_seq = seq + 1;
+    c->last_seq = seq;
+    c->seen[stream] += len;
+    size_t keep = len;
+    if (!c->sse) {
+        uint64_t room = JSON_CAP - c->kept[stream];
+        if (keep > room) {
+            keep = (size_t)room;
+            c->capped = true;
+        }
+        c->kept[stream] += keep;
+    } else if (c->dropped ||
+               c->queued + c->loop_bytes + keep > (size_t)c->gw->cfg->command_buffer_bytes) {
+        /* Never wait for the loop here: past the bound the rest of the output is dropped. */
+        c->dropped = true;
+        keep = 0;
+    }
+    if (keep == 0)
+        return false;
+    io_chunk_t *q = chunk_new(seq, stream, data, keep);
+    if (c->tail)
+        c->tail->next = q;
+    else
+        c->head = q;
+    c->tail = q;
+    c->queued += keep;
+    return true;
+}
+
+/* The IoExit (c->mu held). Whether the loop needs waking. */
+static bool accept_exit(gw_cmd_t *c, const exit_info_t *ex, uint64_t last_seq)
+{
+    if (c->have_exit)
+        return false;
+    c->have_exit = true;
+    c->exit = *ex;
+    if (last_seq != c->last_seq)
+        c->lost = true;
+    return true;
+}
+
 static void on_chunk(gw_cmd_t *c, const uint8_t *data, size_t len)
 {
     Space__Io__V1__IoChunk *m = NULL;
@@ -349,47 +399,40 @@ static void on_chunk(gw_cmd_t *c, const uint8_t *data, size_t len)
         c->lost = true;
         goto out;
     }
-    if (m->seq != c->next_seq)
-        c->lost = true;
-    if (m->seq < c->next_seq)
-        goto out; /* a repeat, or out of order: the gap was already reported */
-    c->next_seq = m->seq + 1;
-    c->last_seq = m->seq;
-    c->seen[m->stream] += m->data.len;
-    size_t keep = m->data.len;
-    if (!c->sse) {
-        uint64_t room = JSON_CAP - c->kept[m->stream];
-        if (keep > room) {
-            keep = (size_t)room;
-            c->capped = true;
+    if (c->attaching) {
+        /* Until the worker's replay is in, live chunks wait (bounded like the queue). */
+        if (c->held + m->data.len > (size_t)c->gw->cfg->command_buffer_bytes) {
+            c->lost = true;
+            goto out;
         }
-        c->kept[m->stream] += keep;
-    } else if (c->dropped ||
-               c->queued + c->loop_bytes + keep > (size_t)c->gw->cfg->command_buffer_bytes) {
-        /* Never wait for the loop here: past the bound the rest of the output is dropped. */
-        c->dropped = true;
-        keep = 0;
-    }
-    if (keep > 0) {
-        io_chunk_t *q = sp_xmalloc(sizeof(*q) + keep);
-        q->next = NULL;
-        q->stream = m->stream;
-        q->len = keep;
-        memcpy(q->data, m->data.data, keep);
-        if (c->tail)
-            c->tail->next = q;
+        io_chunk_t *q = chunk_new(m->seq, m->stream, m->data.data, m->data.len);
+        if (c->held_tail)
+            c->held_tail->next = q;
         else
-            c->head = q;
-        c->tail = q;
-        c->queued += keep;
-        wake = true;
+            c->held_head = q;
+        c->held_tail = q;
+        c->held += m->data.len;
+        goto out;
     }
+    wake = accept_chunk(c, m->seq, m->stream, m->data.data, m->data.len);
 out:
     pthread_mutex_unlock(&c->mu);
     if (m)
         space__io__v1__io_chunk__free_unpacked(m, NULL);
     if (wake)
         uv_async_send(&c->async);
+}
+
+static void exit_info_from(exit_info_t *ex, const Space__Io__V1__IoExit *m)
+{
+    memset(ex, 0, sizeof(*ex));
+    ex->exit_code = m->exit_code;
+    ex->signal = m->signal;
+    ex->timed_out = m->timed_out;
+    ex->truncated = m->truncated;
+    ex->bytes[1] = m->stdout_bytes;
+    ex->bytes[2] = m->stderr_bytes;
+    snprintf(ex->error, sizeof(ex->error), "%s", m->error);
 }
 
 static void on_exit_msg(gw_cmd_t *c, const uint8_t *data, size_t len)
@@ -404,23 +447,36 @@ static void on_exit_msg(gw_cmd_t *c, const uint8_t *data, size_t len)
         if (!m || strcmp(m->cmd_id, c->cmd_id) != 0) {
             /* Unreadable: the deadline ends the command. */
             c->lost = true;
+        } else if (c->attaching) {
+            c->held_have_exit = true;
+            exit_info_from(&c->held_exit, m);
+            c->held_exit_last_seq = m->last_seq;
         } else {
-            c->have_exit = true;
-            c->exit.exit_code = m->exit_code;
-            c->exit.signal = m->signal;
-            c->exit.timed_out = m->timed_out;
-            c->exit.truncated = m->truncated;
-            c->exit.bytes[1] = m->stdout_bytes;
-            c->exit.bytes[2] = m->stderr_bytes;
-            snprintf(c->exit.error, sizeof(c->exit.error), "%s", m->error);
-            if (m->last_seq != c->last_seq)
-                c->lost = true;
-            wake = true;
+            exit_info_t ex;
+            exit_info_from(&ex, m);
+            wake = accept_exit(c, &ex, m->last_seq);
         }
     }
     pthread_mutex_unlock(&c->mu);
     if (m)
         space__io__v1__io_exit__free_unpacked(m, NULL);
+    if (wake)
+        uv_async_send(&c->async);
+}
+
+static void on_start_msg(gw_cmd_t *c, const uint8_t *data, size_t len)
+{
+    Space__Io__V1__IoStart *m =
+        len <= REPLY_MAX ? space__io__v1__io_start__unpack(NULL, len, data) : NULL;
+    bool wake = false;
+    pthread_mutex_lock(&c->mu);
+    if (m && strcmp(m->cmd_id, c->cmd_id) == 0 && !c->closed && c->pid == 0) {
+        c->pid = m->pid;
+        wake = true;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (m)
+        space__io__v1__io_start__free_unpacked(m, NULL);
     if (wake)
         uv_async_send(&c->async);
 }
@@ -438,6 +494,8 @@ static void on_msg(void *arg, const char *subject, const char *reply, const uint
         on_chunk(c, data, len);
     else if (strcmp(subject + n, "exit") == 0)
         on_exit_msg(c, data, len);
+    else if (strcmp(subject + n, "start") == 0)
+        on_start_msg(c, data, len);
 }
 
 /* ---- SSE output (loop) ---- */
@@ -529,12 +587,16 @@ static void on_stop(h2o_generator_t *gen, h2o_req_t *req)
     resp_over(c);
 }
 
-static void sse_record(gw_cmd_t *c, const char *event, const uint8_t *p, size_t n, bool b64)
+/* An output record; its id is the seq of the chunk, so a client that reconnects with
+ * Last-Event-ID gets what came after. */
+static void sse_record(gw_cmd_t *c, uint64_t seq, const char *event, const uint8_t *p, size_t n,
+                       bool b64)
 {
-    sp_buf_printf(&c->pending, "event: %s\ndata: {\"%s\":", event, b64 ? "b64" : "text");
+    sp_buf_printf(&c->pending, "id: %" PRIu64 "\nevent: %s\ndata: {\"%s\":", seq, event,
+                  b64 ? "b64" : "text");
     if (b64) {
         sp_buf_putc(&c->pending, '"');
-        gw_b64_encode(&c->pending, p, n);
+        sp_b64_encode(&c->pending, p, n);
         sp_buf_putc(&c->pending, '"');
     } else {
         sp_buf_json_strn(&c->pending, p, n);
@@ -544,7 +606,7 @@ static void sse_record(gw_cmd_t *c, const char *event, const uint8_t *p, size_t 
 
 /* One chunk as SSE records: text while it is well-formed UTF-8 (a sequence cut by the chunk's
  * end waits for the next chunk of its stream), else base64. */
-static void sse_output(gw_cmd_t *c, uint32_t stream, const uint8_t *data, size_t len)
+static void sse_output(gw_cmd_t *c, uint64_t seq, uint32_t stream, const uint8_t *data, size_t len)
 {
     uint8_t *joined = NULL;
     const uint8_t *p = data;
@@ -563,14 +625,14 @@ static void sse_output(gw_cmd_t *c, uint32_t stream, const uint8_t *data, size_t
     }
     size_t ok = utf8_prefix(p, n, &partial);
     if (ok == n) {
-        sse_record(c, stream_name(stream), p, n, false);
+        sse_record(c, seq, stream_name(stream), p, n, false);
     } else if (partial && n - ok < 4) {
         if (ok > 0)
-            sse_record(c, stream_name(stream), p, ok, false);
+            sse_record(c, seq, stream_name(stream), p, ok, false);
         memcpy(c->carry[stream], p + ok, n - ok);
         c->carry_len[stream] = n - ok;
     } else {
-        sse_record(c, stream_name(stream), p, n, true);
+        sse_record(c, seq, stream_name(stream), p, n, true);
     }
     free(joined);
     if (c->pending.len + c->inflight.len > (size_t)c->gw->cfg->command_buffer_bytes) {
@@ -597,6 +659,28 @@ static void json_exit_fields(sp_buf_t *b, const exit_info_t *ex, bool truncated,
                   lost ? "true" : "false");
 }
 
+/* The start record, once, before any output: with the pid when the worker has told it. */
+static void sse_start(gw_cmd_t *c)
+{
+    if (!c->sse || c->start_sent)
+        return;
+    c->start_sent = true;
+    pthread_mutex_lock(&c->mu);
+    uint32_t pid = c->pid;
+    pthread_mutex_unlock(&c->mu);
+    sp_buf_puts(&c->pending, "event: start\ndata: {\"cmd_id\":");
+    sp_buf_json_str(&c->pending, c->cmd_id);
+    if (pid)
+        sp_buf_printf(&c->pending, ",\"pid\":%" PRIu32, pid);
+    else
+        sp_buf_puts(&c->pending, ",\"pid\":null");
+    if (c->attach)
+        sp_buf_printf(&c->pending,
+                      ",\"attached\":true,\"from_seq\":%" PRIu64 ",\"output_skipped\":%s",
+                      c->from_seq, c->skipped ? "true" : "false");
+    sp_buf_puts(&c->pending, "}\n\n");
+}
+
 static void json_output(sp_buf_t *b, const char *name, const sp_buf_t *o)
 {
     const uint8_t *p = (const uint8_t *)(o->data ? o->data : "");
@@ -607,7 +691,7 @@ static void json_output(sp_buf_t *b, const char *name, const sp_buf_t *o)
     }
     /* Not UTF-8 (binary, or a character cut by the cap): null, and the bytes in base64. */
     sp_buf_printf(b, "null,\"%s_b64\":\"", name);
-    gw_b64_encode(b, p, o->len);
+    sp_b64_encode(b, p, o->len);
     sp_buf_putc(b, '"');
 }
 
@@ -616,6 +700,7 @@ static void conclude(gw_cmd_t *c, gw_cmd_end_t how, const exit_info_t *ex)
 {
     gw_t *gw = c->gw;
     bool lost, truncated;
+    uint64_t last_seq;
 
     if (c->phase != PH_RUNNING)
         return;
@@ -623,6 +708,7 @@ static void conclude(gw_cmd_t *c, gw_cmd_end_t how, const exit_info_t *ex)
     pthread_mutex_lock(&c->mu);
     lost = c->lost;
     truncated = ex->truncated || c->dropped || c->capped || c->loop_dropped;
+    last_seq = c->last_seq;
     pthread_mutex_unlock(&c->mu);
     gw->metrics.command_ends[how]++;
     if (lost)
@@ -637,7 +723,8 @@ static void conclude(gw_cmd_t *c, gw_cmd_end_t how, const exit_info_t *ex)
     if (c->sse) {
         for (uint32_t s = 1; s <= 2; s++)
             if (c->carry_len[s] > 0 && !c->loop_dropped)
-                sse_record(c, stream_name(s), c->carry[s], c->carry_len[s], true);
+                sse_record(c, last_seq, stream_name(s), c->carry[s], c->carry_len[s], true);
+        sse_start(c);
         sp_buf_puts(&c->pending, "event: exit\ndata: {");
         json_exit_fields(&c->pending, ex, truncated, lost);
         sp_buf_puts(&c->pending, "}\n\n");
@@ -702,12 +789,15 @@ static void process_io(gw_cmd_t *c)
     have_exit = c->have_exit;
     if (have_exit)
         ex = c->exit;
+    bool start = c->pid != 0 || q || have_exit;
     pthread_mutex_unlock(&c->mu);
 
+    if (start)
+        sse_start(c);
     while (q) {
         io_chunk_t *next = q->next;
         if (c->sse)
-            sse_output(c, q->stream, q->data, q->len);
+            sse_output(c, q->seq, q->stream, q->data, q->len);
         else
             sp_buf_append(&c->out[q->stream], q->data, q->len);
         free(q);
@@ -734,7 +824,9 @@ static void start_output(gw_cmd_t *c)
     int64_t timeout_s = c->spec.timeout_s ? c->spec.timeout_s : DEFAULT_TIMEOUT_S;
 
     c->phase = PH_RUNNING;
-    c->deadline_ns = sp_mono_ns() + (timeout_s + EXIT_GRACE_S) * 1000000000LL;
+    /* An attached command's timeout is not known here: it ends with its exit, or the client. */
+    c->deadline_ns =
+        c->attach ? INT64_MAX : sp_mono_ns() + (timeout_s + EXIT_GRACE_S) * 1000000000LL;
     if (!gw_req_live(c->rq)) {
         c->phase = PH_DONE;
         gw->metrics.command_ends[GW_CMD_END_CLIENT]++;
@@ -756,11 +848,110 @@ static void start_output(gw_cmd_t *c)
         c->gen.proceed = on_proceed;
         c->gen.stop = on_stop;
         h2o_start_response(req, &c->gen);
-        sp_buf_puts(&c->pending, "event: start\ndata: {\"cmd_id\":");
-        sp_buf_json_str(&c->pending, c->cmd_id);
-        sp_buf_puts(&c->pending, "}\n\n");
     }
     process_io(c);
+}
+
+/* Maps a worker's refusal (untrusted text, kept short) to an outcome. */
+static gw_cmd_outcome_t refusal_outcome(gw_cmd_t *c, const char *error, const char *detail)
+{
+    snprintf(c->reply_error, sizeof(c->reply_error), "%s", error);
+    snprintf(c->reply_detail, sizeof(c->reply_detail), "%s", detail);
+    if (strcmp(error, "sandbox_not_running") == 0)
+        return GW_CMD_SANDBOX_NOT_RUNNING;
+    if (strcmp(error, "agent_unavailable") == 0)
+        return GW_CMD_AGENT_UNAVAILABLE;
+    if (strcmp(error, "too_many_commands") == 0)
+        return GW_CMD_TOO_MANY;
+    if (strcmp(error, "not_found") == 0)
+        return GW_CMD_NOT_FOUND;
+    return GW_CMD_WORKER_ERROR;
+}
+
+/* Bus thread, attach: the subscription is in place; ask the worker for what it kept after
+ * from_seq, apply it, then what arrived live meanwhile (repeats drop out by seq). */
+static int attach_request(gw_cmd_t *c)
+{
+    Space__Io__V1__CtlRequest q = SPACE__IO__V1__CTL_REQUEST__INIT;
+    char subject[160];
+    uint8_t *req, *reply = NULL;
+    size_t reply_len = 0;
+    bool wake = false;
+
+    q.sandbox = c->sandbox;
+    q.tenant = c->tenant;
+    q.op = "attach";
+    q.cmd_id = c->cmd_id;
+    q.from_seq = c->from_seq;
+    size_t len = space__io__v1__ctl_request__get_packed_size(&q);
+    req = sp_xmalloc(len);
+    space__io__v1__ctl_request__pack(&q, req);
+    snprintf(subject, sizeof(subject), "space.io.wkr.%s.ctl", c->worker);
+    c->bus_step = "request";
+    int64_t t0 = sp_mono_ns();
+    int rc = sp_bus_request(c->gw->bus, subject, req, len, EXEC_TIMEOUT_MS, &reply, &reply_len);
+    c->exec_s = (double)(sp_mono_ns() - t0) / 1e9;
+    free(req);
+    if (rc == SP_ENOTFOUND || rc == SP_ETIMEOUT) {
+        c->outcome = GW_CMD_WORKER_UNAVAILABLE;
+        return rc;
+    }
+    if (rc < 0)
+        return rc;
+    Space__Io__V1__CtlReply *r = reply_len <= SP_BUS_MAX_MSG
+                                     ? space__io__v1__ctl_reply__unpack(NULL, reply_len, reply)
+                                     : NULL;
+    free(reply);
+    if (!r) {
+        c->outcome = refusal_outcome(c, "bad_reply", "the worker's reply is unreadable");
+        return 0;
+    }
+    if (!r->ok || r->n_commands != 1 || strcmp(r->commands[0]->cmd_id, c->cmd_id) != 0) {
+        c->outcome =
+            refusal_outcome(c, r->ok ? "bad_reply" : r->error,
+                            r->ok ? "the worker's reply names another command" : r->detail);
+        space__io__v1__ctl_reply__free_unpacked(r, NULL);
+        return 0;
+    }
+    c->outcome = GW_CMD_ACCEPTED;
+    pthread_mutex_lock(&c->mu);
+    if (r->commands[0]->pid)
+        c->pid = r->commands[0]->pid; /* else its IoStart is on the way */
+    c->next_seq = c->from_seq + 1;
+    c->last_seq = c->from_seq;
+    if (r->first_kept_seq > c->next_seq) {
+        /* Older output did not fit in what the worker keeps. */
+        c->skipped = true;
+        c->next_seq = r->first_kept_seq;
+        c->last_seq = r->first_kept_seq - 1;
+    }
+    for (size_t i = 0; i < r->n_replay; i++) {
+        const Space__Io__V1__IoChunk *k = r->replay[i];
+        if (k->seq == 0 || (k->stream != 1 && k->stream != 2) || k->data.len > CHUNK_DATA_MAX) {
+            c->lost = true;
+            continue;
+        }
+        wake |= accept_chunk(c, k->seq, k->stream, k->data.data, k->data.len);
+    }
+    io_chunk_t *held = c->held_head;
+    c->held_head = c->held_tail = NULL;
+    c->held = 0;
+    c->attaching = false;
+    for (io_chunk_t *k = held; k; k = k->next)
+        wake |= accept_chunk(c, k->seq, k->stream, k->data, k->len);
+    free_chunks(held);
+    if (r->exit) {
+        exit_info_t ex;
+        exit_info_from(&ex, r->exit);
+        wake |= accept_exit(c, &ex, r->exit->last_seq);
+    } else if (c->held_have_exit) {
+        wake |= accept_exit(c, &c->held_exit, c->held_exit_last_seq);
+    }
+    pthread_mutex_unlock(&c->mu);
+    space__io__v1__ctl_reply__free_unpacked(r, NULL);
+    if (wake)
+        uv_async_send(&c->async);
+    return 0;
 }
 
 /* Bus thread: subscribe, flush, publish the intent, send the ExecRequest. */
@@ -775,14 +966,20 @@ static void setup_run(gw_cmd_t *c)
 
     c->exec_s = -1;
     c->outcome = GW_CMD_BUS_ERROR;
-    snprintf(subject, sizeof(subject), "%s>", c->prefix);
-    c->bus_step = "subscribe";
-    if ((rc = sp_bus_subscribe(bus, subject, NULL, on_msg, c, &c->sub)) < 0)
+    if (!c->spec.background) {
+        snprintf(subject, sizeof(subject), "%s>", c->prefix);
+        c->bus_step = "subscribe";
+        if ((rc = sp_bus_subscribe(bus, subject, NULL, on_msg, c, &c->sub)) < 0)
+            goto out;
+        /* The server knows the subscription before anything can cause output on it. */
+        c->bus_step = "flush";
+        if ((rc = sp_bus_flush(bus, FLUSH_TIMEOUT_MS)) < 0)
+            goto out;
+    }
+    if (c->attach) {
+        rc = attach_request(c);
         goto out;
-    /* The server knows the subscription before anything can cause output on it. */
-    c->bus_step = "flush";
-    if ((rc = sp_bus_flush(bus, FLUSH_TIMEOUT_MS)) < 0)
-        goto out;
+    }
     c->bus_step = "publish";
     gw_cmd_intent_init(&in, &c->spec, c->sandbox, c->tenant, c->actor, c->request_id, c->cmd_id);
     if ((rc = sp_publish_event(bus, &in.env, c->event_id, c->worker, NULL, NULL)) < 0)
@@ -814,16 +1011,7 @@ static void setup_run(gw_cmd_t *c)
     } else if (r->accepted) {
         c->outcome = GW_CMD_ACCEPTED;
     } else {
-        snprintf(c->reply_error, sizeof(c->reply_error), "%s", r->error);
-        snprintf(c->reply_detail, sizeof(c->reply_detail), "%s", r->detail);
-        if (strcmp(r->error, "sandbox_not_running") == 0)
-            c->outcome = GW_CMD_SANDBOX_NOT_RUNNING;
-        else if (strcmp(r->error, "agent_unavailable") == 0)
-            c->outcome = GW_CMD_AGENT_UNAVAILABLE;
-        else if (strcmp(r->error, "too_many_commands") == 0)
-            c->outcome = GW_CMD_TOO_MANY;
-        else
-            c->outcome = GW_CMD_WORKER_ERROR;
+        c->outcome = refusal_outcome(c, r->error, r->detail);
     }
     if (r)
         space__io__v1__exec_reply__free_unpacked(r, NULL);
@@ -856,8 +1044,28 @@ static void setup_done(gw_cmd_t *c)
     sp_buf_t extra;
 
     gw->metrics.commands[c->outcome]++;
-    if (c->exec_s >= 0)
+    if (c->exec_s >= 0 && !c->attach)
         gw_metrics_exec_latency(&gw->metrics, c->exec_s);
+    if (c->outcome == GW_CMD_ACCEPTED && c->spec.background) {
+        /* Started: the client follows it with GET .../commands/{cid}/stream. */
+        sp_buf_t b;
+        sp_buf_init(&b);
+        sp_buf_puts(&b, "{\"cmd_id\":");
+        sp_buf_json_str(&b, c->cmd_id);
+        sp_buf_puts(&b, ",\"sandbox\":");
+        sp_buf_json_str(&b, c->sandbox);
+        sp_buf_printf(&b,
+                      ",\"background\":true,\"stream\":\"/v1/sandboxes/%s/commands/%s/stream\"}",
+                      c->sandbox, c->cmd_id);
+        if (gw_req_live(rq))
+            h2o_add_header_by_str(&rq->req->pool, &rq->req->res.headers, H2O_STRLIT("x-command-id"),
+                                  0, NULL, c->cmd_id, strlen(c->cmd_id));
+        gw_respond_json(rq, 202, &b);
+        sp_buf_dispose(&b);
+        c->phase = PH_DONE;
+        resp_over(c);
+        return;
+    }
     if (c->outcome == GW_CMD_ACCEPTED && !gw->stopping) {
         start_output(c);
         return;
@@ -893,6 +1101,9 @@ static void setup_done(gw_cmd_t *c)
         gw_respond_error(rq, 429, "too_many_commands", extra.data,
                          "the sandbox runs too many commands; retry later: %s", c->reply_detail);
         break;
+    case GW_CMD_NOT_FOUND:
+        gw_respond_error(rq, 404, "not_found", extra.data, "%s", c->reply_detail);
+        break;
     case GW_CMD_WORKER_ERROR:
         sp_log(SP_LOG_WARN, "worker refused a command", SP_KS("worker", c->worker),
                SP_KS("cmd_id", c->cmd_id), SP_KS("reason", c->reply_error),
@@ -922,62 +1133,28 @@ static void setup_done(gw_cmd_t *c)
 typedef struct {
     gw_job_t job;
     gw_cmd_t *c;
-    bool failed, found;
-    char state[32];
-    char worker[SP_ID_MAX + 1];
+    gw_sandbox_loc_t loc;
 } lookup_job_t;
 
 static void lookup_run(gw_job_t *job, PGconn *db)
 {
     lookup_job_t *l = (lookup_job_t *)job;
-    const char *p[2] = {l->c->sandbox, l->c->tenant};
-    PGresult *r = PQexecParams(db,
-                               "SELECT state, coalesce(worker, '') FROM sandboxes WHERE id = $1 "
-                               "AND tenant = $2",
-                               2, NULL, p, NULL, NULL, 0);
-    if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
-        sp_log(SP_LOG_WARN, "query failed", SP_KS("query", "command lookup"),
-               SP_KS("error", PQerrorMessage(db)));
-        l->failed = true;
-    } else if (PQntuples(r) == 1) {
-        l->found = true;
-        snprintf(l->state, sizeof(l->state), "%s", PQgetvalue(r, 0, 0));
-        snprintf(l->worker, sizeof(l->worker), "%s", PQgetvalue(r, 0, 1));
-    }
-    PQclear(r);
+    gw_sandbox_locate(db, l->c->sandbox, l->c->tenant, &l->loc);
 }
 
 static void lookup_done(gw_job_t *job)
 {
     lookup_job_t *l = (lookup_job_t *)job;
     gw_cmd_t *c = l->c;
-    gw_req_t *rq = c->rq;
 
-    if (c->gw->stopping) {
-        gw_respond_error(rq, 503, "shutting_down", NULL, "the gateway is stopping");
-    } else if (l->failed) {
-        gw_respond_error(rq, 503, "unavailable", NULL, "the database is not available; retry");
-    } else if (!l->found) {
-        gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
-    } else if (strcmp(l->state, "running") != 0) {
-        sp_buf_t extra;
-        sp_buf_init(&extra);
-        sp_buf_puts(&extra, "\"state\":");
-        sp_buf_json_str(&extra, l->state);
-        gw_respond_error(rq, 409, "sandbox_not_running", extra.data,
-                         "the sandbox is %s; commands run only in a running sandbox", l->state);
-        sp_buf_dispose(&extra);
-    } else if (!sp_id_valid(l->worker)) {
-        gw_respond_error(rq, 503, "worker_unavailable", NULL, "the sandbox has no worker");
-    } else {
-        snprintf(c->worker, sizeof(c->worker), "%s", l->worker);
+    if (gw_sandbox_loc_ok(c->rq, &l->loc)) {
+        snprintf(c->worker, sizeof(c->worker), "%s", l->loc.worker);
         c->phase = PH_SETUP;
         bus_submit(c, setup_run, setup_done);
-        free(l);
-        return;
+    } else {
+        c->phase = PH_DONE;
+        resp_over(c);
     }
-    c->phase = PH_DONE;
-    resp_over(c);
     free(l);
 }
 
@@ -999,6 +1176,55 @@ static bool wants_json(const gw_req_t *rq)
             return false;
     }
     return false;
+}
+
+/* A command followed by this gateway (run or attach): looks the sandbox up, then the bus job.
+ * Takes over spec. */
+static void cmd_start(gw_req_t *rq, const char *cmd_id, gw_cmd_spec_t *spec, bool attach,
+                      uint64_t from_seq)
+{
+    gw_t *gw = rq->gw;
+    gw_cmd_t *c = sp_xcalloc(1, sizeof(*c));
+    c->gw = gw;
+    c->rq = rq;
+    gw_req_ref(rq);
+    c->sse = !wants_json(rq);
+    c->attach = attach;
+    c->attaching = attach;
+    c->from_seq = from_seq;
+    c->phase = PH_LOOKUP;
+    c->spec = *spec;
+    snprintf(c->cmd_id, sizeof(c->cmd_id), "%s", cmd_id);
+    snprintf(c->sandbox, sizeof(c->sandbox), "%s", rq->path_id);
+    snprintf(c->tenant, sizeof(c->tenant), "%s", rq->tenant);
+    snprintf(c->actor, sizeof(c->actor), "%s", rq->key_id);
+    snprintf(c->request_id, sizeof(c->request_id), "%s", rq->request_id);
+    snprintf(c->prefix, sizeof(c->prefix), "space.io.cmd.%s.", cmd_id);
+    c->next_seq = 1;
+    sp_buf_init(&c->pending);
+    sp_buf_init(&c->inflight);
+    for (int i = 0; i < 3; i++)
+        sp_buf_init(&c->out[i]);
+    pthread_mutex_init(&c->mu, NULL);
+    uv_async_init(gw->loop, &c->async, on_async);
+    c->async.data = c;
+    c->next = gw->commands;
+    if (gw->commands)
+        gw->commands->prev = c;
+    gw->commands = c;
+    gw->n_commands++;
+    gw->metrics.commands_running++;
+
+    lookup_job_t *l = sp_xcalloc(1, sizeof(*l));
+    l->c = c;
+    l->job.run = lookup_run;
+    l->job.done = lookup_done;
+    if (gw_job_submit(gw, &l->job) < 0) {
+        free(l);
+        gw_respond_error(rq, 503, "overloaded", NULL, "too many requests are waiting");
+        c->phase = PH_DONE;
+        resp_over(c);
+    }
 }
 
 void gw_command_run(gw_req_t *rq)
@@ -1029,12 +1255,6 @@ void gw_command_run(gw_req_t *rq)
     }
     if (gw_cmd_spec_parse(body, len, &spec, &code, err) < 0) {
         gw_respond_error(rq, 400, code, NULL, "%s", err);
-        gw_cmd_spec_dispose(&spec);
-        return;
-    }
-    if (spec.background) {
-        gw_respond_error(rq, 501, "not_implemented", NULL,
-                         "background commands are not supported yet; send background: false");
         gw_cmd_spec_dispose(&spec);
         return;
     }
@@ -1075,44 +1295,61 @@ void gw_command_run(gw_req_t *rq)
         return;
     }
 
-    gw_cmd_t *c = sp_xcalloc(1, sizeof(*c));
-    c->gw = gw;
-    c->rq = rq;
-    gw_req_ref(rq);
-    c->sse = !wants_json(rq);
-    c->phase = PH_LOOKUP;
-    c->spec = spec;
-    snprintf(c->cmd_id, sizeof(c->cmd_id), "%s", cmd_id);
-    snprintf(c->sandbox, sizeof(c->sandbox), "%s", rq->path_id);
-    snprintf(c->tenant, sizeof(c->tenant), "%s", rq->tenant);
-    snprintf(c->actor, sizeof(c->actor), "%s", rq->key_id);
-    snprintf(c->request_id, sizeof(c->request_id), "%s", rq->request_id);
-    snprintf(c->prefix, sizeof(c->prefix), "space.io.cmd.%s.", cmd_id);
-    c->next_seq = 1;
-    sp_buf_init(&c->pending);
-    sp_buf_init(&c->inflight);
-    for (int i = 0; i < 3; i++)
-        sp_buf_init(&c->out[i]);
-    pthread_mutex_init(&c->mu, NULL);
-    uv_async_init(gw->loop, &c->async, on_async);
-    c->async.data = c;
-    c->next = gw->commands;
-    if (gw->commands)
-        gw->commands->prev = c;
-    gw->commands = c;
-    gw->n_commands++;
-    gw->metrics.commands_running++;
+    cmd_start(rq, cmd_id, &spec, false, 0);
+}
 
-    lookup_job_t *l = sp_xcalloc(1, sizeof(*l));
-    l->c = c;
-    l->job.run = lookup_run;
-    l->job.done = lookup_done;
-    if (gw_job_submit(gw, &l->job) < 0) {
-        free(l);
-        gw_respond_error(rq, 503, "overloaded", NULL, "too many requests are waiting");
-        c->phase = PH_DONE;
-        resp_over(c);
+/* A decimal sequence number of 1..19 digits; -1 otherwise. */
+static int64_t parse_seq(const char *p, size_t n)
+{
+    int64_t v = 0;
+    if (n == 0 || n > 18)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9')
+            return -1;
+        v = v * 10 + (p[i] - '0');
     }
+    return v;
+}
+
+/* The Last-Event-ID header, else ?from_seq=N, else 0; -1 when one is not a number. */
+static int64_t attach_from(const gw_req_t *rq)
+{
+    const h2o_iovec_t *h = gw_req_header(rq, "last-event-id", NULL);
+    if (h)
+        return parse_seq(h->base, h->len);
+    gw_query_t q;
+    if (gw_query_parse(rq->req, &q) < 0)
+        return -1;
+    for (size_t i = 0; i < q.n; i++) {
+        if (strcmp(q.p[i].key, "from_seq") == 0)
+            return parse_seq(q.p[i].value, strlen(q.p[i].value));
+    }
+    return 0;
+}
+
+void gw_command_attach(gw_req_t *rq)
+{
+    gw_t *gw = rq->gw;
+    if (!sp_id_valid(rq->path_id) || !sp_id_valid(rq->path_sub_id)) {
+        gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox or command");
+        return;
+    }
+    int64_t from = attach_from(rq);
+    if (from < 0) {
+        gw_respond_error(rq, 400, "invalid_field", NULL,
+                         "Last-Event-ID and from_seq must be a decimal sequence number");
+        return;
+    }
+    if (gw->n_commands >= (size_t)gw->cfg->max_commands) {
+        gw_respond_error(rq, 429, "too_many_commands", NULL,
+                         "this gateway follows at most %lld commands at once; retry later",
+                         (long long)gw->cfg->max_commands);
+        return;
+    }
+    gw_cmd_spec_t none;
+    memset(&none, 0, sizeof(none));
+    cmd_start(rq, rq->path_sub_id, &none, true, (uint64_t)from);
 }
 
 /* ---- driven by the loop ---- */

@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -17,6 +18,7 @@
 
 #include "db.h"
 #include "error.h"
+#include "ids.h"
 #include "log.h"
 #include "xmalloc.h"
 
@@ -259,4 +261,50 @@ void gw_listener_stop(gw_listener_t *l)
     l->wake_fd = -1;
     free(l->url);
     l->url = NULL;
+}
+
+/* ---- where a sandbox runs ---- */
+
+void gw_sandbox_locate(PGconn *db, const char *sandbox, const char *tenant, gw_sandbox_loc_t *loc)
+{
+    const char *p[2] = {sandbox, tenant};
+    memset(loc, 0, sizeof(*loc));
+    PGresult *r = PQexecParams(db,
+                               "SELECT state, coalesce(worker, '') FROM sandboxes WHERE id = $1 "
+                               "AND tenant = $2",
+                               2, NULL, p, NULL, NULL, 0);
+    if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
+        sp_log(SP_LOG_WARN, "query failed", SP_KS("query", "sandbox location"),
+               SP_KS("error", PQerrorMessage(db)));
+        loc->failed = true;
+    } else if (PQntuples(r) == 1) {
+        loc->found = true;
+        snprintf(loc->state, sizeof(loc->state), "%s", PQgetvalue(r, 0, 0));
+        snprintf(loc->worker, sizeof(loc->worker), "%s", PQgetvalue(r, 0, 1));
+    }
+    PQclear(r);
+}
+
+bool gw_sandbox_loc_ok(gw_req_t *rq, const gw_sandbox_loc_t *loc)
+{
+    if (rq->gw->stopping) {
+        gw_respond_error(rq, 503, "shutting_down", NULL, "the gateway is stopping");
+    } else if (loc->failed) {
+        gw_respond_error(rq, 503, "unavailable", NULL, "the database is not available; retry");
+    } else if (!loc->found) {
+        gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
+    } else if (strcmp(loc->state, "running") != 0) {
+        sp_buf_t extra;
+        sp_buf_init(&extra);
+        sp_buf_puts(&extra, "\"state\":");
+        sp_buf_json_str(&extra, loc->state);
+        gw_respond_error(rq, 409, "sandbox_not_running", extra.data,
+                         "the sandbox is %s; commands run only in a running sandbox", loc->state);
+        sp_buf_dispose(&extra);
+    } else if (!sp_id_valid(loc->worker)) {
+        gw_respond_error(rq, 503, "worker_unavailable", NULL, "the sandbox has no worker");
+    } else {
+        return true;
+    }
+    return false;
 }

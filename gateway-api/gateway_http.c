@@ -370,14 +370,32 @@ static bool is_method(const h2o_req_t *req, const char *m)
     return h2o_memis(req->method.base, req->method.len, m, strlen(m));
 }
 
-typedef enum { SUB_NONE = 0, SUB_EVENTS, SUB_COMMANDS } sub_resource_t;
+typedef enum { SUB_NONE = 0, SUB_EVENTS, SUB_COMMANDS, SUB_COMMAND } sub_resource_t;
 
-/* Matches /v1/sandboxes/{id}, /v1/sandboxes/{id}/events and /v1/sandboxes/{id}/commands;
- * *ret_sub tells which. The id is copied as it is (checked after authentication, so a
- * malformed id reads as unknown). */
-static bool match_sandbox_path(const char *path, size_t len, char id[SP_ID_MAX + 1],
+/* .../commands/{cid}/{action}: copies cid and action (checked later, like the id). */
+static bool match_command_path(const char *s, size_t n, gw_req_t *rq)
+{
+    const char *slash = memchr(s, '/', n);
+    if (!slash)
+        return false;
+    size_t idlen = (size_t)(slash - s), alen = n - idlen - 1;
+    if (idlen == 0 || idlen > SP_ID_MAX || alen == 0 || alen >= sizeof(rq->path_action) ||
+        memchr(slash + 1, '/', alen))
+        return false;
+    memcpy(rq->path_sub_id, s, idlen);
+    rq->path_sub_id[idlen] = '\0';
+    memcpy(rq->path_action, slash + 1, alen);
+    rq->path_action[alen] = '\0';
+    return true;
+}
+
+/* Matches /v1/sandboxes/{id}, /v1/sandboxes/{id}/events, /v1/sandboxes/{id}/commands and
+ * /v1/sandboxes/{id}/commands/{cid}/{action}; *ret_sub tells which. The ids are copied as they
+ * are (checked after authentication, so a malformed id reads as unknown). */
+static bool match_sandbox_path(gw_req_t *rq, const char *path, size_t len, char id[SP_ID_MAX + 1],
                                sub_resource_t *ret_sub)
 {
+    static const char cmds[] = "/commands/";
     static const char prefix[] = "/v1/sandboxes/";
     const size_t plen = sizeof(prefix) - 1;
     if (len <= plen || memcmp(path, prefix, plen) != 0)
@@ -393,6 +411,10 @@ static bool match_sandbox_path(const char *path, size_t len, char id[SP_ID_MAX +
             *ret_sub = SUB_EVENTS;
         else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/commands")))
             *ret_sub = SUB_COMMANDS;
+        else if (rest - idlen > sizeof(cmds) - 1 && memcmp(slash, cmds, sizeof(cmds) - 1) == 0 &&
+                 match_command_path(slash + sizeof(cmds) - 1, rest - idlen - (sizeof(cmds) - 1),
+                                    rq))
+            *ret_sub = SUB_COMMAND;
         else
             return false;
     } else {
@@ -500,14 +522,34 @@ static void route(gw_req_t *rq)
             return;
         }
     }
-    if (match_sandbox_path(path, len, rq->path_id, &sub)) {
+    if (match_sandbox_path(rq, path, len, rq->path_id, &sub)) {
         if (sub == SUB_COMMANDS) {
+            if (is_method(req, "GET")) {
+                rq->route = GW_R_COMMAND_LIST;
+                with_auth(rq, gw_command_list);
+                return;
+            }
             rq->route = GW_R_SANDBOX_COMMANDS;
             if (!is_method(req, "POST")) {
-                method_not_allowed(rq, "POST");
+                method_not_allowed(rq, "GET, POST");
                 return;
             }
             with_auth(rq, gw_command_run);
+            return;
+        }
+        if (sub == SUB_COMMAND) {
+            bool stream = strcmp(rq->path_action, "stream") == 0;
+            if (!stream && strcmp(rq->path_action, "stdin") != 0 &&
+                strcmp(rq->path_action, "signal") != 0 && strcmp(rq->path_action, "resize") != 0) {
+                gw_respond_error(rq, 404, "not_found", NULL, "no such route");
+                return;
+            }
+            rq->route = stream ? GW_R_COMMAND_STREAM : GW_R_COMMAND_CTL;
+            if (!is_method(req, stream ? "GET" : "POST")) {
+                method_not_allowed(rq, stream ? "GET" : "POST");
+                return;
+            }
+            with_auth(rq, stream ? gw_command_attach : gw_command_ctl);
             return;
         }
         if (sub == SUB_EVENTS) {

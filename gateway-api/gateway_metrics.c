@@ -15,6 +15,9 @@ static const char *const route_names[GW_R_COUNT] = {
     [GW_R_EVENTS] = "events",
     [GW_R_TEMPLATES] = "templates",
     [GW_R_SANDBOX_COMMANDS] = "sandbox_commands",
+    [GW_R_COMMAND_LIST] = "command_list",
+    [GW_R_COMMAND_STREAM] = "command_stream",
+    [GW_R_COMMAND_CTL] = "command_ctl",
     [GW_R_OTHER] = "other",
 };
 
@@ -32,6 +35,7 @@ static const char *const outcome_names[GW_CMD_OUTCOMES] = {
     [GW_CMD_TOO_MANY] = "too_many_commands",
     [GW_CMD_WORKER_ERROR] = "worker_error",
     [GW_CMD_BUS_ERROR] = "bus_error",
+    [GW_CMD_NOT_FOUND] = "not_found",
 };
 
 static const char *const end_names[GW_CMD_ENDS] = {

@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,25 +82,24 @@ static int dechunk(char *body, size_t len, size_t *ret_len)
     return 0;
 }
 
-int sp_httpc_do(const sp_httpc_req_t *req, sp_httpc_resp_t *ret)
+/* Connects and sends the request; the socket (>= 0), or < 0. */
+static int open_and_send(const sp_httpc_req_t *req, int64_t deadline)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)req->port)};
-    int64_t deadline =
-        sp_mono_ns() + (int64_t)(req->timeout_ms ? req->timeout_ms : 120000) * 1000000;
-    size_t max = req->max_response ? req->max_response : 64u * 1024 * 1024;
-    sp_buf_t out, in;
-    int fd = -1, rc;
+    sp_buf_t out;
+    int rc;
 
-    memset(ret, 0, sizeof(*ret));
     if (inet_pton(AF_INET, req->host, &sa.sin_addr) != 1)
         return -EINVAL;
-    sp_buf_init(&out);
-    sp_buf_init(&in);
-    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
         rc = -errno;
-        goto out;
+        close(fd);
+        return rc;
     }
+    sp_buf_init(&out);
     sp_buf_printf(&out, "%s %s HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\n", req->method,
                   req->path, req->host, req->port);
     if (req->key)
@@ -112,8 +113,30 @@ int sp_httpc_do(const sp_httpc_req_t *req, sp_httpc_resp_t *ret)
     rc = send_all(fd, out.data, out.len, deadline);
     if (rc == 0 && req->body)
         rc = send_all(fd, req->body, req->body_len, deadline);
-    if (rc < 0)
+    explicit_bzero(out.data, out.len); /* it held the key */
+    sp_buf_dispose(&out);
+    if (rc < 0) {
+        close(fd);
+        return rc;
+    }
+    return fd;
+}
+
+int sp_httpc_do(const sp_httpc_req_t *req, sp_httpc_resp_t *ret)
+{
+    int64_t deadline =
+        sp_mono_ns() + (int64_t)(req->timeout_ms ? req->timeout_ms : 120000) * 1000000;
+    size_t max = req->max_response ? req->max_response : 64u * 1024 * 1024;
+    sp_buf_t in;
+    int fd = -1, rc;
+
+    memset(ret, 0, sizeof(*ret));
+    sp_buf_init(&in);
+    fd = open_and_send(req, deadline);
+    if (fd < 0) {
+        rc = fd;
         goto out;
+    }
 
     char chunk[65536];
     for (;;) {
@@ -158,11 +181,161 @@ int sp_httpc_do(const sp_httpc_req_t *req, sp_httpc_resp_t *ret)
 out:
     if (fd >= 0)
         close(fd);
-    if (out.data)
-        explicit_bzero(out.data, out.len); /* it held the key */
-    sp_buf_dispose(&out);
     sp_buf_dispose(&in);
     return rc;
+}
+
+/* ---- streaming ---- */
+
+/* Incremental de-chunking (RFC 9112 section 7.1). */
+typedef struct {
+    bool chunked;
+    int st;        /* 0 size line, 1 data, 2 CRLF after data, 3 trailers, 4 done */
+    uint64_t left; /* data bytes left in this chunk */
+    char line[64]; /* the size line so far */
+    size_t line_len;
+} dechunk_t;
+
+/* Feeds n bytes; calls fn with body bytes. 1 when the body is complete, 0 for more, < 0 on a
+ * malformed stream, -ECANCELED when fn asked to stop. */
+static int feed(dechunk_t *d, const char *p, size_t n, sp_httpc_data_fn fn, void *arg)
+{
+    if (!d->chunked)
+        return n && fn(arg, p, n) ? -ECANCELED : 0;
+    while (n > 0) {
+        if (d->st == 1) {
+            size_t take = n < d->left ? n : (size_t)d->left;
+            if (fn(arg, p, take))
+                return -ECANCELED;
+            p += take;
+            n -= take;
+            d->left -= take;
+            if (d->left == 0) {
+                d->st = 2;
+                d->line_len = 0;
+            }
+            continue;
+        }
+        if (d->st == 4)
+            return 1;
+        /* A line: size line, the CRLF after data, or a trailer line. */
+        char ch = *p++;
+        n--;
+        if (ch != '\n') {
+            if (d->line_len + 1 >= sizeof(d->line))
+                return SP_EDECODE;
+            d->line[d->line_len++] = ch;
+            continue;
+        }
+        if (d->line_len && d->line[d->line_len - 1] == '\r')
+            d->line_len--;
+        d->line[d->line_len] = '\0';
+        if (d->st == 2) {
+            if (d->line_len != 0)
+                return SP_EDECODE;
+            d->st = 0;
+        } else if (d->st == 3) {
+            if (d->line_len == 0)
+                d->st = 4;
+        } else {
+            char *end = NULL;
+            unsigned long long size = strtoull(d->line, &end, 16);
+            if (end == d->line || (*end && *end != ';'))
+                return SP_EDECODE;
+            d->left = size;
+            d->st = size ? 1 : 3;
+        }
+        d->line_len = 0;
+    }
+    return d->st == 4 ? 1 : 0;
+}
+
+int sp_httpc_stream(const sp_httpc_req_t *req, sp_httpc_resp_t *ret, sp_httpc_data_fn fn, void *arg)
+{
+    int64_t idle_ns = (int64_t)req->timeout_ms * 1000000;
+    size_t max = req->max_response ? req->max_response : 64u * 1024 * 1024;
+    sp_buf_t head;
+    dechunk_t d;
+    char chunk[65536];
+    int rc, fd;
+
+    memset(ret, 0, sizeof(*ret));
+    memset(&d, 0, sizeof(d));
+    sp_buf_init(&head);
+    fd = open_and_send(req, sp_mono_ns() + (idle_ns ? idle_ns : 120000000000LL));
+    if (fd < 0)
+        return fd;
+    bool in_body = false, collect = false;
+    sp_buf_t body;
+    sp_buf_init(&body);
+    for (;;) {
+        if ((rc = wait_fd(fd, POLLIN, idle_ns ? sp_mono_ns() + idle_ns : INT64_MAX)) < 0)
+            goto out;
+        ssize_t n = recv(fd, chunk, sizeof(chunk), MSG_DONTWAIT);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (n < 0) {
+            rc = -errno;
+            goto out;
+        }
+        if (n == 0) {
+            /* The end of a body without length or chunking is the close. */
+            rc = in_body && (!d.chunked || d.st == 4) ? 0 : SP_EDECODE;
+            goto out;
+        }
+        const char *p = chunk;
+        size_t len = (size_t)n;
+        if (!in_body) {
+            if (head.len + len > 65536) {
+                rc = SP_EDECODE;
+                goto out;
+            }
+            sp_buf_append(&head, p, len);
+            char *sep = strstr(head.data, "\r\n\r\n");
+            if (!sep)
+                continue;
+            size_t hlen = (size_t)(sep - head.data) + 4;
+            if (sscanf(head.data, "HTTP/1.%*d %3d", &ret->status) != 1) { /* NOLINT(cert-err34-c) */
+                rc = SP_EDECODE;
+                goto out;
+            }
+            ret->headers = sp_xstrndup(head.data, hlen - 2);
+            char te[64];
+            d.chunked = sp_httpc_header(ret, "transfer-encoding", te, sizeof(te)) == 0 &&
+                        strcasecmp(te, "chunked") == 0;
+            collect = ret->status < 200 || ret->status > 299;
+            in_body = true;
+            p = head.data + hlen;
+            len = head.len - hlen;
+        }
+        rc = collect ? 0 : feed(&d, p, len, fn, arg);
+        if (collect) {
+            if (body.len + len > max) {
+                rc = SP_ETOOBIG;
+                goto out;
+            }
+            sp_buf_append(&body, p, len);
+        }
+        if (rc != 0) {
+            rc = rc == 1 ? 0 : rc;
+            goto out;
+        }
+    }
+out:
+    close(fd);
+    sp_buf_dispose(&head);
+    if (collect && (rc == 0 || rc == SP_EDECODE)) {
+        size_t blen = body.len;
+        ret->body = sp_xmalloc(blen + 1);
+        memcpy(ret->body, body.data ? body.data : "", blen);
+        ret->body[blen] = '\0';
+        ret->body_len = blen;
+        if (d.chunked && dechunk(ret->body, blen, &ret->body_len) < 0)
+            ret->body_len = blen;
+        rc = 0;
+    }
+    sp_buf_dispose(&body);
+    return rc == -ECANCELED ? 0 : rc;
 }
 
 void sp_httpc_resp_free(sp_httpc_resp_t *r)

@@ -51,6 +51,7 @@ typedef struct {
     bool agent_lost;
     wk_cmd_t *cmds; /* running commands */
     size_t n_cmds;
+    wk_cmd_t *done; /* ended commands, newest first, kept a while for list and attach */
 } wk_box_t;
 
 struct wk {
@@ -67,6 +68,7 @@ struct wk {
     char **templates;
     size_t n_templates;
     sp_bus_sub_t *exec_sub; /* space.io.wkr.<id>.exec */
+    sp_bus_sub_t *ctl_sub;  /* space.io.wkr.<id>.ctl */
 };
 
 /* Compares what the log says this worker owns with what the host shows: adopts sandboxes
@@ -100,5 +102,7 @@ void wk_commands_stop(wk_t *w);
 int wk_box_attach_agent(wk_box_t *b, int to_fd, int from_fd);
 /* Ends every running command of the box with error (the sandbox is going away). */
 void wk_box_fail_commands(wk_box_t *b, const char *error);
+/* Ends the running commands and frees every command of the box (its last reference). */
+void wk_box_free_commands(wk_box_t *b);
 
 #endif

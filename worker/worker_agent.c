@@ -322,6 +322,23 @@ int wk_agent_signal(wk_agent_t *a, const char *cmd_id, int sig)
     return send_frame(a, &f);
 }
 
+int wk_agent_resize(wk_agent_t *a, const char *cmd_id, uint32_t rows, uint32_t cols)
+{
+    if (!a || rows == 0 || cols == 0 || rows > WK_AGENT_PTY_MAX || cols > WK_AGENT_PTY_MAX)
+        return -EINVAL;
+    int rc = cmd_known(a, cmd_id);
+    if (rc < 0)
+        return rc;
+    Space__Agent__V1__Resize r = SPACE__AGENT__V1__RESIZE__INIT;
+    r.cmd_id = (char *)cmd_id;
+    r.rows = rows;
+    r.cols = cols;
+    frame_t f = SPACE__AGENT__V1__AGENT_FRAME__INIT;
+    f.msg_case = SPACE__AGENT__V1__AGENT_FRAME__MSG_RESIZE;
+    f.resize = &r;
+    return send_frame(a, &f);
+}
+
 bool wk_agent_alive(wk_agent_t *a)
 {
     if (!a)

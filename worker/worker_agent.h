@@ -55,6 +55,9 @@ int wk_agent_exec(wk_agent_t *a, const Space__Agent__V1__Exec *exec);
  * not running (it may have just exited). */
 int wk_agent_stdin(wk_agent_t *a, const char *cmd_id, const uint8_t *data, size_t len, bool eof);
 int wk_agent_signal(wk_agent_t *a, const char *cmd_id, int sig);
+/* The pty size of a command started with pty (1..WK_AGENT_PTY_MAX each). */
+#define WK_AGENT_PTY_MAX 10000
+int wk_agent_resize(wk_agent_t *a, const char *cmd_id, uint32_t rows, uint32_t cols);
 /* Whether the channel is still up. */
 bool wk_agent_alive(wk_agent_t *a);
 /* Stops the reader, closes the fds, frees. Accepts NULL. */

@@ -3,15 +3,23 @@
  * intent) is checked, handed to the sandbox's agent, and answered with an ExecReply. What the
  * agent then reports becomes, per command:
  *   live output  -> IoChunk on space.io.cmd.<cmd_id>.out (seq 1, 2, ...), up to LIVE_CAP bytes;
+ *                   the newest KEEP_CAP bytes of it are also kept, for clients that (re)attach;
  *   audit        -> CommandOutput events in 16 KiB chunks up to AUDIT_CAP bytes, then a marker;
  *   the end      -> IoExit on space.io.cmd.<cmd_id>.exit and a CommandExited event with the byte
  *                   counts and SHA-256 of everything the command wrote (also beyond the caps).
  * Environment values and stdin exist only in the request and the agent frame: never in an
  * event or a log line.
  *
+ * Control (space.io.wkr.<id>.ctl, CtlRequest): list the sandbox's commands, attach to one
+ * (the kept chunks after a seq, and its exit when it has ended), write its stdin, signal its
+ * process group, resize its pty. An ended command stays listed and attachable for DONE_TTL_S,
+ * at most DONE_KEEP per sandbox, while its sandbox lives on this worker (not across a worker
+ * restart).
+ *
  * Threads: requests arrive on a cnats thread, agent callbacks on the box's reader thread; a
  * box's command list is guarded by its mutex. Publishing happens outside that mutex. */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,20 +40,95 @@
 #define AUDIT_CAP         (1024 * 1024)       /* bytes of output recorded in the log */
 #define HELLO_TIMEOUT_MS  10000
 #define USER_UID          1000
+#define KEEP_CAP          (512 * 1024) /* bytes of output kept per command for attaching */
+#define DONE_KEEP         32           /* ended commands kept per sandbox */
+#define DONE_TTL_S        600
+#define CMDLINE_MAX       512
+#define CTL_MAX           (1024 * 1024)
+#define CTL_STDIN_MAX     (512 * 1024)
+
+typedef struct kept kept_t;
+struct kept {
+    kept_t *next;
+    uint64_t seq;
+    uint32_t stream;
+    size_t len;
+    uint8_t data[];
+};
 
 struct wk_cmd {
     char id[65];
     char intent_id[37];
     char corr[129];
-    int64_t t0_ns;
+    char cmdline[CMDLINE_MAX + 1];
+    int64_t t0_ns, started_at_us, ended_ns;
+    uint32_t pid;
+    bool background, pty, stdin_open;
     uint64_t seq;
     uint64_t bytes[3]; /* by stream; [0] unused */
     sp_sha256_ctx_t *sha[3];
     uint64_t audit_bytes;
     bool audit_truncated;
     bool live_truncated;
+    kept_t *kept_head, *kept_tail; /* the newest live chunks, KEEP_CAP bytes at most */
+    size_t kept_bytes;
+    /* Once ended (on the box's done list). */
+    int exit_code;
+    uint32_t signal;
+    bool timed_out;
+    uint32_t duration_ms;
+    char error[WK_ERR_MAX];
     wk_cmd_t *next;
 };
+
+static void cmd_free(wk_cmd_t *c)
+{
+    for (kept_t *k = c->kept_head; k;) {
+        kept_t *n = k->next;
+        free(k);
+        k = n;
+    }
+    free(c);
+}
+
+/* Keeps a live chunk (box->mu held), dropping the oldest beyond KEEP_CAP. */
+static void keep_chunk(wk_cmd_t *c, uint64_t seq, int stream, const uint8_t *data, size_t len)
+{
+    kept_t *k = sp_xmalloc(sizeof(*k) + len);
+    k->next = NULL;
+    k->seq = seq;
+    k->stream = (uint32_t)stream;
+    k->len = len;
+    memcpy(k->data, data, len);
+    if (c->kept_tail)
+        c->kept_tail->next = k;
+    else
+        c->kept_head = k;
+    c->kept_tail = k;
+    c->kept_bytes += len;
+    while (c->kept_bytes > KEEP_CAP && c->kept_head != c->kept_tail) {
+        kept_t *old = c->kept_head;
+        c->kept_head = old->next;
+        c->kept_bytes -= old->len;
+        free(old);
+    }
+}
+
+/* Drops ended commands beyond DONE_KEEP or older than DONE_TTL_S (box->mu held). */
+static void prune_done(wk_box_t *b)
+{
+    int64_t now = sp_mono_ns();
+    size_t n = 0;
+    for (wk_cmd_t **pp = &b->done; *pp;) {
+        wk_cmd_t *c = *pp;
+        if (++n > DONE_KEEP || now - c->ended_ns > (int64_t)DONE_TTL_S * 1000000000) {
+            *pp = c->next;
+            cmd_free(c);
+            continue;
+        }
+        pp = &c->next;
+    }
+}
 
 static bool env_entry_ok(const char *e)
 {
@@ -76,6 +159,14 @@ static wk_cmd_t *take_cmd(wk_box_t *b, const char *cmd_id)
 static wk_cmd_t *find_cmd(wk_box_t *b, const char *cmd_id)
 {
     for (wk_cmd_t *c = b->cmds; c; c = c->next)
+        if (strcmp(c->id, cmd_id) == 0)
+            return c;
+    return NULL;
+}
+
+static wk_cmd_t *find_done(wk_box_t *b, const char *cmd_id)
+{
+    for (wk_cmd_t *c = b->done; c; c = c->next)
         if (strcmp(c->id, cmd_id) == 0)
             return c;
     return NULL;
@@ -116,7 +207,8 @@ static void publish_io(wk_box_t *b, const char *cmd_id, const char *kind, const 
     free(buf);
 }
 
-/* Ends c: IoExit and CommandExited. Frees c. */
+/* Ends c (taken off the running list): IoExit and CommandExited, then c goes to the box's
+ * done list. */
 static void finish(wk_box_t *b, wk_cmd_t *c, int exit_code, int sig, bool timed_out,
                    const char *error)
 {
@@ -157,7 +249,33 @@ static void finish(wk_box_t *b, wk_cmd_t *c, int exit_code, int sig, bool timed_
     sp_log(SP_LOG_INFO, "command done", SP_KS("sandbox", b->id), SP_KS("cmd", c->id),
            SP_KI("exit_code", exit_code), SP_KI("signal", sig), SP_KU("ms", ms),
            SP_KS("error", error ? error : ""), SP_KS("corr", c->corr));
-    free(c);
+
+    c->exit_code = exit_code;
+    c->signal = (uint32_t)sig;
+    c->timed_out = timed_out;
+    c->duration_ms = ms;
+    c->stdin_open = false;
+    snprintf(c->error, sizeof(c->error), "%s", error ? error : "");
+    c->ended_ns = sp_mono_ns();
+    pthread_mutex_lock(&b->mu);
+    c->next = b->done;
+    b->done = c;
+    prune_done(b);
+    pthread_mutex_unlock(&b->mu);
+}
+
+void wk_box_free_commands(wk_box_t *b)
+{
+    wk_box_fail_commands(b, "sandbox released");
+    pthread_mutex_lock(&b->mu);
+    wk_cmd_t *list = b->done;
+    b->done = NULL;
+    pthread_mutex_unlock(&b->mu);
+    while (list) {
+        wk_cmd_t *next = list->next;
+        cmd_free(list);
+        list = next;
+    }
 }
 
 void wk_box_fail_commands(wk_box_t *b, const char *error)
@@ -182,11 +300,18 @@ static void on_started(void *arg, const char *cmd_id, uint32_t pid)
     pthread_mutex_lock(&b->mu);
     wk_cmd_t *c = find_cmd(b, cmd_id);
     wk_cmd_t copy;
-    if (c)
+    if (c) {
+        c->pid = pid;
         copy = *c;
+    }
     pthread_mutex_unlock(&b->mu);
     if (!c)
         return;
+    Space__Io__V1__IoStart io = SPACE__IO__V1__IO_START__INIT;
+    io.cmd_id = copy.id;
+    io.pid = pid;
+    publish_io(b, copy.id, "start", &io.base);
+
     sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
     Space__V1__CommandStarted st = SPACE__V1__COMMAND_STARTED__INIT;
     st.cmd_id = copy.id;
@@ -216,6 +341,7 @@ static void on_output(void *arg, const char *cmd_id, int stream, const uint8_t *
     if (!c->live_truncated && c->bytes[1] + c->bytes[2] <= LIVE_CAP) {
         seq = ++c->seq;
         live = true;
+        keep_chunk(c, seq, stream, data, len);
     } else {
         c->live_truncated = true;
     }
@@ -365,7 +491,29 @@ static const char *check(const Space__Io__V1__ExecRequest *q, char *detail, size
         snprintf(detail, dlen, "user must be root or user");
         return "bad_request";
     }
+    if ((q->pty_rows == 0) != (q->pty_cols == 0) || q->pty_rows > WK_AGENT_PTY_MAX ||
+        q->pty_cols > WK_AGENT_PTY_MAX) {
+        snprintf(detail, dlen, "pty rows and cols: both 1..%d, or neither", WK_AGENT_PTY_MAX);
+        return "bad_request";
+    }
     return NULL;
+}
+
+/* What a list shows of the command: the shell string, or argv joined by spaces, cut. */
+static void cmdline(char *out, size_t len, const Space__Io__V1__ExecRequest *q)
+{
+    if (q->cmd[0]) {
+        snprintf(out, len, "%s", q->cmd);
+        return;
+    }
+    size_t at = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < q->n_argv && at + 1 < len; i++) {
+        int w = snprintf(out + at, len - at, "%s%s", i ? " " : "", q->argv[i]);
+        if (w < 0)
+            break;
+        at += (size_t)w;
+    }
 }
 
 static void on_exec_request(void *arg, const char *subject, const char *reply_to,
@@ -413,6 +561,11 @@ static void on_exec_request(void *arg, const char *subject, const char *reply_to
             snprintf(c->intent_id, sizeof(c->intent_id), "%s", q->intent_event_id);
             snprintf(c->corr, sizeof(c->corr), "%s", q->correlation_id);
             c->t0_ns = sp_mono_ns();
+            c->started_at_us = sp_now_us();
+            c->background = q->background;
+            c->pty = q->pty_rows > 0;
+            c->stdin_open = q->stdin_open || c->pty;
+            cmdline(c->cmdline, sizeof(c->cmdline), q);
             c->sha[1] = sp_sha256_new();
             c->sha[2] = sp_sha256_new();
             c->next = b->cmds;
@@ -443,8 +596,13 @@ static void on_exec_request(void *arg, const char *subject, const char *reply_to
     ex.cwd = q->cwd;
     if (strcmp(q->user, "user") == 0)
         ex.uid = ex.gid = USER_UID;
-    ex.timeout_ms = (q->timeout_s ? q->timeout_s : DEFAULT_TIMEOUT_S) * 1000;
+    /* A background command runs until it ends, unless it was given a timeout. */
+    ex.timeout_ms = (q->timeout_s ? q->timeout_s : q->background ? 0 : DEFAULT_TIMEOUT_S) * 1000;
     ex.stdin_data = q->stdin;
+    ex.stdin_open = q->stdin_open;
+    ex.pty = q->pty_rows > 0;
+    ex.rows = q->pty_rows;
+    ex.cols = q->pty_cols;
     pthread_mutex_lock(&b->mu);
     wk_agent_t *agent = b->agent;
     pthread_mutex_unlock(&b->mu);
@@ -456,7 +614,7 @@ static void on_exec_request(void *arg, const char *subject, const char *reply_to
         if (c) {
             sp_sha256_final(c->sha[1], (uint8_t[SP_SHA256_LEN]){0});
             sp_sha256_final(c->sha[2], (uint8_t[SP_SHA256_LEN]){0});
-            free(c);
+            cmd_free(c);
         }
         reply(w, reply_to, false, rc == -EBUSY ? "too_many_commands" : "agent_unavailable",
               sp_strerror(rc));
@@ -474,13 +632,294 @@ static void on_exec_request(void *arg, const char *subject, const char *reply_to
     space__io__v1__exec_request__free_unpacked(q, NULL);
 }
 
+/* ---- control (a cnats thread) ---- */
+
+typedef struct {
+    Space__Io__V1__CtlReply r;
+    Space__Io__V1__CommandInfo *infos;
+    Space__Io__V1__CommandInfo **info_ptrs;
+    Space__Io__V1__IoChunk *chunks;
+    Space__Io__V1__IoChunk **chunk_ptrs;
+    Space__Io__V1__IoExit exit;
+    char *strings; /* copies of what the infos point to (the box may change after) */
+} ctl_reply_t;
+
+static void ctl_send(wk_t *w, const char *to, const Space__Io__V1__CtlReply *r)
+{
+    if (!to)
+        return;
+    size_t len = space__io__v1__ctl_reply__get_packed_size(r);
+    uint8_t *buf = sp_xmalloc(len ? len : 1);
+    space__io__v1__ctl_reply__pack(r, buf);
+    int rc = sp_bus_publish_core(w->bus, to, buf, len);
+    if (rc < 0)
+        sp_log(SP_LOG_WARN, "control reply not sent", SP_KS("error", sp_strerror(rc)));
+    free(buf);
+}
+
+static void ctl_refuse(wk_t *w, const char *to, const char *error, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void ctl_refuse(wk_t *w, const char *to, const char *error, const char *fmt, ...)
+{
+    char detail[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof(detail), fmt, ap);
+    va_end(ap);
+    Space__Io__V1__CtlReply r = SPACE__IO__V1__CTL_REPLY__INIT;
+    r.error = (char *)error;
+    r.detail = detail;
+    ctl_send(w, to, &r);
+}
+
+/* Fills info from c (box->mu held); the strings are copied into *pool (freed by the caller). */
+static void info_of(Space__Io__V1__CommandInfo *info, const wk_cmd_t *c, bool running, char **pool,
+                    size_t *at)
+{
+    space__io__v1__command_info__init(info);
+    info->cmd_id = *pool + *at;
+    *at += (size_t)sprintf(*pool + *at, "%s", c->id) + 1;
+    info->cmd = *pool + *at;
+    *at += (size_t)sprintf(*pool + *at, "%s", c->cmdline) + 1;
+    info->error = *pool + *at;
+    *at += (size_t)sprintf(*pool + *at, "%s", running ? "" : c->error) + 1;
+    info->pid = c->pid;
+    info->running = running;
+    info->exit_code = running ? 0 : c->exit_code;
+    info->signal = running ? 0 : c->signal;
+    info->started_at_us = c->started_at_us;
+    info->background = c->background;
+    info->pty = c->pty;
+    info->stdin_open = c->stdin_open;
+    info->last_seq = c->seq;
+}
+#define INFO_STRINGS (sizeof(((wk_cmd_t *)0)->id) + CMDLINE_MAX + 1 + WK_ERR_MAX)
+
+static void ctl_list(wk_box_t *b, const char *to)
+{
+    ctl_reply_t x;
+    memset(&x, 0, sizeof(x));
+    space__io__v1__ctl_reply__init(&x.r);
+    pthread_mutex_lock(&b->mu);
+    prune_done(b);
+    size_t n = b->n_cmds;
+    for (wk_cmd_t *c = b->done; c; c = c->next)
+        n++;
+    x.infos = sp_xcalloc(n ? n : 1, sizeof(*x.infos));
+    x.info_ptrs = sp_xcalloc(n ? n : 1, sizeof(*x.info_ptrs));
+    x.strings = sp_xmalloc(n * INFO_STRINGS + 1);
+    size_t k = 0, at = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (wk_cmd_t *c = pass ? b->done : b->cmds; c; c = c->next) {
+            info_of(&x.infos[k], c, pass == 0, &x.strings, &at);
+            x.info_ptrs[k] = &x.infos[k];
+            k++;
+        }
+    }
+    pthread_mutex_unlock(&b->mu);
+    x.r.ok = true;
+    x.r.commands = x.info_ptrs;
+    x.r.n_commands = k;
+    ctl_send(b->w, to, &x.r);
+    free(x.infos);
+    free(x.info_ptrs);
+    free(x.strings);
+}
+
+/* The command's info, its kept chunks after from_seq and, once it has ended, its exit. */
+static void ctl_attach(wk_box_t *b, const char *to, const char *cmd_id, uint64_t from_seq)
+{
+    ctl_reply_t x;
+    memset(&x, 0, sizeof(x));
+    space__io__v1__ctl_reply__init(&x.r);
+    space__io__v1__io_exit__init(&x.exit);
+    Space__Io__V1__CommandInfo info;
+    Space__Io__V1__CommandInfo *info_ptr = &info;
+    kept_t *copies = NULL, **copy_tail = &copies;
+    size_t n = 0;
+    char *strings = sp_xmalloc(INFO_STRINGS + 1);
+    size_t at = 0;
+
+    pthread_mutex_lock(&b->mu);
+    wk_cmd_t *c = find_cmd(b, cmd_id);
+    bool running = c != NULL;
+    if (!c)
+        c = find_done(b, cmd_id);
+    if (!c) {
+        pthread_mutex_unlock(&b->mu);
+        free(strings);
+        ctl_refuse(b->w, to, "not_found", "no command %s in sandbox %s (ended ones are kept %d s)",
+                   cmd_id, b->id, DONE_TTL_S);
+        return;
+    }
+    info_of(&info, c, running, &strings, &at);
+    x.r.first_kept_seq = c->kept_head ? c->kept_head->seq : 0;
+    for (kept_t *k = c->kept_head; k; k = k->next) {
+        if (k->seq <= from_seq)
+            continue;
+        kept_t *d = sp_xmalloc(sizeof(*d) + k->len);
+        memcpy(d, k, sizeof(*d) + k->len);
+        d->next = NULL;
+        *copy_tail = d;
+        copy_tail = &d->next;
+        n++;
+    }
+    if (!running) {
+        x.exit.cmd_id = info.cmd_id;
+        x.exit.exit_code = c->exit_code;
+        x.exit.signal = c->signal;
+        x.exit.timed_out = c->timed_out;
+        x.exit.error = info.error;
+        x.exit.stdout_bytes = c->bytes[1];
+        x.exit.stderr_bytes = c->bytes[2];
+        x.exit.truncated = c->live_truncated;
+        x.exit.last_seq = c->seq;
+        x.exit.duration_ms = c->duration_ms;
+        x.r.exit = &x.exit;
+    }
+    pthread_mutex_unlock(&b->mu);
+
+    x.chunks = sp_xcalloc(n ? n : 1, sizeof(*x.chunks));
+    x.chunk_ptrs = sp_xcalloc(n ? n : 1, sizeof(*x.chunk_ptrs));
+    size_t i = 0;
+    for (kept_t *k = copies; k; k = k->next, i++) {
+        space__io__v1__io_chunk__init(&x.chunks[i]);
+        x.chunks[i].cmd_id = info.cmd_id;
+        x.chunks[i].seq = k->seq;
+        x.chunks[i].stream = k->stream;
+        x.chunks[i].data = (ProtobufCBinaryData){k->len, k->data};
+        x.chunk_ptrs[i] = &x.chunks[i];
+    }
+    x.r.ok = true;
+    x.r.commands = &info_ptr;
+    x.r.n_commands = 1;
+    x.r.replay = x.chunk_ptrs;
+    x.r.n_replay = n;
+    ctl_send(b->w, to, &x.r);
+    while (copies) {
+        kept_t *next = copies->next;
+        free(copies);
+        copies = next;
+    }
+    free(x.chunks);
+    free(x.chunk_ptrs);
+    free(strings);
+}
+
+/* stdin, signal, resize: to a running command through the agent. */
+static void ctl_command(wk_box_t *b, const char *to, const Space__Io__V1__CtlRequest *q)
+{
+    pthread_mutex_lock(&b->mu);
+    wk_cmd_t *c = find_cmd(b, q->cmd_id);
+    bool done = !c && find_done(b, q->cmd_id);
+    bool stdin_open = c && c->stdin_open, pty = c && c->pty;
+    wk_agent_t *agent = b->agent_lost ? NULL : b->agent;
+    if (c && strcmp(q->op, "stdin") == 0 && q->eof)
+        c->stdin_open = false; /* only one writer gets to close it */
+    pthread_mutex_unlock(&b->mu);
+
+    if (!c) {
+        ctl_refuse(b->w, to, done ? "not_running" : "not_found", "command %s %s", q->cmd_id,
+                   done ? "has ended" : "is not known in this sandbox");
+        return;
+    }
+    if (!agent) {
+        ctl_refuse(b->w, to, "agent_unavailable", "the sandbox's agent channel is not available");
+        return;
+    }
+    int rc;
+    if (strcmp(q->op, "stdin") == 0) {
+        if (!stdin_open) {
+            ctl_refuse(b->w, to, "stdin_closed",
+                       "the command's stdin is closed (start it with stdin_open, or it was "
+                       "closed by eof)");
+            return;
+        }
+        if (q->data.len > CTL_STDIN_MAX) {
+            ctl_refuse(b->w, to, "bad_request", "stdin data over %d bytes", CTL_STDIN_MAX);
+            return;
+        }
+        rc = wk_agent_stdin(agent, q->cmd_id, q->data.data, q->data.len, q->eof);
+    } else if (strcmp(q->op, "signal") == 0) {
+        if (q->signal == 0 || q->signal > 64) {
+            ctl_refuse(b->w, to, "bad_request", "signal must be 1..64");
+            return;
+        }
+        rc = wk_agent_signal(agent, q->cmd_id, (int)q->signal);
+    } else {
+        if (!pty) {
+            ctl_refuse(b->w, to, "not_a_pty", "command %s does not run on a pty", q->cmd_id);
+            return;
+        }
+        if (q->rows == 0 || q->cols == 0 || q->rows > WK_AGENT_PTY_MAX ||
+            q->cols > WK_AGENT_PTY_MAX) {
+            ctl_refuse(b->w, to, "bad_request", "rows and cols must be 1..%d", WK_AGENT_PTY_MAX);
+            return;
+        }
+        rc = wk_agent_resize(agent, q->cmd_id, q->rows, q->cols);
+    }
+    if (rc == -ENOENT) {
+        ctl_refuse(b->w, to, "not_running", "command %s has ended", q->cmd_id);
+        return;
+    }
+    if (rc < 0) {
+        ctl_refuse(b->w, to, "agent_unavailable", "%s", sp_strerror(rc));
+        return;
+    }
+    Space__Io__V1__CtlReply r = SPACE__IO__V1__CTL_REPLY__INIT;
+    r.ok = true;
+    ctl_send(b->w, to, &r);
+}
+
+static void on_ctl_request(void *arg, const char *subject, const char *reply_to,
+                           const uint8_t *data, size_t len)
+{
+    wk_t *w = arg;
+    (void)subject;
+    Space__Io__V1__CtlRequest *q =
+        len <= CTL_MAX ? space__io__v1__ctl_request__unpack(NULL, len, data) : NULL;
+    if (!q) {
+        ctl_refuse(w, reply_to, "bad_request", "not a CtlRequest");
+        return;
+    }
+    bool list = strcmp(q->op, "list") == 0;
+    bool known = list || strcmp(q->op, "attach") == 0 || strcmp(q->op, "stdin") == 0 ||
+                 strcmp(q->op, "signal") == 0 || strcmp(q->op, "resize") == 0;
+    wk_box_t *b = NULL;
+    if (!known || !sp_id_valid(q->sandbox) || !sp_id_valid(q->tenant) ||
+        (!list && !sp_id_valid(q->cmd_id))) {
+        ctl_refuse(w, reply_to, "bad_request", "op, sandbox, tenant or cmd_id is not valid");
+    } else if (!(b = wk_owned_get(w, q->sandbox)) || strcmp(b->tenant, q->tenant) != 0) {
+        ctl_refuse(w, reply_to, "sandbox_not_running", "no running sandbox %s on worker %s",
+                   q->sandbox, w->cfg->id);
+    } else if (list) {
+        ctl_list(b, reply_to);
+    } else if (strcmp(q->op, "attach") == 0) {
+        ctl_attach(b, reply_to, q->cmd_id, q->from_seq);
+    } else {
+        ctl_command(b, reply_to, q);
+    }
+    wk_box_put(b);
+    if (q->data.data)
+        explicit_bzero(q->data.data, q->data.len);
+    space__io__v1__ctl_request__free_unpacked(q, NULL);
+}
+
 int wk_commands_start(wk_t *w)
 {
     char subject[128];
     snprintf(subject, sizeof(subject), "space.io.wkr.%s.exec", w->cfg->id);
     int rc = sp_bus_subscribe(w->bus, subject, NULL, on_exec_request, w, &w->exec_sub);
-    if (rc < 0)
+    if (rc < 0) {
         sp_log(SP_LOG_ERROR, "cannot subscribe to exec requests", SP_KS("error", sp_strerror(rc)));
+        return rc;
+    }
+    snprintf(subject, sizeof(subject), "space.io.wkr.%s.ctl", w->cfg->id);
+    rc = sp_bus_subscribe(w->bus, subject, NULL, on_ctl_request, w, &w->ctl_sub);
+    if (rc < 0)
+        sp_log(SP_LOG_ERROR, "cannot subscribe to control requests",
+               SP_KS("error", sp_strerror(rc)));
     return rc;
 }
 
@@ -488,4 +927,6 @@ void wk_commands_stop(wk_t *w)
 {
     sp_bus_unsubscribe(w->exec_sub);
     w->exec_sub = NULL;
+    sp_bus_unsubscribe(w->ctl_sub);
+    w->ctl_sub = NULL;
 }

@@ -91,7 +91,7 @@ void wk_box_put(wk_box_t *b)
     /* Closing joins the reader thread, whose callbacks hold references of their own: none
      * can be running now. */
     wk_agent_close(b->agent);
-    wk_box_fail_commands(b, "sandbox released");
+    wk_box_free_commands(b);
     pthread_mutex_destroy(&b->mu);
     free(b);
 }

@@ -31,6 +31,15 @@ typedef struct {
  * A server that answers before reading the whole body (413) still yields its answer. */
 int sp_httpc_do(const sp_httpc_req_t *req, sp_httpc_resp_t *ret);
 void sp_httpc_resp_free(sp_httpc_resp_t *r);
+
+/* Streams a response body: fn gets the (de-chunked) bytes as they arrive and returns nonzero
+ * to stop early (the connection is then closed: a client that goes away). ret gets the status
+ * and headers; a non-2xx answer's body is collected into ret->body instead of streamed.
+ * req->timeout_ms is the idle limit between reads here (0 = none). 0 at the end of the body
+ * or when fn stopped; < 0 as sp_httpc_do. */
+typedef int (*sp_httpc_data_fn)(void *arg, const char *data, size_t len);
+int sp_httpc_stream(const sp_httpc_req_t *req, sp_httpc_resp_t *ret, sp_httpc_data_fn fn,
+                    void *arg);
 /* Header value (case-insensitive name) into out; 0 if found, SP_ENOTFOUND otherwise. */
 int sp_httpc_header(const sp_httpc_resp_t *r, const char *name, char *out, size_t len);
 /* Splits "http://HOST:PORT[/...]" into host (dotted IPv4) and port. */

@@ -14,12 +14,14 @@
 
 #include "buf.h"
 #include "harness.h"
+#include "httpc.h"
 #include "json.h"
+#include "sse.h"
 #include "xmalloc.h"
 
 static int port;
 static const char *key;
-static char sbx[2][64];
+static char sbx[3][64]; /* [2]: the long background command's own */
 
 static sp_json_doc_t *body_json(const sp_test_http_resp_t *r)
 {
@@ -93,6 +95,307 @@ static void result_free(result_t *r)
     free(r->error);
 }
 
+/* ---- background commands, streams, stdin, signals, pty ---- */
+
+/* POSTs body (JSON) and returns the status; *ret_doc gets the parsed answer. */
+static int post(const char *path, const char *body, sp_json_doc_t **ret_doc)
+{
+    sp_test_http_resp_t r;
+    sp_test_http(port, "POST", path, key, NULL, body, strlen(body), &r);
+    int status = r.status;
+    if (ret_doc)
+        *ret_doc = body_json(&r);
+    sp_test_http_free(&r);
+    return status;
+}
+
+/* Starts a background command; its id into cid. */
+static void start_bg(const char *id, const char *body, char cid[64])
+{
+    char path[128];
+    sp_json_doc_t *doc;
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/commands", id);
+    int status = post(path, body, &doc);
+    const char *c = sp_json_str(sp_json_get(sp_json_root(doc), "cmd_id"), NULL);
+    if (status != 202 || !c)
+        fail_msg("background start: %d", status);
+    snprintf(cid, 64, "%s", c);
+    sp_json_doc_free(doc);
+}
+
+/* What one SSE connection to a command's stream saw. */
+typedef struct {
+    int status;
+    sp_buf_t out; /* stdout text, in order */
+    uint64_t first_id, last_id;
+    size_t n_out;      /* stdout events */
+    size_t stop_after; /* 0: read to the end; else disconnect after this many stdout events */
+    bool exited, started, skipped, bad;
+    int64_t exit_code, signal, pid;
+} watch_t;
+
+static int on_watch_event(void *arg, const sp_sse_event_t *ev)
+{
+    watch_t *w = arg;
+    sp_json_doc_t *doc = NULL;
+    char err[SP_JSON_ERR_MAX];
+    if (sp_json_parse(ev->data, ev->data_len, NULL, &doc, err) < 0) {
+        w->bad = true;
+        return 1;
+    }
+    const sp_json_t *root = sp_json_root(doc);
+    int stop = 0;
+    if (strcmp(ev->event, "start") == 0) {
+        w->started = true;
+        sp_json_int(sp_json_get(root, "pid"), 0, 1 << 22, &w->pid);
+        sp_json_bool(sp_json_get(root, "output_skipped"), &w->skipped);
+    } else if (strcmp(ev->event, "stdout") == 0) {
+        size_t n = 0;
+        const char *t = sp_json_str(sp_json_get(root, "text"), &n);
+        uint64_t id = strtoull(ev->id, NULL, 10);
+        if (!t || id == 0 || id <= w->last_id)
+            w->bad = true;
+        if (w->n_out++ == 0)
+            w->first_id = id;
+        w->last_id = id;
+        sp_buf_append(&w->out, t ? t : "", n);
+        stop = w->stop_after && w->n_out >= w->stop_after;
+    } else if (strcmp(ev->event, "exit") == 0) {
+        w->exited = true;
+        sp_json_int(sp_json_get(root, "exit_code"), -1, 255, &w->exit_code);
+        sp_json_int(sp_json_get(root, "signal"), 0, 64, &w->signal);
+    }
+    sp_json_doc_free(doc);
+    return stop;
+}
+
+static int on_watch_data(void *arg, const char *p, size_t n)
+{
+    return sp_sse_feed(arg, p, n);
+}
+
+/* GET .../commands/{cid}/stream, after last_event_id when nonzero. */
+static void watch(const char *id, const char *cid, uint64_t last_event_id, watch_t *w)
+{
+    char path[256], extra[64] = "";
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/commands/%s/stream", id, cid);
+    if (last_event_id)
+        snprintf(extra, sizeof(extra), "Last-Event-ID: %llu\r\n",
+                 (unsigned long long)last_event_id);
+    sp_sse_reader_t sse;
+    sp_sse_init(&sse, on_watch_event, w);
+    sp_httpc_req_t req = {.host = "127.0.0.1",
+                          .port = port,
+                          .method = "GET",
+                          .path = path,
+                          .key = key,
+                          .extra_headers = extra,
+                          .timeout_ms = 120000};
+    sp_httpc_resp_t r;
+    if (sp_httpc_stream(&req, &r, on_watch_data, &sse) < 0)
+        w->bad = true;
+    w->status = r.status;
+    sp_httpc_resp_free(&r);
+    sp_sse_dispose(&sse);
+}
+
+static void watch_free(watch_t *w)
+{
+    sp_buf_dispose(&w->out);
+}
+
+/* The long one: a 60 s background command whose watcher disconnects after three ticks and
+ * comes back three seconds later with Last-Event-ID. It runs in a thread from setup on, beside
+ * the other tests (cmocka's asserts are not for other threads: it records what it found), and
+ * test_background_reattached checks it at the end. */
+static pthread_t long_thread;
+static char long_failure[512];
+static watch_t long_first, long_second;
+static char long_cid[64];
+
+static void *long_background(void *arg)
+{
+    (void)arg;
+    sp_buf_init(&long_first.out);
+    sp_buf_init(&long_second.out);
+    long_first.stop_after = 3;
+    watch(sbx[2], long_cid, 0, &long_first);
+    sleep(3);
+    watch(sbx[2], long_cid, long_first.last_id, &long_second);
+    return NULL;
+}
+
+static void start_long_background(void)
+{
+    start_bg(sbx[2],
+             "{\"cmd\":\"i=0; while [ $i -lt 60 ]; do echo tick $i; i=$((i+1)); sleep 1; done\","
+             "\"background\":true}",
+             long_cid);
+    if (pthread_create(&long_thread, NULL, long_background, NULL) != 0)
+        snprintf(long_failure, sizeof(long_failure), "no thread");
+}
+
+static void test_background_reattached(void **state)
+{
+    pthread_join(long_thread, NULL);
+    assert_string_equal(long_failure, "");
+    assert_int_equal(long_first.status, 200);
+    assert_int_equal(long_second.status, 200);
+    assert_false(long_first.bad || long_second.bad);
+    assert_true(long_first.started && long_second.started);
+    assert_false(long_first.exited); /* it left early */
+    assert_int_equal(long_first.n_out, 3);
+    /* The second connection starts right after what the first saw, misses nothing of what
+     * came while nobody watched, and ends with the exit. */
+    assert_int_equal(long_second.first_id, long_first.last_id + 1);
+    assert_false(long_second.skipped);
+    assert_true(long_second.exited);
+    assert_int_equal(long_second.exit_code, 0);
+    sp_buf_t want, got;
+    sp_buf_init(&want);
+    sp_buf_init(&got);
+    for (int i = 0; i < 60; i++)
+        sp_buf_printf(&want, "tick %d\n", i);
+    sp_buf_append(&got, long_first.out.data, long_first.out.len);
+    sp_buf_append(&got, long_second.out.data, long_second.out.len);
+    assert_string_equal(got.data, want.data);
+    sp_buf_dispose(&want);
+    sp_buf_dispose(&got);
+    watch_free(&long_first);
+    watch_free(&long_second);
+
+    /* Ended, it is still listed and can be read again in full. */
+    watch_t again = {.stop_after = 0};
+    sp_buf_init(&again.out);
+    watch(sbx[2], long_cid, 0, &again);
+    assert_true(again.exited);
+    assert_int_equal(again.n_out, 60);
+    watch_free(&again);
+}
+
+static void ctl(const char *id, const char *cid, const char *action, const char *body,
+                int want_status, const char *want_code)
+{
+    char path[256];
+    sp_json_doc_t *doc;
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/commands/%s/%s", id, cid, action);
+    int status = post(path, body, &doc);
+    const char *code = sp_json_str(sp_json_get(sp_json_root(doc), "code"), NULL);
+    if (status != want_status || (want_code && (!code || strcmp(code, want_code) != 0)))
+        fail_msg("%s %s: %d %s, wanted %d %s", action, body, status, code ? code : "-", want_status,
+                 want_code ? want_code : "");
+    sp_json_doc_free(doc);
+}
+
+/* Waits (polling the list) until command cid has written at least one chunk. */
+static void wait_output(const char *id, const char *cid)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/commands", id);
+    for (int i = 0; i < 500; i++) {
+        sp_test_http_resp_t r;
+        sp_test_http(port, "GET", path, key, NULL, NULL, 0, &r);
+        sp_json_doc_t *doc = body_json(&r);
+        const sp_json_t *list = sp_json_get(sp_json_root(doc), "commands");
+        int64_t seq = 0;
+        for (size_t k = 0; k < sp_json_len(list); k++) {
+            const sp_json_t *c = sp_json_at(list, k);
+            if (strcmp(sp_json_str(sp_json_get(c, "cmd_id"), NULL), cid) == 0)
+                sp_json_int(sp_json_get(c, "last_seq"), 0, INT64_MAX, &seq);
+        }
+        sp_json_doc_free(doc);
+        sp_test_http_free(&r);
+        if (seq > 0)
+            return;
+        usleep(10 * 1000);
+    }
+    fail_msg("command %s wrote nothing in 5 s", cid);
+}
+
+static void test_stdin_signal_pty(void **state)
+{
+    char cid[64];
+    watch_t w;
+
+    /* Stdin kept open, written in two requests (text, then bytes in base64 with the end). */
+    start_bg(sbx[1], "{\"cmd\":\"cat; echo done\",\"background\":true,\"stdin_open\":true}", cid);
+    ctl(sbx[1], cid, "stdin", "{\"data\":\"hello\\n\"}", 200, NULL);
+    ctl(sbx[1], cid, "stdin", "{\"data_b64\":\"d29ybGQK\",\"eof\":true}", 200, NULL);
+    ctl(sbx[1], cid, "stdin", "{\"data\":\"late\"}", 409, "stdin_closed");
+    memset(&w, 0, sizeof(w));
+    sp_buf_init(&w.out);
+    watch(sbx[1], cid, 0, &w);
+    assert_true(w.exited);
+    assert_string_equal(w.out.data, "hello\nworld\ndone\n");
+    assert_true(w.pid > 1);
+    watch_free(&w);
+
+    /* A signal by name ends it; the command is then not running. */
+    start_bg(sbx[1], "{\"cmd\":\"sleep 100\",\"background\":true}", cid);
+    ctl(sbx[1], cid, "stdin", "{\"data\":\"x\"}", 409, "stdin_closed");
+    ctl(sbx[1], cid, "signal", "{\"signal\":\"SIGTERM\"}", 200, NULL);
+    memset(&w, 0, sizeof(w));
+    sp_buf_init(&w.out);
+    watch(sbx[1], cid, 0, &w);
+    assert_true(w.exited);
+    assert_int_equal(w.signal, 15);
+    watch_free(&w);
+    ctl(sbx[1], cid, "signal", "{\"signal\":9}", 409, "command_not_running");
+    ctl(sbx[1], cid, "signal", "{\"signal\":\"NOPE\"}", 400, "invalid_field");
+    ctl(sbx[1], "cmd_nosuchcommand", "signal", "{\"signal\":9}", 404, "not_found");
+    ctl(sbx[1], cid, "resize", "{\"rows\":10,\"cols\":10}", 409, "command_not_running");
+
+    /* A pty: a terminal of the given size, resized while it runs; input is echoed. */
+    start_bg(sbx[1],
+             "{\"cmd\":\"echo $(tty) $(stty size); read x; echo got $x; stty size\","
+             "\"background\":true,\"pty\":{\"rows\":30,\"cols\":100}}",
+             cid);
+    wait_output(sbx[1], cid); /* the first size is read before the resize */
+    ctl(sbx[1], cid, "resize", "{\"rows\":50,\"cols\":132}", 200, NULL);
+    ctl(sbx[1], cid, "stdin", "{\"data\":\"abc\\n\"}", 200, NULL);
+    memset(&w, 0, sizeof(w));
+    sp_buf_init(&w.out);
+    watch(sbx[1], cid, 0, &w);
+    assert_true(w.exited);
+    assert_int_equal(w.exit_code, 0);
+    assert_string_equal(w.out.data, "/dev/pts/0 30 100\r\nabc\r\ngot abc\r\n50 132\r\n");
+    watch_free(&w);
+    start_bg(sbx[1], "{\"cmd\":\"sleep 1\",\"background\":true}", cid);
+    ctl(sbx[1], cid, "resize", "{\"rows\":10,\"cols\":10}", 409, "not_a_pty");
+
+    /* The list shows them, newest first among the ended. */
+    char path[256];
+    sp_test_http_resp_t r;
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/commands", sbx[1]);
+    sp_test_http(port, "GET", path, key, NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    sp_json_doc_t *doc = body_json(&r);
+    const sp_json_t *list = sp_json_get(sp_json_root(doc), "commands");
+    assert_true(sp_json_len(list) >= 4);
+    bool found = false;
+    for (size_t i = 0; i < sp_json_len(list); i++) {
+        const sp_json_t *c = sp_json_at(list, i);
+        if (strcmp(sp_json_str(sp_json_get(c, "cmd_id"), NULL), cid) == 0) {
+            found = true;
+            assert_string_equal(sp_json_str(sp_json_get(c, "cmd"), NULL), "sleep 1");
+        }
+    }
+    assert_true(found);
+    sp_json_doc_free(doc);
+    sp_test_http_free(&r);
+
+    /* A stream of an unknown command, a bad Last-Event-ID. */
+    memset(&w, 0, sizeof(w));
+    sp_buf_init(&w.out);
+    watch(sbx[1], "cmd_nosuchcommand", 0, &w);
+    assert_int_equal(w.status, 404);
+    watch_free(&w);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/commands/%s/stream", sbx[1], cid);
+    sp_test_http(port, "GET", path, key, "Last-Event-ID: x1\r\n", NULL, 0, &r);
+    assert_int_equal(r.status, 400);
+    sp_test_http_free(&r);
+}
+
 static int setup(void **state)
 {
     sp_test_stack_load();
@@ -100,6 +403,8 @@ static int setup(void **state)
     key = sp_test_env("SPACE_API_KEY");
     create(sbx[0]);
     create(sbx[1]);
+    create(sbx[2]);
+    start_long_background();
     return 0;
 }
 
@@ -241,7 +546,9 @@ int main(void)
         cmocka_unit_test(test_cli),
         cmocka_unit_test(test_basics),
         cmocka_unit_test(test_fifty_concurrent),
+        cmocka_unit_test(test_stdin_signal_pty),
         cmocka_unit_test(test_hostile_guest),
+        cmocka_unit_test(test_background_reattached),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
