@@ -288,6 +288,13 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_ADOPTED:
         CHECK_ID(e->sandbox_adopted->worker, "worker");
         return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_AGENT_CHANNEL_LOST:
+        CHECK_ID(e->agent_channel_lost->reason, "reason");
+        CHECK_TEXT(e->agent_channel_lost->detail, TEXT_MAX * 4, "detail");
+        return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_AGENT_CHANNEL_RESTORED:
+        CHECK_TEXT(e->agent_channel_restored->agent_version, ID_MAX, "agent_version");
+        return 0;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_REQUEST_REJECTED: {
         const Space__V1__SandboxRequestRejected *p = e->sandbox_request_rejected;
         if (sp_event_type_from_name(p->request_type) == SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET)

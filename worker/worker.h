@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "bus.h"
+#include "envelope.h"
 #include "worker_agent.h"
 #include "worker_runtime.h"
 
@@ -49,6 +50,10 @@ typedef struct {
     pthread_mutex_t mu; /* guards what follows */
     wk_agent_t *agent;  /* NULL: no channel (adopted after a worker restart, or lost) */
     bool agent_lost;
+    int64_t lost_at_ns;
+    char lost_why[WK_ERR_MAX];
+    bool listening; /* a thread waits for the agent to connect back (worker_chan.c) */
+    bool gone;      /* out of the owned table: being deleted or failed */
     wk_cmd_t *cmds; /* running commands */
     size_t n_cmds;
     wk_cmd_t *done; /* ended commands, newest first, kept a while for list and attach */
@@ -104,5 +109,20 @@ int wk_box_attach_agent(wk_box_t *b, int to_fd, int from_fd);
 void wk_box_fail_commands(wk_box_t *b, const char *error);
 /* Ends the running commands and frees every command of the box (its last reference). */
 void wk_box_free_commands(wk_box_t *b);
+/* wk_agent_open with the box's callbacks (commands, and on_lost: the agent connects back). */
+int wk_box_open_agent(wk_box_t *b, int to_fd, int from_fd, int hello_timeout_ms, wk_agent_t **ret);
+/* A channel the agent opened again becomes the box's: commands its Hello lists are followed
+ * (also ones started under an earlier worker process), the others end with the loss's reason.
+ * Returns how many it listed. */
+size_t wk_box_adopt_channel(wk_box_t *b, wk_agent_t *a);
+
+/* The agent's way back (worker_chan.c): unless one runs already, a thread listens on the
+ * sandbox's channel socket until the agent connects back, the box is gone, or the sandbox is
+ * found not running (then it is failed "exited" and released). */
+void wk_box_listen(wk_box_t *b);
+
+/* Publishes a fact about the box's sandbox (aggregate, tenant, actor filled in); msg_id NULL:
+ * the event id. Logs a failure. */
+int wk_publish_box_event(wk_box_t *b, sp_envelope_t *env, const char *msg_id);
 
 #endif

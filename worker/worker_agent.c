@@ -79,6 +79,8 @@ struct wk_agent {
     char why[WHY_MAX];
     cmd_t *cmds[WK_AGENT_MAX_COMMANDS];
     size_t n_cmds;
+    wk_agent_running_t *running; /* from the Hello, set before open returns */
+    size_t n_running;
 
     /* The reader thread's own. */
     double tokens;
@@ -339,6 +341,12 @@ int wk_agent_resize(wk_agent_t *a, const char *cmd_id, uint32_t rows, uint32_t c
     return send_frame(a, &f);
 }
 
+size_t wk_agent_running(wk_agent_t *a, const wk_agent_running_t **ret)
+{
+    *ret = a->running;
+    return a->n_running;
+}
+
 bool wk_agent_alive(wk_agent_t *a)
 {
     if (!a)
@@ -404,11 +412,35 @@ static verdict_t handle(wk_agent_t *a, const frame_t *f, char why[WHY_MAX])
             return violation(why, "protocol %u, want %d", h->protocol, PROTOCOL);
         if (strlen(h->version) > VERSION_MAX)
             return violation(why, "version longer than %d bytes", VERSION_MAX);
+        if (h->n_running > WK_AGENT_MAX_COMMANDS)
+            return violation(why, "Hello lists %zu running commands", h->n_running);
+        for (size_t i = 0; i < h->n_running; i++) {
+            const Space__Agent__V1__Running *r = h->running[i];
+            if (!cmd_id_valid(r->cmd_id) || r->pid == 0)
+                return violation(why, "Hello lists a running command with a bad id or pid");
+            for (size_t k = 0; k < i; k++)
+                if (strcmp(h->running[k]->cmd_id, r->cmd_id) == 0)
+                    return violation(why, "Hello lists command %s twice", r->cmd_id);
+        }
         char *version = sanitize(h->version);
         sp_log(SP_LOG_DEBUG, "agent hello", SP_KS("sandbox", a->sandbox_id),
-               SP_KS("version", version), SP_KU("pid", h->pid));
+               SP_KS("version", version), SP_KU("pid", h->pid), SP_KU("running", h->n_running));
         free(version);
         pthread_mutex_lock(&a->mu);
+        /* Commands of an earlier channel: known (and started) on this one from now on. */
+        a->running = sp_xcalloc(h->n_running ? h->n_running : 1, sizeof(*a->running));
+        for (size_t i = 0; i < h->n_running; i++) {
+            const Space__Agent__V1__Running *r = h->running[i];
+            wk_agent_running_t *w = &a->running[a->n_running++];
+            snprintf(w->id, sizeof(w->id), "%s", r->cmd_id);
+            w->pid = r->pid;
+            w->pty = r->pty;
+            w->stdin_open = r->stdin_open;
+            cmd_t *c = sp_xcalloc(1, sizeof(*c));
+            snprintf(c->id, sizeof(c->id), "%s", r->cmd_id);
+            c->started = true;
+            a->cmds[a->n_cmds++] = c;
+        }
         a->state = ST_UP;
         pthread_cond_broadcast(&a->cond);
         /* No callback before wk_agent_open has returned. */
@@ -732,6 +764,7 @@ void wk_agent_close(wk_agent_t *a)
     close(a->wake_fd);
     for (size_t i = 0; i < a->n_cmds; i++)
         free(a->cmds[i]);
+    free(a->running);
     pthread_mutex_destroy(&a->wmu);
     pthread_mutex_destroy(&a->mu);
     pthread_cond_destroy(&a->cond);

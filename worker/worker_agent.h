@@ -58,6 +58,15 @@ int wk_agent_signal(wk_agent_t *a, const char *cmd_id, int sig);
 /* The pty size of a command started with pty (1..WK_AGENT_PTY_MAX each). */
 #define WK_AGENT_PTY_MAX 10000
 int wk_agent_resize(wk_agent_t *a, const char *cmd_id, uint32_t rows, uint32_t cols);
+/* The commands the agent's Hello listed as still running (a channel after the agent's first:
+ * it reconnected). They are known on this channel (their output and exit are accepted). The
+ * array lives until wk_agent_close. */
+typedef struct {
+    char id[65];
+    uint32_t pid;
+    bool pty, stdin_open;
+} wk_agent_running_t;
+size_t wk_agent_running(wk_agent_t *a, const wk_agent_running_t **ret);
 /* Whether the channel is still up. */
 bool wk_agent_alive(wk_agent_t *a);
 /* Stops the reader, closes the fds, frees. Accepts NULL. */

@@ -64,6 +64,7 @@ struct wk_cmd {
     int64_t t0_ns, started_at_us, ended_ns;
     uint32_t pid;
     bool background, pty, stdin_open;
+    bool outage; /* the agent channel was down while it ran: output of that time is lost */
     uint64_t seq;
     uint64_t bytes[3]; /* by stream; [0] unused */
     sp_sha256_ctx_t *sha[3];
@@ -215,6 +216,8 @@ static void finish(wk_box_t *b, wk_cmd_t *c, int exit_code, int sig, bool timed_
     uint8_t digest[3][SP_SHA256_LEN];
     for (int s = 1; s <= 2; s++)
         sp_sha256_final(c->sha[s], digest[s]);
+    if (!error && c->outage)
+        error = "output was lost while the agent channel was down";
     uint32_t ms = (uint32_t)((sp_mono_ns() - c->t0_ns) / 1000000);
 
     Space__Io__V1__IoExit ex = SPACE__IO__V1__IO_EXIT__INIT;
@@ -414,19 +417,34 @@ static void on_error(void *arg, const char *cmd_id, const char *message)
         finish(b, c, -1, 0, false, message);
 }
 
+/* The channel is gone: the commands keep running in the sandbox; the agent connects back
+ * (worker_chan.c), and whatever it then does not list as running is ended there. */
 static void on_lost(void *arg, const char *why)
 {
     wk_box_t *b = arg;
-    char error[WK_ERR_MAX];
-    snprintf(error, sizeof(error), "agent channel lost: %s", why);
+    bool violation = strstr(why, "protocol violation") != NULL;
     sp_log(SP_LOG_WARN, "agent channel lost", SP_KS("sandbox", b->id), SP_KS("why", why));
     pthread_mutex_lock(&b->mu);
     b->agent_lost = true;
+    b->lost_at_ns = sp_mono_ns();
+    snprintf(b->lost_why, sizeof(b->lost_why), "%s", why);
+    for (wk_cmd_t *c = b->cmds; c; c = c->next)
+        c->outage = true;
+    bool gone = b->gone;
     pthread_mutex_unlock(&b->mu);
-    wk_box_fail_commands(b, error);
+    if (gone)
+        return; /* deleted: the channel closed because the sandbox went */
+    sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
+    Space__V1__AgentChannelLost lost = SPACE__V1__AGENT_CHANNEL_LOST__INIT;
+    lost.reason = violation ? "protocol_violation" : "closed";
+    lost.detail = (char *)why;
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_AGENT_CHANNEL_LOST;
+    env.agent_channel_lost = &lost;
+    wk_publish_box_event(b, &env, NULL);
+    wk_box_listen(b);
 }
 
-int wk_box_attach_agent(wk_box_t *b, int to_fd, int from_fd)
+int wk_box_open_agent(wk_box_t *b, int to_fd, int from_fd, int hello_timeout_ms, wk_agent_t **ret)
 {
     static const wk_agent_callbacks_t cb_template = {
         .on_started = on_started,
@@ -435,18 +453,79 @@ int wk_box_attach_agent(wk_box_t *b, int to_fd, int from_fd)
         .on_error = on_error,
         .on_lost = on_lost,
     };
-    if (to_fd < 0 || from_fd < 0)
-        return -EINVAL;
     wk_agent_callbacks_t cb = cb_template;
     cb.arg = b;
+    return wk_agent_open(to_fd, from_fd, b->id, &cb, hello_timeout_ms, ret);
+}
+
+int wk_box_attach_agent(wk_box_t *b, int to_fd, int from_fd)
+{
+    if (to_fd < 0 || from_fd < 0)
+        return -EINVAL;
     wk_agent_t *a = NULL;
-    int rc = wk_agent_open(to_fd, from_fd, b->id, &cb, HELLO_TIMEOUT_MS, &a);
+    int rc = wk_box_open_agent(b, to_fd, from_fd, HELLO_TIMEOUT_MS, &a);
     if (rc < 0)
         return rc;
     pthread_mutex_lock(&b->mu);
     b->agent = a;
     pthread_mutex_unlock(&b->mu);
     return 0;
+}
+
+size_t wk_box_adopt_channel(wk_box_t *b, wk_agent_t *a)
+{
+    const wk_agent_running_t *run = NULL;
+    size_t n = wk_agent_running(a, &run);
+    wk_cmd_t *ended = NULL;
+    char why[WK_ERR_MAX + 32];
+
+    pthread_mutex_lock(&b->mu);
+    snprintf(why, sizeof(why), "agent channel lost: %s", b->lost_why);
+    /* Followed before and not listed now: ended while nobody could hear it. */
+    for (wk_cmd_t **pp = &b->cmds; *pp;) {
+        wk_cmd_t *c = *pp;
+        bool listed = false;
+        for (size_t i = 0; i < n && !listed; i++)
+            listed = strcmp(run[i].id, c->id) == 0;
+        if (listed) {
+            pp = &c->next;
+            continue;
+        }
+        *pp = c->next;
+        b->n_cmds--;
+        c->next = ended;
+        ended = c;
+    }
+    /* Listed and not known: started under an earlier worker process. */
+    for (size_t i = 0; i < n; i++) {
+        if (find_cmd(b, run[i].id))
+            continue;
+        wk_cmd_t *c = sp_xcalloc(1, sizeof(*c));
+        snprintf(c->id, sizeof(c->id), "%s", run[i].id);
+        snprintf(c->cmdline, sizeof(c->cmdline), "(started before the worker restarted)");
+        c->t0_ns = sp_mono_ns();
+        c->started_at_us = sp_now_us();
+        c->pid = run[i].pid;
+        c->pty = run[i].pty;
+        c->stdin_open = run[i].stdin_open;
+        c->background = true;
+        c->outage = true;
+        c->sha[1] = sp_sha256_new();
+        c->sha[2] = sp_sha256_new();
+        c->next = b->cmds;
+        b->cmds = c;
+        b->n_cmds++;
+    }
+    b->agent = a;
+    b->agent_lost = false;
+    b->lost_why[0] = '\0';
+    pthread_mutex_unlock(&b->mu);
+    while (ended) {
+        wk_cmd_t *next = ended->next;
+        finish(b, ended, -1, 0, false, why);
+        ended = next;
+    }
+    return n;
 }
 
 /* ---- requests (a cnats thread) ---- */

@@ -75,7 +75,29 @@ wk_box_t *wk_owned_remove(wk_t *w, const char *id)
         }
     }
     pthread_mutex_unlock(&w->mu);
+    if (b) {
+        pthread_mutex_lock(&b->mu);
+        b->gone = true;
+        pthread_mutex_unlock(&b->mu);
+    }
     return b;
+}
+
+int wk_publish_box_event(wk_box_t *b, sp_envelope_t *env, const char *msg_id)
+{
+    Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
+    char id[37];
+    agg.kind = "sandbox";
+    agg.id = b->id;
+    env->aggregate = &agg;
+    env->tenant = b->tenant;
+    env->actor = "svc:worker";
+    int rc = sp_publish_event(b->w->bus, env, id, b->w->cfg->id, msg_id, NULL);
+    if (rc < 0)
+        sp_log(SP_LOG_WARN, "cannot record a sandbox event", SP_KS("type", env->type),
+               SP_KS("sandbox", b->id), SP_KS("error", sp_strerror(rc)));
+    env->aggregate = NULL;
+    return rc;
 }
 
 void wk_box_put(wk_box_t *b)

@@ -114,12 +114,19 @@ int wk_reconcile(wk_t *w, PGconn *db)
         sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
         Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
         if (hs == WK_RUNNING) {
-            /* The agent's pipes died with the previous worker: commands are refused
-             * ("agent_unavailable") until the channel can be re-established (a later
-             * issue: restore gives the agent new stdio). */
-            wk_box_put(wk_owned_add(w, sbx, tenant,
-                                    (uint32_t)strtoul(PQgetvalue(r, i, 3), NULL, 10),
-                                    (uint32_t)strtoul(PQgetvalue(r, i, 4), NULL, 10)));
+            /* The agent's pipes died with the previous worker: it connects back to the
+             * sandbox's channel socket (worker_chan.c); until then commands are refused
+             * ("agent_unavailable"). */
+            wk_box_t *box =
+                wk_owned_add(w, sbx, tenant, (uint32_t)strtoul(PQgetvalue(r, i, 3), NULL, 10),
+                             (uint32_t)strtoul(PQgetvalue(r, i, 4), NULL, 10));
+            if (box) {
+                pthread_mutex_lock(&box->mu);
+                snprintf(box->lost_why, sizeof(box->lost_why), "the worker restarted");
+                pthread_mutex_unlock(&box->mu);
+                wk_box_listen(box);
+            }
+            wk_box_put(box);
             Space__V1__SandboxAdopted ad = SPACE__V1__SANDBOX_ADOPTED__INIT;
             ad.worker = w->cfg->id;
             env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_ADOPTED;

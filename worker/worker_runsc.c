@@ -86,7 +86,15 @@ int wk__runsc_write_config(const wk_host_t *h, const wk__bundle_t *bd, const cha
                     "{\"destination\":\"/proc\",\"type\":\"proc\",\"source\":\"proc\"},"
                     "{\"destination\":\"/dev\",\"type\":\"tmpfs\",\"source\":\"tmpfs\"},"
                     "{\"destination\":\"/sys\",\"type\":\"sysfs\",\"source\":\"sysfs\","
-                    "\"options\":[\"nosuid\",\"noexec\",\"nodev\",\"ro\"]}],"
+                    "\"options\":[\"nosuid\",\"noexec\",\"nodev\",\"ro\"]}");
+    if (bd->chan_dir) {
+        /* Read-only: the sandbox can connect to the worker's socket there (--host-uds=open),
+         * not create files on the host. */
+        sp_buf_puts(&b, ",{\"destination\":\"/.space/chan\",\"type\":\"bind\",\"source\":");
+        sp_buf_json_str(&b, bd->chan_dir);
+        sp_buf_puts(&b, ",\"options\":[\"rbind\",\"ro\",\"nosuid\",\"nodev\",\"noexec\"]}");
+    }
+    sp_buf_puts(&b, "],"
                     "\"linux\":{\"namespaces\":[{\"type\":\"pid\"},{\"type\":\"network\","
                     "\"path\":");
     sp_buf_json_str(&b, bd->netns_path);
@@ -140,13 +148,14 @@ static int runsc_call(const wk_host_t *h, const char *const *sub, size_t nsub, u
 {
     char *root = sp_xasprintf("--root=%s", h->runsc_root);
     char *platform = sp_xasprintf("--platform=%s", h->platform);
-    const char **argv = sp_xcalloc(nsub + 5, sizeof(*argv));
+    const char **argv = sp_xcalloc(nsub + 6, sizeof(*argv));
     size_t n = 0;
     argv[n++] = h->runsc;
     argv[n++] = root;
     if (flags & CALL_NET) {
         argv[n++] = "--network=sandbox";
         argv[n++] = platform;
+        argv[n++] = "--host-uds=open"; /* the agent's channel socket (worker_agent.h) */
     }
     for (size_t i = 0; i < nsub; i++)
         argv[n++] = sub[i];

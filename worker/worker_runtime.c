@@ -30,9 +30,11 @@
 #define MAX_VCPU      256
 #define MAX_MEMORY_MB (1u << 20)
 /* Where the agent lives in every sandbox (relative to its root) and runs from. */
-#define AGENT_DIR        ".space"
-#define AGENT_FILE       "agent"
-#define AGENT_GUEST_PATH "/.space/agent"
+#define AGENT_DIR         ".space"
+#define AGENT_FILE        "agent"
+#define AGENT_GUEST_PATH  "/.space/agent"
+#define AGENT_CHAN_DIR    "chan"       /* bundle/chan on the host, /.space/chan inside */
+#define AGENT_CHAN_SOCKET "agent.sock" /* space-agent's CHAN_SOCKET */
 /* Pipe buffer of the channel: fewer wake-ups per 64 KiB Output frame (best effort). */
 #define AGENT_PIPE_BYTES (1 << 20)
 
@@ -291,6 +293,12 @@ static int install_agent(const wk_host_t *h, const char *rootfs, char err[WK_ERR
         rc = wk__fail(err, -errno, "chmod /%s in the sandbox: %s", AGENT_DIR, strerror(errno));
         goto out;
     }
+    /* The mount point of the channel directory (runsc needs it in the rootfs). */
+    if (mkdirat(dir, AGENT_CHAN_DIR, 0755) < 0 && errno != EEXIST) {
+        rc = wk__fail(err, -errno, "mkdir %s/%s in the sandbox: %s", AGENT_DIR, AGENT_CHAN_DIR,
+                      strerror(errno));
+        goto out;
+    }
     if (unlinkat(dir, AGENT_FILE, 0) < 0 && errno != ENOENT) {
         rc = wk__fail(err, -errno, "replace %s in the sandbox: %s", AGENT_GUEST_PATH,
                       strerror(errno));
@@ -363,6 +371,7 @@ int wk_sandbox_create(wk_host_t *h, const wk_sandbox_spec_t *spec, wk_sandbox_in
     char *tmpl = sp_xasprintf("%s/%s", h->templates_dir, spec->template_);
     char *bundle = sp_xasprintf("%s/%s", h->bundles_dir, id);
     char *rootfs = sp_xasprintf("%s/%s", h->sandboxes_dir, id);
+    char *chan = NULL;
     char netns[WK_NETNS_NAME_MAX];
     wk__netns_name(h, id, netns);
     char *netns_path = sp_xasprintf("%s/%s", WK_NETNS_DIR, netns);
@@ -388,6 +397,12 @@ int wk_sandbox_create(wk_host_t *h, const wk_sandbox_spec_t *spec, wk_sandbox_in
         goto out;
     }
     marked = true;
+    /* The agent's way back after its first channel broke (worker_agent.h). */
+    chan = sp_xasprintf("%s/%s", bundle, AGENT_CHAN_DIR);
+    if (mkdir(chan, 0700) < 0) {
+        rc = wk__fail(err, -errno, "mkdir %s: %s", chan, strerror(errno));
+        goto out;
+    }
 
     int64_t t = wk__now_us();
     rc = wk__subvol_snapshot(tmpl, rootfs, false, err);
@@ -420,7 +435,8 @@ int wk_sandbox_create(wk_host_t *h, const wk_sandbox_spec_t *spec, wk_sandbox_in
                        .netns_path = netns_path,
                        .vcpu = spec->vcpu,
                        .memory_mb = spec->memory_mb,
-                       .init = h->agent_path ? AGENT_GUEST_PATH : NULL};
+                       .init = h->agent_path ? AGENT_GUEST_PATH : NULL,
+                       .chan_dir = h->agent_path ? chan : NULL};
     rc = wk__runsc_write_config(h, &bd, bundle, err);
     if (rc < 0)
         goto out;
@@ -460,10 +476,33 @@ out:
     if (rc < 0 && marked)
         (void)wk_sandbox_destroy(h, id, NULL);
     free(netns_path);
+    free(chan);
     free(rootfs);
     free(bundle);
     free(tmpl);
     return rc;
+}
+
+int wk_sandbox_running(wk_host_t *h, const char *id)
+{
+    wk_host_sandbox_t *list = NULL;
+    size_t n = 0;
+    int rc = wk__runsc_list(h, &list, &n);
+    if (rc < 0)
+        return rc;
+    int running = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(list[i].id, id) == 0)
+            running = list[i].state == WK_RUNNING;
+    free(list);
+    return running;
+}
+
+char *wk_sandbox_chan_socket(const wk_host_t *h, const char *id)
+{
+    if (!h->agent_path || !sp_id_valid(id))
+        return NULL;
+    return sp_xasprintf("%s/%s/%s/%s", h->bundles_dir, id, AGENT_CHAN_DIR, AGENT_CHAN_SOCKET);
 }
 
 int wk_sandbox_destroy(wk_host_t *h, const char *id, char err[WK_ERR_MAX])

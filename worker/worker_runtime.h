@@ -85,6 +85,12 @@ int wk_sandbox_create(wk_host_t *h, const wk_sandbox_spec_t *spec, wk_sandbox_in
  * veth, address, cgroup directories left by runsc. Idempotent: releasing what is already gone
  * is success. */
 int wk_sandbox_destroy(wk_host_t *h, const char *id, char err[WK_ERR_MAX]);
+/* 1 when runsc shows the sandbox's container running, 0 when not (stopped, or gone), < 0 when
+ * runsc could not be asked. */
+int wk_sandbox_running(wk_host_t *h, const char *id);
+/* The host path of the Unix socket the sandbox's agent connects to once its first channel
+ * broke (heap, freed by the caller; NULL without agent_path). The worker listens there. */
+char *wk_sandbox_chan_socket(const wk_host_t *h, const char *id);
 
 /* Runs argv inside a running sandbox via `runsc exec` and captures stdout+stderr (at most
  * out_len - 1 bytes, NUL-terminated) and the exit code. For tests and diagnostics: commands

@@ -142,7 +142,8 @@ typedef struct {
     const char *netns_path;
     uint32_t vcpu;
     uint32_t memory_mb;
-    const char *init; /* path of the init inside the sandbox; NULL: the placeholder */
+    const char *init;     /* path of the init inside the sandbox; NULL: the placeholder */
+    const char *chan_dir; /* host directory mounted read-only at /.space/chan, or NULL */
 } wk__bundle_t;
 
 /* Writes <bundle_dir>/config.json (OCI runtime spec). */

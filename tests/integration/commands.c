@@ -12,6 +12,8 @@
 
 #include <cmocka.h>
 
+#include <libpq-fe.h>
+
 #include "buf.h"
 #include "harness.h"
 #include "httpc.h"
@@ -495,10 +497,36 @@ static void test_fifty_concurrent(void **state)
     }
 }
 
-/* A hostile guest: floods stdout, writes garbage to the agent channel. The worker and gateway
- * keep serving, the other sandbox is unaffected, and the broken channel is reported. */
+static long long events_of(PGconn *db, const char *id, const char *type, int want)
+{
+    char sql[512];
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type = '%s' AND "
+             "status = 'accepted'",
+             id, type);
+    return sp_test_db_wait_scalar(db, sql, want, 10000);
+}
+
+/* Runs a command until it answers 200 (the agent may be connecting back), up to 5 s. */
+static result_t run_when_back(const char *id, const char *body)
+{
+    result_t r = {0};
+    for (int i = 0; i < 100; i++) {
+        r = run(id, body);
+        if (r.status != 503)
+            break;
+        result_free(&r);
+        usleep(50 * 1000);
+    }
+    return r;
+}
+
+/* A hostile guest: floods stdout, writes garbage to the agent channel, kills the agent. The
+ * worker and gateway keep serving, the broken channel is recorded and comes back, a sandbox
+ * whose init was killed is failed with the reason, the other sandbox is unaffected. */
 static void test_hostile_guest(void **state)
 {
+    PGconn *db = sp_test_db();
     result_t r = run(sbx[0], "{\"cmd\":\"yes | head -c 50000000 | wc -c\"}");
     assert_string_equal(r.stdout_s, "50000000\n");
     result_free(&r);
@@ -507,18 +535,78 @@ static void test_hostile_guest(void **state)
     assert_true(r.truncated);
     result_free(&r);
 
+    /* Garbage on the channel: the worker drops it (AgentChannelLost, protocol_violation); the
+     * agent connects back on its socket (AgentChannelRestored); the command that wrote it kept
+     * running and its end is still reported, with the outage noted. */
     r = run(sbx[0], "{\"cmd\":\"head -c 4096 /dev/urandom > /proc/1/fd/1; sleep 1; echo late\"}");
     assert_int_equal(r.status, 200);
-    assert_true(strlen(r.error) > 0);
-    print_message("garbage on the channel: %s\n", r.error);
+    print_message("garbage on the channel: exit %d, stdout %s, error: %s\n", (int)r.exit_code,
+                  r.stdout_s, r.error);
+    assert_int_equal(r.exit_code, 0);
+    assert_string_equal(r.stdout_s, "late\n");
+    assert_string_equal(r.error, "output was lost while the agent channel was down");
     result_free(&r);
-    r = run(sbx[0], "{\"cmd\":\"echo again\"}");
-    assert_int_equal(r.status, 503);
+    assert_int_equal(events_of(db, sbx[0], "AgentChannelLost", 1), 1);
+    assert_int_equal(events_of(db, sbx[0], "AgentChannelRestored", 1), 1);
+    char sql[512];
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type = "
+             "'AgentChannelLost' AND position('protocol violation' in encode(payload, 'escape')) "
+             "> 0",
+             sbx[0]);
+    assert_int_equal(sp_test_db_scalar(db, sql), 1);
+    r = run_when_back(sbx[0], "{\"cmd\":\"echo again\"}");
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.stdout_s, "again\n");
+    result_free(&r);
+
+    /* Killing the agent (PID 1) from inside ends the sandbox: failed, reason "exited". */
+    char victim[64], path[128];
+    create(victim);
+    r = run(victim, "{\"cmd\":\"kill -9 1; sleep 5\"}");
+    assert_int_equal(r.status, 200);
+    assert_true(strlen(r.error) > 0);
+    result_free(&r);
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM sandboxes WHERE id = '%s' AND state = 'failed' AND "
+             "failure_reason = 'exited'",
+             victim);
+    assert_int_equal(sp_test_db_wait_scalar(db, sql, 1, 15000), 1);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/commands", victim);
+    r = run(victim, "{\"cmd\":\"echo x\"}");
+    assert_int_equal(r.status, 409);
     result_free(&r);
 
     r = run(sbx[1], "{\"cmd\":\"echo still fine\"}");
     assert_string_equal(r.stdout_s, "still fine\n");
     result_free(&r);
+    PQfinish(db);
+}
+
+/* The worker is killed and started again: it adopts the sandbox, the agent connects back, a
+ * command started before the restart is followed to its end, and new commands run. */
+static void test_worker_restart(void **state)
+{
+    char cid[64];
+    start_bg(sbx[1], "{\"cmd\":\"sleep 2; echo survived\",\"background\":true}", cid);
+    sp_test_daemon_kill9("space-worker");
+    assert_int_equal(sp_test_space("up >/dev/null"), 0);
+    result_t r = run_when_back(sbx[1], "{\"cmd\":\"echo after restart\"}");
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.stdout_s, "after restart\n");
+    result_free(&r);
+    watch_t w;
+    memset(&w, 0, sizeof(w));
+    sp_buf_init(&w.out);
+    watch(sbx[1], cid, 0, &w);
+    assert_int_equal(w.status, 200);
+    assert_true(w.exited);
+    assert_int_equal(w.exit_code, 0);
+    assert_string_equal(w.out.data ? w.out.data : "", "survived\n");
+    watch_free(&w);
+    PGconn *db = sp_test_db();
+    assert_int_equal(events_of(db, sbx[1], "AgentChannelRestored", 1), 1);
+    PQfinish(db);
 }
 
 /* The `space` CLI on the same API: exec's exit status is the command's (128 + signal). */
@@ -549,6 +637,7 @@ int main(void)
         cmocka_unit_test(test_stdin_signal_pty),
         cmocka_unit_test(test_hostile_guest),
         cmocka_unit_test(test_background_reattached),
+        cmocka_unit_test(test_worker_restart),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -17,11 +17,13 @@
  * STDIN_HIGH bytes of stdin waiting, the agent stops reading fd 0 (back-pressure to the
  * worker, whose writes then wait).
  *
- * As PID 1 it must not exit: a bad frame is answered with an Error frame and skipped, a
- * broken channel only stops the reading (EOF on fd 0) or the writing (an error on fd 1), and
- * the commands keep running. In this version a channel is not re-established: a worker that
- * restarts (and so closes its pipe ends) cannot reach the commands of this agent again until
- * the sandbox is restored from a checkpoint with new pipes.
+ * As PID 1 it must not exit: a bad frame is answered with an Error frame and skipped. A broken
+ * channel (EOF on its input, an error writing its output: the worker restarted, or closed the
+ * channel on a protocol violation) is dropped, the commands keep running (their output while
+ * no channel is up is discarded), and every RECONNECT_MS the agent connects to
+ * CHAN_SOCKET, the worker's Unix socket for this sandbox (a host socket bind-mounted read-only
+ * into the sandbox; runsc --host-uds=open). A new channel starts with a Hello that lists the
+ * commands still running, so the worker can follow them again.
  *
  * Built static (glibc or musl), with no NSS: it runs in every template whatever its libc, and
  * reads /etc/passwd itself for a user's home directory.
@@ -39,7 +41,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <termios.h>
@@ -67,6 +71,8 @@
 #define CHILD_STACK   (64 * 1024)
 #define ERR_MSG_MAX   512
 #define DEFAULT_PATH  "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#define CHAN_SOCKET   "/.space/chan/agent.sock"
+#define RECONNECT_MS  250
 
 typedef Space__Agent__V1__AgentFrame frame_t;
 
@@ -93,11 +99,14 @@ typedef struct {
     unsigned reap_tries; /* loop turns that found its output over but no exit yet */
 } cmd_t;
 
-static bytes_t out_q;    /* frames for the worker */
-static bool out_dead;    /* fd 1 failed: frames are dropped */
-static bool in_eof;      /* fd 0 reached EOF or failed: no more frames */
-static bytes_t in_buf;   /* bytes from fd 0 not yet a whole frame */
-static uint64_t in_skip; /* bytes of an oversized frame still to discard */
+static bytes_t out_q;   /* frames for the worker */
+static int chan_in = 0; /* the channel: fds 0 and 1 (pipes) at first, then a socket */
+static int chan_out = 1;
+static bool out_dead;        /* no channel to write to: frames are dropped */
+static bool in_eof;          /* no channel to read from */
+static int64_t reconnect_at; /* when down: the next connect attempt (monotonic ms) */
+static bytes_t in_buf;       /* bytes from fd 0 not yet a whole frame */
+static uint64_t in_skip;     /* bytes of an oversized frame still to discard */
 static int sig_pipe[2] = {-1, -1};
 static cmd_t *cmds[MAX_CMDS];
 static size_t n_cmds;
@@ -154,6 +163,52 @@ static void bytes_free(bytes_t *b)
     memset(b, 0, sizeof(*b));
 }
 
+/* ---- the channel ---- */
+
+static int64_t now_ms(void);
+
+/* The channel is gone: both directions stop, queued frames and partial input are dropped, and
+ * reconnecting starts. The pipes of the first channel are replaced by /dev/null (fds 0 and 1
+ * stay taken, so nothing else lands on them). */
+static void channel_down(void)
+{
+    if (in_eof && out_dead)
+        return;
+    if (chan_in > 1)
+        close(chan_in);
+    else {
+        int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+        if (null >= 0) {
+            (void)dup3(null, 0, O_CLOEXEC);
+            (void)dup3(null, 1, O_CLOEXEC);
+            close(null);
+        }
+    }
+    chan_in = chan_out = -1;
+    in_eof = out_dead = true;
+    bytes_free(&in_buf);
+    bytes_free(&out_q);
+    in_skip = 0;
+    reconnect_at = now_ms();
+}
+
+/* One attempt to connect to the worker's socket; true when a new channel is up. */
+static bool channel_connect(void)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof(a.sun_path), "%s", CHAN_SOCKET);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return false;
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0 && errno != EINPROGRESS) {
+        close(fd);
+        return false;
+    }
+    chan_in = chan_out = fd;
+    in_eof = out_dead = false;
+    return true;
+}
+
 /* ---- frames to the worker ---- */
 
 static void send_frame(const frame_t *f)
@@ -178,14 +233,13 @@ static void send_frame(const frame_t *f)
 static void flush_out(void)
 {
     while (out_q.len > 0 && !out_dead) {
-        ssize_t w = write(1, out_q.p + out_q.off, out_q.len);
+        ssize_t w = write(chan_out, out_q.p + out_q.off, out_q.len);
         if (w < 0 && errno == EINTR)
             continue;
         if (w < 0 && errno == EAGAIN)
             return;
         if (w <= 0) {
-            out_dead = true;
-            bytes_free(&out_q);
+            channel_down();
             return;
         }
         bytes_consume(&out_q, (size_t)w);
@@ -213,10 +267,23 @@ static void send_error(const char *cmd_id, const char *fmt, ...)
 
 static void send_hello(void)
 {
+    static Space__Agent__V1__Running run[MAX_CMDS];
+    static Space__Agent__V1__Running *runp[MAX_CMDS];
     Space__Agent__V1__Hello h = SPACE__AGENT__V1__HELLO__INIT;
     h.protocol = PROTOCOL;
     h.version = AGENT_VERSION;
     h.pid = (uint32_t)getpid();
+    /* Commands of an earlier channel that have not been reported ended. */
+    for (size_t i = 0; i < n_cmds; i++) {
+        space__agent__v1__running__init(&run[i]);
+        run[i].cmd_id = cmds[i]->id;
+        run[i].pid = (uint32_t)cmds[i]->pid;
+        run[i].pty = cmds[i]->pty;
+        run[i].stdin_open = cmds[i]->in_fd >= 0 && !cmds[i]->in_eof;
+        runp[i] = &run[i];
+    }
+    h.running = runp;
+    h.n_running = n_cmds;
     frame_t f = SPACE__AGENT__V1__AGENT_FRAME__INIT;
     f.msg_case = SPACE__AGENT__V1__AGENT_FRAME__MSG_HELLO;
     f.hello = &h;
@@ -713,15 +780,14 @@ static void read_channel(void)
         } else if (want > in_skip) {
             want = (size_t)in_skip;
         }
-        ssize_t r = read(0, dst, want);
+        ssize_t r = read(chan_in, dst, want);
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0 && errno == EAGAIN)
             return;
         if (r <= 0) {
             /* The worker is gone (or the pipe broke): commands keep running, see above. */
-            in_eof = true;
-            bytes_free(&in_buf);
+            channel_down();
             return;
         }
         budget -= (size_t)r < budget ? (size_t)r : budget;
@@ -876,13 +942,21 @@ int main(int argc, char **argv)
         bool stdin_full = false;
         for (size_t i = 0; i < n_cmds; i++)
             stdin_full |= cmds[i]->in.len > STDIN_HIGH;
+        if (in_eof && out_dead && now_ms() >= reconnect_at) {
+            if (channel_connect()) {
+                send_hello();
+                flush_out();
+            } else {
+                reconnect_at = now_ms() + RECONNECT_MS;
+            }
+        }
         if (!in_eof && !stdin_full) {
-            pfd[n] = (struct pollfd){.fd = 0, .events = POLLIN};
+            pfd[n] = (struct pollfd){.fd = chan_in, .events = POLLIN};
             what[n].c = NULL;
             what[n++].kind = P_IN;
         }
         if (out_q.len > 0 && !out_dead) {
-            pfd[n] = (struct pollfd){.fd = 1, .events = POLLOUT};
+            pfd[n] = (struct pollfd){.fd = chan_out, .events = POLLOUT};
             what[n].c = NULL;
             what[n++].kind = P_OUT;
         }
@@ -923,6 +997,8 @@ int main(int argc, char **argv)
             if (c->reaped && grace >= 0 && (wake < 0 || grace < wake))
                 wake = grace;
         }
+        if (in_eof && out_dead && (wake < 0 || reconnect_at < wake))
+            wake = reconnect_at;
         int timeout = -1;
         if (wake >= 0)
             timeout = wake <= now ? 0 : (int)(wake - now > 60000 ? 60000 : wake - now);
