@@ -17,6 +17,9 @@
  * STDIN_HIGH bytes of stdin waiting, the agent stops reading fd 0 (back-pressure to the
  * worker, whose writes then wait).
  *
+ * File operations (FileRequest, FileWrite, FileRead) are carried out in agent_files.c, in
+ * the same loop.
+ *
  * As PID 1 it must not exit: a bad frame is answered with an Error frame and skipped, a
  * broken channel only stops the reading (EOF on fd 0) or the writing (an error on fd 1), and
  * the commands keep running. In this version a channel is not re-established: a worker that
@@ -45,6 +48,7 @@
 #include <unistd.h>
 
 #include "agent.pb-c.h"
+#include "agent_files.h"
 
 #ifndef AGENT_VERSION
 #define AGENT_VERSION "0"
@@ -168,6 +172,11 @@ static void send_frame(const frame_t *f)
     p[3] = (uint8_t)n;
     space__agent__v1__agent_frame__pack(f, p + 4);
     out_q.len += n + 4;
+}
+
+void agent_send_frame(const frame_t *f)
+{
+    send_frame(f);
 }
 
 /* Writes what fd 1 takes now. An error other than "full" means the worker is gone (EPIPE,
@@ -614,7 +623,9 @@ static void handle_frame(const uint8_t *p, size_t n)
         do_signal(f->signal);
         break;
     default:
-        send_error("", "unexpected frame (case %d)", (int)f->msg_case);
+        /* File operations live in agent_files.c. */
+        if (!agent_files_handle(f))
+            send_error("", "unexpected frame (case %d)", (int)f->msg_case);
         break;
     }
     space__agent__v1__agent_frame__free_unpacked(f, NULL);
