@@ -35,7 +35,10 @@ typedef struct {
 } wk_config_t;
 
 typedef struct wk wk_t;
+
+#define WK_FILE_SUBS 4 /* file calls handled at once (different transfers) */
 typedef struct wk_cmd wk_cmd_t;
+typedef struct wk_xfer wk_xfer_t;
 
 /* A sandbox this worker owns. Heap, reference-counted: the owned table holds one reference,
  * every user (an exec request on a NATS thread, the agent's callbacks) takes its own. */
@@ -51,6 +54,8 @@ typedef struct {
     bool agent_lost;
     wk_cmd_t *cmds; /* running commands */
     size_t n_cmds;
+    wk_xfer_t *xfers; /* file operations and transfers (worker_files.c) */
+    size_t n_xfers;
 } wk_box_t;
 
 struct wk {
@@ -67,6 +72,9 @@ struct wk {
     char **templates;
     size_t n_templates;
     sp_bus_sub_t *exec_sub; /* space.io.wkr.<id>.exec */
+    sp_bus_sub_t *file_subs[WK_FILE_SUBS]; /* space.io.wkr.<id>.file, one queue group */
+    pthread_t files_reaper;
+    bool files_reaper_started;
 };
 
 /* Compares what the log says this worker owns with what the host shows: adopts sandboxes
@@ -100,5 +108,14 @@ void wk_commands_stop(wk_t *w);
 int wk_box_attach_agent(wk_box_t *b, int to_fd, int from_fd);
 /* Ends every running command of the box with error (the sandbox is going away). */
 void wk_box_fail_commands(wk_box_t *b, const char *error);
+
+/* Files (worker_files.c): serve FileCalls from the data plane, close idle transfers. */
+int wk_files_start(wk_t *w);
+void wk_files_stop(wk_t *w);
+/* Ends every file operation of the box with error (the channel is lost or the sandbox goes):
+ * callers waiting for a reply get it. */
+void wk_box_fail_files(wk_box_t *b, const char *error);
+/* The channel callbacks for files, with the box as arg. */
+void wk_files_callbacks(wk_agent_callbacks_t *cb);
 
 #endif

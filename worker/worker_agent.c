@@ -674,54 +674,66 @@ static bool channel_up(wk_agent_t *a)
     return a->state == ST_UP && !a->closing && !a->broken;
 }
 
-int wk_agent_file_request(wk_agent_t *a, Space__Agent__V1__FileRequest *r)
+int wk_agent_file_reserve(wk_agent_t *a, uint64_t *ret_xfer)
 {
-    if (!a || !r)
+    if (!a || !ret_xfer)
+        return -EINVAL;
+    int rc = 0;
+    pthread_mutex_lock(&a->mu);
+    if (!channel_up(a)) {
+        rc = -EPIPE;
+    } else if (a->n_xfers >= WK_AGENT_MAX_XFERS) {
+        rc = -EBUSY;
+    } else {
+        xfer_t *x = sp_xcalloc(1, sizeof(*x));
+        x->id = a->next_xfer++;
+        a->xfers[a->n_xfers++] = x;
+        *ret_xfer = x->id;
+    }
+    pthread_mutex_unlock(&a->mu);
+    return rc;
+}
+
+void wk_agent_file_release(wk_agent_t *a, uint64_t xfer)
+{
+    if (!a)
+        return;
+    size_t i;
+    pthread_mutex_lock(&a->mu);
+    if (xfer_find(a, xfer, &i))
+        xfer_remove(a, i);
+    pthread_mutex_unlock(&a->mu);
+}
+
+int wk_agent_file_request(wk_agent_t *a, const Space__Agent__V1__FileRequest *r)
+{
+    if (!a || !r || r->op == SPACE__AGENT__V1__FILE_OP__FILE_OP_NONE)
         return -EINVAL;
     bool on_open = r->op == SPACE__AGENT__V1__FILE_OP__FILE_OP_COMMIT ||
                    r->op == SPACE__AGENT__V1__FILE_OP__FILE_OP_CLOSE;
-    if (!on_open && r->xfer_id != 0)
-        return -EINVAL;
     frame_t f = SPACE__AGENT__V1__AGENT_FRAME__INIT;
     f.msg_case = SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_REQUEST;
-    f.file_request = r;
+    f.file_request = (Space__Agent__V1__FileRequest *)r;
     if (space__agent__v1__agent_frame__get_packed_size(&f) > WK_AGENT_FRAME_MAX)
         return SP_ETOOBIG;
 
     pthread_mutex_lock(&a->mu);
     int rc = 0;
-    xfer_t *x = NULL;
-    if (!channel_up(a)) {
+    xfer_t *x = xfer_find(a, r->xfer_id, NULL);
+    if (!channel_up(a))
         rc = -EPIPE;
-    } else if (on_open) {
-        x = xfer_find(a, r->xfer_id, NULL);
-        if (!x || !x->open || x->op || x->reading)
-            rc = -ENOENT;
-        else
-            x->op = (int)r->op;
-    } else if (a->n_xfers >= WK_AGENT_MAX_XFERS) {
-        rc = -EBUSY;
-    } else {
-        x = sp_xcalloc(1, sizeof(*x));
-        x->id = a->next_xfer++;
-        x->op = (int)r->op;
-        r->xfer_id = x->id;
-        a->xfers[a->n_xfers++] = x;
-    }
+    else if (!x || x->op || x->reading || x->open != on_open)
+        rc = -ENOENT;
+    else
+        x->op = (int)r->op; /* before the frame goes out: the reply can beat send_frame */
     pthread_mutex_unlock(&a->mu);
     if (rc < 0)
         return rc;
-    /* Registered first: the reply can arrive before send_frame returns. */
     rc = send_frame(a, &f);
     if (rc < 0) {
         pthread_mutex_lock(&a->mu);
-        size_t i;
-        if ((x = xfer_find(a, r->xfer_id, &i)) != NULL) {
-            if (on_open)
-                x->op = 0;
-            else
-                xfer_remove(a, i);
-        }
+        if ((x = xfer_find(a, r->xfer_id, NULL)) != NULL)
+            x->op = 0;
         pthread_mutex_unlock(&a->mu);
     }
     return rc;

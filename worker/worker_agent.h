@@ -71,18 +71,24 @@ int wk_agent_exec(wk_agent_t *a, const Space__Agent__V1__Exec *exec);
  * not running (it may have just exited). */
 int wk_agent_stdin(wk_agent_t *a, const char *cmd_id, const uint8_t *data, size_t len, bool eof);
 int wk_agent_signal(wk_agent_t *a, const char *cmd_id, int sig);
-/* Files. Transfer ids are the channel's: wk_agent_file_request with r->xfer_id == 0 (any op
- * but COMMIT and CLOSE) picks a new one and writes it back into r. A request gets exactly one
- * final reply (on_file_result or on_file_failed); WRITE_OPEN and READ_OPEN results leave the
- * transfer open for file_write / file_read until a COMMIT or CLOSE result or a failure. A
- * frame naming a transfer id this channel never issued is a protocol violation; one naming a
- * finished transfer is dropped. -EBUSY beyond WK_AGENT_MAX_XFERS open transfers, -ENOENT for a
- * transfer that is not open (or busy with another request), -EPIPE when the channel is lost. */
+/* Files. A transfer id is reserved first (so the caller can register it before any reply
+ * can arrive), then used for requests. A request gets exactly one final reply (on_file_result
+ * or on_file_failed); WRITE_OPEN and READ_OPEN results leave the transfer open for file_write /
+ * file_read until a COMMIT or CLOSE result or a failure; any other final reply ends it. A frame
+ * naming a transfer id this channel never issued is a protocol violation; one naming an ended
+ * or released transfer is dropped. -EBUSY beyond WK_AGENT_MAX_XFERS transfers, -ENOENT for a
+ * transfer not in the state the call needs (or busy with another request), -EPIPE when the
+ * channel is lost. */
 #define WK_AGENT_MAX_XFERS 64
 #define WK_AGENT_READ_MAX  (256 * 1024) /* bytes of one file_read */
 #define WK_AGENT_LIST_MAX  10000        /* entries of one list */
 #define WK_AGENT_PATH_MAX  4096         /* bytes of a path or symlink target */
-int wk_agent_file_request(wk_agent_t *a, Space__Agent__V1__FileRequest *r);
+int wk_agent_file_reserve(wk_agent_t *a, uint64_t *ret_xfer);
+/* Forgets a transfer (frames for it are dropped from now on). The agent may still hold it
+ * open: send CLOSE instead when it does. */
+void wk_agent_file_release(wk_agent_t *a, uint64_t xfer);
+/* r->xfer_id: a reserved transfer; COMMIT and CLOSE need it open, other ops need it idle. */
+int wk_agent_file_request(wk_agent_t *a, const Space__Agent__V1__FileRequest *r);
 /* Sends len bytes at offset (the end of what was sent before) in frames of at most
  * WK_AGENT_DATA_MAX; each is acknowledged through on_file_ack. Blocks while the pipe is full. */
 int wk_agent_file_write(wk_agent_t *a, uint64_t xfer, uint64_t offset, const uint8_t *data,

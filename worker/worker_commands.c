@@ -298,6 +298,7 @@ static void on_lost(void *arg, const char *why)
     b->agent_lost = true;
     pthread_mutex_unlock(&b->mu);
     wk_box_fail_commands(b, error);
+    wk_box_fail_files(b, error);
 }
 
 int wk_box_attach_agent(wk_box_t *b, int to_fd, int from_fd)
@@ -312,6 +313,7 @@ int wk_box_attach_agent(wk_box_t *b, int to_fd, int from_fd)
     if (to_fd < 0 || from_fd < 0)
         return -EINVAL;
     wk_agent_callbacks_t cb = cb_template;
+    wk_files_callbacks(&cb);
     cb.arg = b;
     wk_agent_t *a = NULL;
     int rc = wk_agent_open(to_fd, from_fd, b->id, &cb, HELLO_TIMEOUT_MS, &a);
