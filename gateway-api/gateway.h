@@ -61,6 +61,10 @@ typedef struct {
     int64_t max_commands;
     int64_t command_buffer_bytes;
     int64_t bus_threads;
+    int64_t max_file_bytes;
+    int64_t max_file_transfers;
+    int64_t file_threads;
+    char *tmp_dir;
     char *log_level;
     char *log_format;
 } gw_config_t;
@@ -80,6 +84,7 @@ typedef enum {
     GW_R_EVENTS,
     GW_R_TEMPLATES,
     GW_R_SANDBOX_COMMANDS,
+    GW_R_SANDBOX_FILES,
     GW_R_OTHER, /* unknown routes and responses h2o itself produced (413 while reading a body) */
     GW_R_COUNT
 } gw_route_t;
@@ -385,6 +390,27 @@ void gw_commands_tick(gw_t *gw);
  * force, responses stuck in a write end now. */
 void gw_commands_close_all(gw_t *gw, bool force);
 
+/* ---- files (gateway_files.c) ---- */
+
+/* Which files route: PUT/GET/DELETE .../files, GET .../files/stat, GET .../files/list,
+ * POST .../files/mkdir, POST .../files/move. */
+typedef enum {
+    GW_FILES_ROOT = 1,
+    GW_FILES_STAT,
+    GW_FILES_LIST,
+    GW_FILES_MKDIR,
+    GW_FILES_MOVE
+} gw_files_sub_t;
+
+typedef struct gw_file gw_file_t;
+
+/* Makes request bodies over 4 MiB spill to an unlinked temporary file under tmp-dir (h2o's
+ * mmap-backed socket buffers) instead of the heap. Before the first connection. */
+int gw_files_init(gw_t *gw);
+void gw_files_run(gw_req_t *rq, gw_files_sub_t sub);
+/* Ends every file request's response (shutdown). */
+void gw_files_close_all(gw_t *gw);
+
 /* ---- server-sent events (gateway_events.c) ---- */
 
 void gw_events_open(gw_req_t *rq, bool per_sandbox);
@@ -429,6 +455,12 @@ struct gw {
      * the others wait in this FIFO. */
     size_t bus_running;
     gw_cmd_t *bus_head, *bus_tail;
+    /* File requests: every one from validation to its free; their bus jobs (at most
+     * file-threads at once, the rest in a FIFO). */
+    gw_file_t *files;
+    size_t n_files;
+    size_t file_jobs_running;
+    gw_file_t *file_jobs_head, *file_jobs_tail;
     bool stopping;
 };
 
