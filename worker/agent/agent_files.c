@@ -371,6 +371,58 @@ static void op_mkdir(const Space__Agent__V1__FileRequest *r)
     send_stat_result(r->xfer_id, r->path, existed);
 }
 
+/* Copies a regular file to `to` (through a temporary file renamed onto it, keeping mode and
+ * owner) and removes `from`. 0 or an errno. */
+static int copy_file(const char *from, const char *to, const struct stat *st)
+{
+    static uint8_t buf[DATA_MAX];
+    char tmp[PATH_MAX_LEN + 64], dir[PATH_MAX_LEN + 1];
+    int e = 0;
+    dir_of(to, dir);
+    snprintf(tmp, sizeof(tmp), "%s/.space-move-XXXXXX", strcmp(dir, "/") ? dir : "");
+    int in = open(from, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (in < 0)
+        return errno;
+    int out = mkostemp(tmp, O_CLOEXEC);
+    if (out < 0) {
+        e = errno;
+        close(in);
+        return e;
+    }
+    for (;;) {
+        ssize_t n = read(in, buf, sizeof(buf));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            e = n < 0 ? errno : 0;
+            break;
+        }
+        for (ssize_t off = 0; off < n && !e;) {
+            ssize_t w = write(out, buf + off, (size_t)(n - off));
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0)
+                e = w < 0 ? errno : EIO;
+            else
+                off += w;
+        }
+        if (e)
+            break;
+    }
+    close(in);
+    if (!e && (fchmod(out, st->st_mode & 07777) < 0 || fchown(out, st->st_uid, st->st_gid) < 0))
+        e = errno;
+    if (close(out) < 0 && !e)
+        e = errno;
+    if (!e && rename(tmp, to) < 0)
+        e = errno;
+    if (e) {
+        (void)unlink(tmp);
+        return e;
+    }
+    return unlink(from) < 0 ? errno : 0;
+}
+
 static void op_move(const Space__Agent__V1__FileRequest *r)
 {
     char dir[PATH_MAX_LEN + 1];
@@ -390,8 +442,14 @@ static void op_move(const Space__Agent__V1__FileRequest *r)
         return;
     }
     if (rename(r->path, r->to) < 0) {
-        send_errno(r->xfer_id, errno, "move to", r->to);
-        return;
+        e = errno;
+        /* /tmp is gVisor's own tmpfs, the rest the rootfs: a file moves across by copy. */
+        if (e == EXDEV && S_ISREG(st.st_mode))
+            e = copy_file(r->path, r->to, &st);
+        if (e) {
+            send_errno(r->xfer_id, e, "move to", r->to);
+            return;
+        }
     }
     send_stat_result(r->xfer_id, r->to, false);
 }
