@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,26 @@ static int send_all(int fd, const char *p, size_t n, int64_t deadline)
             return -errno;
         p += w;
         n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Streams the request body from req->body_read: exactly body_read_len bytes. */
+static int send_stream(int fd, const sp_httpc_req_t *req, int64_t deadline)
+{
+    static __thread char buf[65536];
+    unsigned long long left = req->body_read_len;
+    while (left > 0) {
+        size_t want = left < sizeof(buf) ? (size_t)left : sizeof(buf);
+        long long n = req->body_read(req->body_arg, buf, want);
+        if (n < 0)
+            return (int)n;
+        if (n == 0 || (size_t)n > want)
+            return -EIO; /* the source ended early (or lied): Content-Length cannot hold */
+        int rc = send_all(fd, buf, (size_t)n, deadline);
+        if (rc != 0)
+            return rc; /* 1: the server answered early; its answer is what counts */
+        left -= (unsigned long long)n;
     }
     return 0;
 }
@@ -103,19 +124,25 @@ int sp_httpc_do(const sp_httpc_req_t *req, sp_httpc_resp_t *ret)
                   req->path, req->host, req->port);
     if (req->key)
         sp_buf_printf(&out, "Authorization: Bearer %s\r\n", req->key);
-    if (req->body)
-        sp_buf_printf(&out, "Content-Type: application/json\r\nContent-Length: %zu\r\n",
-                      req->body_len);
+    const char *ctype = req->content_type ? req->content_type : "application/json";
+    if (req->body_read)
+        sp_buf_printf(&out, "Content-Type: %s\r\nContent-Length: %llu\r\n", ctype,
+                      req->body_read_len);
+    else if (req->body)
+        sp_buf_printf(&out, "Content-Type: %s\r\nContent-Length: %zu\r\n", ctype, req->body_len);
     if (req->extra_headers)
         sp_buf_puts(&out, req->extra_headers);
     sp_buf_puts(&out, "\r\n");
     rc = send_all(fd, out.data, out.len, deadline);
-    if (rc == 0 && req->body)
+    if (rc == 0 && req->body_read)
+        rc = send_stream(fd, req, deadline);
+    else if (rc == 0 && req->body)
         rc = send_all(fd, req->body, req->body_len, deadline);
     if (rc < 0)
         goto out;
 
     char chunk[65536];
+    bool sinking = false;
     for (;;) {
         if ((rc = wait_fd(fd, POLLIN, deadline)) < 0)
             goto out;
@@ -130,11 +157,29 @@ int sp_httpc_do(const sp_httpc_req_t *req, sp_httpc_resp_t *ret)
         }
         if (n == 0)
             break;
+        if (sinking) {
+            if ((rc = req->body_sink(req->sink_arg, chunk, (size_t)n)) < 0)
+                goto out;
+            continue;
+        }
         if (in.len + (size_t)n > max) {
             rc = SP_ETOOBIG;
             goto out;
         }
         sp_buf_append(&in, chunk, (size_t)n);
+        /* A 2xx body with a sink and without chunked coding goes to the sink from here on. */
+        char *hend = req->body_sink ? strstr(in.data, "\r\n\r\n") : NULL;
+        int st = 0;
+        if (hend && sscanf(in.data, "HTTP/1.%*d %3d", &st) == 1 && st >= 200 && /* NOLINT */
+            st < 300 && !memmem(in.data, (size_t)(hend - in.data), "chunked", 7)) {
+            size_t head = (size_t)(hend + 4 - in.data);
+            if (in.len > head &&
+                (rc = req->body_sink(req->sink_arg, in.data + head, in.len - head)) < 0)
+                goto out;
+            in.len = head;
+            in.data[head] = '\0';
+            sinking = true;
+        }
     }
 
     char *sep = in.data ? strstr(in.data, "\r\n\r\n") : NULL;
