@@ -65,7 +65,7 @@ static void create(char out[64])
 static sp_httpc_resp_t req(const char *method, const char *id, const char *rest, const char *ctype,
                            const void *body, size_t len, const char *k)
 {
-    char path[1024];
+    char path[8192];
     sp_httpc_resp_t r;
     snprintf(path, sizeof(path), "/v1/sandboxes/%s%s", id, rest);
     sp_httpc_req_t q = {.host = "127.0.0.1",
@@ -319,6 +319,17 @@ static void test_operations(void **state)
     char longpath[5000] = "/files/stat?path=/";
     memset(longpath + strlen(longpath), 'a', 4200);
     assert_int_equal(status_of("GET", sbx[0], longpath, NULL, NULL, code, sizeof(code)), 414);
+    /* Past SP_FSPATH_MAX: only a body can say that much. */
+    sp_buf_t big;
+    sp_buf_init(&big);
+    sp_buf_puts(&big, "{\"path\":\"/");
+    for (int i = 0; i < 4200; i++)
+        sp_buf_putc(&big, 'a');
+    sp_buf_puts(&big, "\"}");
+    assert_int_equal(status_of("POST", sbx[0], "/files/mkdir", json, big.data, code, sizeof(code)),
+                     400);
+    assert_string_equal(code, "bad_path");
+    sp_buf_dispose(&big);
     assert_int_equal(
         status_of("GET", sbx[0], "/files?path=/x&user=nobody", NULL, NULL, code, sizeof(code)),
         400);
