@@ -1,5 +1,6 @@
-/* `space create | ls | rm | exec | cp` (cp: space_cp.c): the API from a terminal or a script, through the gateway
- * named in $SPACE_HOME/space.env (or SPACE_API_URL and SPACE_API_KEY in the environment).
+/* `space create | ls | rm | exec | cp` (cp: space_cp.c): the API from a terminal or a script,
+ * through the gateway named in $SPACE_HOME/space.env (or SPACE_API_URL and SPACE_API_KEY in
+ * the environment).
  * exec waits for the command and exits with its exit code (128 + signal when killed), so
  * scripts can use it like a local command; its output is printed once the command ends
  * (streaming as it comes is the next step). */

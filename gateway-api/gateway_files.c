@@ -69,30 +69,33 @@ struct gw_file {
     gw_req_t *rq;   /* holds a reference */
     h2o_req_t *req; /* NULL once h2o disposed the request */
     kind_t kind;
+    uint32_t mode;
+    uint32_t depth;
+    bool recursive;
+    char user[8];
     char sandbox[SP_ID_MAX + 1];
     char tenant[SP_ID_MAX + 1];
     char worker[SP_ID_MAX + 1];
     char request_id[GW_REQUEST_ID_MAX + 1];
     char path[SP_FSPATH_MAX + 1];
     char to[SP_FSPATH_MAX + 1];
-    char user[8];
-    uint32_t mode;
-    bool recursive;
-    uint32_t depth;
 
     /* The one call in flight. The loop fills call (strings owned here, data borrowed from the
      * body), the pool thread packs and sends it and stores the answer. */
     uv_work_t work;
-    bool job_busy;
     void (*job_done)(gw_file_t *f);
     gw_file_t *job_next;
     call_t call;
-    int job_rc;
     reply_t *reply;
+    int job_rc;
 
-    bool answered; /* the response is complete or started (download) */
-    uint64_t xfer; /* an open worker transfer, 0 = none */
-    bool closing;  /* its CLOSE is on its way */
+    bool job_busy;
+    bool answered;    /* the response is complete or started (download) */
+    bool closing;     /* the transfer's CLOSE is on its way */
+    bool body_mapped; /* the body is in a file-backed h2o buffer: consumed pages may go */
+    bool multipart;
+    bool h2o_busy, final_sent; /* download */
+    uint64_t xfer;             /* an open worker transfer, 0 = none */
 
     /* upload */
     part_t *parts;
@@ -100,8 +103,6 @@ struct gw_file {
     uint64_t offset;
     const uint8_t *body;
     size_t body_len;
-    bool body_mapped; /* the body is in a file-backed h2o buffer: consumed pages may go */
-    bool multipart;
     uintptr_t advised;
     sp_buf_t results;
 
@@ -109,7 +110,6 @@ struct gw_file {
     uint64_t size, fetch_off, sent_off;
     uint8_t *sending, *ready;
     size_t ready_len;
-    bool h2o_busy, final_sent;
 
     gw_file_t *prev, *next;
 };
@@ -1148,7 +1148,7 @@ void gw_files_run(gw_req_t *rq, gw_files_sub_t sub)
         return;
     }
     f->req = req;
-    gw_file_t **slot = h2o_mem_alloc_shared(&req->pool, sizeof(*slot), on_pool_gone);
+    gw_file_t **slot = h2o_mem_alloc_shared(&req->pool, sizeof(gw_file_t *), on_pool_gone);
     *slot = f;
     f->next = gw->files;
     if (gw->files)

@@ -145,8 +145,10 @@ static int env_name_ok(const char *s)
 #define CHECK_PATH(field, name)                                                                    \
     do {                                                                                           \
         if (!sp_fspath_canonical(field))                                                           \
-            return fail(reason, SP_ESCHEMA, "%s: not an absolute normalised path of at most %d "  \
-                        "bytes of text", (name), FILE_PATH_MAX);                                   \
+            return fail(reason, SP_ESCHEMA,                                                        \
+                        "%s: not an absolute normalised path of at most %d "                       \
+                        "bytes of text",                                                           \
+                        (name), FILE_PATH_MAX);                                                    \
     } while (0)
 #define CHECK_USER(field)                                                                          \
     do {                                                                                           \

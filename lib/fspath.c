@@ -38,6 +38,7 @@ static int append(char *out, size_t *n, const char *p)
             out[(*n)++] = '/';
             memcpy(out + *n, p, k);
             *n += k;
+            out[*n] = '\0';
         }
         p += k;
     }

@@ -424,7 +424,7 @@ static void on_file_entries(void *arg, uint64_t id, Space__Agent__V1__FileInfo *
         }
         if (x->n_entries == x->cap_entries) {
             x->cap_entries = x->cap_entries ? 2 * x->cap_entries : 64;
-            x->entries = sp_xrealloc(x->entries, x->cap_entries * sizeof(*x->entries));
+            x->entries = sp_xrealloc(x->entries, x->cap_entries * sizeof(info_t *));
         }
         x->entries[x->n_entries++] = info_copy(entries[i]);
         x->entries_bytes += sz;
@@ -867,7 +867,7 @@ static void *reaper_main(void *arg)
         sp_daemon_sleep_ms(1000);
         pthread_mutex_lock(&w->mu);
         size_t n = w->n_owned;
-        wk_box_t **boxes = sp_xcalloc(n ? n : 1, sizeof(*boxes));
+        wk_box_t **boxes = sp_xcalloc(n ? n : 1, sizeof(wk_box_t *));
         for (size_t i = 0; i < n; i++) {
             boxes[i] = w->owned[i];
             boxes[i]->refs++;
