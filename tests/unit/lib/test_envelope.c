@@ -262,9 +262,9 @@ static void test_file_events(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip), cmocka_unit_test(test_truncated_and_garbage),
-        cmocka_unit_test(test_oversized),  cmocka_unit_test(test_field_validation),
-        cmocka_unit_test(test_type_names), cmocka_unit_test(test_encode_refuses_invalid),
+        cmocka_unit_test(test_round_trip),  cmocka_unit_test(test_truncated_and_garbage),
+        cmocka_unit_test(test_oversized),   cmocka_unit_test(test_field_validation),
+        cmocka_unit_test(test_type_names),  cmocka_unit_test(test_encode_refuses_invalid),
         cmocka_unit_test(test_file_events),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
