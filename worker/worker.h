@@ -71,7 +71,7 @@ struct wk {
     size_t n_owned, cap_owned;
     char **templates;
     size_t n_templates;
-    sp_bus_sub_t *exec_sub; /* space.io.wkr.<id>.exec */
+    sp_bus_sub_t *exec_sub;                /* space.io.wkr.<id>.exec */
     sp_bus_sub_t *file_subs[WK_FILE_SUBS]; /* space.io.wkr.<id>.file, one queue group */
     pthread_t files_reaper;
     bool files_reaper_started;
