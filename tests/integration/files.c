@@ -3,6 +3,7 @@
  *
  * The 200 MB case streams a seeded PRNG up and hashes the download as it arrives: the test
  * never holds the file; it samples the gateway's and the worker's memory meanwhile. */
+#include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -544,6 +545,49 @@ static void test_big_file(void **state)
     assert_true(rss.max[1][0] - rss.base[1][0] < RSS_LIMIT_KB);
 }
 
+static int sink_then_hang_up(void *arg, const void *data, size_t len)
+{
+    size_t *got = arg;
+    (void)data;
+    *got += len;
+    return *got > 300 * 1024 ? -ECANCELED : 0;
+}
+
+/* Clients that vanish in the middle of a download: each abandoned transfer must be closed in
+ * the worker, or the sandbox's 16 slots would fill up and refuse the next operation. */
+static void test_abandoned_downloads(void **state)
+{
+    (void)state;
+    char path[256], code[64];
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/files?path=/root/big.bin", sbx[0]);
+    for (int i = 0; i < 24; i++) {
+        size_t got = 0;
+        sp_httpc_resp_t r;
+        sp_httpc_req_t g = {.host = "127.0.0.1",
+                            .port = port,
+                            .method = "GET",
+                            .path = path,
+                            .key = key,
+                            .body_sink = sink_then_hang_up,
+                            .sink_arg = &got,
+                            .timeout_ms = 60000};
+        assert_int_equal(sp_httpc_do(&g, &r), -ECANCELED);
+        int st = 0;
+        for (int k = 0; k < 100; k++) { /* the close travels after the hang-up */
+            st = status_of("GET", sbx[0], "/files/stat?path=/root/big.bin", NULL, NULL, code,
+                           sizeof(code));
+            if (st != 429)
+                break;
+            usleep(20000);
+        }
+        assert_int_equal(st, 200);
+    }
+    sp_httpc_resp_t r = req("GET", sbx[0], "/files?path=/root/bin.dat", NULL, NULL, 0, NULL);
+    assert_int_equal(r.status, 200);
+    assert_int_equal(r.body_len, 4096);
+    sp_httpc_resp_free(&r);
+}
+
 /* ---- the event log ---- */
 
 static void test_events(void **state)
@@ -645,9 +689,13 @@ static void test_cli_cp(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_small_round_trip), cmocka_unit_test(test_operations),
-        cmocka_unit_test(test_isolation),        cmocka_unit_test(test_big_file),
-        cmocka_unit_test(test_events),           cmocka_unit_test(test_cli_cp),
+        cmocka_unit_test(test_small_round_trip),
+        cmocka_unit_test(test_operations),
+        cmocka_unit_test(test_isolation),
+        cmocka_unit_test(test_big_file),
+        cmocka_unit_test(test_abandoned_downloads),
+        cmocka_unit_test(test_events),
+        cmocka_unit_test(test_cli_cp),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
