@@ -60,6 +60,8 @@ static void usage(FILE *out)
             "  ls                         list your sandboxes\n"
             "  rm ID...                   delete sandboxes\n"
             "  exec ID [--] CMD [ARG...]  run a command, print its output, exit with its code\n"
+            "  cp LOCAL ID:PATH           copy a file into a sandbox (streamed)\n"
+            "  cp ID:PATH LOCAL           copy a file out of a sandbox (streamed)\n"
             "\n");
     sp_config_usage(out, "space <command>", options, N_OPTIONS);
 }
@@ -82,7 +84,7 @@ int main(int argc, char **argv)
         return SP_STACK_EXIT_OK;
     }
     bool client = strcmp(cmd, "create") == 0 || strcmp(cmd, "ls") == 0 || strcmp(cmd, "rm") == 0 ||
-                  strcmp(cmd, "exec") == 0;
+                  strcmp(cmd, "exec") == 0 || strcmp(cmd, "cp") == 0;
     if (!client && strcmp(cmd, "up") != 0 && strcmp(cmd, "down") != 0 &&
         strcmp(cmd, "status") != 0 && strcmp(cmd, "env") != 0 && strcmp(cmd, "demo") != 0) {
         fprintf(stderr, "space: unknown command '%s' (see space --help)\n", cmd);

@@ -1,7 +1,8 @@
-/* `space create | ls | rm | exec`: the API from a terminal or a script, through the gateway
- * named in $SPACE_HOME/space.env (or SPACE_API_URL and SPACE_API_KEY in the environment).
- * exec streams the command's output as it comes (the SSE of POST .../commands) and exits with
- * its exit code (128 + signal when killed), so scripts can use it like a local command. */
+/* `space create | ls | rm | exec | cp` (cp: space_cp.c): the API from a terminal or a script,
+ * through the gateway named in $SPACE_HOME/space.env (or SPACE_API_URL and SPACE_API_KEY in
+ * the environment). exec streams the command's output as it comes (the SSE of POST
+ * .../commands) and exits with its exit code (128 + signal when killed), so scripts can use it
+ * like a local command. */
 #include <errno.h>
 #include <limits.h>
 #include <stdbool.h>
@@ -288,5 +289,7 @@ int sp_client_main(const sp_stack_config_t *cfg, const char *cmd, int argc, char
         return cmd_ls(&api);
     if (strcmp(cmd, "rm") == 0)
         return cmd_rm(&api, argc, argv);
+    if (strcmp(cmd, "cp") == 0)
+        return sp__client_cp(api.host, api.port, api.key, argc, argv);
     return cmd_exec(&api, argc, argv);
 }

@@ -461,7 +461,7 @@ out:
 /* Command line of a daemon (heap strings, NULL-terminated; free with free_args). */
 static char **daemon_args(const sp_stack_t *st, const char *name)
 {
-    char **a = sp_xcalloc(8, sizeof(char *));
+    char **a = sp_xcalloc(10, sizeof(char *));
     size_t n = 0;
     a[n++] = sp_xstrdup(name);
     if (strcmp(name, "space-gateway") == 0) {
@@ -469,6 +469,12 @@ static char **daemon_args(const sp_stack_t *st, const char *name)
         a[n++] = sp_xasprintf("%lld", (long long)st->cfg->api_port);
         a[n++] = sp_xstrdup("--port-file");
         a[n++] = sp_xasprintf("%s/%s", st->run_dir, SP_STACK_GATEWAY_PORT_FILE);
+        /* Large request bodies (file uploads) spill here, not into the heap or /tmp. */
+        char *gwdir = sp_xasprintf("%s/gateway", st->home);
+        a[n++] = sp_xstrdup("--tmp-dir");
+        a[n++] = sp_xasprintf("%s/tmp", gwdir);
+        (void)mkdir_p(a[n - 1], 0700);
+        free(gwdir);
     } else if (strcmp(name, "space-worker") == 0) {
         a[n++] = sp_xstrdup("--state-dir");
         a[n++] = sp_xasprintf("%s/worker", st->home);

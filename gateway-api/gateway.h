@@ -61,6 +61,10 @@ typedef struct {
     int64_t max_commands;
     int64_t command_buffer_bytes;
     int64_t bus_threads;
+    int64_t max_file_bytes;
+    int64_t max_file_transfers;
+    int64_t file_threads;
+    char *tmp_dir;
     char *log_level;
     char *log_format;
 } gw_config_t;
@@ -83,6 +87,7 @@ typedef enum {
     GW_R_COMMAND_LIST,
     GW_R_COMMAND_STREAM,
     GW_R_COMMAND_CTL,
+    GW_R_SANDBOX_FILES,
     GW_R_OTHER, /* unknown routes and responses h2o itself produced (413 while reading a body) */
     GW_R_COUNT
 } gw_route_t;
@@ -143,15 +148,25 @@ void gw_metrics_render(const gw_metrics_t *m, sp_buf_t *out);
  * with UV_THREADPOOL_SIZE = pg-pool + 1 + bus-threads a database job never waits behind a
  * blocked NATS call. run must not touch loop state; done runs on the loop afterwards. */
 typedef struct gw_bus_job gw_bus_job_t;
+typedef struct gw_bus_lane gw_bus_lane_t;
 struct gw_bus_job {
     uv_work_t work;
     gw_t *gw;
+    gw_bus_lane_t *lane;
     void *arg;
     void (*run)(gw_bus_job_t *job);
     void (*done)(gw_bus_job_t *job);
     gw_bus_job_t *next;
 };
-void gw_bus_submit(gw_t *gw, gw_bus_job_t *job);
+/* A lane: at most max jobs at once, the others wait in a FIFO. Commands and control requests
+ * share one (bus-threads), file transfers have their own (file-threads), so long transfers
+ * never hold up a command. */
+struct gw_bus_lane {
+    size_t running;
+    int64_t max;
+    gw_bus_job_t *head, *tail;
+};
+void gw_bus_submit(gw_t *gw, gw_bus_lane_t *lane, gw_bus_job_t *job);
 
 /* ---- PostgreSQL pool and jobs (gateway_db.c) ---- */
 
@@ -429,6 +444,27 @@ void gw_commands_tick(gw_t *gw);
  * force, responses stuck in a write end now. */
 void gw_commands_close_all(gw_t *gw, bool force);
 
+/* ---- files (gateway_files.c) ---- */
+
+/* Which files route: PUT/GET/DELETE .../files, GET .../files/stat, GET .../files/list,
+ * POST .../files/mkdir, POST .../files/move. */
+typedef enum {
+    GW_FILES_ROOT = 1,
+    GW_FILES_STAT,
+    GW_FILES_LIST,
+    GW_FILES_MKDIR,
+    GW_FILES_MOVE
+} gw_files_sub_t;
+
+typedef struct gw_file gw_file_t;
+
+/* Makes request bodies over 4 MiB spill to an unlinked temporary file under tmp-dir (h2o's
+ * mmap-backed socket buffers) instead of the heap. Before the first connection. */
+int gw_files_init(gw_t *gw);
+void gw_files_run(gw_req_t *rq, gw_files_sub_t sub);
+/* Ends every file request's response (shutdown). */
+void gw_files_close_all(gw_t *gw);
+
 /* ---- server-sent events (gateway_events.c) ---- */
 
 void gw_events_open(gw_req_t *rq, bool per_sandbox);
@@ -469,10 +505,12 @@ struct gw {
     /* Commands: every one from validation to the close of its async handle. */
     gw_cmd_t *commands;
     size_t n_commands;
-    /* Bus jobs (blocking NATS calls without a database connection): at most bus-threads run,
-     * the others wait in this FIFO. */
-    size_t bus_running;
-    gw_bus_job_t *bus_head, *bus_tail;
+    /* Bus jobs (blocking NATS calls without a database connection), in two lanes. */
+    gw_bus_lane_t bus_lane;  /* commands and their control: bus-threads */
+    gw_bus_lane_t file_lane; /* file calls: file-threads */
+    /* File requests: every one from validation to its free. */
+    gw_file_t *files;
+    size_t n_files;
     bool stopping;
 };
 

@@ -1,4 +1,4 @@
-/* Bus jobs: blocking NATS calls on libuv's thread pool, bounded by bus-threads (gateway.h). */
+/* Bus jobs: blocking NATS calls on libuv's thread pool, bounded per lane (gateway.h). */
 #include "gateway.h"
 
 static void bus_start(gw_t *gw, gw_bus_job_t *job);
@@ -12,40 +12,42 @@ static void work_cb(uv_work_t *w)
 static void after_cb(uv_work_t *w, int status)
 {
     gw_bus_job_t *job = w->data;
-    gw_t *gw = job->gw;
+    gw_bus_lane_t *lane = job->lane;
 
     (void)status; /* never cancelled */
-    gw->bus_running--;
-    while (gw->bus_head && gw->bus_running < (size_t)gw->cfg->bus_threads) {
-        gw_bus_job_t *next = gw->bus_head;
-        gw->bus_head = next->next;
-        if (!gw->bus_head)
-            gw->bus_tail = NULL;
-        bus_start(gw, next);
+    lane->running--;
+    while (lane->head && lane->running < (size_t)lane->max) {
+        gw_bus_job_t *next = lane->head;
+        lane->head = next->next;
+        if (!lane->head)
+            lane->tail = NULL;
+        bus_start(next->gw, next);
     }
     job->done(job);
 }
 
 static void bus_start(gw_t *gw, gw_bus_job_t *job)
 {
-    gw->bus_running++;
+    job->lane->running++;
     job->next = NULL;
     job->work.data = job;
     uv_queue_work(gw->loop, &job->work, work_cb, after_cb);
 }
 
-/* The FIFO is bounded by its users: one job per command at a time, one per control request. */
-void gw_bus_submit(gw_t *gw, gw_bus_job_t *job)
+/* The FIFOs are bounded by their users: one job per command, control request or file request
+ * at a time. */
+void gw_bus_submit(gw_t *gw, gw_bus_lane_t *lane, gw_bus_job_t *job)
 {
     job->gw = gw;
-    if (gw->bus_running < (size_t)gw->cfg->bus_threads && !gw->bus_head) {
+    job->lane = lane;
+    if (lane->running < (size_t)lane->max && !lane->head) {
         bus_start(gw, job);
         return;
     }
     job->next = NULL;
-    if (gw->bus_tail)
-        gw->bus_tail->next = job;
+    if (lane->tail)
+        lane->tail->next = job;
     else
-        gw->bus_head = job;
-    gw->bus_tail = job;
+        lane->head = job;
+    lane->tail = job;
 }

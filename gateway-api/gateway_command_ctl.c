@@ -342,7 +342,7 @@ static void lookup_done(gw_job_t *job)
     x->bus.arg = x;
     x->bus.run = bus_run;
     x->bus.done = bus_done;
-    gw_bus_submit(x->rq->gw, &x->bus);
+    gw_bus_submit(x->rq->gw, &x->rq->gw->bus_lane, &x->bus);
 }
 
 static void start(gw_req_t *rq, op_t op)

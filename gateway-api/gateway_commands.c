@@ -182,7 +182,7 @@ static void bus_submit(gw_cmd_t *c, void (*run)(gw_cmd_t *), void (*done)(gw_cmd
     c->job.arg = c;
     c->job.run = cmd_job_run;
     c->job.done = cmd_job_done;
-    gw_bus_submit(c->gw, &c->job);
+    gw_bus_submit(c->gw, &c->gw->bus_lane, &c->job);
 }
 
 /* ---- lifetime ---- */

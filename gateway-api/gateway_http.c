@@ -53,6 +53,8 @@ static const char *reason_phrase(int status)
         return "Bad Request";
     case 401:
         return "Unauthorized";
+    case 403:
+        return "Forbidden";
     case 404:
         return "Not Found";
     case 405:
@@ -71,10 +73,14 @@ static const char *reason_phrase(int status)
         return "Not Implemented";
     case 500:
         return "Internal Server Error";
+    case 502:
+        return "Bad Gateway";
     case 503:
         return "Service Unavailable";
     case 504:
         return "Gateway Timeout";
+    case 507:
+        return "Insufficient Storage";
     default:
         return "Unknown";
     }
@@ -370,7 +376,17 @@ static bool is_method(const h2o_req_t *req, const char *m)
     return h2o_memis(req->method.base, req->method.len, m, strlen(m));
 }
 
-typedef enum { SUB_NONE = 0, SUB_EVENTS, SUB_COMMANDS, SUB_COMMAND } sub_resource_t;
+typedef enum {
+    SUB_NONE = 0,
+    SUB_EVENTS,
+    SUB_COMMANDS,
+    SUB_COMMAND, /* .../commands/{cid}/{action} */
+    SUB_FILES,   /* the files routes from here on */
+    SUB_FILES_STAT,
+    SUB_FILES_LIST,
+    SUB_FILES_MKDIR,
+    SUB_FILES_MOVE
+} sub_resource_t;
 
 /* .../commands/{cid}/{action}: copies cid and action (checked later, like the id). */
 static bool match_command_path(const char *s, size_t n, gw_req_t *rq)
@@ -389,9 +405,10 @@ static bool match_command_path(const char *s, size_t n, gw_req_t *rq)
     return true;
 }
 
-/* Matches /v1/sandboxes/{id}, /v1/sandboxes/{id}/events, /v1/sandboxes/{id}/commands and
- * /v1/sandboxes/{id}/commands/{cid}/{action}; *ret_sub tells which. The ids are copied as they
- * are (checked after authentication, so a malformed id reads as unknown). */
+/* Matches /v1/sandboxes/{id}, /v1/sandboxes/{id}/events, /v1/sandboxes/{id}/commands,
+ * /v1/sandboxes/{id}/commands/{cid}/{action} and /v1/sandboxes/{id}/files[/stat|/list|/mkdir|
+ * /move]; *ret_sub tells which. The ids are copied as they are (checked after authentication,
+ * so a malformed id reads as unknown). */
 static bool match_sandbox_path(gw_req_t *rq, const char *path, size_t len, char id[SP_ID_MAX + 1],
                                sub_resource_t *ret_sub)
 {
@@ -415,6 +432,16 @@ static bool match_sandbox_path(gw_req_t *rq, const char *path, size_t len, char 
                  match_command_path(slash + sizeof(cmds) - 1, rest - idlen - (sizeof(cmds) - 1),
                                     rq))
             *ret_sub = SUB_COMMAND;
+        else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/files")))
+            *ret_sub = SUB_FILES;
+        else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/files/stat")))
+            *ret_sub = SUB_FILES_STAT;
+        else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/files/list")))
+            *ret_sub = SUB_FILES_LIST;
+        else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/files/mkdir")))
+            *ret_sub = SUB_FILES_MKDIR;
+        else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/files/move")))
+            *ret_sub = SUB_FILES_MOVE;
         else
             return false;
     } else {
@@ -439,6 +466,62 @@ static void events_all(gw_req_t *rq)
 static void events_sandbox(gw_req_t *rq)
 {
     gw_events_open(rq, true);
+}
+
+static void files_root(gw_req_t *rq)
+{
+    gw_files_run(rq, GW_FILES_ROOT);
+}
+
+static void files_stat(gw_req_t *rq)
+{
+    gw_files_run(rq, GW_FILES_STAT);
+}
+
+static void files_list(gw_req_t *rq)
+{
+    gw_files_run(rq, GW_FILES_LIST);
+}
+
+static void files_mkdir(gw_req_t *rq)
+{
+    gw_files_run(rq, GW_FILES_MKDIR);
+}
+
+static void files_move(gw_req_t *rq)
+{
+    gw_files_run(rq, GW_FILES_MOVE);
+}
+
+/* The files routes: which methods each takes. */
+static void route_files(gw_req_t *rq, sub_resource_t sub)
+{
+    h2o_req_t *req = rq->req;
+    rq->route = GW_R_SANDBOX_FILES;
+    switch (sub) {
+    case SUB_FILES:
+        if (!is_method(req, "GET") && !is_method(req, "PUT") && !is_method(req, "DELETE")) {
+            method_not_allowed(rq, "GET, PUT, DELETE");
+            return;
+        }
+        with_auth(rq, files_root);
+        return;
+    case SUB_FILES_STAT:
+    case SUB_FILES_LIST:
+        if (!is_method(req, "GET")) {
+            method_not_allowed(rq, "GET");
+            return;
+        }
+        with_auth(rq, sub == SUB_FILES_STAT ? files_stat : files_list);
+        return;
+    default:
+        if (!is_method(req, "POST")) {
+            method_not_allowed(rq, "POST");
+            return;
+        }
+        with_auth(rq, sub == SUB_FILES_MKDIR ? files_mkdir : files_move);
+        return;
+    }
 }
 
 static void route(gw_req_t *rq)
@@ -523,6 +606,10 @@ static void route(gw_req_t *rq)
         }
     }
     if (match_sandbox_path(rq, path, len, rq->path_id, &sub)) {
+        if (sub >= SUB_FILES) {
+            route_files(rq, sub);
+            return;
+        }
         if (sub == SUB_COMMANDS) {
             if (is_method(req, "GET")) {
                 rq->route = GW_R_COMMAND_LIST;
@@ -764,7 +851,12 @@ int gw_http_init(gw_t *gw)
 {
     h2o_config_init(&gw->h2o_config);
     gw->h2o_config.server_name = h2o_iovec_init(H2O_STRLIT(GW_DAEMON));
-    gw->h2o_config.max_request_entity_size = (size_t)gw->cfg->max_body_bytes;
+    /* One limit for every route in h2o 2.2: the larger of the two. Routes other than the
+     * files upload refuse bodies over max-body-bytes themselves (413), and anything over 4 MiB
+     * waits in a file-backed buffer, not the heap (gw_files_init). */
+    gw->h2o_config.max_request_entity_size =
+        (size_t)(gw->cfg->max_file_bytes > gw->cfg->max_body_bytes ? gw->cfg->max_file_bytes
+                                                                   : gw->cfg->max_body_bytes);
     /* HTTP/1.1 only: no cleartext h2c upgrade (its streams could end under a running job). */
     gw->h2o_config.http1.upgrade_to_http2 = 0;
     h2o_hostconf_t *host =

@@ -18,6 +18,7 @@ static const char *const route_names[GW_R_COUNT] = {
     [GW_R_COMMAND_LIST] = "command_list",
     [GW_R_COMMAND_STREAM] = "command_stream",
     [GW_R_COMMAND_CTL] = "command_ctl",
+    [GW_R_SANDBOX_FILES] = "sandbox_files",
     [GW_R_OTHER] = "other",
 };
 

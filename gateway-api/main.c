@@ -78,6 +78,15 @@ static const sp_cfg_opt_t options[] = {
                    "output buffered for a slow SSE client per command; beyond it is dropped"),
     SP_CFG_INT_OPT("bus-threads", gw_config_t, bus_threads, 1, 256, "8",
                    "threads for blocking NATS calls of commands (exec request/reply)"),
+    SP_CFG_INT_OPT("max-file-bytes", gw_config_t, max_file_bytes, 1048576, 68719476736LL,
+                   "1073741824",
+                   "largest file upload (413 beyond); bodies over 4 MiB spill to tmp-dir"),
+    SP_CFG_INT_OPT("max-file-transfers", gw_config_t, max_file_transfers, 1, 100000, "64",
+                   "file requests handled at once (429 beyond)"),
+    SP_CFG_INT_OPT("file-threads", gw_config_t, file_threads, 1, 256, "4",
+                   "threads for the blocking NATS calls of file transfers"),
+    SP_CFG_STR_OPT("tmp-dir", gw_config_t, tmp_dir, "/tmp",
+                   "where request bodies over 4 MiB spill (unlinked temporary files)"),
     SP_CFG_STR_OPT("log-level", gw_config_t, log_level, "info", "debug|info|warn|error"),
     SP_CFG_STR_OPT("log-format", gw_config_t, log_format, "kv", "kv|json"),
 };
@@ -149,9 +158,10 @@ static void on_stop_tick(uv_timer_t *t)
     if (elapsed > FORCE_STREAMS_NS) {
         gw_events_close_all(&gw, true);
         gw_commands_close_all(&gw, true);
+        gw_files_close_all(&gw);
     }
     if (gw_http_connections(&gw) == 0 && gw.pool.running == 0 && gw.pool.queued == 0 &&
-        gw.n_streams == 0 && gw.n_commands == 0) {
+        gw.n_streams == 0 && gw.n_commands == 0 && gw.n_files == 0) {
         sp_log(SP_LOG_INFO, "stopped", SP_KF("took_ms", (double)elapsed / 1e6));
         finish();
         return;
@@ -186,6 +196,7 @@ static void begin_stop(void)
     gw_waiters_abort_all(&gw);
     gw_events_close_all(&gw, false);
     gw_commands_close_all(&gw, false);
+    gw_files_close_all(&gw);
     gw_http_shutdown_reads(&gw);
     uv_timer_stop(&tick_timer);
     uv_timer_start(&stop_timer, on_stop_tick, 0, STOP_TICK_MS);
@@ -271,7 +282,7 @@ int main(int argc, char **argv)
      * bus job, so a job never waits for a thread while holding a connection. */
     char pool_threads[24];
     snprintf(pool_threads, sizeof(pool_threads), "%lld",
-             (long long)cfg.pg_pool + 1 + (long long)cfg.bus_threads);
+             (long long)cfg.pg_pool + 1 + (long long)cfg.bus_threads + (long long)cfg.file_threads);
     setenv("UV_THREADPOOL_SIZE", pool_threads, 1);
 
     gw.cfg = &cfg;
@@ -294,12 +305,14 @@ int main(int argc, char **argv)
     uv_loop_init(&loop);
     loop_ready = true;
     gw.loop = &loop;
+    gw.bus_lane.max = cfg.bus_threads;
+    gw.file_lane.max = cfg.file_threads;
     uv_async_init(&loop, &gw.notify.async, on_notify);
     if ((rc = gw_listener_start(&gw.notify, cfg.pg_url)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot start the LISTEN thread", SP_KS("error", sp_strerror(rc)));
         goto out;
     }
-    if (gw_http_init(&gw) < 0)
+    if (gw_files_init(&gw) < 0 || gw_http_init(&gw) < 0)
         goto out;
     int port = bound_port();
     if (cfg.port_file[0] && (rc = write_port_file(cfg.port_file, port)) < 0) {

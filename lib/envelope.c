@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "fspath.h"
 #include "ids.h"
 #include "text.h"
 #include "xmalloc.h"
@@ -25,6 +26,7 @@
 #define ARGV_MAX           256
 #define ARG_MAX_BYTES      4096
 #define CMD_MAX_BYTES      16384
+#define FILE_PATH_MAX      SP_FSPATH_MAX
 /* 2020-01-01 .. 2100-01-01 in microseconds: anything outside is a bug or a forgery. */
 #define TIME_MIN_US 1577836800000000LL
 #define TIME_MAX_US 4102444800000000LL
@@ -137,6 +139,21 @@ static int env_name_ok(const char *s)
     do {                                                                                           \
         if ((field)[0] && !sp_id_valid(field))                                                     \
             return fail(reason, SP_ESCHEMA, "%s: not an id ([a-z0-9_-], 1..64 chars)", (name));    \
+    } while (0)
+
+/* A path inside a sandbox as the files API records it: absolute, normalised, text. */
+#define CHECK_PATH(field, name)                                                                    \
+    do {                                                                                           \
+        if (!sp_fspath_canonical(field))                                                           \
+            return fail(reason, SP_ESCHEMA,                                                        \
+                        "%s: not an absolute normalised path of at most %d "                       \
+                        "bytes of text",                                                           \
+                        (name), FILE_PATH_MAX);                                                    \
+    } while (0)
+#define CHECK_USER(field)                                                                          \
+    do {                                                                                           \
+        if ((field)[0] && strcmp((field), "root") != 0 && strcmp((field), "user") != 0)            \
+            return fail(reason, SP_ESCHEMA, "user: root or user");                                 \
     } while (0)
 
 static int validate_create(const Space__V1__SandboxCreateRequested *p, char reason[SP_REASON_MAX])
@@ -294,6 +311,27 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
         return 0;
     case SPACE__V1__ENVELOPE__PAYLOAD_AGENT_CHANNEL_RESTORED:
         CHECK_TEXT(e->agent_channel_restored->agent_version, ID_MAX, "agent_version");
+        return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_FILE_WRITTEN: {
+        const Space__V1__FileWritten *p = e->file_written;
+        CHECK_PATH(p->path, "path");
+        if (p->sha256.len != 32)
+            return fail(reason, SP_ESCHEMA, "sha256: %zu bytes, want 32", p->sha256.len);
+        if (p->mode > 07777)
+            return fail(reason, SP_ESCHEMA, "mode: %o is not permission bits", p->mode);
+        CHECK_USER(p->user);
+        return 0;
+    }
+    case SPACE__V1__ENVELOPE__PAYLOAD_FILE_REMOVED:
+        CHECK_PATH(e->file_removed->path, "path");
+        return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_FILE_MOVED:
+        CHECK_PATH(e->file_moved->from, "from");
+        CHECK_PATH(e->file_moved->to, "to");
+        return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_DIR_CREATED:
+        CHECK_PATH(e->dir_created->path, "path");
+        CHECK_USER(e->dir_created->user);
         return 0;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_REQUEST_REJECTED: {
         const Space__V1__SandboxRequestRejected *p = e->sandbox_request_rejected;

@@ -56,6 +56,26 @@ static int send_all(int fd, const char *p, size_t n, int64_t deadline)
     return 0;
 }
 
+/* Streams the request body from req->body_read: exactly body_read_len bytes. */
+static int send_stream(int fd, const sp_httpc_req_t *req, int64_t deadline)
+{
+    static __thread char buf[65536];
+    unsigned long long left = req->body_read_len;
+    while (left > 0) {
+        size_t want = left < sizeof(buf) ? (size_t)left : sizeof(buf);
+        long long n = req->body_read(req->body_arg, buf, want);
+        if (n < 0)
+            return (int)n;
+        if (n == 0 || (size_t)n > want)
+            return -EIO; /* the source ended early (or lied): Content-Length cannot hold */
+        int rc = send_all(fd, buf, (size_t)n, deadline);
+        if (rc != 0)
+            return rc; /* 1: the server answered early; its answer is what counts */
+        left -= (unsigned long long)n;
+    }
+    return 0;
+}
+
 /* De-chunks body in place (RFC 9112 section 7.1); SP_EDECODE when malformed. */
 static int dechunk(char *body, size_t len, size_t *ret_len)
 {
@@ -104,14 +124,19 @@ static int open_and_send(const sp_httpc_req_t *req, int64_t deadline)
                   req->path, req->host, req->port);
     if (req->key)
         sp_buf_printf(&out, "Authorization: Bearer %s\r\n", req->key);
-    if (req->body)
-        sp_buf_printf(&out, "Content-Type: application/json\r\nContent-Length: %zu\r\n",
-                      req->body_len);
+    const char *ctype = req->content_type ? req->content_type : "application/json";
+    if (req->body_read)
+        sp_buf_printf(&out, "Content-Type: %s\r\nContent-Length: %llu\r\n", ctype,
+                      req->body_read_len);
+    else if (req->body)
+        sp_buf_printf(&out, "Content-Type: %s\r\nContent-Length: %zu\r\n", ctype, req->body_len);
     if (req->extra_headers)
         sp_buf_puts(&out, req->extra_headers);
     sp_buf_puts(&out, "\r\n");
     rc = send_all(fd, out.data, out.len, deadline);
-    if (rc == 0 && req->body)
+    if (rc == 0 && req->body_read)
+        rc = send_stream(fd, req, deadline);
+    else if (rc == 0 && req->body)
         rc = send_all(fd, req->body, req->body_len, deadline);
     explicit_bzero(out.data, out.len); /* it held the key */
     sp_buf_dispose(&out);
@@ -122,8 +147,27 @@ static int open_and_send(const sp_httpc_req_t *req, int64_t deadline)
     return fd;
 }
 
+typedef struct {
+    const sp_httpc_req_t *req;
+    int rc;
+} sink_t;
+
+static int to_sink(void *arg, const char *data, size_t len)
+{
+    sink_t *k = arg;
+    k->rc = k->req->body_sink(k->req->sink_arg, data, len);
+    return k->rc < 0;
+}
+
 int sp_httpc_do(const sp_httpc_req_t *req, sp_httpc_resp_t *ret)
 {
+    if (req->body_sink) {
+        /* A 2xx body goes to the sink as it arrives (sp_httpc_stream, whole-exchange timeout
+         * taken as the idle limit). */
+        sink_t k = {.req = req, .rc = 0};
+        int rc = sp_httpc_stream(req, ret, to_sink, &k);
+        return k.rc < 0 ? k.rc : rc;
+    }
     int64_t deadline =
         sp_mono_ns() + (int64_t)(req->timeout_ms ? req->timeout_ms : 120000) * 1000000;
     size_t max = req->max_response ? req->max_response : 64u * 1024 * 1024;

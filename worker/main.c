@@ -188,7 +188,7 @@ int main(int argc, char **argv)
         goto out;
     PQfinish(db);
     db = NULL;
-    if (wk_commands_start(&w) < 0)
+    if (wk_commands_start(&w) < 0 || wk_files_start(&w) < 0)
         goto out;
     if (pthread_create(&hb, NULL, heartbeat_main, &w) == 0)
         hb_started = 1;
@@ -199,6 +199,7 @@ out:
     if (hb_started)
         pthread_join(hb, NULL);
     PQfinish(db);
+    wk_files_stop(&w); /* joins the reaper, which may still reply on the bus */
     sp_bus_free(w.bus);
     wk_host_close(w.host);
     wk_commands_stop(&w);

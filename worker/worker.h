@@ -36,7 +36,10 @@ typedef struct {
 } wk_config_t;
 
 typedef struct wk wk_t;
+
+#define WK_FILE_SUBS 4 /* file calls handled at once (different transfers) */
 typedef struct wk_cmd wk_cmd_t;
+typedef struct wk_xfer wk_xfer_t;
 
 /* A sandbox this worker owns. Heap, reference-counted: the owned table holds one reference,
  * every user (an exec request on a NATS thread, the agent's callbacks) takes its own. */
@@ -56,7 +59,9 @@ typedef struct {
     bool gone;      /* out of the owned table: being deleted or failed */
     wk_cmd_t *cmds; /* running commands */
     size_t n_cmds;
-    wk_cmd_t *done; /* ended commands, newest first, kept a while for list and attach */
+    wk_cmd_t *done;   /* ended commands, newest first, kept a while for list and attach */
+    wk_xfer_t *xfers; /* file operations and transfers (worker_files.c) */
+    size_t n_xfers;
 } wk_box_t;
 
 struct wk {
@@ -72,8 +77,11 @@ struct wk {
     size_t n_owned, cap_owned;
     char **templates;
     size_t n_templates;
-    sp_bus_sub_t *exec_sub; /* space.io.wkr.<id>.exec */
-    sp_bus_sub_t *ctl_sub;  /* space.io.wkr.<id>.ctl */
+    sp_bus_sub_t *ctl_sub;                 /* space.io.wkr.<id>.ctl */
+    sp_bus_sub_t *exec_sub;                /* space.io.wkr.<id>.exec */
+    sp_bus_sub_t *file_subs[WK_FILE_SUBS]; /* space.io.wkr.<id>.file, one queue group */
+    pthread_t files_reaper;
+    bool files_reaper_started;
 };
 
 /* Compares what the log says this worker owns with what the host shows: adopts sandboxes
@@ -124,5 +132,14 @@ void wk_box_listen(wk_box_t *b);
 /* Publishes a fact about the box's sandbox (aggregate, tenant, actor filled in); msg_id NULL:
  * the event id. Logs a failure. */
 int wk_publish_box_event(wk_box_t *b, sp_envelope_t *env, const char *msg_id);
+
+/* Files (worker_files.c): serve FileCalls from the data plane, close idle transfers. */
+int wk_files_start(wk_t *w);
+void wk_files_stop(wk_t *w);
+/* Ends every file operation of the box with error (the channel is lost or the sandbox goes):
+ * callers waiting for a reply get it. */
+void wk_box_fail_files(wk_box_t *b, const char *error);
+/* The channel callbacks for files, with the box as arg. */
+void wk_files_callbacks(wk_agent_callbacks_t *cb);
 
 #endif

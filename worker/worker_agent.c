@@ -11,6 +11,11 @@
  * cannot be trusted to be in sync. An Error frame without a cmd_id is the agent refusing
  * one of our frames; it is counted and dropped (it cannot name a command to end).
  *
+ * File frames are checked the same way against the transfer they name (handle_file): a
+ * transfer id this channel issued, a reply only to a request in flight, acknowledgements
+ * only of bytes sent, read data only at the offset asked for and never more than asked, at
+ * most WK_AGENT_LIST_MAX list entries, paths within WK_AGENT_PATH_MAX.
+ *
  * Frames are rate-limited with a token bucket (RATE_FRAMES per second): beyond it the reader
  * slows down rather than fails, which back-pressures the agent through the pipe, so a guest
  * that floods the channel costs the worker bounded CPU. A command's output beyond OUTPUT_CAP
@@ -58,6 +63,19 @@ typedef struct {
     uint64_t dropped;   /* beyond OUTPUT_CAP */
 } cmd_t;
 
+/* A file transfer as the channel sees it: what the agent may send for it next. */
+typedef struct {
+    uint64_t id;
+    int op;     /* the FileOp awaiting its final reply; 0 = none */
+    bool open;  /* the agent holds an open write or read */
+    bool write; /* open for writing (else reading) */
+    uint64_t sent, acked;
+    uint32_t unacked; /* FileWrite frames not yet acknowledged */
+    bool reading;     /* a FileRead in progress */
+    uint64_t read_at, read_left;
+    uint32_t entries; /* list: entries so far */
+} xfer_t;
+
 typedef enum { ST_HELLO = 0, ST_UP, ST_FAILED, ST_LOST } state_t;
 
 struct wk_agent {
@@ -81,6 +99,10 @@ struct wk_agent {
     size_t n_cmds;
     wk_agent_running_t *running; /* from the Hello, set before open returns */
     size_t n_running;
+    xfer_t *xfers[WK_AGENT_MAX_XFERS];
+    size_t n_xfers;
+    uint64_t next_xfer;      /* the next transfer id to issue; ids below it were issued */
+    uint64_t dropped_frames; /* file frames for finished transfers */
 
     /* The reader thread's own. */
     double tokens;
@@ -395,6 +417,8 @@ static bool throttle(wk_agent_t *a)
     }
 }
 
+static verdict_t handle_file(wk_agent_t *a, const frame_t *f, char why[WHY_MAX]);
+
 /* Validates one decoded frame against the channel state, updates the state and runs its
  * callback. */
 static verdict_t handle(wk_agent_t *a, const frame_t *f, char why[WHY_MAX])
@@ -448,6 +472,17 @@ static verdict_t handle(wk_agent_t *a, const frame_t *f, char why[WHY_MAX])
             pthread_cond_wait(&a->cond, &a->mu);
         pthread_mutex_unlock(&a->mu);
         return FRAME_OK;
+    }
+
+    switch (f->msg_case) {
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_RESULT:
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_FAILED:
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_ACK:
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_DATA:
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_ENTRIES:
+        return handle_file(a, f, why);
+    default:
+        break;
     }
 
     const char *id = NULL;
@@ -661,6 +696,330 @@ static void *reader_main(void *arg)
     return NULL;
 }
 
+/* ---- files ---- */
+
+/* Under mu. */
+static xfer_t *xfer_find(wk_agent_t *a, uint64_t id, size_t *ret_i)
+{
+    for (size_t i = 0; i < a->n_xfers; i++) {
+        if (a->xfers[i]->id == id) {
+            if (ret_i)
+                *ret_i = i;
+            return a->xfers[i];
+        }
+    }
+    return NULL;
+}
+
+/* Under mu. */
+static void xfer_remove(wk_agent_t *a, size_t i)
+{
+    free(a->xfers[i]);
+    a->xfers[i] = a->xfers[--a->n_xfers];
+}
+
+static bool channel_up(wk_agent_t *a)
+{
+    return a->state == ST_UP && !a->closing && !a->broken;
+}
+
+int wk_agent_file_reserve(wk_agent_t *a, uint64_t *ret_xfer)
+{
+    if (!a || !ret_xfer)
+        return -EINVAL;
+    int rc = 0;
+    pthread_mutex_lock(&a->mu);
+    if (!channel_up(a)) {
+        rc = -EPIPE;
+    } else if (a->n_xfers >= WK_AGENT_MAX_XFERS) {
+        rc = -EBUSY;
+    } else {
+        xfer_t *x = sp_xcalloc(1, sizeof(*x));
+        x->id = a->next_xfer++;
+        a->xfers[a->n_xfers++] = x;
+        *ret_xfer = x->id;
+    }
+    pthread_mutex_unlock(&a->mu);
+    return rc;
+}
+
+void wk_agent_file_release(wk_agent_t *a, uint64_t xfer)
+{
+    if (!a)
+        return;
+    size_t i;
+    pthread_mutex_lock(&a->mu);
+    if (xfer_find(a, xfer, &i))
+        xfer_remove(a, i);
+    pthread_mutex_unlock(&a->mu);
+}
+
+int wk_agent_file_request(wk_agent_t *a, const Space__Agent__V1__FileRequest *r)
+{
+    if (!a || !r || r->op == SPACE__AGENT__V1__FILE_OP__FILE_OP_NONE)
+        return -EINVAL;
+    bool on_open = r->op == SPACE__AGENT__V1__FILE_OP__FILE_OP_COMMIT ||
+                   r->op == SPACE__AGENT__V1__FILE_OP__FILE_OP_CLOSE;
+    frame_t f = SPACE__AGENT__V1__AGENT_FRAME__INIT;
+    f.msg_case = SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_REQUEST;
+    f.file_request = (Space__Agent__V1__FileRequest *)r;
+    if (space__agent__v1__agent_frame__get_packed_size(&f) > WK_AGENT_FRAME_MAX)
+        return SP_ETOOBIG;
+
+    pthread_mutex_lock(&a->mu);
+    int rc = 0;
+    xfer_t *x = xfer_find(a, r->xfer_id, NULL);
+    if (!channel_up(a))
+        rc = -EPIPE;
+    else if (!x || x->op || x->reading || x->open != on_open)
+        rc = -ENOENT;
+    else
+        x->op = (int)r->op; /* before the frame goes out: the reply can beat send_frame */
+    pthread_mutex_unlock(&a->mu);
+    if (rc < 0)
+        return rc;
+    rc = send_frame(a, &f);
+    if (rc < 0) {
+        pthread_mutex_lock(&a->mu);
+        if ((x = xfer_find(a, r->xfer_id, NULL)) != NULL)
+            x->op = 0;
+        pthread_mutex_unlock(&a->mu);
+    }
+    return rc;
+}
+
+int wk_agent_file_write(wk_agent_t *a, uint64_t xfer, uint64_t offset, const uint8_t *data,
+                        size_t len)
+{
+    if (!a || (len && !data))
+        return -EINVAL;
+    size_t off = 0;
+    while (off < len) {
+        size_t n = len - off > WK_AGENT_DATA_MAX ? WK_AGENT_DATA_MAX : len - off;
+        pthread_mutex_lock(&a->mu);
+        xfer_t *x = xfer_find(a, xfer, NULL);
+        int rc = 0;
+        if (!channel_up(a))
+            rc = -EPIPE;
+        else if (!x || !x->open || !x->write || x->op || x->sent != offset + off)
+            rc = -ENOENT;
+        else {
+            x->sent += n;
+            x->unacked++;
+        }
+        pthread_mutex_unlock(&a->mu);
+        if (rc < 0)
+            return rc;
+        Space__Agent__V1__FileWrite w = SPACE__AGENT__V1__FILE_WRITE__INIT;
+        w.xfer_id = xfer;
+        w.offset = offset + off;
+        w.data.data = (uint8_t *)data + off;
+        w.data.len = n;
+        frame_t f = SPACE__AGENT__V1__AGENT_FRAME__INIT;
+        f.msg_case = SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_WRITE;
+        f.file_write = &w;
+        if ((rc = send_frame(a, &f)) < 0)
+            return rc;
+        off += n;
+    }
+    return 0;
+}
+
+int wk_agent_file_read(wk_agent_t *a, uint64_t xfer, uint64_t offset, uint32_t length)
+{
+    if (!a || length == 0 || length > WK_AGENT_READ_MAX)
+        return -EINVAL;
+    pthread_mutex_lock(&a->mu);
+    xfer_t *x = xfer_find(a, xfer, NULL);
+    int rc = 0;
+    if (!channel_up(a))
+        rc = -EPIPE;
+    else if (!x || !x->open || x->write || x->op || x->reading)
+        rc = -ENOENT;
+    else {
+        x->reading = true;
+        x->read_at = offset;
+        x->read_left = length;
+    }
+    pthread_mutex_unlock(&a->mu);
+    if (rc < 0)
+        return rc;
+    Space__Agent__V1__FileRead r = SPACE__AGENT__V1__FILE_READ__INIT;
+    r.xfer_id = xfer;
+    r.offset = offset;
+    r.length = length;
+    frame_t f = SPACE__AGENT__V1__AGENT_FRAME__INIT;
+    f.msg_case = SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_READ;
+    f.file_read = &r;
+    return send_frame(a, &f);
+}
+
+static bool file_code_known(const char *c)
+{
+    static const char *const codes[] = {"not_found",     "exists",    "is_directory",
+                                        "not_directory", "not_empty", "permission",
+                                        "bad_path",      "no_space",  "io"};
+    for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++)
+        if (strcmp(c, codes[i]) == 0)
+            return true;
+    return false;
+}
+
+static bool info_ok(const Space__Agent__V1__FileInfo *in)
+{
+    return in && strlen(in->path) <= WK_AGENT_PATH_MAX && strlen(in->target) <= WK_AGENT_PATH_MAX;
+}
+
+/* Checks a file frame against its transfer, updates the transfer and runs its callback. A
+ * transfer id never issued is a violation; one of a finished transfer is dropped (a reply that
+ * crossed a close, or a guest replaying old frames: either way nobody waits for it). */
+static verdict_t handle_file(wk_agent_t *a, const frame_t *f, char why[WHY_MAX])
+{
+    const wk_agent_callbacks_t *cb = &a->cb;
+    uint64_t id = 0;
+    switch (f->msg_case) {
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_RESULT:
+        id = f->file_result->xfer_id;
+        break;
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_FAILED:
+        id = f->file_failed->xfer_id;
+        break;
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_ACK:
+        id = f->file_ack->xfer_id;
+        break;
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_DATA:
+        id = f->file_data->xfer_id;
+        break;
+    default:
+        id = f->file_entries->xfer_id;
+        break;
+    }
+
+    pthread_mutex_lock(&a->mu);
+    if (id == 0 || id >= a->next_xfer) {
+        pthread_mutex_unlock(&a->mu);
+        return violation(why, "file frame for transfer %llu, never issued", (unsigned long long)id);
+    }
+    size_t i = 0;
+    xfer_t *x = xfer_find(a, id, &i);
+    if (!x) {
+        a->dropped_frames++;
+        pthread_mutex_unlock(&a->mu);
+        return FRAME_OK;
+    }
+    verdict_t v = FRAME_OK;
+    bool done = false;
+    switch (f->msg_case) {
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_RESULT: {
+        const Space__Agent__V1__FileResult *r = f->file_result;
+        int op = x->op;
+        if (!op)
+            v = violation(why, "FileResult without a request");
+        else if (r->info && !info_ok(r->info))
+            v = violation(why, "FileResult with an oversized path");
+        else if (op == SPACE__AGENT__V1__FILE_OP__FILE_OP_READ_OPEN &&
+                 (!r->info || r->info->type != SPACE__AGENT__V1__FILE_TYPE__FILE_TYPE_FILE))
+            v = violation(why, "FileResult of a read without a regular file");
+        else if (op == SPACE__AGENT__V1__FILE_OP__FILE_OP_WRITE_OPEN ||
+                 op == SPACE__AGENT__V1__FILE_OP__FILE_OP_READ_OPEN) {
+            x->op = 0;
+            x->open = true;
+            x->write = op == SPACE__AGENT__V1__FILE_OP__FILE_OP_WRITE_OPEN;
+        } else {
+            xfer_remove(a, i);
+        }
+        break;
+    }
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_FAILED: {
+        const Space__Agent__V1__FileFailed *e = f->file_failed;
+        if (!file_code_known(e->code))
+            v = violation(why, "FileFailed with an unknown code");
+        else if (strlen(e->message) > MESSAGE_MAX)
+            v = violation(why, "FileFailed message longer than %d bytes", MESSAGE_MAX);
+        else
+            xfer_remove(a, i);
+        break;
+    }
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_ACK: {
+        uint64_t at = f->file_ack->offset;
+        if (!x->open || !x->write || x->unacked == 0 || at <= x->acked || at > x->sent)
+            v = violation(why, "FileAck at %llu (sent %llu, acked %llu)", (unsigned long long)at,
+                          (unsigned long long)x->sent, (unsigned long long)x->acked);
+        else {
+            x->acked = at;
+            x->unacked--;
+        }
+        break;
+    }
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_DATA: {
+        const Space__Agent__V1__FileData *d = f->file_data;
+        if (!x->open || x->write || !x->reading)
+            v = violation(why, "FileData without a read");
+        else if (d->offset != x->read_at)
+            v = violation(why, "FileData at %llu, expected %llu", (unsigned long long)d->offset,
+                          (unsigned long long)x->read_at);
+        else if (d->data.len > WK_AGENT_DATA_MAX || d->data.len > x->read_left)
+            v = violation(why, "FileData of %zu bytes (%llu asked)", d->data.len,
+                          (unsigned long long)x->read_left);
+        else if (d->data.len == 0 && !d->eof)
+            v = violation(why, "empty FileData");
+        else {
+            x->read_at += d->data.len;
+            x->read_left -= d->data.len;
+            done = d->eof || x->read_left == 0;
+            if (done)
+                x->reading = false;
+        }
+        break;
+    }
+    default: {
+        const Space__Agent__V1__FileEntries *e = f->file_entries;
+        if (x->op != SPACE__AGENT__V1__FILE_OP__FILE_OP_LIST)
+            v = violation(why, "FileEntries without a list");
+        else if (e->n_entries > WK_AGENT_LIST_MAX - x->entries)
+            v = violation(why, "more than %d entries", WK_AGENT_LIST_MAX);
+        else {
+            for (size_t k = 0; k < e->n_entries && v == FRAME_OK; k++)
+                if (!info_ok(e->entries[k]))
+                    v = violation(why, "FileEntries with an oversized path");
+            x->entries += (uint32_t)e->n_entries;
+        }
+        break;
+    }
+    }
+    pthread_mutex_unlock(&a->mu);
+    if (v != FRAME_OK)
+        return v;
+
+    switch (f->msg_case) {
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_RESULT:
+        if (cb->on_file_result)
+            cb->on_file_result(cb->arg, id, f->file_result);
+        break;
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_FAILED:
+        if (cb->on_file_failed) {
+            char *m = sanitize(f->file_failed->message);
+            cb->on_file_failed(cb->arg, id, f->file_failed->code, m);
+            free(m);
+        }
+        break;
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_ACK:
+        if (cb->on_file_ack)
+            cb->on_file_ack(cb->arg, id, f->file_ack->offset);
+        break;
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_DATA:
+        if (cb->on_file_data)
+            cb->on_file_data(cb->arg, id, f->file_data->offset, f->file_data->data.data,
+                             f->file_data->data.len, f->file_data->eof, done);
+        break;
+    default:
+        if (cb->on_file_entries)
+            cb->on_file_entries(cb->arg, id, f->file_entries->entries, f->file_entries->n_entries);
+        break;
+    }
+    return FRAME_OK;
+}
+
 /* ---- lifecycle ---- */
 
 int wk_agent_open(int to_agent_fd, int from_agent_fd, const char *sandbox_id,
@@ -680,6 +1039,7 @@ int wk_agent_open(int to_agent_fd, int from_agent_fd, const char *sandbox_id,
     a->from_fd = from_agent_fd;
     a->tokens = RATE_BURST;
     a->refill_us = now_us();
+    a->next_xfer = 1;
     pthread_mutex_init(&a->wmu, NULL);
     pthread_mutex_init(&a->mu, NULL);
     pthread_condattr_t ca;
@@ -765,6 +1125,8 @@ void wk_agent_close(wk_agent_t *a)
     for (size_t i = 0; i < a->n_cmds; i++)
         free(a->cmds[i]);
     free(a->running);
+    for (size_t i = 0; i < a->n_xfers; i++)
+        free(a->xfers[i]);
     pthread_mutex_destroy(&a->wmu);
     pthread_mutex_destroy(&a->mu);
     pthread_cond_destroy(&a->cond);

@@ -38,6 +38,22 @@ typedef struct {
     /* The channel is gone (EOF, read error, protocol violation: why says which). Commands
      * still running are lost; no other callback follows. */
     void (*on_lost)(void *arg, const char *why);
+
+    /* Files (one transfer id per request; see wk_agent_file_request). Everything passed is
+     * borrowed for the call and already checked against what was asked: */
+    /* The final reply to a FileRequest: info may be NULL. */
+    void (*on_file_result)(void *arg, uint64_t xfer, const Space__Agent__V1__FileResult *r);
+    /* A FileRequest, a write or a read failed; the agent holds nothing for xfer any more.
+     * code is one of the agent.proto codes, message sanitized text. */
+    void (*on_file_failed)(void *arg, uint64_t xfer, const char *code, const char *message);
+    /* Bytes [0, acked) of a write are written. */
+    void (*on_file_ack)(void *arg, uint64_t xfer, uint64_t acked);
+    /* Bytes of a read, in order; done when the read's length is covered or eof. */
+    void (*on_file_data)(void *arg, uint64_t xfer, uint64_t offset, const uint8_t *data, size_t len,
+                         bool eof, bool done);
+    /* Part of a list, before its on_file_result. */
+    void (*on_file_entries)(void *arg, uint64_t xfer, Space__Agent__V1__FileInfo **entries,
+                            size_t n);
     void *arg;
 } wk_agent_callbacks_t;
 
@@ -67,6 +83,31 @@ typedef struct {
     bool pty, stdin_open;
 } wk_agent_running_t;
 size_t wk_agent_running(wk_agent_t *a, const wk_agent_running_t **ret);
+/* Files. A transfer id is reserved first (so the caller can register it before any reply
+ * can arrive), then used for requests. A request gets exactly one final reply (on_file_result
+ * or on_file_failed); WRITE_OPEN and READ_OPEN results leave the transfer open for file_write /
+ * file_read until a COMMIT or CLOSE result or a failure; any other final reply ends it. A frame
+ * naming a transfer id this channel never issued is a protocol violation; one naming an ended
+ * or released transfer is dropped. -EBUSY beyond WK_AGENT_MAX_XFERS transfers, -ENOENT for a
+ * transfer not in the state the call needs (or busy with another request), -EPIPE when the
+ * channel is lost. */
+#define WK_AGENT_MAX_XFERS 64
+#define WK_AGENT_READ_MAX  (256 * 1024) /* bytes of one file_read */
+#define WK_AGENT_LIST_MAX  10000        /* entries of one list */
+#define WK_AGENT_PATH_MAX  4096         /* bytes of a path or symlink target */
+int wk_agent_file_reserve(wk_agent_t *a, uint64_t *ret_xfer);
+/* Forgets a transfer (frames for it are dropped from now on). The agent may still hold it
+ * open: send CLOSE instead when it does. */
+void wk_agent_file_release(wk_agent_t *a, uint64_t xfer);
+/* r->xfer_id: a reserved transfer; COMMIT and CLOSE need it open, other ops need it idle. */
+int wk_agent_file_request(wk_agent_t *a, const Space__Agent__V1__FileRequest *r);
+/* Sends len bytes at offset (the end of what was sent before) in frames of at most
+ * WK_AGENT_DATA_MAX; each is acknowledged through on_file_ack. Blocks while the pipe is full. */
+int wk_agent_file_write(wk_agent_t *a, uint64_t xfer, uint64_t offset, const uint8_t *data,
+                        size_t len);
+/* Asks for length (<= WK_AGENT_READ_MAX) bytes at offset; one read at a time per transfer. */
+int wk_agent_file_read(wk_agent_t *a, uint64_t xfer, uint64_t offset, uint32_t length);
+
 /* Whether the channel is still up. */
 bool wk_agent_alive(wk_agent_t *a);
 /* Stops the reader, closes the fds, frees. Accepts NULL. */

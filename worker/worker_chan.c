@@ -75,6 +75,7 @@ static void fail_exited(wk_box_t *b, const char *why)
     wk_box_t *owned = wk_owned_remove(w, b->id);
     if (owned) {
         wk_box_fail_commands(owned, "the sandbox exited");
+        wk_box_fail_files(owned, "the sandbox exited");
         wk_box_put(owned);
     }
     if (wk_sandbox_destroy(w->host, b->id, err) < 0)

@@ -432,6 +432,10 @@ static void on_lost(void *arg, const char *why)
         c->outage = true;
     bool gone = b->gone;
     pthread_mutex_unlock(&b->mu);
+    /* Transfers live in one channel (their ids are its own): they end with it. */
+    char error[WK_ERR_MAX + 32];
+    snprintf(error, sizeof(error), "agent channel lost: %s", why);
+    wk_box_fail_files(b, error);
     if (gone)
         return; /* deleted: the channel closed because the sandbox went */
     sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
@@ -454,6 +458,7 @@ int wk_box_open_agent(wk_box_t *b, int to_fd, int from_fd, int hello_timeout_ms,
         .on_lost = on_lost,
     };
     wk_agent_callbacks_t cb = cb_template;
+    wk_files_callbacks(&cb);
     cb.arg = b;
     return wk_agent_open(to_fd, from_fd, b->id, &cb, hello_timeout_ms, ret);
 }

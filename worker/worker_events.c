@@ -114,6 +114,7 @@ void wk_box_put(wk_box_t *b)
      * can be running now. */
     wk_agent_close(b->agent);
     wk_box_free_commands(b);
+    wk_box_fail_files(b, "sandbox released");
     pthread_mutex_destroy(&b->mu);
     free(b);
 }
@@ -254,6 +255,7 @@ static int on_delete(wk_t *w, const sp_envelope_t *ev)
     wk_box_t *box = wk_owned_remove(w, sbx);
     if (box) {
         wk_box_fail_commands(box, "sandbox deleted");
+        wk_box_fail_files(box, "sandbox deleted");
         wk_box_put(box);
     }
     int rc = wk_sandbox_destroy(w->host, sbx, err);

@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "buf.h"
 #include "error.h"
 #include "hash.h"
 #include "ids.h"
@@ -182,9 +183,18 @@ int wk_host_open(const wk_host_config_t *cfg, wk_host_t **ret_host, char err[WK_
     h->platform = sp_xstrdup(platform);
     h->net_a = a;
     h->net_b = b;
+    /* The tag names this worker's host resources: from its id and its state directory, so
+     * two stacks on one host whose workers share an id (each its own `worker-1`) never take
+     * each other's sandboxes for their own. */
     uint8_t d[SP_SHA256_LEN];
     char hex[SP_SHA256_HEX_LEN + 1];
-    sp_sha256(cfg->worker_id, strlen(cfg->worker_id), d);
+    sp_buf_t key;
+    sp_buf_init(&key);
+    sp_buf_puts(&key, cfg->worker_id);
+    sp_buf_putc(&key, '\n');
+    sp_buf_puts(&key, h->state_dir); /* absolute, as configured */
+    sp_sha256(key.data, key.len, d);
+    sp_buf_dispose(&key);
     sp_hex_encode(d, SP_SHA256_LEN, hex);
     memcpy(h->tag, hex, WK_TAG_LEN);
     h->tag[WK_TAG_LEN] = '\0';

@@ -1,7 +1,9 @@
 /* A small blocking HTTP/1.1 client for the project's own tools (the CLI, the benchmarks, the
  * tests) talking to the gateway: one request per connection (Connection: close), IPv4
  * host:port, optional bearer key, a JSON body, response de-chunked. Not for the open
- * internet: no TLS, no redirects, responses held in memory up to max_response bytes. */
+ * internet: no TLS, no redirects, responses held in memory up to max_response bytes.
+ * Files: a request body can be streamed from a callback and a successful (2xx) response body
+ * streamed to one, so neither is ever whole in memory. */
 #ifndef SPACE_HTTPC_H
 #define SPACE_HTTPC_H
 
@@ -23,8 +25,19 @@ typedef struct {
     const char *extra_headers; /* "Name: value\r\n..." or NULL */
     const char *body;          /* sent as application/json, or NULL */
     size_t body_len;
-    int timeout_ms;      /* whole exchange; 0 = 120 s */
-    size_t max_response; /* 0 = 64 MiB */
+    int timeout_ms;           /* whole exchange; 0 = 120 s */
+    size_t max_response;      /* 0 = 64 MiB */
+    const char *content_type; /* of body or body_read; NULL = application/json */
+    /* Streams the body instead of `body`: called for up to len bytes into buf, returns how many
+     * (0 only at the end) or < 0 to abort (that value is returned). Exactly body_read_len bytes
+     * are sent (Content-Length). */
+    long long (*body_read)(void *arg, void *buf, size_t len);
+    unsigned long long body_read_len;
+    void *body_arg;
+    /* Receives the body of a 2xx response as it arrives (ret->body stays empty); < 0 aborts.
+     * Other statuses are kept in ret->body as usual (error JSON). */
+    int (*body_sink)(void *arg, const void *data, size_t len);
+    void *sink_arg;
 } sp_httpc_req_t;
 
 /* 0 and the response, or -errno / SP_ETIMEOUT / SP_ETOOBIG / SP_EDECODE (malformed response).

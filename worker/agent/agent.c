@@ -17,6 +17,9 @@
  * STDIN_HIGH bytes of stdin waiting, the agent stops reading fd 0 (back-pressure to the
  * worker, whose writes then wait).
  *
+ * File operations (FileRequest, FileWrite, FileRead) are carried out in agent_files.c, in
+ * the same loop.
+ *
  * As PID 1 it must not exit: a bad frame is answered with an Error frame and skipped. A broken
  * channel (EOF on its input, an error writing its output: the worker restarted, or closed the
  * channel on a protocol violation) is dropped, the commands keep running (their output while
@@ -51,6 +54,7 @@
 #include <unistd.h>
 
 #include "agent.pb-c.h"
+#include "agent_files.h"
 
 #ifndef AGENT_VERSION
 #define AGENT_VERSION "0"
@@ -226,6 +230,11 @@ static void send_frame(const frame_t *f)
     p[3] = (uint8_t)n;
     space__agent__v1__agent_frame__pack(f, p + 4);
     out_q.len += n + 4;
+}
+
+void agent_send_frame(const frame_t *f)
+{
+    send_frame(f);
 }
 
 /* Writes what fd 1 takes now. An error other than "full" means the worker is gone (EPIPE,
@@ -760,7 +769,9 @@ static void handle_frame(const uint8_t *p, size_t n)
         do_resize(f->resize);
         break;
     default:
-        send_error("", "unexpected frame (case %d)", (int)f->msg_case);
+        /* File operations live in agent_files.c. */
+        if (!agent_files_handle(f))
+            send_error("", "unexpected frame (case %d)", (int)f->msg_case);
         break;
     }
     space__agent__v1__agent_frame__free_unpacked(f, NULL);

@@ -218,12 +218,54 @@ static void test_encode_refuses_invalid(void **state)
     assert_null(buf);
 }
 
+/* File events: a path the files API would produce, a digest of 32 bytes, never content. */
+static void test_file_events(void **state)
+{
+    fixture_t f;
+    char reason[SP_REASON_MAX];
+    uint8_t digest[32] = {1};
+    Space__V1__FileWritten fw = SPACE__V1__FILE_WRITTEN__INIT;
+    Space__V1__FileMoved fm = SPACE__V1__FILE_MOVED__INIT;
+    (void)state;
+    make_create(&f);
+    fw.path = "/home/user/a.txt";
+    fw.size = 5;
+    fw.sha256 = (ProtobufCBinaryData){32, digest};
+    fw.mode = 0644;
+    fw.user = "user";
+    f.env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_FILE_WRITTEN;
+    f.env.file_written = &fw;
+    sp_envelope_stamp(&f.env, f.id);
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+    assert_string_equal(f.env.type, "FileWritten");
+    fw.path = "relative";
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    fw.path = "/a/../b";
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    fw.path = "/a";
+    fw.sha256.len = 31;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    fw.sha256.len = 32;
+    fw.mode = 010000;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+
+    fm.from = "/a";
+    fm.to = "/b";
+    f.env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_FILE_MOVED;
+    f.env.file_moved = &fm;
+    sp_envelope_stamp(&f.env, f.id);
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+    fm.to = "/b\x01";
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip), cmocka_unit_test(test_truncated_and_garbage),
-        cmocka_unit_test(test_oversized),  cmocka_unit_test(test_field_validation),
-        cmocka_unit_test(test_type_names), cmocka_unit_test(test_encode_refuses_invalid),
+        cmocka_unit_test(test_round_trip),  cmocka_unit_test(test_truncated_and_garbage),
+        cmocka_unit_test(test_oversized),   cmocka_unit_test(test_field_validation),
+        cmocka_unit_test(test_type_names),  cmocka_unit_test(test_encode_refuses_invalid),
+        cmocka_unit_test(test_file_events),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
