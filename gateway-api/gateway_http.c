@@ -370,7 +370,7 @@ static bool is_method(const h2o_req_t *req, const char *m)
     return h2o_memis(req->method.base, req->method.len, m, strlen(m));
 }
 
-typedef enum { SUB_NONE = 0, SUB_EVENTS, SUB_COMMANDS } sub_resource_t;
+typedef enum { SUB_NONE = 0, SUB_EVENTS, SUB_COMMANDS, SUB_NETWORK } sub_resource_t;
 
 /* Matches /v1/sandboxes/{id}, /v1/sandboxes/{id}/events and /v1/sandboxes/{id}/commands;
  * *ret_sub tells which. The id is copied as it is (checked after authentication, so a
@@ -393,6 +393,8 @@ static bool match_sandbox_path(const char *path, size_t len, char id[SP_ID_MAX +
             *ret_sub = SUB_EVENTS;
         else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/commands")))
             *ret_sub = SUB_COMMANDS;
+        else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/network")))
+            *ret_sub = SUB_NETWORK;
         else
             return false;
     } else {
@@ -508,6 +510,15 @@ static void route(gw_req_t *rq)
                 return;
             }
             with_auth(rq, gw_command_run);
+            return;
+        }
+        if (sub == SUB_NETWORK) {
+            rq->route = GW_R_SANDBOX_NETWORK;
+            if (!is_method(req, "PUT")) {
+                method_not_allowed(rq, "PUT");
+                return;
+            }
+            with_auth(rq, gw_sandbox_network_put);
             return;
         }
         if (sub == SUB_EVENTS) {

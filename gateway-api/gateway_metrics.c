@@ -15,6 +15,7 @@ static const char *const route_names[GW_R_COUNT] = {
     [GW_R_EVENTS] = "events",
     [GW_R_TEMPLATES] = "templates",
     [GW_R_SANDBOX_COMMANDS] = "sandbox_commands",
+    [GW_R_SANDBOX_NETWORK] = "sandbox_network",
     [GW_R_OTHER] = "other",
 };
 
