@@ -43,6 +43,9 @@ static const struct daemon_def {
     {"space-eventlog"},
     {"space-scheduler"},
     {"space-worker"},
+    /* Its ports and upstream resolver come from SPACE_EGRESS_PROXY_PORT,
+     * SPACE_EGRESS_DNS_PORT (read by the worker too, so both agree) and SPACE_UPSTREAM_DNS. */
+    {"space-egressd"},
     {"space-gateway"},
 };
 #define N_DAEMONS (sizeof(daemons) / sizeof(daemons[0]))
