@@ -47,7 +47,9 @@ bool sp_dns_name_valid(const char *s, bool case_ok)
             return false;
         label++;
     }
-    return labels >= 2;
+    /* A top-level label is never all digits (RFC 3696 2): "10.0.0.1" is an address. */
+    const char *last = strrchr(s, '.');
+    return labels >= 2 && strspn(last + 1, "0123456789") != strlen(last + 1);
 }
 
 static int parse_u32(const char *s, size_t len, uint32_t max, uint32_t *ret)
