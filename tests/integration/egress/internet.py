@@ -8,6 +8,7 @@ there from the host, so nothing the sandboxes send can leave the machine.
   169.254.169.254:80    fake metadata service (must never be reached)
   198.18.1.10:9999/udp  UDP sink (must never be reached)
   198.18.1.30:7777,7778 TCP echo (7777 allowed by a CIDR:port rule, 7778 not)
+  198.18.1.10:443, 198.18.1.20:443  count connections that deliver a TLS record ("tls")
 
 Counters are written to argv[1] (JSON) after every event.
 """
@@ -21,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 STATS_PATH = sys.argv[1]
 lock = threading.Lock()
-stats = {"dns": 0, "dns_names": [], "http": {}, "udp": 0, "echo": {}}
+stats = {"dns": 0, "dns_names": [], "http": {}, "udp": 0, "echo": {}, "tls": {}}
 NAMES = {
     "allowed.test": "198.18.1.10",
     "forbidden.test": "198.18.1.20",
@@ -104,6 +105,14 @@ class Server(ThreadingHTTPServer):
         self.server_name, self.server_port = self.server_address[:2]
 
 
+class TlsSink(socketserver.BaseRequestHandler):
+    def handle(self):
+        me = self.request.getsockname()[0]
+        data = self.request.recv(16384)
+        if data[:1] == b"\x16":
+            bump(lambda s: s["tls"].__setitem__(me, s["tls"].get(me, 0) + 1))
+
+
 def serve(server):
     threading.Thread(target=server.serve_forever, daemon=True).start()
 
@@ -112,6 +121,8 @@ ThreadingHTTPServer.allow_reuse_address = True
 socketserver.ThreadingTCPServer.allow_reuse_address = True
 for a in ("198.18.1.10", "198.18.1.20", "169.254.169.254"):
     serve(Server((a, 80), Http))
+for a in ("198.18.1.10", "198.18.1.20"):
+    serve(socketserver.ThreadingTCPServer((a, 443), TlsSink))
 for p in (7777, 7778):
     serve(socketserver.ThreadingTCPServer(("198.18.1.30", p), Echo))
 threading.Thread(target=udp_sink, daemon=True).start()
