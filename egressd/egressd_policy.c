@@ -86,7 +86,7 @@ static eg_sbx_t *sbx_get_or_add(eg_t *eg, const char *id, const char *tenant)
         return s;
     if (eg->n_sbx == eg->cap_sbx) {
         eg->cap_sbx = eg->cap_sbx ? eg->cap_sbx * 2 : 64;
-        eg->sbx = sp_xreallocarray(eg->sbx, eg->cap_sbx, sizeof(*eg->sbx));
+        eg->sbx = sp_xreallocarray(eg->sbx, eg->cap_sbx, sizeof(eg_sbx_t *));
     }
     s = sp_xcalloc(1, sizeof(*s));
     snprintf(s->id, sizeof(s->id), "%s", id);

@@ -45,7 +45,7 @@ int sp_tls_client_hello(const uint8_t *b, size_t len, sp_tls_hello_t *ret)
         return -EINVAL;
     if (len < 5 + rlen)
         return SP_PARSE_MORE;
-    const uint8_t *p = b + 5, *end = b + 5 + rlen;
+    const uint8_t *p = b + 5, *end;
     if (p[0] != 1) /* client_hello */
         return -EINVAL;
     size_t hlen = rd24(p + 1);

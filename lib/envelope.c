@@ -276,8 +276,7 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED:
         CHECK_ID(e->sandbox_placed->worker, "worker");
         CHECK_TEXT(e->sandbox_placed->scheduler, ID_MAX, "scheduler");
-        return e->sandbox_placed->request ? validate_create(e->sandbox_placed->request, reason)
-                                          : 0;
+        return e->sandbox_placed->request ? validate_create(e->sandbox_placed->request, reason) : 0;
     case SPACE__V1__ENVELOPE__PAYLOAD_NETWORK_POLICY_UPDATE_REQUESTED:
         if (!e->network_policy_update_requested->network)
             return fail(reason, SP_ESCHEMA, "network: missing");

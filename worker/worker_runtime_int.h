@@ -44,7 +44,7 @@ struct wk_host {
     char *bundles_dir;
     char *templates_dir;
     char *sandboxes_dir;
-    char *agent_path; /* NULL: placeholder init, no agent channel */
+    char *agent_path;                            /* NULL: placeholder init, no agent channel */
     uint16_t egress_proxy_port, egress_dns_port; /* 0: TCP / DNS dropped, not redirected */
 
     /* Held from the address dump until the host side of the new veth has its address, so two

@@ -43,7 +43,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         sp_dns_a_t a[8];
         size_t got = 0;
         int rcode;
-        (void)sp_dns_parse_response(data, size, size >= 2 ? (uint16_t)((data[0] << 8) | data[1]) : 0,
+        (void)sp_dns_parse_response(data, size,
+                                    size >= 2 ? (uint16_t)((data[0] << 8) | data[1]) : 0,
                                     "www.example.com", a, 8, &got, &rcode);
         if (got > 8)
             abort();

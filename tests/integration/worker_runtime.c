@@ -534,7 +534,8 @@ static void test_firewall(void **state)
             fail_msg("no element for %s in: %s", jobs[i].info.address, out);
         snprintf(gw[i], sizeof(gw[i]), "%s", jobs[i].info.address);
         char *dot = strrchr(gw[i], '.');
-        snprintf(dot + 1, sizeof(gw[i]) - (size_t)(dot + 1 - gw[i]), "%d", atoi(dot + 1) - 1);
+        snprintf(dot + 1, sizeof(gw[i]) - (size_t)(dot + 1 - gw[i]), "%ld",
+                 strtol(dot + 1, NULL, 10) - 1);
     }
     /* gVisor gives the guest no raw sockets (runsc without --net-raw): no ICMP at all, and no
      * hand-made packets with a forged source from inside a real sandbox. */
@@ -589,7 +590,8 @@ static void test_firewall_spoof(void **state)
     }
     uint32_t addr = inet_addr(NET_PREFIX ".255.254");
     /* Without its element everything is dropped (fail closed). */
-    snprintf(cmd, sizeof(cmd), "ip netns exec %s busybox ping -c 1 -W 1 " NET_PREFIX ".255.253", ns);
+    snprintf(cmd, sizeof(cmd), "ip netns exec %s busybox ping -c 1 -W 1 " NET_PREFIX ".255.253",
+             ns);
     int before = sh(cmd, out, sizeof(out));
     assert_int_equal(wk__nft_sandbox_add(host, veth, addr, err), 0);
     int own = sh(cmd, out, sizeof(out));
@@ -599,7 +601,8 @@ static void test_firewall_spoof(void **state)
     /* UDP other than DNS to the gateway, and IPv6: dropped (nothing may answer either way,
      * so count the packets the chain dropped instead: the input hook never sees them). */
     snprintf(cmd, sizeof(cmd),
-             "ip netns exec %s busybox ping -c 1 -W 1 " NET_PREFIX ".255.253 >/dev/null 2>&1 || exit 1;"
+             "ip netns exec %s busybox ping -c 1 -W 1 " NET_PREFIX
+             ".255.253 >/dev/null 2>&1 || exit 1;"
              "ip netns exec %s sh -c 'echo x | nc -u -w 1 " NET_PREFIX ".255.253 5353'; exit 0",
              ns, ns);
     sh(cmd, out, sizeof(out));
@@ -630,7 +633,8 @@ static void test_firewall_spoof(void **state)
             (double)(t2 - t1) / 1000.0);
 
     assert_int_equal(wk__nft_sandbox_del_veth(host, veth, err), 0);
-    snprintf(cmd, sizeof(cmd), "ip netns exec %s busybox ping -c 1 -W 1 " NET_PREFIX ".255.253", ns);
+    snprintf(cmd, sizeof(cmd), "ip netns exec %s busybox ping -c 1 -W 1 " NET_PREFIX ".255.253",
+             ns);
     int after = sh(cmd, out, sizeof(out));
     snprintf(cmd, sizeof(cmd), "ip link del %s; ip netns del %s", veth, ns);
     sh(cmd, out, sizeof(out));
