@@ -274,8 +274,12 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     internet_down();
-    if (stats_path[0])
+    if (stats_path[0]) {
+        char log[160];
+        snprintf(log, sizeof(log), "%s.log", stats_path);
         unlink(stats_path);
+        unlink(log);
+    }
     return 0;
 }
 
