@@ -21,6 +21,7 @@
 #include "config.h"
 #include "log.h"
 #include "space_proc.h"
+#include "tlsca.h"
 #include "xmalloc.h"
 
 #define MARKER                 ".space-home"
@@ -43,6 +44,9 @@ static const struct daemon_def {
     {"space-eventlog"},
     {"space-scheduler"},
     {"space-worker"},
+    /* Its ports and upstream resolver come from SPACE_EGRESS_PROXY_PORT,
+     * SPACE_EGRESS_DNS_PORT (read by the worker too, so both agree) and SPACE_UPSTREAM_DNS. */
+    {"space-egressd"},
     {"space-gateway"},
 };
 #define N_DAEMONS (sizeof(daemons) / sizeof(daemons[0]))
@@ -503,6 +507,25 @@ static void free_args(char **a)
     free(a);
 }
 
+/* The deployment CA (tlsca.h) under ca/: made on the first `up`, kept afterwards. Its
+ * certificate is what sandboxes will trust once space-egressd terminates TLS with leaves
+ * minted from it (docs/egress.md). */
+static int ca_up(const sp_stack_t *st)
+{
+    char err[SP_CA_ERR_MAX] = "", host[128] = "localhost";
+    char *dir = sp__stack_path(st, "ca");
+    gethostname(host, sizeof(host) - 1);
+    char *cn = sp_xasprintf("SPACE deployment CA (%.100s)", host);
+    int r = sp_ca_ensure(dir, cn, err);
+    if (r < 0)
+        fprintf(stderr, "space: deployment CA in %s: %s\n", dir, err);
+    else
+        printf("%-*s ready    %s/" SP_CA_CERT_FILE "\n", SP_STACK_PART_WIDTH, "deployment CA", dir);
+    free(cn);
+    free(dir);
+    return r < 0 ? -1 : 0;
+}
+
 /* Starts the daemons that are not running. restart: the NATS or PostgreSQL URL changed (a
  * server was restarted on another ephemeral port), so running daemons are stopped first and
  * started again with the new environment. */
@@ -617,7 +640,7 @@ int sp_stack_up(const sp_stack_config_t *cfg)
             env_file_differs(&st, "SPACE_PG_URL", pg.url);
     if (write_env_file(&st, nats.url, pg.url, NULL, NULL) < 0)
         goto fail;
-    if (daemons_up(&st, nats.url, pg.url, moved) < 0)
+    if (ca_up(&st) < 0 || daemons_up(&st, nats.url, pg.url, moved) < 0)
         goto fail;
     if (sp__api_up(&st, pg.url, &api_url, &api_key) < 0 ||
         write_env_file(&st, nats.url, pg.url, api_url, api_key) < 0)

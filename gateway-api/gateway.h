@@ -65,6 +65,7 @@ typedef struct {
     int64_t max_file_transfers;
     int64_t file_threads;
     char *tmp_dir;
+    char *network_default; /* policy mode of a create without "network" (netpolicy.h) */
     char *log_level;
     char *log_format;
 } gw_config_t;
@@ -88,6 +89,7 @@ typedef enum {
     GW_R_COMMAND_STREAM,
     GW_R_COMMAND_CTL,
     GW_R_SANDBOX_FILES,
+    GW_R_SANDBOX_NETWORK,
     GW_R_OTHER, /* unknown routes and responses h2o itself produced (413 while reading a body) */
     GW_R_COUNT
 } gw_route_t;
@@ -312,6 +314,21 @@ void gw_sandbox_list(gw_req_t *rq);
 void gw_sandbox_get(gw_req_t *rq);
 void gw_sandbox_delete(gw_req_t *rq);
 void gw_templates(gw_req_t *rq);
+
+/* ---- network policies (gateway_network.c) ---- */
+
+/* A policy as the event carries it; allow/deny arrays are heap, their strings borrowed from
+ * the parsed JSON document (which must outlive it). */
+typedef struct {
+    Space__V1__NetworkPolicy msg;
+} gw_netpol_t;
+/* Parses the "network" member strictly; on failure nothing is left to dispose. */
+int gw_network_parse(const sp_json_t *v, gw_netpol_t *p, gw_verr_t *e);
+/* The configured default (mode only). */
+void gw_network_default(const gw_t *gw, gw_netpol_t *p);
+void gw_network_dispose(gw_netpol_t *p);
+/* PUT /v1/sandboxes/{id}/network */
+void gw_sandbox_network_put(gw_req_t *rq);
 void gw_health(gw_req_t *rq);
 
 /* The column list every sandbox read selects, and its rendering as the API's sandbox JSON

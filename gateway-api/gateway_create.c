@@ -65,6 +65,8 @@ typedef struct {
     Space__V1__KeyValue kv[GW_METADATA_MAX];
     Space__V1__KeyValue *kvp[GW_METADATA_MAX];
     char *env_names[GW_ENV_MAX];
+    gw_netpol_t net;
+    bool have_net;
 } spec_t;
 
 static int parse_metadata(const sp_json_t *v, spec_t *s, gw_verr_t *e)
@@ -170,6 +172,9 @@ static int parse_body(const sp_json_t *root, spec_t *s, gw_verr_t *e)
             rc = parse_env(v, s, e);
         } else if (strcmp(k, "resources") == 0) {
             rc = parse_resources(v, s, e);
+        } else if (strcmp(k, "network") == 0 && !s->have_net) {
+            rc = gw_network_parse(v, &s->net, e);
+            s->have_net = rc == 0;
         } else {
             rc = gw_bad(e, "unknown_field", "unknown field %s", k);
         }
@@ -192,7 +197,7 @@ int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char
     int rc;
 
     sp_json_limits_t lim = {
-        .max_bytes = len + 1, .max_depth = 4, .max_nodes = 1024, .max_string = GW_ENV_VALUE_MAX};
+        .max_bytes = len + 1, .max_depth = 4, .max_nodes = 2048, .max_string = GW_ENV_VALUE_MAX};
     if (len == 0) {
         rc = gw_bad(&e, "invalid_json", "the body is empty; expected a JSON object");
         goto out;
@@ -221,6 +226,9 @@ int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char
     res.memory_mb = s->memory_mb;
     create.resources = &res;
     create.idempotency_key = (char *)(idempotency_key ? idempotency_key : "");
+    if (!s->have_net)
+        gw_network_default(rq->gw, &s->net);
+    create.network = &s->net.msg;
     env.aggregate = &agg;
     env.tenant = (char *)rq->tenant;
     env.actor = (char *)rq->key_id;
@@ -241,6 +249,8 @@ int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char
     rc = 0;
 out:
     *ret_code = e.code ? e.code : "invalid_json";
+    if (s)
+        gw_network_dispose(&s->net);
     free(s);
     sp_json_doc_free(doc);
     return rc;

@@ -381,6 +381,7 @@ typedef enum {
     SUB_EVENTS,
     SUB_COMMANDS,
     SUB_COMMAND, /* .../commands/{cid}/{action} */
+    SUB_NETWORK,
     SUB_FILES,   /* the files routes from here on */
     SUB_FILES_STAT,
     SUB_FILES_LIST,
@@ -442,6 +443,8 @@ static bool match_sandbox_path(gw_req_t *rq, const char *path, size_t len, char 
             *ret_sub = SUB_FILES_MKDIR;
         else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/files/move")))
             *ret_sub = SUB_FILES_MOVE;
+        else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/network")))
+            *ret_sub = SUB_NETWORK;
         else
             return false;
     } else {
@@ -637,6 +640,15 @@ static void route(gw_req_t *rq)
                 return;
             }
             with_auth(rq, stream ? gw_command_attach : gw_command_ctl);
+            return;
+        }
+        if (sub == SUB_NETWORK) {
+            rq->route = GW_R_SANDBOX_NETWORK;
+            if (!is_method(req, "PUT")) {
+                method_not_allowed(rq, "PUT");
+                return;
+            }
+            with_auth(rq, gw_sandbox_network_put);
             return;
         }
         if (sub == SUB_EVENTS) {

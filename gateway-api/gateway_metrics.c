@@ -19,6 +19,7 @@ static const char *const route_names[GW_R_COUNT] = {
     [GW_R_COMMAND_STREAM] = "command_stream",
     [GW_R_COMMAND_CTL] = "command_ctl",
     [GW_R_SANDBOX_FILES] = "sandbox_files",
+    [GW_R_SANDBOX_NETWORK] = "sandbox_network",
     [GW_R_OTHER] = "other",
 };
 

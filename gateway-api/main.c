@@ -38,6 +38,7 @@
 #include "gateway.h"
 #include "ids.h"
 #include "log.h"
+#include "netpolicy.h"
 
 static const sp_cfg_opt_t options[] = {
     SP_CFG_STR_OPT("listen-host", gw_config_t, listen_host, "127.0.0.1",
@@ -87,6 +88,9 @@ static const sp_cfg_opt_t options[] = {
                    "threads for the blocking NATS calls of file transfers"),
     SP_CFG_STR_OPT("tmp-dir", gw_config_t, tmp_dir, "/tmp",
                    "where request bodies over 4 MiB spill (unlinked temporary files)"),
+    SP_CFG_STR_OPT("network-default", gw_config_t, network_default, "deny_all",
+                   "network policy mode of sandboxes created without one: deny_all, allow_all "
+                   "or allowlist (an empty allowlist)"),
     SP_CFG_STR_OPT("log-level", gw_config_t, log_level, "info", "debug|info|warn|error"),
     SP_CFG_STR_OPT("log-format", gw_config_t, log_format, "kv", "kv|json"),
 };
@@ -273,6 +277,11 @@ int main(int argc, char **argv)
     if (sp_log_level_parse(cfg.log_level, &level) < 0 ||
         sp_log_format_parse(cfg.log_format, &format) < 0) {
         fprintf(stderr, GW_DAEMON ": bad --log-level or --log-format\n");
+        goto out;
+    }
+    sp_netmode_t netmode;
+    if (sp_netmode_parse(cfg.network_default, &netmode) < 0) {
+        fprintf(stderr, GW_DAEMON ": --network-default must be deny_all, allow_all or allowlist\n");
         goto out;
     }
     sp_log_init(GW_DAEMON, level, format);

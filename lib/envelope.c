@@ -10,6 +10,7 @@
 #include "error.h"
 #include "fspath.h"
 #include "ids.h"
+#include "netpolicy.h"
 #include "text.h"
 #include "xmalloc.h"
 
@@ -74,6 +75,13 @@ int sp_event_is_worker(sp_event_type_t t)
     return t == SPACE__V1__ENVELOPE__PAYLOAD_WORKER_HEARTBEAT ||
            t == SPACE__V1__ENVELOPE__PAYLOAD_WORKER_STOPPED ||
            t == SPACE__V1__ENVELOPE__PAYLOAD_WORKER_RECONCILED;
+}
+
+int sp_event_is_egress(sp_event_type_t t)
+{
+    return t == SPACE__V1__ENVELOPE__PAYLOAD_NETWORK_POLICY_CHANGED ||
+           t == SPACE__V1__ENVELOPE__PAYLOAD_EGRESS_ALLOWED ||
+           t == SPACE__V1__ENVELOPE__PAYLOAD_EGRESS_DENIED;
 }
 
 void sp_envelope_stamp(sp_envelope_t *env, char id_buf[37])
@@ -155,6 +163,7 @@ static int env_name_ok(const char *s)
         if ((field)[0] && strcmp((field), "root") != 0 && strcmp((field), "user") != 0)            \
             return fail(reason, SP_ESCHEMA, "user: root or user");                                 \
     } while (0)
+static int validate_network(const Space__V1__NetworkPolicy *p, char reason[SP_REASON_MAX]);
 
 static int validate_create(const Space__V1__SandboxCreateRequested *p, char reason[SP_REASON_MAX])
 {
@@ -184,6 +193,45 @@ static int validate_create(const Space__V1__SandboxCreateRequested *p, char reas
                         p->resources->memory_mb);
     }
     CHECK_TEXT(p->idempotency_key, CORR_MAX, "idempotency_key");
+    return validate_network(p->network, reason);
+}
+
+static int validate_network(const Space__V1__NetworkPolicy *p, char reason[SP_REASON_MAX])
+{
+    sp_netmode_t mode;
+    sp_netentry_t e;
+    if (!p)
+        return 0;
+    if (sp_netmode_parse(p->mode, &mode) < 0)
+        return fail(reason, SP_ESCHEMA, "network.mode: deny_all, allow_all or allowlist");
+    if (p->n_allow > SP_NETPOLICY_ENTRIES_MAX || p->n_deny > SP_NETPOLICY_ENTRIES_MAX)
+        return fail(reason, SP_ESCHEMA, "network: at most %d allow and %d deny entries",
+                    SP_NETPOLICY_ENTRIES_MAX, SP_NETPOLICY_ENTRIES_MAX);
+    for (size_t i = 0; i < p->n_allow; i++)
+        if (sp_netentry_parse(p->allow[i], &e) < 0)
+            return fail(reason, SP_ESCHEMA, "network.allow[%zu]: not a name, *.name or CIDR", i);
+    for (size_t i = 0; i < p->n_deny; i++)
+        if (sp_netentry_parse(p->deny[i], &e) < 0)
+            return fail(reason, SP_ESCHEMA, "network.deny[%zu]: not a name, *.name or CIDR", i);
+    return 0;
+}
+
+static int validate_decision(const Space__V1__EgressDecision *d, char reason[SP_REASON_MAX])
+{
+    if (!d)
+        return fail(reason, SP_ESCHEMA, "decision: missing");
+    if (strcmp(d->protocol, "dns") != 0 && strcmp(d->protocol, "http") != 0 &&
+        strcmp(d->protocol, "tls") != 0 && strcmp(d->protocol, "tcp") != 0)
+        return fail(reason, SP_ESCHEMA, "decision.protocol: dns, http, tls or tcp");
+    /* The name is whatever the guest sent (escaped by egressd): any text, bounded. */
+    CHECK_TEXT(d->name, TEXT_MAX, "decision.name");
+    CHECK_TEXT(d->address, 16, "decision.address");
+    if (d->port > 65535)
+        return fail(reason, SP_ESCHEMA, "decision.port: over 65535");
+    CHECK_TEXT(d->rule, TEXT_MAX, "decision.rule");
+    CHECK_TEXT(d->reason, ID_MAX, "decision.reason");
+    if (d->count == 0)
+        return fail(reason, SP_ESCHEMA, "decision.count: at least 1");
     return 0;
 }
 
@@ -244,7 +292,20 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED:
         CHECK_ID(e->sandbox_placed->worker, "worker");
         CHECK_TEXT(e->sandbox_placed->scheduler, ID_MAX, "scheduler");
-        return 0;
+        return e->sandbox_placed->request ? validate_create(e->sandbox_placed->request, reason) : 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_NETWORK_POLICY_UPDATE_REQUESTED:
+        if (!e->network_policy_update_requested->network)
+            return fail(reason, SP_ESCHEMA, "network: missing");
+        return validate_network(e->network_policy_update_requested->network, reason);
+    case SPACE__V1__ENVELOPE__PAYLOAD_NETWORK_POLICY_CHANGED:
+        if (!e->network_policy_changed->network)
+            return fail(reason, SP_ESCHEMA, "network: missing");
+        CHECK_OPT_ID(e->network_policy_changed->egressd, "egressd");
+        return validate_network(e->network_policy_changed->network, reason);
+    case SPACE__V1__ENVELOPE__PAYLOAD_EGRESS_ALLOWED:
+        return validate_decision(e->egress_allowed->decision, reason);
+    case SPACE__V1__ENVELOPE__PAYLOAD_EGRESS_DENIED:
+        return validate_decision(e->egress_denied->decision, reason);
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED:
         CHECK_ID(e->sandbox_started->worker, "worker");
         CHECK_OPT_ID(e->sandbox_started->runtime, "runtime");
@@ -471,6 +532,8 @@ int sp_envelope_subject(const sp_envelope_t *env, const char *worker, char *buf,
         return SP_ESCHEMA;
     if (sp_event_is_worker(env->payload_case)) {
         n = snprintf(buf, len, "space.ev.wkr.%s.%s", env->aggregate->id, env->type);
+    } else if (sp_event_is_egress(env->payload_case)) {
+        n = snprintf(buf, len, "space.ev.egress.%s.%s", env->aggregate->id, env->type);
     } else {
         if (worker && worker[0] && !sp_id_valid(worker))
             return SP_ESCHEMA;

@@ -137,6 +137,8 @@ static unsigned allowed_from(sp_event_type_t t)
         return BIT(SP_SBX_RUNNING) | BIT(SP_SBX_PAUSED);
     case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED:
         return BIT(SP_SBX_RUNNING);
+    case SPACE__V1__ENVELOPE__PAYLOAD_NETWORK_POLICY_UPDATE_REQUESTED:
+        return LIVE;
     default:
         /* Intents and refusals: any existing sandbox. Command facts too: a command may
          * finish while its sandbox is being paused or deleted. */

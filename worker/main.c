@@ -36,6 +36,12 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_STR_OPT("runsc-platform", wk_config_t, runsc_platform, "ptrace", "ptrace or kvm"),
     SP_CFG_STR_OPT("net-prefix", wk_config_t, net_prefix, "10.200",
                    "first two octets of the sandbox address pool (a /16 inside netns only)"),
+    SP_CFG_INT_OPT("egress-proxy-port", wk_config_t, egress_proxy_port, 0, 65535, "15001",
+                   "space-egressd's transparent TCP port: every sandbox TCP connection is "
+                   "redirected there (0: TCP from sandboxes is dropped)"),
+    SP_CFG_INT_OPT("egress-dns-port", wk_config_t, egress_dns_port, 0, 65535, "15053",
+                   "space-egressd's DNS port: sandbox queries to their gateway :53 go there "
+                   "(0: dropped)"),
     SP_CFG_STR_OPT("templates", wk_config_t, templates, "tiny",
                    "templates to prepare at start, comma-separated (base takes minutes)"),
     SP_CFG_INT_OPT("vcpu-total", wk_config_t, vcpu_total, 0, 4096, "0", "0: the host's CPUs"),
@@ -153,6 +159,8 @@ int main(int argc, char **argv)
         .runsc_platform = cfg.runsc_platform,
         .net_prefix = cfg.net_prefix,
         .agent_path = agent_path,
+        .egress_proxy_port = (uint16_t)cfg.egress_proxy_port,
+        .egress_dns_port = (uint16_t)cfg.egress_dns_port,
     };
     if ((rc = wk_host_open(&hc, &w.host, herr)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot prepare the host", SP_KS("error", herr),

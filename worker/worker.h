@@ -23,6 +23,8 @@ typedef struct {
     char *agent;
     char *runsc_platform;
     char *net_prefix;
+    int64_t egress_proxy_port; /* egressd's ports on the host (worker_runtime.h) */
+    int64_t egress_dns_port;
     char *templates;         /* comma-separated, prepared at start */
     int64_t vcpu_total;      /* 0: the host's CPUs */
     int64_t memory_mb_total; /* 0: the host's memory */

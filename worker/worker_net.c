@@ -29,6 +29,7 @@
 
 #include "error.h"
 #include "hash.h"
+#include "log.h"
 #include "worker_runtime_int.h"
 #include "xmalloc.h"
 
@@ -390,6 +391,19 @@ int wk__net_create(wk_host_t *h, const char *id, char ret_addr[16], char err[WK_
     if (rc == 0)
         rc = link_up(&host, veth);
     pthread_mutex_unlock(&h->pool_lock);
+    if (rc == 0) {
+        /* Before anything runs inside: until this element exists the sandbox's packets are
+         * dropped as spoofed. */
+        char e2[WK_ERR_MAX];
+        int64_t t0 = wk__now_us();
+        rc = wk__nft_sandbox_add(h, veth, guest_be, e2);
+        if (rc < 0) {
+            rc = wk__fail(err, rc, "%s", e2);
+            goto out;
+        }
+        sp_log(SP_LOG_DEBUG, "firewall element added", SP_KS("sandbox", id),
+               SP_KF("ms", (double)(wk__now_us() - t0) / 1000.0));
+    }
     if (rc < 0) {
         rc = wk__fail(err, rc, "veth %s: %s", veth, strerror(-rc));
         goto out;
@@ -430,17 +444,26 @@ int wk__net_destroy(wk_host_t *h, const char *id, char err[WK_ERR_MAX])
     wk__veth_name(h, id, veth);
     int rc = 0;
 
+    /* The firewall element first: it names the veth, which is about to go. */
+    char e2[WK_ERR_MAX];
+    int64_t t0 = wk__now_us();
+    int r = wk__nft_sandbox_del_veth(h, veth, e2);
+    if (r < 0)
+        rc = wk__fail(err, r, "%s", e2);
+    sp_log(SP_LOG_DEBUG, "firewall element removed", SP_KS("sandbox", id),
+           SP_KF("ms", (double)(wk__now_us() - t0) / 1000.0));
+
     /* Delete the veth explicitly: the kernel removes it with the netns, but asynchronously,
      * and a netns still referenced by a process would keep it. */
     nl_t host = {0};
-    int r = nl_open(&host);
+    r = nl_open(&host);
     if (r == 0) {
         r = link_delete(&host, veth);
         if (r == -ENODEV)
             r = 0;
     }
     nl_close(&host);
-    if (r < 0)
+    if (r < 0 && rc == 0)
         rc = wk__fail(err, r, "delete veth %s: %s", veth, strerror(-r));
 
     char *path = sp_xasprintf("%s/%s", WK_NETNS_DIR, name);
@@ -450,4 +473,51 @@ int wk__net_destroy(wk_host_t *h, const char *id, char err[WK_ERR_MAX])
         rc = wk__fail(err, -errno, "remove %s: %s", path, strerror(errno));
     free(path);
     return rc;
+}
+
+/* The host end's IPv4 address of interface ifindex (the sandbox's gateway). */
+typedef struct {
+    int ifindex;
+    uint32_t addr_be;
+} addr_of_t;
+
+static int addr_of_cb(const struct nlmsghdr *nlh, void *data)
+{
+    addr_of_t *a = data;
+    const struct ifaddrmsg *ifa = mnl_nlmsg_get_payload(nlh);
+    if (ifa->ifa_family != AF_INET || (int)ifa->ifa_index != a->ifindex)
+        return MNL_CB_OK;
+    const struct nlattr *attr;
+    mnl_attr_for_each(attr, nlh, sizeof(*ifa))
+    {
+        if (mnl_attr_get_type(attr) == IFA_LOCAL && mnl_attr_validate(attr, MNL_TYPE_U32) == 0)
+            a->addr_be = mnl_attr_get_u32(attr);
+    }
+    return MNL_CB_OK;
+}
+
+int wk__net_restore(wk_host_t *h, const char *id, char err[WK_ERR_MAX])
+{
+    char veth[IFNAMSIZ];
+    wk__veth_name(h, id, veth);
+    nl_t host = {0};
+    addr_of_t a = {0};
+    int rc = nl_open(&host);
+    if (rc == 0)
+        rc = link_index(&host, veth, &a.ifindex);
+    if (rc == 0) {
+        char buf[MNL_SOCKET_BUFFER_SIZE];
+        struct nlmsghdr *nlh = msg_start(buf, RTM_GETADDR, NLM_F_DUMP);
+        struct ifaddrmsg *ifa = mnl_nlmsg_put_extra_header(nlh, sizeof(*ifa));
+        ifa->ifa_family = AF_INET;
+        rc = nl_talk(&host, nlh, addr_of_cb, &a);
+    }
+    nl_close(&host);
+    if (rc == 0 && !a.addr_be)
+        rc = -EADDRNOTAVAIL;
+    if (rc < 0)
+        return wk__fail(err, rc, "address of veth %s: %s", veth, strerror(-rc));
+    /* The sandbox is the .2 of the /30 whose .1 the host end holds. */
+    uint32_t guest_be = htonl(ntohl(a.addr_be) + 1);
+    return wk__nft_sandbox_add(h, veth, guest_be, err);
 }

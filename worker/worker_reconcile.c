@@ -127,6 +127,12 @@ int wk_reconcile(wk_t *w, PGconn *db)
                 wk_box_listen(box);
             }
             wk_box_put(box);
+            /* The chains were rebuilt at open; the element normally survived in the set,
+             * and re-adding it is idempotent (it is what lets the sandbox talk at all). */
+            char nerr[WK_ERR_MAX] = "";
+            if (wk_sandbox_net_restore(w->host, sbx, nerr) < 0)
+                sp_log(SP_LOG_ERROR, "cannot restore the sandbox firewall: it stays cut off",
+                       SP_KS("sandbox", sbx), SP_KS("error", nerr));
             Space__V1__SandboxAdopted ad = SPACE__V1__SANDBOX_ADOPTED__INIT;
             ad.worker = w->cfg->id;
             env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_ADOPTED;

@@ -230,6 +230,13 @@ int wk_host_open(const wk_host_config_t *cfg, wk_host_t **ret_host, char err[WK_
         rc = wk__fail(err, rc, "prepare %s: %s", WK_NETNS_DIR, strerror(-rc));
         goto fail;
     }
+    h->egress_proxy_port = cfg->egress_proxy_port;
+    h->egress_dns_port = cfg->egress_dns_port;
+    int64_t t0 = wk__now_us();
+    rc = wk__nft_setup(h, err);
+    if (rc < 0)
+        goto fail;
+    sp_log(SP_LOG_DEBUG, "firewall ready", SP_KF("ms", (double)(wk__now_us() - t0) / 1000.0));
     *ret_host = h;
     return 0;
 fail:
@@ -552,6 +559,13 @@ int wk_sandbox_destroy(wk_host_t *h, const char *id, char err[WK_ERR_MAX])
     return rc;
 }
 
+int wk_sandbox_net_restore(wk_host_t *h, const char *id, char err[WK_ERR_MAX])
+{
+    if (!h || !id || !sp_id_valid(id))
+        return wk__fail(err, -EINVAL, "invalid sandbox id");
+    return wk__net_restore(h, id, err);
+}
+
 int wk_sandbox_exec(wk_host_t *h, const char *id, const char *const *argv, char *out,
                     size_t out_len, int *ret_exit_code)
 {
@@ -731,6 +745,8 @@ int wk_host_teardown(wk_host_t *h, char err[WK_ERR_MAX])
         }
     }
     free(list);
+    if ((rc = wk__nft_teardown(h, err)) < 0)
+        return rc;
     /* The per-worker cgroup parents are empty now. */
     char *pattern = sp_xasprintf("space-%s", h->tag);
     DIR *d = opendir(WK_CGROUP_ROOT);

@@ -30,6 +30,10 @@ typedef struct {
     const char *agent_path;     /* the static space-agent binary (worker/agent/), copied into
                                    every sandbox as its init; NULL: a placeholder init and no
                                    agent channel */
+    /* egressd's transparent TCP listener and DNS server, on the host (worker_nft.c redirects
+     * every TCP connection and every DNS query of a sandbox there). 0: dropped instead. */
+    uint16_t egress_proxy_port;
+    uint16_t egress_dns_port;
 } wk_host_config_t;
 
 typedef struct wk_host wk_host_t;
@@ -91,6 +95,10 @@ int wk_sandbox_running(wk_host_t *h, const char *id);
 /* The host path of the Unix socket the sandbox's agent connects to once its first channel
  * broke (heap, freed by the caller; NULL without agent_path). The worker listens there. */
 char *wk_sandbox_chan_socket(const wk_host_t *h, const char *id);
+
+/* Puts back the per-sandbox firewall state of a sandbox that outlived a worker restart (the
+ * reconciliation calls it for every adopted sandbox). Idempotent. */
+int wk_sandbox_net_restore(wk_host_t *h, const char *id, char err[WK_ERR_MAX]);
 
 /* Runs argv inside a running sandbox via `runsc exec` and captures stdout+stderr (at most
  * out_len - 1 bytes, NUL-terminated) and the exit code. For tests and diagnostics: commands

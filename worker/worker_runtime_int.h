@@ -26,6 +26,7 @@
 #define WK_TAG_LEN          8
 #define WK_NETNS_DIR        "/run/netns"
 #define WK_NETNS_NAME_MAX   96
+#define WK_NFT_NAME_MAX     32
 #define WK_CGROUP_ROOT      "/sys/fs/cgroup"
 #define WK_RUNSC_TIMEOUT_MS 30000
 /* debootstrap of "base" downloads ~100 MB; allow a slow mirror. */
@@ -43,7 +44,8 @@ struct wk_host {
     char *bundles_dir;
     char *templates_dir;
     char *sandboxes_dir;
-    char *agent_path; /* NULL: placeholder init, no agent channel */
+    char *agent_path;                            /* NULL: placeholder init, no agent channel */
+    uint16_t egress_proxy_port, egress_dns_port; /* 0: TCP / DNS dropped, not redirected */
 
     /* Held from the address dump until the host side of the new veth has its address, so two
      * creates never pick the same /30. */
@@ -133,6 +135,26 @@ void wk__veth_name(const wk_host_t *h, const char *id, char out[IFNAMSIZ]);
 int wk__net_create(wk_host_t *h, const char *id, char ret_addr[16], char err[WK_ERR_MAX]);
 /* Removes the veth and the netns; what is already gone is success. */
 int wk__net_destroy(wk_host_t *h, const char *id, char err[WK_ERR_MAX]);
+
+/* Re-adds the firewall element of a sandbox whose veth exists (an adopted sandbox after a
+ * worker restart); idempotent. */
+int wk__net_restore(wk_host_t *h, const char *id, char err[WK_ERR_MAX]);
+
+/* ---- nftables (worker_nft.c) ---- */
+
+/* "space_<tag>": the worker's table in family inet. */
+void wk__nft_table_name(const wk_host_t *h, char out[WK_NFT_NAME_MAX]);
+/* Creates the table, its set and chains if missing and replaces the chains' rules, in one
+ * transaction; the set's elements (live sandboxes) are kept. Idempotent. */
+int wk__nft_setup(wk_host_t *h, char err[WK_ERR_MAX]);
+/* One sandbox's element (host veth name, sandbox address): what lets its packets through the
+ * anti-spoofing rule. Add is idempotent; delete of a missing element is success. */
+int wk__nft_sandbox_add(wk_host_t *h, const char *veth, uint32_t addr_be, char err[WK_ERR_MAX]);
+int wk__nft_sandbox_del(wk_host_t *h, const char *veth, uint32_t addr_be, char err[WK_ERR_MAX]);
+/* Deletes every element whose veth is this one (when its address is no longer known). */
+int wk__nft_sandbox_del_veth(wk_host_t *h, const char *veth, char err[WK_ERR_MAX]);
+/* Deletes the table (space down --purge). A missing table is success. */
+int wk__nft_teardown(wk_host_t *h, char err[WK_ERR_MAX]);
 
 /* ---- runsc (worker_runsc.c) ---- */
 

@@ -29,6 +29,9 @@ sp_event_type_t sp_event_type_from_name(const char *name);
 
 /* Whether an event type is about a worker (else about a sandbox). */
 int sp_event_is_worker(sp_event_type_t t);
+/* egressd's facts (NetworkPolicyChanged, EgressAllowed, EgressDenied): about a sandbox, on
+ * space.ev.egress.<sandbox>.<type>, so no worker's consumer has to skip them. */
+int sp_event_is_egress(sp_event_type_t t);
 
 /* Fills the envelope's generated fields: a fresh UUIDv7 event_id (stored in id_buf, which the
  * envelope then borrows), occurred_at now, schema_version, and type from the payload case. */

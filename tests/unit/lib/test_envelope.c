@@ -195,6 +195,57 @@ static void test_field_validation(void **state)
     expect_invalid(&f, SP_ESCHEMA, "template");
 }
 
+/* Network policies in creates and updates, and egressd's facts on their own subject. */
+static void test_network(void **state)
+{
+    fixture_t f;
+    char reason[SP_REASON_MAX], subject[256];
+    Space__V1__NetworkPolicy p = SPACE__V1__NETWORK_POLICY__INIT;
+    char *allow[] = {"api.example.com", "*.pypi.org", "203.0.113.0/24:5432"};
+    char *bad[] = {"Bad Name"};
+    make_create(&f);
+    p.mode = "allowlist";
+    p.allow = allow;
+    p.n_allow = 3;
+    f.create.network = &p;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+    p.mode = "open";
+    expect_invalid(&f, SP_ESCHEMA, "network.mode");
+    p.mode = "allowlist";
+    p.deny = bad;
+    p.n_deny = 1;
+    expect_invalid(&f, SP_ESCHEMA, "network.deny[0]");
+    p.n_deny = 0;
+
+    Space__V1__EgressDecision d = SPACE__V1__EGRESS_DECISION__INIT;
+    Space__V1__EgressDenied den = SPACE__V1__EGRESS_DENIED__INIT;
+    d.protocol = "http";
+    d.name = "forbidden.test";
+    d.address = "198.18.1.20";
+    d.port = 80;
+    d.rule = "mode:allowlist";
+    d.reason = "not_allowed";
+    d.count = 3;
+    den.decision = &d;
+    f.env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_EGRESS_DENIED;
+    f.env.egress_denied = &den;
+    sp_envelope_stamp(&f.env, f.id);
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+    assert_true(sp_envelope_subject(&f.env, "worker-1", subject, sizeof(subject)) > 0);
+    assert_string_equal(subject, "space.ev.egress.sbx_test0001.EgressDenied");
+    assert_int_equal(sp_envelope_check_subject(&f.env, subject, reason), 0);
+    assert_int_not_equal(
+        sp_envelope_check_subject(&f.env, "space.ev.sbx.w1.sbx_test0001.EgressDenied", reason), 0);
+    d.count = 0;
+    expect_invalid(&f, SP_ESCHEMA, "decision.count");
+    d.count = 1;
+    d.protocol = "smtp";
+    expect_invalid(&f, SP_ESCHEMA, "decision.protocol");
+    d.protocol = "dns";
+    d.name = "bad\x01name";
+    expect_invalid(&f, SP_ESCHEMA, "decision.name");
+}
+
 static void test_type_names(void **state)
 {
     assert_string_equal(sp_event_type_name(SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED),
@@ -265,7 +316,7 @@ int main(void)
         cmocka_unit_test(test_round_trip),  cmocka_unit_test(test_truncated_and_garbage),
         cmocka_unit_test(test_oversized),   cmocka_unit_test(test_field_validation),
         cmocka_unit_test(test_type_names),  cmocka_unit_test(test_encode_refuses_invalid),
-        cmocka_unit_test(test_file_events),
+        cmocka_unit_test(test_file_events), cmocka_unit_test(test_network),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

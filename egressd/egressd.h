@@ -1,0 +1,139 @@
+/* space-egressd internals (docs/egress.md). One libuv loop owns everything below; the bus
+ * consumer runs on its own thread and hands decoded events to the loop through a queue and a
+ * uv_async_t (STYLE.md: never touch loop state from another thread).
+ *
+ *   egressd_policy.c  sandboxes (by id and by address), their policies, DNS attributions,
+ *                     decisions, and the events that change them
+ *   egressd_dns.c     the DNS server on the gateway addresses (dns_port after the worker's
+ *                     redirect) and the upstream resolver client
+ *   egressd_proxy.c   the transparent TCP listener: SO_ORIGINAL_DST, HTTP Host / TLS SNI,
+ *                     its own upstream connection, splicing
+ *   egressd_audit.c   EgressAllowed / EgressDenied, aggregated per second
+ */
+#ifndef SPACE_EGRESSD_H
+#define SPACE_EGRESSD_H
+
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "bus.h"
+#include "envelope.h"
+#include "netpolicy.h"
+
+typedef struct {
+    char *worker_id; /* the worker whose sandboxes this egressd serves (space.ev.sbx.<id>.>) */
+    char *nats_url;
+    char *listen_host;
+    int64_t proxy_port;
+    int64_t dns_port;
+    char *upstream_dns; /* "a.b.c.d[:port]"; "" = none (allowed names get SERVFAIL) */
+    int64_t dns_ttl_max_s;
+    int64_t dns_timeout_ms;
+    int64_t attribution_grace_s;
+    int64_t max_conns;
+    int64_t head_max_bytes;
+    int64_t first_bytes_timeout_ms;
+    int64_t connect_timeout_ms;
+    int64_t idle_timeout_s;
+    int64_t audit_flush_ms;
+    int64_t audit_keys_max;
+    char *log_level;
+    char *log_format;
+} eg_config_t;
+
+typedef struct {
+    char name[254];
+    uint32_t addr_be;
+    int64_t resolved_ms, expires_ms;
+} eg_attr_t;
+
+typedef struct {
+    char id[65];
+    char tenant[65];
+    uint32_t addr_be; /* 0 until SandboxStarted says where it lives */
+    sp_netmode_t mode;
+    char **allow_text, **deny_text; /* the entries as written (for rule names in audits) */
+    sp_netentry_t *allow, *deny;
+    size_t n_allow, n_deny;
+    eg_attr_t *attrs;
+    size_t n_attrs, cap_attrs;
+    int conns;
+} eg_sbx_t;
+
+typedef struct {
+    bool allow;
+    const char *reason;
+    char rule[300];
+} eg_verdict_t;
+
+typedef struct eg_event eg_event_t;
+struct eg_event {
+    sp_envelope_t *env;
+    uint64_t seq;
+    eg_event_t *next;
+};
+
+typedef struct eg_audit eg_audit_t;
+typedef struct eg_dns eg_dns_t;
+
+typedef struct {
+    const eg_config_t *cfg;
+    uv_loop_t *loop;
+    sp_bus_t *bus;
+    uint64_t live_from_seq; /* intents at or below were applied before this start: no answer */
+
+    eg_sbx_t **sbx;
+    size_t n_sbx, cap_sbx;
+
+    pthread_mutex_t q_mu;
+    eg_event_t *q_head, *q_tail;
+    uv_async_t q_async;
+
+    eg_dns_t *dns;
+    uv_tcp_t listener;
+    eg_audit_t *audit;
+    uv_timer_t tick; /* shutdown check, DNS and attribution expiry */
+    uint64_t conns_total, conns_denied;
+} eg_t;
+
+int64_t eg_now_ms(void);
+
+/* ---- policy (egressd_policy.c) ---- */
+eg_sbx_t *eg_sbx_by_id(eg_t *eg, const char *id);
+eg_sbx_t *eg_sbx_by_addr(eg_t *eg, uint32_t addr_be);
+/* Applies one event from the bus (owned by the caller). */
+void eg_apply_event(eg_t *eg, const sp_envelope_t *env, uint64_t seq);
+void eg_sbx_free_all(eg_t *eg);
+/* Decisions: by name (DNS, Host, SNI; port 0 = any) and by address (other TCP). */
+void eg_decide_name(const eg_sbx_t *s, const char *name, uint16_t port, eg_verdict_t *v);
+void eg_decide_addr(const eg_sbx_t *s, uint32_t addr_be, uint16_t port, eg_verdict_t *v);
+/* Whether the policy has name entries in its deny list (allow_all must then look at names). */
+bool eg_has_name_denies(const eg_sbx_t *s);
+void eg_attribute(const eg_t *eg, eg_sbx_t *s, const char *name, uint32_t addr_be, uint32_t ttl);
+/* A live attribution of addr to name for this sandbox? */
+bool eg_attributed(eg_sbx_t *s, const char *name, uint32_t addr_be);
+/* The address egressd itself resolved most recently for name (0 if none is live). */
+uint32_t eg_resolved_addr(eg_sbx_t *s, const char *name);
+void eg_expire_attributions(eg_t *eg);
+
+/* ---- DNS (egressd_dns.c) ---- */
+int eg_dns_start(eg_t *eg);
+void eg_dns_tick(eg_t *eg);
+void eg_dns_stop(eg_t *eg);
+
+/* ---- proxy (egressd_proxy.c) ---- */
+int eg_proxy_start(eg_t *eg);
+void eg_proxy_stop(eg_t *eg);
+
+/* ---- audit (egressd_audit.c) ---- */
+int eg_audit_start(eg_t *eg);
+/* Records one decision; flushed as events every audit_flush_ms. addr_be 0: none. */
+void eg_audit(eg_t *eg, const eg_sbx_t *s, bool allowed, const char *protocol, const char *name,
+              uint32_t addr_be, uint16_t port, const char *rule, const char *reason);
+void eg_audit_flush(eg_t *eg);
+void eg_audit_stop(eg_t *eg);
+
+#endif

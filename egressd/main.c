@@ -1,0 +1,225 @@
+/* space-egressd: one per host, next to its worker. Per-sandbox DNS allowlist and transparent
+ * TCP proxy behind the worker's nftables rules (docs/egress.md). Policies come from the
+ * worker's event subject; decisions go to the log as EgressAllowed / EgressDenied. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "daemon.h"
+#include "egressd.h"
+#include "error.h"
+#include "ids.h"
+#include "log.h"
+#include "xmalloc.h"
+
+static const sp_cfg_opt_t options[] = {
+    SP_CFG_STR_OPT("id", eg_config_t, worker_id, "worker-1",
+                   "the worker whose sandboxes this egressd serves (its --id)"),
+    SP_CFG_STR_OPT("nats-url", eg_config_t, nats_url, "nats://127.0.0.1:4222", "NATS URL(s)"),
+    SP_CFG_STR_OPT("listen-host", eg_config_t, listen_host, "0.0.0.0",
+                   "address of the proxy and DNS sockets (the worker's redirect lands on the "
+                   "sandbox gateway addresses)"),
+    SP_CFG_INT_OPT("egress-proxy-port", eg_config_t, proxy_port, 1, 65535, "15001",
+                   "transparent TCP port (the worker's --egress-proxy-port)"),
+    SP_CFG_INT_OPT("egress-dns-port", eg_config_t, dns_port, 1, 65535, "15053",
+                   "DNS port (the worker's --egress-dns-port)"),
+    SP_CFG_STR_OPT("upstream-dns", eg_config_t, upstream_dns, "",
+                   "resolver egressd asks for allowed names, a.b.c.d[:port] (empty: none, "
+                   "allowed names answer SERVFAIL)"),
+    SP_CFG_INT_OPT("dns-ttl-max-s", eg_config_t, dns_ttl_max_s, 1, 86400, "300",
+                   "TTL cap of answers given to sandboxes"),
+    SP_CFG_INT_OPT("dns-timeout-ms", eg_config_t, dns_timeout_ms, 100, 30000, "3000",
+                   "upstream resolver timeout"),
+    SP_CFG_INT_OPT("attribution-grace-s", eg_config_t, attribution_grace_s, 0, 3600, "60",
+                   "how long past its TTL an address stays attributed to a name"),
+    SP_CFG_INT_OPT("max-conns", eg_config_t, max_conns, 1, 1000000, "256",
+                   "concurrent proxied connections per sandbox"),
+    SP_CFG_INT_OPT("head-max-bytes", eg_config_t, head_max_bytes, 1024, 65536, "16384",
+                   "bytes read to find a ClientHello or an HTTP request head"),
+    SP_CFG_INT_OPT("first-bytes-timeout-ms", eg_config_t, first_bytes_timeout_ms, 100, 600000,
+                   "10000", "time a guest has to send its ClientHello or request head"),
+    SP_CFG_INT_OPT("connect-timeout-ms", eg_config_t, connect_timeout_ms, 100, 600000, "10000",
+                   "upstream connect timeout"),
+    SP_CFG_INT_OPT("idle-timeout-s", eg_config_t, idle_timeout_s, 1, 86400, "300",
+                   "a proxied connection idle this long is closed"),
+    SP_CFG_INT_OPT("audit-flush-ms", eg_config_t, audit_flush_ms, 100, 60000, "1000",
+                   "audit events are aggregated over this interval"),
+    SP_CFG_INT_OPT("audit-keys-max", eg_config_t, audit_keys_max, 16, 1000000, "1024",
+                   "distinct audit records per interval (the rest is counted in the log)"),
+    SP_CFG_STR_OPT("log-level", eg_config_t, log_level, "info", "debug|info|warn|error"),
+    SP_CFG_STR_OPT("log-format", eg_config_t, log_format, "kv", "kv|json"),
+};
+#define N_OPTIONS (sizeof(options) / sizeof(options[0]))
+
+/* ---- events: bus thread -> loop ---- */
+
+typedef struct {
+    eg_t *eg;
+    pthread_t thread;
+    bool started;
+} events_t;
+
+static void *events_main(void *arg)
+{
+    events_t *et = arg;
+    eg_t *eg = et->eg;
+    char filter[128], durable[128];
+    snprintf(filter, sizeof(filter), "space.ev.sbx.%s.>", eg->cfg->worker_id);
+    snprintf(durable, sizeof(durable), "egressd-%s", eg->cfg->worker_id);
+    sp_bus_consumer_t *c = NULL;
+    while (!sp_daemon_stopping && !c) {
+        /* From the start of the stream every time: the policies live in memory only. */
+        if (sp_bus_consumer_open(eg->bus, durable, filter, 0, 30000, &c) < 0) {
+            c = NULL;
+            sp_daemon_sleep_ms(500);
+        }
+    }
+    while (!sp_daemon_stopping) {
+        sp_bus_batch_t *b = NULL;
+        if (sp_bus_fetch(c, 256, 500, &b) < 0) {
+            sp_bus_batch_free(b);
+            sp_daemon_sleep_ms(200);
+            continue;
+        }
+        for (size_t i = 0; i < sp_bus_batch_len(b); i++) {
+            const sp_bus_msg_t *m = sp_bus_batch_msg(b, i);
+            sp_envelope_t *env = NULL;
+            char reason[SP_REASON_MAX];
+            if (sp_envelope_decode(m->data, m->len, &env, reason) < 0 ||
+                sp_envelope_check_subject(env, m->subject, reason) < 0) {
+                sp_log(SP_LOG_WARN, "ignoring invalid event", SP_KU("seq", m->stream_seq),
+                       SP_KS("reason", reason));
+                sp_envelope_free(env);
+                continue;
+            }
+            eg_event_t *e = sp_xcalloc(1, sizeof(*e));
+            e->env = env;
+            e->seq = m->stream_seq;
+            pthread_mutex_lock(&eg->q_mu);
+            if (eg->q_tail)
+                eg->q_tail->next = e;
+            else
+                eg->q_head = e;
+            eg->q_tail = e;
+            pthread_mutex_unlock(&eg->q_mu);
+        }
+        if (sp_bus_batch_len(b)) {
+            sp_bus_batch_ack(b);
+            uv_async_send(&eg->q_async);
+        }
+        sp_bus_batch_free(b);
+    }
+    sp_bus_consumer_free(c);
+    return NULL;
+}
+
+static void on_events(uv_async_t *a)
+{
+    eg_t *eg = a->data;
+    pthread_mutex_lock(&eg->q_mu);
+    eg_event_t *e = eg->q_head;
+    eg->q_head = eg->q_tail = NULL;
+    pthread_mutex_unlock(&eg->q_mu);
+    while (e) {
+        eg_event_t *next = e->next;
+        eg_apply_event(eg, e->env, e->seq);
+        sp_envelope_free(e->env);
+        free(e);
+        e = next;
+    }
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    eg_t *eg = t->data;
+    if (sp_daemon_stopping) {
+        uv_stop(eg->loop);
+        return;
+    }
+    eg_dns_tick(eg);
+    eg_expire_attributions(eg);
+}
+
+static void close_any(uv_handle_t *h, void *arg)
+{
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+int main(int argc, char **argv)
+{
+    eg_config_t cfg = {0};
+    eg_t eg = {.cfg = &cfg};
+    events_t et = {.eg = &eg};
+    char *err = NULL;
+    int argi = 0, code = 1, rc;
+    sp_log_level_t level;
+    sp_log_format_t format;
+    uv_loop_t loop;
+
+    pthread_mutex_init(&eg.q_mu, NULL);
+    if (sp_config_load(options, N_OPTIONS, &cfg, argc, argv, &argi, &err) < 0) {
+        fprintf(stderr, "space-egressd: %s\n", err ? err : "bad options");
+        goto out;
+    }
+    if (argi < 0) {
+        code = 0;
+        goto out;
+    }
+    if (argi < argc || sp_log_level_parse(cfg.log_level, &level) < 0 ||
+        sp_log_format_parse(cfg.log_format, &format) < 0 || !sp_id_valid(cfg.worker_id)) {
+        fprintf(stderr, "space-egressd: bad arguments (see --help)\n");
+        goto out;
+    }
+    sp_log_init("space-egressd", level, format);
+    sp_daemon_signals();
+    signal(SIGPIPE, SIG_IGN);
+
+    sp_bus_opts_t bo = {.url = cfg.nats_url, .name = "space-egressd", .timeout_ms = 30000};
+    uint64_t msgs = 0;
+    if ((rc = sp_bus_connect(&bo, &eg.bus)) < 0 || (rc = sp_bus_ensure_stream(eg.bus)) < 0 ||
+        (rc = sp_bus_stream_info(eg.bus, &eg.live_from_seq, &msgs)) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot reach NATS", SP_KS("error", sp_strerror(rc)));
+        goto out;
+    }
+    uv_loop_init(&loop);
+    eg.loop = &loop;
+    uv_async_init(&loop, &eg.q_async, on_events);
+    eg.q_async.data = &eg;
+    uv_timer_init(&loop, &eg.tick);
+    eg.tick.data = &eg;
+    uv_timer_start(&eg.tick, on_tick, 100, 100);
+    if ((rc = eg_audit_start(&eg)) < 0 || (rc = eg_dns_start(&eg)) < 0 ||
+        (rc = eg_proxy_start(&eg)) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot listen",
+               SP_KS("error", rc < -1000 ? uv_strerror(rc) : sp_strerror(rc)));
+    } else if (pthread_create(&et.thread, NULL, events_main, &et) == 0) {
+        et.started = true;
+        sp_log(SP_LOG_INFO, "serving", SP_KS("worker", cfg.worker_id),
+               SP_KI("proxy_port", cfg.proxy_port), SP_KI("dns_port", cfg.dns_port),
+               SP_KS("upstream_dns", cfg.upstream_dns[0] ? cfg.upstream_dns : "none"),
+               SP_KU("live_from_seq", eg.live_from_seq));
+        uv_run(&loop, UV_RUN_DEFAULT);
+        code = 0;
+    }
+    sp_daemon_stopping = 1;
+    if (et.started)
+        pthread_join(et.thread, NULL);
+    on_events(&eg.q_async); /* frees what the thread queued last */
+    eg_audit_stop(&eg);
+    sp_bus_publish_async_complete(eg.bus, 2000);
+    eg_dns_stop(&eg);
+    eg_proxy_stop(&eg);
+    uv_walk(&loop, close_any, NULL);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    uv_loop_close(&loop);
+    eg_sbx_free_all(&eg);
+out:
+    sp_bus_free(eg.bus);
+    pthread_mutex_destroy(&eg.q_mu);
+    sp_config_dispose(options, N_OPTIONS, &cfg);
+    free(err);
+    return code;
+}

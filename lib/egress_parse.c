@@ -1,0 +1,270 @@
+/* TLS ClientHello and HTTP/1.x request heads from a hostile guest (egress_parse.h). */
+#include "egress_parse.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "netpolicy.h"
+
+static uint16_t rd16(const uint8_t *p)
+{
+    return (uint16_t)((p[0] << 8) | p[1]);
+}
+
+static uint32_t rd24(const uint8_t *p)
+{
+    return ((uint32_t)p[0] << 16) | ((uint32_t)p[1] << 8) | p[2];
+}
+
+/* Copies a host name into out (lowercase) if it is a DNS name; -EINVAL otherwise. */
+static int host_copy(const char *s, size_t n, char out[254])
+{
+    if (n == 0 || n > SP_DNS_NAME_MAX)
+        return -EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        out[i] = (char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
+    }
+    out[n] = '\0';
+    return sp_dns_name_valid(out, false) ? 0 : -EINVAL;
+}
+
+int sp_tls_client_hello(const uint8_t *b, size_t len, sp_tls_hello_t *ret)
+{
+    sp_tls_hello_t h;
+    memset(&h, 0, sizeof(h));
+    if (len < 5)
+        return len > 0 && b[0] != 0x16 ? -EINVAL : SP_PARSE_MORE;
+    /* Record: handshake(22), legacy_record_version 3.x, length. */
+    if (b[0] != 0x16 || b[1] != 3 || b[2] > 4)
+        return -EINVAL;
+    size_t rlen = rd16(b + 3);
+    if (rlen < 4 || rlen > 16384)
+        return -EINVAL;
+    if (len < 5 + rlen)
+        return SP_PARSE_MORE;
+    const uint8_t *p = b + 5, *end;
+    if (p[0] != 1) /* client_hello */
+        return -EINVAL;
+    size_t hlen = rd24(p + 1);
+    if (hlen + 4 > rlen)
+        return -EINVAL; /* a ClientHello split across records: refused (fail closed) */
+    end = p + 4 + hlen;
+    p += 4;
+    if (end - p < 2 + 32 + 1)
+        return -EINVAL;
+    p += 2 + 32; /* legacy_version, random */
+    size_t sid = *p++;
+    if (sid > 32 || (size_t)(end - p) < sid + 2)
+        return -EINVAL;
+    p += sid;
+    size_t cs = rd16(p);
+    p += 2;
+    if (cs < 2 || cs % 2 || (size_t)(end - p) < cs + 1)
+        return -EINVAL;
+    p += cs;
+    size_t comp = *p++;
+    if (comp < 1 || (size_t)(end - p) < comp)
+        return -EINVAL;
+    p += comp;
+    if (p == end) {
+        *ret = h; /* no extensions at all: no SNI */
+        return SP_PARSE_OK;
+    }
+    if (end - p < 2)
+        return -EINVAL;
+    size_t elen = rd16(p);
+    p += 2;
+    if ((size_t)(end - p) != elen)
+        return -EINVAL;
+    int seen_sni = 0;
+    while (p < end) {
+        if (end - p < 4)
+            return -EINVAL;
+        uint16_t type = rd16(p);
+        size_t l = rd16(p + 2);
+        p += 4;
+        if ((size_t)(end - p) < l)
+            return -EINVAL;
+        if (type == 0xfe0d) {
+            h.ech = true;
+        } else if (type == 0) {
+            /* server_name (RFC 6066 3): ServerNameList. */
+            if (seen_sni++)
+                h.multiple = true;
+            if (l < 2 || rd16(p) != l - 2)
+                return -EINVAL;
+            const uint8_t *q = p + 2, *qe = p + l;
+            int names = 0;
+            while (q < qe) {
+                if (qe - q < 3)
+                    return -EINVAL;
+                uint8_t nt = q[0];
+                size_t nl = rd16(q + 1);
+                q += 3;
+                if ((size_t)(qe - q) < nl)
+                    return -EINVAL;
+                if (nt == 0) {
+                    if (names++) {
+                        h.multiple = true;
+                    } else if (host_copy((const char *)q, nl, h.sni) < 0) {
+                        return -EINVAL;
+                    }
+                }
+                q += nl;
+            }
+        }
+        p += l;
+    }
+    *ret = h;
+    return SP_PARSE_OK;
+}
+
+static bool tchar(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           (c && strchr("!#$%&'*+-.^_`|~", c));
+}
+
+static int bad(const char **why, const char *msg)
+{
+    if (why)
+        *why = msg;
+    return -EINVAL;
+}
+
+/* host[:port] into out / *port; -EINVAL if not a DNS name with an optional decimal port. */
+static int host_port(const char *s, size_t n, char out[254], uint16_t *port)
+{
+    const char *colon = memchr(s, ':', n);
+    size_t hn = colon ? (size_t)(colon - s) : n;
+    *port = 0;
+    if (colon) {
+        size_t pl = n - hn - 1;
+        unsigned v = 0;
+        if (pl == 0 || pl > 5)
+            return -EINVAL;
+        for (size_t i = 0; i < pl; i++) {
+            if (colon[1 + i] < '0' || colon[1 + i] > '9')
+                return -EINVAL;
+            v = v * 10 + (unsigned)(colon[1 + i] - '0');
+        }
+        if (v == 0 || v > 65535)
+            return -EINVAL;
+        *port = (uint16_t)v;
+    }
+    return host_copy(s, hn, out);
+}
+
+int sp_http_request_head(const uint8_t *buf, size_t len, sp_http_head_t *ret, const char **why)
+{
+    sp_http_head_t h;
+    memset(&h, 0, sizeof(h));
+    h.content_length = -1;
+    const char *s = (const char *)buf;
+    /* The head ends at the first CRLFCRLF; any bare CR or LF before it is refused below. */
+    size_t end = 0;
+    for (size_t i = 0; i + 3 < len; i++) {
+        if (s[i] == '\r' && s[i + 1] == '\n' && s[i + 2] == '\r' && s[i + 3] == '\n') {
+            end = i + 4;
+            break;
+        }
+    }
+    /* Early refusal of what cannot become a request line: a method is a token. */
+    for (size_t i = 0; i < len && s[i] != ' '; i++)
+        if (!tchar(s[i]) || i >= sizeof(h.method) - 1)
+            return bad(why, "not an HTTP request");
+    if (!end)
+        return SP_PARSE_MORE;
+    h.head_len = end;
+
+    size_t pos = 0;
+    int lines = 0, hosts = 0, cls = 0, tes = 0;
+    while (pos < end - 2) {
+        const char *line = s + pos;
+        const char *crlf = NULL;
+        for (size_t i = pos; i + 1 < end; i++) {
+            if (s[i] == '\r' || s[i] == '\n') {
+                if (s[i] != '\r' || s[i + 1] != '\n')
+                    return bad(why, "bare CR or LF");
+                crlf = s + i;
+                break;
+            }
+        }
+        if (!crlf)
+            return bad(why, "malformed head");
+        size_t ll = (size_t)(crlf - line);
+        if (lines++ == 0) {
+            /* method SP request-target SP HTTP-version */
+            const char *sp1 = memchr(line, ' ', ll);
+            const char *sp2 = sp1 ? memchr(sp1 + 1, ' ', ll - (size_t)(sp1 + 1 - line)) : NULL;
+            if (!sp1 || !sp2 || sp1 == line || sp2 == sp1 + 1 ||
+                (size_t)(sp1 - line) >= sizeof(h.method))
+                return bad(why, "malformed request line");
+            memcpy(h.method, line, (size_t)(sp1 - line));
+            size_t tl = (size_t)(sp2 - sp1 - 1);
+            size_t vl = ll - (size_t)(sp2 + 1 - line);
+            if (!(vl == 8 &&
+                  (memcmp(sp2 + 1, "HTTP/1.1", 8) == 0 || memcmp(sp2 + 1, "HTTP/1.0", 8) == 0)))
+                return bad(why, "not HTTP/1.0 or HTTP/1.1");
+            if (tl >= sizeof(h.target))
+                return bad(why, "request target too long");
+            for (size_t i = 0; i < tl; i++)
+                if ((unsigned char)sp1[1 + i] <= 0x20 || sp1[1 + i] == 0x7f)
+                    return bad(why, "control character in the request target");
+            memcpy(h.target, sp1 + 1, tl);
+            h.is_connect = strcmp(h.method, "CONNECT") == 0;
+        } else {
+            if (lines > SP_HTTP_HEADERS_MAX + 1)
+                return bad(why, "too many header fields");
+            if (line[0] == ' ' || line[0] == '\t')
+                return bad(why, "obs-fold");
+            const char *colon = memchr(line, ':', ll);
+            if (!colon || colon == line)
+                return bad(why, "malformed header field");
+            for (const char *c = line; c < colon; c++)
+                if (!tchar(*c))
+                    return bad(why, "header name is not a token");
+            const char *v = colon + 1, *ve = crlf;
+            while (v < ve && (*v == ' ' || *v == '\t'))
+                v++;
+            while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t'))
+                ve--;
+            for (const char *c = v; c < ve; c++)
+                if (((unsigned char)*c < 0x20 && *c != '\t') || *c == 0x7f)
+                    return bad(why, "control character in a header value");
+            size_t nl = (size_t)(colon - line), vl = (size_t)(ve - v);
+            if (nl == 4 && strncasecmp(line, "host", 4) == 0) {
+                if (hosts++)
+                    return bad(why, "more than one Host");
+                if (host_port(v, vl, h.host, &h.host_port) < 0)
+                    return bad(why, "Host is not a DNS name[:port]");
+            } else if (nl == 14 && strncasecmp(line, "content-length", 14) == 0) {
+                if (cls++)
+                    return bad(why, "more than one Content-Length");
+                if (vl == 0 || vl > 15)
+                    return bad(why, "bad Content-Length");
+                int64_t x = 0;
+                for (size_t i = 0; i < vl; i++) {
+                    if (v[i] < '0' || v[i] > '9')
+                        return bad(why, "bad Content-Length");
+                    x = x * 10 + (v[i] - '0');
+                }
+                h.content_length = x;
+            } else if (nl == 17 && strncasecmp(line, "transfer-encoding", 17) == 0) {
+                if (tes++ || vl != 7 || strncasecmp(v, "chunked", 7) != 0)
+                    return bad(why, "Transfer-Encoding other than one chunked");
+                h.chunked = true;
+            }
+        }
+        pos = (size_t)(crlf - s) + 2;
+    }
+    if (cls && tes)
+        return bad(why, "Content-Length with Transfer-Encoding");
+    if (hosts != 1)
+        return bad(why, "no Host");
+    *ret = h;
+    return SP_PARSE_OK;
+}

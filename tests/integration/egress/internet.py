@@ -1,0 +1,130 @@
+#!/usr/bin/python3
+"""A tiny "internet" for tests/integration/egress.c, run inside a network namespace the test
+created (ip netns exec). Every address below is configured inside that namespace and routed
+there from the host, so nothing the sandboxes send can leave the machine.
+
+  198.18.53.53:53/udp   resolver for the test names (counts every query)
+  198.18.1.10:80        "allowed" site        198.18.1.20:80  "forbidden" site
+  169.254.169.254:80    fake metadata service (must never be reached)
+  198.18.1.10:9999/udp  UDP sink (must never be reached)
+  198.18.1.30:7777,7778 TCP echo (7777 allowed by a CIDR:port rule, 7778 not)
+  198.18.1.10:443, 198.18.1.20:443  count connections that deliver a TLS record ("tls")
+
+Counters are written to argv[1] (JSON) after every event.
+"""
+import json
+import socket
+import socketserver
+import struct
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+STATS_PATH = sys.argv[1]
+lock = threading.Lock()
+stats = {"dns": 0, "dns_names": [], "http": {}, "udp": 0, "echo": {}, "tls": {}}
+NAMES = {
+    "allowed.test": "198.18.1.10",
+    "forbidden.test": "198.18.1.20",
+    "www.wild.test": "198.18.1.10",
+}
+
+
+def bump(fn):
+    with lock:
+        fn(stats)
+        tmp = STATS_PATH + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(stats, f)
+        import os
+        os.replace(tmp, STATS_PATH)
+
+
+class Http(BaseHTTPRequestHandler):
+    def do_GET(self):
+        me = self.connection.getsockname()[0]
+        bump(lambda s: s["http"].__setitem__(me, s["http"].get(me, 0) + 1))
+        site = {"198.18.1.10": "allowed", "198.18.1.20": "forbidden"}.get(me, "metadata")
+        body = ("site:%s host:%s\n" % (site, self.headers.get("Host", ""))).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+def dns_server():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("198.18.53.53", 53))
+    while True:
+        q, addr = s.recvfrom(2048)
+        if len(q) < 12:
+            continue
+        off, labels = 12, []
+        while off < len(q) and q[off] != 0:
+            n = q[off]
+            labels.append(q[off + 1: off + 1 + n].decode(errors="replace"))
+            off += 1 + n
+        name = ".".join(labels).lower()
+        qtype = struct.unpack(">H", q[off + 1: off + 3])[0] if off + 3 <= len(q) else 0
+        bump(lambda st: (st.__setitem__("dns", st["dns"] + 1), st["dns_names"].append(name)))
+        question = q[12: off + 5]
+        ip = NAMES.get(name)
+        if ip and qtype == 1:
+            flags, an = 0x8180, 1
+            answer = b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 30, 4) + socket.inet_aton(ip)
+        else:
+            flags, an, answer = (0x8183 if not ip else 0x8180), 0, b""
+        hdr = q[:2] + struct.pack(">HHHHH", flags, 1, an, 0, 0)
+        s.sendto(hdr + question + answer, addr)
+
+
+def udp_sink():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("198.18.1.10", 9999))
+    while True:
+        s.recvfrom(2048)
+        bump(lambda st: st.__setitem__("udp", st["udp"] + 1))
+
+
+class Echo(socketserver.BaseRequestHandler):
+    def handle(self):
+        port = str(self.request.getsockname()[1])
+        bump(lambda s: s["echo"].__setitem__(port, s["echo"].get(port, 0) + 1))
+        data = self.request.recv(1024)
+        self.request.sendall(b"echo:" + data)
+
+
+class Server(ThreadingHTTPServer):
+    # HTTPServer.server_bind asks DNS for its own name (getfqdn): no DNS here.
+    def server_bind(self):
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+
+class TlsSink(socketserver.BaseRequestHandler):
+    def handle(self):
+        me = self.request.getsockname()[0]
+        data = self.request.recv(16384)
+        if data[:1] == b"\x16":
+            bump(lambda s: s["tls"].__setitem__(me, s["tls"].get(me, 0) + 1))
+
+
+def serve(server):
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+
+ThreadingHTTPServer.allow_reuse_address = True
+socketserver.ThreadingTCPServer.allow_reuse_address = True
+for a in ("198.18.1.10", "198.18.1.20", "169.254.169.254"):
+    serve(Server((a, 80), Http))
+for a in ("198.18.1.10", "198.18.1.20"):
+    serve(socketserver.ThreadingTCPServer((a, 443), TlsSink))
+for p in (7777, 7778):
+    serve(socketserver.ThreadingTCPServer(("198.18.1.30", p), Echo))
+threading.Thread(target=udp_sink, daemon=True).start()
+bump(lambda s: None)
+dns_server()
