@@ -465,7 +465,7 @@ out:
 /* Command line of a daemon (heap strings, NULL-terminated; free with free_args). */
 static char **daemon_args(const sp_stack_t *st, const char *name)
 {
-    char **a = sp_xcalloc(10, sizeof(char *));
+    char **a = sp_xcalloc(16, sizeof(char *));
     size_t n = 0;
     a[n++] = sp_xstrdup(name);
     if (strcmp(name, "space-gateway") == 0) {
@@ -482,6 +482,9 @@ static char **daemon_args(const sp_stack_t *st, const char *name)
     } else if (strcmp(name, "space-worker") == 0) {
         a[n++] = sp_xstrdup("--state-dir");
         a[n++] = sp_xasprintf("%s/worker", st->home);
+        /* The snapshot store: one per stack, so every worker of it can resume any sandbox. */
+        a[n++] = sp_xstrdup("--snapshot-dir");
+        a[n++] = sp_xasprintf("%s/snapshots", st->home);
     }
     return a;
 }

@@ -90,6 +90,7 @@ typedef enum {
     GW_R_COMMAND_CTL,
     GW_R_SANDBOX_FILES,
     GW_R_SANDBOX_NETWORK,
+    GW_R_SANDBOX_LIFECYCLE,
     GW_R_OTHER, /* unknown routes and responses h2o itself produced (413 while reading a body) */
     GW_R_COUNT
 } gw_route_t;
@@ -313,6 +314,8 @@ void gw_sandbox_create(gw_req_t *rq);
 void gw_sandbox_list(gw_req_t *rq);
 void gw_sandbox_get(gw_req_t *rq);
 void gw_sandbox_delete(gw_req_t *rq);
+/* POST /v1/sandboxes/{id}/pause|resume|suspend (rq->path_action), gateway_lifecycle.c. */
+void gw_sandbox_lifecycle(gw_req_t *rq);
 void gw_templates(gw_req_t *rq);
 
 /* ---- network policies (gateway_network.c) ---- */
@@ -341,7 +344,13 @@ void gw_health(gw_req_t *rq);
 void gw_sandbox_json(const PGresult *r, int row, sp_buf_t *out);
 
 /* Waiting for the projection to show the outcome of an intent (read-your-writes). */
-typedef enum { GW_WAIT_CREATE = 1, GW_WAIT_DELETE } gw_wait_kind_t;
+typedef enum {
+    GW_WAIT_CREATE = 1,
+    GW_WAIT_DELETE,
+    GW_WAIT_PAUSE,   /* until paused */
+    GW_WAIT_RESUME,  /* until running */
+    GW_WAIT_SUSPEND, /* until suspended */
+} gw_wait_kind_t;
 
 typedef struct gw_waiter gw_waiter_t;
 struct gw_waiter {

@@ -382,7 +382,8 @@ typedef enum {
     SUB_COMMANDS,
     SUB_COMMAND, /* .../commands/{cid}/{action} */
     SUB_NETWORK,
-    SUB_FILES,   /* the files routes from here on */
+    SUB_LIFECYCLE, /* .../pause, .../resume, .../suspend */
+    SUB_FILES,     /* the files routes from here on */
     SUB_FILES_STAT,
     SUB_FILES_LIST,
     SUB_FILES_MKDIR,
@@ -445,7 +446,13 @@ static bool match_sandbox_path(gw_req_t *rq, const char *path, size_t len, char 
             *ret_sub = SUB_FILES_MOVE;
         else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/network")))
             *ret_sub = SUB_NETWORK;
-        else
+        else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/pause")) ||
+                 h2o_memis(slash, rest - idlen, H2O_STRLIT("/resume")) ||
+                 h2o_memis(slash, rest - idlen, H2O_STRLIT("/suspend"))) {
+            *ret_sub = SUB_LIFECYCLE;
+            snprintf(rq->path_action, sizeof(rq->path_action), "%.*s", (int)(rest - idlen - 1),
+                     slash + 1);
+        } else
             return false;
     } else {
         *ret_sub = SUB_NONE;
@@ -640,6 +647,15 @@ static void route(gw_req_t *rq)
                 return;
             }
             with_auth(rq, stream ? gw_command_attach : gw_command_ctl);
+            return;
+        }
+        if (sub == SUB_LIFECYCLE) {
+            rq->route = GW_R_SANDBOX_LIFECYCLE;
+            if (!is_method(req, "POST")) {
+                method_not_allowed(rq, "POST");
+                return;
+            }
+            with_auth(rq, gw_sandbox_lifecycle);
             return;
         }
         if (sub == SUB_NETWORK) {

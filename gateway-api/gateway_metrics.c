@@ -20,6 +20,7 @@ static const char *const route_names[GW_R_COUNT] = {
     [GW_R_COMMAND_CTL] = "command_ctl",
     [GW_R_SANDBOX_FILES] = "sandbox_files",
     [GW_R_SANDBOX_NETWORK] = "sandbox_network",
+    [GW_R_SANDBOX_LIFECYCLE] = "sandbox_lifecycle",
     [GW_R_OTHER] = "other",
 };
 

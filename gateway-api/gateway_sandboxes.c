@@ -127,6 +127,8 @@ typedef struct {
 
 typedef struct {
     char event_id[GW_EVENT_ID_LEN + 1];
+    char corr[GW_REQUEST_ID_MAX + 1];
+    bool failed; /* SandboxSuspendFailed / SandboxResumeFailed: tried, and it did not work */
     char reason[SP_REASON_MAX];
     char detail[SP_REASON_MAX];
 } reject_t;
@@ -134,8 +136,9 @@ typedef struct {
 typedef struct {
     gw_job_t job;
     sp_buf_t ids;       /* text[] literal of the waiting sandboxes */
-    sp_buf_t event_ids; /* uuid[] literal of delete intents ("{}" if none) */
-    bool any_delete;
+    sp_buf_t event_ids; /* uuid[] literal of the intents waited for, but creates' ("{}") */
+    sp_buf_t corr_ids;  /* text[] literal of their request ids */
+    bool any_intent;
     bool failed;
     view_t *rows;
     size_t n_rows;
@@ -174,17 +177,22 @@ static void check_run(gw_job_t *job, PGconn *db)
     }
     PQclear(r);
     qsort(c->rows, c->n_rows, sizeof(*c->rows), view_cmp);
-    if (!c->any_delete)
+    if (!c->any_intent)
         return;
 
-    /* A refused delete answers with SandboxRequestRejected naming the intent as causation. */
-    const char *p2[2] = {c->ids.data, c->event_ids.data};
+    /* A refused intent answers with SandboxRequestRejected naming it as causation, a suspend
+     * that failed on the way with SandboxSuspendFailed (causation too), a resume from suspend
+     * that failed with SandboxResumeFailed (it answers the placement: matched by the request's
+     * correlation). */
+    const char *p2[3] = {c->ids.data, c->event_ids.data, c->corr_ids.data};
     r = PQexecParams(db,
-                     "SELECT causation_id::text, payload FROM events WHERE aggregate_kind = "
-                     "'sandbox' AND aggregate_id = ANY($1::text[]) AND type = "
-                     "'SandboxRequestRejected' AND status = 'accepted' AND causation_id = "
-                     "ANY($2::uuid[])",
-                     2, NULL, p2, NULL, NULL, 1);
+                     "SELECT coalesce(causation_id::text, ''), payload, coalesce(correlation_id, "
+                     "'') FROM events WHERE aggregate_kind = 'sandbox' AND aggregate_id = "
+                     "ANY($1::text[]) AND status = 'accepted' AND ((type IN "
+                     "('SandboxRequestRejected', 'SandboxSuspendFailed') AND causation_id = "
+                     "ANY($2::uuid[])) OR (type = 'SandboxResumeFailed' AND correlation_id = "
+                     "ANY($3::text[])))",
+                     3, NULL, p2, NULL, NULL, 1);
     if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
         log_db_error("rejections", db);
         PQclear(r);
@@ -199,8 +207,22 @@ static void check_run(gw_job_t *job, PGconn *db)
             continue;
         reject_t *x = &c->rejects[c->n_rejects++];
         snprintf(x->event_id, sizeof(x->event_id), "%s", PQgetvalue(r, i, 0));
-        snprintf(x->reason, sizeof(x->reason), "%s", env->sandbox_request_rejected->reason);
-        snprintf(x->detail, sizeof(x->detail), "%s", env->sandbox_request_rejected->detail);
+        snprintf(x->corr, sizeof(x->corr), "%s", PQgetvalue(r, i, 2));
+        const char *reason = "", *detail = "";
+        if (env->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_REQUEST_REJECTED) {
+            reason = env->sandbox_request_rejected->reason;
+            detail = env->sandbox_request_rejected->detail;
+        } else if (env->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_FAILED) {
+            x->failed = true;
+            reason = env->sandbox_suspend_failed->reason;
+            detail = env->sandbox_suspend_failed->detail;
+        } else if (env->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUME_FAILED) {
+            x->failed = true;
+            reason = env->sandbox_resume_failed->reason;
+            detail = env->sandbox_resume_failed->detail;
+        }
+        snprintf(x->reason, sizeof(x->reason), "%s", reason);
+        snprintf(x->detail, sizeof(x->detail), "%s", detail);
         sp_envelope_free(env);
     }
     PQclear(r);
@@ -270,17 +292,44 @@ static bool settle(gw_waiter_t *w, const check_job_t *c)
         answer_create(w, v);
         return true;
     }
-    if (v && v->state == SP_SBX_DELETED) {
+    if (w->kind == GW_WAIT_DELETE && v && v->state == SP_SBX_DELETED) {
         gw_respond(w->rq, 204, "application/json", NULL, 0);
         return true;
     }
+    sp_sbx_state_t target = w->kind == GW_WAIT_PAUSE     ? SP_SBX_PAUSED
+                            : w->kind == GW_WAIT_SUSPEND ? SP_SBX_SUSPENDED
+                                                         : SP_SBX_RUNNING;
+    if (w->kind != GW_WAIT_DELETE && v && v->state == target) {
+        gw_respond(w->rq, 200, "application/json", v->json, strlen(v->json));
+        return true;
+    }
+    static const char *const what[] = {[GW_WAIT_DELETE] = "delete",
+                                       [GW_WAIT_PAUSE] = "pause",
+                                       [GW_WAIT_RESUME] = "resume",
+                                       [GW_WAIT_SUSPEND] = "suspend"};
     for (size_t i = 0; i < c->n_rejects; i++) {
-        if (strcmp(c->rejects[i].event_id, w->event_id) == 0) {
-            const reject_t *x = &c->rejects[i];
-            gw_respond_error(w->rq, 409, x->reason, NULL, "the delete was refused: %s",
+        const reject_t *x = &c->rejects[i];
+        if (strcmp(x->event_id, w->event_id) != 0 && strcmp(x->corr, w->rq->request_id) != 0)
+            continue;
+        char extra[128];
+        snprintf(extra, sizeof(extra), "\"sandbox_id\":\"%s\"", w->sandbox_id);
+        if (x->failed)
+            gw_respond_error(w->rq, 500, x->reason, extra, "the %s failed: %s", what[w->kind],
                              x->detail[0] ? x->detail : x->reason);
-            return true;
-        }
+        else
+            gw_respond_error(w->rq, 409, x->reason, extra, "the %s was refused: %s", what[w->kind],
+                             x->detail[0] ? x->detail : x->reason);
+        return true;
+    }
+    if (w->kind != GW_WAIT_DELETE && v &&
+        (v->state == SP_SBX_FAILED || v->state == SP_SBX_DELETED)) {
+        char extra[128];
+        snprintf(extra, sizeof(extra), "\"sandbox_id\":\"%s\"", w->sandbox_id);
+        gw_respond_error(w->rq, 409,
+                         v->state == SP_SBX_FAILED ? "sandbox_failed" : "sandbox_deleted", extra,
+                         "the sandbox is %s%s%s", sp_sbx_state_name(v->state),
+                         v->failure_reason[0] ? ": " : "", v->failure_reason);
+        return true;
     }
     return false;
 }
@@ -306,6 +355,7 @@ static void check_done(gw_job_t *job)
     free(c->rejects);
     sp_buf_dispose(&c->ids);
     sp_buf_dispose(&c->event_ids);
+    sp_buf_dispose(&c->corr_ids);
     free(c);
     if (gw->check_again) {
         gw->check_again = false;
@@ -324,25 +374,31 @@ void gw_waiters_check(gw_t *gw)
     check_job_t *c = sp_xcalloc(1, sizeof(*c));
     sp_buf_init(&c->ids);
     sp_buf_init(&c->event_ids);
+    sp_buf_init(&c->corr_ids);
     sp_buf_putc(&c->ids, '{');
     sp_buf_putc(&c->event_ids, '{');
+    sp_buf_putc(&c->corr_ids, '{');
     size_t n_ev = 0, n_id = 0;
     for (gw_waiter_t *w = gw->waiters; w; w = w->next) {
-        /* Ids and event ids are [a-z0-9_-] and UUID text: array literals need no quoting. */
+        /* Ids, event ids and request ids are [a-z0-9_-] and UUID text: array literals need no
+         * quoting. */
         sp_buf_printf(&c->ids, "%s%s", n_id++ ? "," : "", w->sandbox_id);
-        if (w->kind == GW_WAIT_DELETE && w->event_id[0]) {
+        if (w->kind != GW_WAIT_CREATE && w->event_id[0]) {
+            sp_buf_printf(&c->corr_ids, "%s%s", n_ev ? "," : "", w->rq->request_id);
             sp_buf_printf(&c->event_ids, "%s%s", n_ev++ ? "," : "", w->event_id);
-            c->any_delete = true;
+            c->any_intent = true;
         }
     }
     sp_buf_putc(&c->ids, '}');
     sp_buf_putc(&c->event_ids, '}');
+    sp_buf_putc(&c->corr_ids, '}');
     c->job.run = check_run;
     c->job.done = check_done;
     if (gw_job_submit(gw, &c->job) < 0) {
         /* The queue is full: the once-a-second tick tries again. */
         sp_buf_dispose(&c->ids);
         sp_buf_dispose(&c->event_ids);
+        sp_buf_dispose(&c->corr_ids);
         free(c);
         return;
     }
@@ -391,10 +447,9 @@ void gw_waiters_expire(gw_t *gw)
                                  w->sandbox_id);
             else
                 gw_respond_error(w->rq, 504, "timeout", extra,
-                                 "sandbox %s was not deleted within %lld s; the delete may still "
-                                 "happen: GET /v1/sandboxes/%s",
-                                 w->sandbox_id, (long long)gw->cfg->delete_timeout_s,
-                                 w->sandbox_id);
+                                 "the request for sandbox %s did not complete in time; it may "
+                                 "still: GET /v1/sandboxes/%s",
+                                 w->sandbox_id, w->sandbox_id);
             waiter_free(gw, w);
         }
         w = next;

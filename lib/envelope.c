@@ -366,6 +366,19 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_ADOPTED:
         CHECK_ID(e->sandbox_adopted->worker, "worker");
         return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_FAILED: {
+        const Space__V1__SandboxSuspendFailed *p = e->sandbox_suspend_failed;
+        CHECK_ID(p->reason, "reason");
+        CHECK_TEXT(p->detail, TEXT_MAX * 4, "detail");
+        if (strcmp(p->state, "running") != 0 && strcmp(p->state, "paused") != 0)
+            return fail(reason, SP_ESCHEMA, "state: running or paused");
+        return 0;
+    }
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUME_FAILED:
+        CHECK_ID(e->sandbox_resume_failed->reason, "reason");
+        CHECK_TEXT(e->sandbox_resume_failed->detail, TEXT_MAX * 4, "detail");
+        CHECK_OPT_ID(e->sandbox_resume_failed->worker, "worker");
+        return 0;
     case SPACE__V1__ENVELOPE__PAYLOAD_AGENT_CHANNEL_LOST:
         CHECK_ID(e->agent_channel_lost->reason, "reason");
         CHECK_TEXT(e->agent_channel_lost->detail, TEXT_MAX * 4, "detail");

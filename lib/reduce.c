@@ -131,6 +131,10 @@ static unsigned allowed_from(sp_event_type_t t)
         return BIT(SP_SBX_SUSPENDING);
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMING:
         return BIT(SP_SBX_SUSPENDED);
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_FAILED:
+        return BIT(SP_SBX_SUSPENDING);
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUME_FAILED:
+        return BIT(SP_SBX_SUSPENDED) | BIT(SP_SBX_RESUMING);
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETED:
         return LIVE | BIT(SP_SBX_FAILED);
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_ADOPTED:
@@ -225,6 +229,15 @@ int sp_reduce_sandbox(sp_sandbox_t *s, const sp_envelope_t *env, uint64_t seq,
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMING:
         copy_str(s->worker, sizeof(s->worker), env->sandbox_resuming->worker);
         s->state = SP_SBX_RESUMING;
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_FAILED:
+        s->state = strcmp(env->sandbox_suspend_failed->state, "paused") == 0 ? SP_SBX_PAUSED
+                                                                             : SP_SBX_RUNNING;
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUME_FAILED:
+        /* The snapshot is kept: it can be resumed again, maybe elsewhere. */
+        s->state = SP_SBX_SUSPENDED;
+        s->worker[0] = '\0';
         break;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETED:
         s->state = SP_SBX_DELETED;

@@ -4,6 +4,7 @@
  * same way. The placement's message id is derived from the intent ("placed:<intent id>"):
  * if a scheduler dies between publishing and acking, the redelivered intent is placed again
  * and the stream's duplicate window drops the second placement, so an intent is placed once. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,8 +126,9 @@ static int reject(sched_t *s, const sp_envelope_t *intent, const char *reason, c
     env.sandbox_request_rejected = &rej;
     snprintf(msg_id, sizeof(msg_id), "rejected:%s", intent->event_id);
     int rc = sp_publish_event(s->bus, &env, id, NULL, msg_id, NULL);
-    sp_log(SP_LOG_INFO, "create refused", SP_KS("sandbox", intent->aggregate->id),
-           SP_KS("reason", reason), SP_KS("corr", intent->correlation_id));
+    sp_log(SP_LOG_INFO, "intent refused", SP_KS("type", intent->type),
+           SP_KS("sandbox", intent->aggregate->id), SP_KS("reason", reason),
+           SP_KS("corr", intent->correlation_id));
     return rc;
 }
 
@@ -171,6 +173,57 @@ static int place(sched_t *s, const sp_envelope_t *intent)
         return rc;
     sp_log(SP_LOG_INFO, "placed", SP_KS("sandbox", intent->aggregate->id), SP_KS("worker", worker),
            SP_KS("corr", intent->correlation_id));
+    return 0;
+}
+
+/* A resume of a suspended sandbox: it lives on no worker, so the scheduler places it again,
+ * on a live worker with its template (the snapshot store is shared), with a SandboxPlaced that
+ * carries no create request: that tells the worker to restore. */
+static int place_resume(sched_t *s, const sp_envelope_t *intent)
+{
+    const char *params[1] = {intent->aggregate->id};
+    PGresult *r = PQexecParams(s->db,
+                               "SELECT state, coalesce(worker, ''), template, vcpu FROM sandboxes "
+                               "WHERE id = $1",
+                               1, NULL, params, NULL, NULL, 0);
+    int rc = sp_db_check(r, PGRES_TUPLES_OK);
+    if (rc < 0 || PQntuples(r) != 1) {
+        PQclear(r);
+        return rc; /* not stored yet: redelivered later (or refused by the log) */
+    }
+    sp_sbx_state_t state = sp_sbx_state_from_name(PQgetvalue(r, 0, 0));
+    bool placed = PQgetvalue(r, 0, 1)[0] != '\0';
+    char tmpl[65], worker[65] = "";
+    snprintf(tmpl, sizeof(tmpl), "%s", PQgetvalue(r, 0, 2));
+    uint32_t vcpu = (uint32_t)strtoul(PQgetvalue(r, 0, 3), NULL, 10);
+    PQclear(r);
+    if (state != SP_SBX_SUSPENDED || placed) {
+        if (state == SP_SBX_SUSPENDED || state == SP_SBX_RESUMING || state == SP_SBX_RUNNING)
+            return 0; /* placed before (a redelivery) */
+        return reject(s, intent, "illegal_transition",
+                      "only a suspended sandbox is resumed by placement");
+    }
+    pick_t pick;
+    if ((rc = pick_worker(s, tmpl, vcpu ? vcpu : 1, worker, &pick)) < 0)
+        return rc;
+    if (pick != PICK_OK)
+        return reject(s, intent, "no_capacity",
+                      pick == PICK_NO_TEMPLATE ? "no live worker has the sandbox's template"
+                                               : "no worker can take the sandbox now");
+    sp_envelope_t env;
+    Space__V1__Aggregate agg;
+    Space__V1__SandboxPlaced p = SPACE__V1__SANDBOX_PLACED__INIT;
+    char id[37], msg_id[64];
+    sp_envelope_answer(&env, &agg, intent, "svc:scheduler");
+    p.worker = worker;
+    p.scheduler = s->cfg->name;
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED;
+    env.sandbox_placed = &p;
+    snprintf(msg_id, sizeof(msg_id), "placed:%s", intent->event_id);
+    if ((rc = sp_publish_event(s->bus, &env, id, worker, msg_id, NULL)) < 0)
+        return rc;
+    sp_log(SP_LOG_INFO, "placed for resume", SP_KS("sandbox", intent->aggregate->id),
+           SP_KS("worker", worker), SP_KS("corr", intent->correlation_id));
     return 0;
 }
 
@@ -228,6 +281,9 @@ int sched_handle(sched_t *s, const sp_bus_msg_t *m)
         break;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED:
         rc = delete_unplaced(s, env);
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUME_REQUESTED:
+        rc = place_resume(s, env);
         break;
     default:
         break; /* our own answers and other facts on "_": nothing to do */

@@ -42,6 +42,9 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_INT_OPT("egress-dns-port", wk_config_t, egress_dns_port, 0, 65535, "15053",
                    "space-egressd's DNS port: sandbox queries to their gateway :53 go there "
                    "(0: dropped)"),
+    SP_CFG_STR_OPT("snapshot-dir", wk_config_t, snapshot_dir, NULL,
+                   "the snapshot store: a directory every worker that may resume this one's "
+                   "sandboxes can read (default: <state-dir>/snapshots)"),
     SP_CFG_STR_OPT("templates", wk_config_t, templates, "tiny",
                    "templates to prepare at start, comma-separated (base takes minutes)"),
     SP_CFG_INT_OPT("vcpu-total", wk_config_t, vcpu_total, 0, 4096, "0", "0: the host's CPUs"),
@@ -149,6 +152,15 @@ int main(int argc, char **argv)
 
     volume_dir =
         cfg.volume_dir[0] ? sp_xstrdup(cfg.volume_dir) : sp_xasprintf("%s/volumes", cfg.state_dir);
+    if (!cfg.snapshot_dir[0]) {
+        free(cfg.snapshot_dir);
+        cfg.snapshot_dir = sp_xasprintf("%s/snapshots", cfg.state_dir);
+    }
+    if (wk_mkdir_p(cfg.snapshot_dir) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot make the snapshot store", SP_KS("dir", cfg.snapshot_dir),
+               SP_KS("error", strerror(errno)));
+        goto out;
+    }
     agent_path = cfg.agent[0] ? sp_xstrdup(cfg.agent) : sibling_program("space-agent");
     wk_host_config_t hc = {
         .worker_id = cfg.id,

@@ -26,6 +26,7 @@ typedef struct {
     int64_t egress_proxy_port; /* egressd's ports on the host (worker_runtime.h) */
     int64_t egress_dns_port;
     char *templates;         /* comma-separated, prepared at start */
+    char *snapshot_dir;      /* the snapshot store (a directory shared by the workers) */
     int64_t vcpu_total;      /* 0: the host's CPUs */
     int64_t memory_mb_total; /* 0: the host's memory */
     int64_t heartbeat_ms;
@@ -49,6 +50,7 @@ typedef struct {
     wk_t *w;
     char id[65];
     char tenant[65];
+    char template_[65];
     uint32_t vcpu, memory_mb;
     int refs; /* under w->mu */
 
@@ -59,6 +61,8 @@ typedef struct {
     char lost_why[WK_ERR_MAX];
     bool listening; /* a thread waits for the agent to connect back (worker_chan.c) */
     bool gone;      /* out of the owned table: being deleted or failed */
+    bool paused;    /* runsc paused (worker_lifecycle.c) */
+    bool restoring; /* runsc restore in progress: not running yet, not dead either */
     wk_cmd_t *cmds; /* running commands */
     size_t n_cmds;
     wk_cmd_t *done;   /* ended commands, newest first, kept a while for list and attach */
@@ -103,7 +107,7 @@ int wk_heartbeat(wk_t *w);
  * caller (NULL if the id is owned already); get takes a reference (NULL if not owned); put
  * drops one; remove takes the box out of the table and hands the table's reference to the
  * caller (NULL if not owned). The last put closes the agent channel and frees. */
-wk_box_t *wk_owned_add(wk_t *w, const char *id, const char *tenant, uint32_t vcpu,
+wk_box_t *wk_owned_add(wk_t *w, const char *id, const char *tenant, const char *tmpl, uint32_t vcpu,
                        uint32_t memory_mb);
 wk_box_t *wk_owned_get(wk_t *w, const char *id);
 wk_box_t *wk_owned_remove(wk_t *w, const char *id);
@@ -130,6 +134,19 @@ size_t wk_box_adopt_channel(wk_box_t *b, wk_agent_t *a);
  * sandbox's channel socket until the agent connects back, the box is gone, or the sandbox is
  * found not running (then it is failed "exited" and released). */
 void wk_box_listen(wk_box_t *b);
+
+/* Lifecycle (worker_lifecycle.c): each handles one event from this worker's subject; 0 when
+ * done (the event is acked), < 0 to have it redelivered. */
+int wk_on_pause(wk_t *w, const sp_envelope_t *ev);
+int wk_on_resume(wk_t *w, const sp_envelope_t *ev);
+int wk_on_suspend(wk_t *w, const sp_envelope_t *ev);
+int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev);
+/* Drops the box's running commands without ending them (the sandbox is being suspended: they
+ * go on inside and are followed again after the resume). */
+void wk_box_forget_commands(wk_box_t *b);
+/* Publishes a fact answering an event, with message id "<prefix>:<cause_id>" (a redelivered
+ * cause gives the same id: the stream drops the repeat). Logs a failure. */
+int wk_publish_fact(wk_t *w, sp_envelope_t *env, const char *prefix, const char *cause_id);
 
 /* Publishes a fact about the box's sandbox (aggregate, tenant, actor filled in); msg_id NULL:
  * the event id. Logs a failure. */

@@ -104,7 +104,13 @@ static void *listen_main(void *arg)
     pthread_mutex_unlock(&b->mu);
     wk_agent_close(old);
 
-    if (!path || (lfd = listen_on(path)) < 0) {
+    /* A sandbox being restored gets its bundle directory while this thread already runs. */
+    for (int i = 0; path && i < 1500 && !box_gone(b); i++) {
+        if ((lfd = listen_on(path)) != -ENOENT)
+            break;
+        usleep(20 * 1000);
+    }
+    if (!path || lfd < 0) {
         sp_log(SP_LOG_ERROR, "cannot listen for the agent", SP_KS("sandbox", b->id),
                SP_KS("error", sp_strerror(lfd < 0 ? lfd : -ENOENT)));
         goto out;
@@ -126,7 +132,10 @@ static void *listen_main(void *arg)
             if (sp_mono_ns() < next_check)
                 continue;
             next_check = sp_mono_ns() + LIVENESS_MS * 1000000LL;
-            if (wk_sandbox_running(w->host, b->id) == 0 && !box_gone(b)) {
+            pthread_mutex_lock(&b->mu);
+            bool restoring = b->restoring;
+            pthread_mutex_unlock(&b->mu);
+            if (!restoring && wk_sandbox_running(w->host, b->id) == 0 && !box_gone(b)) {
                 fail_exited(b, b->lost_why[0] ? b->lost_why : "the sandbox is not running");
                 break;
             }

@@ -281,6 +281,22 @@ void wk_box_free_commands(wk_box_t *b)
     }
 }
 
+void wk_box_forget_commands(wk_box_t *b)
+{
+    pthread_mutex_lock(&b->mu);
+    wk_cmd_t *list = b->cmds;
+    b->cmds = NULL;
+    b->n_cmds = 0;
+    pthread_mutex_unlock(&b->mu);
+    while (list) {
+        wk_cmd_t *next = list->next;
+        for (int s = 1; s <= 2; s++)
+            sp_sha256_final(list->sha[s], (uint8_t[SP_SHA256_LEN]){0});
+        cmd_free(list);
+        list = next;
+    }
+}
+
 void wk_box_fail_commands(wk_box_t *b, const char *error)
 {
     pthread_mutex_lock(&b->mu);
@@ -507,7 +523,7 @@ size_t wk_box_adopt_channel(wk_box_t *b, wk_agent_t *a)
             continue;
         wk_cmd_t *c = sp_xcalloc(1, sizeof(*c));
         snprintf(c->id, sizeof(c->id), "%s", run[i].id);
-        snprintf(c->cmdline, sizeof(c->cmdline), "(started before the worker restarted)");
+        snprintf(c->cmdline, sizeof(c->cmdline), "(followed again after the agent reconnected)");
         c->t0_ns = sp_mono_ns();
         c->started_at_us = sp_now_us();
         c->pid = run[i].pid;

@@ -22,7 +22,7 @@
 #include "worker.h"
 #include "xmalloc.h"
 
-wk_box_t *wk_owned_add(wk_t *w, const char *id, const char *tenant, uint32_t vcpu,
+wk_box_t *wk_owned_add(wk_t *w, const char *id, const char *tenant, const char *tmpl, uint32_t vcpu,
                        uint32_t memory_mb)
 {
     pthread_mutex_lock(&w->mu);
@@ -40,6 +40,7 @@ wk_box_t *wk_owned_add(wk_t *w, const char *id, const char *tenant, uint32_t vcp
     b->w = w;
     snprintf(b->id, sizeof(b->id), "%s", id);
     snprintf(b->tenant, sizeof(b->tenant), "%s", tenant);
+    snprintf(b->template_, sizeof(b->template_), "%s", tmpl ? tmpl : "");
     b->vcpu = vcpu;
     b->memory_mb = memory_mb;
     b->refs = 2; /* the table's and the caller's */
@@ -167,7 +168,7 @@ int wk_heartbeat(wk_t *w)
     return rc;
 }
 
-static int publish_fact(wk_t *w, sp_envelope_t *env, const char *prefix, const char *cause_id)
+int wk_publish_fact(wk_t *w, sp_envelope_t *env, const char *prefix, const char *cause_id)
 {
     char id[37], msg_id[96];
     snprintf(msg_id, sizeof(msg_id), "%s:%s", prefix, cause_id);
@@ -195,12 +196,8 @@ static int on_placed(wk_t *w, const sp_envelope_t *ev)
     }
     if (wk_owned_has(w, sbx))
         return 0; /* created before: a redelivery */
-    if (!p->request) {
-        /* A placement for resume: the lifecycle issue handles it. */
-        sp_log(SP_LOG_WARN, "placement without a create request is not supported yet",
-               SP_KS("sandbox", sbx));
-        return 0;
-    }
+    if (!p->request)
+        return wk_on_resume_placed(w, ev); /* a suspended sandbox, placed here to resume */
     wk_sandbox_spec_t spec = {
         .id = sbx,
         .template_ = p->request->template_,
@@ -225,9 +222,9 @@ static int on_placed(wk_t *w, const sp_envelope_t *ev)
         env.sandbox_failed = &failed;
         sp_log(SP_LOG_WARN, "create failed", SP_KS("sandbox", sbx), SP_KS("error", err),
                SP_KS("corr", ev->correlation_id));
-        return publish_fact(w, &env, "failed", ev->event_id);
+        return wk_publish_fact(w, &env, "failed", ev->event_id);
     }
-    wk_box_t *box = wk_owned_add(w, sbx, ev->tenant, spec.vcpu, spec.memory_mb);
+    wk_box_t *box = wk_owned_add(w, sbx, ev->tenant, spec.template_, spec.vcpu, spec.memory_mb);
     if (box) {
         if (wk_box_attach_agent(box, info.agent_to_fd, info.agent_from_fd) < 0)
             sp_log(SP_LOG_WARN, "no agent channel: commands will be refused", SP_KS("sandbox", sbx),
@@ -243,7 +240,7 @@ static int on_placed(wk_t *w, const sp_envelope_t *ev)
     env.sandbox_started = &started;
     sp_log(SP_LOG_INFO, "started", SP_KS("sandbox", sbx), SP_KU("ms", started.start_ms),
            SP_KS("address", info.address), SP_KS("corr", ev->correlation_id));
-    return publish_fact(w, &env, "started", ev->event_id);
+    return wk_publish_fact(w, &env, "started", ev->event_id);
 }
 
 static int on_delete(wk_t *w, const sp_envelope_t *ev)
@@ -273,7 +270,7 @@ static int on_delete(wk_t *w, const sp_envelope_t *ev)
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETED;
     env.sandbox_deleted = &del;
     sp_log(SP_LOG_INFO, "deleted", SP_KS("sandbox", sbx), SP_KS("corr", ev->correlation_id));
-    return publish_fact(w, &env, "deleted", ev->event_id);
+    return wk_publish_fact(w, &env, "deleted", ev->event_id);
 }
 
 /* 0: done (ack); < 0: retry later. */
@@ -296,6 +293,15 @@ static int handle(wk_t *w, const sp_bus_msg_t *m)
         break;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED:
         rc = on_delete(w, ev);
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSE_REQUESTED:
+        rc = wk_on_pause(w, ev);
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUME_REQUESTED:
+        rc = wk_on_resume(w, ev);
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_REQUESTED:
+        rc = wk_on_suspend(w, ev);
         break;
     default:
         break; /* our own facts, and intents of later issues */

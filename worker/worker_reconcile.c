@@ -92,8 +92,9 @@ int wk_reconcile(wk_t *w, PGconn *db)
     }
     const char *params[1] = {w->cfg->id};
     PGresult *r = PQexecParams(db,
-                               "SELECT id, tenant, state, vcpu, memory_mb FROM sandboxes WHERE "
-                               "worker = $1 AND state NOT IN ('deleted', 'failed', 'suspended')",
+                               "SELECT id, tenant, state, vcpu, memory_mb, template FROM "
+                               "sandboxes WHERE worker = $1 AND state NOT IN ('deleted', "
+                               "'failed', 'suspended')",
                                1, NULL, params, NULL, NULL, 0);
     if ((rc = sp_db_check(r, PGRES_TUPLES_OK)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot read the projection", SP_KS("error", PQerrorMessage(db)));
@@ -113,16 +114,30 @@ int wk_reconcile(wk_t *w, PGconn *db)
             continue; /* its placement will be redelivered */
         sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
         Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
-        if (hs == WK_RUNNING) {
+        if ((hs == WK_RUNNING || hs == WK_PAUSED) && state == SP_SBX_SUSPENDING) {
+            /* The previous worker died in a suspend before the checkpoint stopped the
+             * sandbox: it goes on running (the redelivered intent suspends it again). */
+            Space__V1__SandboxSuspendFailed sf = SPACE__V1__SANDBOX_SUSPEND_FAILED__INIT;
+            sf.reason = "worker_restarted";
+            sf.detail = "the worker stopped during the suspend; the sandbox kept running";
+            sf.state = hs == WK_PAUSED ? "paused" : "running";
+            env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_FAILED;
+            env.sandbox_suspend_failed = &sf;
+            if ((rc = publish_sandbox_fact(w, tenant, sbx, "suspend-failed", &env, &agg)) < 0)
+                goto out;
+            env = (sp_envelope_t)SPACE__V1__ENVELOPE__INIT;
+        }
+        if (hs == WK_RUNNING || hs == WK_PAUSED) {
             /* The agent's pipes died with the previous worker: it connects back to the
              * sandbox's channel socket (worker_chan.c); until then commands are refused
              * ("agent_unavailable"). */
-            wk_box_t *box =
-                wk_owned_add(w, sbx, tenant, (uint32_t)strtoul(PQgetvalue(r, i, 3), NULL, 10),
-                             (uint32_t)strtoul(PQgetvalue(r, i, 4), NULL, 10));
+            wk_box_t *box = wk_owned_add(w, sbx, tenant, PQgetvalue(r, i, 5),
+                                         (uint32_t)strtoul(PQgetvalue(r, i, 3), NULL, 10),
+                                         (uint32_t)strtoul(PQgetvalue(r, i, 4), NULL, 10));
             if (box) {
                 pthread_mutex_lock(&box->mu);
                 snprintf(box->lost_why, sizeof(box->lost_why), "the worker restarted");
+                box->paused = hs == WK_PAUSED;
                 pthread_mutex_unlock(&box->mu);
                 wk_box_listen(box);
             }

@@ -218,6 +218,40 @@ int wk__runsc_start(const wk_host_t *h, const char *id, char err[WK_ERR_MAX])
     return rc;
 }
 
+/* pause, resume (of a paused container), checkpoint: one verb on a container. */
+int wk__runsc_verb(const wk_host_t *h, const char *verb, const char *id, const char *image_dir,
+                   char err[WK_ERR_MAX])
+{
+    char *out = sp_xmalloc(ERR_CAPTURE);
+    char *img = image_dir ? sp_xasprintf("--image-path=%s", image_dir) : NULL;
+    const char *sub[] = {verb, img ? img : id, id};
+    int ex = 0;
+    int rc = runsc_call(h, sub, img ? 3 : 2, 0, NULL, WK_OUT_STDERR, out, ERR_CAPTURE, &ex);
+    if (rc < 0 || ex != 0)
+        rc = call_failed(err, rc, ex, verb, out);
+    free(img);
+    free(out);
+    return rc;
+}
+
+int wk__runsc_restore(const wk_host_t *h, const char *id, const char *bundle_dir,
+                      const char *image_dir, char err[WK_ERR_MAX])
+{
+    char *out = sp_xmalloc(ERR_CAPTURE);
+    char *img = sp_xasprintf("--image-path=%s", image_dir);
+    /* --detach: the sandbox outlives the call (under the reaper, like create); its init's
+     * stdio is /dev/null, so the agent finds its channel closed and connects back. */
+    const char *sub[] = {"restore", "--detach", img, "--bundle", bundle_dir, id};
+    int ex = 0;
+    int rc = runsc_call(h, sub, 6, CALL_NET | CALL_WRAP | CALL_REAPER, NULL, WK_OUT_STDERR, out,
+                        ERR_CAPTURE, &ex);
+    if (rc < 0 || ex != 0)
+        rc = call_failed(err, rc, ex, "restore", out);
+    free(img);
+    free(out);
+    return rc;
+}
+
 static bool listed(const wk_host_t *h, const char *id, int *ret_rc)
 {
     wk_host_sandbox_t *list = NULL;
@@ -283,6 +317,8 @@ static void list_parse(const char *s, wk_host_sandbox_t **list, size_t *n)
         wk_state_t state = WK_STOPPED;
         if (st && (!next || st < next) && strncmp(st + sizeof(KST) - 1, "running\"", 8) == 0)
             state = WK_RUNNING;
+        else if (st && (!next || st < next) && strncmp(st + sizeof(KST) - 1, "paused\"", 7) == 0)
+            state = WK_PAUSED;
         size_t len = (size_t)(e - p);
         if (len > 0 && len < sizeof((*list)->id)) {
             wk_host_sandbox_t sb = {.state = state};

@@ -510,7 +510,7 @@ int wk_sandbox_running(wk_host_t *h, const char *id)
     int running = 0;
     for (size_t i = 0; i < n; i++)
         if (strcmp(list[i].id, id) == 0)
-            running = list[i].state == WK_RUNNING;
+            running = list[i].state == WK_RUNNING || list[i].state == WK_PAUSED;
     free(list);
     return running;
 }
@@ -772,4 +772,209 @@ int wk_host_teardown(wk_host_t *h, char err[WK_ERR_MAX])
     }
     free(image);
     return 0;
+}
+
+/* ---- lifecycle: pause, checkpoint, restore ---- */
+
+const char *wk_host_tag(const wk_host_t *h)
+{
+    return h->tag;
+}
+
+int wk_mkdir_p(const char *path)
+{
+    int rc = wk__mkdir_p(path, 0700);
+    if (rc < 0)
+        errno = -rc;
+    return rc;
+}
+
+int wk_rm_rf(const char *path)
+{
+    return wk__rm_rf(path);
+}
+
+int wk_sandbox_pause(wk_host_t *h, const char *id, bool pause, char err[WK_ERR_MAX])
+{
+    if (!h || !id || !sp_id_valid(id))
+        return wk__fail(err, -EINVAL, "invalid sandbox id");
+    return wk__runsc_verb(h, pause ? "pause" : "resume", id, NULL, err);
+}
+
+/* Runs argv (absolute argv[0] looked up in PATH first) with a timeout; its output is the
+ * reason on failure. */
+static int run_tool(const char *const *argv, const char *what, char err[WK_ERR_MAX])
+{
+    char *prog = NULL;
+    int rc = wk__find_program(argv[0], &prog);
+    if (rc < 0)
+        return wk__fail(err, rc, "%s: %s not found", what, argv[0]);
+    const char **a = sp_xcalloc(16, sizeof(*a));
+    size_t n = 0;
+    a[n++] = prog;
+    for (size_t i = 1; argv[i] && n < 15; i++)
+        a[n++] = argv[i];
+    char out[1024] = "";
+    int ex = 0;
+    wk__cmd_t c = {.argv = a,
+                   .timeout_ms = WK_RUNSC_TIMEOUT_MS,
+                   .out_mode = WK_OUT_BOTH,
+                   .out = out,
+                   .out_len = sizeof(out)};
+    rc = wk__run(&c, &ex);
+    if (rc == 0 && ex != 0) {
+        char line[WK_ERR_MAX];
+        wk__last_line(out, line, sizeof(line));
+        rc = wk__fail(err, -EIO, "%s: exit %d: %s", what, ex, line[0] ? line : "no output");
+    } else if (rc < 0) {
+        rc = wk__fail(err, rc, "%s: %s", what, sp_strerror(rc));
+    }
+    free(a);
+    free(prog);
+    return rc;
+}
+
+int wk_sandbox_checkpoint(wk_host_t *h, const char *id, const char *tmpl, const char *out_dir,
+                          wk_checkpoint_t *ret, char err[WK_ERR_MAX])
+{
+    if (!h || !id || !sp_id_valid(id) || !tmpl || !sp_id_valid(tmpl) || !out_dir)
+        return wk__fail(err, -EINVAL, "invalid sandbox id, template or directory");
+    memset(ret, 0, sizeof(*ret));
+    int64_t t0 = wk__now_us();
+    char *img = sp_xasprintf("%s/image", out_dir);
+    char *ro = sp_xasprintf("%s/%s.ro", h->sandboxes_dir, id);
+    char *rootfs = sp_xasprintf("%s/%s", h->sandboxes_dir, id);
+    char *parent = sp_xasprintf("%s/%s", h->templates_dir, tmpl);
+    char *stream = sp_xasprintf("%s/rootfs.btrfs", out_dir);
+    ret->image_path = sp_xasprintf("%s/checkpoint.img.zst", out_dir);
+    ret->rootfs_path = sp_xasprintf("%s/rootfs.btrfs.zst", out_dir);
+    int rc = wk__mkdir_p(img, 0700);
+    if (rc < 0) {
+        rc = wk__fail(err, rc, "mkdir %s: %s", img, strerror(-rc));
+        goto out;
+    }
+    /* The runtime first: runsc stops the container once its image is written. */
+    if ((rc = wk__runsc_verb(h, "checkpoint", id, img, err)) < 0)
+        goto out;
+    ret->checkpoint_ms = (uint32_t)ms_since(t0);
+    int64_t t = wk__now_us();
+    /* The disk as a delta against the template: a read-only snapshot, sent with the template
+     * as parent, then compressed. */
+    (void)wk__subvol_delete(ro, NULL);
+    if ((rc = wk__subvol_snapshot(rootfs, ro, true, err)) < 0)
+        goto out;
+    const char *send[] = {"btrfs", "send", "-q", "-p", parent, "-f", stream, ro, NULL};
+    rc = run_tool(send, "btrfs send", err);
+    (void)wk__subvol_delete(ro, NULL);
+    if (rc < 0)
+        goto out;
+    const char *z1[] = {"zstd", "-1", "-q", "-f", "--rm", stream, "-o", ret->rootfs_path, NULL};
+    char *img_file = sp_xasprintf("%s/checkpoint.img", img);
+    const char *z2[] = {"zstd", "-1", "-q", "-f", img_file, "-o", ret->image_path, NULL};
+    if ((rc = run_tool(z1, "zstd rootfs", err)) == 0)
+        rc = run_tool(z2, "zstd checkpoint", err);
+    free(img_file);
+    ret->rootfs_ms = (uint32_t)ms_since(t);
+out:
+    if (rc < 0) {
+        free(ret->image_path);
+        free(ret->rootfs_path);
+        ret->image_path = ret->rootfs_path = NULL;
+    }
+    (void)wk__rm_rf(img);
+    unlink(stream);
+    free(stream);
+    free(parent);
+    free(rootfs);
+    free(ro);
+    free(img);
+    return rc;
+}
+
+void wk_checkpoint_dispose(wk_checkpoint_t *c)
+{
+    free(c->image_path);
+    free(c->rootfs_path);
+    memset(c, 0, sizeof(*c));
+}
+
+int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *image_zst,
+                       const char *rootfs_zst, const char *work_dir, wk_sandbox_info_t *ret_info,
+                       char err[WK_ERR_MAX])
+{
+    if (!h || !spec || !spec->id || !sp_id_valid(spec->id) || !spec->template_ ||
+        !sp_id_valid(spec->template_))
+        return wk__fail(err, -EINVAL, "invalid sandbox id or template");
+    const char *id = spec->id;
+    int64_t t0 = wk__now_us();
+    char *bundle = sp_xasprintf("%s/%s", h->bundles_dir, id);
+    char *chan = sp_xasprintf("%s/%s", bundle, AGENT_CHAN_DIR);
+    char *rootfs = sp_xasprintf("%s/%s", h->sandboxes_dir, id);
+    char *ro = sp_xasprintf("%s/%s.ro", h->sandboxes_dir, id);
+    char *img = sp_xasprintf("%s/image", work_dir);
+    char *img_file = sp_xasprintf("%s/checkpoint.img", img);
+    char *stream = sp_xasprintf("%s/rootfs.btrfs", work_dir);
+    char netns[WK_NETNS_NAME_MAX];
+    wk__netns_name(h, id, netns);
+    char *netns_path = sp_xasprintf("%s/%s", WK_NETNS_DIR, netns);
+    wk_sandbox_info_t info;
+    memset(&info, 0, sizeof(info));
+    info.agent_to_fd = info.agent_from_fd = -1;
+    bool marked = false;
+    int rc;
+
+    if (mkdir(bundle, 0700) < 0) {
+        rc = wk__fail(err, -errno, "sandbox %s: %s", id,
+                      errno == EEXIST ? "exists on this worker" : strerror(errno));
+        goto out;
+    }
+    marked = true;
+    if (mkdir(chan, 0700) < 0 || wk__mkdir_p(img, 0700) < 0) {
+        rc = wk__fail(err, -errno, "mkdir %s: %s", chan, strerror(errno));
+        goto out;
+    }
+    /* The disk: the delta received against this worker's template, then a writable snapshot
+     * of what it made. */
+    const char *z1[] = {"zstd", "-d", "-q", "-f", rootfs_zst, "-o", stream, NULL};
+    const char *z2[] = {"zstd", "-d", "-q", "-f", image_zst, "-o", img_file, NULL};
+    const char *recv[] = {"btrfs", "receive", "-q", "-f", stream, h->sandboxes_dir, NULL};
+    (void)wk__subvol_delete(ro, NULL);
+    if ((rc = run_tool(z1, "zstd rootfs", err)) < 0 || (rc = run_tool(z2, "zstd image", err)) < 0 ||
+        (rc = run_tool(recv, "btrfs receive", err)) < 0)
+        goto out;
+    rc = wk__subvol_snapshot(ro, rootfs, false, err);
+    (void)wk__subvol_delete(ro, NULL);
+    if (rc < 0)
+        goto out;
+    unlink(stream);
+    if ((rc = wk__net_create(h, id, info.address, err)) < 0)
+        goto out;
+    wk__bundle_t bd = {.id = id,
+                       .rootfs = rootfs,
+                       .netns_path = netns_path,
+                       .vcpu = spec->vcpu,
+                       .memory_mb = spec->memory_mb,
+                       .init = h->agent_path ? AGENT_GUEST_PATH : NULL,
+                       .chan_dir = h->agent_path ? chan : NULL};
+    if ((rc = wk__runsc_write_config(h, &bd, bundle, err)) < 0)
+        goto out;
+    if ((rc = wk__runsc_restore(h, id, bundle, img, err)) < 0)
+        goto out;
+    info.create_ms = (uint32_t)((wk__now_us() - t0) / 1000);
+    if (ret_info)
+        *ret_info = info;
+out:
+    if (rc < 0 && marked)
+        (void)wk_sandbox_destroy(h, id, NULL);
+    unlink(stream);
+    (void)wk__rm_rf(img);
+    free(netns_path);
+    free(stream);
+    free(img_file);
+    free(img);
+    free(ro);
+    free(rootfs);
+    free(chan);
+    free(bundle);
+    return rc;
 }

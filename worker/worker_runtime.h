@@ -89,8 +89,42 @@ int wk_sandbox_create(wk_host_t *h, const wk_sandbox_spec_t *spec, wk_sandbox_in
  * veth, address, cgroup directories left by runsc. Idempotent: releasing what is already gone
  * is success. */
 int wk_sandbox_destroy(wk_host_t *h, const char *id, char err[WK_ERR_MAX]);
-/* 1 when runsc shows the sandbox's container running, 0 when not (stopped, or gone), < 0 when
- * runsc could not be asked. */
+/* The 8 hex characters that name this host's resources (cgroup parents space-<tag>, netns
+ * sp-<tag>-*, veths spv<4 of tag>*, nft table space_<tag>): from the worker id and the state
+ * directory, so stacks on one host never share them. */
+const char *wk_host_tag(const wk_host_t *h);
+
+/* mkdir -p (0700; errno set on failure) and rm -rf (not crossing mounts): for the worker's
+ * own directories. */
+int wk_mkdir_p(const char *path);
+int wk_rm_rf(const char *path);
+
+/* runsc pause (pause) or resume (!pause) of a running sandbox: processes and connections stay,
+ * nothing runs meanwhile. */
+int wk_sandbox_pause(wk_host_t *h, const char *id, bool pause, char err[WK_ERR_MAX]);
+
+/* What a checkpoint left in out_dir: the runtime image and the disk's delta against its
+ * template, each zstd-compressed (heap paths). */
+typedef struct {
+    char *image_path;  /* checkpoint.img.zst */
+    char *rootfs_path; /* rootfs.btrfs.zst: `btrfs send -p <template>` of the sandbox's disk */
+    uint32_t checkpoint_ms, rootfs_ms;
+} wk_checkpoint_t;
+/* Checkpoints a running sandbox into out_dir (runsc checkpoint stops it; the container and the
+ * rest of its resources stay until wk_sandbox_destroy). On failure the sandbox may still run:
+ * the caller asks wk_sandbox_running. */
+int wk_sandbox_checkpoint(wk_host_t *h, const char *id, const char *tmpl, const char *out_dir,
+                          wk_checkpoint_t *ret, char err[WK_ERR_MAX]);
+void wk_checkpoint_dispose(wk_checkpoint_t *c);
+/* Makes the sandbox again from a checkpoint: the disk received against this worker's copy of
+ * the template, a new netns, runsc restore. Its agent connects back on its channel socket
+ * (there are no channel fds in ret_info). On failure everything it made is released. */
+int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *image_zst,
+                       const char *rootfs_zst, const char *work_dir, wk_sandbox_info_t *ret_info,
+                       char err[WK_ERR_MAX]);
+
+/* 1 when runsc shows the sandbox's container running or paused, 0 when not (stopped, or gone),
+ * < 0 when runsc could not be asked. */
 int wk_sandbox_running(wk_host_t *h, const char *id);
 /* The host path of the Unix socket the sandbox's agent connects to once its first channel
  * broke (heap, freed by the caller; NULL without agent_path). The worker listens there. */
@@ -106,7 +140,7 @@ int wk_sandbox_net_restore(wk_host_t *h, const char *id, char err[WK_ERR_MAX]);
 int wk_sandbox_exec(wk_host_t *h, const char *id, const char *const *argv, char *out,
                     size_t out_len, int *ret_exit_code);
 
-typedef enum { WK_ABSENT = 0, WK_RUNNING, WK_STOPPED, WK_PARTIAL } wk_state_t;
+typedef enum { WK_ABSENT = 0, WK_RUNNING, WK_PAUSED, WK_STOPPED, WK_PARTIAL } wk_state_t;
 
 /* What the host shows for this worker: every sandbox id that has any resource here (runsc
  * container, subvolume, netns), with a state: RUNNING (container running), STOPPED

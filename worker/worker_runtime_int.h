@@ -175,11 +175,17 @@ int wk__runsc_write_config(const wk_host_t *h, const wk__bundle_t *b, const char
 int wk__runsc_create(const wk_host_t *h, const char *id, const char *bundle_dir, int stdin_fd,
                      int stdout_fd, char err[WK_ERR_MAX]);
 int wk__runsc_start(const wk_host_t *h, const char *id, char err[WK_ERR_MAX]);
+/* runsc <verb> [--image-path=image_dir] id: pause, resume, checkpoint (image_dir set). */
+int wk__runsc_verb(const wk_host_t *h, const char *verb, const char *id, const char *image_dir,
+                   char err[WK_ERR_MAX]);
+/* runsc restore --detach from image_dir into a new container id with bundle_dir. */
+int wk__runsc_restore(const wk_host_t *h, const char *id, const char *bundle_dir,
+                      const char *image_dir, char err[WK_ERR_MAX]);
 /* delete --force (kills the sandbox); a container that does not exist is success. */
 int wk__runsc_delete(const wk_host_t *h, const char *id, char err[WK_ERR_MAX]);
 int wk__runsc_exec(const wk_host_t *h, const char *id, const char *const *argv, char *out,
                    size_t out_len, int *ret_exit);
-/* Containers under our runsc root: ids and states (WK_RUNNING or WK_STOPPED). */
+/* Containers under our runsc root: ids and states (WK_RUNNING, WK_PAUSED or WK_STOPPED). */
 int wk__runsc_list(const wk_host_t *h, wk_host_sandbox_t **ret_list, size_t *ret_n);
 /* rmdir of space-<tag>/<id> under every cgroup v1 controller (and the unified tree). */
 int wk__cgroup_remove(const wk_host_t *h, const char *id);

@@ -5,9 +5,12 @@
 #define SPACE_TEST_HARNESS_H
 
 #include <libpq-fe.h>
+#include <stdbool.h>
+#include <stdint.h>
 
 #include "bus.h"
 #include "httpc.h"
+#include "json.h"
 
 /* Fails the test (cmocka fail_msg) when the stack is not there. */
 void sp_test_stack_load(void);
@@ -44,5 +47,21 @@ void sp_test_http_free(sp_test_http_resp_t *r);
 int sp_test_http_header(const sp_test_http_resp_t *r, const char *name, char *out, size_t len);
 /* The port of SPACE_API_URL (http://127.0.0.1:PORT). */
 int sp_test_api_port(void);
+
+/* ---- API calls (harness_api.c) ---- */
+
+/* A response body as JSON (fails the test otherwise); free with sp_json_doc_free. */
+sp_json_doc_t *sp_test_json(const sp_test_http_resp_t *r);
+/* POST /v1/sandboxes {template}, retrying while no worker offers it yet; the id into out. */
+void sp_test_create_sandbox(int port, const char *key, const char *tmpl, char out[64]);
+/* A command's JSON answer (Accept: application/json). */
+typedef struct {
+    int status;
+    char *stdout_s, *stderr_s, *error; /* error: the answer's error, or the body when not 200 */
+    int64_t exit_code, signal;
+    bool timed_out, truncated;
+} sp_test_cmd_t;
+sp_test_cmd_t sp_test_run(int port, const char *key, const char *id, const char *body);
+void sp_test_cmd_free(sp_test_cmd_t *r);
 
 #endif

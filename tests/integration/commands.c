@@ -27,74 +27,25 @@ static char sbx[3][64]; /* [2]: the long background command's own */
 
 static sp_json_doc_t *body_json(const sp_test_http_resp_t *r)
 {
-    sp_json_doc_t *doc = NULL;
-    char err[SP_JSON_ERR_MAX];
-    /* Command answers carry up to 16 MiB per stream. */
-    sp_json_limits_t lim = {.max_bytes = 64u << 20, .max_string = 32u << 20};
-    if (sp_json_parse(r->body, r->body_len, &lim, &doc, err) < 0)
-        fail_msg("not JSON (%s): %.300s", err, r->body);
-    return doc;
+    return sp_test_json(r);
 }
 
 static void create(char out[64])
 {
-    sp_test_http_resp_t r;
-    const char *body = "{\"template\":\"tiny\"}";
-    for (int i = 0; i < 100; i++) {
-        sp_test_http(port, "POST", "/v1/sandboxes", key, NULL, body, strlen(body), &r);
-        if (r.status != 400)
-            break; /* 400 unknown_template until the worker's first heartbeat */
-        sp_test_http_free(&r);
-        usleep(100 * 1000);
-    }
-    if (r.status != 201)
-        fail_msg("create: %d %s", r.status, r.body);
-    sp_json_doc_t *doc = body_json(&r);
-    snprintf(out, 64, "%s", sp_json_str(sp_json_get(sp_json_root(doc), "id"), NULL));
-    sp_json_doc_free(doc);
-    sp_test_http_free(&r);
+    sp_test_create_sandbox(port, key, "tiny", out);
 }
 
-typedef struct {
-    int status;
-    char *stdout_s, *stderr_s, *error;
-    int64_t exit_code, signal;
-    bool timed_out, truncated;
-} result_t;
+typedef sp_test_cmd_t result_t;
 
 /* Runs body (JSON) as a command in sandbox id and returns the JSON answer. */
 static result_t run(const char *id, const char *body)
 {
-    char path[128];
-    result_t res = {0};
-    sp_test_http_resp_t r;
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s/commands", id);
-    sp_test_http(port, "POST", path, key, "Accept: application/json\r\n", body, strlen(body), &r);
-    res.status = r.status;
-    if (r.status == 200) {
-        sp_json_doc_t *doc = body_json(&r);
-        const sp_json_t *root = sp_json_root(doc);
-        const char *s;
-        res.stdout_s = sp_xstrdup((s = sp_json_str(sp_json_get(root, "stdout"), NULL)) ? s : "");
-        res.stderr_s = sp_xstrdup((s = sp_json_str(sp_json_get(root, "stderr"), NULL)) ? s : "");
-        res.error = sp_xstrdup((s = sp_json_str(sp_json_get(root, "error"), NULL)) ? s : "");
-        sp_json_int(sp_json_get(root, "exit_code"), -1000, 1000, &res.exit_code);
-        sp_json_int(sp_json_get(root, "signal"), 0, 1000, &res.signal);
-        sp_json_bool(sp_json_get(root, "timed_out"), &res.timed_out);
-        sp_json_bool(sp_json_get(root, "truncated"), &res.truncated);
-        sp_json_doc_free(doc);
-    } else {
-        res.error = sp_xstrdup(r.body);
-    }
-    sp_test_http_free(&r);
-    return res;
+    return sp_test_run(port, key, id, body);
 }
 
 static void result_free(result_t *r)
 {
-    free(r->stdout_s);
-    free(r->stderr_s);
-    free(r->error);
+    sp_test_cmd_free(r);
 }
 
 /* ---- background commands, streams, stdin, signals, pty ---- */

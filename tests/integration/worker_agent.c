@@ -396,13 +396,6 @@ static int group_setup(void **state)
     }
     snprintf(state_dir, sizeof(state_dir), "%s/state", tmpdir);
     snprintf(vol_dir, sizeof(vol_dir), "%s/vol", tmpdir);
-    uint8_t d[SP_SHA256_LEN];
-    char hex[SP_SHA256_HEX_LEN + 1];
-    sp_sha256(WORKER_ID, strlen(WORKER_ID), d);
-    sp_hex_encode(d, SP_SHA256_LEN, hex);
-    memcpy(tag, hex, 8);
-    tag[8] = '\0';
-
     wk_host_config_t cfg = {.worker_id = WORKER_ID,
                             .state_dir = state_dir,
                             .volume_dir = vol_dir,
@@ -413,6 +406,8 @@ static int group_setup(void **state)
                             .agent_path = agent_path};
     char err[WK_ERR_MAX] = "";
     int rc = wk_host_open(&cfg, &host, err);
+    if (rc == 0)
+        snprintf(tag, sizeof(tag), "%s", wk_host_tag(host));
     if (rc < 0) {
         fprintf(stderr, "wk_host_open: %d %s\n", rc, err);
         host = NULL;

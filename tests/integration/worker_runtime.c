@@ -246,18 +246,14 @@ static int group_setup(void **state)
     }
     snprintf(state_dir, sizeof(state_dir), "%s/state", tmpdir);
     snprintf(vol_dir, sizeof(vol_dir), "%s/vol", tmpdir);
-    uint8_t d[SP_SHA256_LEN];
-    char hex[SP_SHA256_HEX_LEN + 1];
-    sp_sha256(WORKER_ID, strlen(WORKER_ID), d);
-    sp_hex_encode(d, SP_SHA256_LEN, hex);
-    memcpy(tag, hex, 8);
-    tag[8] = '\0';
-
     char err[WK_ERR_MAX] = "";
     int rc = open_host(err);
     if (rc < 0) {
         fprintf(stderr, "wk_host_open: %d %s\n", rc, err);
         host = NULL;
+    } else {
+        /* The name of this host's resources (from the worker id and the state directory). */
+        snprintf(tag, sizeof(tag), "%s", wk_host_tag(host));
     }
     return 0; /* the tests fail on !host; teardown still cleans up */
 }

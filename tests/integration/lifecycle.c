@@ -1,0 +1,248 @@
+/* Pause, resume, suspend and resume from suspend through HTTP, on a real stack (eventlog,
+ * scheduler, worker, gateway): a process that counts in memory (its count in gVisor's /tmp,
+ * which is memory) and a file on the disk survive both; a suspended sandbox holds no host
+ * resource; a corrupted snapshot artifact makes the resume fail with the digest named and the
+ * snapshot kept; transitions that cannot be are 409 with the state. */
+#include <dirent.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "json.h"
+#include "xmalloc.h"
+
+static int port;
+static const char *key;
+static char sbx[64];
+
+/* POST .../<op>; the status, and the sandbox's state or the error code into out. */
+static int lifecycle(const char *id, const char *op, const char *query, char *out, size_t len)
+{
+    char path[160];
+    sp_test_http_resp_t r;
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/%s%s", id, op, query ? query : "");
+    sp_test_http(port, "POST", path, key, NULL, NULL, 0, &r);
+    int status = r.status;
+    sp_json_doc_t *doc = sp_test_json(&r);
+    const sp_json_t *root = sp_json_root(doc);
+    const char *v = sp_json_str(sp_json_get(root, status == 200 ? "state" : "code"), NULL);
+    snprintf(out, len, "%s", v ? v : "");
+    if (status >= 300)
+        print_message("%s: %d %s\n", op, status, r.body);
+    sp_json_doc_free(doc);
+    sp_test_http_free(&r);
+    return status;
+}
+
+static long count(const char *id)
+{
+    sp_test_cmd_t r = sp_test_run(port, key, id, "{\"cmd\":\"cat /tmp/count\"}");
+    if (r.status != 200)
+        fail_msg("count: %d %s", r.status, r.error);
+    long n = strtol(r.stdout_s, NULL, 10);
+    sp_test_cmd_free(&r);
+    return n;
+}
+
+static int setup(void **state)
+{
+    sp_test_stack_load();
+    port = sp_test_api_port();
+    key = sp_test_env("SPACE_API_KEY");
+    sp_test_create_sandbox(port, key, "tiny", sbx);
+    /* A counter in memory (gVisor's /tmp is a tmpfs inside the sandbox) and a file on disk. */
+    sp_test_cmd_t r = sp_test_run(port, key, sbx,
+                                  "{\"cmd\":\"i=0; while true; do i=$((i+1)); echo $i > "
+                                  "/tmp/count; sleep 0.1; done\",\"background\":true}");
+    sp_test_cmd_free(&r);
+    r = sp_test_run(port, key, sbx, "{\"cmd\":\"echo kept > /root/file\"}");
+    assert_int_equal(r.status, 200);
+    sp_test_cmd_free(&r);
+    usleep(500 * 1000);
+    return 0;
+}
+
+static void test_pause_resume(void **state)
+{
+    char st[64];
+    long before = count(sbx);
+    assert_true(before > 0);
+    assert_int_equal(lifecycle(sbx, "pause", NULL, st, sizeof(st)), 200);
+    assert_string_equal(st, "paused");
+    assert_int_equal(lifecycle(sbx, "pause", NULL, st, sizeof(st)), 409);
+    assert_string_equal(st, "already_paused");
+    /* Commands wait for the resume: the API says why. */
+    sp_test_cmd_t r = sp_test_run(port, key, sbx, "{\"cmd\":\"true\"}");
+    assert_int_equal(r.status, 409);
+    sp_test_cmd_free(&r);
+    sleep(1);
+    assert_int_equal(lifecycle(sbx, "resume", NULL, st, sizeof(st)), 200);
+    assert_string_equal(st, "running");
+    long after = count(sbx);
+    print_message("counter: %ld before the pause, %ld after 1 s paused\n", before, after);
+    /* Ten ticks a second while running; the paused second added none. */
+    assert_true(after >= before && after < before + 8);
+    usleep(500 * 1000);
+    assert_true(count(sbx) > after);
+    assert_int_equal(lifecycle(sbx, "resume", NULL, st, sizeof(st)), 409);
+    assert_string_equal(st, "already_running");
+}
+
+/* Whether anything of the sandbox is on the host: container, bundle (and its agent socket),
+ * disk, netns. */
+static bool held(const char *id)
+{
+    char path[512];
+    const char *home = sp_test_env("SPACE_HOME");
+    snprintf(path, sizeof(path), "%s/worker/bundles/%s", home, id);
+    if (access(path, F_OK) == 0)
+        return true;
+    snprintf(path, sizeof(path), "%s/worker/volumes/sandboxes/%s", home, id);
+    if (access(path, F_OK) == 0)
+        return true;
+    snprintf(path, sizeof(path), "runsc --root=%s/worker/runsc list | grep -q %s", home, id);
+    if (system(path) == 0)
+        return true;
+    bool found = false;
+    DIR *d = opendir("/run/netns");
+    struct dirent *de;
+    while (d && (de = readdir(d)))
+        found |= strstr(de->d_name, id) != NULL;
+    if (d)
+        closedir(d);
+    return found;
+}
+
+/* SandboxSuspended is recorded before the release (a worker that dies in between leaves
+ * leftovers its restart cleans, never a sandbox half suspended): the release follows within
+ * moments. */
+static void assert_released(const char *id)
+{
+    for (int i = 0; i < 100 && held(id); i++)
+        usleep(50 * 1000);
+    assert_false(held(id));
+}
+
+/* The snapshot's artifacts in the store, newest snapshot (one per sandbox here). */
+static void artifact_path(const char *id, const char *name, char *out, size_t len)
+{
+    char dir[256];
+    snprintf(dir, sizeof(dir), "%s/snapshots/%s", sp_test_env("SPACE_HOME"), id);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *de;
+    out[0] = '\0';
+    while ((de = readdir(d)))
+        if (de->d_name[0] != '.')
+            snprintf(out, len, "%.255s/%.255s/%.64s", dir, de->d_name, name);
+    closedir(d);
+    assert_true(out[0] != '\0');
+}
+
+static void test_suspend_resume(void **state)
+{
+    char st[64], path[768];
+    long before = count(sbx);
+    assert_int_equal(lifecycle(sbx, "suspend", NULL, st, sizeof(st)), 200);
+    assert_string_equal(st, "suspended");
+    assert_released(sbx);
+    assert_int_equal(lifecycle(sbx, "suspend", NULL, st, sizeof(st)), 409);
+    assert_string_equal(st, "already_suspended");
+    assert_int_equal(lifecycle(sbx, "pause", NULL, st, sizeof(st)), 409);
+    artifact_path(sbx, "checkpoint.img.zst", path, sizeof(path));
+    assert_int_equal(access(path, R_OK), 0);
+    sleep(1);
+
+    assert_int_equal(lifecycle(sbx, "resume", NULL, st, sizeof(st)), 200);
+    assert_string_equal(st, "running");
+    long after = count(sbx);
+    print_message("counter: %ld before the suspend, %ld after the resume\n", before, after);
+    /* It went on from where it was: the second suspended added nothing. */
+    assert_true(after >= before && after < before + 8);
+    sp_test_cmd_t r = sp_test_run(port, key, sbx, "{\"cmd\":\"cat /root/file\"}");
+    assert_string_equal(r.stdout_s, "kept\n");
+    sp_test_cmd_free(&r);
+    /* The snapshot served and is gone. */
+    snprintf(path, sizeof(path), "%s/snapshots/%s", sp_test_env("SPACE_HOME"), sbx);
+    assert_int_not_equal(access(path, F_OK), 0);
+}
+
+static void test_corrupt_snapshot(void **state)
+{
+    char st[64], path[768];
+    assert_int_equal(lifecycle(sbx, "suspend", NULL, st, sizeof(st)), 200);
+    artifact_path(sbx, "rootfs.btrfs.zst", path, sizeof(path));
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    fseek(f, 100, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, 100, SEEK_SET);
+    fputc(c ^ 0xff, f);
+    fclose(f);
+    assert_int_equal(lifecycle(sbx, "resume", NULL, st, sizeof(st)), 500);
+    assert_string_equal(st, "digest_mismatch");
+    /* Still suspended, the snapshot kept, the failure in the log naming the artifact. */
+    PGconn *db = sp_test_db();
+    char sql[512];
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM sandboxes WHERE id = '%s' AND state = 'suspended'", sbx);
+    assert_int_equal(sp_test_db_scalar(db, sql), 1);
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type = "
+             "'SandboxResumeFailed' AND position('rootfs.btrfs.zst' in encode(payload, "
+             "'escape')) > 0",
+             sbx);
+    assert_int_equal(sp_test_db_scalar(db, sql), 1);
+    assert_int_equal(access(path, R_OK), 0);
+    /* The byte put back, the same snapshot resumes. */
+    f = fopen(path, "r+b");
+    fseek(f, 100, SEEK_SET);
+    fputc(c, f);
+    fclose(f);
+    assert_int_equal(lifecycle(sbx, "resume", NULL, st, sizeof(st)), 200);
+    sp_test_cmd_t r = sp_test_run(port, key, sbx, "{\"cmd\":\"cat /root/file\"}");
+    assert_string_equal(r.stdout_s, "kept\n");
+    sp_test_cmd_free(&r);
+    PQfinish(db);
+}
+
+static void test_no_wait_and_errors(void **state)
+{
+    char st[64];
+    assert_int_equal(lifecycle(sbx, "pause", "?wait=false", st, sizeof(st)), 202);
+    PGconn *db = sp_test_db();
+    char sql[256];
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM sandboxes WHERE id = '%s' AND state = 'paused'", sbx);
+    assert_int_equal(sp_test_db_wait_scalar(db, sql, 1, 10000), 1);
+    PQfinish(db);
+    assert_int_equal(lifecycle(sbx, "resume", "?wait=maybe", st, sizeof(st)), 400);
+    assert_int_equal(lifecycle("sbx_nosuchsandbox", "pause", NULL, st, sizeof(st)), 404);
+    /* Suspend works from paused too; the resume comes back running. */
+    assert_int_equal(lifecycle(sbx, "suspend", NULL, st, sizeof(st)), 200);
+    assert_int_equal(lifecycle(sbx, "resume", NULL, st, sizeof(st)), 200);
+    assert_string_equal(st, "running");
+    sp_test_cmd_t r = sp_test_run(port, key, sbx, "{\"cmd\":\"echo alive\"}");
+    assert_string_equal(r.stdout_s, "alive\n");
+    sp_test_cmd_free(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pause_resume),
+        cmocka_unit_test(test_suspend_resume),
+        cmocka_unit_test(test_corrupt_snapshot),
+        cmocka_unit_test(test_no_wait_and_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
