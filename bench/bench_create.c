@@ -20,64 +20,6 @@
 #include "json.h"
 #include "xmalloc.h"
 
-static int http(bench_ctx_t *c, const char *method, const char *path, const char *body,
-                sp_httpc_resp_t *r)
-{
-    sp_httpc_req_t req = {.host = c->api_host,
-                          .port = c->api_port,
-                          .method = method,
-                          .path = path,
-                          .key = c->api_key,
-                          .body = body,
-                          .body_len = body ? strlen(body) : 0};
-    return sp_httpc_do(&req, r);
-}
-
-/* A runsc bundle over the template's rootfs, read-only, running /bin/true. */
-static char *make_bundle(const char *rootfs)
-{
-    char *dir = sp_xstrdup("/tmp/space-bench-bundle.XXXXXX");
-    if (!mkdtemp(dir)) {
-        fprintf(stderr, "space-bench: mkdtemp: %s\n", strerror(errno));
-        exit(1);
-    }
-    sp_buf_t b;
-    sp_buf_init(&b);
-    sp_buf_puts(&b, "{\"ociVersion\":\"1.0.0\",\"process\":{\"terminal\":false,\"user\":{\"uid\":0,"
-                    "\"gid\":0},\"args\":[\"/bin/true\"],\"env\":[\"PATH=/bin\"],\"cwd\":\"/\"},"
-                    "\"root\":{\"path\":");
-    sp_buf_json_str(&b, rootfs);
-    sp_buf_puts(&b, ",\"readonly\":true},\"hostname\":\"bench\",\"linux\":{\"namespaces\":["
-                    "{\"type\":\"pid\"},{\"type\":\"ipc\"},{\"type\":\"uts\"},{\"type\":\"mount\"}"
-                    "]}}");
-    char *path = sp_xasprintf("%s/config.json", dir);
-    FILE *f = fopen(path, "w");
-    if (!f || fwrite(b.data, 1, b.len, f) != b.len || fclose(f) != 0) {
-        fprintf(stderr, "space-bench: cannot write %s\n", path);
-        exit(1);
-    }
-    free(path);
-    sp_buf_dispose(&b);
-    return dir;
-}
-
-static int run_quiet(char *const argv[])
-{
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open("/dev/null", O_RDWR);
-        dup2(fd, 0);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execvp(argv[0], argv);
-        _exit(127);
-    }
-    int st = 0;
-    if (pid < 0 || waitpid(pid, &st, 0) < 0)
-        return -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* One `runsc run` in ms. */
 static double runsc_run(const char *root, const char *bundle, unsigned i)
 {
@@ -86,10 +28,10 @@ static double runsc_run(const char *root, const char *bundle, unsigned i)
     char *argv[] = {"runsc",        "--root", (char *)root, "--network=none", "run", "--bundle",
                     (char *)bundle, id,       NULL};
     int64_t t0 = sp_mono_ns();
-    int rc = run_quiet(argv);
+    int rc = bench_run_quiet(argv);
     double ms = (double)(sp_mono_ns() - t0) / 1e6;
     char *del[] = {"runsc", "--root", (char *)root, "delete", "--force", id, NULL};
-    run_quiet(del);
+    bench_run_quiet(del);
     if (rc != 0) {
         fprintf(stderr, "space-bench: runsc run failed (%d)\n", rc);
         exit(1);
@@ -103,7 +45,7 @@ static double api_create(bench_ctx_t *c)
     sp_httpc_resp_t r;
     const char *body = "{\"template\":\"tiny\",\"metadata\":{\"bench\":\"create\"}}";
     int64_t t0 = sp_mono_ns();
-    int rc = http(c, "POST", "/v1/sandboxes", body, &r);
+    int rc = bench_http(c, "POST", "/v1/sandboxes", NULL, body, &r);
     double ms = (double)(sp_mono_ns() - t0) / 1e6;
     if (rc < 0 || r.status != 201) {
         fprintf(stderr, "space-bench: create failed: %s %d %s\n", sp_strerror(rc), r.status,
@@ -119,7 +61,7 @@ static double api_create(bench_ctx_t *c)
         char path[160];
         sp_httpc_resp_t d;
         snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
-        if (http(c, "DELETE", path, NULL, &d) == 0)
+        if (bench_http(c, "DELETE", path, NULL, NULL, &d) == 0)
             sp_httpc_resp_free(&d);
     }
     sp_json_doc_free(doc);
@@ -132,7 +74,7 @@ int bench_create(bench_ctx_t *c)
     size_t n = c->creates;
     double *api = sp_xcalloc(n, sizeof(double)), *base = sp_xcalloc(n, sizeof(double));
     char *rootfs = sp_xasprintf("%s/worker/volumes/templates/tiny", c->home);
-    char *bundle = make_bundle(rootfs);
+    char *bundle = bench_make_bundle(rootfs, "[\"/bin/true\"]");
     char *root = sp_xasprintf("%s/runsc", bundle);
 
     printf("create latency: %zu creates through HTTP (tiny template), alternating with %zu "
@@ -159,7 +101,7 @@ int bench_create(bench_ctx_t *c)
     unlink(cfg);
     free(cfg);
     char *rm[] = {"rm", "-rf", bundle, NULL};
-    run_quiet(rm);
+    bench_run_quiet(rm);
     free(root);
     free(bundle);
     free(rootfs);

@@ -16,26 +16,12 @@
 #include "json.h"
 #include "xmalloc.h"
 
-static int http(bench_ctx_t *c, const char *method, const char *path, const char *extra,
-                const char *body, sp_httpc_resp_t *r)
-{
-    sp_httpc_req_t req = {.host = c->api_host,
-                          .port = c->api_port,
-                          .method = method,
-                          .path = path,
-                          .key = c->api_key,
-                          .extra_headers = extra,
-                          .body = body,
-                          .body_len = body ? strlen(body) : 0};
-    return sp_httpc_do(&req, r);
-}
-
 static double api_exec(bench_ctx_t *c, const char *path)
 {
     sp_httpc_resp_t r;
     const char *body = "{\"cmd\":\"echo hi\"}";
     int64_t t0 = sp_mono_ns();
-    int rc = http(c, "POST", path, "Accept: application/json\r\n", body, &r);
+    int rc = bench_http(c, "POST", path, "Accept: application/json\r\n", body, &r);
     double ms = (double)(sp_mono_ns() - t0) / 1e6;
     if (rc < 0 || r.status != 200 || !strstr(r.body, "\"stdout\":\"hi\\n\"")) {
         fprintf(stderr, "space-bench: exec failed: %s %d %s\n", sp_strerror(rc), r.status,
@@ -70,19 +56,11 @@ static double runsc_exec(const char *root, const char *id)
 int bench_exec(bench_ctx_t *c)
 {
     sp_httpc_resp_t r;
-    const char *body = "{\"template\":\"tiny\"}";
-    if (http(c, "POST", "/v1/sandboxes", NULL, body, &r) < 0 || r.status != 201) {
+    char id[80];
+    if (bench_create_sandbox(c, id) < 0) {
         fprintf(stderr, "space-bench: create failed\n");
         return 1;
     }
-    sp_json_doc_t *doc = NULL;
-    char err[SP_JSON_ERR_MAX], id[80] = "";
-    if (sp_json_parse(r.body, r.body_len, NULL, &doc, err) == 0)
-        snprintf(id, sizeof(id), "%s", sp_json_str(sp_json_get(sp_json_root(doc), "id"), NULL));
-    sp_json_doc_free(doc);
-    sp_httpc_resp_free(&r);
-    if (!id[0])
-        return 1;
 
     char path[160];
     snprintf(path, sizeof(path), "/v1/sandboxes/%s/commands", id);
@@ -110,7 +88,7 @@ int bench_exec(bench_ctx_t *c)
            "\"runsc_exec_ms_p99\":%.2f}\n",
            n, a50, a90, a99, b50, b90, b99);
     snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
-    if (http(c, "DELETE", path, NULL, NULL, &r) == 0)
+    if (bench_http(c, "DELETE", path, NULL, NULL, &r) == 0)
         sp_httpc_resp_free(&r);
     free(api);
     free(base);

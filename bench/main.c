@@ -21,6 +21,7 @@ typedef struct {
     int64_t seconds;
     int64_t creates;
     int64_t execs;
+    int64_t rounds;
     char *api_url;
     char *api_key;
     char *home;
@@ -38,6 +39,8 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_INT_OPT("creates", bench_config_t, creates, 1, 100000, "200",
                    "sandboxes created (create bench)"),
     SP_CFG_INT_OPT("execs", bench_config_t, execs, 1, 1000000, "1000", "commands run (exec bench)"),
+    SP_CFG_INT_OPT("rounds", bench_config_t, rounds, 1, 100000, "20",
+                   "pause/resume/suspend/resume rounds (lifecycle bench)"),
     SP_CFG_STR_OPT("api-url", bench_config_t, api_url, "http://127.0.0.1:8080", "the HTTP API"),
     SP_CFG_STR_OPT("api-key", bench_config_t, api_key, NULL, "API key (create bench)"),
     SP_CFG_STR_OPT("home", bench_config_t, home, "./var", "SPACE_HOME of the stack"),
@@ -61,8 +64,8 @@ int main(int argc, char **argv)
     }
     if (argi + 1 != argc ||
         (strcmp(argv[argi], "eventlog") != 0 && strcmp(argv[argi], "create") != 0 &&
-         strcmp(argv[argi], "exec") != 0)) {
-        fprintf(stderr, "usage: space-bench [options] eventlog|create|exec\n");
+         strcmp(argv[argi], "exec") != 0 && strcmp(argv[argi], "lifecycle") != 0)) {
+        fprintf(stderr, "usage: space-bench [options] eventlog|create|exec|lifecycle\n");
         goto out;
     }
     sp_log_init("space-bench", SP_LOG_WARN, SP_LOG_KV);
@@ -84,6 +87,7 @@ int main(int argc, char **argv)
     c.seconds = (unsigned)cfg.seconds;
     c.creates = (size_t)cfg.creates;
     c.execs = (size_t)cfg.execs;
+    c.rounds = (size_t)cfg.rounds;
     c.home = cfg.home;
     c.api_key = cfg.api_key;
     if (strcmp(argv[argi], "eventlog") != 0) {
@@ -91,7 +95,9 @@ int main(int argc, char **argv)
             fprintf(stderr, "space-bench: bad --api-url\n");
             goto out;
         }
-        code = strcmp(argv[argi], "create") == 0 ? bench_create(&c) : bench_exec(&c);
+        code = strcmp(argv[argi], "create") == 0 ? bench_create(&c)
+               : strcmp(argv[argi], "exec") == 0 ? bench_exec(&c)
+                                                 : bench_lifecycle(&c);
     } else {
         code = bench_eventlog(&c);
     }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs one benchmark against a fresh local stack in a temporary SPACE_HOME, then removes it.
-# Usage: bench/run.sh eventlog|create|exec [space-bench options]   (build first: see README.md)
+# Usage: bench/run.sh eventlog|create|exec|lifecycle [space-bench options]   (build first: see README.md)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${SPACE_BIN_DIR:-$here/build/bin}

@@ -38,6 +38,7 @@ struct eg_dns {
     uv_udp_t server;
     uv_udp_t upstream;
     bool have_upstream;
+    int closed; /* close callbacks run (eg_dns_stop) */
     struct sockaddr_in upstream_addr;
     pending_t pending[PENDING_MAX];
     size_t n_pending;
@@ -288,10 +289,12 @@ int eg_dns_start(eg_t *eg)
     return 0;
 }
 
+/* Both handles live in d: it is freed after the second close callback, whichever order
+ * libuv runs them in (it runs pending closes last-closed first). */
 static void on_closed(uv_handle_t *h)
 {
     eg_dns_t *d = h->data;
-    if (h == (uv_handle_t *)&d->upstream)
+    if (++d->closed == 2)
         free(d);
 }
 

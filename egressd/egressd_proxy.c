@@ -478,6 +478,7 @@ int eg_proxy_start(eg_t *eg)
 
 void eg_proxy_stop(eg_t *eg)
 {
-    if (!uv_is_closing((uv_handle_t *)&eg->listener))
+    /* Never initialised when an earlier start step failed (uv_tcp_init sets the loop). */
+    if (eg->listener.loop && !uv_is_closing((uv_handle_t *)&eg->listener))
         uv_close((uv_handle_t *)&eg->listener, NULL);
 }

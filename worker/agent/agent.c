@@ -76,7 +76,7 @@
 #define ERR_MSG_MAX   512
 #define DEFAULT_PATH  "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #define CHAN_SOCKET   "/.space/chan/agent.sock"
-#define RECONNECT_MS  250
+#define RECONNECT_MS  50 /* cheap: a failed connect() to a missing socket */
 
 typedef Space__Agent__V1__AgentFrame frame_t;
 
