@@ -314,7 +314,7 @@ void gw_sandbox_create(gw_req_t *rq);
 void gw_sandbox_list(gw_req_t *rq);
 void gw_sandbox_get(gw_req_t *rq);
 void gw_sandbox_delete(gw_req_t *rq);
-/* POST /v1/sandboxes/{id}/pause|resume|suspend (rq->path_action), gateway_lifecycle.c. */
+/* POST /v1/sandboxes/{id}/pause|resume|suspend|timeout (rq->path_action), gateway_lifecycle.c. */
 void gw_sandbox_lifecycle(gw_req_t *rq);
 void gw_templates(gw_req_t *rq);
 
@@ -339,8 +339,10 @@ void gw_health(gw_req_t *rq);
 #define GW_SBX_COLUMNS                                                                             \
     "id, tenant, template, state, worker, timeout_s, vcpu, memory_mb, metadata::text, "            \
     "env_names::text, failure_reason, (extract(epoch FROM created_at) * 1000000)::int8, "          \
-    "(extract(epoch FROM started_at) * 1000000)::int8"
-#define GW_SBX_NCOLUMNS 13
+    "(extract(epoch FROM started_at) * 1000000)::int8, "                                           \
+    "(extract(epoch FROM timeout_at) * 1000000)::int8, on_timeout, idle_suspend_s, "               \
+    "(extract(epoch FROM last_activity_at) * 1000000)::int8"
+#define GW_SBX_NCOLUMNS 17
 void gw_sandbox_json(const PGresult *r, int row, sp_buf_t *out);
 
 /* Waiting for the projection to show the outcome of an intent (read-your-writes). */
@@ -350,6 +352,7 @@ typedef enum {
     GW_WAIT_PAUSE,   /* until paused */
     GW_WAIT_RESUME,  /* until running */
     GW_WAIT_SUSPEND, /* until suspended */
+    GW_WAIT_STORED,  /* until the event log stored the intent (accepted or rejected) */
 } gw_wait_kind_t;
 
 typedef struct gw_waiter gw_waiter_t;

@@ -60,7 +60,8 @@ static int get_uint(const sp_json_t *v, const char *name, int64_t min, int64_t m
 
 typedef struct {
     const char *template_;
-    uint32_t timeout_s, vcpu, memory_mb;
+    uint32_t timeout_s, vcpu, memory_mb, idle_suspend_s;
+    const char *on_timeout;
     size_t n_metadata, n_env;
     Space__V1__KeyValue kv[GW_METADATA_MAX];
     Space__V1__KeyValue *kvp[GW_METADATA_MAX];
@@ -166,6 +167,13 @@ static int parse_body(const sp_json_t *root, spec_t *s, gw_verr_t *e)
                             "template must be a template name ([a-z0-9][a-z0-9_-], 1..64 chars)");
         } else if (strcmp(k, "timeout_s") == 0) {
             rc = get_uint(v, "timeout_s", 0, TIMEOUT_MAX_S, &s->timeout_s, e);
+        } else if (strcmp(k, "idle_suspend_s") == 0) {
+            rc = get_uint(v, "idle_suspend_s", 0, TIMEOUT_MAX_S, &s->idle_suspend_s, e);
+        } else if (strcmp(k, "on_timeout") == 0) {
+            s->on_timeout = sp_json_str(v, NULL);
+            if (!s->on_timeout ||
+                (strcmp(s->on_timeout, "delete") != 0 && strcmp(s->on_timeout, "suspend") != 0))
+                rc = gw_bad(e, "invalid_field", "on_timeout must be \"delete\" or \"suspend\"");
         } else if (strcmp(k, "metadata") == 0) {
             rc = parse_metadata(v, s, e);
         } else if (strcmp(k, "env") == 0) {
@@ -218,6 +226,8 @@ int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char
     agg.id = (char *)sandbox_id;
     create.template_ = (char *)s->template_;
     create.timeout_s = s->timeout_s;
+    create.on_timeout = (char *)(s->on_timeout ? s->on_timeout : "delete");
+    create.idle_suspend_s = s->idle_suspend_s;
     create.metadata = s->kvp;
     create.n_metadata = s->n_metadata;
     create.env_names = s->env_names;

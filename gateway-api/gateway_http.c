@@ -448,7 +448,8 @@ static bool match_sandbox_path(gw_req_t *rq, const char *path, size_t len, char 
             *ret_sub = SUB_NETWORK;
         else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/pause")) ||
                  h2o_memis(slash, rest - idlen, H2O_STRLIT("/resume")) ||
-                 h2o_memis(slash, rest - idlen, H2O_STRLIT("/suspend"))) {
+                 h2o_memis(slash, rest - idlen, H2O_STRLIT("/suspend")) ||
+                 h2o_memis(slash, rest - idlen, H2O_STRLIT("/timeout"))) {
             *ret_sub = SUB_LIFECYCLE;
             snprintf(rq->path_action, sizeof(rq->path_action), "%.*s", (int)(rest - idlen - 1),
                      slash + 1);

@@ -1,4 +1,8 @@
-/* POST /v1/sandboxes/{id}/pause | resume | suspend: the state is checked here first (a 409
+/* POST /v1/sandboxes/{id}/timeout {timeout_s}: a new deadline, timeout_s from now, for a running
+ * or paused sandbox (SandboxTimeoutRequested: the log's reducer moves it, the scheduler acts on
+ * it); answered once the log stored it.
+ *
+ * POST /v1/sandboxes/{id}/pause | resume | suspend: the state is checked here first (a 409
  * with the state for a transition that cannot be), then the intent goes to the sandbox's
  * owner (its worker; the scheduler for a suspended sandbox, which lives on no worker), and the
  * answer waits for the outcome in the projection like create and delete do: 200 with the
@@ -19,7 +23,7 @@
 #include "log.h"
 #include "xmalloc.h"
 
-typedef enum { OP_PAUSE = 0, OP_RESUME, OP_SUSPEND } op_t;
+typedef enum { OP_PAUSE = 0, OP_RESUME, OP_SUSPEND, OP_TIMEOUT } op_t;
 
 typedef enum { L_PUBLISHED = 1, L_NOT_FOUND, L_STATE, L_DB_ERROR, L_BUS_ERROR } outcome_t;
 
@@ -34,11 +38,12 @@ typedef struct {
     char request_id[GW_REQUEST_ID_MAX + 1];
     char event_id[GW_EVENT_ID_LEN + 1];
     char state[32];
+    uint32_t timeout_s;
     outcome_t outcome;
     int bus_rc;
 } lc_job_t;
 
-static const char *const OP_NAMES[] = {"pause", "resume", "suspend"};
+static const char *const OP_NAMES[] = {"pause", "resume", "suspend", "set the timeout of"};
 
 /* Whether op can start from state, and to whom the intent goes ("" = the scheduler). */
 static bool allowed(op_t op, sp_sbx_state_t st, bool *ret_to_scheduler)
@@ -52,6 +57,8 @@ static bool allowed(op_t op, sp_sbx_state_t st, bool *ret_to_scheduler)
     case OP_RESUME:
         *ret_to_scheduler = st == SP_SBX_SUSPENDED;
         return st == SP_SBX_PAUSED || st == SP_SBX_SUSPENDED;
+    case OP_TIMEOUT:
+        return st == SP_SBX_RUNNING || st == SP_SBX_PAUSED;
     }
     return false;
 }
@@ -91,6 +98,7 @@ static void lc_run(gw_job_t *job, PGconn *db)
     Space__V1__SandboxPauseRequested pause = SPACE__V1__SANDBOX_PAUSE_REQUESTED__INIT;
     Space__V1__SandboxResumeRequested resume = SPACE__V1__SANDBOX_RESUME_REQUESTED__INIT;
     Space__V1__SandboxSuspendRequested suspend = SPACE__V1__SANDBOX_SUSPEND_REQUESTED__INIT;
+    Space__V1__SandboxTimeoutRequested timeout = SPACE__V1__SANDBOX_TIMEOUT_REQUESTED__INIT;
     agg.kind = "sandbox";
     agg.id = l->id;
     env.aggregate = &agg;
@@ -103,9 +111,13 @@ static void lc_run(gw_job_t *job, PGconn *db)
     } else if (l->op == OP_RESUME) {
         env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUME_REQUESTED;
         env.sandbox_resume_requested = &resume;
-    } else {
+    } else if (l->op == OP_SUSPEND) {
         env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_REQUESTED;
         env.sandbox_suspend_requested = &suspend;
+    } else {
+        timeout.timeout_s = l->timeout_s;
+        env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_TIMEOUT_REQUESTED;
+        env.sandbox_timeout_requested = &timeout;
     }
     char subject[192];
     uint8_t *data = NULL;
@@ -126,7 +138,8 @@ static void lc_done(gw_job_t *job)
     lc_job_t *l = (lc_job_t *)job;
     gw_req_t *rq = l->rq;
     gw_t *gw = job->gw;
-    static const gw_wait_kind_t KIND[] = {GW_WAIT_PAUSE, GW_WAIT_RESUME, GW_WAIT_SUSPEND};
+    static const gw_wait_kind_t KIND[] = {GW_WAIT_PAUSE, GW_WAIT_RESUME, GW_WAIT_SUSPEND,
+                                          GW_WAIT_STORED};
 
     switch (l->outcome) {
     case L_PUBLISHED:
@@ -179,6 +192,49 @@ static void lc_done(gw_job_t *job)
     free(l);
 }
 
+/* {"timeout_s": 1..2592000}; answers the 4xx itself. */
+static int parse_timeout(gw_req_t *rq, uint32_t *ret)
+{
+    h2o_req_t *req = rq->req;
+    const h2o_iovec_t *ct = gw_req_header(rq, "content-type", NULL);
+    char jerr[SP_JSON_ERR_MAX];
+    sp_json_doc_t *doc = NULL;
+    size_t len = req->entity.base ? req->entity.len : 0;
+    if (ct && !gw_json_content_type(ct)) {
+        gw_respond_error(rq, 415, "unsupported_media_type", NULL,
+                         "send the body as application/json");
+        return -EINVAL;
+    }
+    sp_json_limits_t lim = {.max_bytes = 4096, .max_depth = 2, .max_nodes = 8, .max_string = 64};
+    if (len == 0 || len > 4096 || sp_json_parse(req->entity.base, len, &lim, &doc, jerr) < 0 ||
+        sp_json_type(sp_json_root(doc)) != SP_JSON_OBJECT) {
+        sp_json_doc_free(doc);
+        gw_respond_error(rq, 400, "invalid_json", NULL, "the body must be {\"timeout_s\": N}");
+        return -EINVAL;
+    }
+    const sp_json_t *root = sp_json_root(doc);
+    int64_t v = 0;
+    int rc = 0;
+    for (size_t i = 0; i < sp_json_len(root) && rc == 0; i++) {
+        const char *k = sp_json_key_at(root, i);
+        if (strcmp(k, "timeout_s") != 0) {
+            gw_respond_error(rq, 400, "unknown_field", NULL, "unknown field %s", k);
+            rc = -EINVAL;
+        } else if (sp_json_int(sp_json_at(root, i), 1, 2592000, &v) < 0) {
+            gw_respond_error(rq, 400, "invalid_field", NULL,
+                             "timeout_s must be an integer within 1..2592000");
+            rc = -EINVAL;
+        }
+    }
+    if (rc == 0 && v == 0) {
+        gw_respond_error(rq, 400, "missing_field", NULL, "timeout_s is required");
+        rc = -EINVAL;
+    }
+    sp_json_doc_free(doc);
+    *ret = (uint32_t)v;
+    return rc;
+}
+
 void gw_sandbox_lifecycle(gw_req_t *rq)
 {
     op_t op;
@@ -186,12 +242,17 @@ void gw_sandbox_lifecycle(gw_req_t *rq)
         op = OP_PAUSE;
     else if (strcmp(rq->path_action, "resume") == 0)
         op = OP_RESUME;
-    else
+    else if (strcmp(rq->path_action, "suspend") == 0)
         op = OP_SUSPEND;
+    else
+        op = OP_TIMEOUT;
     if (!sp_id_valid(rq->path_id)) {
         gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
         return;
     }
+    uint32_t timeout_s = 0;
+    if (op == OP_TIMEOUT && parse_timeout(rq, &timeout_s) < 0)
+        return;
     gw_query_t q;
     bool wait = true;
     if (gw_query_parse(rq->req, &q) < 0) {
@@ -214,6 +275,7 @@ void gw_sandbox_lifecycle(gw_req_t *rq)
     l->rq = rq;
     l->op = op;
     l->wait = wait;
+    l->timeout_s = timeout_s;
     snprintf(l->id, sizeof(l->id), "%s", rq->path_id);
     snprintf(l->tenant, sizeof(l->tenant), "%s", rq->tenant);
     snprintf(l->actor, sizeof(l->actor), "%s", rq->key_id);

@@ -100,10 +100,13 @@ void gw_sandbox_json(const PGresult *r, int row, sp_buf_t *b)
     gw_json_time(b, created);
     sp_buf_puts(b, ",\"started_at\":");
     gw_json_time(b, started);
-    /* timeout_s 0 means no automatic end. */
+    /* The deadline the scheduler acts on (null: none: timeout_s 0, or suspended). */
     sp_buf_puts(b, ",\"timeout_at\":");
-    gw_json_time(b, started > 0 && timeout_s > 0 ? started + timeout_s * 1000000 : 0);
-    sp_buf_printf(b, ",\"timeout_s\":%" PRId64, timeout_s);
+    gw_json_time(b, col_i64(r, row, 13));
+    sp_buf_printf(b, ",\"timeout_s\":%" PRId64 ",\"on_timeout\":", timeout_s);
+    sp_buf_json_str(b, PQgetvalue(r, row, 14));
+    sp_buf_printf(b, ",\"idle_suspend_s\":%" PRId64 ",\"last_activity_at\":", col_i64(r, row, 15));
+    gw_json_time(b, col_i64(r, row, 16));
     /* jsonb's own output: valid JSON, built by the reducer from validated event fields. */
     sp_buf_puts(b, ",\"metadata\":");
     sp_buf_puts(b, PQgetisnull(r, row, 8) ? "{}" : PQgetvalue(r, row, 8));
@@ -144,7 +147,12 @@ typedef struct {
     size_t n_rows;
     reject_t *rejects;
     size_t n_rejects;
+    char (*stored)[GW_EVENT_ID_LEN + 1]; /* intents the log has, and whether it took them */
+    bool *stored_ok;
+    size_t n_stored;
 } check_job_t;
+
+static void check_stored(check_job_t *c, PGconn *db);
 
 static int view_cmp(const void *a, const void *b)
 {
@@ -179,6 +187,7 @@ static void check_run(gw_job_t *job, PGconn *db)
     qsort(c->rows, c->n_rows, sizeof(*c->rows), view_cmp);
     if (!c->any_intent)
         return;
+    check_stored(c, db);
 
     /* A refused intent answers with SandboxRequestRejected naming it as causation, a suspend
      * that failed on the way with SandboxSuspendFailed (causation too), a resume from suspend
@@ -199,6 +208,7 @@ static void check_run(gw_job_t *job, PGconn *db)
         return;
     }
     c->rejects = sp_xcalloc((size_t)PQntuples(r) + 1, sizeof(*c->rejects));
+    /* (The intents themselves, for waiters that only need them stored: read below.) */
     for (int i = 0; i < PQntuples(r); i++) {
         sp_envelope_t *env = NULL;
         char why[SP_REASON_MAX];
@@ -224,6 +234,29 @@ static void check_run(gw_job_t *job, PGconn *db)
         snprintf(x->reason, sizeof(x->reason), "%s", reason);
         snprintf(x->detail, sizeof(x->detail), "%s", detail);
         sp_envelope_free(env);
+    }
+    PQclear(r);
+}
+
+/* Which waited-for intents the log has stored, and with which status. */
+static void check_stored(check_job_t *c, PGconn *db)
+{
+    const char *p[1] = {c->event_ids.data};
+    PGresult *r = PQexecParams(db,
+                               "SELECT event_id::text, status FROM events WHERE event_id = "
+                               "ANY($1::uuid[])",
+                               1, NULL, p, NULL, NULL, 0);
+    if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
+        log_db_error("stored intents", db);
+        PQclear(r);
+        return;
+    }
+    c->n_stored = (size_t)PQntuples(r);
+    c->stored = sp_xcalloc(c->n_stored + 1, sizeof(*c->stored));
+    c->stored_ok = sp_xcalloc(c->n_stored + 1, sizeof(*c->stored_ok));
+    for (size_t i = 0; i < c->n_stored; i++) {
+        snprintf(c->stored[i], sizeof(c->stored[i]), "%s", PQgetvalue(r, (int)i, 0));
+        c->stored_ok[i] = strcmp(PQgetvalue(r, (int)i, 1), "accepted") == 0;
     }
     PQclear(r);
 }
@@ -299,6 +332,21 @@ static bool settle(gw_waiter_t *w, const check_job_t *c)
     sp_sbx_state_t target = w->kind == GW_WAIT_PAUSE     ? SP_SBX_PAUSED
                             : w->kind == GW_WAIT_SUSPEND ? SP_SBX_SUSPENDED
                                                          : SP_SBX_RUNNING;
+    if (w->kind == GW_WAIT_STORED) {
+        for (size_t i = 0; i < c->n_stored; i++) {
+            if (strcmp(c->stored[i], w->event_id) != 0)
+                continue;
+            if (c->stored_ok[i] && v)
+                gw_respond(w->rq, 200, "application/json", v->json, strlen(v->json));
+            else
+                gw_respond_error(w->rq, 409, "illegal_transition", NULL,
+                                 "the event log refused the request (the sandbox's state "
+                                 "changed): GET /v1/sandboxes/%s",
+                                 w->sandbox_id);
+            return true;
+        }
+        return false;
+    }
     if (w->kind != GW_WAIT_DELETE && v && v->state == target) {
         gw_respond(w->rq, 200, "application/json", v->json, strlen(v->json));
         return true;
@@ -353,6 +401,8 @@ static void check_done(gw_job_t *job)
         free(c->rows[i].json);
     free(c->rows);
     free(c->rejects);
+    free(c->stored);
+    free(c->stored_ok);
     sp_buf_dispose(&c->ids);
     sp_buf_dispose(&c->event_ids);
     sp_buf_dispose(&c->corr_ids);

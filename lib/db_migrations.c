@@ -92,8 +92,17 @@ static const char m2_keys[] =
     "  PRIMARY KEY (tenant, key)"
     ");";
 
+static const char m3_timeouts[] =
+    /* Deadlines and idleness, maintained by the reducer, watched by the scheduler. */
+    "ALTER TABLE sandboxes ADD COLUMN timeout_at timestamptz,"
+    "  ADD COLUMN on_timeout text NOT NULL DEFAULT 'delete',"
+    "  ADD COLUMN idle_suspend_s integer NOT NULL DEFAULT 0,"
+    "  ADD COLUMN last_activity_at timestamptz;"
+    "CREATE INDEX sandboxes_timeout_at ON sandboxes (timeout_at) WHERE timeout_at IS NOT NULL;";
+
 const sp_db_migration_t sp_db_migrations[] = {
     {1, "events, sandboxes, workers", m1_events},
     {2, "api_keys, idempotency_keys", m2_keys},
+    {3, "sandbox timeouts and idleness", m3_timeouts},
 };
 const size_t sp_db_n_migrations = sizeof(sp_db_migrations) / sizeof(sp_db_migrations[0]);

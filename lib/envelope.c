@@ -193,6 +193,11 @@ static int validate_create(const Space__V1__SandboxCreateRequested *p, char reas
                         p->resources->memory_mb);
     }
     CHECK_TEXT(p->idempotency_key, CORR_MAX, "idempotency_key");
+    if (p->on_timeout[0] && strcmp(p->on_timeout, "delete") != 0 &&
+        strcmp(p->on_timeout, "suspend") != 0)
+        return fail(reason, SP_ESCHEMA, "on_timeout: delete or suspend");
+    if (p->idle_suspend_s > 30 * 24 * 3600)
+        return fail(reason, SP_ESCHEMA, "idle_suspend_s: %u is over 30 days", p->idle_suspend_s);
     return validate_network(p->network, reason);
 }
 
@@ -341,6 +346,12 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
         return 0;
     case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED:
         return validate_command(e->command_requested, reason);
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_TIMEOUT_REQUESTED:
+        if (e->sandbox_timeout_requested->timeout_s == 0 ||
+            e->sandbox_timeout_requested->timeout_s > 2592000)
+            return fail(reason, SP_ESCHEMA, "timeout_s: %u, want 1..2592000",
+                        e->sandbox_timeout_requested->timeout_s);
+        return 0;
     case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED:
         CHECK_ID(e->command_started->cmd_id, "cmd_id");
         return 0;

@@ -143,6 +143,8 @@ static unsigned allowed_from(sp_event_type_t t)
         return BIT(SP_SBX_RUNNING);
     case SPACE__V1__ENVELOPE__PAYLOAD_NETWORK_POLICY_UPDATE_REQUESTED:
         return LIVE;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_TIMEOUT_REQUESTED:
+        return BIT(SP_SBX_RUNNING) | BIT(SP_SBX_PAUSED);
     default:
         /* Intents and refusals: any existing sandbox. Command facts too: a command may
          * finish while its sandbox is being paused or deleted. */
@@ -156,6 +158,8 @@ static void apply_create(sp_sandbox_t *s, const sp_envelope_t *env)
     copy_str(s->tenant, sizeof(s->tenant), env->tenant);
     copy_str(s->template_, sizeof(s->template_), p->template_);
     s->timeout_s = p->timeout_s;
+    copy_str(s->on_timeout, sizeof(s->on_timeout), p->on_timeout[0] ? p->on_timeout : "delete");
+    s->idle_suspend_s = p->idle_suspend_s;
     if (p->resources) {
         s->vcpu = p->resources->vcpu;
         s->memory_mb = p->resources->memory_mb;
@@ -206,6 +210,8 @@ int sp_reduce_sandbox(sp_sandbox_t *s, const sp_envelope_t *env, uint64_t seq,
                           env->sandbox_started->worker, s->worker);
         s->state = SP_SBX_RUNNING;
         s->started_at_us = env->occurred_at_us;
+        s->last_activity_us = env->occurred_at_us;
+        s->timeout_at_us = s->timeout_s ? env->occurred_at_us + (int64_t)s->timeout_s * 1000000 : 0;
         break;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_FAILED:
         s->state = SP_SBX_FAILED;
@@ -216,15 +222,35 @@ int sp_reduce_sandbox(sp_sandbox_t *s, const sp_envelope_t *env, uint64_t seq,
         break;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMED:
         copy_str(s->worker, sizeof(s->worker), env->sandbox_resumed->worker);
+        /* Back from a suspend, the timeout starts again (as E2B's connect does). */
+        if (s->state == SP_SBX_RESUMING)
+            s->timeout_at_us =
+                s->timeout_s ? env->occurred_at_us + (int64_t)s->timeout_s * 1000000 : 0;
         s->state = SP_SBX_RUNNING;
+        s->last_activity_us = env->occurred_at_us;
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_TIMEOUT_REQUESTED:
+        s->timeout_s = env->sandbox_timeout_requested->timeout_s;
+        s->timeout_at_us = env->occurred_at_us + (int64_t)s->timeout_s * 1000000;
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_FILE_WRITTEN:
+    case SPACE__V1__ENVELOPE__PAYLOAD_FILE_REMOVED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_FILE_MOVED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_DIR_CREATED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED:
+        /* Activity: what keeps a sandbox from being suspended for idleness. */
+        s->last_activity_us = env->occurred_at_us;
         break;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDING:
         s->state = SP_SBX_SUSPENDING;
         break;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDED:
-        /* Every host resource is released: the sandbox lives on no worker until resumed. */
+        /* Every host resource is released: the sandbox lives on no worker until resumed; no
+         * timeout runs while it is suspended. */
         s->state = SP_SBX_SUSPENDED;
         s->worker[0] = '\0';
+        s->timeout_at_us = 0;
         break;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMING:
         copy_str(s->worker, sizeof(s->worker), env->sandbox_resuming->worker);

@@ -29,6 +29,11 @@ static const sp_cfg_opt_t options[] = {
                    "redelivery of an intent whose scheduler died"),
     SP_CFG_INT_OPT("heartbeat-misses", sched_config_t, heartbeat_misses, 1, 100, "3",
                    "a worker is live while its last heartbeat is younger than this many intervals"),
+    SP_CFG_INT_OPT("idle-suspend-s", sched_config_t, idle_suspend_s, 1, 2592000, "21600",
+                   "a running sandbox without activity this long is suspended (per sandbox: "
+                   "idle_suspend_s at create)"),
+    SP_CFG_INT_OPT("controller-ms", sched_config_t, controller_ms, 100, 60000, "1000",
+                   "how often timeouts and idleness are checked"),
     SP_CFG_STR_OPT("log-level", sched_config_t, log_level, "info", "debug|info|warn|error"),
     SP_CFG_STR_OPT("log-format", sched_config_t, log_format, "kv", "kv|json"),
 };
@@ -44,9 +49,17 @@ static int run(sched_t *s)
         return rc;
     }
     sp_log(SP_LOG_INFO, "scheduling", SP_KS("name", s->cfg->name));
+    int64_t next_tick = 0;
     while (!sp_daemon_stopping) {
+        if (sp_mono_ns() >= next_tick) {
+            if (PQstatus(s->db) != CONNECTION_OK)
+                PQreset(s->db);
+            (void)sched_timeouts_tick(s);
+            next_tick = sp_mono_ns() + s->cfg->controller_ms * 1000000;
+        }
         sp_bus_batch_t *b = NULL;
-        rc = sp_bus_fetch(c, (size_t)s->cfg->batch_max, 1000, &b);
+        int wait_ms = (int)((next_tick - sp_mono_ns()) / 1000000);
+        rc = sp_bus_fetch(c, (size_t)s->cfg->batch_max, wait_ms < 10 ? 10 : wait_ms, &b);
         if (rc < 0) {
             sp_bus_batch_free(b);
             sp_daemon_sleep_ms(200);

@@ -3,6 +3,7 @@
 #define SPACE_SCHEDULER_H
 
 #include <libpq-fe.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "bus.h"
@@ -16,6 +17,8 @@ typedef struct {
     int64_t batch_max;
     int64_t ack_wait_ms;
     int64_t heartbeat_misses;
+    int64_t idle_suspend_s; /* platform default for sandboxes that set none */
+    int64_t controller_ms;  /* timeout/idle controller period */
     char *log_level;
     char *log_format;
 } sched_config_t;
@@ -40,5 +43,8 @@ typedef struct {
  * (the database or the bus failed: redeliver later). Invalid events are done: the event log
  * records them as rejected. */
 int sched_handle(sched_t *s, const sp_bus_msg_t *m);
+
+/* One pass of the timeout and idleness controller (scheduler_timeouts.c). */
+int sched_timeouts_tick(sched_t *s);
 
 #endif

@@ -45,7 +45,12 @@ typedef struct {
     char *env_names_json; /* JSON array text */
     char failure_reason[SP_REASON_MAX];
     int64_t created_at_us, started_at_us, updated_at_us, deleted_at_us; /* 0 = unset */
-    uint32_t version;                                                   /* events applied */
+    /* Timeouts: the deadline (0 = none), what happens then, and idleness. */
+    int64_t timeout_at_us;
+    char on_timeout[16];     /* "delete" or "suspend" */
+    uint32_t idle_suspend_s; /* 0: the platform's default */
+    int64_t last_activity_us;
+    uint32_t version; /* events applied */
     uint64_t last_seq;
 } sp_sandbox_t;
 

@@ -236,13 +236,78 @@ static void test_no_wait_and_errors(void **state)
     sp_test_cmd_free(&r);
 }
 
+/* A sandbox made with body (JSON); its id into out. */
+static void create_with(const char *body, char out[64])
+{
+    sp_test_http_resp_t r;
+    sp_test_http(port, "POST", "/v1/sandboxes", key, NULL, body, strlen(body), &r);
+    if (r.status != 201)
+        fail_msg("create %s: %d %s", body, r.status, r.body);
+    sp_json_doc_t *doc = sp_test_json(&r);
+    snprintf(out, 64, "%s", sp_json_str(sp_json_get(sp_json_root(doc), "id"), NULL));
+    sp_json_doc_free(doc);
+    sp_test_http_free(&r);
+}
+
+static long long state_is(PGconn *db, const char *id, const char *state, int timeout_ms)
+{
+    char sql[256];
+    snprintf(sql, sizeof(sql), "SELECT count(*) FROM sandboxes WHERE id = '%s' AND state = '%s'",
+             id, state);
+    return sp_test_db_wait_scalar(db, sql, 1, timeout_ms);
+}
+
+/* Timeouts and idleness, acted on by the scheduler's controller from the projection. */
+static void test_timeouts(void **state)
+{
+    char gone[64], slept[64], extended[64], idle[64], busy[64], st[64];
+    PGconn *db = sp_test_db();
+    create_with("{\"template\":\"tiny\",\"timeout_s\":2}", gone);
+    create_with("{\"template\":\"tiny\",\"timeout_s\":2,\"on_timeout\":\"suspend\"}", slept);
+    create_with("{\"template\":\"tiny\",\"timeout_s\":2}", extended);
+    create_with("{\"template\":\"tiny\",\"idle_suspend_s\":3}", idle);
+    create_with("{\"template\":\"tiny\",\"idle_suspend_s\":3}", busy);
+    /* A new deadline, a minute from now. */
+    char path[160];
+    sp_test_http_resp_t r;
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/timeout", extended);
+    const char *body = "{\"timeout_s\":60}";
+    sp_test_http(port, "POST", path, key, NULL, body, strlen(body), &r);
+    assert_int_equal(r.status, 200);
+    sp_test_http_free(&r);
+    body = "{\"timeout_s\":0}";
+    sp_test_http(port, "POST", path, key, NULL, body, strlen(body), &r);
+    assert_int_equal(r.status, 400);
+    sp_test_http_free(&r);
+    /* Activity keeps one of the two idle ones running. */
+    for (int i = 0; i < 10; i++) {
+        sp_test_cmd_t c = sp_test_run(port, key, busy, "{\"cmd\":\"true\"}");
+        sp_test_cmd_free(&c);
+        usleep(500 * 1000);
+    }
+    assert_int_equal(state_is(db, gone, "deleted", 15000), 1);
+    assert_int_equal(state_is(db, slept, "suspended", 15000), 1);
+    assert_int_equal(state_is(db, idle, "suspended", 15000), 1);
+    assert_int_equal(state_is(db, extended, "running", 1), 1);
+    assert_int_equal(state_is(db, busy, "running", 1), 1);
+    /* The deletes and suspends name why: the scheduler asked. */
+    char sql[256];
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type = "
+             "'SandboxDeleteRequested' AND actor = 'svc:scheduler'",
+             gone);
+    assert_int_equal(sp_test_db_scalar(db, sql), 1);
+    /* A suspended-for-timeout sandbox resumes like any other. */
+    assert_int_equal(lifecycle(slept, "resume", NULL, st, sizeof(st)), 200);
+    PQfinish(db);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_pause_resume),
-        cmocka_unit_test(test_suspend_resume),
-        cmocka_unit_test(test_corrupt_snapshot),
-        cmocka_unit_test(test_no_wait_and_errors),
+        cmocka_unit_test(test_pause_resume),     cmocka_unit_test(test_suspend_resume),
+        cmocka_unit_test(test_corrupt_snapshot), cmocka_unit_test(test_no_wait_and_errors),
+        cmocka_unit_test(test_timeouts),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
