@@ -62,6 +62,7 @@ static void usage(FILE *out)
             "  exec ID [--] CMD [ARG...]  run a command, print its output, exit with its code\n"
             "  cp LOCAL ID:PATH           copy a file into a sandbox (streamed)\n"
             "  cp ID:PATH LOCAL           copy a file out of a sandbox (streamed)\n"
+            "  events [--follow] [ID]     the event log (of one sandbox), one line per event\n"
             "\n");
     sp_config_usage(out, "space <command>", options, N_OPTIONS);
 }
@@ -72,7 +73,7 @@ int main(int argc, char **argv)
     const char *cmd;
     char **args, *err = NULL, *prog;
     int nargs = 0, argi = 0, r;
-    bool purge = false;
+    bool purge = false, follow = false;
 
     if (argc < 2) {
         usage(stderr);
@@ -84,7 +85,7 @@ int main(int argc, char **argv)
         return SP_STACK_EXIT_OK;
     }
     bool client = strcmp(cmd, "create") == 0 || strcmp(cmd, "ls") == 0 || strcmp(cmd, "rm") == 0 ||
-                  strcmp(cmd, "exec") == 0 || strcmp(cmd, "cp") == 0;
+                  strcmp(cmd, "exec") == 0 || strcmp(cmd, "cp") == 0 || strcmp(cmd, "events") == 0;
     if (!client && strcmp(cmd, "up") != 0 && strcmp(cmd, "down") != 0 &&
         strcmp(cmd, "status") != 0 && strcmp(cmd, "env") != 0 && strcmp(cmd, "demo") != 0) {
         fprintf(stderr, "space: unknown command '%s' (see space --help)\n", cmd);
@@ -99,6 +100,9 @@ int main(int argc, char **argv)
     for (int i = 2; i < argc; i++) {
         if (strcmp(cmd, "down") == 0 && strcmp(argv[i], "--purge") == 0)
             purge = true;
+        else if (strcmp(cmd, "events") == 0 &&
+                 (strcmp(argv[i], "--follow") == 0 || strcmp(argv[i], "-f") == 0))
+            follow = true; /* not a configuration option: handed to the command */
         else
             args[nargs++] = argv[i];
     }
@@ -113,6 +117,8 @@ int main(int argc, char **argv)
     }
     if (client) {
         /* Positional arguments follow the options: ID, the command line of exec. */
+        if (follow)
+            args[nargs++] = "--follow"; /* after the positional arguments: ID [--follow] */
         r = sp_client_main(&cfg, cmd, nargs - argi, args + argi);
         goto out;
     }

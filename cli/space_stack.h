@@ -55,6 +55,8 @@ int sp_stack_demo(const sp_stack_config_t *cfg, const char *bin);
 int sp_client_main(const sp_stack_config_t *cfg, const char *cmd, int argc, char **argv);
 /* space cp (space_cp.c), with the API's address and key. */
 int sp__client_cp(const char *host, int port, const char *key, int argc, char **argv);
+/* `space events [--follow] [ID]` (space_events.c). */
+int sp__client_events(const char *host, int port, const char *key, int argc, char **argv);
 /* The directory of the SPACE programs: cfg->bin_dir, else that of the running program (heap). */
 char *sp_stack_bin_dir(const sp_stack_config_t *cfg);
 

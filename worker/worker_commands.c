@@ -64,7 +64,8 @@ struct wk_cmd {
     int64_t t0_ns, started_at_us, ended_ns;
     uint32_t pid;
     bool background, pty, stdin_open;
-    bool outage; /* the agent channel was down while it ran: output of that time is lost */
+    bool outage;     /* the agent channel was down while it ran: output of that time is lost */
+    bool publishing; /* ended, on the done list, its end not published yet: not pruned */
     uint64_t seq;
     uint64_t bytes[3]; /* by stream; [0] unused */
     sp_sha256_ctx_t *sha[3];
@@ -80,6 +81,7 @@ struct wk_cmd {
     uint32_t duration_ms;
     char error[WK_ERR_MAX];
     wk_cmd_t *next;
+    wk_cmd_t *more; /* a list of the caller's, apart from next */
 };
 
 static void cmd_free(wk_cmd_t *c)
@@ -122,7 +124,8 @@ static void prune_done(wk_box_t *b)
     size_t n = 0;
     for (wk_cmd_t **pp = &b->done; *pp;) {
         wk_cmd_t *c = *pp;
-        if (++n > DONE_KEEP || now - c->ended_ns > (int64_t)DONE_TTL_S * 1000000000) {
+        if (!c->publishing &&
+            (++n > DONE_KEEP || now - c->ended_ns > (int64_t)DONE_TTL_S * 1000000000)) {
             *pp = c->next;
             cmd_free(c);
             continue;
@@ -208,63 +211,85 @@ static void publish_io(wk_box_t *b, const char *cmd_id, const char *kind, const 
     free(buf);
 }
 
-/* Ends c (taken off the running list): IoExit and CommandExited, then c goes to the box's
- * done list. */
-static void finish(wk_box_t *b, wk_cmd_t *c, int exit_code, int sig, bool timed_out,
-                   const char *error)
+/* c, just taken off the running list (box->mu held), ends: its exit is recorded and it goes to
+ * the done list in the same step, so a client attaching meanwhile finds it running or ended,
+ * never missing. finish() then publishes the end. */
+static void retire_locked(wk_box_t *b, wk_cmd_t *c, int exit_code, int sig, bool timed_out,
+                          const char *error)
+{
+    if (!error && c->outage)
+        error = "output was lost while the agent channel was down";
+    c->exit_code = exit_code;
+    c->signal = (uint32_t)sig;
+    c->timed_out = timed_out;
+    c->duration_ms = (uint32_t)((sp_mono_ns() - c->t0_ns) / 1000000);
+    c->stdin_open = false;
+    snprintf(c->error, sizeof(c->error), "%.*s", (int)sizeof(c->error) - 1, error ? error : "");
+    c->ended_ns = sp_mono_ns();
+    c->publishing = true;
+    c->next = b->done;
+    b->done = c;
+}
+
+/* Publishes the end of a retired command: IoExit and CommandExited. */
+static void finish(wk_box_t *b, wk_cmd_t *c)
 {
     uint8_t digest[3][SP_SHA256_LEN];
     for (int s = 1; s <= 2; s++)
         sp_sha256_final(c->sha[s], digest[s]);
-    if (!error && c->outage)
-        error = "output was lost while the agent channel was down";
-    uint32_t ms = (uint32_t)((sp_mono_ns() - c->t0_ns) / 1000000);
+    c->sha[1] = c->sha[2] = NULL;
 
     Space__Io__V1__IoExit ex = SPACE__IO__V1__IO_EXIT__INIT;
     ex.cmd_id = c->id;
-    ex.exit_code = exit_code;
-    ex.signal = (uint32_t)sig;
-    ex.timed_out = timed_out;
-    ex.error = (char *)(error ? error : "");
+    ex.exit_code = c->exit_code;
+    ex.signal = c->signal;
+    ex.timed_out = c->timed_out;
+    ex.error = c->error;
     ex.stdout_bytes = c->bytes[1];
     ex.stderr_bytes = c->bytes[2];
     ex.truncated = c->live_truncated;
     ex.last_seq = c->seq;
-    ex.duration_ms = ms;
+    ex.duration_ms = c->duration_ms;
     publish_io(b, c->id, "exit", &ex.base);
 
     sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
     Space__V1__CommandExited done = SPACE__V1__COMMAND_EXITED__INIT;
     done.cmd_id = c->id;
-    done.exit_code = exit_code;
-    done.signal = (uint32_t)sig;
-    done.timed_out = timed_out;
-    done.error = ex.error;
+    done.exit_code = c->exit_code;
+    done.signal = c->signal;
+    done.timed_out = c->timed_out;
+    done.error = c->error;
     done.stdout_bytes = c->bytes[1];
     done.stderr_bytes = c->bytes[2];
     done.stdout_sha256 = (ProtobufCBinaryData){SP_SHA256_LEN, digest[1]};
     done.stderr_sha256 = (ProtobufCBinaryData){SP_SHA256_LEN, digest[2]};
-    done.duration_ms = ms;
+    done.duration_ms = c->duration_ms;
     done.output_truncated = c->live_truncated;
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED;
     env.command_exited = &done;
     publish_command_event(b, c, &env, "exited", 0);
     sp_log(SP_LOG_INFO, "command done", SP_KS("sandbox", b->id), SP_KS("cmd", c->id),
-           SP_KI("exit_code", exit_code), SP_KI("signal", sig), SP_KU("ms", ms),
-           SP_KS("error", error ? error : ""), SP_KS("corr", c->corr));
+           SP_KI("exit_code", c->exit_code), SP_KU("signal", c->signal),
+           SP_KU("ms", c->duration_ms), SP_KS("error", c->error), SP_KS("corr", c->corr));
 
-    c->exit_code = exit_code;
-    c->signal = (uint32_t)sig;
-    c->timed_out = timed_out;
-    c->duration_ms = ms;
-    c->stdin_open = false;
-    snprintf(c->error, sizeof(c->error), "%s", error ? error : "");
-    c->ended_ns = sp_mono_ns();
     pthread_mutex_lock(&b->mu);
-    c->next = b->done;
-    b->done = c;
+    c->publishing = false;
     prune_done(b);
     pthread_mutex_unlock(&b->mu);
+}
+
+/* Takes cmd_id off the running list and ends it: 1 when it was running. */
+static int end_cmd(wk_box_t *b, const char *cmd_id, int exit_code, int sig, bool timed_out,
+                   const char *error)
+{
+    pthread_mutex_lock(&b->mu);
+    wk_cmd_t *c = take_cmd(b, cmd_id);
+    if (c)
+        retire_locked(b, c, exit_code, sig, timed_out, error);
+    pthread_mutex_unlock(&b->mu);
+    if (c)
+        finish(b, c);
+    return c != NULL;
 }
 
 void wk_box_free_commands(wk_box_t *b)
@@ -299,15 +324,15 @@ void wk_box_forget_commands(wk_box_t *b)
 
 void wk_box_fail_commands(wk_box_t *b, const char *error)
 {
-    pthread_mutex_lock(&b->mu);
-    wk_cmd_t *list = b->cmds;
-    b->cmds = NULL;
-    b->n_cmds = 0;
-    pthread_mutex_unlock(&b->mu);
-    while (list) {
-        wk_cmd_t *next = list->next;
-        finish(b, list, -1, 0, false, error);
-        list = next;
+    for (;;) {
+        char id[sizeof(((wk_cmd_t *)0)->id)];
+        pthread_mutex_lock(&b->mu);
+        bool any = b->cmds != NULL;
+        if (any)
+            snprintf(id, sizeof(id), "%s", b->cmds->id);
+        pthread_mutex_unlock(&b->mu);
+        if (!any || !end_cmd(b, id, -1, 0, false, error))
+            return;
     }
 }
 
@@ -415,22 +440,12 @@ static void on_output(void *arg, const char *cmd_id, int stream, const uint8_t *
 
 static void on_exited(void *arg, const char *cmd_id, int exit_code, int sig, bool timed_out)
 {
-    wk_box_t *b = arg;
-    pthread_mutex_lock(&b->mu);
-    wk_cmd_t *c = take_cmd(b, cmd_id);
-    pthread_mutex_unlock(&b->mu);
-    if (c)
-        finish(b, c, exit_code, sig, timed_out, NULL);
+    (void)end_cmd(arg, cmd_id, exit_code, sig, timed_out, NULL);
 }
 
 static void on_error(void *arg, const char *cmd_id, const char *message)
 {
-    wk_box_t *b = arg;
-    pthread_mutex_lock(&b->mu);
-    wk_cmd_t *c = take_cmd(b, cmd_id);
-    pthread_mutex_unlock(&b->mu);
-    if (c)
-        finish(b, c, -1, 0, false, message);
+    (void)end_cmd(arg, cmd_id, -1, 0, false, message);
 }
 
 /* The channel is gone: the commands keep running in the sandbox; the agent connects back
@@ -514,7 +529,8 @@ size_t wk_box_adopt_channel(wk_box_t *b, wk_agent_t *a)
         }
         *pp = c->next;
         b->n_cmds--;
-        c->next = ended;
+        retire_locked(b, c, -1, 0, false, why);
+        c->more = ended; /* published below, outside the lock */
         ended = c;
     }
     /* Listed and not known: started under an earlier worker process. */
@@ -542,8 +558,8 @@ size_t wk_box_adopt_channel(wk_box_t *b, wk_agent_t *a)
     b->lost_why[0] = '\0';
     pthread_mutex_unlock(&b->mu);
     while (ended) {
-        wk_cmd_t *next = ended->next;
-        finish(b, ended, -1, 0, false, why);
+        wk_cmd_t *next = ended->more;
+        finish(b, ended);
         ended = next;
     }
     return n;

@@ -572,6 +572,11 @@ static void test_cli(void **state)
     assert_int_equal(sp_test_space(args), 0);
     snprintf(args, sizeof(args), "ls | grep -q %s", sbx[1]);
     assert_int_equal(sp_test_space(args), 0);
+    /* The event log of that sandbox, as lines: its start and the commands just run. */
+    snprintf(args, sizeof(args), "events %s | grep -q 'SandboxStarted *%s'", sbx[1], sbx[1]);
+    assert_int_equal(sp_test_space(args), 0);
+    snprintf(args, sizeof(args), "events %s | grep -c CommandExited | grep -qv '^0$'", sbx[1]);
+    assert_int_equal(sp_test_space(args), 0);
     /* A sandbox made and removed by the CLI. */
     assert_int_equal(sp_test_space("create tiny > cli-created.id"), 0);
     assert_int_equal(sp_test_space("rm $(cat cli-created.id)"), 0);
