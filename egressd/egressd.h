@@ -129,6 +129,14 @@ void eg_expire_attributions(eg_t *eg);
 /* ---- DNS (egressd_dns.c) ---- */
 int eg_dns_start(eg_t *eg);
 void eg_dns_tick(eg_t *eg);
+/* egressd's own A lookup of name for sandbox s (HTTP CONNECT names what to reach; the guest
+ * resolved nothing): the answer is attributed to (s, name) as a guest query's would be, then
+ * cb gets the address egressd will use (eg_resolved_addr), or 0 on failure or timeout. Never
+ * called from within eg_dns_resolve. < 0: no upstream or no room (cb is not called). */
+typedef void (*eg_resolve_cb)(eg_t *eg, void *arg, uint32_t addr_be);
+int eg_dns_resolve(eg_t *eg, eg_sbx_t *s, const char *name, eg_resolve_cb cb, void *arg);
+/* Forgets the lookups made for arg (its callback will not run). */
+void eg_dns_cancel(eg_t *eg, void *arg);
 void eg_dns_stop(eg_t *eg);
 
 /* ---- proxy (egressd_proxy.c) ---- */

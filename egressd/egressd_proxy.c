@@ -48,6 +48,7 @@ typedef enum {
     C_FIRST = 0,  /* reading the ClientHello or the request head */
     C_TLS_ACCEPT, /* handshake with the guest (our leaf) */
     C_TLS_HEAD,   /* reading the first decrypted request head */
+    C_RESOLVING,  /* CONNECT: egressd looks the name up itself */
     C_CONNECTING, /* TCP to the upstream address egressd resolved */
     C_UP_TLS,     /* handshake with the upstream (verified) */
     C_SPLICE,     /* relaying (requests checked one by one unless K_TCP) */
@@ -88,6 +89,7 @@ struct conn {
     size_t pending_len;
     int64_t body_left; /* request body bytes still to forward before the next head */
     bool counted;
+    bool tunnel; /* after a CONNECT: the tunnel must carry TLS for exactly that name */
 };
 
 typedef struct {
@@ -120,6 +122,8 @@ static void conn_close(conn_t *c)
 {
     if (c->state == C_CLOSING)
         return;
+    if (c->state == C_RESOLVING)
+        eg_dns_cancel(c->eg, c);
     c->state = C_CLOSING;
     if (c->counted) {
         eg_sbx_t *s = eg_sbx_by_id(c->eg, c->sandbox);
@@ -715,6 +719,128 @@ static int check_name(conn_t *c, eg_sbx_t *s, const char *proto, const char *nam
     return 0;
 }
 
+/* TLS from the guest for c->name (decided): terminated with the name's leaf. */
+static void start_termination(conn_t *c, eg_sbx_t *s)
+{
+    c->kind = K_TLS;
+    const char *why = NULL;
+    c->client.ssl = eg_tls_server_new(c->eg, c->name, &why);
+    if (!c->client.ssl) {
+        deny(c, s, "tls", c->name, why);
+        return;
+    }
+    c->client.in = BIO_new(BIO_s_mem());
+    c->client.out = BIO_new(BIO_s_mem());
+    SSL_set_bio(c->client.ssl, c->client.in, c->client.out);
+    /* The ClientHello read so far is the start of the handshake. */
+    if (BIO_write(c->client.in, c->first, (int)c->first_len) != (int)c->first_len) {
+        conn_close(c);
+        return;
+    }
+    c->first_len = 0;
+    c->state = C_TLS_ACCEPT;
+    client_tls_drive(c);
+}
+
+/* "host:port" (RFC 9110 9.3.6 authority-form) with a DNS name and a port. */
+static int parse_authority(const char *t, char name[254], uint16_t *port)
+{
+    const char *colon = strrchr(t, ':');
+    size_t hl = colon ? (size_t)(colon - t) : 0;
+    if (!colon || hl == 0 || hl > 253)
+        return -EINVAL;
+    for (size_t i = 0; i < hl; i++)
+        name[i] = (char)(t[i] >= 'A' && t[i] <= 'Z' ? t[i] + 32 : t[i]);
+    name[hl] = '\0';
+    unsigned v = 0;
+    size_t pl = strlen(colon + 1);
+    if (pl == 0 || pl > 5)
+        return -EINVAL;
+    for (size_t i = 0; i < pl; i++) {
+        if (colon[1 + i] < '0' || colon[1 + i] > '9')
+            return -EINVAL;
+        v = v * 10 + (unsigned)(colon[1 + i] - '0');
+    }
+    if (v == 0 || v > 65535 || !sp_dns_name_valid(name, false))
+        return -EINVAL;
+    *port = (uint16_t)v;
+    return 0;
+}
+
+static void on_resolved(eg_t *eg, void *arg, uint32_t addr_be)
+{
+    conn_t *c = arg;
+    if (c->state != C_RESOLVING)
+        return;
+    eg_sbx_t *s = eg_sbx_by_id(eg, c->sandbox);
+    if (!s) {
+        conn_close(c);
+        return;
+    }
+    if (!addr_be) {
+        deny(c, s, "http", c->name, "resolve_failed");
+        return;
+    }
+    c->up_be = c->dst_be = addr_be;
+    eg_audit(eg, s, true, "http", c->name, c->dst_be, c->dst_port, c->v.rule, c->v.reason);
+    static const char ok[] = "HTTP/1.1 200 Connection established\r\n\r\n";
+    if (tcp_write(&c->client, memdup(ok, sizeof(ok) - 1), sizeof(ok) - 1) < 0) {
+        conn_close(c);
+        return;
+    }
+    /* The tunnel's first bytes are read as a connection's first bytes are. */
+    c->state = C_FIRST;
+    memset(&c->v, 0, sizeof(c->v));
+    eg_decide_name(s, c->name, c->dst_port, &c->v);
+    uv_timer_start(&c->timer, on_timeout, (uint64_t)eg->cfg->first_bytes_timeout_ms, 0);
+    start_reading(&c->client);
+    if (c->first_len)
+        decide_first(c);
+}
+
+/* HTTP CONNECT through the proxy (RFC 9110 9.3.6), checked like an SNI: the authority's name
+ * and port must be allowed, Host must name the same authority, and egressd resolves the name
+ * itself (the guest's destination, some "proxy" address, plays no part). The tunnel must then
+ * carry TLS for that very name, which is terminated like any other. */
+static void connect_request(conn_t *c, eg_sbx_t *s, const sp_http_head_t *hh)
+{
+    char name[254];
+    uint16_t port = 0;
+    if (parse_authority(hh->target, name, &port) < 0) {
+        deny(c, s, "http", "", "bad_connect_target");
+        return;
+    }
+    if (strcmp(hh->host, name) != 0 || (hh->host_port && hh->host_port != port)) {
+        deny(c, s, "http", name, "host_connect_mismatch");
+        return;
+    }
+    if (hh->content_length > 0 || hh->chunked) {
+        deny(c, s, "http", name, "bad_http_head");
+        return;
+    }
+    c->dst_port = port;
+    eg_decide_name(s, name, port, &c->v);
+    if (!c->v.allow) {
+        deny(c, s, "http", name, c->v.reason);
+        return;
+    }
+    snprintf(c->name, sizeof(c->name), "%s", name);
+    c->tunnel = true;
+    /* A client may send its ClientHello before the 200: it stays in first. */
+    memmove(c->first, c->first + hh->head_len, c->first_len - hh->head_len);
+    c->first_len -= hh->head_len;
+    stop_reading(&c->client);
+    c->state = C_RESOLVING;
+    uv_timer_start(&c->timer, on_timeout, (uint64_t)c->eg->cfg->connect_timeout_ms, 0);
+    uint32_t a = s->mode == SP_NET_ALLOW_ALL ? 0 : eg_resolved_addr(s, name);
+    if (a) {
+        on_resolved(c->eg, c, a);
+        return;
+    }
+    if (eg_dns_resolve(c->eg, s, name, on_resolved, c) < 0)
+        deny(c, s, "http", name, "resolve_failed");
+}
+
 static void decide_first(conn_t *c)
 {
     eg_sbx_t *s = eg_sbx_by_id(c->eg, c->sandbox);
@@ -735,26 +861,21 @@ static void decide_first(conn_t *c)
             deny(c, s, "tls", h.sni, h.ech ? "ech" : h.multiple ? "multiple_sni" : "no_sni");
             return;
         }
-        if (check_name(c, s, "tls", h.sni) < 0)
-            return;
-        c->kind = K_TLS;
-        const char *why = NULL;
-        c->client.ssl = eg_tls_server_new(c->eg, c->name, &why);
-        if (!c->client.ssl) {
-            deny(c, s, "tls", c->name, why);
-            return;
-        }
-        c->client.in = BIO_new(BIO_s_mem());
-        c->client.out = BIO_new(BIO_s_mem());
-        SSL_set_bio(c->client.ssl, c->client.in, c->client.out);
-        /* The ClientHello read so far is the start of the handshake. */
-        if (BIO_write(c->client.in, c->first, (int)c->first_len) != (int)c->first_len) {
-            conn_close(c);
+        if (c->tunnel) {
+            /* Decided at the CONNECT, resolved by egressd: the SNI must be that name. */
+            if (strcmp(h.sni, c->name) != 0) {
+                deny(c, s, "tls", h.sni, "sni_connect_mismatch");
+                return;
+            }
+        } else if (check_name(c, s, "tls", h.sni) < 0) {
             return;
         }
-        c->first_len = 0;
-        c->state = C_TLS_ACCEPT;
-        client_tls_drive(c);
+        start_termination(c, s);
+        return;
+    }
+    if (c->tunnel) {
+        /* A CONNECT tunnel carries TLS, which is terminated and checked, or nothing. */
+        deny(c, s, "tls", c->name, "not_tls");
         return;
     }
     sp_http_head_t hh;
@@ -784,7 +905,7 @@ static void decide_first(conn_t *c)
         return;
     }
     if (hh.is_connect) {
-        deny(c, s, "http", hh.host, "connect_unsupported");
+        connect_request(c, s, &hh);
         return;
     }
     if (hh.chunked) {
