@@ -662,6 +662,72 @@ static void test_tls_terminated(void **state)
     PQfinish(db);
 }
 
+/* HTTP CONNECT through the proxy (any destination: every TCP connection reaches egressd):
+ * checked like an SNI, resolved by egressd itself, then the tunnelled TLS is terminated and
+ * checked like any other. c never resolved anything: egressd asks the resolver. */
+static void test_connect(void **state)
+{
+    NEED_ROOT();
+    char out[8192];
+    long long dns0 = stat_of("dns"), up_a = stat_of("https." ALLOWED ":443");
+    int rc = run(sc, out, sizeof(out),
+                 "/root/probe --connect allowed.test:443 --sni allowed.test %s 3128", gw_c);
+    if (rc != 0 || !strstr(out, "connect: HTTP/1.1 200") || !strstr(out, "verify: ok") ||
+        !strstr(out, "issuer=/CN=SPACE deployment CA") ||
+        !strstr(out, "site:allowed host:allowed.test sni:allowed.test port:443"))
+        fail_msg("CONNECT allowed.test:443: %d %s", rc, out);
+    assert_true(stat_of("dns") > dns0);
+    /* A forbidden name, an unlisted one, a port the name is not allowed on is fine (no port
+     * in the entry), a Host that names another authority, another SNI in the tunnel, Host
+     * forbidden inside it, plain text inside it. */
+    rc = run(sc, out, sizeof(out),
+             "/root/probe --connect forbidden.test:443 --sni forbidden.test %s 3128", gw_c);
+    if (rc != 5 || !strstr(out, "403") || !strstr(out, "denied_by_rule"))
+        fail_msg("CONNECT forbidden.test: %d %s", rc, out);
+    rc = run(sc, out, sizeof(out), "/root/probe --connect other.test:443 --sni other.test %s 3128",
+             gw_c);
+    if (rc != 5 || !strstr(out, "not_allowed"))
+        fail_msg("CONNECT other.test: %d %s", rc, out);
+    (void)run(sc, out, sizeof(out),
+              "printf 'CONNECT allowed.test:443 HTTP/1.1\\r\\nHost: forbidden.test:443\\r\\n"
+              "\\r\\n' | nc -w 3 %s 3128",
+              gw_c);
+    if (!strstr(out, "host_connect_mismatch"))
+        fail_msg("CONNECT with another Host: %s", out);
+    rc = run(sc, out, sizeof(out),
+             "/root/probe --connect allowed.test:443 --sni www.wild.test %s 3128", gw_c);
+    if (rc != 2 || strstr(out, "site:"))
+        fail_msg("CONNECT allowed.test, SNI www.wild.test: %d %s", rc, out);
+    rc = run(sc, out, sizeof(out),
+             "/root/probe --connect allowed.test:443 --sni allowed.test --host forbidden.test "
+             "%s 3128",
+             gw_c);
+    if (rc != 0 || strstr(out, "site:") || !strstr(out, "host_sni_mismatch"))
+        fail_msg("CONNECT allowed.test, Host forbidden inside: %d %s", rc, out);
+    rc = run(sc, out, sizeof(out),
+             "/root/probe --connect allowed.test:443 --host allowed.test "
+             "%s 3128",
+             gw_c);
+    if (strstr(out, "site:"))
+        fail_msg("CONNECT allowed.test, plain HTTP inside: %d %s", rc, out);
+    usleep(300 * 1000);
+    assert_int_equal(stat_of("https." ALLOWED ":443"), up_a + 1);
+
+    PGconn *db = sp_test_db();
+    const char *reasons[] = {"sni_connect_mismatch", "host_connect_mismatch"};
+    for (size_t i = 0; i < 2; i++) {
+        char sql[512];
+        snprintf(sql, sizeof(sql),
+                 "SELECT (count(*) > 0)::int FROM events WHERE type = 'EgressDenied' AND "
+                 "status = 'accepted' AND aggregate_id = '%s' AND "
+                 "position('%s'::bytea in payload) > 0",
+                 sc, reasons[i]);
+        if (sp_test_db_wait_scalar(db, sql, 1, 10000) < 1)
+            fail_msg("no EgressDenied with reason %s", reasons[i]);
+    }
+    PQfinish(db);
+}
+
 static void test_policy_change(void **state)
 {
     NEED_ROOT();
@@ -721,6 +787,7 @@ int main(void)
         cmocka_unit_test(test_bypasses_denied),
         cmocka_unit_test(test_tls_sni),
         cmocka_unit_test(test_tls_terminated),
+        cmocka_unit_test(test_connect),
         cmocka_unit_test(test_policy_change),
         cmocka_unit_test(test_denials_logged),
     };

@@ -5,6 +5,7 @@
  *
  *   egress-probe [options] ADDRESS PORT
  *     --sni NAME        speak TLS with this SNI (--tls: TLS without SNI)
+ *     --connect H:P     ADDRESS PORT is an HTTP proxy: CONNECT H:P first, then the rest
  *     --host H[,H...]   Host of each request, all on one connection (default: the SNI)
  *     --ca FILE         trust FILE only (default: OpenSSL's default paths, which honour
  *                       SSL_CERT_FILE; in a sandbox that is the deployment CA)
@@ -15,7 +16,8 @@
  *     --timeout-ms MS   per read/write (default 5000)
  * Prints "tls: ...", "cert: subject=... issuer=...", "verify: ok|fail <reason>", then each
  * response (or "bench: ..."). Exit 0 when every response arrived, 2 when the TLS handshake
- * failed, 3 on a connection error, 4 on a short or malformed response. */
+ * failed, 3 on a connection error, 4 on a short or malformed response, 5 when the proxy refused
+ * the CONNECT. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -32,7 +34,7 @@
 #include <unistd.h>
 
 typedef struct {
-    const char *addr, *sni, *hosts, *ca, *alpn, *path;
+    const char *addr, *sni, *hosts, *ca, *alpn, *path, *connect_to;
     int port, bench, timeout_ms;
     int tls, new_conn;
 } opts_t;
@@ -108,6 +110,37 @@ static int open_link(link_t *l, int quiet)
         printf("connect: %s\n", strerror(errno));
         close(l->fd);
         return 3;
+    }
+    if (o.connect_to) {
+        /* CONNECT through the proxy; its answer head must be a 200. */
+        char req[600], head[2048];
+        int n = snprintf(req, sizeof(req), "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", o.connect_to,
+                         o.connect_to);
+        size_t have = 0;
+        if (write(l->fd, req, (size_t)n) != n) {
+            close(l->fd);
+            return 3;
+        }
+        /* Byte by byte: nothing of the tunnel may be read here. */
+        while (have < sizeof(head) - 1 &&
+               (have < 4 || memcmp(head + have - 4, "\r\n\r\n", 4) != 0)) {
+            if (read(l->fd, head + have, 1) != 1)
+                break;
+            have++;
+        }
+        head[have] = '\0';
+        if (!quiet)
+            printf("connect: %.*s\n", (int)strcspn(head, "\r\n"), head);
+        if (strncmp(head, "HTTP/1.1 200", 12) != 0) {
+            printf("%s", head);
+            /* the rest of a refusal (its body) */
+            char rest[1024];
+            ssize_t r = read(l->fd, rest, sizeof(rest) - 1);
+            if (r > 0)
+                printf("%.*s\n", (int)r, rest);
+            close(l->fd);
+            return 5;
+        }
     }
     if (!o.tls)
         return 0;
@@ -274,6 +307,8 @@ int main(int argc, char **argv)
             return 64;
         } else if (strcmp(a, "--sni") == 0) {
             o.sni = v, o.tls = 1, i++;
+        } else if (strcmp(a, "--connect") == 0) {
+            o.connect_to = v, i++;
         } else if (strcmp(a, "--host") == 0) {
             o.hosts = v, i++;
         } else if (strcmp(a, "--ca") == 0) {
