@@ -43,6 +43,7 @@
 
 #define WRITE_HIGH_WATER (1u << 20)
 #define READ_CHUNK       65536
+#define FLUSH_AT         (256u << 10)
 
 typedef enum {
     C_FIRST = 0,  /* reading the ClientHello or the request head */
@@ -233,12 +234,24 @@ static int send_to(side_t *to, const void *data, size_t len)
         return 0;
     if (!to->ssl)
         return tcp_write(to, memdup(data, len), len);
-    /* A memory BIO never blocks: SSL_write takes everything at once (no partial writes). */
+    /* A memory BIO never blocks: SSL_write takes everything at once (no partial writes). The
+     * records collect in the BIO and go out in one write at the end of the callback
+     * (flush_both), or earlier once there is a lot of them. */
     if (SSL_write(to->ssl, data, (int)len) != (int)len) {
         ERR_clear_error();
         return -EIO;
     }
-    return flush_tls(to);
+    return BIO_ctrl_pending(to->out) >= FLUSH_AT ? flush_tls(to) : 0;
+}
+
+/* What either SSL has written and not yet sent: at the end of every libuv callback that may
+ * have produced records. */
+static void flush_both(conn_t *c)
+{
+    if (c->state == C_CLOSING)
+        return;
+    if ((c->client.ssl && flush_tls(&c->client) < 0) || (c->up.ssl && flush_tls(&c->up) < 0))
+        conn_close(c);
 }
 
 static void on_shutdown(uv_shutdown_t *req, int status)
@@ -615,6 +628,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         c->first_len += n;
         free(buf->base);
         decide_first(c);
+        flush_both(c);
         return;
     }
     if (s->ssl) {
@@ -631,6 +645,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
             client_tls_drive(c);
         else
             up_tls_drive(c);
+        flush_both(c);
         return;
     }
     if (c->state != C_SPLICE) {
@@ -684,6 +699,7 @@ static void on_connected(uv_connect_t *req, int status)
     uv_timer_start(&c->timer, on_timeout, (uint64_t)c->eg->cfg->connect_timeout_ms, 0);
     start_reading(&c->up);
     up_tls_drive(c);
+    flush_both(c);
 }
 
 static void connect_up(conn_t *c)
@@ -1015,6 +1031,7 @@ int eg_proxy_start(eg_t *eg)
 
 void eg_proxy_stop(eg_t *eg)
 {
-    if (!uv_is_closing((uv_handle_t *)&eg->listener))
+    /* Also after a failed start: the listener may never have been initialised. */
+    if (eg->listener.type == UV_TCP && !uv_is_closing((uv_handle_t *)&eg->listener))
         uv_close((uv_handle_t *)&eg->listener, NULL);
 }
