@@ -29,16 +29,19 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 STATS_PATH = sys.argv[1]
+# The first two octets of every address (bench/egress.sh uses another pair than the test, so
+# both can run at once).
+NET = os.environ.get("EGRESS_NET", "198.18")
 CERTS = sys.argv[2] if len(sys.argv) > 2 else None
 QUIET = len(sys.argv) > 3 and sys.argv[3] == "bench"
 lock = threading.Lock()
 stats = {"dns": 0, "dns_names": [], "http": {}, "udp": 0, "echo": {}, "tls": {}, "https": {},
          "https_hosts": []}
 NAMES = {
-    "allowed.test": "198.18.1.10",
-    "forbidden.test": "198.18.1.20",
-    "www.wild.test": "198.18.1.10",
-    "mismatch.test": "198.18.1.10",
+    "allowed.test": NET + ".1.10",
+    "forbidden.test": NET + ".1.20",
+    "www.wild.test": NET + ".1.10",
+    "mismatch.test": NET + ".1.10",
 }
 
 
@@ -57,7 +60,7 @@ class Http(BaseHTTPRequestHandler):
     def do_GET(self):
         me = self.connection.getsockname()[0]
         bump(lambda s: s["http"].__setitem__(me, s["http"].get(me, 0) + 1))
-        site = {"198.18.1.10": "allowed", "198.18.1.20": "forbidden"}.get(me, "metadata")
+        site = {NET + ".1.10": "allowed", NET + ".1.20": "forbidden"}.get(me, "metadata")
         body = ("site:%s host:%s\n" % (site, self.headers.get("Host", ""))).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -76,6 +79,12 @@ class Https(BaseHTTPRequestHandler):
     """HTTP/1.1 with keep-alive, over TLS or not; /big?n=BYTES sends that many bytes."""
     protocol_version = "HTTP/1.1"
 
+    def setup(self):
+        super().setup()
+        # Head and body are two writes: without this, Nagle and the client's delayed ACK
+        # add 40 ms to every kept-alive request.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def do_GET(self):
         me = "%s:%d" % self.connection.getsockname()[:2]
         host = self.headers.get("Host", "")
@@ -92,7 +101,7 @@ class Https(BaseHTTPRequestHandler):
                 self.wfile.write(BIG[:k])
                 n -= k
             return
-        site = {"198.18.1.10": "allowed", "198.18.1.20": "forbidden"}.get(
+        site = {NET + ".1.10": "allowed", NET + ".1.20": "forbidden"}.get(
             self.connection.getsockname()[0], "?")
         body = ("site:%s host:%s sni:%s port:%d\n" % (
             site, host, sni, self.connection.getsockname()[1])).encode()
@@ -154,7 +163,7 @@ def tls_server(addr, port, names, default_name, subdir=""):
 
 def dns_server():
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("198.18.53.53", 53))
+    s.bind((NET + ".53.53", 53))
     while True:
         q, addr = s.recvfrom(2048)
         if len(q) < 12:
@@ -180,7 +189,7 @@ def dns_server():
 
 def udp_sink():
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("198.18.1.10", 9999))
+    s.bind((NET + ".1.10", 9999))
     while True:
         s.recvfrom(2048)
         bump(lambda st: st.__setitem__("udp", st["udp"] + 1))
@@ -215,19 +224,20 @@ def serve(server):
 
 ThreadingHTTPServer.allow_reuse_address = True
 socketserver.ThreadingTCPServer.allow_reuse_address = True
-for a in ("198.18.1.10", "198.18.1.20", "169.254.169.254"):
+for a in (NET + ".1.10", NET + ".1.20", "169.254.169.254"):
     serve(Server((a, 80), Http))
 if CERTS:
-    serve(tls_server("198.18.1.10", 443, ["allowed.test", "www.wild.test", "forbidden.test"],
+    serve(tls_server(NET + ".1.10", 443, ["allowed.test", "www.wild.test", "forbidden.test"],
                      "allowed.test"))
-    serve(tls_server("198.18.1.20", 443, ["forbidden.test"], "forbidden.test"))
-    serve(tls_server("198.18.1.10", 8443, ["allowed.test"], "allowed.test", "rogue/"))
+    serve(tls_server(NET + ".1.20", 443, ["forbidden.test"], "forbidden.test"))
+    serve(tls_server(NET + ".1.10", 8443, ["allowed.test"], "allowed.test", "rogue/"))
 else:
-    for a in ("198.18.1.10", "198.18.1.20"):
+    for a in (NET + ".1.10", NET + ".1.20"):
         serve(socketserver.ThreadingTCPServer((a, 443), TlsSink))
-serve(Server(("198.18.1.10", 8080), Https))
+for a in (NET + ".1.10", NET + ".1.30"):
+    serve(Server((a, 8080), Https))
 for p in (7777, 7778):
-    serve(socketserver.ThreadingTCPServer(("198.18.1.30", p), Echo))
+    serve(socketserver.ThreadingTCPServer((NET + ".1.30", p), Echo))
 threading.Thread(target=udp_sink, daemon=True).start()
 bump(lambda s: None)
 dns_server()
