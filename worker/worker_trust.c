@@ -105,9 +105,10 @@ static int mkdirs_at(int root, const char *rel)
 /* Writes text to rel under root (O_NOFOLLOW on the last component); append or replace. */
 static int put_at(int root, const char *rel, const char *text, bool append, mode_t mode)
 {
-    int fd =
-        openat(root, rel,
-               O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), mode);
+    int fd = openat(
+        root, rel,
+        /* read access too when appending: the last byte is looked at */
+        (append ? O_RDWR | O_APPEND : O_WRONLY | O_TRUNC) | O_CREAT | O_NOFOLLOW | O_CLOEXEC, mode);
     if (fd < 0)
         return -errno;
     size_t len = strlen(text), off = 0;
