@@ -259,13 +259,14 @@ static void on_shutdown(uv_shutdown_t *req, int status)
     free(req);
 }
 
-/* No more output to s: close_notify first when s speaks TLS, then a TCP half-close. */
-static void end_output(side_t *s)
+/* No more output to s: close_notify first when s speaks TLS and notify (the end is a clean
+ * one), then a TCP half-close. */
+static void end_output(side_t *s, bool notify)
 {
     if (s->shut)
         return;
     s->shut = true;
-    if (s->ssl && SSL_is_init_finished(s->ssl)) {
+    if (notify && s->ssl && SSL_is_init_finished(s->ssl)) {
         (void)SSL_shutdown(s->ssl);
         ERR_clear_error();
         (void)flush_tls(s);
@@ -275,8 +276,11 @@ static void end_output(side_t *s)
         free(req);
 }
 
-/* An input side reached its end (TCP EOF or TLS close_notify). */
-static void input_ended(side_t *s)
+/* An input side reached its end: clean is a TLS close_notify, or a TCP EOF on a side without
+ * TLS. A TLS peer that just closed its TCP connection may have been cut short: the other side
+ * then gets no close_notify either (RFC 8446 6.1), only the TCP end, so a guest can still tell
+ * a truncated response from a complete one. */
+static void input_ended(side_t *s, bool clean)
 {
     conn_t *c = s->c;
     s->eof = true;
@@ -285,7 +289,7 @@ static void input_ended(side_t *s)
         conn_close(c);
         return;
     }
-    end_output(peer(s));
+    end_output(peer(s), clean);
     if (peer(s)->eof)
         conn_close(c);
 }
@@ -312,7 +316,7 @@ static void deny(conn_t *c, eg_sbx_t *s, const char *proto, const char *name, co
         int rc = send_to(&c->client, body, strlen(body));
         free(body);
         if (rc == 0) {
-            end_output(&c->client);
+            end_output(&c->client, true);
             uv_timer_start(&c->timer, on_timeout, 1000, 0);
             return;
         }
@@ -469,7 +473,7 @@ static void client_tls_drive(conn_t *c)
             if (e == SSL_ERROR_WANT_READ)
                 return;
             if (e == SSL_ERROR_ZERO_RETURN) { /* close_notify */
-                input_ended(cl);
+                input_ended(cl, true);
                 return;
             }
             conn_close(c);
@@ -590,7 +594,7 @@ static void up_tls_drive(conn_t *c)
             if (e == SSL_ERROR_WANT_READ)
                 return;
             if (e == SSL_ERROR_ZERO_RETURN) {
-                input_ended(up);
+                input_ended(up, true);
                 return;
             }
             conn_close(c);
@@ -617,7 +621,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
             conn_close(c);
             return;
         }
-        input_ended(s);
+        input_ended(s, s->ssl == NULL);
         return;
     }
     if (c->state == C_FIRST && s == &c->client) {
