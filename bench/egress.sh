@@ -30,7 +30,7 @@ api=$SPACE_API_URL
 auth="Authorization: Bearer $SPACE_API_KEY"
 
 cleanup() {
-  [ -n "${inet_pid:-}" ] && kill "$inet_pid" 2>/dev/null || true
+  if [ -n "${inet_pid:-}" ]; then kill "$inet_pid" 2>/dev/null || true; fi
   ip route del "$net.1.0/24" via "$net.0.2" dev "$veth" 2>/dev/null || true
   ip route del "$net.53.0/24" via "$net.0.2" dev "$veth" 2>/dev/null || true
   ip link del "$veth" 2>/dev/null || true

@@ -732,6 +732,24 @@ static void test_policy_change(void **state)
 {
     NEED_ROOT();
     char out[4096];
+    /* A kept-alive HTTPS connection opened before the change: its next request is decided
+     * by the new policy (every request is). The probe runs in the background in the sandbox,
+     * two requests 3 s apart; the policy turns to deny_all in between. */
+    long long up_a = stat_of("https." ALLOWED ":443");
+    run(sa, out, sizeof(out),
+        "nslookup allowed.test >/dev/null; (/root/probe --sni allowed.test --host "
+        "allowed.test,allowed.test --pause-ms 3000 " ALLOWED " 443 >/tmp/keep.out 2>&1 &)");
+    for (int i = 0; i < 40 && stat_of("https." ALLOWED ":443") < up_a + 1; i++)
+        usleep(50 * 1000);
+    put_network(sa, "{\"mode\":\"deny_all\"}", 200);
+    usleep(4000 * 1000);
+    run(sa, out, sizeof(out), "cat /tmp/keep.out");
+    /* The first answered, the second sent and the connection ended without an answer. */
+    if (!strstr(out, "site:allowed") || strstr(strstr(out, "site:allowed") + 1, "site:allowed") ||
+        !strstr(out, "response: none"))
+        fail_msg("kept-alive connection across a policy change: %s", out);
+    assert_int_equal(stat_of("https." ALLOWED ":443"), up_a + 1);
+
     put_network(sa, "{\"mode\":\"deny_all\"}", 200);
     run(sa, out, sizeof(out), "nslookup allowed.test; " HTTP_GET("allowed.test", ALLOWED));
     if (strstr(out, "site:allowed") || strstr(out, "Address: " ALLOWED))

@@ -14,6 +14,7 @@
  *     --bench N         N requests, each timed; prints p50/p99 in microseconds
  *     --new-conn        with --bench: a new connection (and handshake) per request
  *     --timeout-ms MS   per read/write (default 5000)
+ *     --pause-ms MS     wait this long between the requests of --host H,H
  * Prints "tls: ...", "cert: subject=... issuer=...", "verify: ok|fail <reason>", then each
  * response (or "bench: ..."). Exit 0 when every response arrived, 2 when the TLS handshake
  * failed, 3 on a connection error, 4 on a short or malformed response, 5 when the proxy refused
@@ -35,7 +36,7 @@
 
 typedef struct {
     const char *addr, *sni, *hosts, *ca, *alpn, *path, *connect_to;
-    int port, bench, timeout_ms;
+    int port, bench, timeout_ms, pause_ms;
     int tls, new_conn;
 } opts_t;
 
@@ -319,6 +320,8 @@ int main(int argc, char **argv)
             o.path = v, i++;
         } else if (strcmp(a, "--bench") == 0) {
             o.bench = num(v), i++;
+        } else if (strcmp(a, "--pause-ms") == 0) {
+            o.pause_ms = num(v), i++;
         } else if (strcmp(a, "--timeout-ms") == 0) {
             o.timeout_ms = num(v), i++;
         } else {
@@ -333,7 +336,7 @@ int main(int argc, char **argv)
     }
     o.addr = argv[i];
     o.port = num(argv[i + 1]);
-    if (o.port <= 0 || o.port > 65535 || o.bench < 0 || o.timeout_ms <= 0) {
+    if (o.port <= 0 || o.port > 65535 || o.bench < 0 || o.timeout_ms <= 0 || o.pause_ms < 0) {
         fprintf(stderr, "bad number\n");
         return 64;
     }
@@ -374,6 +377,10 @@ int main(int argc, char **argv)
         rc = request(&l, h, next == NULL, 1, &b);
         if (rc)
             break;
+        if (next && o.pause_ms > 0) {
+            fflush(stdout);
+            usleep((useconds_t)o.pause_ms * 1000);
+        }
     }
     close_link(&l);
     return rc;
