@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
 # Runs one benchmark against a fresh local stack in a temporary SPACE_HOME, then removes it.
 # Usage: bench/run.sh eventlog|create|exec|lifecycle [space-bench options]   (build first: see README.md)
+#        bench/run.sh egress   (bench/egress.sh: root, a test internet in a network namespace)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${SPACE_BIN_DIR:-$here/build/bin}
 what=${1:-eventlog}
 shift || true
-home=$(mktemp -d /tmp/space-bench.XXXXXX)
+home=$(mktemp -d "${SPACE_BENCH_TMP:-/tmp/space-bench}.XXXXXX")
 chmod 0755 "$home"
 trap 'SPACE_HOME=$home "$bin/space" down --purge >/dev/null 2>&1 || rm -rf "$home"' EXIT
 export SPACE_HOME=$home SPACE_NATS_PORT=0 SPACE_API_PORT=0 SPACE_BIN_DIR=$bin
 if [ "$what" = eventlog ]; then
   export SPACE_DAEMONS=space-eventlog # heartbeats would mix into the measured events
+fi
+if [ "$what" = egress ]; then
+  # Ports of its own, the bench internet's resolver (inside the namespace egress.sh makes) and
+  # the upstream CA it makes (egressd reads the file once it appears).
+  export SPACE_EGRESS_PROXY_PORT=15601 SPACE_EGRESS_DNS_PORT=15653 \
+    SPACE_UPSTREAM_DNS=${EGRESS_NET:-198.19}.53.53:53 \
+    SPACE_UPSTREAM_CA_FILE=$home/bench-upstream-ca.crt SPACE_ID=bench-egress
 fi
 "$bin/space" up >/dev/null
 set -a; . "$home/space.env"; set +a
@@ -21,5 +29,9 @@ if [ "$what" != eventlog ]; then
     curl -sf -H "Authorization: Bearer $SPACE_API_KEY" "$SPACE_API_URL/v1/templates" | grep -q tiny && break
     sleep 0.1
   done
+fi
+if [ "$what" = egress ]; then
+  SPACE_BIN_DIR=$bin "$here/bench/egress.sh" "$@"
+  exit
 fi
 "$bin/space-bench" --home "$home" "$@" "$what"

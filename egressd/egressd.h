@@ -40,6 +40,11 @@ typedef struct {
     int64_t idle_timeout_s;
     int64_t audit_flush_ms;
     int64_t audit_keys_max;
+    char *ca_cert; /* the deployment CA (tlsca.h); "" = no TLS termination (no_ca) */
+    char *ca_key;
+    char *upstream_ca_file; /* bundle upstream certificates must chain to; "" = system default */
+    int64_t leaf_days;
+    int64_t leaf_cache_max;
     char *log_level;
     char *log_format;
 } eg_config_t;
@@ -78,6 +83,7 @@ struct eg_event {
 
 typedef struct eg_audit eg_audit_t;
 typedef struct eg_dns eg_dns_t;
+typedef struct eg_tls eg_tls_t;
 
 typedef struct {
     const eg_config_t *cfg;
@@ -95,6 +101,7 @@ typedef struct {
     eg_dns_t *dns;
     uv_tcp_t listener;
     eg_audit_t *audit;
+    eg_tls_t *tls;
     uv_timer_t tick; /* shutdown check, DNS and attribution expiry */
     uint64_t conns_total, conns_denied;
 } eg_t;
@@ -122,11 +129,34 @@ void eg_expire_attributions(eg_t *eg);
 /* ---- DNS (egressd_dns.c) ---- */
 int eg_dns_start(eg_t *eg);
 void eg_dns_tick(eg_t *eg);
+/* egressd's own A lookup of name for sandbox s (HTTP CONNECT names what to reach; the guest
+ * resolved nothing): the answer is attributed to (s, name) as a guest query's would be, then
+ * cb gets the address egressd will use (eg_resolved_addr), or 0 on failure or timeout. Never
+ * called from within eg_dns_resolve. < 0: no upstream or no room (cb is not called). */
+typedef void (*eg_resolve_cb)(eg_t *eg, void *arg, uint32_t addr_be);
+int eg_dns_resolve(eg_t *eg, eg_sbx_t *s, const char *name, eg_resolve_cb cb, void *arg);
+/* Forgets the lookups made for arg (its callback will not run). */
+void eg_dns_cancel(eg_t *eg, void *arg);
 void eg_dns_stop(eg_t *eg);
 
 /* ---- proxy (egressd_proxy.c) ---- */
 int eg_proxy_start(eg_t *eg);
 void eg_proxy_stop(eg_t *eg);
+
+/* ---- TLS (egressd_tls.c) ---- */
+#include <openssl/ssl.h>
+/* Loads the deployment CA (when ca_cert is set) and the upstream bundle. < 0: the CA is
+ * configured but does not load (egressd does not start). */
+int eg_tls_start(eg_t *eg);
+void eg_tls_stop(eg_t *eg);
+bool eg_tls_can_terminate(const eg_t *eg);
+/* A server-side SSL (accept state) presenting the cached leaf for name (minted on a miss).
+ * NULL with *why a static audit reason: no_ca, leaf_mint_failed, tls_setup_failed. */
+SSL *eg_tls_server_new(eg_t *eg, const char *name, const char **why);
+/* A client-side SSL (connect state) that sends SNI name, offers http/1.1 and verifies the peer
+ * against the upstream bundle and name. NULL with *why: upstream_ca_unavailable,
+ * tls_setup_failed. */
+SSL *eg_tls_upstream_new(eg_t *eg, const char *name, const char **why);
 
 /* ---- audit (egressd_audit.c) ---- */
 int eg_audit_start(eg_t *eg);

@@ -32,6 +32,8 @@ typedef struct {
     struct sockaddr_in client;
     char sandbox[65];
     int64_t deadline_ms;
+    eg_resolve_cb cb; /* a lookup of egressd's own (CONNECT): no guest to answer */
+    void *cb_arg;
 } pending_t;
 
 struct eg_dns {
@@ -95,16 +97,16 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     *buf = uv_buf_init((char *)eg->dns->rbuf[which], sizeof(eg->dns->rbuf[which]));
 }
 
-static void forward(eg_t *eg, eg_sbx_t *s, const sp_dns_query_t *q, const struct sockaddr_in *from)
+/* Sends an A query for name upstream and takes a pending slot; NULL when there is no
+ * upstream, no room (per sandbox or in all), or the send failed. */
+static pending_t *ask_upstream(eg_t *eg, const eg_sbx_t *s, const char *name)
 {
     eg_dns_t *d = eg->dns;
     size_t mine = 0;
     for (size_t i = 0; i < PENDING_MAX; i++)
         mine += d->pending[i].used && strcmp(d->pending[i].sandbox, s->id) == 0;
-    if (!d->have_upstream || d->n_pending >= PENDING_MAX || mine >= PENDING_PER_SBX) {
-        answer(eg, from, q, SP_DNS_SERVFAIL, NULL, 0);
-        return;
-    }
+    if (!d->have_upstream || d->n_pending >= PENDING_MAX || mine >= PENDING_PER_SBX)
+        return NULL;
     pending_t *p = NULL;
     uint16_t id = 0;
     for (int tries = 0; tries < 8 && !p; tries++) {
@@ -119,12 +121,10 @@ static void forward(eg_t *eg, eg_sbx_t *s, const sp_dns_query_t *q, const struct
             if (!d->pending[i].used)
                 p = &d->pending[i];
     }
-    if (!p) {
-        answer(eg, from, q, SP_DNS_SERVFAIL, NULL, 0);
-        return;
-    }
+    if (!p)
+        return NULL;
     uint8_t buf[SP_DNS_MSG_MAX];
-    size_t len = sp_dns_build_query(buf, sizeof(buf), id, q->name, SP_DNS_TYPE_A);
+    size_t len = sp_dns_build_query(buf, sizeof(buf), id, name, SP_DNS_TYPE_A);
     send_t *sr = sp_xmalloc(sizeof(*sr));
     memcpy(sr->data, buf, len);
     sr->req.data = sr;
@@ -132,17 +132,61 @@ static void forward(eg_t *eg, eg_sbx_t *s, const sp_dns_query_t *q, const struct
     if (!len || uv_udp_send(&sr->req, &d->upstream, &b, 1,
                             (const struct sockaddr *)&d->upstream_addr, on_sent) < 0) {
         free(sr);
-        answer(eg, from, q, SP_DNS_SERVFAIL, NULL, 0);
-        return;
+        return NULL;
     }
     memset(p, 0, sizeof(*p));
     p->used = true;
     p->up_id = id;
-    p->q = *q;
-    p->client = *from;
     snprintf(p->sandbox, sizeof(p->sandbox), "%s", s->id);
     p->deadline_ms = eg_now_ms() + eg->cfg->dns_timeout_ms;
     d->n_pending++;
+    return p;
+}
+
+static void forward(eg_t *eg, eg_sbx_t *s, const sp_dns_query_t *q, const struct sockaddr_in *from)
+{
+    pending_t *p = ask_upstream(eg, s, q->name);
+    if (!p) {
+        answer(eg, from, q, SP_DNS_SERVFAIL, NULL, 0);
+        return;
+    }
+    p->q = *q;
+    p->client = *from;
+}
+
+int eg_dns_resolve(eg_t *eg, eg_sbx_t *s, const char *name, eg_resolve_cb cb, void *arg)
+{
+    if (!eg->dns || strlen(name) >= sizeof(((sp_dns_query_t *)0)->name))
+        return -EINVAL;
+    pending_t *p = ask_upstream(eg, s, name);
+    if (!p)
+        return -EAGAIN;
+    snprintf(p->q.name, sizeof(p->q.name), "%s", name);
+    p->q.qtype = SP_DNS_TYPE_A;
+    p->cb = cb;
+    p->cb_arg = arg;
+    return 0;
+}
+
+void eg_dns_cancel(eg_t *eg, void *arg)
+{
+    eg_dns_t *d = eg->dns;
+    for (size_t i = 0; d && i < PENDING_MAX; i++) {
+        if (d->pending[i].used && d->pending[i].cb && d->pending[i].cb_arg == arg) {
+            d->pending[i].used = false;
+            d->n_pending--;
+        }
+    }
+}
+
+/* Frees the slot first: the callback may start another lookup. */
+static void finish_lookup(eg_t *eg, pending_t *p, uint32_t addr_be)
+{
+    eg_resolve_cb cb = p->cb;
+    void *arg = p->cb_arg;
+    p->used = false;
+    eg->dns->n_pending--;
+    cb(eg, arg, addr_be);
 }
 
 static void on_query(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf, const struct sockaddr *addr,
@@ -217,7 +261,12 @@ static void on_upstream(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf,
                                : (uint32_t)eg->cfg->dns_ttl_max_s;
             eg_attribute(eg, s, p->q.name, a[i].addr_be, ttl);
         }
-        answer(eg, &p->client, &p->q, rcode, a, rcode == SP_DNS_NOERROR ? n : 0);
+        if (!p->cb)
+            answer(eg, &p->client, &p->q, rcode, a, rcode == SP_DNS_NOERROR ? n : 0);
+    }
+    if (p->cb) {
+        finish_lookup(eg, p, s && rcode == SP_DNS_NOERROR ? eg_resolved_addr(s, p->q.name) : 0);
+        return;
     }
     p->used = false;
     d->n_pending--;
@@ -232,6 +281,10 @@ void eg_dns_tick(eg_t *eg)
     for (size_t i = 0; i < PENDING_MAX; i++) {
         pending_t *p = &d->pending[i];
         if (p->used && p->deadline_ms <= now) {
+            if (p->cb) {
+                finish_lookup(eg, p, 0);
+                continue;
+            }
             if (eg_sbx_by_id(eg, p->sandbox))
                 answer(eg, &p->client, &p->q, SP_DNS_SERVFAIL, NULL, 0);
             p->used = false;

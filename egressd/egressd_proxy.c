@@ -9,14 +9,28 @@
  *   3. otherwise the first bytes must be a TLS ClientHello (SNI required, no ECH) or an HTTP/1.x
  *      request head (exactly one Host, strict syntax); the name must be allowed and the
  *      destination address must have been given to THIS sandbox for THAT name by egressd's
- *      DNS; egressd then connects to the address it resolved itself for the name, sends the
- *      bytes it read and splices. Plain HTTP gets one request per connection (head plus
- *      Content-Length body; further bytes are not forwarded) so that a second request cannot
- *      carry another Host to the same server; chunked request bodies are refused for now.
- * Anything else: closed (HTTP gets a 403 with the reason). Every decision is audited. */
+ *      DNS. Then:
+ *      - TLS is terminated here with a leaf for the SNI minted from the deployment CA
+ *        (egressd_tls.c); the decrypted request head must carry Host == SNI; egressd connects
+ *        to the address it resolved itself for the name, speaks TLS to it verifying the
+ *        upstream certificate against the configured bundle and the name, and relays;
+ *      - plain HTTP: egressd connects to the address it resolved for the Host and relays.
+ *      In both, every request on the connection is parsed (head, then exactly Content-Length
+ *      body bytes) and must carry the same Host: a second request cannot reach another site
+ *      that shares the server (the red team's shared-IP case). Chunked request bodies and
+ *      CONNECT are refused for now.
+ * Anything else: closed (HTTP, and TLS after termination, get a 403 with the reason). Every
+ * decision is audited.
+ *
+ * TLS runs over memory BIOs: bytes read from a socket are written into the SSL's input BIO,
+ * whatever the SSL writes into its output BIO is written to the socket with uv_write. Nothing
+ * blocks; back-pressure is the same as for plain bytes (reading from one side stops while the
+ * other side has more than WRITE_HIGH_WATER queued). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <linux/netfilter_ipv4.h>
+#include <openssl/err.h>
+#include <openssl/x509.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,14 +43,32 @@
 
 #define WRITE_HIGH_WATER (1u << 20)
 #define READ_CHUNK       65536
+#define FLUSH_AT         (256u << 10)
 
-typedef enum { C_FIRST = 0, C_CONNECTING, C_SPLICE, C_CLOSING } cstate_t;
+typedef enum {
+    C_FIRST = 0,  /* reading the ClientHello or the request head */
+    C_TLS_ACCEPT, /* handshake with the guest (our leaf) */
+    C_TLS_HEAD,   /* reading the first decrypted request head */
+    C_RESOLVING,  /* CONNECT: egressd looks the name up itself */
+    C_CONNECTING, /* TCP to the upstream address egressd resolved */
+    C_UP_TLS,     /* handshake with the upstream (verified) */
+    C_SPLICE,     /* relaying (requests checked one by one unless K_TCP) */
+    C_CLOSING,
+} cstate_t;
+
+typedef enum {
+    K_TCP = 0, /* a CIDR rule: bytes as they are */
+    K_HTTP,    /* plain HTTP: requests checked */
+    K_TLS,     /* terminated TLS: requests checked inside */
+} ckind_t;
 
 typedef struct conn conn_t;
 typedef struct {
     uv_tcp_t tcp;
     conn_t *c;
     bool reading, eof, shut;
+    SSL *ssl; /* TLS on this side (K_TLS), with its memory BIOs */
+    BIO *in, *out;
 } side_t;
 
 struct conn {
@@ -45,15 +77,20 @@ struct conn {
     uv_timer_t timer;
     uv_connect_t connect_req;
     cstate_t state;
+    ckind_t kind;
     int open_handles;
     char sandbox[65];
-    uint32_t dst_be;
+    uint32_t dst_be, up_be;
     uint16_t dst_port;
-    uint8_t *first;
+    char name[254]; /* the SNI or the first Host: every request must carry it */
+    eg_verdict_t v; /* the name's verdict (rule for audits) */
+    uint8_t *first; /* ClientHello / request head bytes; then the next request head */
     size_t first_len, first_cap;
-    bool http;
-    int64_t body_left; /* HTTP: request body bytes still to forward; then client input ends */
+    uint8_t *pending; /* the first request (head + body bytes read with it) for the upstream */
+    size_t pending_len;
+    int64_t body_left; /* request body bytes still to forward before the next head */
     bool counted;
+    bool tunnel; /* after a CONNECT: the tunnel must carry TLS for exactly that name */
 };
 
 typedef struct {
@@ -62,11 +99,22 @@ typedef struct {
     char *data;
 } wreq_t;
 
+static void *memdup(const void *p, size_t n)
+{
+    void *d = sp_xmalloc(n ? n : 1);
+    if (n && p)
+        memcpy(d, p, n);
+    return d;
+}
+
 static void on_close(uv_handle_t *h)
 {
     conn_t *c = h->data;
     if (--c->open_handles == 0) {
+        SSL_free(c->client.ssl); /* frees its BIOs too */
+        SSL_free(c->up.ssl);
         free(c->first);
+        free(c->pending);
         free(c);
     }
 }
@@ -75,6 +123,8 @@ static void conn_close(conn_t *c)
 {
     if (c->state == C_CLOSING)
         return;
+    if (c->state == C_RESOLVING)
+        eg_dns_cancel(c->eg, c);
     c->state = C_CLOSING;
     if (c->counted) {
         eg_sbx_t *s = eg_sbx_by_id(c->eg, c->sandbox);
@@ -108,6 +158,20 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 }
 
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+static void decide_first(conn_t *c);
+
+static void start_reading(side_t *s)
+{
+    if (!s->reading && !s->eof && uv_read_start((uv_stream_t *)&s->tcp, alloc_cb, on_read) == 0)
+        s->reading = true;
+}
+
+static void stop_reading(side_t *s)
+{
+    if (s->reading)
+        uv_read_stop((uv_stream_t *)&s->tcp);
+    s->reading = false;
+}
 
 static void on_written(uv_write_t *req, int status)
 {
@@ -122,17 +186,14 @@ static void on_written(uv_write_t *req, int status)
         conn_close(c);
         return;
     }
-    side_t *to = peer(from);
-    if (!from->reading && !from->eof && to->tcp.write_queue_size < WRITE_HIGH_WATER / 2) {
-        if (uv_read_start((uv_stream_t *)&from->tcp, alloc_cb, on_read) == 0)
-            from->reading = true;
-    }
+    if (c->state == C_SPLICE && peer(from)->tcp.write_queue_size < WRITE_HIGH_WATER / 2)
+        start_reading(from);
 }
 
-/* Writes data (taken) to the peer of from; stops reading from when the peer lags. */
-static int relay(side_t *from, char *data, size_t len)
+/* Writes data (taken) to the socket of to; reading from its peer stops while to lags. */
+static int tcp_write(side_t *to, char *data, size_t len)
 {
-    side_t *to = peer(from);
+    side_t *from = peer(to);
     wreq_t *w = sp_xmalloc(sizeof(*w));
     w->from = from;
     w->data = data;
@@ -143,11 +204,54 @@ static int relay(side_t *from, char *data, size_t len)
         free(w);
         return rc;
     }
-    if (to->tcp.write_queue_size > WRITE_HIGH_WATER && from->reading) {
-        uv_read_stop((uv_stream_t *)&from->tcp);
-        from->reading = false;
+    if (to->tcp.write_queue_size > WRITE_HIGH_WATER)
+        stop_reading(from);
+    return 0;
+}
+
+/* What the SSL of s has written into its output BIO goes to the socket of s. */
+static int flush_tls(side_t *s)
+{
+    size_t n;
+    while ((n = BIO_ctrl_pending(s->out)) > 0) {
+        char *b = sp_xmalloc(n);
+        int got = BIO_read(s->out, b, (int)n);
+        if (got <= 0) {
+            free(b);
+            return -EIO;
+        }
+        int rc = tcp_write(s, b, (size_t)got);
+        if (rc < 0)
+            return rc;
     }
     return 0;
+}
+
+/* Plaintext to side to (copied): through its TLS when it has one. */
+static int send_to(side_t *to, const void *data, size_t len)
+{
+    if (len == 0)
+        return 0;
+    if (!to->ssl)
+        return tcp_write(to, memdup(data, len), len);
+    /* A memory BIO never blocks: SSL_write takes everything at once (no partial writes). The
+     * records collect in the BIO and go out in one write at the end of the callback
+     * (flush_both), or earlier once there is a lot of them. */
+    if (SSL_write(to->ssl, data, (int)len) != (int)len) {
+        ERR_clear_error();
+        return -EIO;
+    }
+    return BIO_ctrl_pending(to->out) >= FLUSH_AT ? flush_tls(to) : 0;
+}
+
+/* What either SSL has written and not yet sent: at the end of every libuv callback that may
+ * have produced records. */
+static void flush_both(conn_t *c)
+{
+    if (c->state == C_CLOSING)
+        return;
+    if ((c->client.ssl && flush_tls(&c->client) < 0) || (c->up.ssl && flush_tls(&c->up) < 0))
+        conn_close(c);
 }
 
 static void on_shutdown(uv_shutdown_t *req, int status)
@@ -155,24 +259,353 @@ static void on_shutdown(uv_shutdown_t *req, int status)
     free(req);
 }
 
-static void half_close(side_t *s)
+/* No more output to s: close_notify first when s speaks TLS and notify (the end is a clean
+ * one), then a TCP half-close. */
+static void end_output(side_t *s, bool notify)
 {
     if (s->shut)
         return;
     s->shut = true;
+    if (notify && s->ssl && SSL_is_init_finished(s->ssl)) {
+        (void)SSL_shutdown(s->ssl);
+        ERR_clear_error();
+        (void)flush_tls(s);
+    }
     uv_shutdown_t *req = sp_xmalloc(sizeof(*req));
     if (uv_shutdown(req, (uv_stream_t *)&s->tcp, on_shutdown) < 0)
         free(req);
 }
 
-static void stop_reading(side_t *s)
+/* An input side reached its end: clean is a TLS close_notify, or a TCP EOF on a side without
+ * TLS. A TLS peer that just closed its TCP connection may have been cut short: the other side
+ * then gets no close_notify either (RFC 8446 6.1), only the TCP end, so a guest can still tell
+ * a truncated response from a complete one. */
+static void input_ended(side_t *s, bool clean)
 {
-    if (s->reading)
-        uv_read_stop((uv_stream_t *)&s->tcp);
-    s->reading = false;
+    conn_t *c = s->c;
+    s->eof = true;
+    stop_reading(s);
+    if (c->state != C_SPLICE) {
+        conn_close(c);
+        return;
+    }
+    end_output(peer(s), clean);
+    if (peer(s)->eof)
+        conn_close(c);
 }
 
-static void decide_first(conn_t *c);
+static void deny(conn_t *c, eg_sbx_t *s, const char *proto, const char *name, const char *reason)
+{
+    c->eg->conns_denied++;
+    if (s)
+        eg_audit(c->eg, s, false, proto, name, c->dst_be, c->dst_port,
+                 c->v.rule[0] ? c->v.rule : "proxy", reason);
+    /* HTTP, and TLS once terminated, get an answer saying why. */
+    bool answer =
+        strcmp(proto, "http") == 0 || (c->client.ssl && SSL_is_init_finished(c->client.ssl));
+    if (answer) {
+        char *body = sp_xasprintf("HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\n"
+                                  "Connection: close\r\nContent-Length: %zu\r\n\r\n"
+                                  "egress denied: %s\n",
+                                  strlen("egress denied: \n") + strlen(reason), reason);
+        /* Sent as if from the upstream; the connection closes once it is out. */
+        c->state = C_SPLICE;
+        stop_reading(&c->client);
+        stop_reading(&c->up);
+        c->up.eof = true;
+        int rc = send_to(&c->client, body, strlen(body));
+        free(body);
+        if (rc == 0) {
+            end_output(&c->client, true);
+            uv_timer_start(&c->timer, on_timeout, 1000, 0);
+            return;
+        }
+    }
+    conn_close(c);
+}
+
+static const char *proto_of(const conn_t *c)
+{
+    return c->kind == K_TLS ? "https" : "http";
+}
+
+/* A request head on an established connection (plain or decrypted): the same strict parser,
+ * and the Host of every request must be the connection's name. 0 = forward it. */
+static int check_request(conn_t *c, eg_sbx_t *s, const sp_http_head_t *hh, const char **reason)
+{
+    *reason = NULL;
+    if (hh->is_connect)
+        *reason = "connect_unsupported";
+    else if (hh->chunked)
+        *reason = "chunked_body_unsupported";
+    else if (hh->host_port && hh->host_port != c->dst_port)
+        *reason = "host_port_mismatch";
+    else if (strcmp(hh->host, c->name) != 0)
+        *reason = c->kind == K_TLS ? "host_sni_mismatch" : "host_changed";
+    if (*reason)
+        return -1;
+    /* The policy may have changed since the connection opened. */
+    eg_verdict_t v;
+    eg_decide_name(s, hh->host, c->dst_port, &v);
+    if (!v.allow) {
+        *reason = v.reason;
+        return -1;
+    }
+    return 0;
+}
+
+/* Decrypted (K_TLS) or plain (K_HTTP) bytes from the guest while splicing: request heads are
+ * parsed and checked, bodies are forwarded by Content-Length, nothing else passes. Bytes not
+ * yet forwarded wait in first (a partial head, or what followed a head). */
+static void from_guest(conn_t *c, const uint8_t *data, size_t len)
+{
+    while (c->state == C_SPLICE) {
+        if (c->body_left > 0) {
+            const uint8_t *b = c->first_len ? c->first : data;
+            size_t have = c->first_len ? c->first_len : len;
+            if (have == 0)
+                return;
+            size_t n = (int64_t)have > c->body_left ? (size_t)c->body_left : have;
+            if (send_to(&c->up, b, n) < 0) {
+                conn_close(c);
+                return;
+            }
+            c->body_left -= (int64_t)n;
+            if (c->first_len) {
+                memmove(c->first, c->first + n, c->first_len - n);
+                c->first_len -= n;
+            } else {
+                data += n;
+                len -= n;
+            }
+            continue;
+        }
+        /* The next request head, accumulated in first. */
+        size_t room = c->first_cap - c->first_len;
+        size_t n = len < room ? len : room;
+        if (n && data) {
+            memcpy(c->first + c->first_len, data, n);
+            c->first_len += n;
+            data += n;
+            len -= n;
+        }
+        if (c->first_len == 0)
+            return;
+        sp_http_head_t hh;
+        const char *why = NULL, *reason = NULL;
+        int rc = sp_http_request_head(c->first, c->first_len, &hh, &why);
+        if (rc == SP_PARSE_MORE && c->first_len < c->first_cap)
+            return; /* all of data is in first: wait for more */
+        eg_sbx_t *s = eg_sbx_by_id(c->eg, c->sandbox);
+        if (!s) {
+            conn_close(c);
+            return;
+        }
+        if (rc != SP_PARSE_OK || check_request(c, s, &hh, &reason) < 0) {
+            if (!reason)
+                reason = rc == SP_PARSE_MORE ? "head_too_large" : "bad_http_head";
+            if (why)
+                sp_log(SP_LOG_INFO, "bad request head", SP_KS("sandbox", c->sandbox),
+                       SP_KS("why", why));
+            /* A response may still be on its way: no 403 in the middle of it, just the end. */
+            c->eg->conns_denied++;
+            eg_audit(c->eg, s, false, proto_of(c), rc == SP_PARSE_OK ? hh.host : c->name, c->dst_be,
+                     c->dst_port, c->v.rule[0] ? c->v.rule : "proxy", reason);
+            conn_close(c);
+            return;
+        }
+        eg_audit(c->eg, s, true, proto_of(c), c->name, c->dst_be, c->dst_port, c->v.rule,
+                 c->v.reason);
+        if (send_to(&c->up, c->first, hh.head_len) < 0) {
+            conn_close(c);
+            return;
+        }
+        c->body_left = hh.content_length > 0 ? hh.content_length : 0;
+        memmove(c->first, c->first + hh.head_len, c->first_len - hh.head_len);
+        c->first_len -= hh.head_len;
+    }
+}
+
+static void connect_up(conn_t *c);
+static void up_tls_drive(conn_t *c);
+
+/* The guest's TLS: handshake, then decrypted bytes. */
+static void client_tls_drive(conn_t *c)
+{
+    side_t *cl = &c->client;
+    eg_sbx_t *s = eg_sbx_by_id(c->eg, c->sandbox);
+    if (!s) {
+        conn_close(c);
+        return;
+    }
+    if (c->state == C_TLS_ACCEPT) {
+        int r = SSL_do_handshake(cl->ssl);
+        if (flush_tls(cl) < 0) {
+            conn_close(c);
+            return;
+        }
+        if (r <= 0) {
+            int e = SSL_get_error(cl->ssl, r);
+            ERR_clear_error();
+            if (e == SSL_ERROR_WANT_READ)
+                return;
+            /* The guest does not trust the deployment CA, offered no http/1.1, or sent
+             * garbage after its ClientHello. */
+            deny(c, s, "tls", c->name, "tls_handshake_failed");
+            return;
+        }
+        c->state = C_TLS_HEAD;
+        c->first_len = 0;
+        /* The request head is due as the ClientHello was. */
+        uv_timer_start(&c->timer, on_timeout, (uint64_t)c->eg->cfg->first_bytes_timeout_ms, 0);
+    }
+    uint8_t buf[16384];
+    while (c->state == C_TLS_HEAD || c->state == C_SPLICE) {
+        /* While the first head is read, never more than first has room for. */
+        size_t want = sizeof(buf);
+        if (c->state == C_TLS_HEAD && c->first_cap - c->first_len < want)
+            want = c->first_cap - c->first_len;
+        int r = want ? SSL_read(cl->ssl, buf, (int)want) : 0;
+        if (want && r <= 0) {
+            int e = SSL_get_error(cl->ssl, r);
+            ERR_clear_error();
+            (void)flush_tls(cl);
+            if (e == SSL_ERROR_WANT_READ)
+                return;
+            if (e == SSL_ERROR_ZERO_RETURN) { /* close_notify */
+                input_ended(cl, true);
+                return;
+            }
+            conn_close(c);
+            return;
+        }
+        if (c->state == C_SPLICE) {
+            from_guest(c, buf, (size_t)r);
+            continue;
+        }
+        /* C_TLS_HEAD: the first request decides where to go. */
+        if (r > 0) {
+            memcpy(c->first + c->first_len, buf, (size_t)r);
+            c->first_len += (size_t)r;
+        }
+        sp_http_head_t hh;
+        const char *why = NULL, *reason = NULL;
+        int rc = sp_http_request_head(c->first, c->first_len, &hh, &why);
+        if (rc == SP_PARSE_MORE && c->first_len < c->first_cap)
+            continue;
+        if (rc != SP_PARSE_OK || check_request(c, s, &hh, &reason) < 0) {
+            if (!reason)
+                reason = rc == SP_PARSE_MORE ? "head_too_large" : "bad_http_head";
+            if (why)
+                sp_log(SP_LOG_INFO, "bad request head", SP_KS("sandbox", c->sandbox),
+                       SP_KS("why", why));
+            deny(c, s, "https", rc == SP_PARSE_OK ? hh.host : c->name, reason);
+            return;
+        }
+        eg_audit(c->eg, s, true, "https", c->name, c->dst_be, c->dst_port, c->v.rule, c->v.reason);
+        /* The head and the body bytes that came with it go first; the rest (the start of
+         * the next request) stays in first until splicing starts. */
+        int64_t cl_len = hh.content_length > 0 ? hh.content_length : 0;
+        size_t after = c->first_len - hh.head_len;
+        size_t body = (int64_t)after > cl_len ? (size_t)cl_len : after;
+        c->pending_len = hh.head_len + body;
+        c->pending = memdup(c->first, c->pending_len);
+        c->body_left = cl_len - (int64_t)body;
+        memmove(c->first, c->first + c->pending_len, c->first_len - c->pending_len);
+        c->first_len -= c->pending_len;
+        connect_up(c);
+        return;
+    }
+}
+
+/* Bytes held back while upstream was being set up: the first request, then whatever the guest
+ * sent after it. */
+static void start_splice(conn_t *c)
+{
+    c->state = C_SPLICE;
+    arm_idle(c);
+    if (c->pending_len) {
+        uint8_t *p = c->pending;
+        size_t n = c->pending_len;
+        c->pending = NULL;
+        c->pending_len = 0;
+        int rc = send_to(&c->up, p, n);
+        free(p);
+        if (rc < 0) {
+            conn_close(c);
+            return;
+        }
+    }
+    start_reading(&c->up);
+    if (c->kind != K_TCP) {
+        /* The start of the next request read together with the first. */
+        from_guest(c, NULL, 0);
+        if (c->state != C_SPLICE)
+            return;
+    }
+    start_reading(&c->client);
+    if (c->kind == K_TLS)
+        client_tls_drive(c); /* records already decrypted into the SSL's buffer */
+}
+
+static void up_tls_drive(conn_t *c)
+{
+    side_t *up = &c->up;
+    eg_sbx_t *s = eg_sbx_by_id(c->eg, c->sandbox);
+    if (!s) {
+        conn_close(c);
+        return;
+    }
+    if (c->state == C_UP_TLS) {
+        int r = SSL_do_handshake(up->ssl);
+        if (flush_tls(up) < 0) {
+            conn_close(c);
+            return;
+        }
+        if (r <= 0) {
+            int e = SSL_get_error(up->ssl, r);
+            unsigned long err = ERR_peek_last_error();
+            ERR_clear_error();
+            if (e == SSL_ERROR_WANT_READ)
+                return;
+            long vr = SSL_get_verify_result(up->ssl);
+            char ebuf[160] = "";
+            if (err)
+                ERR_error_string_n(err, ebuf, sizeof(ebuf));
+            sp_log(SP_LOG_INFO, "upstream TLS failed", SP_KS("sandbox", c->sandbox),
+                   SP_KS("name", c->name),
+                   SP_KS("verify", vr != X509_V_OK ? X509_verify_cert_error_string(vr) : "ok"),
+                   SP_KS("error", ebuf));
+            deny(c, s, "https", c->name,
+                 vr != X509_V_OK ? "upstream_cert_invalid" : "upstream_tls_failed");
+            return;
+        }
+        start_splice(c);
+        if (c->state != C_SPLICE)
+            return;
+    }
+    uint8_t buf[16384];
+    while (c->state == C_SPLICE) {
+        int r = SSL_read(up->ssl, buf, sizeof(buf));
+        if (r <= 0) {
+            int e = SSL_get_error(up->ssl, r);
+            ERR_clear_error();
+            (void)flush_tls(up);
+            if (e == SSL_ERROR_WANT_READ)
+                return;
+            if (e == SSL_ERROR_ZERO_RETURN) {
+                input_ended(up, true);
+                return;
+            }
+            conn_close(c);
+            return;
+        }
+        if (send_to(&c->client, buf, (size_t)r) < 0) {
+            conn_close(c);
+            return;
+        }
+    }
+}
 
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
@@ -184,15 +617,11 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     }
     if (nread < 0) {
         free(buf->base);
-        if (nread != UV_EOF || c->state != C_SPLICE) {
+        if (nread != UV_EOF) {
             conn_close(c);
             return;
         }
-        s->eof = true;
-        stop_reading(s);
-        half_close(peer(s));
-        if (peer(s)->eof)
-            conn_close(c);
+        input_ended(s, s->ssl == NULL);
         return;
     }
     if (c->state == C_FIRST && s == &c->client) {
@@ -203,6 +632,24 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         c->first_len += n;
         free(buf->base);
         decide_first(c);
+        flush_both(c);
+        return;
+    }
+    if (s->ssl) {
+        /* Into the SSL's input; decrypted (or handshake) progress follows. */
+        int w = BIO_write(s->in, buf->base, (int)nread);
+        free(buf->base);
+        if (w != (int)nread) {
+            conn_close(c);
+            return;
+        }
+        if (c->state == C_SPLICE)
+            arm_idle(c);
+        if (s == &c->client)
+            client_tls_drive(c);
+        else
+            up_tls_drive(c);
+        flush_both(c);
         return;
     }
     if (c->state != C_SPLICE) {
@@ -210,45 +657,13 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     arm_idle(c);
-    size_t len = (size_t)nread;
-    if (s == &c->client && c->http) {
-        /* One request per connection: the rest of the declared body, then nothing. */
-        if (c->body_left <= 0) {
-            free(buf->base);
-            stop_reading(s);
-            return;
-        }
-        if ((int64_t)len > c->body_left)
-            len = (size_t)c->body_left;
-        c->body_left -= (int64_t)len;
+    if (s == &c->client && c->kind == K_HTTP) {
+        from_guest(c, (const uint8_t *)buf->base, (size_t)nread);
+        free(buf->base);
+        return;
     }
-    if (relay(s, buf->base, len) < 0)
+    if (tcp_write(peer(s), buf->base, (size_t)nread) < 0)
         conn_close(c);
-}
-
-static void deny(conn_t *c, eg_sbx_t *s, const char *proto, const char *name, const eg_verdict_t *v,
-                 const char *reason)
-{
-    c->eg->conns_denied++;
-    if (s)
-        eg_audit(c->eg, s, false, proto, name, c->dst_be, c->dst_port, v ? v->rule : "proxy",
-                 reason);
-    if (strcmp(proto, "http") == 0) {
-        char *body = sp_xasprintf("HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\n"
-                                  "Connection: close\r\nContent-Length: %zu\r\n\r\n"
-                                  "egress denied: %s\n",
-                                  strlen("egress denied: \n") + strlen(reason), reason);
-        /* Written as if relayed from the upstream side; the connection closes once sent. */
-        c->state = C_SPLICE;
-        stop_reading(&c->client);
-        c->up.eof = true;
-        if (relay(&c->up, body, strlen(body)) == 0) {
-            half_close(&c->client);
-            uv_timer_start(&c->timer, on_timeout, 1000, 0);
-            return;
-        }
-    }
-    conn_close(c);
 }
 
 static void on_connected(uv_connect_t *req, int status)
@@ -259,32 +674,42 @@ static void on_connected(uv_connect_t *req, int status)
     if (status < 0) {
         sp_log(SP_LOG_INFO, "upstream connect failed", SP_KS("sandbox", c->sandbox),
                SP_KS("error", uv_strerror(status)));
+        eg_sbx_t *s = eg_sbx_by_id(c->eg, c->sandbox);
+        if (c->kind == K_TLS && s) {
+            deny(c, s, "https", c->name, "upstream_unreachable");
+            return;
+        }
         conn_close(c);
         return;
     }
-    c->state = C_SPLICE;
-    arm_idle(c);
-    if (c->first_len) {
-        size_t len = c->first_len;
-        char *data = (char *)c->first;
-        c->first = NULL;
-        c->first_len = 0;
-        if (relay(&c->client, data, len) < 0) {
-            conn_close(c);
-            return;
-        }
+    if (c->kind != K_TLS) {
+        start_splice(c);
+        return;
     }
-    if (uv_read_start((uv_stream_t *)&c->up.tcp, alloc_cb, on_read) == 0)
-        c->up.reading = true;
-    if (!(c->http && c->body_left <= 0) && !c->client.reading &&
-        uv_read_start((uv_stream_t *)&c->client.tcp, alloc_cb, on_read) == 0)
-        c->client.reading = true;
+    const char *why = NULL;
+    c->up.ssl = eg_tls_upstream_new(c->eg, c->name, &why);
+    if (!c->up.ssl) {
+        eg_sbx_t *s = eg_sbx_by_id(c->eg, c->sandbox);
+        if (s)
+            deny(c, s, "https", c->name, why);
+        else
+            conn_close(c);
+        return;
+    }
+    c->up.in = BIO_new(BIO_s_mem());
+    c->up.out = BIO_new(BIO_s_mem());
+    SSL_set_bio(c->up.ssl, c->up.in, c->up.out);
+    c->state = C_UP_TLS;
+    uv_timer_start(&c->timer, on_timeout, (uint64_t)c->eg->cfg->connect_timeout_ms, 0);
+    start_reading(&c->up);
+    up_tls_drive(c);
+    flush_both(c);
 }
 
-static void connect_up(conn_t *c, uint32_t addr_be)
+static void connect_up(conn_t *c)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(c->dst_port)};
-    sa.sin_addr.s_addr = addr_be;
+    sa.sin_addr.s_addr = c->up_be;
     c->state = C_CONNECTING;
     stop_reading(&c->client);
     uv_timer_start(&c->timer, on_timeout, (uint64_t)c->eg->cfg->connect_timeout_ms, 0);
@@ -293,32 +718,147 @@ static void connect_up(conn_t *c, uint32_t addr_be)
         conn_close(c);
 }
 
-/* Name-based decision shared by HTTP and TLS: 0 = go (upstream address in *ret_addr). */
-static int check_name(conn_t *c, eg_sbx_t *s, const char *proto, const char *name,
-                      uint32_t *ret_addr)
+/* Name-based decision shared by HTTP and TLS: 0 = go (upstream address in c->up_be). */
+static int check_name(conn_t *c, eg_sbx_t *s, const char *proto, const char *name)
 {
-    eg_verdict_t v;
-    eg_decide_name(s, name, c->dst_port, &v);
-    if (!v.allow) {
-        deny(c, s, proto, name, &v, v.reason);
+    eg_decide_name(s, name, c->dst_port, &c->v);
+    if (!c->v.allow) {
+        deny(c, s, proto, name, c->v.reason);
         return -1;
     }
     if (s->mode == SP_NET_ALLOW_ALL) {
         /* Nothing to attribute against: the guest's destination is the only one there is. */
-        *ret_addr = c->dst_be;
+        c->up_be = c->dst_be;
     } else {
-        if (!eg_attributed(s, name, c->dst_be)) {
-            deny(c, s, proto, name, &v, "not_attributed");
-            return -1;
-        }
-        *ret_addr = eg_resolved_addr(s, name);
-        if (!*ret_addr) {
-            deny(c, s, proto, name, &v, "not_attributed");
+        if (!eg_attributed(s, name, c->dst_be) || !(c->up_be = eg_resolved_addr(s, name))) {
+            deny(c, s, proto, name, "not_attributed");
             return -1;
         }
     }
-    eg_audit(c->eg, s, true, proto, name, c->dst_be, c->dst_port, v.rule, v.reason);
+    snprintf(c->name, sizeof(c->name), "%s", name);
     return 0;
+}
+
+/* TLS from the guest for c->name (decided): terminated with the name's leaf. */
+static void start_termination(conn_t *c, eg_sbx_t *s)
+{
+    c->kind = K_TLS;
+    const char *why = NULL;
+    c->client.ssl = eg_tls_server_new(c->eg, c->name, &why);
+    if (!c->client.ssl) {
+        deny(c, s, "tls", c->name, why);
+        return;
+    }
+    c->client.in = BIO_new(BIO_s_mem());
+    c->client.out = BIO_new(BIO_s_mem());
+    SSL_set_bio(c->client.ssl, c->client.in, c->client.out);
+    /* The ClientHello read so far is the start of the handshake. */
+    if (BIO_write(c->client.in, c->first, (int)c->first_len) != (int)c->first_len) {
+        conn_close(c);
+        return;
+    }
+    c->first_len = 0;
+    c->state = C_TLS_ACCEPT;
+    client_tls_drive(c);
+}
+
+/* "host:port" (RFC 9110 9.3.6 authority-form) with a DNS name and a port. */
+static int parse_authority(const char *t, char name[254], uint16_t *port)
+{
+    const char *colon = strrchr(t, ':');
+    size_t hl = colon ? (size_t)(colon - t) : 0;
+    if (!colon || hl == 0 || hl > 253)
+        return -EINVAL;
+    for (size_t i = 0; i < hl; i++)
+        name[i] = (char)(t[i] >= 'A' && t[i] <= 'Z' ? t[i] + 32 : t[i]);
+    name[hl] = '\0';
+    unsigned v = 0;
+    size_t pl = strlen(colon + 1);
+    if (pl == 0 || pl > 5)
+        return -EINVAL;
+    for (size_t i = 0; i < pl; i++) {
+        if (colon[1 + i] < '0' || colon[1 + i] > '9')
+            return -EINVAL;
+        v = v * 10 + (unsigned)(colon[1 + i] - '0');
+    }
+    if (v == 0 || v > 65535 || !sp_dns_name_valid(name, false))
+        return -EINVAL;
+    *port = (uint16_t)v;
+    return 0;
+}
+
+static void on_resolved(eg_t *eg, void *arg, uint32_t addr_be)
+{
+    conn_t *c = arg;
+    if (c->state != C_RESOLVING)
+        return;
+    eg_sbx_t *s = eg_sbx_by_id(eg, c->sandbox);
+    if (!s) {
+        conn_close(c);
+        return;
+    }
+    if (!addr_be) {
+        deny(c, s, "http", c->name, "resolve_failed");
+        return;
+    }
+    c->up_be = c->dst_be = addr_be;
+    eg_audit(eg, s, true, "http", c->name, c->dst_be, c->dst_port, c->v.rule, c->v.reason);
+    static const char ok[] = "HTTP/1.1 200 Connection established\r\n\r\n";
+    if (tcp_write(&c->client, memdup(ok, sizeof(ok) - 1), sizeof(ok) - 1) < 0) {
+        conn_close(c);
+        return;
+    }
+    /* The tunnel's first bytes are read as a connection's first bytes are. */
+    c->state = C_FIRST;
+    memset(&c->v, 0, sizeof(c->v));
+    eg_decide_name(s, c->name, c->dst_port, &c->v);
+    uv_timer_start(&c->timer, on_timeout, (uint64_t)eg->cfg->first_bytes_timeout_ms, 0);
+    start_reading(&c->client);
+    if (c->first_len)
+        decide_first(c);
+}
+
+/* HTTP CONNECT through the proxy (RFC 9110 9.3.6), checked like an SNI: the authority's name
+ * and port must be allowed, Host must name the same authority, and egressd resolves the name
+ * itself (the guest's destination, some "proxy" address, plays no part). The tunnel must then
+ * carry TLS for that very name, which is terminated like any other. */
+static void connect_request(conn_t *c, eg_sbx_t *s, const sp_http_head_t *hh)
+{
+    char name[254];
+    uint16_t port = 0;
+    if (parse_authority(hh->target, name, &port) < 0) {
+        deny(c, s, "http", "", "bad_connect_target");
+        return;
+    }
+    if (strcmp(hh->host, name) != 0 || (hh->host_port && hh->host_port != port)) {
+        deny(c, s, "http", name, "host_connect_mismatch");
+        return;
+    }
+    if (hh->content_length > 0 || hh->chunked) {
+        deny(c, s, "http", name, "bad_http_head");
+        return;
+    }
+    c->dst_port = port;
+    eg_decide_name(s, name, port, &c->v);
+    if (!c->v.allow) {
+        deny(c, s, "http", name, c->v.reason);
+        return;
+    }
+    snprintf(c->name, sizeof(c->name), "%s", name);
+    c->tunnel = true;
+    /* A client may send its ClientHello before the 200: it stays in first. */
+    memmove(c->first, c->first + hh->head_len, c->first_len - hh->head_len);
+    c->first_len -= hh->head_len;
+    stop_reading(&c->client);
+    c->state = C_RESOLVING;
+    uv_timer_start(&c->timer, on_timeout, (uint64_t)c->eg->cfg->connect_timeout_ms, 0);
+    uint32_t a = s->mode == SP_NET_ALLOW_ALL ? 0 : eg_resolved_addr(s, name);
+    if (a) {
+        on_resolved(c->eg, c, a);
+        return;
+    }
+    if (eg_dns_resolve(c->eg, s, name, on_resolved, c) < 0)
+        deny(c, s, "http", name, "resolve_failed");
 }
 
 static void decide_first(conn_t *c)
@@ -328,24 +868,34 @@ static void decide_first(conn_t *c)
         conn_close(c);
         return;
     }
-    uint32_t addr = 0;
     if (c->first[0] == 0x16) {
         sp_tls_hello_t h;
         int rc = sp_tls_client_hello(c->first, c->first_len, &h);
         if (rc == SP_PARSE_MORE && c->first_len < c->first_cap)
             return;
         if (rc != SP_PARSE_OK) {
-            deny(c, s, "tls", "", NULL, "bad_client_hello");
+            deny(c, s, "tls", "", "bad_client_hello");
             return;
         }
         if (h.ech || h.multiple || !h.sni[0]) {
-            deny(c, s, "tls", h.sni, NULL, h.ech ? "ech" : h.multiple ? "multiple_sni" : "no_sni");
+            deny(c, s, "tls", h.sni, h.ech ? "ech" : h.multiple ? "multiple_sni" : "no_sni");
             return;
         }
-        if (check_name(c, s, "tls", h.sni, &addr) < 0)
+        if (c->tunnel) {
+            /* Decided at the CONNECT, resolved by egressd: the SNI must be that name. */
+            if (strcmp(h.sni, c->name) != 0) {
+                deny(c, s, "tls", h.sni, "sni_connect_mismatch");
+                return;
+            }
+        } else if (check_name(c, s, "tls", h.sni) < 0) {
             return;
-        c->http = false;
-        connect_up(c, addr);
+        }
+        start_termination(c, s);
+        return;
+    }
+    if (c->tunnel) {
+        /* A CONNECT tunnel carries TLS, which is terminated and checked, or nothing. */
+        deny(c, s, "tls", c->name, "not_tls");
         return;
     }
     sp_http_head_t hh;
@@ -355,7 +905,7 @@ static void decide_first(conn_t *c)
         return;
     if (rc != SP_PARSE_OK) {
         if (c->dst_port == 443) {
-            deny(c, s, "tls", "", NULL, "not_tls");
+            deny(c, s, "tls", "", "not_tls");
             return;
         }
         /* Not HTTP at all (no method token) is "tcp"; a head that started like HTTP and
@@ -364,39 +914,43 @@ static void decide_first(conn_t *c)
         if (why && !not_http)
             sp_log(SP_LOG_INFO, "bad request head", SP_KS("sandbox", c->sandbox),
                    SP_KS("why", why));
-        deny(c, s, not_http ? "tcp" : "http", "", NULL,
+        deny(c, s, not_http ? "tcp" : "http", "",
              rc == SP_PARSE_MORE ? "head_too_large"
              : not_http          ? "no_rule"
                                  : "bad_http_head");
         return;
     }
     if (c->dst_port == 443) {
-        deny(c, s, "tls", hh.host, NULL, "not_tls");
+        deny(c, s, "tls", hh.host, "not_tls");
         return;
     }
     if (hh.is_connect) {
-        deny(c, s, "http", hh.host, NULL, "connect_unsupported");
+        connect_request(c, s, &hh);
         return;
     }
     if (hh.chunked) {
-        deny(c, s, "http", hh.host, NULL, "chunked_body_unsupported");
+        deny(c, s, "http", hh.host, "chunked_body_unsupported");
         return;
     }
     if (hh.host_port && hh.host_port != c->dst_port) {
-        deny(c, s, "http", hh.host, NULL, "host_port_mismatch");
+        deny(c, s, "http", hh.host, "host_port_mismatch");
         return;
     }
-    if (check_name(c, s, "http", hh.host, &addr) < 0)
+    if (check_name(c, s, "http", hh.host) < 0)
         return;
-    c->http = true;
-    /* What was read beyond the head is body, counted against Content-Length; anything past
-     * the body is dropped. */
+    eg_audit(c->eg, s, true, "http", c->name, c->dst_be, c->dst_port, c->v.rule, c->v.reason);
+    c->kind = K_HTTP;
+    /* The head and the body bytes read with it go first; anything after them is the next
+     * request, checked like this one once splicing starts. */
     int64_t cl = hh.content_length > 0 ? hh.content_length : 0;
     size_t after = c->first_len - hh.head_len;
-    if ((int64_t)after > cl)
-        c->first_len = hh.head_len + (size_t)cl;
-    c->body_left = cl - (int64_t)(c->first_len - hh.head_len);
-    connect_up(c, addr);
+    size_t body = (int64_t)after > cl ? (size_t)cl : after;
+    c->pending_len = hh.head_len + body;
+    c->pending = memdup(c->first, c->pending_len);
+    c->body_left = cl - (int64_t)body;
+    memmove(c->first, c->first + c->pending_len, c->first_len - c->pending_len);
+    c->first_len -= c->pending_len;
+    connect_up(c);
 }
 
 static void on_accept(uv_stream_t *server, int status)
@@ -435,31 +989,34 @@ static void on_accept(uv_stream_t *server, int status)
     snprintf(c->sandbox, sizeof(c->sandbox), "%s", s->id);
     c->dst_be = orig.sin_addr.s_addr;
     c->dst_port = ntohs(orig.sin_port);
+    uv_tcp_nodelay(&c->client.tcp, 1);
+    uv_tcp_nodelay(&c->up.tcp, 1);
     if (s->conns >= eg->cfg->max_conns) {
-        deny(c, s, "tcp", "", NULL, "connection_limit");
+        deny(c, s, "tcp", "", "connection_limit");
         return;
     }
     s->conns++;
     c->counted = true;
 
-    eg_verdict_t v;
-    eg_decide_addr(s, c->dst_be, c->dst_port, &v);
-    bool by_addr = v.allow && (s->mode != SP_NET_ALLOW_ALL || !eg_has_name_denies(s));
-    if (!v.allow && strcmp(v.reason, "denied_by_rule") == 0) {
-        deny(c, s, "tcp", "", &v, v.reason);
+    eg_decide_addr(s, c->dst_be, c->dst_port, &c->v);
+    bool by_addr = c->v.allow && (s->mode != SP_NET_ALLOW_ALL || !eg_has_name_denies(s));
+    if (!c->v.allow && strcmp(c->v.reason, "denied_by_rule") == 0) {
+        deny(c, s, "tcp", "", c->v.reason);
         return;
     }
     if (by_addr) {
-        eg_audit(eg, s, true, "tcp", "", c->dst_be, c->dst_port, v.rule, v.reason);
-        connect_up(c, c->dst_be);
+        eg_audit(eg, s, true, "tcp", "", c->dst_be, c->dst_port, c->v.rule, c->v.reason);
+        c->kind = K_TCP;
+        c->up_be = c->dst_be;
+        connect_up(c);
         return;
     }
+    memset(&c->v, 0, sizeof(c->v));
     c->first_cap = (size_t)eg->cfg->head_max_bytes;
     c->first = sp_xmalloc(c->first_cap);
     uv_timer_start(&c->timer, on_timeout, (uint64_t)eg->cfg->first_bytes_timeout_ms, 0);
-    if (uv_read_start((uv_stream_t *)&c->client.tcp, alloc_cb, on_read) == 0)
-        c->client.reading = true;
-    else
+    start_reading(&c->client);
+    if (!c->client.reading)
         conn_close(c);
 }
 
@@ -478,7 +1035,7 @@ int eg_proxy_start(eg_t *eg)
 
 void eg_proxy_stop(eg_t *eg)
 {
-    /* Never initialised when an earlier start step failed (uv_tcp_init sets the loop). */
-    if (eg->listener.loop && !uv_is_closing((uv_handle_t *)&eg->listener))
+    /* Also after a failed start: the listener may never have been initialised. */
+    if (eg->listener.type == UV_TCP && !uv_is_closing((uv_handle_t *)&eg->listener))
         uv_close((uv_handle_t *)&eg->listener, NULL);
 }

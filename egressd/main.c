@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "daemon.h"
@@ -12,6 +13,7 @@
 #include "error.h"
 #include "ids.h"
 #include "log.h"
+#include "tlsca.h"
 #include "xmalloc.h"
 
 static const sp_cfg_opt_t options[] = {
@@ -48,6 +50,18 @@ static const sp_cfg_opt_t options[] = {
                    "audit events are aggregated over this interval"),
     SP_CFG_INT_OPT("audit-keys-max", eg_config_t, audit_keys_max, 16, 1000000, "1024",
                    "distinct audit records per interval (the rest is counted in the log)"),
+    SP_CFG_STR_OPT("ca-cert", eg_config_t, ca_cert, NULL,
+                   "the deployment CA certificate TLS is terminated with (default: "
+                   "$SPACE_HOME/ca/ca.crt; without either, TLS connections are refused)"),
+    SP_CFG_STR_OPT("ca-key", eg_config_t, ca_key, NULL,
+                   "its private key (default: ca.key next to ca-cert)"),
+    SP_CFG_STR_OPT("upstream-ca-file", eg_config_t, upstream_ca_file, "",
+                   "PEM bundle upstream certificates must chain to (empty: OpenSSL's default "
+                   "paths, the system store); re-read when it changes"),
+    SP_CFG_INT_OPT("leaf-days", eg_config_t, leaf_days, 1, 397, "7",
+                   "validity of the leaf certificates minted per name"),
+    SP_CFG_INT_OPT("leaf-cache-max", eg_config_t, leaf_cache_max, 16, 1000000, "4096",
+                   "leaf certificates (and keys) kept in memory"),
     SP_CFG_STR_OPT("log-level", eg_config_t, log_level, "info", "debug|info|warn|error"),
     SP_CFG_STR_OPT("log-format", eg_config_t, log_format, "kv", "kv|json"),
 };
@@ -142,6 +156,28 @@ static void on_tick(uv_timer_t *t)
     eg_expire_attributions(eg);
 }
 
+/* ca-cert defaults to the CA `space up` made in $SPACE_HOME/ca (when it exists), ca-key to
+ * ca.key next to ca-cert. */
+static void ca_defaults(eg_config_t *cfg)
+{
+    const char *home = getenv("SPACE_HOME");
+    if (!cfg->ca_cert[0] && home && home[0]) {
+        char *p = sp_xasprintf("%s/ca/" SP_CA_CERT_FILE, home);
+        if (access(p, F_OK) == 0) {
+            free(cfg->ca_cert);
+            cfg->ca_cert = p;
+        } else {
+            free(p);
+        }
+    }
+    if (cfg->ca_cert[0] && !cfg->ca_key[0]) {
+        const char *slash = strrchr(cfg->ca_cert, '/');
+        int dir = slash ? (int)(slash - cfg->ca_cert) : 1;
+        free(cfg->ca_key);
+        cfg->ca_key = sp_xasprintf("%.*s/" SP_CA_KEY_FILE, dir, slash ? cfg->ca_cert : ".");
+    }
+}
+
 static void close_any(uv_handle_t *h, void *arg)
 {
     if (!uv_is_closing(h))
@@ -174,6 +210,7 @@ int main(int argc, char **argv)
         goto out;
     }
     sp_log_init("space-egressd", level, format);
+    ca_defaults(&cfg);
     sp_daemon_signals();
     signal(SIGPIPE, SIG_IGN);
 
@@ -191,8 +228,10 @@ int main(int argc, char **argv)
     uv_timer_init(&loop, &eg.tick);
     eg.tick.data = &eg;
     uv_timer_start(&eg.tick, on_tick, 100, 100);
-    if ((rc = eg_audit_start(&eg)) < 0 || (rc = eg_dns_start(&eg)) < 0 ||
-        (rc = eg_proxy_start(&eg)) < 0) {
+    if (eg_tls_start(&eg) < 0) {
+        /* logged; a configured CA that does not load is an operator's error, not no_ca */
+    } else if ((rc = eg_audit_start(&eg)) < 0 || (rc = eg_dns_start(&eg)) < 0 ||
+               (rc = eg_proxy_start(&eg)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot listen",
                SP_KS("error", rc < -1000 ? uv_strerror(rc) : sp_strerror(rc)));
     } else if (pthread_create(&et.thread, NULL, events_main, &et) == 0) {
@@ -200,6 +239,8 @@ int main(int argc, char **argv)
         sp_log(SP_LOG_INFO, "serving", SP_KS("worker", cfg.worker_id),
                SP_KI("proxy_port", cfg.proxy_port), SP_KI("dns_port", cfg.dns_port),
                SP_KS("upstream_dns", cfg.upstream_dns[0] ? cfg.upstream_dns : "none"),
+               SP_KS("ca", cfg.ca_cert[0] ? cfg.ca_cert : "none"),
+               SP_KS("upstream_ca", cfg.upstream_ca_file[0] ? cfg.upstream_ca_file : "default"),
                SP_KU("live_from_seq", eg.live_from_seq));
         uv_run(&loop, UV_RUN_DEFAULT);
         code = 0;
@@ -212,6 +253,7 @@ int main(int argc, char **argv)
     sp_bus_publish_async_complete(eg.bus, 2000);
     eg_dns_stop(&eg);
     eg_proxy_stop(&eg);
+    eg_tls_stop(&eg);
     uv_walk(&loop, close_any, NULL);
     uv_run(&loop, UV_RUN_DEFAULT);
     uv_loop_close(&loop);

@@ -226,8 +226,9 @@ static int validate_decision(const Space__V1__EgressDecision *d, char reason[SP_
     if (!d)
         return fail(reason, SP_ESCHEMA, "decision: missing");
     if (strcmp(d->protocol, "dns") != 0 && strcmp(d->protocol, "http") != 0 &&
-        strcmp(d->protocol, "tls") != 0 && strcmp(d->protocol, "tcp") != 0)
-        return fail(reason, SP_ESCHEMA, "decision.protocol: dns, http, tls or tcp");
+        strcmp(d->protocol, "tls") != 0 && strcmp(d->protocol, "https") != 0 &&
+        strcmp(d->protocol, "tcp") != 0)
+        return fail(reason, SP_ESCHEMA, "decision.protocol: dns, http, tls, https or tcp");
     /* The name is whatever the guest sent (escaped by egressd): any text, bounded. */
     CHECK_TEXT(d->name, TEXT_MAX, "decision.name");
     CHECK_TEXT(d->address, 16, "decision.address");

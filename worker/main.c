@@ -17,6 +17,7 @@
 #include "ids.h"
 #include "log.h"
 #include "worker.h"
+#include "tlsca.h"
 #include "xmalloc.h"
 
 static const sp_cfg_opt_t options[] = {
@@ -33,6 +34,9 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_STR_OPT("agent", wk_config_t, agent, NULL,
                    "the static space-agent binary put into every sandbox (default: next to "
                    "space-worker)"),
+    SP_CFG_STR_OPT("ca-cert", wk_config_t, ca_cert, NULL,
+                   "the deployment CA certificate every sandbox trusts (default: "
+                   "$SPACE_HOME/ca/ca.crt when it exists; certificates only)"),
     SP_CFG_STR_OPT("runsc-platform", wk_config_t, runsc_platform, "ptrace", "ptrace or kvm"),
     SP_CFG_STR_OPT("net-prefix", wk_config_t, net_prefix, "10.200",
                    "first two octets of the sandbox address pool (a /16 inside netns only)"),
@@ -113,11 +117,24 @@ static int prepare_templates(wk_t *w)
     return rc;
 }
 
+/* The CA `space up` made ($SPACE_HOME/ca/ca.crt), if there is one (heap path or NULL). */
+static char *default_ca(void)
+{
+    const char *home = getenv("SPACE_HOME");
+    if (!home || !home[0])
+        return NULL;
+    char *p = sp_xasprintf("%s/ca/" SP_CA_CERT_FILE, home);
+    if (access(p, R_OK) == 0)
+        return p;
+    free(p);
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     wk_config_t cfg = {0};
     wk_t w = {.cfg = &cfg};
-    char *err = NULL, *volume_dir = NULL, *agent_path = NULL;
+    char *err = NULL, *volume_dir = NULL, *agent_path = NULL, *ca_path = NULL;
     char herr[WK_ERR_MAX] = "";
     int argi = 0, code = 1, rc;
     sp_log_level_t level;
@@ -162,6 +179,7 @@ int main(int argc, char **argv)
         goto out;
     }
     agent_path = cfg.agent[0] ? sp_xstrdup(cfg.agent) : sibling_program("space-agent");
+    ca_path = cfg.ca_cert[0] ? sp_xstrdup(cfg.ca_cert) : default_ca();
     wk_host_config_t hc = {
         .worker_id = cfg.id,
         .state_dir = cfg.state_dir,
@@ -173,6 +191,7 @@ int main(int argc, char **argv)
         .agent_path = agent_path,
         .egress_proxy_port = (uint16_t)cfg.egress_proxy_port,
         .egress_dns_port = (uint16_t)cfg.egress_dns_port,
+        .ca_cert_path = ca_path,
     };
     if ((rc = wk_host_open(&hc, &w.host, herr)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot prepare the host", SP_KS("error", herr),
@@ -229,6 +248,7 @@ out:
     free(w.owned);
     free(volume_dir);
     free(agent_path);
+    free(ca_path);
     pthread_mutex_destroy(&w.mu);
     sp_config_dispose(options, N_OPTIONS, &cfg);
     free(err);

@@ -21,6 +21,7 @@ typedef struct {
     int64_t image_mb;
     char *runsc;
     char *agent;
+    char *ca_cert;
     char *runsc_platform;
     char *net_prefix;
     int64_t egress_proxy_port; /* egressd's ports on the host (worker_runtime.h) */

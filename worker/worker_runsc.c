@@ -71,7 +71,15 @@ int wk__runsc_write_config(const wk_host_t *h, const wk__bundle_t *bd, const cha
     else
         json_strv(&b, INIT_ARGS, sizeof(INIT_ARGS) / sizeof(INIT_ARGS[0]));
     sp_buf_puts(&b, ",\"env\":[\"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:"
-                    "/bin\",\"HOME=/root\"],\"cwd\":\"/\",\"capabilities\":{\"bounding\":");
+                    "/bin\",\"HOME=/root\"");
+    if (h->ca_pem) {
+        /* The deployment CA (worker_trust.c) for the init's environment. */
+        for (size_t i = 0; i < WK_TRUST_ENV_N; i++) {
+            sp_buf_putc(&b, ',');
+            sp_buf_json_str(&b, wk__trust_env[i]);
+        }
+    }
+    sp_buf_puts(&b, "],\"cwd\":\"/\",\"capabilities\":{\"bounding\":");
     json_strv(&b, CAPS, ncaps);
     sp_buf_puts(&b, ",\"effective\":");
     json_strv(&b, CAPS, ncaps);

@@ -203,6 +203,10 @@ int wk_host_open(const wk_host_config_t *cfg, wk_host_t **ret_host, char err[WK_
     h->templates_dir = sp_xasprintf("%s/templates", h->volume_dir);
     h->sandboxes_dir = sp_xasprintf("%s/sandboxes", h->volume_dir);
     h->agent_path = cfg->agent_path ? sp_xstrdup(cfg->agent_path) : NULL;
+    if (cfg->ca_cert_path && (rc = wk__trust_load(cfg->ca_cert_path, &h->ca_pem, err)) < 0) {
+        wk_host_close(h);
+        return rc;
+    }
     pthread_mutex_init(&h->pool_lock, NULL);
     pthread_mutex_init(&h->tmpl_lock, NULL);
     pthread_cond_init(&h->tmpl_cond, NULL);
@@ -262,6 +266,7 @@ void wk_host_close(wk_host_t *h)
     free(h->templates_dir);
     free(h->sandboxes_dir);
     free(h->agent_path);
+    free(h->ca_pem);
     free(h);
 }
 
@@ -426,6 +431,9 @@ int wk_sandbox_create(wk_host_t *h, const wk_sandbox_spec_t *spec, wk_sandbox_in
     if (rc < 0)
         goto out;
     snap_ms = ms_since(t);
+    rc = wk__trust_install(h, rootfs, err);
+    if (rc < 0)
+        goto out;
 
     t = wk__now_us();
     rc = wk__net_create(h, id, info.address, err);

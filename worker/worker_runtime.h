@@ -34,6 +34,9 @@ typedef struct {
      * every TCP connection and every DNS query of a sandbox there). 0: dropped instead. */
     uint16_t egress_proxy_port;
     uint16_t egress_dns_port;
+    /* The deployment CA certificate (PEM, certificates only) every new sandbox trusts
+     * (worker_trust.c); NULL: sandboxes get no CA. */
+    const char *ca_cert_path;
 } wk_host_config_t;
 
 typedef struct wk_host wk_host_t;

@@ -46,6 +46,7 @@ struct wk_host {
     char *sandboxes_dir;
     char *agent_path;                            /* NULL: placeholder init, no agent channel */
     uint16_t egress_proxy_port, egress_dns_port; /* 0: TCP / DNS dropped, not redirected */
+    char *ca_pem; /* the deployment CA certificate put into every sandbox; NULL: none */
 
     /* Held from the address dump until the host side of the new veth has its address, so two
      * creates never pick the same /30. */
@@ -61,6 +62,19 @@ struct wk_host {
  * `return wk__fail(err, rc, ...)`. err may be NULL. */
 int wk__fail(char *err, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int64_t wk__now_us(void);
+
+/* ---- the deployment CA in sandboxes (worker_trust.c) ---- */
+
+#define WK_TRUST_CA     "/etc/ssl/certs/space-deployment-ca.pem"
+#define WK_TRUST_BUNDLE "/etc/ssl/certs/ca-certificates.crt"
+#define WK_TRUST_ENV_N  3
+/* "SSL_CERT_FILE=...", "REQUESTS_CA_BUNDLE=...", "NODE_EXTRA_CA_CERTS=..." */
+extern const char *const wk__trust_env[WK_TRUST_ENV_N];
+/* Reads a PEM file of certificates only (anything else in it, a key above all, is refused);
+ * *ret_pem is heap text. */
+int wk__trust_load(const char *path, char **ret_pem, char err[WK_ERR_MAX]);
+/* Writes the CA into the rootfs (the trust store files, profile.d); a no-op without ca_pem. */
+int wk__trust_install(const wk_host_t *h, const char *rootfs, char err[WK_ERR_MAX]);
 
 /* ---- processes (worker_spawn.c) ---- */
 

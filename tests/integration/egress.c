@@ -4,6 +4,13 @@
  * space-egressd in between. Each way around the policy is tried and must fail, the allowed
  * path must keep working, and each denial must be in the event log.
  *
+ * TLS: egressd terminates it with leaves from the stack's deployment CA, which the worker puts
+ * into every sandbox's trust store; the test internet's HTTPS sites have certificates from a
+ * "public" CA this test makes (egressd trusts it through --upstream-ca-file, nothing else) and
+ * one site has a certificate from a rogue CA. The TLS client in the sandbox is egress-probe
+ * (tests/integration/egress/egress_probe.c, static OpenSSL), copied in through the files API:
+ * the tiny template has none (busybox has no ssl_client).
+ *
  * Safety: every address probed (198.18.0.0/16 test addresses, 169.254.169.254) is routed on
  * the host into the test's namespace BEFORE the first probe, and egressd's upstream resolver
  * is 198.18.53.53, inside it: even a failing test sends nothing off this machine.
@@ -20,10 +27,13 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <openssl/pem.h>
+#include <sys/stat.h>
 
 #include "buf.h"
 #include "harness.h"
 #include "json.h"
+#include "tlsca.h"
 #include "xmalloc.h"
 
 #define NS        "egt-inet"
@@ -43,8 +53,10 @@ static bool meta_route_added;
 static char sa[64], sb[64], sc[64];
 static char gw_a[16], addr_b[16], gw_c[16];
 
-static const char *POLICY_A = "{\"mode\":\"allowlist\",\"allow\":[\"allowed.test\",\"*.wild.test\","
-                              "\"198.18.1.30/32:7777\"],\"deny\":[\"forbidden.test\"]}";
+static char certs_dir[256];
+static const char *POLICY_A =
+    "{\"mode\":\"allowlist\",\"allow\":[\"allowed.test\",\"*.wild.test\",\"mismatch.test\","
+    "\"198.18.1.30/32:7777\"],\"deny\":[\"forbidden.test\"]}";
 
 static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int sh(const char *fmt, ...)
@@ -105,7 +117,7 @@ static void internet_up(void)
         FILE *lf = freopen(log, "w", stderr);
         (void)lf;
         execl("/usr/sbin/ip", "ip", "netns", "exec", NS, "/usr/bin/python3", script, stats_path,
-              (char *)NULL);
+              certs_dir, (char *)NULL);
         _exit(127);
     }
     for (int i = 0; i < 100 && access(stats_path, F_OK) != 0; i++)
@@ -117,6 +129,52 @@ static void internet_up(void)
         sh("cat %s >&2", log);
         fail_msg("the test internet did not start (log above)");
     }
+}
+
+/* Writes a leaf for name, signed by the CA in dir, as out/<name>.crt and .key. */
+static void mint_to(const char *ca_dir, const char *name, const char *out)
+{
+    char err[SP_CA_ERR_MAX] = "", crt[512], kpath[512];
+    snprintf(crt, sizeof(crt), "%s/" SP_CA_CERT_FILE, ca_dir);
+    snprintf(kpath, sizeof(kpath), "%s/" SP_CA_KEY_FILE, ca_dir);
+    sp_ca_t *ca = NULL;
+    X509 *cert = NULL;
+    EVP_PKEY *pk = NULL;
+    if (sp_ca_load(crt, kpath, &ca, err) < 0 || sp_ca_mint(ca, name, 30, &cert, &pk, err) < 0)
+        fail_msg("mint %s: %s", name, err);
+    snprintf(crt, sizeof(crt), "%s/%s.crt", out, name);
+    snprintf(kpath, sizeof(kpath), "%s/%s.key", out, name);
+    FILE *f = fopen(crt, "w");
+    FILE *g = fopen(kpath, "w");
+    if (!f || !g || !PEM_write_X509(f, cert) ||
+        !PEM_write_PrivateKey(g, pk, NULL, NULL, 0, NULL, NULL))
+        fail_msg("write %s", crt);
+    fclose(f);
+    fclose(g);
+    X509_free(cert);
+    EVP_PKEY_free(pk);
+    sp_ca_free(ca);
+}
+
+/* The test's "public" CA (the file egressd trusts for upstreams: SPACE_UPSTREAM_CA_FILE) and
+ * its leaves for the test sites; a rogue CA and its leaf for allowed.test. */
+static void make_certs(void)
+{
+    const char *ca_file = sp_test_env("SPACE_UPSTREAM_CA_FILE");
+    const char *slash = strrchr(ca_file, '/');
+    if (!slash)
+        fail_msg("SPACE_UPSTREAM_CA_FILE is not a path: %s", ca_file);
+    snprintf(certs_dir, sizeof(certs_dir), "%.*s", (int)(slash - ca_file), ca_file);
+    char err[SP_CA_ERR_MAX] = "", rogue[300];
+    if (sp_ca_ensure(certs_dir, "SPACE test public CA", err) < 0)
+        fail_msg("test public CA: %s", err);
+    snprintf(rogue, sizeof(rogue), "%s/rogue", certs_dir);
+    if (sp_ca_ensure(rogue, "SPACE test rogue CA", err) < 0)
+        fail_msg("rogue CA: %s", err);
+    const char *names[] = {"allowed.test", "www.wild.test", "forbidden.test"};
+    for (size_t i = 0; i < 3; i++)
+        mint_to(certs_dir, names[i], certs_dir);
+    mint_to(rogue, "allowed.test", rogue);
 }
 
 /* A counter from the internet's stats: "dns", "udp", "http.<addr>", "echo.<port>". */
@@ -242,6 +300,30 @@ static void gateway_of(const char *id, char out[16])
         fail_msg("no gateway in %s: %s", id, buf);
 }
 
+/* egress-probe into /root/probe of sandbox id, through the files API. */
+static void put_probe(const char *id)
+{
+    char path[512], url[160];
+    snprintf(path, sizeof(path), "%s/egress-probe", sp_test_env("SPACE_BIN_DIR"));
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        fail_msg("no %s", path);
+    struct stat st;
+    fstat(fileno(f), &st);
+    char *bin = sp_xmalloc((size_t)st.st_size);
+    if (fread(bin, 1, (size_t)st.st_size, f) != (size_t)st.st_size)
+        fail_msg("read %s", path);
+    fclose(f);
+    snprintf(url, sizeof(url), "/v1/sandboxes/%s/files?path=/root/probe&mode=0755", id);
+    sp_test_http_resp_t r;
+    sp_test_http(port, "PUT", url, key, "Content-Type: application/octet-stream\r\n", bin,
+                 (size_t)st.st_size, &r);
+    free(bin);
+    if (r.status != 200 && r.status != 201)
+        fail_msg("PUT probe: %d %s", r.status, r.body);
+    sp_test_http_free(&r);
+}
+
 static int setup(void **state)
 {
     if (geteuid() != 0) {
@@ -251,6 +333,7 @@ static int setup(void **state)
     sp_test_stack_load();
     port = sp_test_api_port();
     key = sp_test_env("SPACE_API_KEY");
+    make_certs();
     internet_up();
     create(sa, POLICY_A);
     create(sb, NULL);
@@ -268,6 +351,8 @@ static int setup(void **state)
     run(sb, out, sizeof(out),
         "echo nameserver $(ip route | awk '/default/ {print $3}') > "
         "/etc/resolv.conf");
+    put_probe(sa);
+    put_probe(sc);
     return 0;
 }
 
@@ -444,19 +529,12 @@ static void client_hello(char *out, size_t len, const char *sni, bool ech)
         snprintf(out + strlen(out), len - strlen(out), "\\x%02x", b[i]);
 }
 
-/* TLS is SNI-checked pass-through for now (docs/egress.md: no termination yet): the SNI must be
- * allowed and the destination attributed to it, else nothing reaches the server. */
+/* What never gets as far as a handshake: forbidden or missing SNI, ECH, plain text on 443. */
 static void test_tls_sni(void **state)
 {
     NEED_ROOT();
     char out[4096], hello[2048];
-    long long tls_a = stat_of("tls." ALLOWED), tls_f = stat_of("tls." FORBIDDEN);
-    client_hello(hello, sizeof(hello), "allowed.test", false);
-    run(sa, out, sizeof(out),
-        "nslookup allowed.test >/dev/null; printf '%s' | nc -w 2 " ALLOWED " 443", hello);
-    for (int i = 0; i < 40 && stat_of("tls." ALLOWED) == tls_a; i++)
-        usleep(50 * 1000);
-    assert_int_equal(stat_of("tls." ALLOWED), tls_a + 1);
+    long long up_a = stat_of("https." ALLOWED ":443"), up_f = stat_of("https." FORBIDDEN ":443");
     /* A forbidden SNI on the allowed address; the allowed SNI on the forbidden address; no
      * SNI; ECH; plain text on 443. */
     client_hello(hello, sizeof(hello), "forbidden.test", false);
@@ -469,9 +547,14 @@ static void test_tls_sni(void **state)
     run(sa, out, sizeof(out), "printf '%s' | nc -w 2 " ALLOWED " 443", hello);
     run(sa, out, sizeof(out),
         "printf 'GET / HTTP/1.1\\r\\nHost: allowed.test\\r\\n\\r\\n' | nc -w 2 " ALLOWED " 443");
+    /* A real client: SNI forbidden, Host allowed. The handshake never completes. */
+    int rc = run(sa, out, sizeof(out),
+                 "/root/probe --sni forbidden.test --host allowed.test " ALLOWED " 443");
+    if (rc != 2 || strstr(out, "site:"))
+        fail_msg("SNI forbidden + Host allowed: %d %s", rc, out);
     usleep(300 * 1000);
-    assert_int_equal(stat_of("tls." ALLOWED), tls_a + 1);
-    assert_int_equal(stat_of("tls." FORBIDDEN), tls_f);
+    assert_int_equal(stat_of("https." ALLOWED ":443"), up_a);
+    assert_int_equal(stat_of("https." FORBIDDEN ":443"), up_f);
 
     PGconn *db = sp_test_db();
     const char *reasons[] = {"no_sni", "ech", "not_tls"};
@@ -487,10 +570,186 @@ static void test_tls_sni(void **state)
     PQfinish(db);
 }
 
+/* TLS terminated by egressd: the guest sees a leaf from the deployment CA, egressd checks the
+ * decrypted Host against the SNI and verifies the real site itself. */
+static void test_tls_terminated(void **state)
+{
+    NEED_ROOT();
+    char out[8192];
+    long long up_a = stat_of("https." ALLOWED ":443");
+    /* The trust the worker installed: the bundle, the CA file, the profile script; no key. */
+    run(sa, out, sizeof(out),
+        "grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt; "
+        ". /etc/profile.d/space-ca.sh; echo \"env:$SSL_CERT_FILE:$REQUESTS_CA_BUNDLE:"
+        "$NODE_EXTRA_CA_CERTS\"; grep -rl 'PRIVATE KEY' /etc /usr 2>/dev/null; echo end");
+    if (!strstr(out, "env:/etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/"
+                     "ca-certificates.crt:/etc/ssl/certs/space-deployment-ca.pem") ||
+        strstr(out, "PRIVATE") || strstr(out, ".key"))
+        fail_msg("sandbox trust: %s", out);
+
+    /* Allowed: OpenSSL's default paths in the guest (no option, no variable) trust the
+     * deployment CA, the leaf names the SNI and chains to that CA only, ALPN is http/1.1. */
+    int rc = run(sa, out, sizeof(out),
+                 "nslookup allowed.test >/dev/null; /root/probe --sni allowed.test " ALLOWED
+                 " 443; /root/probe --ca /etc/ssl/certs/space-deployment-ca.pem --sni "
+                 "allowed.test --host allowed.test,allowed.test " ALLOWED " 443");
+    if (rc != 0 || !strstr(out, "verify: ok") || !strstr(out, "alpn=http/1.1") ||
+        !strstr(out, "subject=/CN=allowed.test issuer=/CN=SPACE deployment CA") ||
+        !strstr(out, "site:allowed host:allowed.test sni:allowed.test port:443"))
+        fail_msg("HTTPS to allowed.test: %d %s", rc, out);
+    /* Three requests (one, then two on one kept-alive connection) reached the site. */
+    for (int i = 0; i < 40 && stat_of("https." ALLOWED ":443") < up_a + 3; i++)
+        usleep(50 * 1000);
+    assert_int_equal(stat_of("https." ALLOWED ":443"), up_a + 3);
+    /* A wildcard entry gets its own leaf. */
+    rc = run(sa, out, sizeof(out),
+             "nslookup www.wild.test >/dev/null; /root/probe --sni www.wild.test " ALLOWED " 443");
+    if (rc != 0 || !strstr(out, "subject=/CN=www.wild.test") ||
+        !strstr(out, "site:allowed host:www.wild.test sni:www.wild.test"))
+        fail_msg("HTTPS to www.wild.test: %d %s", rc, out);
+    up_a = stat_of("https." ALLOWED ":443");
+
+    /* The red team's shared address: SNI allowed, Host forbidden, inside the TLS. */
+    rc = run(sa, out, sizeof(out),
+             "/root/probe --sni allowed.test --host forbidden.test " ALLOWED " 443");
+    if (rc != 0 || strstr(out, "site:") || !strstr(out, "403") || !strstr(out, "host_sni_mismatch"))
+        fail_msg("SNI allowed + Host forbidden: %s", out);
+    /* The same, as a second request on a connection whose first was fine: the first is
+     * answered, the second never reaches the site. */
+    rc = run(sa, out, sizeof(out),
+             "/root/probe --sni allowed.test --host allowed.test,forbidden.test " ALLOWED " 443");
+    if (rc != 4 || !strstr(out, "host:allowed.test") || strstr(out, "host:forbidden.test"))
+        fail_msg("second request with another Host: %s", out);
+    /* A client that offers only h2: refused in the handshake. */
+    rc = run(sa, out, sizeof(out), "/root/probe --alpn h2 --sni allowed.test " ALLOWED " 443");
+    if (rc != 2)
+        fail_msg("ALPN h2 only: %d %s", rc, out);
+    for (int i = 0; i < 20 && stat_of("https." ALLOWED ":443") < up_a + 1; i++)
+        usleep(50 * 1000);
+    usleep(200 * 1000);
+    assert_int_equal(stat_of("https." ALLOWED ":443"), up_a + 1);
+
+    /* Upstream verification: a certificate from a CA egressd does not trust (port 8443), and
+     * a name the site's certificate does not carry (mismatch.test on the allowed site). */
+    rc = run(sa, out, sizeof(out), "/root/probe --sni allowed.test " ALLOWED " 8443");
+    if (rc != 0 || strstr(out, "site:") || !strstr(out, "upstream_cert_invalid"))
+        fail_msg("rogue upstream certificate: %s", out);
+    rc = run(sa, out, sizeof(out),
+             "nslookup mismatch.test >/dev/null; /root/probe --sni mismatch.test " ALLOWED " 443");
+    if (rc != 0 || strstr(out, "site:") || !strstr(out, "upstream_cert_invalid"))
+        fail_msg("upstream certificate for another name: %s", out);
+    assert_int_equal(stat_of("https." ALLOWED ":8443"), 0);
+
+    PGconn *db = sp_test_db();
+    /* tls_handshake_failed is a "tls" decision (before termination), the others "https". */
+    const char *reasons[] = {"host_sni_mismatch", "upstream_cert_invalid", "tls_handshake_failed",
+                             "denied_by_rule"};
+    for (size_t i = 0; i < 4; i++) {
+        char sql[512];
+        snprintf(sql, sizeof(sql),
+                 "SELECT (count(*) > 0)::int FROM events WHERE type = 'EgressDenied' AND "
+                 "status = 'accepted' AND position('%s'::bytea in payload) > 0 AND "
+                 "position('%s'::bytea in payload) > 0",
+                 reasons[i], i >= 2 ? "tls" : "https");
+        if (sp_test_db_wait_scalar(db, sql, 1, 10000) < 1)
+            fail_msg("no EgressDenied (%s) with reason %s", i >= 2 ? "tls" : "https", reasons[i]);
+    }
+    assert_true(
+        sp_test_db_wait_scalar(db,
+                               "SELECT (count(*) > 0)::int FROM events WHERE type = "
+                               "'EgressAllowed' AND position('https'::bytea in payload) > 0",
+                               1, 10000) >= 1);
+    PQfinish(db);
+}
+
+/* HTTP CONNECT through the proxy (any destination: every TCP connection reaches egressd):
+ * checked like an SNI, resolved by egressd itself, then the tunnelled TLS is terminated and
+ * checked like any other. c never resolved anything: egressd asks the resolver. */
+static void test_connect(void **state)
+{
+    NEED_ROOT();
+    char out[8192];
+    long long dns0 = stat_of("dns"), up_a = stat_of("https." ALLOWED ":443");
+    int rc = run(sc, out, sizeof(out),
+                 "/root/probe --connect allowed.test:443 --sni allowed.test %s 3128", gw_c);
+    if (rc != 0 || !strstr(out, "connect: HTTP/1.1 200") || !strstr(out, "verify: ok") ||
+        !strstr(out, "issuer=/CN=SPACE deployment CA") ||
+        !strstr(out, "site:allowed host:allowed.test sni:allowed.test port:443"))
+        fail_msg("CONNECT allowed.test:443: %d %s", rc, out);
+    assert_true(stat_of("dns") > dns0);
+    /* A forbidden name, an unlisted one, a port the name is not allowed on is fine (no port
+     * in the entry), a Host that names another authority, another SNI in the tunnel, Host
+     * forbidden inside it, plain text inside it. */
+    rc = run(sc, out, sizeof(out),
+             "/root/probe --connect forbidden.test:443 --sni forbidden.test %s 3128", gw_c);
+    if (rc != 5 || !strstr(out, "403") || !strstr(out, "denied_by_rule"))
+        fail_msg("CONNECT forbidden.test: %d %s", rc, out);
+    rc = run(sc, out, sizeof(out), "/root/probe --connect other.test:443 --sni other.test %s 3128",
+             gw_c);
+    if (rc != 5 || !strstr(out, "not_allowed"))
+        fail_msg("CONNECT other.test: %d %s", rc, out);
+    (void)run(sc, out, sizeof(out),
+              "printf 'CONNECT allowed.test:443 HTTP/1.1\\r\\nHost: forbidden.test:443\\r\\n"
+              "\\r\\n' | nc -w 3 %s 3128",
+              gw_c);
+    if (!strstr(out, "host_connect_mismatch"))
+        fail_msg("CONNECT with another Host: %s", out);
+    rc = run(sc, out, sizeof(out),
+             "/root/probe --connect allowed.test:443 --sni www.wild.test %s 3128", gw_c);
+    if (rc != 2 || strstr(out, "site:"))
+        fail_msg("CONNECT allowed.test, SNI www.wild.test: %d %s", rc, out);
+    rc = run(sc, out, sizeof(out),
+             "/root/probe --connect allowed.test:443 --sni allowed.test --host forbidden.test "
+             "%s 3128",
+             gw_c);
+    if (rc != 0 || strstr(out, "site:") || !strstr(out, "host_sni_mismatch"))
+        fail_msg("CONNECT allowed.test, Host forbidden inside: %d %s", rc, out);
+    rc = run(sc, out, sizeof(out),
+             "/root/probe --connect allowed.test:443 --host allowed.test "
+             "%s 3128",
+             gw_c);
+    if (strstr(out, "site:"))
+        fail_msg("CONNECT allowed.test, plain HTTP inside: %d %s", rc, out);
+    usleep(300 * 1000);
+    assert_int_equal(stat_of("https." ALLOWED ":443"), up_a + 1);
+
+    PGconn *db = sp_test_db();
+    const char *reasons[] = {"sni_connect_mismatch", "host_connect_mismatch"};
+    for (size_t i = 0; i < 2; i++) {
+        char sql[512];
+        snprintf(sql, sizeof(sql),
+                 "SELECT (count(*) > 0)::int FROM events WHERE type = 'EgressDenied' AND "
+                 "status = 'accepted' AND aggregate_id = '%s' AND "
+                 "position('%s'::bytea in payload) > 0",
+                 sc, reasons[i]);
+        if (sp_test_db_wait_scalar(db, sql, 1, 10000) < 1)
+            fail_msg("no EgressDenied with reason %s", reasons[i]);
+    }
+    PQfinish(db);
+}
+
 static void test_policy_change(void **state)
 {
     NEED_ROOT();
     char out[4096];
+    /* A kept-alive HTTPS connection opened before the change: its next request is decided
+     * by the new policy (every request is). The probe runs in the background in the sandbox,
+     * two requests 3 s apart; the policy turns to deny_all in between. */
+    long long up_a = stat_of("https." ALLOWED ":443");
+    run(sa, out, sizeof(out),
+        "nslookup allowed.test >/dev/null; (/root/probe --sni allowed.test --host "
+        "allowed.test,allowed.test --pause-ms 3000 " ALLOWED " 443 >/tmp/keep.out 2>&1 &)");
+    for (int i = 0; i < 40 && stat_of("https." ALLOWED ":443") < up_a + 1; i++)
+        usleep(50 * 1000);
+    put_network(sa, "{\"mode\":\"deny_all\"}", 200);
+    usleep(4000 * 1000);
+    run(sa, out, sizeof(out), "cat /tmp/keep.out");
+    /* The first answered, the second sent and the connection ended without an answer. */
+    if (!strstr(out, "site:allowed") || strstr(strstr(out, "site:allowed") + 1, "site:allowed") ||
+        !strstr(out, "response: none"))
+        fail_msg("kept-alive connection across a policy change: %s", out);
+    assert_int_equal(stat_of("https." ALLOWED ":443"), up_a + 1);
+
     put_network(sa, "{\"mode\":\"deny_all\"}", 200);
     run(sa, out, sizeof(out), "nslookup allowed.test; " HTTP_GET("allowed.test", ALLOWED));
     if (strstr(out, "site:allowed") || strstr(out, "Address: " ALLOWED))
@@ -545,6 +804,8 @@ int main(void)
         cmocka_unit_test(test_dns_denied_without_upstream_query),
         cmocka_unit_test(test_bypasses_denied),
         cmocka_unit_test(test_tls_sni),
+        cmocka_unit_test(test_tls_terminated),
+        cmocka_unit_test(test_connect),
         cmocka_unit_test(test_policy_change),
         cmocka_unit_test(test_denials_logged),
     };

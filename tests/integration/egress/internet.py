@@ -8,12 +8,20 @@ there from the host, so nothing the sandboxes send can leave the machine.
   169.254.169.254:80    fake metadata service (must never be reached)
   198.18.1.10:9999/udp  UDP sink (must never be reached)
   198.18.1.30:7777,7778 TCP echo (7777 allowed by a CIDR:port rule, 7778 not)
-  198.18.1.10:443, 198.18.1.20:443  count connections that deliver a TLS record ("tls")
+  198.18.1.10:443       HTTPS, certificates by SNI (allowed.test, www.wild.test, forbidden.test;
+                        anything else gets allowed.test's), signed by the test public CA
+  198.18.1.20:443       HTTPS, forbidden.test
+  198.18.1.10:8443      HTTPS, allowed.test signed by a "rogue" CA egressd does not trust
+  198.18.1.10:8080      plain HTTP, keep-alive (bench)
 
-Counters are written to argv[1] (JSON) after every event.
+Counters are written to argv[1] (JSON) after every event. argv[2], when given, is the directory
+of the PEM files the test made (public CA leaves <name>.crt/.key, rogue/allowed.test.*);
+"bench" as argv[3] stops the counters (a file write per request would be what is measured).
 """
 import json
+import os
 import socket
+import ssl
 import socketserver
 import struct
 import sys
@@ -21,22 +29,30 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 STATS_PATH = sys.argv[1]
+# The first two octets of every address (bench/egress.sh uses another pair than the test, so
+# both can run at once).
+NET = os.environ.get("EGRESS_NET", "198.18")
+CERTS = sys.argv[2] if len(sys.argv) > 2 else None
+QUIET = len(sys.argv) > 3 and sys.argv[3] == "bench"
 lock = threading.Lock()
-stats = {"dns": 0, "dns_names": [], "http": {}, "udp": 0, "echo": {}, "tls": {}}
+stats = {"dns": 0, "dns_names": [], "http": {}, "udp": 0, "echo": {}, "tls": {}, "https": {},
+         "https_hosts": []}
 NAMES = {
-    "allowed.test": "198.18.1.10",
-    "forbidden.test": "198.18.1.20",
-    "www.wild.test": "198.18.1.10",
+    "allowed.test": NET + ".1.10",
+    "forbidden.test": NET + ".1.20",
+    "www.wild.test": NET + ".1.10",
+    "mismatch.test": NET + ".1.10",
 }
 
 
 def bump(fn):
+    if QUIET and STATS_PATH is not None and os.path.exists(STATS_PATH):
+        return
     with lock:
         fn(stats)
         tmp = STATS_PATH + ".tmp"
         with open(tmp, "w") as f:
             json.dump(stats, f)
-        import os
         os.replace(tmp, STATS_PATH)
 
 
@@ -44,7 +60,7 @@ class Http(BaseHTTPRequestHandler):
     def do_GET(self):
         me = self.connection.getsockname()[0]
         bump(lambda s: s["http"].__setitem__(me, s["http"].get(me, 0) + 1))
-        site = {"198.18.1.10": "allowed", "198.18.1.20": "forbidden"}.get(me, "metadata")
+        site = {NET + ".1.10": "allowed", NET + ".1.20": "forbidden"}.get(me, "metadata")
         body = ("site:%s host:%s\n" % (site, self.headers.get("Host", ""))).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -56,9 +72,98 @@ class Http(BaseHTTPRequestHandler):
         pass
 
 
+BIG = b"x" * (1 << 20)
+
+
+class Https(BaseHTTPRequestHandler):
+    """HTTP/1.1 with keep-alive, over TLS or not; /big?n=BYTES sends that many bytes."""
+    protocol_version = "HTTP/1.1"
+
+    def setup(self):
+        super().setup()
+        # Head and body are two writes: without this, Nagle and the client's delayed ACK
+        # add 40 ms to every kept-alive request.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def do_GET(self):
+        me = "%s:%d" % self.connection.getsockname()[:2]
+        host = self.headers.get("Host", "")
+        sni = getattr(self.connection, "sni", None) or ""
+        bump(lambda s: (s["https"].__setitem__(me, s["https"].get(me, 0) + 1),
+                        s["https_hosts"].append("%s %s %s" % (me, sni, host))))
+        if self.path.startswith("/big?n="):
+            n = int(self.path[7:])
+            self.send_response(200)
+            self.send_header("Content-Length", str(n))
+            self.end_headers()
+            while n > 0:
+                k = min(n, len(BIG))
+                self.wfile.write(BIG[:k])
+                n -= k
+            return
+        site = {NET + ".1.10": "allowed", NET + ".1.20": "forbidden"}.get(
+            self.connection.getsockname()[0], "?")
+        body = ("site:%s host:%s sni:%s port:%d\n" % (
+            site, host, sni, self.connection.getsockname()[1])).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        if self.headers.get("Connection", "").lower() == "close":
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+def tls_context(crt, key):
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(os.path.join(CERTS, crt), os.path.join(CERTS, key))
+    ctx.set_alpn_protocols(["http/1.1"])
+    return ctx
+
+
+class TlsServer(ThreadingHTTPServer):
+    """Certificates chosen by SNI; the handshake runs in the handler's thread."""
+    by_name = {}
+    default = None
+
+    def server_bind(self):
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+    def get_request(self):
+        sock, addr = self.socket.accept()
+        tls = self.default.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return tls, addr
+
+    def finish_request(self, request, client_address):
+        try:
+            request.do_handshake()
+        except (ssl.SSLError, OSError):
+            return
+        super().finish_request(request, client_address)
+
+
+def tls_server(addr, port, names, default_name, subdir=""):
+    ctxs = {n: tls_context(subdir + n + ".crt", subdir + n + ".key") for n in names}
+    default = ctxs[default_name]
+
+    def pick(sock, name, ctx):
+        sock.sni = name
+        if name in ctxs:
+            sock.context = ctxs[name]
+
+    for c in ctxs.values():
+        c.sni_callback = pick
+    srv = type("Tls%d" % port, (TlsServer,), {"default": default})((addr, port), Https)
+    return srv
+
+
 def dns_server():
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("198.18.53.53", 53))
+    s.bind((NET + ".53.53", 53))
     while True:
         q, addr = s.recvfrom(2048)
         if len(q) < 12:
@@ -84,7 +189,7 @@ def dns_server():
 
 def udp_sink():
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("198.18.1.10", 9999))
+    s.bind((NET + ".1.10", 9999))
     while True:
         s.recvfrom(2048)
         bump(lambda st: st.__setitem__("udp", st["udp"] + 1))
@@ -119,12 +224,20 @@ def serve(server):
 
 ThreadingHTTPServer.allow_reuse_address = True
 socketserver.ThreadingTCPServer.allow_reuse_address = True
-for a in ("198.18.1.10", "198.18.1.20", "169.254.169.254"):
+for a in (NET + ".1.10", NET + ".1.20", "169.254.169.254"):
     serve(Server((a, 80), Http))
-for a in ("198.18.1.10", "198.18.1.20"):
-    serve(socketserver.ThreadingTCPServer((a, 443), TlsSink))
+if CERTS:
+    serve(tls_server(NET + ".1.10", 443, ["allowed.test", "www.wild.test", "forbidden.test"],
+                     "allowed.test"))
+    serve(tls_server(NET + ".1.20", 443, ["forbidden.test"], "forbidden.test"))
+    serve(tls_server(NET + ".1.10", 8443, ["allowed.test"], "allowed.test", "rogue/"))
+else:
+    for a in (NET + ".1.10", NET + ".1.20"):
+        serve(socketserver.ThreadingTCPServer((a, 443), TlsSink))
+for a in (NET + ".1.10", NET + ".1.30"):
+    serve(Server((a, 8080), Https))
 for p in (7777, 7778):
-    serve(socketserver.ThreadingTCPServer(("198.18.1.30", p), Echo))
+    serve(socketserver.ThreadingTCPServer((NET + ".1.30", p), Echo))
 threading.Thread(target=udp_sink, daemon=True).start()
 bump(lambda s: None)
 dns_server()
