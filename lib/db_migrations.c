@@ -92,8 +92,19 @@ static const char m2_keys[] =
     "  PRIMARY KEY (tenant, key)"
     ");";
 
+static const char m3_sandbox_env[] =
+    /* Environment values given at create: never events (the log keeps names only), read by
+     * the gateway for every command of the sandbox and sent to its worker on the data plane. */
+    "CREATE TABLE sandbox_env ("
+    "  sandbox_id text PRIMARY KEY,"
+    "  tenant     text NOT NULL,"
+    "  env        jsonb NOT NULL,"
+    "  created_at timestamptz NOT NULL DEFAULT now()"
+    ");";
+
 const sp_db_migration_t sp_db_migrations[] = {
     {1, "events, sandboxes, workers", m1_events},
     {2, "api_keys, idempotency_keys", m2_keys},
+    {3, "sandbox_env", m3_sandbox_env},
 };
 const size_t sp_db_n_migrations = sizeof(sp_db_migrations) / sizeof(sp_db_migrations[0]);
