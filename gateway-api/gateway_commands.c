@@ -1512,8 +1512,12 @@ void gw_commands_tick(gw_t *gw)
             if (fd >= 0)
                 shutdown(fd, SHUT_RDWR);
         } else if (!c->sending && c->pending.len == 0 && now - c->last_write_ns >= keepalive) {
+            /* E2B: the start event must be the first message; keepalives only after it. */
+            static const char ka[] = "{\"event\":{\"keepalive\":{}}}";
+            if (c->connect && !c->start_sent)
+                continue;
             if (c->connect)
-                connect_event(c, "{\"event\":{\"keepalive\":{}}}", 27);
+                connect_event(c, ka, sizeof(ka) - 1);
             else
                 sp_buf_puts(&c->pending, KEEPALIVE_RECORD);
             sse_flush(c);

@@ -294,8 +294,16 @@ static void e2b_metrics(gw_req_t *rq)
     read_one(rq, R_EXISTS_METRICS);
 }
 
-/* metadata=k1%3Dv1%26k2%3Dv2: after the query's own decoding, "k1=v1&k2=v2", each part
- * URL-encoded again (the SDKs encode pairs, then the whole). */
+/* metadata=k1%3Dv1%26k2%3Dv2: after the query's own decoding, "k1=v1&k2=v2" in
+ * x-www-form-urlencoded form, whose keys and values the JS SDKs encodeURIComponent once more
+ * before: a third decoding, when it is one, gives the values back. */
+static char *decode_twice(h2o_mem_pool_t *pool, const char *s, size_t n)
+{
+    char *once = gw_url_decode(pool, s, n);
+    char *twice = once && strchr(once, '%') ? gw_url_decode(pool, once, strlen(once)) : NULL;
+    return twice ? twice : once;
+}
+
 static int metadata_filter(gw_req_t *rq, const char *v, sp_buf_t *out)
 {
     size_t n = 0;
@@ -307,8 +315,8 @@ static int metadata_filter(gw_req_t *rq, const char *v, sp_buf_t *out)
         if (seg > 0) {
             if (!eq)
                 return -EINVAL;
-            char *k = gw_url_decode(&rq->req->pool, p, (size_t)(eq - p));
-            char *val = gw_url_decode(&rq->req->pool, eq + 1, seg - (size_t)(eq - p) - 1);
+            char *k = decode_twice(&rq->req->pool, p, (size_t)(eq - p));
+            char *val = decode_twice(&rq->req->pool, eq + 1, seg - (size_t)(eq - p) - 1);
             if (!k || !val || !k[0] || !gw_text_ok(k, 64) || !gw_text_ok(val, 512) || ++n > 64)
                 return -EINVAL;
             sp_buf_puts(out, n > 1 ? "," : "");

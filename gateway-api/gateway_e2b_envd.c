@@ -391,6 +391,12 @@ static void proc_ctl(gw_req_t *rq, const char *method, const sp_json_t *root)
         gw_ctl_run(rq, &spec);
         return;
     }
+    if (strcmp(method, "SendSignal") != 0 && strcmp(method, "CloseStdin") != 0 &&
+        strcmp(method, "SendInput") != 0 && strcmp(method, "Update") != 0) {
+        gw_respond_error(rq, 501, "unimplemented", NULL, "process.Process/%s is not served",
+                         method);
+        return;
+    }
     if (!(spec.pid = selector_pid(rq, root)))
         return;
     if (strcmp(method, "SendSignal") == 0) {
@@ -423,7 +429,7 @@ static void proc_ctl(gw_req_t *rq, const char *method, const sp_json_t *root)
             return;
         }
         spec.op = GW_CTL_STDIN;
-    } else if (strcmp(method, "Update") == 0) {
+    } else {
         const sp_json_t *size = member(member(root, "pty"), "size");
         spec.op = GW_CTL_RESIZE;
         if (get_u32(member(size, "rows"), GW_PTY_MAX, &spec.rows) < 0 ||
@@ -431,10 +437,6 @@ static void proc_ctl(gw_req_t *rq, const char *method, const sp_json_t *root)
             gw_respond_error(rq, 400, "invalid_field", NULL, "pty.size needs rows and cols");
             return;
         }
-    } else {
-        gw_respond_error(rq, 501, "unimplemented", NULL, "process.Process/%s is not served",
-                         method);
-        return;
     }
     gw_ctl_run(rq, &spec);
     if (spec.data) {
@@ -759,8 +761,14 @@ bool gw_e2b_envd_route(gw_req_t *rq, const char *path, size_t len)
     bool fs = len > 23 && memcmp(path, "/filesystem.Filesystem/", 23) == 0;
 
     if (process || fs) {
+        const char *m = path + (process ? 17 : 23);
+        size_t mlen = len - (process ? 17 : 23);
+        bool stream = process ? h2o_memis(m, mlen, H2O_STRLIT("Start")) ||
+                                    h2o_memis(m, mlen, H2O_STRLIT("Connect"))
+                              : h2o_memis(m, mlen, H2O_STRLIT("WatchDir"));
         rq->route = GW_R_E2B_ENVD;
-        rq->dialect = GW_DIALECT_CONNECT;
+        /* Set now: a stream's errors, authentication's included, are end-stream messages. */
+        rq->dialect = stream ? GW_DIALECT_CONNECT_STREAM : GW_DIALECT_CONNECT;
         if (!is_method(req, "POST")) {
             gw_respond_error(rq, 405, "method_not_allowed", NULL, "Connect RPC is POST");
             return true;

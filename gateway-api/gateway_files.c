@@ -323,7 +323,8 @@ static void single_done(gw_file_t *f)
         return;
     }
     const reply_t *r = f->reply;
-    if (f->rq->dialect != GW_DIALECT_V1 && f->kind == K_MOVE && !r->info && !f->restat) {
+    if (f->rq->dialect != GW_DIALECT_V1 && f->kind == K_MOVE && !f->restat &&
+        (!r->info || !r->info->type[0])) {
         /* E2B answers a move with the entry where it landed: one stat more. */
         f->restat = true;
         f->call.path = f->to;
