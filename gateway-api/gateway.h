@@ -561,10 +561,12 @@ typedef struct {
     uint32_t depth;       /* list: 1..16, 0 = 1 */
     bool recursive;       /* remove */
     bool multipart_paths; /* E2B: a part's filename is its path, not a name under path */
+    uint8_t *body;        /* upload: these bytes (heap, taken) instead of the request body */
+    size_t body_len;
 } gw_files_spec_t;
 /* Starts the operation for rq->path_id (tenant and state checked first); the answer is ours or,
  * for an E2B dialect, gw_e2b_files_answer's. */
-void gw_files_start(gw_req_t *rq, const gw_files_spec_t *spec);
+void gw_files_start(gw_req_t *rq, gw_files_spec_t *spec);
 
 /* Makes request bodies over 4 MiB spill to an unlinked temporary file under tmp-dir (h2o's
  * mmap-backed socket buffers) instead of the heap. Before the first connection. */

@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <zlib.h>
 
 #include "b64.h"
 #include "db.h"
@@ -48,6 +49,7 @@
 #define STDIN_CHUNK_MAX (512 * 1024)
 #define CMD_TIMEOUT_MAX (24 * 3600)
 #define KEY_MAX         256
+#define GUNZIP_MAX      (64u << 20) /* decoded bytes of a gzip upload, held in the heap */
 
 /* ---- requests: sandbox, key, user, messages ---- */
 
@@ -618,6 +620,56 @@ void gw_e2b_upload_answer(gw_req_t *rq, const char *const *paths, size_t n)
 
 /* ---- /files, /health ---- */
 
+/* Inflates a gzip body (RFC 1952) into a heap buffer of at most max bytes: 0, -EINVAL (not
+ * gzip, or truncated), -EFBIG (it inflates past max). */
+static int gunzip(const uint8_t *in, size_t len, size_t max, uint8_t **ret, size_t *ret_len)
+{
+    z_stream z;
+    size_t cap = len * 4 < 65536 ? 65536 : len * 4, n = 0;
+    int rc, out = -EINVAL;
+    uint8_t *buf;
+
+    memset(&z, 0, sizeof(z));
+    if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK)
+        return -ENOMEM;
+    if (cap > max + 1)
+        cap = max + 1;
+    buf = sp_xmalloc(cap);
+    z.next_in = (Bytef *)in;
+    z.avail_in = (uInt)(len > UINT32_MAX ? UINT32_MAX : len);
+    for (;;) {
+        if (n == cap) {
+            if (cap > max) {
+                out = -EFBIG;
+                break;
+            }
+            cap = cap * 2 > max + 1 ? max + 1 : cap * 2;
+            buf = sp_xrealloc(buf, cap);
+        }
+        z.next_out = buf + n;
+        z.avail_out = (uInt)(cap - n);
+        rc = inflate(&z, Z_NO_FLUSH);
+        n = cap - z.avail_out;
+        if (rc == Z_STREAM_END) {
+            /* One member, nothing after it. */
+            out = z.avail_in == 0 && n <= max ? 0 : n > max ? -EFBIG : -EINVAL;
+            break;
+        }
+        if (rc != Z_OK || (z.avail_in == 0 && z.avail_out != 0)) {
+            out = -EINVAL;
+            break;
+        }
+    }
+    inflateEnd(&z);
+    if (out < 0) {
+        free(buf);
+        return out;
+    }
+    *ret = buf;
+    *ret_len = n;
+    return 0;
+}
+
 static void files_http(gw_req_t *rq)
 {
     h2o_req_t *req = rq->req;
@@ -651,13 +703,33 @@ static void files_http(gw_req_t *rq)
     if (!get) {
         const h2o_iovec_t *ct = gw_req_header(rq, "content-type", NULL);
         const h2o_iovec_t *ce = gw_req_header(rq, "content-encoding", NULL);
-        if (ce && !h2o_memis(ce->base, ce->len, H2O_STRLIT("identity"))) {
-            gw_respond_error(rq, 415, "unsupported_encoding", NULL,
-                             "Content-Encoding is not supported here; send the bytes as they are");
-            return;
-        }
+        bool gz = ce && h2o_memis(ce->base, ce->len, H2O_STRLIT("gzip"));
         spec.multipart_paths =
             ct && ct->len >= 19 && strncasecmp(ct->base, "multipart/form-data", 19) == 0;
+        if ((ce && !gz && !h2o_memis(ce->base, ce->len, H2O_STRLIT("identity"))) ||
+            (gz && spec.multipart_paths)) {
+            gw_respond_error(rq, 415, "unsupported_encoding", NULL,
+                             "Content-Encoding: gzip (raw uploads) or identity only");
+            return;
+        }
+        if (gz && path) {
+            size_t max = (size_t)rq->gw->cfg->max_file_bytes < GUNZIP_MAX
+                             ? (size_t)rq->gw->cfg->max_file_bytes
+                             : GUNZIP_MAX;
+            int rc =
+                gunzip((const uint8_t *)(req->entity.base ? req->entity.base : ""),
+                       req->entity.base ? req->entity.len : 0, max, &spec.body, &spec.body_len);
+            if (rc == -EFBIG) {
+                gw_respond_error(rq, 413, "body_too_large", NULL,
+                                 "a gzip upload inflates to at most %zu bytes", max);
+                return;
+            }
+            if (rc < 0) {
+                gw_respond_error(rq, 400, "invalid_encoding", NULL,
+                                 "the body is not one complete gzip stream");
+                return;
+            }
+        }
     }
     if (!path && !spec.multipart_paths) {
         gw_respond_error(rq, 400, "invalid_query", NULL, "path is required");

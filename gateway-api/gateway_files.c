@@ -110,6 +110,7 @@ struct gw_file {
     uint64_t offset;
     const uint8_t *body;
     size_t body_len;
+    uint8_t *owned_body; /* a body decoded by the caller (E2B gzip), else NULL */
     uintptr_t advised;
     sp_buf_t results;
 
@@ -138,6 +139,7 @@ static void file_free(gw_file_t *f)
     if (f->reply)
         space__io__v1__file_reply__free_unpacked(f->reply, NULL);
     free(f->parts);
+    free(f->owned_body);
     free(f->sending);
     free(f->ready);
     sp_buf_dispose(&f->results);
@@ -1114,7 +1116,7 @@ void gw_files_run(gw_req_t *rq, gw_files_sub_t sub)
     sp_json_doc_free(doc);
 }
 
-void gw_files_start(gw_req_t *rq, const gw_files_spec_t *spec)
+void gw_files_start(gw_req_t *rq, gw_files_spec_t *spec)
 {
     gw_t *gw = rq->gw;
     h2o_req_t *req = rq->req;
@@ -1123,17 +1125,24 @@ void gw_files_start(gw_req_t *rq, const gw_files_spec_t *spec)
     uint32_t mode = spec->mode, depth = spec->depth ? spec->depth : 1;
     bool recursive = spec->recursive;
     size_t body_len = req->entity.base ? req->entity.len : 0;
+    uint8_t *owned = spec->body;
 
+    spec->body = NULL;
+    if (owned)
+        body_len = spec->body_len;
     if (!sp_id_valid(rq->path_id)) {
         gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
+        free(owned);
         return;
     }
     if (kind != K_UPLOAD && body_len > (size_t)gw->cfg->max_body_bytes) {
         gw_respond_error(rq, 413, "body_too_large", NULL, "the body exceeds %lld bytes",
                          (long long)gw->cfg->max_body_bytes);
+        free(owned);
         return;
     }
     gw_file_t *f = sp_xcalloc(1, sizeof(*f));
+    f->owned_body = owned;
     f->gw = gw;
     f->rq = rq;
     gw_req_ref(rq);
@@ -1153,6 +1162,7 @@ void gw_files_start(gw_req_t *rq, const gw_files_spec_t *spec)
     if (!ok) {
         gw_req_unref(rq);
         sp_buf_dispose(&f->results);
+        free(f->owned_body);
         free(f);
         return;
     }
@@ -1160,9 +1170,9 @@ void gw_files_start(gw_req_t *rq, const gw_files_spec_t *spec)
         char boundary[BOUNDARY_MAX + 1], err[256];
         bool bad;
         const h2o_iovec_t *ct = gw_req_header(rq, "content-type", NULL);
-        f->body = (const uint8_t *)(req->entity.base ? req->entity.base : "");
+        f->body = owned ? owned : (const uint8_t *)(req->entity.base ? req->entity.base : "");
         f->body_len = body_len;
-        f->body_mapped = body_is_mapped(req);
+        f->body_mapped = !owned && body_is_mapped(req);
         if (multipart_boundary(ct, boundary, &bad)) {
             f->multipart = true;
             if (bad || multipart_parse(f, boundary, qpath ? f->path : NULL, spec->multipart_paths,
@@ -1172,6 +1182,7 @@ void gw_files_start(gw_req_t *rq, const gw_files_spec_t *spec)
                 gw_req_unref(rq);
                 sp_buf_dispose(&f->results);
                 free(f->parts);
+                free(f->owned_body);
                 free(f);
                 return;
             }
@@ -1193,6 +1204,7 @@ void gw_files_start(gw_req_t *rq, const gw_files_spec_t *spec)
         gw_req_unref(rq);
         sp_buf_dispose(&f->results);
         free(f->parts);
+        free(f->owned_body);
         free(f);
         return;
     }

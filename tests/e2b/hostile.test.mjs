@@ -4,6 +4,7 @@
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { request } from 'node:http'
+import { gzipSync } from 'node:zlib'
 import { Sandbox } from 'e2b'
 
 const API = process.env.E2B_API_URL
@@ -139,6 +140,11 @@ test('envd /files: bad uploads are refused in E2B shape', async () => {
   let r = await post('?path=x.gz', Buffer.from([0x1f, 0x8b]), { 'Content-Type': 'application/octet-stream', 'Content-Encoding': 'br' })
   assert.equal(r.status, 415)
   assert.equal((await r.json()).code, 415)
+  r = await post('?path=x.gz', Buffer.from([0x1f, 0x8b, 8, 0, 0]), { 'Content-Type': 'application/octet-stream', 'Content-Encoding': 'gzip' })
+  assert.equal(r.status, 400, 'a truncated gzip stream')
+  assert.equal((await r.json()).code, 400)
+  r = await post('?path=bomb', gzipSync(Buffer.alloc(65 << 20)), { 'Content-Type': 'application/octet-stream', 'Content-Encoding': 'gzip' })
+  assert.equal(r.status, 413, 'a gzip bomb stops at the limit')
   r = await post('?path=a', 'garbage', { 'Content-Type': 'multipart/form-data; boundary=xyz' })
   assert.equal(r.status, 400)
   r = await post('', 'data', { 'Content-Type': 'application/octet-stream' })

@@ -40,4 +40,4 @@ for _ in $(seq 1 300); do
   sleep 1
 done
 
-exec node --test --test-concurrency=1 hostile.test.mjs sdk-2.51.test.mjs sdk-2.50.test.mjs
+exec node --test --test-concurrency=1 hostile.test.mjs network.test.mjs sdk-2.51.test.mjs sdk-2.50.test.mjs
