@@ -86,15 +86,15 @@ struct gw_cmd {
     h2o_generator_t gen; /* first member: h2o hands it back to proceed and stop */
     uv_async_t async;    /* cnats thread -> loop; closed last */
     gw_t *gw;
-    gw_req_t *rq;   /* holds a reference */
-    h2o_req_t *req; /* SSE: while the response is open */
-    bool sse;
-    bool connect; /* E2B envd: Connect streaming envelopes instead of SSE records (sse is set) */
+    gw_req_t *rq;           /* holds a reference */
     sp_json_doc_t *env_doc; /* the sandbox's create-time environment; spec borrows from it */
+    h2o_req_t *req;         /* SSE: while the response is open */
+    bool sse;
     bool attach;       /* GET .../stream: no intent, no exec; the worker replays what it kept */
     uint64_t from_seq; /* attach: output after this seq */
     bool skipped;      /* attach: output between from_seq and the oldest kept chunk is gone */
     bool start_sent;   /* SSE: the start record is written */
+    bool connect; /* E2B envd: Connect streaming envelopes instead of SSE records (sse is set) */
     phase_t phase;
     gw_cmd_spec_t spec;
     char cmd_id[SP_ID_MAX + 1];

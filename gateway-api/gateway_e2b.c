@@ -668,9 +668,8 @@ bool gw_e2b_route(gw_req_t *rq, const char *path, size_t len)
     }
     void (*fn)(gw_req_t *) = NULL;
     bool post = true;
-    if (h2o_memis(action, alen, H2O_STRLIT("connect")))
-        fn = e2b_connect;
-    else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("resume")))
+    if (h2o_memis(action, alen, H2O_STRLIT("connect")) ||
+        (!v2 && h2o_memis(action, alen, H2O_STRLIT("resume"))))
         fn = e2b_connect;
     else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("pause")))
         fn = e2b_pause;

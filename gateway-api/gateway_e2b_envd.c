@@ -523,9 +523,9 @@ static void entry_json(sp_buf_t *b, const Space__Io__V1__FileInfo *in, const cha
     if (in) {
         char perm[11];
         uint32_t m = in->mode & 0777;
-        perm[0] = type[10] == 'D' ? 'd' : type[10] == 'S' ? 'l' : '-';
+        perm[0] = (char)(type[10] == 'D' ? 'd' : type[10] == 'S' ? 'l' : '-');
         for (int i = 0; i < 9; i++)
-            perm[1 + i] = (m >> (8 - i)) & 1 ? "rwxrwxrwx"[i] : '-';
+            perm[1 + i] = (char)((m >> (8 - i)) & 1 ? "rwxrwxrwx"[i] : '-');
         perm[10] = '\0';
         sp_buf_printf(b, ",\"size\":\"%" PRIu64 "\",\"mode\":%" PRIu32 ",\"permissions\":\"%s\"",
                       in->size, in->mode & 07777, perm);
