@@ -95,6 +95,7 @@ void gw_e2b_answer_sandbox(gw_req_t *rq, int status, const char *sandbox_id, con
     json_token(&b, presented_key(rq), sandbox_id);
     sp_buf_puts(&b, ",\"trafficAccessToken\":null,\"domain\":null}");
     gw_respond_json(rq, status, &b);
+    explicit_bzero(b.data, b.len); /* the access token holds the key */
     sp_buf_dispose(&b);
 }
 

@@ -952,8 +952,8 @@ static void intent_run(gw_job_t *job, PGconn *db)
         return;
 
     /* The intent goes to the owner's subject: the worker's durable consumer sees exactly its
-     * sandboxes ("_" while none is placed, and for a suspended sandbox, which the scheduler
-     * places again to resume it). */
+     * sandboxes ("_" while none is placed; and the resume of a suspended sandbox, which the
+     * scheduler places again: DESIGN.md, "a suspended sandbox resumes on any host"). */
     sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
     Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
     Space__V1__SandboxDeleteRequested del = SPACE__V1__SANDBOX_DELETE_REQUESTED__INIT;
@@ -981,7 +981,7 @@ static void intent_run(gw_job_t *job, PGconn *db)
         env.sandbox_delete_requested = &del;
     }
     sp_envelope_stamp(&env, d->event_id);
-    bool unplaced = !worker[0] || st == SP_SBX_SUSPENDED;
+    bool unplaced = !worker[0] || (d->kind == GW_WAIT_RESUME && st == SP_SBX_SUSPENDED);
     int rc = sp_envelope_subject(&env, unplaced ? NULL : worker, subject, sizeof(subject));
     if (rc >= 0)
         rc = sp_envelope_encode(&env, &data, &len);
