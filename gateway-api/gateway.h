@@ -91,7 +91,9 @@ typedef enum {
     GW_R_SANDBOX_FILES,
     GW_R_SANDBOX_NETWORK,
     GW_R_SANDBOX_LIFECYCLE,
-    GW_R_OTHER, /* unknown routes and responses h2o itself produced (413 while reading a body) */
+    GW_R_E2B_API,  /* the E2B control plane (gateway_e2b.c) */
+    GW_R_E2B_ENVD, /* the E2B in-sandbox API: Connect RPC, /files, /health */
+    GW_R_OTHER,    /* unknown routes and responses h2o itself produced (413 while reading a body) */
     GW_R_COUNT
 } gw_route_t;
 
@@ -223,6 +225,17 @@ void gw_listener_stop(gw_listener_t *l);
 
 /* ---- requests (gateway_http.c) ---- */
 
+/* Which API a request speaks, which decides the shape of its errors (gw_respond_error):
+ * ours {"code": "snake_case", ...}; E2B's control plane and envd's /files {"code": <status>,
+ * "message"}; Connect unary (a Connect code string, its HTTP status); Connect streaming (HTTP
+ * 200 and one end-stream envelope carrying the error). */
+typedef enum {
+    GW_DIALECT_V1 = 0,
+    GW_DIALECT_E2B,
+    GW_DIALECT_CONNECT,
+    GW_DIALECT_CONNECT_STREAM
+} gw_dialect_t;
+
 typedef struct gw_req gw_req_t;
 struct gw_req {
     gw_t *gw;
@@ -241,6 +254,11 @@ struct gw_req {
     char path_action[16];            /* {action}: stream, stdin, signal, resize */
     char method[16];                 /* copies for the log line, which may outlive the request */
     char path[512];
+    gw_dialect_t dialect;
+    /* The API key to check instead of Authorization: Bearer (E2B: X-API-KEY, or the key part
+     * of an envd access token). Borrowed from the request's headers or pool. */
+    h2o_iovec_t auth_key;
+    char e2b_template[SP_ID_MAX + 1]; /* E2B create: the answer names the template */
     /* What to do once the API key is verified. */
     void (*after_auth)(gw_req_t *rq);
 };
@@ -259,6 +277,12 @@ void gw_respond_json(gw_req_t *rq, int status, const sp_buf_t *body);
 /* {"code": code, "message": ...}; extra (may be NULL) is appended as more members. */
 void gw_respond_error(gw_req_t *rq, int status, const char *code, const char *extra_json,
                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* Connect protocol framing (connectrpc.com/docs/protocol): [flags u8][length u32 BE][JSON]. */
+#define GW_CONNECT_END_STREAM 0x02
+void gw_connect_envelope(sp_buf_t *b, unsigned flags, const char *json, size_t len);
+/* The Connect error code for one of our errors (code, else the HTTP status), and the HTTP
+ * status a unary Connect answer carries with it. */
+const char *gw_connect_code(int status, const char *code, int *ret_status);
 /* A stream took over the response: gw_respond no longer applies and the request stops
  * counting as in flight (it counts as a stream). */
 void gw_req_mark_streaming(gw_req_t *rq);
@@ -276,6 +300,8 @@ typedef struct {
 } gw_query_t;
 /* 0, or -EINVAL (bad escape) / -E2BIG (too many parameters). Strings live in req->pool. */
 int gw_query_parse(h2o_req_t *req, gw_query_t *q);
+/* application/x-www-form-urlencoded decoding of s into pool; NULL on a bad escape or a NUL. */
+char *gw_url_decode(h2o_mem_pool_t *pool, const char *s, size_t len);
 
 /* Valid UTF-8 of at most max bytes without control characters (what an event may carry). */
 bool gw_text_ok(const char *s, size_t max);
@@ -314,8 +340,13 @@ void gw_sandbox_create(gw_req_t *rq);
 void gw_sandbox_list(gw_req_t *rq);
 void gw_sandbox_get(gw_req_t *rq);
 void gw_sandbox_delete(gw_req_t *rq);
-/* POST /v1/sandboxes/{id}/pause|resume|suspend|timeout (rq->path_action), gateway_lifecycle.c. */
+/* POST /v1/sandboxes/{id}/pause|resume|suspend|timeout (rq->path_action), gateway_lifecycle.c.
+ * Also E2B's pause (path_action "suspend") and connect (path_action "resume"), answered in E2B's
+ * shape when rq->dialect says so: 204 once suspended, 201 with the sandbox once running again,
+ * 200 with it when it ran already. */
 void gw_sandbox_lifecycle(gw_req_t *rq);
+/* The timeout route without a body to read: a new deadline timeout_s (1..2592000) from now. */
+void gw_sandbox_set_timeout(gw_req_t *rq, uint32_t timeout_s);
 void gw_templates(gw_req_t *rq);
 
 /* ---- network policies (gateway_network.c) ---- */
@@ -385,11 +416,19 @@ bool gw_json_content_type(const h2o_iovec_t *ct);
 #define GW_ERR_MSG_MAX   256
 /* Validates the body and builds the SandboxCreateRequested intent for sandbox_id: the encoded
  * envelope (heap, caller frees), its subject and event id. On a client error returns -EINVAL
- * with an error code and message for a 400. Env values are checked and dropped here. */
+ * with an error code and message for a 400. The event carries env names only; the values come
+ * back as a JSON object in *ret_env_json (heap, NULL without env; the caller wipes and frees
+ * it). */
 int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char *sandbox_id,
                     const char *idempotency_key, uint8_t **ret_buf, size_t *ret_len,
                     char ret_subject[192], char ret_event_id[GW_EVENT_ID_LEN + 1],
-                    const char **ret_code, char err[GW_ERR_MSG_MAX]);
+                    char **ret_env_json, const char **ret_code, char err[GW_ERR_MSG_MAX]);
+/* POST /v1/sandboxes with a body in our shape, already checked for size and type: what the
+ * E2B create calls after translating its body (no Idempotency-Key). */
+void gw_sandbox_create_body(gw_req_t *rq, const char *body, size_t len);
+/* The environment values a create stored for a sandbox (pool thread): a JSON object text
+ * (heap) or NULL. */
+char *gw_sandbox_env_load(PGconn *db, const char *sandbox, const char *tenant);
 /* POSIX portable environment variable names, as lib/envelope.c accepts them. */
 bool gw_env_name_ok(const char *s);
 
@@ -460,9 +499,32 @@ typedef struct gw_cmd gw_cmd_t;
 
 /* POST /v1/sandboxes/{id}/commands: run (SSE, JSON, or 202 for background). */
 void gw_command_run(gw_req_t *rq);
+/* The same with a body in our shape, already checked for size and type, for rq->path_id: what
+ * E2B's Process.Start calls after translating its request. With rq->dialect
+ * GW_DIALECT_CONNECT_STREAM the output is a Connect stream of E2B ProcessEvents (and a
+ * background command streams too). */
+void gw_command_run_body(gw_req_t *rq, const char *body, size_t len);
+/* Follows command cmd_id of rq->path_id from after from_seq (E2B's Process.Connect). */
+void gw_command_attach_from(gw_req_t *rq, const char *cmd_id, uint64_t from_seq);
 /* GET /v1/sandboxes/{id}/commands/{cid}/stream: (re)attach to a command's output (SSE or JSON);
  * Last-Event-ID or ?from_seq= resumes after that seq. */
 void gw_command_attach(gw_req_t *rq);
+/* One control request about a command of rq->path_id (gateway_command_ctl.c), after the tenant
+ * and state check. cmd_id names the command, or pid does (E2B: the worker's list is asked
+ * first). On success answer (if set) responds, else our JSON; errors go through
+ * gw_respond_error. data is taken (wiped and freed). */
+typedef enum { GW_CTL_LIST = 0, GW_CTL_STDIN, GW_CTL_SIGNAL, GW_CTL_RESIZE } gw_ctl_op_t;
+typedef struct {
+    gw_ctl_op_t op;
+    const char *cmd_id;
+    uint32_t pid;
+    uint8_t *data;
+    size_t data_len;
+    bool eof;
+    uint32_t signal, rows, cols;
+    void (*answer)(gw_req_t *rq, const Space__Io__V1__CtlReply *r, const char *cmd_id);
+} gw_ctl_spec_t;
+void gw_ctl_run(gw_req_t *rq, gw_ctl_spec_t *spec);
 /* GET /v1/sandboxes/{id}/commands (gateway_command_ctl.c). */
 void gw_command_list(gw_req_t *rq);
 /* POST /v1/sandboxes/{id}/commands/{cid}/stdin|signal|resize (rq->path_action says which). */
@@ -487,12 +549,51 @@ typedef enum {
 
 typedef struct gw_file gw_file_t;
 
+/* One file operation, whoever asked (our routes, E2B's envd): paths as the client gave them,
+ * resolved against user's home; an upload's bytes are the request body (raw, or multipart). */
+typedef enum {
+    GW_FOP_STAT = 1,
+    GW_FOP_LIST,
+    GW_FOP_MKDIR,
+    GW_FOP_MOVE,
+    GW_FOP_REMOVE,
+    GW_FOP_UPLOAD,
+    GW_FOP_DOWNLOAD
+} gw_fop_t;
+typedef struct {
+    gw_fop_t op;
+    const char *path;     /* may be NULL for an E2B multipart upload (parts name their paths) */
+    const char *to;       /* move */
+    const char *user;     /* NULL: root */
+    uint32_t mode;        /* upload: permission bits, 0 = 0644 */
+    uint32_t depth;       /* list: 1..16, 0 = 1 */
+    bool recursive;       /* remove */
+    bool multipart_paths; /* E2B: a part's filename is its path, not a name under path */
+    uint8_t *body;        /* upload: these bytes (heap, taken) instead of the request body */
+    size_t body_len;
+} gw_files_spec_t;
+/* Starts the operation for rq->path_id (tenant and state checked first); the answer is ours or,
+ * for an E2B dialect, gw_e2b_files_answer's. */
+void gw_files_start(gw_req_t *rq, gw_files_spec_t *spec);
+
 /* Makes request bodies over 4 MiB spill to an unlinked temporary file under tmp-dir (h2o's
  * mmap-backed socket buffers) instead of the heap. Before the first connection. */
 int gw_files_init(gw_t *gw);
 void gw_files_run(gw_req_t *rq, gw_files_sub_t sub);
 /* Ends every file request's response (shutdown). */
 void gw_files_close_all(gw_t *gw);
+
+/* ---- E2B compatibility (gateway_e2b.c: control plane, gateway_e2b_envd.c: envd) ---- */
+
+/* Take the request when its path is one of E2B's (true: answered or under way). */
+bool gw_e2b_route(gw_req_t *rq, const char *path, size_t len);
+bool gw_e2b_envd_route(gw_req_t *rq, const char *path, size_t len);
+/* E2B's Sandbox JSON (create, connect), with the access token for the presented key. */
+void gw_e2b_answer_sandbox(gw_req_t *rq, int status, const char *sandbox_id, const char *template_);
+/* A file operation's success in E2B's shapes (Connect messages; /files upload list). */
+void gw_e2b_files_answer(gw_req_t *rq, gw_fop_t op, const Space__Io__V1__FileReply *r,
+                         const char *path, const char *to);
+void gw_e2b_upload_answer(gw_req_t *rq, const char *const *paths, size_t n);
 
 /* ---- server-sent events (gateway_events.c) ---- */
 

@@ -56,7 +56,7 @@ static void cache_put(gw_auth_cache_t *c, const uint8_t hash[SP_SHA256_LEN], con
 
 static void unauthorized(gw_req_t *rq, const char *why)
 {
-    if (gw_req_live(rq))
+    if (gw_req_live(rq) && rq->dialect == GW_DIALECT_V1)
         h2o_add_header(&rq->req->pool, &rq->req->res.headers, H2O_TOKEN_WWW_AUTHENTICATE, NULL,
                        H2O_STRLIT("Bearer realm=\"space\""));
     gw_respond_error(rq, 401, "unauthorized", NULL, "%s", why);
@@ -100,16 +100,22 @@ void gw_auth(gw_req_t *rq)
     static const char scheme[] = "bearer ";
     const size_t slen = sizeof(scheme) - 1;
 
-    if (!h) {
+    const char *k;
+    size_t klen;
+    if (rq->auth_key.base) {
+        /* The E2B routes found the key elsewhere (X-API-KEY, an envd access token). */
+        k = rq->auth_key.base;
+        klen = rq->auth_key.len;
+    } else if (!h) {
         unauthorized(rq, "missing Authorization: Bearer <API key>");
         return;
-    }
-    if (dup || h->len <= slen || strncasecmp(h->base, scheme, slen) != 0) {
+    } else if (dup || h->len <= slen || strncasecmp(h->base, scheme, slen) != 0) {
         unauthorized(rq, "expected Authorization: Bearer <API key>");
         return;
+    } else {
+        k = h->base + slen;
+        klen = h->len - slen;
     }
-    const char *k = h->base + slen;
-    size_t klen = h->len - slen;
     while (klen > 0 && *k == ' ') {
         k++;
         klen--;

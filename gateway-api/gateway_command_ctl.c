@@ -23,7 +23,11 @@
 #define CTL_STDIN_MAX  (512 * 1024) /* bytes per stdin request (worker: CTL_STDIN_MAX) */
 #define DETAIL_MAX     256
 
-typedef enum { OP_LIST = 0, OP_STDIN, OP_SIGNAL, OP_RESIZE } op_t;
+typedef gw_ctl_op_t op_t;
+#define OP_LIST   GW_CTL_LIST
+#define OP_STDIN  GW_CTL_STDIN
+#define OP_SIGNAL GW_CTL_SIGNAL
+#define OP_RESIZE GW_CTL_RESIZE
 
 typedef struct {
     gw_job_t job; /* first: the pool job */
@@ -39,6 +43,8 @@ typedef struct {
     size_t data_len;
     bool eof;
     uint32_t signal, rows, cols;
+    uint32_t pid; /* E2B: find the command by its process id first */
+    void (*answer)(gw_req_t *rq, const Space__Io__V1__CtlReply *r, const char *cmd_id);
     /* The answer. */
     int rc;
     Space__Io__V1__CtlReply *reply;
@@ -263,19 +269,23 @@ static void answer_refusal(ctl_t *x)
 
 /* ---- the jobs ---- */
 
-static void bus_run(gw_bus_job_t *job)
+/* One CtlRequest to the sandbox's worker; the reply (decoded, untrusted) in x->reply. */
+static void ctl_request(ctl_t *x, op_t op)
 {
-    ctl_t *x = job->arg;
     static const char *const OPS[] = {"list", "stdin", "signal", "resize"};
     Space__Io__V1__CtlRequest q = SPACE__IO__V1__CTL_REQUEST__INIT;
     char subject[160];
     uint8_t *reply = NULL;
     size_t reply_len = 0;
 
+    if (x->reply) {
+        space__io__v1__ctl_reply__free_unpacked(x->reply, NULL);
+        x->reply = NULL;
+    }
     q.sandbox = x->sandbox;
     q.tenant = x->tenant;
-    q.op = (char *)OPS[x->op];
-    q.cmd_id = x->cmd_id;
+    q.op = (char *)OPS[op];
+    q.cmd_id = op == OP_LIST ? "" : x->cmd_id;
     q.data = (ProtobufCBinaryData){x->data_len, x->data};
     q.eof = x->eof;
     q.signal = x->signal;
@@ -298,6 +308,33 @@ static void bus_run(gw_bus_job_t *job)
     free(reply);
 }
 
+static void bus_run(gw_bus_job_t *job)
+{
+    ctl_t *x = job->arg;
+    if (x->pid && x->op != OP_LIST) {
+        /* A process id names the command: the running one with it, else the newest. */
+        ctl_request(x, OP_LIST);
+        if (x->rc < 0 || !x->reply->ok)
+            return;
+        const Space__Io__V1__CommandInfo *hit = NULL;
+        for (size_t i = 0; i < x->reply->n_commands; i++) {
+            const Space__Io__V1__CommandInfo *c = x->reply->commands[i];
+            if (c->pid == x->pid && sp_id_valid(c->cmd_id) && (!hit || c->running))
+                hit = c;
+        }
+        if (!hit) {
+            /* An ok list leaves error and detail at protobuf-c's static default, which
+             * free_unpacked does not free; heap copies in their place are freed with it. */
+            x->reply->ok = false;
+            x->reply->error = sp_xstrdup("not_found");
+            x->reply->detail = sp_xstrdup("no process with this pid");
+            return;
+        }
+        snprintf(x->cmd_id, sizeof(x->cmd_id), "%s", hit->cmd_id);
+    }
+    ctl_request(x, x->op);
+}
+
 static void bus_done(gw_bus_job_t *job)
 {
     ctl_t *x = job->arg;
@@ -312,6 +349,8 @@ static void bus_done(gw_bus_job_t *job)
         gw_respond_error(rq, 503, "bus_unavailable", NULL, "the bus did not take the request");
     } else if (!x->reply->ok) {
         answer_refusal(x);
+    } else if (x->answer) {
+        x->answer(rq, x->reply, x->cmd_id);
     } else if (x->op == OP_LIST) {
         answer_list(rq, x->reply);
     } else {
@@ -363,6 +402,36 @@ static void start(gw_req_t *rq, op_t op)
         ctl_free(x);
         return;
     }
+    x->job.run = lookup_run;
+    x->job.done = lookup_done;
+    if (gw_job_submit(rq->gw, &x->job) < 0) {
+        gw_respond_error(rq, 503, "overloaded", NULL, "too many requests are waiting");
+        ctl_free(x);
+    }
+}
+
+void gw_ctl_run(gw_req_t *rq, gw_ctl_spec_t *spec)
+{
+    if (!sp_id_valid(rq->path_id)) {
+        gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
+        return;
+    }
+    ctl_t *x = sp_xcalloc(1, sizeof(*x));
+    x->rq = rq;
+    gw_req_ref(rq);
+    x->op = spec->op;
+    x->pid = spec->pid;
+    x->answer = spec->answer;
+    snprintf(x->sandbox, sizeof(x->sandbox), "%s", rq->path_id);
+    snprintf(x->tenant, sizeof(x->tenant), "%s", rq->tenant);
+    snprintf(x->cmd_id, sizeof(x->cmd_id), "%s", spec->cmd_id ? spec->cmd_id : "");
+    x->data = spec->data;
+    x->data_len = spec->data_len;
+    spec->data = NULL;
+    x->eof = spec->eof;
+    x->signal = spec->signal;
+    x->rows = spec->rows;
+    x->cols = spec->cols;
     x->job.run = lookup_run;
     x->job.done = lookup_done;
     if (gw_job_submit(rq->gw, &x->job) < 0) {

@@ -86,13 +86,15 @@ struct gw_cmd {
     h2o_generator_t gen; /* first member: h2o hands it back to proceed and stop */
     uv_async_t async;    /* cnats thread -> loop; closed last */
     gw_t *gw;
-    gw_req_t *rq;   /* holds a reference */
-    h2o_req_t *req; /* SSE: while the response is open */
+    gw_req_t *rq;           /* holds a reference */
+    sp_json_doc_t *env_doc; /* the sandbox's create-time environment; spec borrows from it */
+    h2o_req_t *req;         /* SSE: while the response is open */
     bool sse;
     bool attach;       /* GET .../stream: no intent, no exec; the worker replays what it kept */
     uint64_t from_seq; /* attach: output after this seq */
     bool skipped;      /* attach: output between from_seq and the oldest kept chunk is gone */
     bool start_sent;   /* SSE: the start record is written */
+    bool connect; /* E2B envd: Connect streaming envelopes instead of SSE records (sse is set) */
     phase_t phase;
     gw_cmd_spec_t spec;
     char cmd_id[SP_ID_MAX + 1];
@@ -236,6 +238,7 @@ static void on_async_closed(uv_handle_t *h)
     for (int i = 0; i < 3; i++)
         sp_buf_dispose(&c->out[i]);
     gw_cmd_spec_dispose(&c->spec);
+    sp_json_doc_free(c->env_doc);
     pthread_mutex_destroy(&c->mu);
     gw_req_unref(c->rq);
     free(c);
@@ -589,6 +592,26 @@ static void on_stop(h2o_generator_t *gen, h2o_req_t *req)
 
 /* An output record; its id is the seq of the chunk, so a client that reconnects with
  * Last-Event-ID gets what came after. */
+static void connect_event(gw_cmd_t *c, const char *json, size_t len)
+{
+    gw_connect_envelope(&c->pending, 0, json, len);
+}
+
+static void connect_data(gw_cmd_t *c, uint32_t stream, const uint8_t *p, size_t n)
+{
+    sp_buf_t b;
+    sp_buf_init(&b);
+    /* A pty's output is one stream (1): E2B calls it "pty". */
+    sp_buf_printf(&b, "{\"event\":{\"data\":{\"%s\":\"",
+                  c->spec.pty_rows ? "pty"
+                  : stream == 2    ? "stderr"
+                                   : "stdout");
+    sp_b64_encode(&b, p, n);
+    sp_buf_puts(&b, "\"}}}");
+    connect_event(c, b.data, b.len);
+    sp_buf_dispose(&b);
+}
+
 static void sse_record(gw_cmd_t *c, uint64_t seq, const char *event, const uint8_t *p, size_t n,
                        bool b64)
 {
@@ -615,6 +638,10 @@ static void sse_output(gw_cmd_t *c, uint64_t seq, uint32_t stream, const uint8_t
 
     if (c->loop_dropped)
         return;
+    if (c->connect) {
+        connect_data(c, stream, data, len);
+        goto bound;
+    }
     if (c->carry_len[stream] > 0) {
         joined = sp_xmalloc(c->carry_len[stream] + len);
         memcpy(joined, c->carry[stream], c->carry_len[stream]);
@@ -635,6 +662,7 @@ static void sse_output(gw_cmd_t *c, uint64_t seq, uint32_t stream, const uint8_t
         sse_record(c, seq, stream_name(stream), p, n, true);
     }
     free(joined);
+bound:
     if (c->pending.len + c->inflight.len > (size_t)c->gw->cfg->command_buffer_bytes) {
         /* The client reads slower than the command writes: drop from here on. */
         c->pending.len = before;
@@ -668,6 +696,12 @@ static void sse_start(gw_cmd_t *c)
     pthread_mutex_lock(&c->mu);
     uint32_t pid = c->pid;
     pthread_mutex_unlock(&c->mu);
+    if (c->connect) {
+        char ev[64];
+        int n = snprintf(ev, sizeof(ev), "{\"event\":{\"start\":{\"pid\":%" PRIu32 "}}}", pid);
+        connect_event(c, ev, (size_t)n);
+        return;
+    }
     sp_buf_puts(&c->pending, "event: start\ndata: {\"cmd_id\":");
     sp_buf_json_str(&c->pending, c->cmd_id);
     if (pid)
@@ -695,6 +729,37 @@ static void json_output(sp_buf_t *b, const char *name, const sp_buf_t *o)
     sp_buf_putc(b, '"');
 }
 
+/* E2B's end event (ProcessEvent.end, as envd's Go os.ProcessState words it) and the
+ * end-stream message. A non-zero exit carries an error, which the SDK raises. */
+static void connect_end(gw_cmd_t *c, const exit_info_t *ex)
+{
+    char status[TEXT_MAX + 32];
+    sp_buf_t b;
+    bool exited = ex->signal == 0 && !ex->error[0];
+    if (ex->error[0])
+        snprintf(status, sizeof(status), "%s", ex->error);
+    else if (ex->signal == 9)
+        snprintf(status, sizeof(status), "signal: killed");
+    else if (ex->signal == 15)
+        snprintf(status, sizeof(status), "signal: terminated");
+    else if (ex->signal)
+        snprintf(status, sizeof(status), "signal: %" PRIu32, ex->signal);
+    else
+        snprintf(status, sizeof(status), "exit status %" PRId32, ex->exit_code);
+    sp_buf_init(&b);
+    sp_buf_printf(&b, "{\"event\":{\"end\":{\"exitCode\":%" PRId32 ",\"exited\":%s,\"status\":",
+                  exited ? ex->exit_code : -1, exited ? "true" : "false");
+    json_error(&b, status);
+    if (!exited || ex->exit_code != 0) {
+        sp_buf_puts(&b, ",\"error\":");
+        json_error(&b, status);
+    }
+    sp_buf_puts(&b, "}}}");
+    connect_event(c, b.data, b.len);
+    gw_connect_envelope(&c->pending, GW_CONNECT_END_STREAM, "{}", 2);
+    sp_buf_dispose(&b);
+}
+
 /* The answer once the command is over: ex is the worker's IoExit, or one the gateway made. */
 static void conclude(gw_cmd_t *c, gw_cmd_end_t how, const exit_info_t *ex)
 {
@@ -720,7 +785,13 @@ static void conclude(gw_cmd_t *c, gw_cmd_end_t how, const exit_info_t *ex)
            SP_KS("error", ex->error), SP_KI("truncated", truncated), SP_KI("output_lost", lost),
            SP_KS("request_id", c->request_id));
 
-    if (c->sse) {
+    if (c->connect) {
+        sse_start(c);
+        connect_end(c, ex);
+        c->exit_queued = true;
+        sse_flush(c);
+        publish_loop_bytes(c);
+    } else if (c->sse) {
         for (uint32_t s = 1; s <= 2; s++)
             if (c->carry_len[s] > 0 && !c->loop_dropped)
                 sse_record(c, last_seq, stream_name(s), c->carry[s], c->carry_len[s], true);
@@ -825,8 +896,9 @@ static void start_output(gw_cmd_t *c)
 
     c->phase = PH_RUNNING;
     /* An attached command's timeout is not known here: it ends with its exit, or the client. */
-    c->deadline_ns =
-        c->attach ? INT64_MAX : sp_mono_ns() + (timeout_s + EXIT_GRACE_S) * 1000000000LL;
+    c->deadline_ns = c->attach || (c->connect && !c->spec.timeout_s)
+                         ? INT64_MAX
+                         : sp_mono_ns() + (timeout_s + EXIT_GRACE_S) * 1000000000LL;
     if (!gw_req_live(c->rq)) {
         c->phase = PH_DONE;
         gw->metrics.command_ends[GW_CMD_END_CLIENT]++;
@@ -838,7 +910,7 @@ static void start_output(gw_cmd_t *c)
         h2o_req_t *req = c->rq->req;
         req->res.status = 200;
         req->res.reason = "OK";
-        gw_add_common_headers(c->rq, "text/event-stream");
+        gw_add_common_headers(c->rq, c->connect ? "application/connect+json" : "text/event-stream");
         h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-command-id"), 0, NULL,
                               c->cmd_id, strlen(c->cmd_id));
         gw_req_mark_streaming(c->rq);
@@ -966,7 +1038,7 @@ static void setup_run(gw_cmd_t *c)
 
     c->exec_s = -1;
     c->outcome = GW_CMD_BUS_ERROR;
-    if (!c->spec.background) {
+    if (!c->spec.background || c->connect) {
         snprintf(subject, sizeof(subject), "%s>", c->prefix);
         c->bus_step = "subscribe";
         if ((rc = sp_bus_subscribe(bus, subject, NULL, on_msg, c, &c->sub)) < 0)
@@ -1046,7 +1118,7 @@ static void setup_done(gw_cmd_t *c)
     gw->metrics.commands[c->outcome]++;
     if (c->exec_s >= 0 && !c->attach)
         gw_metrics_exec_latency(&gw->metrics, c->exec_s);
-    if (c->outcome == GW_CMD_ACCEPTED && c->spec.background) {
+    if (c->outcome == GW_CMD_ACCEPTED && c->spec.background && !c->connect) {
         /* Started: the client follows it with GET .../commands/{cid}/stream. */
         sp_buf_t b;
         sp_buf_init(&b);
@@ -1134,12 +1206,43 @@ typedef struct {
     gw_job_t job;
     gw_cmd_t *c;
     gw_sandbox_loc_t loc;
+    char *env_json; /* the create-time environment, wiped */
 } lookup_job_t;
 
 static void lookup_run(gw_job_t *job, PGconn *db)
 {
     lookup_job_t *l = (lookup_job_t *)job;
     gw_sandbox_locate(db, l->c->sandbox, l->c->tenant, &l->loc);
+    if (l->loc.found && !l->c->attach)
+        l->env_json = gw_sandbox_env_load(db, l->c->sandbox, l->c->tenant);
+}
+
+/* The sandbox's create-time environment under the command's own (which wins), up to
+ * GW_ENV_MAX names. The values were checked at create. */
+static void merge_env(gw_cmd_t *c, const char *json)
+{
+    char jerr[SP_JSON_ERR_MAX];
+    size_t len = strlen(json);
+    sp_json_limits_t lim = {.max_bytes = len + 1,
+                            .max_depth = 2,
+                            .max_nodes = GW_ENV_MAX * 2 + 2,
+                            .max_string = GW_ENV_VALUE_MAX};
+    if (sp_json_parse(json, len, &lim, &c->env_doc, jerr) < 0)
+        return;
+    const sp_json_t *root = sp_json_root(c->env_doc);
+    gw_cmd_spec_t *s = &c->spec;
+    for (size_t i = 0; i < sp_json_len(root) && s->n_env < GW_ENV_MAX; i++) {
+        const char *k = sp_json_key_at(root, i);
+        const char *v = sp_json_str(sp_json_at(root, i), NULL);
+        bool have = false;
+        for (size_t j = 0; j < s->n_env && !have; j++)
+            have = strcmp(s->env_names[j], k) == 0;
+        if (!v || have || !gw_env_name_ok(k))
+            continue;
+        s->env_names[s->n_env] = k;
+        s->env_values[s->n_env] = v;
+        s->n_env++;
+    }
 }
 
 static void lookup_done(gw_job_t *job)
@@ -1147,6 +1250,11 @@ static void lookup_done(gw_job_t *job)
     lookup_job_t *l = (lookup_job_t *)job;
     gw_cmd_t *c = l->c;
 
+    if (l->env_json) {
+        merge_env(c, l->env_json);
+        explicit_bzero(l->env_json, strlen(l->env_json));
+        free(l->env_json);
+    }
     if (gw_sandbox_loc_ok(c->rq, &l->loc)) {
         snprintf(c->worker, sizeof(c->worker), "%s", l->loc.worker);
         c->phase = PH_SETUP;
@@ -1188,7 +1296,8 @@ static void cmd_start(gw_req_t *rq, const char *cmd_id, gw_cmd_spec_t *spec, boo
     c->gw = gw;
     c->rq = rq;
     gw_req_ref(rq);
-    c->sse = !wants_json(rq);
+    c->connect = rq->dialect == GW_DIALECT_CONNECT_STREAM;
+    c->sse = c->connect || !wants_json(rq);
     c->attach = attach;
     c->attaching = attach;
     c->from_seq = from_seq;
@@ -1234,10 +1343,6 @@ void gw_command_run(gw_req_t *rq)
     const h2o_iovec_t *ct = gw_req_header(rq, "content-type", NULL);
     const char *body = req->entity.base ? req->entity.base : "";
     size_t len = req->entity.base ? req->entity.len : 0;
-    const char *code = NULL;
-    char err[GW_ERR_MSG_MAX], reason[SP_REASON_MAX];
-    gw_cmd_spec_t spec;
-    char cmd_id[SP_ID_MAX + 1];
 
     if (!sp_id_valid(rq->path_id)) {
         gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
@@ -1251,6 +1356,21 @@ void gw_command_run(gw_req_t *rq)
     if (len > (size_t)gw->cfg->max_body_bytes) {
         gw_respond_error(rq, 413, "body_too_large", NULL, "the body exceeds %lld bytes",
                          (long long)gw->cfg->max_body_bytes);
+        return;
+    }
+    gw_command_run_body(rq, body, len);
+}
+
+void gw_command_run_body(gw_req_t *rq, const char *body, size_t len)
+{
+    gw_t *gw = rq->gw;
+    const char *code = NULL;
+    char err[GW_ERR_MSG_MAX], reason[SP_REASON_MAX];
+    gw_cmd_spec_t spec;
+    char cmd_id[SP_ID_MAX + 1];
+
+    if (!sp_id_valid(rq->path_id)) {
+        gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
         return;
     }
     if (gw_cmd_spec_parse(body, len, &spec, &code, err) < 0) {
@@ -1347,9 +1467,20 @@ void gw_command_attach(gw_req_t *rq)
                          (long long)gw->cfg->max_commands);
         return;
     }
+    gw_command_attach_from(rq, rq->path_sub_id, (uint64_t)from);
+}
+
+void gw_command_attach_from(gw_req_t *rq, const char *cmd_id, uint64_t from_seq)
+{
+    if (rq->gw->n_commands >= (size_t)rq->gw->cfg->max_commands) {
+        gw_respond_error(rq, 429, "too_many_commands", NULL,
+                         "this gateway follows at most %lld commands at once; retry later",
+                         (long long)rq->gw->cfg->max_commands);
+        return;
+    }
     gw_cmd_spec_t none;
     memset(&none, 0, sizeof(none));
-    cmd_start(rq, rq->path_sub_id, &none, true, (uint64_t)from);
+    cmd_start(rq, cmd_id, &none, true, from_seq);
 }
 
 /* ---- driven by the loop ---- */
@@ -1381,7 +1512,14 @@ void gw_commands_tick(gw_t *gw)
             if (fd >= 0)
                 shutdown(fd, SHUT_RDWR);
         } else if (!c->sending && c->pending.len == 0 && now - c->last_write_ns >= keepalive) {
-            sp_buf_puts(&c->pending, KEEPALIVE_RECORD);
+            /* E2B: the start event must be the first message; keepalives only after it. */
+            static const char ka[] = "{\"event\":{\"keepalive\":{}}}";
+            if (c->connect && !c->start_sent)
+                continue;
+            if (c->connect)
+                connect_event(c, ka, sizeof(ka) - 1);
+            else
+                sp_buf_puts(&c->pending, KEEPALIVE_RECORD);
             sse_flush(c);
         }
     }

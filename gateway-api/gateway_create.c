@@ -4,8 +4,9 @@
  * those lib/envelope.c enforces on the bus, and sp_envelope_validate is the final word.
  *
  * Environment values: only the NAMES go into the event (env_names), because the event log is
- * kept forever and shown to auditors. The values are checked here and then dropped: carrying
- * them to the worker is the data plane's job (space.io.>, a later issue), never the log's. */
+ * kept forever and shown to auditors. The values are handed back to the caller, which keeps
+ * them in the sandbox_env table (not the log) and adds them to every command's ExecRequest on
+ * the data plane. */
 #include "gateway.h"
 
 #include <errno.h>
@@ -66,6 +67,7 @@ typedef struct {
     Space__V1__KeyValue kv[GW_METADATA_MAX];
     Space__V1__KeyValue *kvp[GW_METADATA_MAX];
     char *env_names[GW_ENV_MAX];
+    const sp_json_t *env;
     gw_netpol_t net;
     bool have_net;
 } spec_t;
@@ -123,6 +125,7 @@ static int parse_env(const sp_json_t *v, spec_t *s, gw_verr_t *e)
         s->env_names[i] = (char *)k;
     }
     s->n_env = n;
+    s->env = v;
     return 0;
 }
 
@@ -195,7 +198,7 @@ static int parse_body(const sp_json_t *root, spec_t *s, gw_verr_t *e)
 int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char *sandbox_id,
                     const char *idempotency_key, uint8_t **ret_buf, size_t *ret_len,
                     char ret_subject[192], char ret_event_id[GW_EVENT_ID_LEN + 1],
-                    const char **ret_code, char err[GW_ERR_MSG_MAX])
+                    char **ret_env_json, const char **ret_code, char err[GW_ERR_MSG_MAX])
 {
     gw_verr_t e = {.code = NULL, .msg = err};
     sp_json_doc_t *doc = NULL;
@@ -255,6 +258,22 @@ int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char
         rc = gw_bad(&e, "invalid_field", "the request does not fit in an event (%s)",
                     sp_strerror(rc));
         goto out;
+    }
+    if (ret_env_json && s->n_env > 0) {
+        sp_buf_t b;
+        sp_buf_init(&b);
+        sp_buf_putc(&b, '{');
+        for (size_t i = 0; i < s->n_env; i++) {
+            size_t vlen = 0;
+            const char *val = sp_json_str(sp_json_at(s->env, i), &vlen);
+            if (i)
+                sp_buf_putc(&b, ',');
+            sp_buf_json_str(&b, s->env_names[i]);
+            sp_buf_putc(&b, ':');
+            sp_buf_json_strn(&b, val, vlen);
+        }
+        sp_buf_putc(&b, '}');
+        *ret_env_json = sp_buf_take(&b);
     }
     rc = 0;
 out:

@@ -52,7 +52,14 @@
 #define BOUNDARY_MAX  70 /* RFC 2046 section 5.1.1 */
 #define DEPTH_MAX     16
 
-typedef enum { K_STAT = 1, K_LIST, K_MKDIR, K_MOVE, K_REMOVE, K_UPLOAD, K_DOWNLOAD } kind_t;
+typedef gw_fop_t kind_t;
+#define K_STAT     GW_FOP_STAT
+#define K_LIST     GW_FOP_LIST
+#define K_MKDIR    GW_FOP_MKDIR
+#define K_MOVE     GW_FOP_MOVE
+#define K_REMOVE   GW_FOP_REMOVE
+#define K_UPLOAD   GW_FOP_UPLOAD
+#define K_DOWNLOAD GW_FOP_DOWNLOAD
 
 typedef struct {
     const uint8_t *p;
@@ -93,6 +100,7 @@ struct gw_file {
     bool closing;     /* the transfer's CLOSE is on its way */
     bool body_mapped; /* the body is in a file-backed h2o buffer: consumed pages may go */
     bool multipart;
+    bool restat;               /* E2B move: the stat of the destination is under way */
     bool h2o_busy, final_sent; /* download */
     uint64_t xfer;             /* an open worker transfer, 0 = none */
 
@@ -102,6 +110,7 @@ struct gw_file {
     uint64_t offset;
     const uint8_t *body;
     size_t body_len;
+    uint8_t *owned_body; /* a body decoded by the caller (E2B gzip), else NULL */
     uintptr_t advised;
     sp_buf_t results;
 
@@ -130,6 +139,7 @@ static void file_free(gw_file_t *f)
     if (f->reply)
         space__io__v1__file_reply__free_unpacked(f->reply, NULL);
     free(f->parts);
+    free(f->owned_body);
     free(f->sending);
     free(f->ready);
     sp_buf_dispose(&f->results);
@@ -315,6 +325,20 @@ static void single_done(gw_file_t *f)
         return;
     }
     const reply_t *r = f->reply;
+    if (f->rq->dialect != GW_DIALECT_V1 && f->kind == K_MOVE && !f->restat &&
+        (!r->info || !r->info->type[0])) {
+        /* E2B answers a move with the entry where it landed: one stat more. */
+        f->restat = true;
+        f->call.path = f->to;
+        call(f, SPACE__IO__V1__FILE_CALL_OP__FILE_CALL_STAT, single_done);
+        return;
+    }
+    if (f->rq->dialect != GW_DIALECT_V1) {
+        f->answered = true;
+        gw_e2b_files_answer(f->rq, f->kind, r, f->path, f->to);
+        maybe_free(f);
+        return;
+    }
     sp_buf_init(&b);
     int status = 200;
     switch (f->kind) {
@@ -457,6 +481,17 @@ static void upload_next(gw_file_t *f)
     if (f->part_i == f->n_parts) {
         sp_buf_t b;
         sp_buf_init(&b);
+        if (f->rq->dialect != GW_DIALECT_V1) {
+            const char **paths = sp_xcalloc(f->n_parts, sizeof(*paths));
+            for (size_t i = 0; i < f->n_parts; i++)
+                paths[i] = f->parts[i].path;
+            f->answered = true;
+            gw_e2b_upload_answer(f->rq, paths, f->n_parts);
+            free(paths);
+            sp_buf_dispose(&b);
+            maybe_free(f);
+            return;
+        }
         if (f->multipart)
             sp_buf_printf(&b, "{\"files\":[%s]}", f->results.data ? f->results.data : "");
         else
@@ -793,8 +828,8 @@ static bool disposition_param(const char *line, size_t len, const char *name, ch
  * starts with the first delimiter; each part has a Content-Disposition form-data with a
  * filename that is a plain name (no '/', not "." or ".."), at most a Content-Type besides;
  * the close delimiter ends it. 0, or -EINVAL with the message in err. */
-static int multipart_parse(gw_file_t *f, const char *boundary, const char *dir, char *err,
-                           size_t errlen)
+static int multipart_parse(gw_file_t *f, const char *boundary, const char *dir, bool name_is_path,
+                           char *err, size_t errlen)
 {
     char delim[BOUNDARY_MAX + 5];
     int dn = snprintf(delim, sizeof(delim), "\r\n--%s", boundary);
@@ -825,7 +860,7 @@ static int multipart_parse(gw_file_t *f, const char *boundary, const char *dir, 
                      PART_HEAD_MAX);
             return -EINVAL;
         }
-        char filename[256] = "";
+        char filename[SP_FSPATH_MAX + 1] = "";
         bool have_cd = false;
         for (const uint8_t *line = p; line < hend + 2;) {
             const uint8_t *eol = memmem(line, (size_t)(hend + 2 - line), "\r\n", 2);
@@ -853,16 +888,27 @@ static int multipart_parse(gw_file_t *f, const char *boundary, const char *dir, 
             }
             line = eol + 2;
         }
-        if (!have_cd || !filename[0] || strchr(filename, '/') || strcmp(filename, ".") == 0 ||
-            strcmp(filename, "..") == 0 || !sp_text_valid(filename, sizeof(filename), 0)) {
-            snprintf(err, errlen, "part %zu: the filename must be a plain file name",
-                     f->n_parts + 1);
-            return -EINVAL;
-        }
         part_t *part = &f->parts[f->n_parts];
         char joined[SP_FSPATH_MAX + 300];
-        snprintf(joined, sizeof(joined), "%s/%s", dir, filename);
-        if (sp_fspath_resolve(joined, "/", part->path) < 0) {
+        if (name_is_path) {
+            /* E2B: the filename is the destination, absolute or relative to the user's home;
+             * a single part goes to ?path= when that is given (dir). */
+            if (!have_cd || !filename[0] || !sp_text_valid(filename, sizeof(filename), 0)) {
+                snprintf(err, errlen, "part %zu: the filename must be a path", f->n_parts + 1);
+                return -EINVAL;
+            }
+            snprintf(joined, sizeof(joined), "%s", filename);
+        } else {
+            if (!have_cd || !filename[0] || strchr(filename, '/') || strcmp(filename, ".") == 0 ||
+                strcmp(filename, "..") == 0 || !sp_text_valid(filename, sizeof(filename), 0)) {
+                snprintf(err, errlen, "part %zu: the filename must be a plain file name",
+                         f->n_parts + 1);
+                return -EINVAL;
+            }
+            snprintf(joined, sizeof(joined), "%s/%s", dir, filename);
+        }
+        if (sp_fspath_resolve(joined, name_is_path ? sp_fspath_home(f->user) : "/", part->path) <
+            0) {
             snprintf(err, errlen, "part %zu: the path is too long", f->n_parts + 1);
             return -EINVAL;
         }
@@ -880,6 +926,8 @@ static int multipart_parse(gw_file_t *f, const char *boundary, const char *dir, 
         snprintf(err, errlen, "no file part");
         return -EINVAL;
     }
+    if (name_is_path && dir && f->n_parts == 1)
+        snprintf(f->parts[0].path, sizeof(f->parts[0].path), "%s", dir);
     return 0;
 }
 
@@ -1057,8 +1105,44 @@ void gw_files_run(gw_req_t *rq, gw_files_sub_t sub)
         sp_json_doc_free(doc);
         return;
     }
+    gw_files_spec_t spec = {.op = kind,
+                            .path = qpath,
+                            .to = to,
+                            .user = quser,
+                            .mode = mode,
+                            .depth = depth,
+                            .recursive = recursive};
+    gw_files_start(rq, &spec);
+    sp_json_doc_free(doc);
+}
 
+void gw_files_start(gw_req_t *rq, gw_files_spec_t *spec)
+{
+    gw_t *gw = rq->gw;
+    h2o_req_t *req = rq->req;
+    kind_t kind = spec->op;
+    const char *qpath = spec->path, *to = spec->to, *quser = spec->user;
+    uint32_t mode = spec->mode, depth = spec->depth ? spec->depth : 1;
+    bool recursive = spec->recursive;
+    size_t body_len = req->entity.base ? req->entity.len : 0;
+    uint8_t *owned = spec->body;
+
+    spec->body = NULL;
+    if (owned)
+        body_len = spec->body_len;
+    if (!sp_id_valid(rq->path_id)) {
+        gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
+        free(owned);
+        return;
+    }
+    if (kind != K_UPLOAD && body_len > (size_t)gw->cfg->max_body_bytes) {
+        gw_respond_error(rq, 413, "body_too_large", NULL, "the body exceeds %lld bytes",
+                         (long long)gw->cfg->max_body_bytes);
+        free(owned);
+        return;
+    }
     gw_file_t *f = sp_xcalloc(1, sizeof(*f));
+    f->owned_body = owned;
     f->gw = gw;
     f->rq = rq;
     gw_req_ref(rq);
@@ -1072,12 +1156,13 @@ void gw_files_run(gw_req_t *rq, gw_files_sub_t sub)
     f->depth = depth;
     space__io__v1__file_call__init(&f->call);
     sp_buf_init(&f->results);
-    bool ok = resolve(rq, kind == K_MOVE ? "from" : "path", qpath, f->user, f->path) &&
-              (kind != K_MOVE || resolve(rq, "to", to, f->user, f->to));
-    sp_json_doc_free(doc);
+    bool ok = (spec->multipart_paths && !qpath) ||
+              (resolve(rq, kind == K_MOVE ? "from" : "path", qpath, f->user, f->path) &&
+               (kind != K_MOVE || resolve(rq, "to", to, f->user, f->to)));
     if (!ok) {
         gw_req_unref(rq);
         sp_buf_dispose(&f->results);
+        free(f->owned_body);
         free(f);
         return;
     }
@@ -1085,17 +1170,19 @@ void gw_files_run(gw_req_t *rq, gw_files_sub_t sub)
         char boundary[BOUNDARY_MAX + 1], err[256];
         bool bad;
         const h2o_iovec_t *ct = gw_req_header(rq, "content-type", NULL);
-        f->body = (const uint8_t *)(req->entity.base ? req->entity.base : "");
+        f->body = owned ? owned : (const uint8_t *)(req->entity.base ? req->entity.base : "");
         f->body_len = body_len;
-        f->body_mapped = body_is_mapped(req);
+        f->body_mapped = !owned && body_is_mapped(req);
         if (multipart_boundary(ct, boundary, &bad)) {
             f->multipart = true;
-            if (bad || multipart_parse(f, boundary, f->path, err, sizeof(err)) < 0) {
+            if (bad || multipart_parse(f, boundary, qpath ? f->path : NULL, spec->multipart_paths,
+                                       err, sizeof(err)) < 0) {
                 gw_respond_error(rq, 400, "invalid_multipart", NULL, "%s",
                                  bad ? "multipart/form-data needs a boundary of 1..70 chars" : err);
                 gw_req_unref(rq);
                 sp_buf_dispose(&f->results);
                 free(f->parts);
+                free(f->owned_body);
                 free(f);
                 return;
             }
@@ -1117,6 +1204,7 @@ void gw_files_run(gw_req_t *rq, gw_files_sub_t sub)
         gw_req_unref(rq);
         sp_buf_dispose(&f->results);
         free(f->parts);
+        free(f->owned_body);
         free(f);
         return;
     }

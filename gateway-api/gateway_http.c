@@ -61,6 +61,8 @@ static const char *reason_phrase(int status)
         return "Method Not Allowed";
     case 409:
         return "Conflict";
+    case 412:
+        return "Precondition Failed";
     case 413:
         return "Payload Too Large";
     case 414:
@@ -275,30 +277,142 @@ void gw_respond_error(gw_req_t *rq, int status, const char *code, const char *ex
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    sp_buf_init(&b);
-    sp_buf_puts(&b, "{\"code\":");
-    sp_buf_json_str(&b, code);
-    sp_buf_puts(&b, ",\"message\":");
     /* Messages may quote client input: keep them valid UTF-8 before escaping. */
     sp_buf_t safe;
     sp_buf_init(&safe);
     sp_buf_safe_text(&safe, msg, sizeof(msg));
-    sp_buf_json_str(&b, safe.data ? safe.data : "");
-    sp_buf_dispose(&safe);
-    if (extra_json) {
-        sp_buf_putc(&b, ',');
-        sp_buf_puts(&b, extra_json);
+    const char *text = safe.data ? safe.data : "";
+    sp_buf_init(&b);
+    switch (rq->dialect) {
+    case GW_DIALECT_E2B:
+        /* E2B's clients read the numeric code (404 = not found, 409 = already paused). */
+        sp_buf_printf(&b, "{\"code\":%d,\"message\":", status);
+        sp_buf_json_str(&b, text);
+        sp_buf_putc(&b, '}');
+        gw_respond_json(rq, status, &b);
+        break;
+    case GW_DIALECT_CONNECT:
+    case GW_DIALECT_CONNECT_STREAM: {
+        int cstatus;
+        const char *ccode = gw_connect_code(status, code, &cstatus);
+        sp_buf_puts(&b, "{\"code\":");
+        sp_buf_json_str(&b, ccode);
+        sp_buf_puts(&b, ",\"message\":");
+        sp_buf_json_str(&b, text);
+        sp_buf_putc(&b, '}');
+        if (rq->dialect == GW_DIALECT_CONNECT) {
+            gw_respond_json(rq, cstatus, &b);
+            break;
+        }
+        /* A stream's error is its end-stream message, after a 200 (Connect protocol). */
+        sp_buf_t env;
+        sp_buf_init(&env);
+        sp_buf_puts(&env, "{\"error\":");
+        sp_buf_append(&env, b.data, b.len);
+        sp_buf_putc(&env, '}');
+        sp_buf_reset(&b);
+        gw_connect_envelope(&b, GW_CONNECT_END_STREAM, env.data, env.len);
+        sp_buf_dispose(&env);
+        gw_respond(rq, 200, "application/connect+json", b.data, b.len);
+        break;
     }
-    sp_buf_putc(&b, '}');
-    gw_respond_json(rq, status, &b);
+    default:
+        sp_buf_puts(&b, "{\"code\":");
+        sp_buf_json_str(&b, code);
+        sp_buf_puts(&b, ",\"message\":");
+        sp_buf_json_str(&b, text);
+        if (extra_json) {
+            sp_buf_putc(&b, ',');
+            sp_buf_puts(&b, extra_json);
+        }
+        sp_buf_putc(&b, '}');
+        gw_respond_json(rq, status, &b);
+        break;
+    }
+    sp_buf_dispose(&safe);
     sp_buf_dispose(&b);
+}
+
+void gw_connect_envelope(sp_buf_t *b, unsigned flags, const char *json, size_t len)
+{
+    uint8_t head[5] = {(uint8_t)flags, (uint8_t)(len >> 24), (uint8_t)(len >> 16),
+                       (uint8_t)(len >> 8), (uint8_t)len};
+    sp_buf_append(b, head, sizeof(head));
+    sp_buf_append(b, json, len);
+}
+
+const char *gw_connect_code(int status, const char *code, int *ret_status)
+{
+    /* Our codes that say more than their status (the SDKs act on these). */
+    static const struct {
+        const char *ours, *connect;
+        int status;
+    } BY_CODE[] = {
+        {"exists", "already_exists", 409},
+        {"sandbox_not_running", "failed_precondition", 412},
+        {"command_not_running", "not_found", 404},
+        {"stdin_closed", "failed_precondition", 412},
+        {"not_a_pty", "failed_precondition", 412},
+        {"is_directory", "invalid_argument", 400},
+        {"not_directory", "invalid_argument", 400},
+        {"not_empty", "failed_precondition", 412},
+        {"timeout", "deadline_exceeded", 504},
+        {"unimplemented", "unimplemented", 501},
+    };
+    for (size_t i = 0; code && i < sizeof(BY_CODE) / sizeof(BY_CODE[0]); i++) {
+        if (strcmp(code, BY_CODE[i].ours) == 0) {
+            *ret_status = BY_CODE[i].status;
+            return BY_CODE[i].connect;
+        }
+    }
+    /* Otherwise by status (connectrpc.com/docs/protocol, "Error Codes"). */
+    const char *c;
+    switch (status) {
+    case 400:
+    case 413:
+    case 414:
+    case 415:
+        c = "invalid_argument", *ret_status = 400;
+        break;
+    case 401:
+        c = "unauthenticated", *ret_status = 401;
+        break;
+    case 403:
+        c = "permission_denied", *ret_status = 403;
+        break;
+    case 404:
+        c = "not_found", *ret_status = 404;
+        break;
+    case 405:
+    case 501:
+        c = "unimplemented", *ret_status = 501;
+        break;
+    case 409:
+        c = "aborted", *ret_status = 409;
+        break;
+    case 429:
+    case 507:
+        c = "resource_exhausted", *ret_status = 429;
+        break;
+    case 502:
+    case 503:
+        c = "unavailable", *ret_status = 503;
+        break;
+    case 504:
+        c = "deadline_exceeded", *ret_status = 504;
+        break;
+    default:
+        c = "internal", *ret_status = 500;
+        break;
+    }
+    return c;
 }
 
 /* ---- query strings ---- */
 
 /* application/x-www-form-urlencoded decoding (WHATWG URL, section 5.1): '+' is a space. A
  * decoded NUL is refused: values become C strings. */
-static char *url_decode(h2o_mem_pool_t *pool, const char *s, size_t len)
+char *gw_url_decode(h2o_mem_pool_t *pool, const char *s, size_t len)
 {
     char *out = h2o_mem_alloc_pool(pool, len + 1);
     size_t o = 0;
@@ -338,9 +452,9 @@ int gw_query_parse(h2o_req_t *req, gw_query_t *q)
                 return -E2BIG;
             const char *eq = memchr(p, '=', (size_t)(seg_end - p));
             const char *kend = eq ? eq : seg_end;
-            char *k = url_decode(&req->pool, p, (size_t)(kend - p));
-            char *v = eq ? url_decode(&req->pool, eq + 1, (size_t)(seg_end - eq - 1))
-                         : url_decode(&req->pool, "", 0);
+            char *k = gw_url_decode(&req->pool, p, (size_t)(kend - p));
+            char *v = eq ? gw_url_decode(&req->pool, eq + 1, (size_t)(seg_end - eq - 1))
+                         : gw_url_decode(&req->pool, "", 0);
             if (!k || !v)
                 return -EINVAL;
             q->p[q->n].key = k;
@@ -698,6 +812,8 @@ static void route(gw_req_t *rq)
             return;
         }
     }
+    if (gw_e2b_route(rq, path, len) || gw_e2b_envd_route(rq, path, len))
+        return;
     gw_respond_error(rq, 404, "not_found", NULL, "no such route");
 }
 

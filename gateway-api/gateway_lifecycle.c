@@ -38,6 +38,7 @@ typedef struct {
     char request_id[GW_REQUEST_ID_MAX + 1];
     char event_id[GW_EVENT_ID_LEN + 1];
     char state[32];
+    char template_[SP_ID_MAX + 1];
     uint32_t timeout_s;
     outcome_t outcome;
     int bus_rc;
@@ -69,8 +70,8 @@ static void lc_run(gw_job_t *job, PGconn *db)
     const char *p[2] = {l->id, l->tenant};
     char worker[SP_ID_MAX + 1];
     PGresult *r = PQexecParams(db,
-                               "SELECT state, coalesce(worker, '') FROM sandboxes WHERE id = $1 "
-                               "AND tenant = $2",
+                               "SELECT state, coalesce(worker, ''), template FROM sandboxes "
+                               "WHERE id = $1 AND tenant = $2",
                                2, NULL, p, NULL, NULL, 0);
     if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
         sp_log(SP_LOG_WARN, "query failed", SP_KS("query", "lifecycle lookup"),
@@ -86,6 +87,7 @@ static void lc_run(gw_job_t *job, PGconn *db)
     }
     snprintf(l->state, sizeof(l->state), "%s", PQgetvalue(r, 0, 0));
     snprintf(worker, sizeof(worker), "%s", PQgetvalue(r, 0, 1));
+    snprintf(l->template_, sizeof(l->template_), "%s", PQgetvalue(r, 0, 2));
     PQclear(r);
     bool to_scheduler;
     if (!allowed(l->op, sp_sbx_state_from_name(l->state), &to_scheduler)) {
@@ -162,6 +164,17 @@ static void lc_done(gw_job_t *job)
         gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
         break;
     case L_STATE: {
+        if (rq->dialect == GW_DIALECT_E2B && l->op == OP_RESUME &&
+            strcmp(l->state, "running") == 0) {
+            gw_e2b_answer_sandbox(rq, 200, l->id, l->template_); /* E2B: connect to a running one */
+            break;
+        }
+        if (rq->dialect == GW_DIALECT_E2B && l->op == OP_SUSPEND &&
+            (strcmp(l->state, "suspended") == 0 || strcmp(l->state, "suspending") == 0)) {
+            gw_respond_error(rq, 409, "already_paused", NULL, "sandbox %s is already paused",
+                             l->id);
+            break;
+        }
         sp_buf_t extra;
         sp_buf_init(&extra);
         sp_buf_puts(&extra, "\"state\":");
@@ -235,6 +248,36 @@ static int parse_timeout(gw_req_t *rq, uint32_t *ret)
     return rc;
 }
 
+static void lc_start(gw_req_t *rq, op_t op, bool wait, uint32_t timeout_s)
+{
+    lc_job_t *l = sp_xcalloc(1, sizeof(*l));
+    l->rq = rq;
+    l->op = op;
+    l->wait = wait;
+    l->timeout_s = timeout_s;
+    snprintf(l->id, sizeof(l->id), "%s", rq->path_id);
+    snprintf(l->tenant, sizeof(l->tenant), "%s", rq->tenant);
+    snprintf(l->actor, sizeof(l->actor), "%s", rq->key_id);
+    snprintf(l->request_id, sizeof(l->request_id), "%s", rq->request_id);
+    l->job.run = lc_run;
+    l->job.done = lc_done;
+    gw_req_ref(rq);
+    if (gw_job_submit(rq->gw, &l->job) < 0) {
+        gw_req_unref(rq);
+        free(l);
+        gw_respond_error(rq, 503, "overloaded", NULL, "too many requests are waiting");
+    }
+}
+
+void gw_sandbox_set_timeout(gw_req_t *rq, uint32_t timeout_s)
+{
+    if (!sp_id_valid(rq->path_id)) {
+        gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
+        return;
+    }
+    lc_start(rq, OP_TIMEOUT, true, timeout_s > 2592000 ? 2592000 : timeout_s);
+}
+
 void gw_sandbox_lifecycle(gw_req_t *rq)
 {
     op_t op;
@@ -271,21 +314,5 @@ void gw_sandbox_lifecycle(gw_req_t *rq)
         }
         wait = strcmp(q.p[i].value, "true") == 0;
     }
-    lc_job_t *l = sp_xcalloc(1, sizeof(*l));
-    l->rq = rq;
-    l->op = op;
-    l->wait = wait;
-    l->timeout_s = timeout_s;
-    snprintf(l->id, sizeof(l->id), "%s", rq->path_id);
-    snprintf(l->tenant, sizeof(l->tenant), "%s", rq->tenant);
-    snprintf(l->actor, sizeof(l->actor), "%s", rq->key_id);
-    snprintf(l->request_id, sizeof(l->request_id), "%s", rq->request_id);
-    l->job.run = lc_run;
-    l->job.done = lc_done;
-    gw_req_ref(rq);
-    if (gw_job_submit(rq->gw, &l->job) < 0) {
-        gw_req_unref(rq);
-        free(l);
-        gw_respond_error(rq, 503, "overloaded", NULL, "too many requests are waiting");
-    }
+    lc_start(rq, op, wait, timeout_s);
 }

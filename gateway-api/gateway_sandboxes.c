@@ -123,6 +123,7 @@ void gw_sandbox_json(const PGresult *r, int row, sp_buf_t *b)
 
 typedef struct {
     char id[SP_ID_MAX + 1];
+    char template_[SP_ID_MAX + 1];
     sp_sbx_state_t state;
     char failure_reason[SP_REASON_MAX];
     char *json;
@@ -177,6 +178,7 @@ static void check_run(gw_job_t *job, PGconn *db)
         view_t *v = &c->rows[i];
         sp_buf_t b;
         snprintf(v->id, sizeof(v->id), "%s", PQgetvalue(r, (int)i, 0));
+        snprintf(v->template_, sizeof(v->template_), "%s", PQgetvalue(r, (int)i, 2));
         v->state = sp_sbx_state_from_name(PQgetvalue(r, (int)i, 3));
         snprintf(v->failure_reason, sizeof(v->failure_reason), "%s", PQgetvalue(r, (int)i, 10));
         sp_buf_init(&b);
@@ -285,7 +287,10 @@ static void answer_create(gw_waiter_t *w, const view_t *v)
     char extra[128];
     snprintf(extra, sizeof(extra), "\"sandbox_id\":\"%s\"", w->sandbox_id);
 
-    if (v->state == SP_SBX_RUNNING) {
+    if (v->state == SP_SBX_RUNNING && rq->dialect == GW_DIALECT_E2B) {
+        gw_metrics_create_latency(&rq->gw->metrics, (double)(sp_mono_ns() - rq->start_ns) / 1e9);
+        gw_e2b_answer_sandbox(rq, 201, w->sandbox_id, v->template_);
+    } else if (v->state == SP_SBX_RUNNING) {
         char loc[128];
         int n = snprintf(loc, sizeof(loc), "/v1/sandboxes/%s", w->sandbox_id);
         h2o_iovec_t l = h2o_strdup(&rq->req->pool, loc, (size_t)n);
@@ -336,7 +341,9 @@ static bool settle(gw_waiter_t *w, const check_job_t *c)
         for (size_t i = 0; i < c->n_stored; i++) {
             if (strcmp(c->stored[i], w->event_id) != 0)
                 continue;
-            if (c->stored_ok[i] && v)
+            if (c->stored_ok[i] && v && w->rq->dialect == GW_DIALECT_E2B)
+                gw_respond(w->rq, 204, "application/json", NULL, 0); /* E2B's setTimeout */
+            else if (c->stored_ok[i] && v)
                 gw_respond(w->rq, 200, "application/json", v->json, strlen(v->json));
             else
                 gw_respond_error(w->rq, 409, "illegal_transition", NULL,
@@ -348,7 +355,12 @@ static bool settle(gw_waiter_t *w, const check_job_t *c)
         return false;
     }
     if (w->kind != GW_WAIT_DELETE && v && v->state == target) {
-        gw_respond(w->rq, 200, "application/json", v->json, strlen(v->json));
+        if (w->rq->dialect != GW_DIALECT_E2B)
+            gw_respond(w->rq, 200, "application/json", v->json, strlen(v->json));
+        else if (w->kind == GW_WAIT_SUSPEND) /* E2B's pause */
+            gw_respond(w->rq, 204, "application/json", NULL, 0);
+        else /* E2B's connect / resume */
+            gw_e2b_answer_sandbox(w->rq, 201, w->sandbox_id, v->template_);
         return true;
     }
     static const char *const what[] = {[GW_WAIT_DELETE] = "delete",
@@ -497,9 +509,15 @@ void gw_waiters_expire(gw_t *gw)
                                  w->sandbox_id);
             else
                 gw_respond_error(w->rq, 504, "timeout", extra,
-                                 "the request for sandbox %s did not complete in time; it may "
-                                 "still: GET /v1/sandboxes/%s",
-                                 w->sandbox_id, w->sandbox_id);
+                                 "sandbox %s: the %s did not complete in time; it may still "
+                                 "happen: GET /v1/sandboxes/%s",
+                                 w->sandbox_id,
+                                 w->kind == GW_WAIT_DELETE    ? "delete"
+                                 : w->kind == GW_WAIT_SUSPEND ? "suspend"
+                                 : w->kind == GW_WAIT_PAUSE   ? "pause"
+                                 : w->kind == GW_WAIT_STORED  ? "request"
+                                                              : "resume",
+                                 w->sandbox_id);
             waiter_free(gw, w);
         }
         w = next;
@@ -535,6 +553,7 @@ typedef struct {
     char sandbox_id[SP_ID_MAX + 1];
     char tenant[SP_ID_MAX + 1];
     char *idem_key; /* NULL without Idempotency-Key */
+    char *env_json; /* environment values, NULL without env: wiped */
     char body_hash[SP_SHA256_HEX_LEN + 1];
     create_outcome_t outcome;
     char existing_id[SP_ID_MAX + 1];
@@ -589,6 +608,21 @@ static void create_run(gw_job_t *job, PGconn *db)
         if (rc > 0)
             return;
     }
+    if (c->env_json) {
+        /* Before the intent: the first command may come as soon as the sandbox runs. */
+        const char *p[3] = {c->sandbox_id, c->tenant, c->env_json};
+        PGresult *r = query(db,
+                            "INSERT INTO sandbox_env (sandbox_id, tenant, env) VALUES ($1, $2, "
+                            "$3::jsonb) ON CONFLICT (sandbox_id) DO NOTHING",
+                            3, p);
+        int erc = sp_db_check(r, PGRES_COMMAND_OK);
+        PQclear(r);
+        if (erc < 0) {
+            log_db_error("sandbox env insert", db);
+            c->outcome = C_DB_ERROR;
+            return;
+        }
+    }
     c->bus_rc = sp_bus_publish(job->gw->bus, c->subject, c->data, c->len, c->event_id, NULL, NULL);
     if (c->bus_rc < 0) {
         c->outcome = C_BUS_ERROR;
@@ -603,6 +637,17 @@ static void create_run(gw_job_t *job, PGconn *db)
         return;
     }
     c->outcome = C_PUBLISHED;
+}
+
+static void create_free(create_job_t *c)
+{
+    free(c->data);
+    free(c->idem_key);
+    if (c->env_json) {
+        explicit_bzero(c->env_json, strlen(c->env_json));
+        free(c->env_json);
+    }
+    free(c);
 }
 
 static void create_done(gw_job_t *job)
@@ -641,9 +686,7 @@ static void create_done(gw_job_t *job)
         break;
     }
     gw_req_unref(rq);
-    free(c->data);
-    free(c->idem_key);
-    free(c);
+    create_free(c);
 }
 
 static bool idem_key_ok(const char *s, size_t len)
@@ -665,12 +708,40 @@ bool gw_json_content_type(const h2o_iovec_t *ct)
     return ct->len == n || ct->base[n] == ';' || ct->base[n] == ' ';
 }
 
+/* Everything after the headers: validation, the intent, the wait. Takes over c. */
+static void create_start(gw_req_t *rq, create_job_t *c, const char *body, size_t len)
+{
+    const char *code = NULL;
+    char err[GW_ERR_MSG_MAX];
+
+    sp_sandbox_id_new(c->sandbox_id);
+    snprintf(c->tenant, sizeof(c->tenant), "%s", rq->tenant);
+    if (gw_create_build(rq, body, len, c->sandbox_id, c->idem_key, &c->data, &c->len, c->subject,
+                        c->event_id, &c->env_json, &code, err) < 0) {
+        gw_respond_error(rq, 400, code, NULL, "%s", err);
+        create_free(c);
+        return;
+    }
+    c->rq = rq;
+    c->job.run = create_run;
+    c->job.done = create_done;
+    gw_req_ref(rq);
+    if (gw_job_submit(rq->gw, &c->job) < 0) {
+        gw_req_unref(rq);
+        overloaded(rq);
+        create_free(c);
+    }
+}
+
+void gw_sandbox_create_body(gw_req_t *rq, const char *body, size_t len)
+{
+    create_start(rq, sp_xcalloc(1, sizeof(create_job_t)), body, len);
+}
+
 void gw_sandbox_create(gw_req_t *rq)
 {
     h2o_req_t *req = rq->req;
     bool dup = false;
-    const char *code = NULL;
-    char err[GW_ERR_MSG_MAX];
     create_job_t *c = sp_xcalloc(1, sizeof(*c));
     const h2o_iovec_t *ct = gw_req_header(rq, "content-type", NULL);
     const h2o_iovec_t *ik = gw_req_header(rq, "idempotency-key", &dup);
@@ -699,27 +770,28 @@ void gw_sandbox_create(gw_req_t *rq)
         sp_sha256(body, len, h);
         sp_hex_encode(h, sizeof(h), c->body_hash);
     }
-    sp_sandbox_id_new(c->sandbox_id);
-    snprintf(c->tenant, sizeof(c->tenant), "%s", rq->tenant);
-    if (gw_create_build(rq, body, len, c->sandbox_id, c->idem_key, &c->data, &c->len, c->subject,
-                        c->event_id, &code, err) < 0) {
-        gw_respond_error(rq, 400, code, NULL, "%s", err);
-        goto fail;
-    }
-    c->rq = rq;
-    c->job.run = create_run;
-    c->job.done = create_done;
-    gw_req_ref(rq);
-    if (gw_job_submit(rq->gw, &c->job) < 0) {
-        gw_req_unref(rq);
-        overloaded(rq);
-        goto fail;
-    }
+    create_start(rq, c, body, len);
     return;
 fail:
-    free(c->data);
-    free(c->idem_key);
-    free(c);
+    create_free(c);
+}
+
+char *gw_sandbox_env_load(PGconn *db, const char *sandbox, const char *tenant)
+{
+    const char *p[2] = {sandbox, tenant};
+    char *out = NULL;
+    PGresult *r =
+        query(db, "SELECT env::text FROM sandbox_env WHERE sandbox_id = $1 AND tenant = $2", 2, p);
+    if (sp_db_check(r, PGRES_TUPLES_OK) < 0)
+        log_db_error("sandbox env", db);
+    else if (PQntuples(r) == 1)
+        out = sp_xstrdup(PQgetvalue(r, 0, 0));
+    if (r && PQntuples(r) == 1) {
+        char *v = PQgetvalue(r, 0, 0);
+        explicit_bzero(v, strlen(v));
+    }
+    PQclear(r);
+    return out;
 }
 
 /* ---- GET /v1/sandboxes/{id} ---- */
@@ -901,46 +973,71 @@ out:
     sp_buf_dispose(&filter);
 }
 
-/* ---- DELETE /v1/sandboxes/{id} ---- */
+/* ---- DELETE /v1/sandboxes/{id}: an intent on the owner's subject (pause, resume, suspend and
+ * timeout: gateway_lifecycle.c) ---- */
 
-typedef enum { D_PUBLISHED = 1, D_NOT_FOUND, D_DB_ERROR, D_BUS_ERROR } delete_outcome_t;
+typedef enum {
+    D_PUBLISHED = 1,
+    D_NOT_FOUND,
+
+    D_DB_ERROR,
+    D_BUS_ERROR
+} intent_outcome_t;
 
 typedef struct {
     gw_job_t job;
     gw_req_t *rq;
+    gw_wait_kind_t kind; /* DELETE */
     char id[SP_ID_MAX + 1];
     char tenant[SP_ID_MAX + 1];
     char actor[SP_ID_MAX + 1];
     char request_id[GW_REQUEST_ID_MAX + 1];
     char event_id[GW_EVENT_ID_LEN + 1];
-    delete_outcome_t outcome;
+    char state[32];
+    char template_[SP_ID_MAX + 1];
+    intent_outcome_t outcome;
     int bus_rc;
-} delete_job_t;
+} intent_job_t;
 
-static void delete_run(gw_job_t *job, PGconn *db)
+/* A delete applies to every sandbox that is not gone. */
+static intent_outcome_t intent_check(sp_sbx_state_t st)
 {
-    delete_job_t *d = (delete_job_t *)job;
+    return st == SP_SBX_NONE || st == SP_SBX_DELETED ? D_NOT_FOUND : D_PUBLISHED;
+}
+
+static void intent_run(gw_job_t *job, PGconn *db)
+{
+    intent_job_t *d = (intent_job_t *)job;
     const char *p[2] = {d->id, d->tenant};
     char worker[SP_ID_MAX + 1];
-    PGresult *r =
-        query(db, "SELECT state, worker FROM sandboxes WHERE id = $1 AND tenant = $2", 2, p);
+    PGresult *r = query(db,
+                        "SELECT state, coalesce(worker, ''), template FROM sandboxes WHERE id = $1 "
+                        "AND tenant = $2",
+                        2, p);
 
     if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
-        log_db_error("delete lookup", db);
+        log_db_error("intent lookup", db);
         PQclear(r);
         d->outcome = D_DB_ERROR;
         return;
     }
-    if (PQntuples(r) != 1 || strcmp(PQgetvalue(r, 0, 0), "deleted") == 0) {
+    if (PQntuples(r) != 1) {
         PQclear(r);
         d->outcome = D_NOT_FOUND;
         return;
     }
+    snprintf(d->state, sizeof(d->state), "%s", PQgetvalue(r, 0, 0));
     snprintf(worker, sizeof(worker), "%s", PQgetvalue(r, 0, 1));
+    snprintf(d->template_, sizeof(d->template_), "%s", PQgetvalue(r, 0, 2));
     PQclear(r);
+    sp_sbx_state_t st = sp_sbx_state_from_name(d->state);
+    d->outcome = intent_check(st);
+    if (d->outcome != D_PUBLISHED)
+        return;
 
     /* The intent goes to the owner's subject: the worker's durable consumer sees exactly its
-     * sandboxes ("_" while none is placed: the scheduler's). */
+     * sandboxes ("_" while none is placed; and the resume of a suspended sandbox, which the
+     * scheduler places again: DESIGN.md, "a suspended sandbox resumes on any host"). */
     sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
     Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
     Space__V1__SandboxDeleteRequested del = SPACE__V1__SANDBOX_DELETE_REQUESTED__INIT;
@@ -949,15 +1046,15 @@ static void delete_run(gw_job_t *job, PGconn *db)
     size_t len = 0;
     agg.kind = "sandbox";
     agg.id = d->id;
-    del.reason = "api";
     env.aggregate = &agg;
     env.tenant = d->tenant;
     env.actor = d->actor;
     env.correlation_id = d->request_id;
+    del.reason = "api";
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED;
     env.sandbox_delete_requested = &del;
     sp_envelope_stamp(&env, d->event_id);
-    int rc = sp_envelope_subject(&env, worker, subject, sizeof(subject));
+    int rc = sp_envelope_subject(&env, worker[0] ? worker : NULL, subject, sizeof(subject));
     if (rc >= 0)
         rc = sp_envelope_encode(&env, &data, &len);
     if (rc >= 0)
@@ -967,16 +1064,15 @@ static void delete_run(gw_job_t *job, PGconn *db)
     d->outcome = rc < 0 ? D_BUS_ERROR : D_PUBLISHED;
 }
 
-static void delete_done(gw_job_t *job)
+static void intent_done(gw_job_t *job)
 {
-    delete_job_t *d = (delete_job_t *)job;
+    intent_job_t *d = (intent_job_t *)job;
     gw_req_t *rq = d->rq;
     gw_t *gw = job->gw;
 
     switch (d->outcome) {
     case D_PUBLISHED:
-        gw_wait_register(gw, rq, GW_WAIT_DELETE, d->id, d->event_id,
-                         (int)gw->cfg->delete_timeout_s);
+        gw_wait_register(gw, rq, d->kind, d->id, d->event_id, (int)gw->cfg->delete_timeout_s);
         break;
     case D_NOT_FOUND:
         gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
@@ -998,26 +1094,32 @@ static void delete_done(gw_job_t *job)
     free(d);
 }
 
-void gw_sandbox_delete(gw_req_t *rq)
+static void intent_start(gw_req_t *rq, gw_wait_kind_t kind)
 {
     if (!sp_id_valid(rq->path_id)) {
         gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
         return;
     }
-    delete_job_t *d = sp_xcalloc(1, sizeof(*d));
+    intent_job_t *d = sp_xcalloc(1, sizeof(*d));
     d->rq = rq;
+    d->kind = kind;
     snprintf(d->id, sizeof(d->id), "%s", rq->path_id);
     snprintf(d->tenant, sizeof(d->tenant), "%s", rq->tenant);
     snprintf(d->actor, sizeof(d->actor), "%s", rq->key_id);
     snprintf(d->request_id, sizeof(d->request_id), "%s", rq->request_id);
-    d->job.run = delete_run;
-    d->job.done = delete_done;
+    d->job.run = intent_run;
+    d->job.done = intent_done;
     gw_req_ref(rq);
     if (gw_job_submit(rq->gw, &d->job) < 0) {
         gw_req_unref(rq);
         free(d);
         overloaded(rq);
     }
+}
+
+void gw_sandbox_delete(gw_req_t *rq)
+{
+    intent_start(rq, GW_WAIT_DELETE);
 }
 
 /* ---- GET /v1/templates ---- */

@@ -99,10 +99,20 @@ static const char m3_timeouts[] =
     "  ADD COLUMN idle_suspend_s integer NOT NULL DEFAULT 0,"
     "  ADD COLUMN last_activity_at timestamptz;"
     "CREATE INDEX sandboxes_timeout_at ON sandboxes (timeout_at) WHERE timeout_at IS NOT NULL;";
+static const char m4_sandbox_env[] =
+    /* Environment values given at create: never events (the log keeps names only), read by
+     * the gateway for every command of the sandbox and sent to its worker on the data plane. */
+    "CREATE TABLE sandbox_env ("
+    "  sandbox_id text PRIMARY KEY,"
+    "  tenant     text NOT NULL,"
+    "  env        jsonb NOT NULL,"
+    "  created_at timestamptz NOT NULL DEFAULT now()"
+    ");";
 
 const sp_db_migration_t sp_db_migrations[] = {
     {1, "events, sandboxes, workers", m1_events},
     {2, "api_keys, idempotency_keys", m2_keys},
     {3, "sandbox timeouts and idleness", m3_timeouts},
+    {4, "sandbox_env", m4_sandbox_env},
 };
 const size_t sp_db_n_migrations = sizeof(sp_db_migrations) / sizeof(sp_db_migrations[0]);

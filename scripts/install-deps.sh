@@ -9,7 +9,7 @@ PKGS=(
   libnats-dev nats-server
   libprotobuf-c-dev protobuf-c-compiler
   libpq-dev postgresql postgresql-contrib
-  libuv1-dev libh2o-dev
+  libuv1-dev libh2o-dev zlib1g-dev
   libnftnl-dev libmnl-dev nftables
   libssl-dev openssl
   libbtrfsutil-dev btrfs-progs
@@ -17,6 +17,10 @@ PKGS=(
   iproute2 procps psmisc curl util-linux
   libcmocka-dev
 )
+
+# Not from Debian: node and npm, which only tests/e2b uses (the official E2B JS SDK). The SDK
+# needs node >= 20.18.1 and bookworm's nodejs is 18.x; a machine with a newer node (NodeSource,
+# as on the project's machines) keeps it, and without one the e2b test reports itself skipped.
 
 if [ "$(id -u)" -ne 0 ]; then
   echo "install-deps: must run as root (apt-get)" >&2

@@ -1,0 +1,694 @@
+/* The E2B control plane (../../shared/e2b-compat.md, section 2) on the API's own port, so the
+ * official E2B SDKs work unchanged with E2B_API_URL pointing here:
+ *
+ *   POST /sandboxes, POST /v2/sandboxes            create   -> POST /v1/sandboxes's code path
+ *   GET  /sandboxes, GET /v2/sandboxes              list (metadata filter, state, paging)
+ *   GET  /sandboxes/{id}                            get
+ *   DELETE /sandboxes/{id}                          kill     -> SandboxDeleteRequested
+ *   POST /sandboxes/{id}/timeout                    timeout  (validated; see below)
+ *   POST /sandboxes/{id}/pause                      pause    -> SandboxSuspendRequested
+ *   POST /[v2/]sandboxes/{id}/connect, .../resume   connect  -> SandboxResumeRequested if paused
+ *   GET  /sandboxes/{id}/metrics                    metrics  (an empty series: none is kept)
+ *
+ * Nothing here is a second implementation: a create's E2B body is translated into our body and
+ * goes through gw_sandbox_create_body (validation, the SandboxCreateRequested intent, the wait);
+ * kill, pause and connect publish the same intents as our routes and wait for the same facts.
+ * What differs is the JSON: E2B's field names, and errors {"code": <HTTP status>, "message"}
+ * (gw_respond_error with GW_DIALECT_E2B), from which the SDKs decide "not found" (404) and
+ * "already paused" (409).
+ *
+ * Keys: E2B's X-API-KEY is one of our API keys (Authorization: Bearer works too). A sandbox's
+ * envdAccessToken is "<sandbox id>.<that key>": the envd routes (gateway_e2b_envd.c) read both
+ * the sandbox and the key from it, so one token serves Python's Sandbox.connect (which sends
+ * only the token) and authenticates like any other request. It is handed only to a client that
+ * presented the key, and is never logged.
+ *
+ * E2B's states: our running is "running"; paused, suspending, suspended and resuming are
+ * "paused" (E2B pause keeps the sandbox restorable with its resources released: our suspend).
+ *
+ * The timeout: no controller ends sandboxes at their timeout yet, and no event records a new
+ * one, so POST .../timeout checks the request and the sandbox and answers 204 without effect. */
+#include "gateway.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "db.h"
+#include "ids.h"
+#include "log.h"
+#include "xmalloc.h"
+
+#define E2B_ENVD_VERSION "0.5.7" /* the first with closeStdin and octet-stream uploads */
+#define E2B_CLIENT_ID    "space"
+#define E2B_TIMEOUT_MAX  2592000
+#define LIST_LIMIT_MAX   1000
+#define LIST_LIMIT_DEF   100
+#define DISK_MB_DEFAULT  0
+
+/* ---- keys and tokens ---- */
+
+/* The key the client presented: X-API-KEY, else Authorization: Bearer. */
+static h2o_iovec_t presented_key(const gw_req_t *rq)
+{
+    if (rq->auth_key.base)
+        return rq->auth_key;
+    const h2o_iovec_t *h = gw_req_header(rq, "authorization", NULL);
+    if (h && h->len > 7 && strncasecmp(h->base, "bearer ", 7) == 0)
+        return h2o_iovec_init(h->base + 7, h->len - 7);
+    return h2o_iovec_init(NULL, 0);
+}
+
+static void json_token(sp_buf_t *b, h2o_iovec_t k, const char *sandbox)
+{
+    sp_buf_puts(b, "\"");
+    sp_buf_puts(b, sandbox); /* [a-z0-9_-] */
+    sp_buf_putc(b, '.');
+    /* The key passed authentication: printable, but escape it like any string. */
+    sp_buf_t t;
+    sp_buf_init(&t);
+    sp_buf_json_strn(&t, k.base ? k.base : "", k.len);
+    if (t.len >= 2)
+        sp_buf_append(b, t.data + 1, t.len - 2);
+    sp_buf_dispose(&t);
+    sp_buf_puts(b, "\"");
+}
+
+/* ---- JSON ---- */
+
+void gw_e2b_answer_sandbox(gw_req_t *rq, int status, const char *sandbox_id, const char *template_)
+{
+    sp_buf_t b;
+    if (!gw_req_live(rq))
+        return;
+    sp_buf_init(&b);
+    sp_buf_puts(&b, "{\"sandboxID\":");
+    sp_buf_json_str(&b, sandbox_id);
+    sp_buf_puts(&b, ",\"templateID\":");
+    sp_buf_json_str(&b, template_);
+    sp_buf_puts(&b, ",\"alias\":");
+    sp_buf_json_str(&b, template_);
+    sp_buf_puts(&b, ",\"clientID\":\"" E2B_CLIENT_ID "\",\"envdVersion\":\"" E2B_ENVD_VERSION
+                    "\",\"envdAccessToken\":");
+    json_token(&b, presented_key(rq), sandbox_id);
+    sp_buf_puts(&b, ",\"trafficAccessToken\":null,\"domain\":null}");
+    gw_respond_json(rq, status, &b);
+    explicit_bzero(b.data, b.len); /* the access token holds the key */
+    sp_buf_dispose(&b);
+}
+
+static const char *e2b_state(const char *ours)
+{
+    if (strcmp(ours, "paused") == 0 || strcmp(ours, "suspending") == 0 ||
+        strcmp(ours, "suspended") == 0 || strcmp(ours, "resuming") == 0)
+        return "paused";
+    return "running";
+}
+
+static int64_t col_i64(const PGresult *r, int row, int col)
+{
+    return PQgetisnull(r, row, col) ? 0 : strtoll(PQgetvalue(r, row, col), NULL, 10);
+}
+
+/* A row of GW_SBX_COLUMNS as E2B's ListedSandbox, or SandboxDetail with detail. */
+static void sandbox_row(sp_buf_t *b, const PGresult *r, int row, bool detail, h2o_iovec_t key)
+{
+    const char *id = PQgetvalue(r, row, 0), *tpl = PQgetvalue(r, row, 2);
+    int64_t created = col_i64(r, row, 11), started = col_i64(r, row, 12);
+    int64_t timeout_s = col_i64(r, row, 5);
+    int64_t from = started > 0 ? started : created;
+
+    sp_buf_puts(b, "{\"sandboxID\":");
+    sp_buf_json_str(b, id);
+    sp_buf_puts(b, ",\"templateID\":");
+    sp_buf_json_str(b, tpl);
+    sp_buf_puts(b, ",\"alias\":");
+    sp_buf_json_str(b, tpl);
+    sp_buf_printf(b,
+                  ",\"clientID\":\"" E2B_CLIENT_ID "\",\"cpuCount\":%" PRId64
+                  ",\"memoryMB\":%" PRId64 ",\"diskSizeMB\":%d,\"envdVersion\":\"" E2B_ENVD_VERSION
+                  "\",\"metadata\":",
+                  col_i64(r, row, 6), col_i64(r, row, 7), DISK_MB_DEFAULT);
+    /* jsonb's own output of validated event fields. */
+    sp_buf_puts(b, PQgetisnull(r, row, 8) ? "{}" : PQgetvalue(r, row, 8));
+    sp_buf_puts(b, ",\"startedAt\":");
+    gw_json_time(b, from);
+    sp_buf_puts(b, ",\"endAt\":");
+    gw_json_time(b, timeout_s > 0 ? from + timeout_s * 1000000 : from + 86400LL * 1000000 * 365);
+    sp_buf_puts(b, ",\"state\":");
+    sp_buf_json_str(b, e2b_state(PQgetvalue(r, row, 3)));
+    if (detail) {
+        sp_buf_puts(b, ",\"domain\":null,\"envdAccessToken\":");
+        json_token(b, key, id);
+        sp_buf_puts(b, ",\"lifecycle\":{\"onTimeout\":\"kill\",\"autoResume\":false}");
+    }
+    sp_buf_putc(b, '}');
+}
+
+/* ---- reads: get, list, and the existence checks of timeout and metrics ---- */
+
+typedef enum { R_GET = 1, R_LIST, R_EXISTS_METRICS } read_kind_t;
+
+typedef struct {
+    gw_job_t job;
+    gw_req_t *rq;
+    read_kind_t kind;
+    char id[SP_ID_MAX + 1];
+    char tenant[SP_ID_MAX + 1];
+    char *filter; /* list: jsonb containment */
+    char *states; /* list: text[] literal */
+    char cursor[SP_ID_MAX + 1];
+    char *key; /* get: the presented key, for the access token (pool thread reads it); wiped */
+    size_t key_len;
+    int limit;
+    bool failed;
+    int n;
+    sp_buf_t out;
+    char next[SP_ID_MAX + 1];
+} read_job_t;
+
+static void read_run(gw_job_t *job, PGconn *db)
+{
+    read_job_t *j = (read_job_t *)job;
+    PGresult *r;
+    if (j->kind == R_LIST) {
+        char lim[24];
+        snprintf(lim, sizeof(lim), "%d", j->limit + 1);
+        const char *p[5] = {j->tenant, j->filter, j->states, j->cursor, lim};
+        r = PQexecParams(db,
+                         "SELECT " GW_SBX_COLUMNS " FROM sandboxes WHERE tenant = $1 AND "
+                         "metadata @> $2::jsonb AND state = ANY($3::text[]) AND id > $4 "
+                         "ORDER BY id LIMIT $5",
+                         5, NULL, p, NULL, NULL, 0);
+    } else {
+        const char *p[2] = {j->id, j->tenant};
+        r = PQexecParams(db,
+                         "SELECT " GW_SBX_COLUMNS " FROM sandboxes WHERE id = $1 AND tenant = $2 "
+                         "AND state NOT IN ('deleted', 'failed')",
+                         2, NULL, p, NULL, NULL, 0);
+    }
+    if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
+        sp_log(SP_LOG_WARN, "query failed", SP_KS("query", "e2b read"),
+               SP_KS("error", PQerrorMessage(db)));
+        j->failed = true;
+        PQclear(r);
+        return;
+    }
+    j->n = PQntuples(r);
+    if (j->kind == R_GET && j->n == 1) {
+        sandbox_row(&j->out, r, 0, true, h2o_iovec_init(j->key, j->key_len));
+    } else if (j->kind == R_LIST) {
+        int shown = j->n > j->limit ? j->limit : j->n;
+        sp_buf_putc(&j->out, '[');
+        for (int i = 0; i < shown; i++) {
+            if (i)
+                sp_buf_putc(&j->out, ',');
+            sandbox_row(&j->out, r, i, false, h2o_iovec_init(NULL, 0));
+        }
+        sp_buf_putc(&j->out, ']');
+        if (j->n > j->limit)
+            snprintf(j->next, sizeof(j->next), "%s", PQgetvalue(r, shown - 1, 0));
+    }
+    PQclear(r);
+}
+
+static void read_free(read_job_t *j)
+{
+    if (j->key) {
+        explicit_bzero(j->key, j->key_len);
+        free(j->key);
+    }
+    if (j->out.data)
+        explicit_bzero(j->out.data, j->out.len); /* may hold an access token */
+    sp_buf_dispose(&j->out);
+    free(j->filter);
+    free(j->states);
+    free(j);
+}
+
+static void read_done(gw_job_t *job)
+{
+    read_job_t *j = (read_job_t *)job;
+    gw_req_t *rq = j->rq;
+
+    if (j->failed) {
+        gw_respond_error(rq, 503, "unavailable", NULL, "the database is not available; retry");
+    } else if (j->kind != R_LIST && j->n != 1) {
+        gw_respond_error(rq, 404, "not_found", NULL, "sandbox %s not found", j->id);
+    } else if (j->kind == R_EXISTS_METRICS) {
+        gw_respond(rq, 200, "application/json", "[]", 2);
+    } else {
+        if (j->next[0] && gw_req_live(rq)) {
+            h2o_iovec_t v = h2o_strdup(&rq->req->pool, j->next, strlen(j->next));
+            h2o_add_header_by_str(&rq->req->pool, &rq->req->res.headers, H2O_STRLIT("x-next-token"),
+                                  0, NULL, v.base, v.len);
+        }
+        gw_respond_json(rq, 200, &j->out);
+    }
+    gw_req_unref(rq);
+    read_free(j);
+}
+
+static void read_submit(gw_req_t *rq, read_job_t *j)
+{
+    j->rq = rq;
+    snprintf(j->id, sizeof(j->id), "%s", rq->path_id);
+    snprintf(j->tenant, sizeof(j->tenant), "%s", rq->tenant);
+    sp_buf_init(&j->out);
+    if (j->kind == R_GET) {
+        h2o_iovec_t k = presented_key(rq);
+        j->key = sp_xstrndup(k.base ? k.base : "", k.len);
+        j->key_len = k.len;
+    }
+    j->job.run = read_run;
+    j->job.done = read_done;
+    gw_req_ref(rq);
+    if (gw_job_submit(rq->gw, &j->job) < 0) {
+        gw_req_unref(rq);
+        gw_respond_error(rq, 503, "overloaded", NULL, "too many requests are waiting");
+        read_free(j);
+    }
+}
+
+static void read_one(gw_req_t *rq, read_kind_t kind)
+{
+    if (!sp_id_valid(rq->path_id)) {
+        gw_respond_error(rq, 404, "not_found", NULL, "sandbox not found");
+        return;
+    }
+    read_job_t *j = sp_xcalloc(1, sizeof(*j));
+    j->kind = kind;
+    read_submit(rq, j);
+}
+
+static void e2b_get(gw_req_t *rq)
+{
+    read_one(rq, R_GET);
+}
+
+static void e2b_metrics(gw_req_t *rq)
+{
+    read_one(rq, R_EXISTS_METRICS);
+}
+
+/* metadata=k1%3Dv1%26k2%3Dv2: after the query's own decoding, "k1=v1&k2=v2" in
+ * x-www-form-urlencoded form, whose keys and values the JS SDKs encodeURIComponent once more
+ * before: a third decoding, when it is one, gives the values back. */
+static char *decode_twice(h2o_mem_pool_t *pool, const char *s, size_t n)
+{
+    char *once = gw_url_decode(pool, s, n);
+    char *twice = once && strchr(once, '%') ? gw_url_decode(pool, once, strlen(once)) : NULL;
+    return twice ? twice : once;
+}
+
+static int metadata_filter(gw_req_t *rq, const char *v, sp_buf_t *out)
+{
+    size_t n = 0;
+    const char *p = v;
+    while (*p) {
+        const char *amp = strchr(p, '&');
+        size_t seg = amp ? (size_t)(amp - p) : strlen(p);
+        const char *eq = memchr(p, '=', seg);
+        if (seg > 0) {
+            if (!eq)
+                return -EINVAL;
+            char *k = decode_twice(&rq->req->pool, p, (size_t)(eq - p));
+            char *val = decode_twice(&rq->req->pool, eq + 1, seg - (size_t)(eq - p) - 1);
+            if (!k || !val || !k[0] || !gw_text_ok(k, 64) || !gw_text_ok(val, 512) || ++n > 64)
+                return -EINVAL;
+            sp_buf_puts(out, n > 1 ? "," : "");
+            sp_buf_json_str(out, k);
+            sp_buf_putc(out, ':');
+            sp_buf_json_str(out, val);
+        }
+        p += seg + (amp ? 1 : 0);
+    }
+    return 0;
+}
+
+static void e2b_list(gw_req_t *rq)
+{
+    gw_query_t q;
+    sp_buf_t filter;
+    bool running = true, paused = true, state_given = false;
+    int64_t limit = LIST_LIMIT_DEF;
+    const char *cursor = "";
+
+    if (gw_query_parse(rq->req, &q) < 0) {
+        gw_respond_error(rq, 400, "invalid_query", NULL, "malformed query string");
+        return;
+    }
+    sp_buf_init(&filter);
+    sp_buf_putc(&filter, '{');
+    for (size_t i = 0; i < q.n; i++) {
+        const char *k = q.p[i].key, *v = q.p[i].value;
+        if (strcmp(k, "metadata") == 0 || strcmp(k, "query") == 0) {
+            if (metadata_filter(rq, v, &filter) < 0) {
+                gw_respond_error(rq, 400, "invalid_query", NULL,
+                                 "metadata must be key=value pairs joined by &, URL-encoded");
+                goto out;
+            }
+        } else if (strcmp(k, "state") == 0) {
+            /* "running,paused", or the parameter repeated. */
+            if (!state_given)
+                running = paused = false;
+            state_given = true;
+            for (const char *p = v; *p;) {
+                size_t seg = strcspn(p, ",");
+                if (seg == 7 && strncmp(p, "running", 7) == 0)
+                    running = true;
+                else if (seg == 6 && strncmp(p, "paused", 6) == 0)
+                    paused = true;
+                else {
+                    gw_respond_error(rq, 400, "invalid_query", NULL,
+                                     "state must be running and/or paused");
+                    goto out;
+                }
+                p += seg + (p[seg] == ',');
+            }
+        } else if (strcmp(k, "limit") == 0) {
+            char *end = NULL;
+            errno = 0;
+            long long x = strtoll(v, &end, 10);
+            if (errno || end == v || *end || x < 1 || x > LIST_LIMIT_MAX) {
+                gw_respond_error(rq, 400, "invalid_query", NULL, "limit must be 1..%d",
+                                 LIST_LIMIT_MAX);
+                goto out;
+            }
+            limit = x;
+        } else if (strcmp(k, "nextToken") == 0) {
+            if (v[0] && !sp_id_valid(v)) {
+                gw_respond_error(rq, 400, "invalid_query", NULL, "nextToken is not valid");
+                goto out;
+            }
+            cursor = v;
+        } else {
+            /* Parameters of newer SDKs that do not narrow the answer are ignored. */
+        }
+    }
+    sp_buf_putc(&filter, '}');
+    read_job_t *j = sp_xcalloc(1, sizeof(*j));
+    j->kind = R_LIST;
+    j->limit = (int)limit;
+    j->filter = sp_buf_take(&filter);
+    j->states = sp_xasprintf("{%s%s%s}", running ? "running,requested,placed,starting" : "",
+                             running && paused ? "," : "",
+                             paused ? "paused,suspending,suspended,resuming" : "");
+    snprintf(j->cursor, sizeof(j->cursor), "%s", cursor);
+    read_submit(rq, j);
+out:
+    sp_buf_dispose(&filter);
+}
+
+/* ---- create ---- */
+
+static const sp_json_t *member(const sp_json_t *o, const char *k)
+{
+    return sp_json_type(o) == SP_JSON_OBJECT ? sp_json_get(o, k) : NULL;
+}
+
+/* An object of strings, copied as it is (our create validates names, sizes and counts). */
+static int copy_strings(sp_buf_t *b, const char *name, const sp_json_t *v, char *err)
+{
+    if (sp_json_type(v) != SP_JSON_OBJECT) {
+        snprintf(err, GW_ERR_MSG_MAX, "%s must be an object of strings", name);
+        return -EINVAL;
+    }
+    sp_buf_putc(b, '{');
+    for (size_t i = 0; i < sp_json_len(v); i++) {
+        size_t n = 0;
+        const char *s = sp_json_str(sp_json_at(v, i), &n);
+        if (!s) {
+            snprintf(err, GW_ERR_MSG_MAX, "%s values must be strings", name);
+            return -EINVAL;
+        }
+        if (i)
+            sp_buf_putc(b, ',');
+        sp_buf_json_str(b, sp_json_key_at(v, i));
+        sp_buf_putc(b, ':');
+        sp_buf_json_strn(b, s, n);
+    }
+    sp_buf_putc(b, '}');
+    return 0;
+}
+
+static int copy_list(sp_buf_t *b, const sp_json_t *v, bool skip_all, size_t *ret_n, char *err)
+{
+    size_t n = 0;
+    sp_buf_putc(b, '[');
+    for (size_t i = 0; i < sp_json_len(v); i++) {
+        const char *s = sp_json_str(sp_json_at(v, i), NULL);
+        if (!s) {
+            snprintf(err, GW_ERR_MSG_MAX, "network lists hold strings");
+            return -EINVAL;
+        }
+        if (skip_all && strcmp(s, "0.0.0.0/0") == 0)
+            continue;
+        sp_buf_puts(b, n++ ? "," : "");
+        sp_buf_json_str(b, s);
+    }
+    sp_buf_putc(b, ']');
+    *ret_n = n;
+    return 0;
+}
+
+/* allow_internet_access and network{allowOut, denyOut} as our policy: an allowOut list is an
+ * allowlist (denyOut still applies, "0.0.0.0/0" there being E2B's way to say "nothing else");
+ * denyOut "0.0.0.0/0" alone, or no internet, is deny_all; internet (or a denyOut list) is
+ * allow_all with that deny list. Nothing said: the gateway's network-default. */
+static int network_policy(sp_buf_t *b, const sp_json_t *root, char *err)
+{
+    const sp_json_t *net = member(root, "network");
+    const sp_json_t *aia = member(root, "allow_internet_access");
+    const sp_json_t *allow = member(net, "allowOut"), *deny = member(net, "denyOut");
+    bool internet = true, have_internet = aia != NULL, deny_everything = false;
+    if (aia && sp_json_bool(aia, &internet) < 0) {
+        snprintf(err, GW_ERR_MSG_MAX, "allow_internet_access must be a boolean");
+        return -EINVAL;
+    }
+    if ((net && sp_json_type(net) != SP_JSON_OBJECT) ||
+        (allow && sp_json_type(allow) != SP_JSON_ARRAY) ||
+        (deny && sp_json_type(deny) != SP_JSON_ARRAY)) {
+        snprintf(err, GW_ERR_MSG_MAX, "network.allowOut and network.denyOut are arrays");
+        return -EINVAL;
+    }
+    for (size_t i = 0; deny && i < sp_json_len(deny); i++) {
+        const char *s = sp_json_str(sp_json_at(deny, i), NULL);
+        deny_everything |= s && strcmp(s, "0.0.0.0/0") == 0;
+    }
+    size_t n_allow = allow ? sp_json_len(allow) : 0, n_deny = deny ? sp_json_len(deny) : 0;
+    if (!have_internet && n_allow == 0 && n_deny == 0)
+        return 0;
+    sp_buf_puts(b, ",\"network\":{\"mode\":");
+    size_t n = 0;
+    if (n_allow > 0) {
+        sp_buf_puts(b, "\"allowlist\",\"allow\":");
+        if (copy_list(b, allow, false, &n, err) < 0)
+            return -EINVAL;
+    } else if (deny_everything || !internet) {
+        sp_buf_puts(b, "\"deny_all\"}");
+        return 0;
+    } else {
+        sp_buf_puts(b, "\"allow_all\"");
+    }
+    if (n_deny > 0) {
+        sp_buf_puts(b, ",\"deny\":");
+        if (copy_list(b, deny, true, &n, err) < 0)
+            return -EINVAL;
+    }
+    sp_buf_putc(b, '}');
+    return 0;
+}
+
+static void e2b_create(gw_req_t *rq)
+{
+    h2o_req_t *req = rq->req;
+    const char *body = req->entity.base ? req->entity.base : "";
+    size_t len = req->entity.base ? req->entity.len : 0;
+    char err[GW_ERR_MSG_MAX], jerr[SP_JSON_ERR_MAX];
+    sp_json_doc_t *doc = NULL;
+    sp_buf_t b;
+
+    sp_buf_init(&b);
+    if (len > (size_t)rq->gw->cfg->max_body_bytes) {
+        gw_respond_error(rq, 413, "body_too_large", NULL, "the body exceeds %lld bytes",
+                         (long long)rq->gw->cfg->max_body_bytes);
+        goto out;
+    }
+    sp_json_limits_t lim = {
+        .max_bytes = len + 1, .max_depth = 4, .max_nodes = 2048, .max_string = GW_ENV_VALUE_MAX};
+    if (len > 0 && sp_json_parse(body, len, &lim, &doc, jerr) < 0) {
+        gw_respond_error(rq, 400, "invalid_json", NULL, "the body is not valid JSON: %s", jerr);
+        goto out;
+    }
+    const sp_json_t *root = doc ? sp_json_root(doc) : NULL;
+    if (root && sp_json_type(root) != SP_JSON_OBJECT) {
+        gw_respond_error(rq, 400, "invalid_json", NULL, "the body must be a JSON object");
+        goto out;
+    }
+    const sp_json_t *tpl = member(root, "templateID"), *to = member(root, "timeout");
+    const sp_json_t *md = member(root, "metadata"), *env = member(root, "envVars");
+    const char *template_ = tpl ? sp_json_str(tpl, NULL) : "base";
+    int64_t timeout = 300;
+    if (!template_) {
+        gw_respond_error(rq, 400, "invalid_field", NULL, "templateID must be a string");
+        goto out;
+    }
+    if (to && sp_json_int(to, 0, E2B_TIMEOUT_MAX, &timeout) < 0) {
+        gw_respond_error(rq, 400, "invalid_field", NULL, "timeout must be 0..%d seconds",
+                         E2B_TIMEOUT_MAX);
+        goto out;
+    }
+    sp_buf_puts(&b, "{\"template\":");
+    sp_buf_json_str(&b, template_);
+    sp_buf_printf(&b, ",\"timeout_s\":%" PRId64, timeout);
+    if (md && sp_json_type(md) != SP_JSON_NULL) {
+        sp_buf_puts(&b, ",\"metadata\":");
+        if (copy_strings(&b, "metadata", md, err) < 0) {
+            gw_respond_error(rq, 400, "invalid_field", NULL, "%s", err);
+            goto out;
+        }
+    }
+    if (env && sp_json_type(env) != SP_JSON_NULL) {
+        sp_buf_puts(&b, ",\"env\":");
+        if (copy_strings(&b, "envVars", env, err) < 0) {
+            gw_respond_error(rq, 400, "invalid_field", NULL, "%s", err);
+            goto out;
+        }
+    }
+    if (network_policy(&b, root, err) < 0) {
+        gw_respond_error(rq, 400, "invalid_field", NULL, "%s", err);
+        goto out;
+    }
+    sp_buf_putc(&b, '}');
+    gw_sandbox_create_body(rq, b.data, b.len);
+out:
+    if (b.data)
+        explicit_bzero(b.data, b.len); /* environment values */
+    sp_buf_dispose(&b);
+    sp_json_doc_free(doc);
+}
+
+/* ---- timeout, pause, connect ---- */
+
+static void e2b_timeout(gw_req_t *rq)
+{
+    h2o_req_t *req = rq->req;
+    char jerr[SP_JSON_ERR_MAX];
+    sp_json_doc_t *doc = NULL;
+    int64_t t;
+    size_t len = req->entity.base ? req->entity.len : 0;
+    sp_json_limits_t lim = {.max_bytes = 4096, .max_depth = 2, .max_nodes = 16, .max_string = 256};
+
+    if (len == 0 || sp_json_parse(req->entity.base, len, &lim, &doc, jerr) < 0 ||
+        sp_json_int(member(sp_json_root(doc), "timeout"), 0, E2B_TIMEOUT_MAX, &t) < 0) {
+        gw_respond_error(rq, 400, "invalid_field", NULL,
+                         "the body must be {\"timeout\": seconds} with 0..%d", E2B_TIMEOUT_MAX);
+        sp_json_doc_free(doc);
+        return;
+    }
+    sp_json_doc_free(doc);
+    /* Our timeout: a new deadline t seconds from now (SandboxTimeoutRequested); 204 once the log
+     * has it. */
+    gw_sandbox_set_timeout(rq, t > 0 ? (uint32_t)t : 1);
+}
+
+/* E2B pause is our suspend; connect (and resume) of a paused sandbox our resume. */
+static void e2b_pause(gw_req_t *rq)
+{
+    snprintf(rq->path_action, sizeof(rq->path_action), "suspend");
+    gw_sandbox_lifecycle(rq);
+}
+
+static void e2b_connect(gw_req_t *rq)
+{
+    snprintf(rq->path_action, sizeof(rq->path_action), "resume");
+    gw_sandbox_lifecycle(rq);
+}
+
+/* ---- routing ---- */
+
+static bool is_method(const h2o_req_t *req, const char *m)
+{
+    return h2o_memis(req->method.base, req->method.len, m, strlen(m));
+}
+
+static void with_key(gw_req_t *rq, void (*fn)(gw_req_t *))
+{
+    const h2o_iovec_t *k = gw_req_header(rq, "x-api-key", NULL);
+    if (k)
+        rq->auth_key = *k;
+    rq->after_auth = fn;
+    gw_auth(rq);
+}
+
+static void not_allowed(gw_req_t *rq)
+{
+    gw_respond_error(rq, 405, "method_not_allowed", NULL, "%s is not allowed here", rq->method);
+}
+
+bool gw_e2b_route(gw_req_t *rq, const char *path, size_t len)
+{
+    h2o_req_t *req = rq->req;
+    bool v2 = len >= 3 && memcmp(path, "/v2", 3) == 0;
+    const char *p = v2 ? path + 3 : path;
+    size_t n = v2 ? len - 3 : len;
+
+    if (n < 10 || memcmp(p, "/sandboxes", 10) != 0 || (n > 10 && p[10] != '/'))
+        return false;
+    rq->dialect = GW_DIALECT_E2B;
+    rq->route = GW_R_E2B_API;
+    if (n == 10 || n == 11) {
+        if (is_method(req, "POST"))
+            with_key(rq, e2b_create);
+        else if (is_method(req, "GET"))
+            with_key(rq, e2b_list);
+        else
+            not_allowed(rq);
+        return true;
+    }
+    const char *id = p + 11;
+    size_t rest = n - 11;
+    const char *slash = memchr(id, '/', rest);
+    size_t idlen = slash ? (size_t)(slash - id) : rest;
+    const char *action = slash ? slash + 1 : "";
+    size_t alen = slash ? rest - idlen - 1 : 0;
+    if (idlen == 0 || idlen > SP_ID_MAX) {
+        gw_respond_error(rq, 404, "not_found", NULL, "sandbox not found");
+        return true;
+    }
+    memcpy(rq->path_id, id, idlen);
+    rq->path_id[idlen] = '\0';
+    if (alen == 0 && !v2) {
+        if (is_method(req, "GET"))
+            with_key(rq, e2b_get);
+        else if (is_method(req, "DELETE"))
+            with_key(rq, gw_sandbox_delete);
+        else
+            not_allowed(rq);
+        return true;
+    }
+    void (*fn)(gw_req_t *) = NULL;
+    bool post = true;
+    if (h2o_memis(action, alen, H2O_STRLIT("connect")) ||
+        (!v2 && h2o_memis(action, alen, H2O_STRLIT("resume"))))
+        fn = e2b_connect;
+    else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("pause")))
+        fn = e2b_pause;
+    else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("timeout")))
+        fn = e2b_timeout;
+    else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("metrics")))
+        fn = e2b_metrics, post = false;
+    if (!fn) {
+        gw_respond_error(rq, 404, "not_found", NULL, "no such route");
+        return true;
+    }
+    if (!is_method(req, post ? "POST" : "GET")) {
+        not_allowed(rq);
+        return true;
+    }
+    with_key(rq, fn);
+    return true;
+}
