@@ -1,4 +1,7 @@
-/* POST /v1/sandboxes/{id}/timeout {timeout_s}: a new deadline, timeout_s from now, for a running
+/* DELETE /v1/sandboxes/{id}: SandboxDeleteRequested to the owner (the scheduler while it is on
+ * no worker), 204 once deleted.
+ *
+ * POST /v1/sandboxes/{id}/timeout {timeout_s}: a new deadline, timeout_s from now, for a running
  * or paused sandbox (SandboxTimeoutRequested: the log's reducer moves it, the scheduler acts on
  * it); answered once the log stored it.
  *
@@ -23,7 +26,7 @@
 #include "log.h"
 #include "xmalloc.h"
 
-typedef enum { OP_PAUSE = 0, OP_RESUME, OP_SUSPEND, OP_TIMEOUT } op_t;
+typedef enum { OP_PAUSE = 0, OP_RESUME, OP_SUSPEND, OP_TIMEOUT, OP_DELETE } op_t;
 
 typedef enum { L_PUBLISHED = 1, L_NOT_FOUND, L_STATE, L_DB_ERROR, L_BUS_ERROR } outcome_t;
 
@@ -44,7 +47,8 @@ typedef struct {
     int bus_rc;
 } lc_job_t;
 
-static const char *const OP_NAMES[] = {"pause", "resume", "suspend", "set the timeout of"};
+static const char *const OP_NAMES[] = {"pause", "resume", "suspend", "set the timeout of",
+                                       "delete"};
 
 /* Whether op can start from state, and to whom the intent goes ("" = the scheduler). */
 static bool allowed(op_t op, sp_sbx_state_t st, bool *ret_to_scheduler)
@@ -60,6 +64,8 @@ static bool allowed(op_t op, sp_sbx_state_t st, bool *ret_to_scheduler)
         return st == SP_SBX_PAUSED || st == SP_SBX_SUSPENDED;
     case OP_TIMEOUT:
         return st == SP_SBX_RUNNING || st == SP_SBX_PAUSED;
+    case OP_DELETE:
+        return true; /* whatever state it is in (the owner refuses what it cannot do) */
     }
     return false;
 }
@@ -101,6 +107,7 @@ static void lc_run(gw_job_t *job, PGconn *db)
     Space__V1__SandboxResumeRequested resume = SPACE__V1__SANDBOX_RESUME_REQUESTED__INIT;
     Space__V1__SandboxSuspendRequested suspend = SPACE__V1__SANDBOX_SUSPEND_REQUESTED__INIT;
     Space__V1__SandboxTimeoutRequested timeout = SPACE__V1__SANDBOX_TIMEOUT_REQUESTED__INIT;
+    Space__V1__SandboxDeleteRequested del = SPACE__V1__SANDBOX_DELETE_REQUESTED__INIT;
     agg.kind = "sandbox";
     agg.id = l->id;
     env.aggregate = &agg;
@@ -116,16 +123,22 @@ static void lc_run(gw_job_t *job, PGconn *db)
     } else if (l->op == OP_SUSPEND) {
         env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_REQUESTED;
         env.sandbox_suspend_requested = &suspend;
-    } else {
+    } else if (l->op == OP_TIMEOUT) {
         timeout.timeout_s = l->timeout_s;
         env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_TIMEOUT_REQUESTED;
         env.sandbox_timeout_requested = &timeout;
+    } else {
+        del.reason = "api";
+        env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED;
+        env.sandbox_delete_requested = &del;
     }
     char subject[192];
     uint8_t *data = NULL;
     size_t len = 0;
     sp_envelope_stamp(&env, l->event_id);
-    int rc = sp_envelope_subject(&env, to_scheduler ? NULL : worker, subject, sizeof(subject));
+    /* The owner's subject: the worker's, or "_" (the scheduler's) while it is on none. */
+    int rc = sp_envelope_subject(&env, to_scheduler || !worker[0] ? NULL : worker, subject,
+                                 sizeof(subject));
     if (rc >= 0)
         rc = sp_envelope_encode(&env, &data, &len);
     if (rc >= 0)
@@ -141,7 +154,7 @@ static void lc_done(gw_job_t *job)
     gw_req_t *rq = l->rq;
     gw_t *gw = job->gw;
     static const gw_wait_kind_t KIND[] = {GW_WAIT_PAUSE, GW_WAIT_RESUME, GW_WAIT_SUSPEND,
-                                          GW_WAIT_STORED};
+                                          GW_WAIT_STORED, GW_WAIT_DELETE};
 
     switch (l->outcome) {
     case L_PUBLISHED:
@@ -156,8 +169,9 @@ static void lc_done(gw_job_t *job)
             gw_respond_json(rq, 202, &b);
             sp_buf_dispose(&b);
         } else {
-            gw_wait_register(gw, rq, KIND[l->op], l->id, l->event_id,
-                             (int)gw->cfg->create_timeout_s);
+            gw_wait_register(
+                gw, rq, KIND[l->op], l->id, l->event_id,
+                (int)(l->op == OP_DELETE ? gw->cfg->delete_timeout_s : gw->cfg->create_timeout_s));
         }
         break;
     case L_NOT_FOUND:
@@ -267,6 +281,15 @@ static void lc_start(gw_req_t *rq, op_t op, bool wait, uint32_t timeout_s)
         free(l);
         gw_respond_error(rq, 503, "overloaded", NULL, "too many requests are waiting");
     }
+}
+
+void gw_sandbox_delete(gw_req_t *rq)
+{
+    if (!sp_id_valid(rq->path_id)) {
+        gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
+        return;
+    }
+    lc_start(rq, OP_DELETE, true, 0);
 }
 
 void gw_sandbox_set_timeout(gw_req_t *rq, uint32_t timeout_s)

@@ -54,6 +54,8 @@ int sp_test_api_port(void);
 sp_json_doc_t *sp_test_json(const sp_test_http_resp_t *r);
 /* POST /v1/sandboxes {template}, retrying while no worker offers it yet; the id into out. */
 void sp_test_create_sandbox(int port, const char *key, const char *tmpl, char out[64]);
+/* The same with a whole create body (JSON). */
+void sp_test_create_sandbox_body(int port, const char *key, const char *body, char out[64]);
 /* A command's JSON answer (Accept: application/json). */
 typedef struct {
     int status;

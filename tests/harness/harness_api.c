@@ -28,12 +28,17 @@ sp_json_doc_t *sp_test_json(const sp_test_http_resp_t *r)
 
 void sp_test_create_sandbox(int port, const char *key, const char *tmpl, char out[64])
 {
-    sp_test_http_resp_t r;
     char body[128];
     snprintf(body, sizeof(body), "{\"template\":\"%s\"}", tmpl);
+    sp_test_create_sandbox_body(port, key, body, out);
+}
+
+void sp_test_create_sandbox_body(int port, const char *key, const char *body, char out[64])
+{
+    sp_test_http_resp_t r;
     for (int i = 0; i < 100; i++) {
         sp_test_http(port, "POST", "/v1/sandboxes", key, NULL, body, strlen(body), &r);
-        if (r.status != 400)
+        if (r.status != 400 || !strstr(r.body, "unknown_template"))
             break; /* 400 unknown_template until the worker's first heartbeat */
         sp_test_http_free(&r);
         usleep(100 * 1000);

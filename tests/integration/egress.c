@@ -219,25 +219,12 @@ static sp_json_doc_t *body_json(const sp_test_http_resp_t *r)
 
 static void create(char out[64], const char *network)
 {
-    sp_test_http_resp_t r;
     char body[1024];
     if (network)
         snprintf(body, sizeof(body), "{\"template\":\"tiny\",\"network\":%s}", network);
     else
         snprintf(body, sizeof(body), "{\"template\":\"tiny\"}");
-    for (int i = 0; i < 100; i++) {
-        sp_test_http(port, "POST", "/v1/sandboxes", key, NULL, body, strlen(body), &r);
-        if (r.status != 400 || !strstr(r.body, "unknown_template"))
-            break;
-        sp_test_http_free(&r);
-        usleep(100 * 1000);
-    }
-    if (r.status != 201)
-        fail_msg("create: %d %s", r.status, r.body);
-    sp_json_doc_t *doc = body_json(&r);
-    snprintf(out, 64, "%s", sp_json_str(sp_json_get(sp_json_root(doc), "id"), NULL));
-    sp_json_doc_free(doc);
-    sp_test_http_free(&r);
+    sp_test_create_sandbox_body(port, key, body, out);
 }
 
 /* Runs cmd (sh -c) as root in sandbox id; stdout+stderr into out. Returns the exit code. */

@@ -45,21 +45,7 @@ static sp_json_doc_t *body_json(const sp_httpc_resp_t *r)
 
 static void create(char out[64])
 {
-    sp_test_http_resp_t r;
-    const char *body = "{\"template\":\"tiny\"}";
-    for (int i = 0; i < 100; i++) {
-        sp_test_http(port, "POST", "/v1/sandboxes", key, NULL, body, strlen(body), &r);
-        if (r.status != 400)
-            break; /* 400 unknown_template until the worker's first heartbeat */
-        sp_test_http_free(&r);
-        usleep(100 * 1000);
-    }
-    if (r.status != 201)
-        fail_msg("create: %d %s", r.status, r.body);
-    sp_json_doc_t *doc = body_json(&r);
-    snprintf(out, 64, "%s", sp_json_str(sp_json_get(sp_json_root(doc), "id"), NULL));
-    sp_json_doc_free(doc);
-    sp_test_http_free(&r);
+    sp_test_create_sandbox(port, key, "tiny", out);
 }
 
 /* One request to /v1/sandboxes/<id><rest> with an optional raw body. */

@@ -239,14 +239,7 @@ static void test_no_wait_and_errors(void **state)
 /* A sandbox made with body (JSON); its id into out. */
 static void create_with(const char *body, char out[64])
 {
-    sp_test_http_resp_t r;
-    sp_test_http(port, "POST", "/v1/sandboxes", key, NULL, body, strlen(body), &r);
-    if (r.status != 201)
-        fail_msg("create %s: %d %s", body, r.status, r.body);
-    sp_json_doc_t *doc = sp_test_json(&r);
-    snprintf(out, 64, "%s", sp_json_str(sp_json_get(sp_json_root(doc), "id"), NULL));
-    sp_json_doc_free(doc);
-    sp_test_http_free(&r);
+    sp_test_create_sandbox_body(port, key, body, out);
 }
 
 static long long state_is(PGconn *db, const char *id, const char *state, int timeout_ms)
