@@ -147,6 +147,23 @@ static void answer_update(eg_t *eg, const sp_envelope_t *ev)
                SP_KS("corr", ev->correlation_id));
 }
 
+/* The sandbox's source address from now on (its start, or its resume in a new netns). */
+static void set_address(eg_t *eg, const sp_envelope_t *ev, const char *address)
+{
+    struct in_addr a;
+    if (inet_pton(AF_INET, address, &a) != 1)
+        return;
+    eg_sbx_t *s = sbx_get_or_add(eg, ev->aggregate->id, ev->tenant);
+    /* An address is one sandbox's at a time: a stale holder (deleted while we were not
+     * listening) loses it. */
+    eg_sbx_t *old = eg_sbx_by_addr(eg, a.s_addr);
+    if (old && old != s)
+        old->addr_be = 0;
+    s->addr_be = a.s_addr;
+    sp_log(SP_LOG_INFO, "sandbox address", SP_KS("sandbox", ev->aggregate->id),
+           SP_KS("address", address), SP_KS("mode", sp_netmode_name(s->mode)));
+}
+
 void eg_apply_event(eg_t *eg, const sp_envelope_t *ev, uint64_t seq)
 {
     const char *id = ev->aggregate->id;
@@ -160,22 +177,20 @@ void eg_apply_event(eg_t *eg, const sp_envelope_t *ev, uint64_t seq)
         if (ev->sandbox_placed->request)
             policy_set(s, ev->sandbox_placed->request->network);
         break;
-    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED: {
-        struct in_addr a;
-        if (inet_pton(AF_INET, ev->sandbox_started->address, &a) != 1)
-            return;
-        s = sbx_get_or_add(eg, id, ev->tenant);
-        /* An address is one sandbox's at a time: a stale holder (deleted while we were not
-         * listening) loses it. */
-        eg_sbx_t *old = eg_sbx_by_addr(eg, a.s_addr);
-        if (old && old != s)
-            old->addr_be = 0;
-        s->addr_be = a.s_addr;
-        sp_log(SP_LOG_INFO, "sandbox address", SP_KS("sandbox", id),
-               SP_KS("address", ev->sandbox_started->address),
-               SP_KS("mode", sp_netmode_name(s->mode)));
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED:
+        set_address(eg, ev, ev->sandbox_started->address);
         break;
-    }
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMED:
+        /* From suspend, in a new netns (from pause: no address, nothing changed). */
+        if (ev->sandbox_resumed->address[0] &&
+            strcmp(ev->sandbox_resumed->worker, eg->cfg->worker_id) == 0)
+            set_address(eg, ev, ev->sandbox_resumed->address);
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDED:
+        /* Its address goes back to the pool; the policy stays for the resume. */
+        if ((s = eg_sbx_by_id(eg, id)))
+            s->addr_be = 0;
+        break;
     case SPACE__V1__ENVELOPE__PAYLOAD_NETWORK_POLICY_UPDATE_REQUESTED:
         s = eg_sbx_by_id(eg, id);
         if (!s)

@@ -323,6 +323,7 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
         return 0;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMED:
         CHECK_ID(e->sandbox_resumed->worker, "worker");
+        CHECK_TEXT(e->sandbox_resumed->address, ID_MAX, "address");
         return 0;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDED: {
         const Space__V1__SandboxSuspended *p = e->sandbox_suspended;

@@ -540,6 +540,7 @@ int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev)
     sp_envelope_answer(&env, &agg, ev, "svc:worker");
     r.worker = w->cfg->id;
     r.took_ms = (uint32_t)ms_since(t0);
+    r.address = info.address; /* a new netns: space-egressd learns the sandbox's source */
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMED;
     env.sandbox_resumed = &r;
     rc = wk_publish_fact(w, &env, "resumed", ev->event_id);

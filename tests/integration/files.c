@@ -524,11 +524,17 @@ static void test_big_file(void **state)
     assert_int_equal(strncmp(out, up_hex, SP_SHA256_HEX_LEN), 0);
     free(out);
 
-    /* Bounded memory: the body waits in a file-backed buffer, not the gateway's heap. */
+    /* Bounded memory: the body waits in a file-backed buffer, not the gateway's heap. Not under
+     * AddressSanitizer: its quarantine keeps freed memory resident (up to 256 MiB by default),
+     * so there the growth measures ASan, not the code (the -Werror build asserts it). */
+#if !defined(__SANITIZE_ADDRESS__)
     assert_true(up_gw_anon < RSS_LIMIT_KB);
     assert_true(up_wk_rss < RSS_LIMIT_KB);
     assert_true(rss.max[0][1] - rss.base[0][1] < RSS_LIMIT_KB);
     assert_true(rss.max[1][0] - rss.base[1][0] < RSS_LIMIT_KB);
+#else
+    print_message("under ASan: memory growth reported, not asserted\n");
+#endif
 }
 
 static int sink_then_hang_up(void *arg, const void *data, size_t len)
