@@ -12,7 +12,7 @@ PKGS=(
   libuv1-dev libh2o-dev zlib1g-dev
   libnftnl-dev libmnl-dev nftables
   libssl-dev openssl
-  libbtrfsutil-dev btrfs-progs
+  libbtrfsutil-dev btrfs-progs zstd
   runsc busybox-static debootstrap
   iproute2 procps psmisc curl util-linux
   libcmocka-dev
