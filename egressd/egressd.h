@@ -100,6 +100,7 @@ typedef struct {
 
     eg_dns_t *dns;
     uv_tcp_t listener;
+    struct conn *conns; /* live proxy connections (egressd_proxy.c), closed at stop */
     eg_audit_t *audit;
     eg_tls_t *tls;
     uv_timer_t tick; /* shutdown check, DNS and attribution expiry */

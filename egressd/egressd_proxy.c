@@ -90,7 +90,8 @@ struct conn {
     size_t pending_len;
     int64_t body_left; /* request body bytes still to forward before the next head */
     bool counted;
-    bool tunnel; /* after a CONNECT: the tunnel must carry TLS for exactly that name */
+    bool tunnel;         /* after a CONNECT: the tunnel must carry TLS for exactly that name */
+    conn_t *prev, *next; /* eg->conns */
 };
 
 typedef struct {
@@ -111,6 +112,12 @@ static void on_close(uv_handle_t *h)
 {
     conn_t *c = h->data;
     if (--c->open_handles == 0) {
+        if (c->prev)
+            c->prev->next = c->next;
+        else
+            c->eg->conns = c->next;
+        if (c->next)
+            c->next->prev = c->prev;
         SSL_free(c->client.ssl); /* frees its BIOs too */
         SSL_free(c->up.ssl);
         free(c->first);
@@ -960,6 +967,10 @@ static void on_accept(uv_stream_t *server, int status)
         return;
     conn_t *c = sp_xcalloc(1, sizeof(*c));
     c->eg = eg;
+    c->next = eg->conns;
+    if (eg->conns)
+        eg->conns->prev = c;
+    eg->conns = c;
     c->client.c = c->up.c = c;
     uv_tcp_init(eg->loop, &c->client.tcp);
     uv_tcp_init(eg->loop, &c->up.tcp);
@@ -1035,6 +1046,9 @@ int eg_proxy_start(eg_t *eg)
 
 void eg_proxy_stop(eg_t *eg)
 {
+    /* Live connections close through their own callbacks (which free them). */
+    for (conn_t *c = eg->conns; c; c = c->next)
+        conn_close(c);
     /* Also after a failed start: the listener may never have been initialised. */
     if (eg->listener.type == UV_TCP && !uv_is_closing((uv_handle_t *)&eg->listener))
         uv_close((uv_handle_t *)&eg->listener, NULL);

@@ -251,8 +251,8 @@ int main(int argc, char **argv)
     on_events(&eg.q_async); /* frees what the thread queued last */
     eg_audit_stop(&eg);
     sp_bus_publish_async_complete(eg.bus, 2000);
+    eg_proxy_stop(&eg); /* first: a connection waiting on a DNS answer cancels it */
     eg_dns_stop(&eg);
-    eg_proxy_stop(&eg);
     eg_tls_stop(&eg);
     uv_walk(&loop, close_any, NULL);
     uv_run(&loop, UV_RUN_DEFAULT);

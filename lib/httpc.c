@@ -166,6 +166,8 @@ int sp_httpc_do(const sp_httpc_req_t *req, sp_httpc_resp_t *ret)
          * taken as the idle limit). */
         sink_t k = {.req = req, .rc = 0};
         int rc = sp_httpc_stream(req, ret, to_sink, &k);
+        if (k.rc < 0 || rc < 0)
+            sp_httpc_resp_free(ret); /* a failed exchange leaves nothing to free */
         return k.rc < 0 ? k.rc : rc;
     }
     int64_t deadline =

@@ -239,11 +239,18 @@ out:
         pthread_join(hb, NULL);
     PQfinish(db);
     wk_files_stop(&w); /* joins the reaper, which may still reply on the bus */
+    wk_commands_stop(&w);
+    /* The sandboxes go on without us (the next worker adopts them and their agents connect
+     * back): their commands are dropped, not ended. Listener threads notice the stop within
+     * their poll period and drop their references; the bus outlives them all. */
+    for (size_t i = 0; i < w.n_owned; i++) {
+        wk_box_forget_commands(w.owned[i]);
+        wk_box_put(w.owned[i]);
+    }
+    for (int i = 0; i < 200 && atomic_load(&w.listeners) > 0; i++)
+        usleep(10 * 1000);
     sp_bus_free(w.bus);
     wk_host_close(w.host);
-    wk_commands_stop(&w);
-    for (size_t i = 0; i < w.n_owned; i++)
-        wk_box_put(w.owned[i]);
     wk_strv_free(w.templates, w.n_templates);
     free(w.owned);
     free(volume_dir);

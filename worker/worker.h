@@ -4,6 +4,7 @@
 
 #include <libpq-fe.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -85,6 +86,7 @@ struct wk {
     char **templates;
     size_t n_templates;
     sp_bus_sub_t *ctl_sub;                 /* space.io.wkr.<id>.ctl */
+    atomic_int listeners;                  /* agent listener threads alive (worker_chan.c) */
     sp_bus_sub_t *exec_sub;                /* space.io.wkr.<id>.exec */
     sp_bus_sub_t *file_subs[WK_FILE_SUBS]; /* space.io.wkr.<id>.file, one queue group */
     pthread_t files_reaper;

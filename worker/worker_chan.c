@@ -177,7 +177,9 @@ out:
     pthread_mutex_lock(&b->mu);
     b->listening = false;
     pthread_mutex_unlock(&b->mu);
+    wk_t *owner = b->w;
     wk_box_put(b);
+    atomic_fetch_sub(&owner->listeners, 1);
     return NULL;
 }
 
@@ -192,7 +194,9 @@ void wk_box_listen(wk_box_t *b)
         return;
     wk_box_t *ref = wk_owned_get(b->w, b->id); /* the thread's own reference */
     pthread_t t;
+    atomic_fetch_add(&b->w->listeners, 1);
     if (!ref || pthread_create(&t, NULL, listen_main, ref) != 0) {
+        atomic_fetch_sub(&b->w->listeners, 1);
         pthread_mutex_lock(&b->mu);
         b->listening = false;
         pthread_mutex_unlock(&b->mu);

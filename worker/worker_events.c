@@ -114,6 +114,10 @@ void wk_box_put(wk_box_t *b)
     /* Closing joins the reader thread, whose callbacks hold references of their own: none
      * can be running now. */
     wk_agent_close(b->agent);
+    /* The worker stops, the sandbox goes on: its commands did not end (the next worker follows
+     * them again), so nothing is published for them. */
+    if (sp_daemon_stopping)
+        wk_box_forget_commands(b);
     wk_box_free_commands(b);
     wk_box_fail_files(b, "sandbox released");
     pthread_mutex_destroy(&b->mu);
