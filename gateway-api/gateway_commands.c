@@ -82,7 +82,8 @@ typedef struct {
     char error[TEXT_MAX];
 } exit_info_t;
 
-struct gw_cmd {
+/* Fields grouped by who uses them rather than packed: ~32 bytes per command in flight. */
+struct gw_cmd {          /* NOLINT(clang-analyzer-optin.performance.Padding) */
     h2o_generator_t gen; /* first member: h2o hands it back to proceed and stop */
     uv_async_t async;    /* cnats thread -> loop; closed last */
     gw_t *gw;

@@ -294,26 +294,32 @@ int sp_projection_load_sandboxes(sp_projection_t *p, PGconn *db, const char *con
     sp_buf_printf(
         &sql,
         "SELECT id, tenant, template, state, worker, timeout_s, vcpu, memory_mb,"
-        " metadata::text, env_names::text, failure_reason, " US("created_at") ", " US("started_at") ", " US("updated_at") ", " US(
-            "deleted_at") ", version, last_seq, " US("timeout_at") ", on_timeout, "
-                                                                   "idle_suspend_s, " US("last_"
-                                                                                         "activity_"
-                                                                                         "at") " FR"
-                                                                                               "OM "
-                                                                                               "%s."
-                                                                                               "san"
-                                                                                               "dbo"
-                                                                                               "xes"
-                                                                                               " WH"
-                                                                                               "ERE"
-                                                                                               " id"
-                                                                                               " = "
-                                                                                               "ANY"
-                                                                                               "($"
-                                                                                               "1::"
-                                                                                               "tex"
-                                                                                               "t[]"
-                                                                                               ")",
+        " metadata::text, env_names::text, failure_reason, " US("created_at") ", " US("started_at") ", " US(
+            "updated_at") ", " US("deleted_at") ", version, last_seq, " US("timeout_at") ", "
+                                                                                         "on_"
+                                                                                         "timeout, "
+                                                                                         "idle_"
+                                                                                         "suspend_"
+                                                                                         "s, " US(
+                                                                                             "last_"
+                                                                                             "activ"
+                                                                                             "ity_"
+                                                                                             "at") " FR"
+                                                                                                   "OM "
+                                                                                                   "%s."
+                                                                                                   "san"
+                                                                                                   "dbo"
+                                                                                                   "xes"
+                                                                                                   " WH"
+                                                                                                   "ERE"
+                                                                                                   " id"
+                                                                                                   " = "
+                                                                                                   "ANY"
+                                                                                                   "($"
+                                                                                                   "1::"
+                                                                                                   "tex"
+                                                                                                   "t[]"
+                                                                                                   ")",
         schema);
     const char *params[1] = {arr.data};
     PGresult *r = PQexecParams(db, sql.data, 1, NULL, params, NULL, NULL, 0);

@@ -823,7 +823,7 @@ static void ctl_list(wk_box_t *b, const char *to)
     for (wk_cmd_t *c = b->done; c; c = c->next)
         n++;
     x.infos = sp_xcalloc(n ? n : 1, sizeof(*x.infos));
-    x.info_ptrs = sp_xcalloc(n ? n : 1, sizeof(*x.info_ptrs));
+    x.info_ptrs = sp_xcalloc(n ? n : 1, sizeof(Space__Io__V1__CommandInfo *));
     x.strings = sp_xmalloc(n * INFO_STRINGS + 1);
     size_t k = 0, at = 0;
     for (int pass = 0; pass < 2; pass++) {
@@ -897,7 +897,7 @@ static void ctl_attach(wk_box_t *b, const char *to, const char *cmd_id, uint64_t
     pthread_mutex_unlock(&b->mu);
 
     x.chunks = sp_xcalloc(n ? n : 1, sizeof(*x.chunks));
-    x.chunk_ptrs = sp_xcalloc(n ? n : 1, sizeof(*x.chunk_ptrs));
+    x.chunk_ptrs = sp_xcalloc(n ? n : 1, sizeof(Space__Io__V1__IoChunk *));
     size_t i = 0;
     for (kept_t *k = copies; k; k = k->next, i++) {
         space__io__v1__io_chunk__init(&x.chunks[i]);

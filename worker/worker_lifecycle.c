@@ -83,8 +83,7 @@ int wk_on_pause(wk_t *w, const sp_envelope_t *ev)
     pthread_mutex_lock(&b->mu);
     bool paused = b->paused;
     pthread_mutex_unlock(&b->mu);
-    int rc = 0;
-    if (!paused && (rc = wk_sandbox_pause(w->host, sbx, true, err)) < 0) {
+    if (!paused && wk_sandbox_pause(w->host, sbx, true, err) < 0) {
         wk_box_put(b);
         sp_log(SP_LOG_WARN, "pause failed", SP_KS("sandbox", sbx), SP_KS("error", err));
         return reject(w, ev, "pause_failed", "%s", err);
@@ -477,7 +476,7 @@ int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev)
 
     if (wk_owned_has(w, sbx))
         return 0; /* resumed before: a redelivery */
-    if ((rc = load_snapshot(w, sbx, &si, err)) < 0) {
+    if (load_snapshot(w, sbx, &si, err) < 0) {
         rc = resume_failed(w, ev, "no_snapshot", err);
         goto out;
     }

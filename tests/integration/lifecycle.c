@@ -110,7 +110,7 @@ static bool held(const char *id)
     if (access(path, F_OK) == 0)
         return true;
     snprintf(path, sizeof(path), "runsc --root=%s/worker/runsc list | grep -q %s", home, id);
-    if (system(path) == 0)
+    if (system(path) == 0) /* NOLINT(cert-env33-c): the test looks as an operator would */
         return true;
     bool found = false;
     DIR *d = opendir("/run/netns");
