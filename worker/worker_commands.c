@@ -707,8 +707,24 @@ static void on_exec_request(void *arg, const char *subject, const char *reply_to
         ex.argv = shell;
         ex.n_argv = 3;
     }
-    ex.env = q->env;
-    ex.n_env = q->n_env;
+    /* The caller's environment, plus what points TLS clients at the deployment CA unless the
+     * caller set those names itself (egressd terminates TLS with leaves from that CA). */
+    const char *const *trust = NULL;
+    size_t n_trust = wk_host_trust_env(w->host, &trust);
+    char **env = sp_xcalloc(q->n_env + n_trust + 1, sizeof(char *));
+    size_t n_env = 0;
+    for (size_t i = 0; i < q->n_env; i++)
+        env[n_env++] = q->env[i];
+    for (size_t k = 0; k < n_trust; k++) {
+        size_t name = (size_t)(strchr(trust[k], '=') - trust[k]) + 1;
+        bool given = false;
+        for (size_t i = 0; i < q->n_env && !given; i++)
+            given = strncmp(q->env[i], trust[k], name) == 0;
+        if (!given)
+            env[n_env++] = (char *)trust[k];
+    }
+    ex.env = env;
+    ex.n_env = n_env;
     ex.cwd = q->cwd;
     if (strcmp(q->user, "user") == 0)
         ex.uid = ex.gid = USER_UID;
@@ -723,6 +739,7 @@ static void on_exec_request(void *arg, const char *subject, const char *reply_to
     wk_agent_t *agent = b->agent;
     pthread_mutex_unlock(&b->mu);
     int rc = wk_agent_exec(agent, &ex);
+    free(env);
     if (rc < 0) {
         pthread_mutex_lock(&b->mu);
         c = take_cmd(b, q->cmd_id);

@@ -784,6 +784,12 @@ int wk_host_teardown(wk_host_t *h, char err[WK_ERR_MAX])
 
 /* ---- lifecycle: pause, checkpoint, restore ---- */
 
+size_t wk_host_trust_env(const wk_host_t *h, const char *const **ret)
+{
+    *ret = wk__trust_env;
+    return h->ca_pem ? WK_TRUST_ENV_N : 0;
+}
+
 const char *wk_host_tag(const wk_host_t *h)
 {
     return h->tag;

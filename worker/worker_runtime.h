@@ -92,6 +92,10 @@ int wk_sandbox_create(wk_host_t *h, const wk_sandbox_spec_t *spec, wk_sandbox_in
  * veth, address, cgroup directories left by runsc. Idempotent: releasing what is already gone
  * is success. */
 int wk_sandbox_destroy(wk_host_t *h, const char *id, char err[WK_ERR_MAX]);
+/* The environment that points a sandbox's TLS clients at the deployment CA ("NAME=value":
+ * SSL_CERT_FILE, REQUESTS_CA_BUNDLE, NODE_EXTRA_CA_CERTS); 0 entries without a CA. */
+size_t wk_host_trust_env(const wk_host_t *h, const char *const **ret);
+
 /* The 8 hex characters that name this host's resources (cgroup parents space-<tag>, netns
  * sp-<tag>-*, veths spv<4 of tag>*, nft table space_<tag>): from the worker id and the state
  * directory, so stacks on one host never share them. */

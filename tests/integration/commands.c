@@ -385,6 +385,15 @@ static void test_basics(void **state)
     assert_string_equal(r.stdout_s, "hello-secret in /tmp\n");
     result_free(&r);
 
+    /* TLS clients find the deployment CA (egressd's leaves) unless the caller says otherwise. */
+    r = run(sbx[0], "{\"cmd\":\"echo $SSL_CERT_FILE $NODE_EXTRA_CA_CERTS\"}");
+    assert_string_equal(
+        r.stdout_s, "/etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/space-deployment-ca.pem\n");
+    result_free(&r);
+    r = run(sbx[0], "{\"cmd\":\"echo $SSL_CERT_FILE\",\"env\":{\"SSL_CERT_FILE\":\"/mine.pem\"}}");
+    assert_string_equal(r.stdout_s, "/mine.pem\n");
+    result_free(&r);
+
     r = run(sbx[0], "{\"cmd\":\"cat\",\"stdin\":\"round trip\\n\"}");
     assert_string_equal(r.stdout_s, "round trip\n");
     result_free(&r);
