@@ -216,11 +216,26 @@ static void rule_text(eg_verdict_t *v, const char *kind, const char *text)
     snprintf(v->rule, sizeof(v->rule), "%s:%s", kind, text);
 }
 
-void eg_decide_name(const eg_sbx_t *s, const char *name, uint16_t port, eg_verdict_t *v)
+/* One destination as the rules see it: a name (DNS, SNI, Host) or an IPv4 address. */
+typedef struct {
+    const char *name;
+    uint32_t addr; /* host order; used when name is NULL */
+    uint16_t port;
+} eg_dest_t;
+
+static bool entry_matches(const sp_netentry_t *e, const eg_dest_t *d)
+{
+    return d->name ? sp_netentry_match_name(e, d->name, d->port)
+                   : sp_netentry_match_addr(e, d->addr, d->port);
+}
+
+/* Deny rules win, then the mode; an allowlist lets through what one of its rules matches.
+ * `fallback` is the reason when nothing matched and the mode is not deny_all. */
+static void decide(const eg_sbx_t *s, const eg_dest_t *d, const char *fallback, eg_verdict_t *v)
 {
     memset(v, 0, sizeof(*v));
     for (size_t i = 0; i < s->n_deny; i++) {
-        if (sp_netentry_match_name(&s->deny[i], name, port)) {
+        if (entry_matches(&s->deny[i], d)) {
             v->reason = "denied_by_rule";
             rule_text(v, "deny", s->deny_text[i]);
             return;
@@ -234,7 +249,7 @@ void eg_decide_name(const eg_sbx_t *s, const char *name, uint16_t port, eg_verdi
     }
     if (s->mode == SP_NET_ALLOWLIST) {
         for (size_t i = 0; i < s->n_allow; i++) {
-            if (sp_netentry_match_name(&s->allow[i], name, port)) {
+            if (entry_matches(&s->allow[i], d)) {
                 v->allow = true;
                 v->reason = "allowed_by_rule";
                 rule_text(v, "allow", s->allow_text[i]);
@@ -242,39 +257,20 @@ void eg_decide_name(const eg_sbx_t *s, const char *name, uint16_t port, eg_verdi
             }
         }
     }
-    v->reason = s->mode == SP_NET_DENY_ALL ? "deny_all" : "not_allowed";
+    v->reason = s->mode == SP_NET_DENY_ALL ? "deny_all" : fallback;
     rule_text(v, "mode", sp_netmode_name(s->mode));
+}
+
+void eg_decide_name(const eg_sbx_t *s, const char *name, uint16_t port, eg_verdict_t *v)
+{
+    eg_dest_t d = {.name = name, .port = port};
+    decide(s, &d, "not_allowed", v);
 }
 
 void eg_decide_addr(const eg_sbx_t *s, uint32_t addr_be, uint16_t port, eg_verdict_t *v)
 {
-    uint32_t a = ntohl(addr_be);
-    memset(v, 0, sizeof(*v));
-    for (size_t i = 0; i < s->n_deny; i++) {
-        if (sp_netentry_match_addr(&s->deny[i], a, port)) {
-            v->reason = "denied_by_rule";
-            rule_text(v, "deny", s->deny_text[i]);
-            return;
-        }
-    }
-    if (s->mode == SP_NET_ALLOW_ALL) {
-        v->allow = true;
-        v->reason = "allow_all";
-        rule_text(v, "mode", "allow_all");
-        return;
-    }
-    if (s->mode == SP_NET_ALLOWLIST) {
-        for (size_t i = 0; i < s->n_allow; i++) {
-            if (sp_netentry_match_addr(&s->allow[i], a, port)) {
-                v->allow = true;
-                v->reason = "allowed_by_rule";
-                rule_text(v, "allow", s->allow_text[i]);
-                return;
-            }
-        }
-    }
-    v->reason = s->mode == SP_NET_DENY_ALL ? "deny_all" : "no_rule";
-    rule_text(v, "mode", sp_netmode_name(s->mode));
+    eg_dest_t d = {.addr = ntohl(addr_be), .port = port};
+    decide(s, &d, "no_rule", v);
 }
 
 bool eg_has_name_denies(const eg_sbx_t *s)

@@ -14,7 +14,7 @@ PKGS=(
   libssl-dev openssl
   libbtrfsutil-dev btrfs-progs zstd
   runsc busybox-static debootstrap
-  iproute2 procps psmisc curl util-linux
+  iproute2 procps psmisc curl util-linux python3
   libcmocka-dev
 )
 
