@@ -14,6 +14,7 @@
  * to add max_bytes, so a batch of large messages stays bounded in memory.
  */
 #include "bus.h"
+#include "bus_int.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -41,15 +42,6 @@
 #define FETCH_MAX_BYTES ((int64_t)64 * 1024 * 1024)
 #define MAX_ACK_PENDING 20000
 
-struct sp_bus {
-    natsConnection *nc;
-    jsCtx *js;
-    int64_t timeout_ms;
-    int64_t dup_window_ms;
-    /* Async publishes the server refused since the last sp_bus_publish_async_complete;
-     * incremented on a cnats thread. */
-    atomic_int async_failed;
-};
 
 struct sp_bus_consumer {
     sp_bus_t *bus;
@@ -82,7 +74,7 @@ static int64_t mono_ms(void)
 /* Maps a cnats status (and the JetStream error code, when the server sent one) to our codes
  * and logs the cnats error text at debug. cnats error texts carry neither the URL nor the
  * credentials, and nothing here logs the options. */
-static int map_status(natsStatus s, jsErrCode jerr, const char *what)
+int sp__bus_status(natsStatus s, jsErrCode jerr, const char *what)
 {
     int rc;
 
@@ -177,7 +169,7 @@ int sp_bus_connect(const sp_bus_opts_t *opts, sp_bus_t **ret_bus)
     if (s == NATS_OK)
         s = natsOptions_SetReconnectBufSize(no, RECONNECT_BUF_BYTES);
     if (s != NATS_OK) {
-        rc = map_status(s, 0, "natsOptions");
+        rc = sp__bus_status(s, 0, "natsOptions");
         goto out;
     }
 
@@ -193,7 +185,7 @@ int sp_bus_connect(const sp_bus_opts_t *opts, sp_bus_t **ret_bus)
         bool transient = s == NATS_NO_SERVER || s == NATS_TIMEOUT || s == NATS_IO_ERROR ||
                          s == NATS_CONNECTION_CLOSED || s == NATS_STALE_CONNECTION;
         if (!transient || mono_ms() + CONNECT_RETRY_MS >= deadline) {
-            rc = map_status(s, 0, "natsConnection_Connect");
+            rc = sp__bus_status(s, 0, "natsConnection_Connect");
             if (transient)
                 rc = SP_ETIMEOUT;
             goto out;
@@ -211,7 +203,7 @@ int sp_bus_connect(const sp_bus_opts_t *opts, sp_bus_t **ret_bus)
     jo.PublishAsync.ErrHandlerClosure = bus;
     s = natsConnection_JetStream(&js, nc, &jo);
     if (s != NATS_OK) {
-        rc = map_status(s, 0, "natsConnection_JetStream");
+        rc = sp__bus_status(s, 0, "natsConnection_JetStream");
         goto out;
     }
 
@@ -267,7 +259,7 @@ int sp_bus_ensure_stream(sp_bus_t *bus)
     if (s == NATS_OK)
         return 0;
     if (s != NATS_NOT_FOUND && jerr != JSStreamNotFoundErr)
-        return map_status(s, jerr, "js_GetStreamInfo");
+        return sp__bus_status(s, jerr, "js_GetStreamInfo");
 
     jsStreamConfig_Init(&cfg);
     cfg.Name = SP_BUS_STREAM;
@@ -289,7 +281,7 @@ int sp_bus_ensure_stream(sp_bus_t *bus)
     /* Another daemon may have created it between our two calls. */
     if (s != NATS_OK && jerr == JSStreamNameExistErr)
         return 0;
-    return map_status(s, jerr, "js_AddStream");
+    return sp__bus_status(s, jerr, "js_AddStream");
 }
 
 int sp_bus_stream_info(sp_bus_t *bus, uint64_t *ret_last_seq, uint64_t *ret_msgs)
@@ -300,7 +292,7 @@ int sp_bus_stream_info(sp_bus_t *bus, uint64_t *ret_last_seq, uint64_t *ret_msgs
 
     s = js_GetStreamInfo(&si, bus->js, SP_BUS_STREAM, NULL, &jerr);
     if (s != NATS_OK)
-        return map_status(s, jerr, "js_GetStreamInfo");
+        return sp__bus_status(s, jerr, "js_GetStreamInfo");
     if (ret_last_seq)
         *ret_last_seq = si->State.LastSeq;
     if (ret_msgs)
@@ -318,7 +310,7 @@ static int new_msg(const char *subject, const void *data, size_t len, natsMsg **
     if (len > (size_t)SP_BUS_MAX_MSG)
         return SP_ETOOBIG;
     s = natsMsg_Create(ret_msg, subject, NULL, data, (int)len);
-    return map_status(s, 0, "natsMsg_Create");
+    return sp__bus_status(s, 0, "natsMsg_Create");
 }
 
 int sp_bus_publish(sp_bus_t *bus, const char *subject, const void *data, size_t len,
@@ -337,7 +329,7 @@ int sp_bus_publish(sp_bus_t *bus, const char *subject, const void *data, size_t 
     jsPubOptions_Init(&po);
     po.MsgId = msg_id;
     s = js_PublishMsg(&pa, bus->js, msg, &po, &jerr);
-    rc = map_status(s, jerr, "js_PublishMsg");
+    rc = sp__bus_status(s, jerr, "js_PublishMsg");
     if (rc == 0) {
         if (ret_seq)
             *ret_seq = pa->Sequence;
@@ -365,7 +357,7 @@ int sp_bus_publish_async(sp_bus_t *bus, const char *subject, const void *data, s
     s = js_PublishMsgAsync(bus->js, &msg, &po);
     /* On success cnats owns the message and has set msg to NULL. */
     natsMsg_Destroy(msg);
-    return map_status(s, 0, "js_PublishMsgAsync");
+    return sp__bus_status(s, 0, "js_PublishMsgAsync");
 }
 
 int sp_bus_publish_async_complete(sp_bus_t *bus, int timeout_ms)
@@ -377,7 +369,7 @@ int sp_bus_publish_async_complete(sp_bus_t *bus, int timeout_ms)
     po.MaxWait = timeout_ms > 0 ? timeout_ms : bus->timeout_ms;
     s = js_PublishAsyncComplete(bus->js, &po);
     if (s != NATS_OK)
-        return map_status(s, 0, "js_PublishAsyncComplete");
+        return sp__bus_status(s, 0, "js_PublishAsyncComplete");
     return atomic_exchange(&bus->async_failed, 0);
 }
 
@@ -390,7 +382,7 @@ int sp_bus_publish_core(sp_bus_t *bus, const char *subject, const void *data, si
     if (len > (size_t)SP_BUS_MAX_MSG)
         return SP_ETOOBIG;
     s = natsConnection_Publish(bus->nc, subject, data, (int)len);
-    return map_status(s, 0, "natsConnection_Publish");
+    return sp__bus_status(s, 0, "natsConnection_Publish");
 }
 
 struct sp_bus_sub {
@@ -430,7 +422,7 @@ int sp_bus_subscribe(sp_bus_t *bus, const char *subject, const char *queue, sp_b
     if (s != NATS_OK) {
         natsSubscription_Destroy(sb->sub);
         free(sb);
-        return map_status(s, 0, "natsConnection_Subscribe");
+        return sp__bus_status(s, 0, "natsConnection_Subscribe");
     }
     *ret_sub = sb;
     return 0;
@@ -453,7 +445,7 @@ void sp_bus_unsubscribe(sp_bus_sub_t *s)
 
 int sp_bus_flush(sp_bus_t *bus, int timeout_ms)
 {
-    return map_status(natsConnection_FlushTimeout(bus->nc, timeout_ms > 0 ? timeout_ms : 5000), 0,
+    return sp__bus_status(natsConnection_FlushTimeout(bus->nc, timeout_ms > 0 ? timeout_ms : 5000), 0,
                       "natsConnection_Flush");
 }
 
@@ -468,7 +460,7 @@ int sp_bus_request(sp_bus_t *bus, const char *subject, const void *data, size_t 
     natsStatus s = natsConnection_Request(&reply, bus->nc, subject, data, (int)len,
                                           timeout_ms > 0 ? timeout_ms : bus->timeout_ms);
     if (s != NATS_OK)
-        return s == NATS_NO_RESPONDERS ? SP_ENOTFOUND : map_status(s, 0, "natsConnection_Request");
+        return s == NATS_NO_RESPONDERS ? SP_ENOTFOUND : sp__bus_status(s, 0, "natsConnection_Request");
     size_t n = (size_t)natsMsg_GetDataLength(reply);
     uint8_t *copy = sp_xmalloc(n ? n : 1);
     if (n)
@@ -487,7 +479,7 @@ int sp_bus_consumer_delete(sp_bus_t *bus, const char *durable)
     if (!durable)
         return -EINVAL;
     s = js_DeleteConsumer(bus->js, SP_BUS_STREAM, durable, NULL, &jerr);
-    return map_status(s, jerr, "js_DeleteConsumer");
+    return sp__bus_status(s, jerr, "js_DeleteConsumer");
 }
 
 static void consumer_config(jsConsumerConfig *cfg, const char *durable, const char *filter,
@@ -524,7 +516,7 @@ static int subscribe_bound(sp_bus_t *bus, const char *durable, const char *filte
     so.ManualAck = true;
     s = js_PullSubscribe(&sub, bus->js, filter, durable, NULL, &so, &jerr);
     if (s != NATS_OK)
-        return map_status(s, jerr, "js_PullSubscribe");
+        return sp__bus_status(s, jerr, "js_PullSubscribe");
     /* Each fetch is bounded (FETCH_MAX_MSGS, FETCH_MAX_BYTES); the default pending limits of
      * the subscription would only add a second, lossy bound (slow consumer drops). */
     natsSubscription_SetPendingLimits(sub, -1, -1);
@@ -560,7 +552,7 @@ int sp_bus_consumer_open(sp_bus_t *bus, const char *durable, const char *filter,
     s = js_AddConsumer(&ci, bus->js, SP_BUS_STREAM, &cfg, NULL, &jerr);
     jsConsumerInfo_Destroy(ci);
     if (s != NATS_OK)
-        return map_status(s, jerr, "js_AddConsumer");
+        return sp__bus_status(s, jerr, "js_AddConsumer");
     return subscribe_bound(bus, durable, filter, ret_consumer);
 }
 
@@ -586,8 +578,8 @@ int sp_bus_consumer_bind(sp_bus_t *bus, const char *durable, const char *filter,
             return -EEXIST;
         return subscribe_bound(bus, durable, filter, ret_consumer);
     }
-    if (map_status(s, jerr, "js_GetConsumerInfo") != SP_ENOTFOUND)
-        return map_status(s, jerr, "js_GetConsumerInfo");
+    if (sp__bus_status(s, jerr, "js_GetConsumerInfo") != SP_ENOTFOUND)
+        return sp__bus_status(s, jerr, "js_GetConsumerInfo");
     consumer_config(&cfg, durable, filter, 0, ack_wait_ms);
     ci = NULL;
     jerr = 0;
@@ -596,7 +588,7 @@ int sp_bus_consumer_bind(sp_bus_t *bus, const char *durable, const char *filter,
     s = js_AddConsumer(&ci, bus->js, SP_BUS_STREAM, &cfg, NULL, &jerr);
     jsConsumerInfo_Destroy(ci);
     if (s != NATS_OK)
-        return map_status(s, jerr, "js_AddConsumer");
+        return sp__bus_status(s, jerr, "js_AddConsumer");
     return subscribe_bound(bus, durable, filter, ret_consumer);
 }
 
@@ -643,7 +635,7 @@ int sp_bus_fetch(sp_bus_consumer_t *c, size_t max, int timeout_ms, sp_bus_batch_
     if (s == NATS_TIMEOUT || s == NATS_NOT_FOUND)
         s = NATS_OK;
     if (s != NATS_OK)
-        return map_status(s, 0, "natsSubscription_FetchRequest");
+        return sp__bus_status(s, 0, "natsSubscription_FetchRequest");
 
     b = sp_xcalloc(1, sizeof(*b));
     b->consumer = c;
@@ -700,32 +692,32 @@ int sp_bus_batch_ack(sp_bus_batch_t *b)
     for (size_t i = 0; i + 1 < b->n && s == NATS_OK; i++)
         s = natsMsg_Ack(b->e[i].msg, NULL);
     if (s != NATS_OK)
-        return map_status(s, 0, "natsMsg_Ack");
+        return sp__bus_status(s, 0, "natsMsg_Ack");
     jsOptions_Init(&jo);
     jo.Wait = b->consumer->bus->timeout_ms;
     s = natsMsg_AckSync(b->e[b->n - 1].msg, &jo, &jerr);
-    return map_status(s, jerr, "natsMsg_AckSync");
+    return sp__bus_status(s, jerr, "natsMsg_AckSync");
 }
 
 int sp_bus_batch_ack_one(sp_bus_batch_t *b, size_t i)
 {
     if (!b || i >= b->n)
         return -EINVAL;
-    return map_status(natsMsg_Ack(b->e[i].msg, NULL), 0, "natsMsg_Ack");
+    return sp__bus_status(natsMsg_Ack(b->e[i].msg, NULL), 0, "natsMsg_Ack");
 }
 
 int sp_bus_batch_nak_one(sp_bus_batch_t *b, size_t i)
 {
     if (!b || i >= b->n)
         return -EINVAL;
-    return map_status(natsMsg_Nak(b->e[i].msg, NULL), 0, "natsMsg_Nak");
+    return sp__bus_status(natsMsg_Nak(b->e[i].msg, NULL), 0, "natsMsg_Nak");
 }
 
 int sp_bus_batch_in_progress(sp_bus_batch_t *b, size_t i)
 {
     if (!b || i >= b->n)
         return -EINVAL;
-    return map_status(natsMsg_InProgress(b->e[i].msg, NULL), 0, "natsMsg_InProgress");
+    return sp__bus_status(natsMsg_InProgress(b->e[i].msg, NULL), 0, "natsMsg_InProgress");
 }
 
 void sp_bus_batch_free(sp_bus_batch_t *b)
@@ -754,7 +746,7 @@ int sp_bus_get_msg(sp_bus_t *bus, uint64_t seq, char **ret_subject, uint8_t **re
         return -EINVAL;
     s = js_GetMsg(&m, bus->js, SP_BUS_STREAM, seq, NULL, &jerr);
     if (s != NATS_OK)
-        return map_status(s, jerr, "js_GetMsg");
+        return sp__bus_status(s, jerr, "js_GetMsg");
 
     size_t len = (size_t)natsMsg_GetDataLength(m);
     if (ret_subject)

@@ -14,4 +14,9 @@ void sp_b64_encode(sp_buf_t *out, const uint8_t *p, size_t n);
  * caller) or -EINVAL. */
 int sp_b64_decode(const char *s, size_t n, uint8_t **ret, size_t *ret_len);
 
+/* The same with the URL and file name safe alphabet (RFC 4648 section 5: '-' and '_'),
+ * padded: what NATS object stores use for object names and digests. */
+void sp_b64url_encode(sp_buf_t *out, const uint8_t *p, size_t n);
+int sp_b64url_decode(const char *s, size_t n, uint8_t **ret, size_t *ret_len);
+
 #endif

@@ -1,0 +1,27 @@
+/* Inside the bus (bus.c), shared with the modules built on the same connection (objstore.c).
+ * Not a public header: daemons use bus.h. */
+#ifndef SPACE_BUS_INT_H
+#define SPACE_BUS_INT_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include <nats/nats.h>
+
+#include "bus.h"
+
+struct sp_bus {
+    natsConnection *nc;
+    jsCtx *js;
+    int64_t timeout_ms;
+    int64_t dup_window_ms;
+    /* Async publishes the server refused since the last sp_bus_publish_async_complete;
+     * incremented on a cnats thread. */
+    atomic_int async_failed;
+};
+
+/* Maps a cnats status (and the JetStream error code, when the server sent one) to our codes
+ * (SP_ENOTFOUND, SP_ETIMEOUT, SP_ETOOBIG, SP_EBUS, ...) and logs the cnats text at debug. */
+int sp__bus_status(natsStatus s, jsErrCode jerr, const char *what);
+
+#endif
