@@ -135,3 +135,22 @@ int64_t sp_db_get_i64(const char *in)
         u = (u << 8) | (uint8_t)in[i];
     return (int64_t)u;
 }
+
+int sp_db_last_sandbox_event(PGconn *conn, const char *id, const char *type,
+                             sp_envelope_t **ret_event)
+{
+    const char *p[2] = {id, type};
+    PGresult *r = PQexecParams(conn,
+                               "SELECT payload FROM events WHERE aggregate_kind = 'sandbox' AND "
+                               "aggregate_id = $1 AND type = $2 AND status = 'accepted' "
+                               "ORDER BY stream_seq DESC LIMIT 1",
+                               2, NULL, p, NULL, NULL, 1);
+    char why[SP_REASON_MAX];
+    int rc = sp_db_check(r, PGRES_TUPLES_OK);
+    if (rc == 0 && (PQntuples(r) != 1 ||
+                    sp_envelope_decode((const uint8_t *)PQgetvalue(r, 0, 0),
+                                       (size_t)PQgetlength(r, 0, 0), ret_event, why) < 0))
+        rc = SP_ENOTFOUND;
+    PQclear(r);
+    return rc;
+}

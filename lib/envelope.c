@@ -338,6 +338,8 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
                 return fail(reason, SP_ESCHEMA, "artifacts[%zu].sha256: %zu bytes, want 32", i,
                             a->sha256.len);
         }
+        CHECK_OPT_ID(p->worker, "worker");
+        CHECK_TEXT(p->store, ID_MAX, "store");
         return 0;
     }
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMING:

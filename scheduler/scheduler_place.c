@@ -56,9 +56,11 @@ static sched_recent_t *recent_for(sched_t *s, const char *worker, int64_t heartb
 
 typedef enum { PICK_OK, PICK_NO_WORKER, PICK_NO_TEMPLATE, PICK_NO_CAPACITY } pick_t;
 
-/* Chooses a worker for template/vcpu; fills worker. */
-static int pick_worker(sched_t *s, const char *tmpl, uint32_t vcpu, char worker[65],
-                       pick_t *ret_pick)
+/* Chooses a worker for template/vcpu; fills worker. prefer (optional): that worker whenever it
+ * can take the sandbox at all, whatever the others' load (it has the sandbox's snapshot
+ * cached). */
+static int pick_worker(sched_t *s, const char *tmpl, uint32_t vcpu, const char *prefer,
+                       char worker[65], pick_t *ret_pick)
 {
     char misses[16];
     const char *params[2] = {tmpl, misses};
@@ -93,6 +95,10 @@ static int pick_worker(sched_t *s, const char *tmpl, uint32_t vcpu, char worker[
             continue;
         uint32_t load = running + rec->placed;
         (void)used;
+        if (prefer && prefer[0] && strcmp(PQgetvalue(r, i, 0), prefer) == 0) {
+            best = i;
+            break;
+        }
         if (load < best_load) {
             best_load = load;
             best = i;
@@ -145,7 +151,7 @@ static int place(sched_t *s, const sp_envelope_t *intent)
     if (state != SP_SBX_NONE && state != SP_SBX_REQUESTED)
         return 0; /* placed or refused before (a redelivery) */
     uint32_t vcpu = req->resources && req->resources->vcpu ? req->resources->vcpu : 1;
-    if ((rc = pick_worker(s, req->template_, vcpu, worker, &pick)) < 0)
+    if ((rc = pick_worker(s, req->template_, vcpu, NULL, worker, &pick)) < 0)
         return rc;
     switch (pick) {
     case PICK_NO_WORKER:
@@ -176,8 +182,20 @@ static int place(sched_t *s, const sp_envelope_t *intent)
     return 0;
 }
 
+/* The worker that made the sandbox's newest snapshot (it keeps the artifacts cached), or ""
+ * when that is unknown. */
+static void suspended_on(sched_t *s, const char *sbx, char out[65])
+{
+    sp_envelope_t *ev = NULL;
+    if (sp_db_last_sandbox_event(s->db, sbx, "SandboxSuspended", &ev) == 0 &&
+        ev->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDED)
+        snprintf(out, 65, "%s", ev->sandbox_suspended->worker);
+    sp_envelope_free(ev);
+}
+
 /* A resume of a suspended sandbox: it lives on no worker, so the scheduler places it again,
- * on a live worker with its template (the snapshot store is shared), with a SandboxPlaced that
+ * on a live worker with its template (the snapshot store is shared; the worker that made the
+ * snapshot first, it has it cached), with a SandboxPlaced that
  * carries no create request: that tells the worker to restore. */
 static int place_resume(sched_t *s, const sp_envelope_t *intent)
 {
@@ -203,8 +221,10 @@ static int place_resume(sched_t *s, const sp_envelope_t *intent)
         return reject(s, intent, "illegal_transition",
                       "only a suspended sandbox is resumed by placement");
     }
+    char cached_on[65] = "";
+    suspended_on(s, intent->aggregate->id, cached_on);
     pick_t pick;
-    if ((rc = pick_worker(s, tmpl, vcpu ? vcpu : 1, worker, &pick)) < 0)
+    if ((rc = pick_worker(s, tmpl, vcpu ? vcpu : 1, cached_on, worker, &pick)) < 0)
         return rc;
     if (pick != PICK_OK)
         return reject(s, intent, "no_capacity",

@@ -46,9 +46,15 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_INT_OPT("egress-dns-port", wk_config_t, egress_dns_port, 0, 65535, "15053",
                    "space-egressd's DNS port: sandbox queries to their gateway :53 go there "
                    "(0: dropped)"),
+    SP_CFG_STR_OPT("snapshot-store", wk_config_t, snapshot_store, "dir",
+                   "where suspended sandboxes go: dir (snapshot-dir, shared by the workers) or "
+                   "nats (the JetStream object store, for workers on several hosts)"),
     SP_CFG_STR_OPT("snapshot-dir", wk_config_t, snapshot_dir, NULL,
-                   "the snapshot store: a directory every worker that may resume this one's "
-                   "sandboxes can read (default: <state-dir>/snapshots)"),
+                   "dir store: the store, a directory every worker that may resume this one's "
+                   "sandboxes can read; nats store: this worker's cache of the bucket "
+                   "(default: <state-dir>/snapshots)"),
+    SP_CFG_STR_OPT("snapshot-bucket", wk_config_t, snapshot_bucket, "space-snapshots",
+                   "nats store: the object-store bucket (stream OBJ_<bucket>)"),
     SP_CFG_STR_OPT("templates", wk_config_t, templates, "tiny",
                    "templates to prepare at start, comma-separated (base takes minutes)"),
     SP_CFG_INT_OPT("vcpu-total", wk_config_t, vcpu_total, 0, 4096, "0", "0: the host's CPUs"),
@@ -68,13 +74,23 @@ static const sp_cfg_opt_t options[] = {
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
+#define SWEEP_EVERY_MS (5 * 60 * 1000) /* the snapshot cache's sweep (nats store) */
+
 static void *heartbeat_main(void *arg)
 {
     wk_t *w = arg;
+    int64_t swept_at = sp_mono_ns();
     while (!sp_daemon_stopping) {
         int rc = wk_heartbeat(w);
         if (rc < 0)
             sp_log(SP_LOG_WARN, "heartbeat failed", SP_KS("error", sp_strerror(rc)));
+        if (wk_snap_remote(w) && sp_mono_ns() - swept_at > (int64_t)SWEEP_EVERY_MS * 1000000) {
+            PGconn *db = NULL;
+            if (sp_db_connect(w->cfg->pg_url, "space-worker", 5000, &db) == 0)
+                wk_snap_sweep(w, db);
+            PQfinish(db);
+            swept_at = sp_mono_ns();
+        }
         sp_daemon_sleep_ms((int)w->cfg->heartbeat_ms);
     }
     return NULL;
@@ -216,6 +232,8 @@ int main(int argc, char **argv)
         sp_log(SP_LOG_ERROR, "cannot reach NATS", SP_KS("error", sp_strerror(rc)));
         goto out;
     }
+    if (wk_snap_open(&w) < 0)
+        goto out;
     if ((rc = sp_db_connect(cfg.pg_url, "space-worker", 30000, &db)) < 0 ||
         (rc = sp_db_migrate(db)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot reach PostgreSQL", SP_KS("error", sp_strerror(rc)));
@@ -225,6 +243,7 @@ int main(int argc, char **argv)
      * own. */
     if (wk_reconcile(&w, db) < 0)
         goto out;
+    wk_snap_sweep(&w, db);
     PQfinish(db);
     db = NULL;
     if (wk_commands_start(&w) < 0 || wk_files_start(&w) < 0)

@@ -10,6 +10,7 @@
 
 #include "bus.h"
 #include "envelope.h"
+#include "hash.h"
 #include "worker_agent.h"
 #include "worker_runtime.h"
 
@@ -28,7 +29,9 @@ typedef struct {
     int64_t egress_proxy_port; /* egressd's ports on the host (worker_runtime.h) */
     int64_t egress_dns_port;
     char *templates;         /* comma-separated, prepared at start */
-    char *snapshot_dir;      /* the snapshot store (a directory shared by the workers) */
+    char *snapshot_dir;      /* dir store: the store (shared); nats store: this worker's cache */
+    char *snapshot_store;    /* "dir" or "nats" (worker_snapstore.c) */
+    char *snapshot_bucket;   /* the nats store's bucket */
     int64_t vcpu_total;      /* 0: the host's CPUs */
     int64_t memory_mb_total; /* 0: the host's memory */
     int64_t heartbeat_ms;
@@ -144,6 +147,29 @@ int wk_on_pause(wk_t *w, const sp_envelope_t *ev);
 int wk_on_resume(wk_t *w, const sp_envelope_t *ev);
 int wk_on_suspend(wk_t *w, const sp_envelope_t *ev);
 int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev);
+
+/* The snapshot store (worker_snapstore.c): a directory, or a NATS object-store bucket with
+ * snapshot-dir as this worker's cache. Keys are <sandbox>/<snapshot>/<artifact>. */
+#define WK_SNAP_STORE_MAX 80
+/* Checks the configuration and makes the bucket (nats); after the bus is connected. */
+int wk_snap_open(wk_t *w);
+bool wk_snap_remote(const wk_t *w);
+/* "dir" or "nats:<bucket>", as SandboxSuspended records it. */
+void wk_snap_store_name(const wk_t *w, char out[WK_SNAP_STORE_MAX]);
+/* Stores the finished file src as key (moved into the cache or directory, uploaded first when
+ * the store is nats); its SHA-256 and size. */
+int wk_snap_put(wk_t *w, const char *key, const char *src, uint8_t sha[SP_SHA256_LEN],
+                uint64_t *ret_size, char err[WK_ERR_MAX]);
+/* A local path (heap) holding key's bytes, checked against the recorded size and SHA-256:
+ * the cached file, else (nats) downloaded into the cache (*ret_downloaded). -EBADMSG when the
+ * bytes differ from the record (err names the artifact and both digests). */
+int wk_snap_fetch(wk_t *w, const char *key, uint64_t size, const uint8_t sha[SP_SHA256_LEN],
+                  char **ret_path, bool *ret_downloaded, char err[WK_ERR_MAX]);
+/* Removes keys from the cache or directory and (nats) the bucket; best effort. */
+void wk_snap_forget(wk_t *w, const char *const *keys, size_t n);
+/* nats store: drops cached snapshots of sandboxes that are no longer suspended (resumed on
+ * another worker, or deleted). */
+void wk_snap_sweep(wk_t *w, PGconn *db);
 /* Drops the box's running commands without ending them (the sandbox is being suspended: they
  * go on inside and are followed again after the resume). */
 void wk_box_forget_commands(wk_box_t *b);

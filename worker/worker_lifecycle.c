@@ -15,9 +15,8 @@
  *           snapshot kept); runsc restore; the agent connects back on its channel socket;
  *           SandboxResumed. The snapshot is removed once the sandbox runs again.
  *
- * Snapshot store: a directory (snapshot-dir), <sandbox>/<snapshot>/<artifact>, shared by the
- * workers that may resume each other's sandboxes. Files land under .staging and are renamed in
- * once whole, so a key names complete bytes or nothing. */
+ * The artifacts go to the snapshot store (worker_snapstore.c: a shared directory, or a NATS
+ * object-store bucket with a local cache) under <sandbox>/<snapshot>/<artifact>. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -140,85 +139,21 @@ int wk_on_resume(wk_t *w, const sp_envelope_t *ev)
     return wk_publish_fact(w, &env, "resumed", ev->event_id);
 }
 
-/* ---- the snapshot store (a directory) ---- */
-
-static char *store_path(wk_t *w, const char *key)
+/* The artifacts' store keys: <sandbox>/<snapshot>/<artifact>. */
+static void artifact_keys(const char *sbx, const char *snap, char key[ARTIFACTS][256])
 {
-    return sp_xasprintf("%s/%s", w->cfg->snapshot_dir, key);
-}
-
-/* SHA-256 and size of a file. */
-static int digest_file(const char *path, uint8_t out[SP_SHA256_LEN], uint64_t *ret_size)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    sp_sha256_ctx_t *ctx = sp_sha256_new();
-    static __thread uint8_t buf[1 << 16];
-    uint64_t size = 0;
-    int rc = 0;
-    for (;;) {
-        ssize_t n = read(fd, buf, sizeof(buf));
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            rc = -errno;
-            break;
-        }
-        if (n == 0)
-            break;
-        sp_sha256_update(ctx, buf, (size_t)n);
-        size += (uint64_t)n;
-    }
-    sp_sha256_final(ctx, out);
-    close(fd);
-    *ret_size = size;
-    return rc;
-}
-
-/* Moves a finished artifact into the store under <sandbox>/<snap>/<name> (renamed in whole,
- * so the key names complete bytes or nothing) and describes it. */
-static int store_put(wk_t *w, const char *sbx, const char *snap, const char *name, const char *src,
-                     Space__V1__SnapshotArtifact *a, uint8_t sha[SP_SHA256_LEN], char *key,
-                     size_t key_len, char err[WK_ERR_MAX])
-{
-    uint64_t size = 0;
-    int rc = digest_file(src, sha, &size);
-    if (rc < 0) {
-        snprintf(err, WK_ERR_MAX, "read %s: %s", src, strerror(-rc));
-        return rc;
-    }
-    snprintf(key, key_len, "%s/%s/%s", sbx, snap, name);
-    char *dir = sp_xasprintf("%s/%s/%s", w->cfg->snapshot_dir, sbx, snap);
-    char *dst = store_path(w, key);
-    rc = 0;
-    if (wk_mkdir_p(dir) < 0 || rename(src, dst) < 0) {
-        rc = -errno;
-        snprintf(err, WK_ERR_MAX, "store %s: %s", key, strerror(errno));
-    }
-    free(dst);
-    free(dir);
-    space__v1__snapshot_artifact__init(a);
-    a->name = (char *)name;
-    a->store_key = key;
-    a->size = size;
-    a->sha256 = (ProtobufCBinaryData){SP_SHA256_LEN, sha};
-    return rc;
+    for (int i = 0; i < ARTIFACTS; i++)
+        snprintf(key[i], sizeof(key[i]), "%s/%s/%s", sbx, snap, ARTIFACT_NAMES[i]);
 }
 
 static void forget_snapshot(wk_t *w, const char *sbx, const char *snap)
 {
-    char *dir = sp_xasprintf("%s/%s/%s", w->cfg->snapshot_dir, sbx, snap);
-    for (int i = 0; i < ARTIFACTS; i++) {
-        char *p = sp_xasprintf("%s/%s", dir, ARTIFACT_NAMES[i]);
-        unlink(p);
-        free(p);
-    }
-    rmdir(dir);
-    free(dir);
-    dir = sp_xasprintf("%s/%s", w->cfg->snapshot_dir, sbx);
-    rmdir(dir); /* only when empty */
-    free(dir);
+    char key[ARTIFACTS][256];
+    const char *keys[ARTIFACTS];
+    artifact_keys(sbx, snap, key);
+    for (int i = 0; i < ARTIFACTS; i++)
+        keys[i] = key[i];
+    wk_snap_forget(w, keys, ARTIFACTS);
 }
 
 /* ---- suspend ---- */
@@ -320,9 +255,13 @@ int wk_on_suspend(wk_t *w, const sp_envelope_t *ev)
     uint8_t sha[ARTIFACTS][SP_SHA256_LEN];
     char key[ARTIFACTS][256];
     const char *src[ARTIFACTS] = {ck.image_path, ck.rootfs_path};
+    artifact_keys(sbx, snap, key);
     for (int i = 0; i < ARTIFACTS && rc == 0; i++) {
-        rc = store_put(w, sbx, snap, ARTIFACT_NAMES[i], src[i], &art[i], sha[i], key[i],
-                       sizeof(key[i]), err);
+        space__v1__snapshot_artifact__init(&art[i]);
+        art[i].name = (char *)ARTIFACT_NAMES[i];
+        art[i].store_key = key[i];
+        art[i].sha256 = (ProtobufCBinaryData){SP_SHA256_LEN, sha[i]};
+        rc = wk_snap_put(w, key[i], src[i], sha[i], &art[i].size, err);
         arts[i] = &art[i];
     }
     wk_checkpoint_dispose(&ck);
@@ -348,8 +287,12 @@ int wk_on_suspend(wk_t *w, const sp_envelope_t *ev)
      * sandbox whose leftovers the next reconcile cleans. */
     Space__V1__SandboxSuspended sd = SPACE__V1__SANDBOX_SUSPENDED__INIT;
     sp_envelope_answer(&env, &agg, ev, "svc:worker");
+    char store[WK_SNAP_STORE_MAX];
+    wk_snap_store_name(w, store);
     sd.artifacts = arts;
     sd.n_artifacts = ARTIFACTS;
+    sd.worker = w->cfg->id;
+    sd.store = store;
     sd.took_ms = (uint32_t)ms_since(t0);
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDED;
     env.sandbox_suspended = &sd;
@@ -394,15 +337,9 @@ static int load_snapshot(wk_t *w, const char *sbx, snapshot_info_t *si, char err
     si->vcpu = (uint32_t)strtoul(PQgetvalue(r, 0, 2), NULL, 10);
     si->memory_mb = (uint32_t)strtoul(PQgetvalue(r, 0, 3), NULL, 10);
     PQclear(r);
-    r = PQexecParams(db,
-                     "SELECT payload FROM events WHERE aggregate_kind = 'sandbox' AND "
-                     "aggregate_id = $1 AND type = 'SandboxSuspended' AND status = 'accepted' "
-                     "ORDER BY stream_seq DESC LIMIT 1",
-                     1, NULL, p, NULL, NULL, 1);
-    char why[SP_REASON_MAX];
-    if (sp_db_check(r, PGRES_TUPLES_OK) < 0 || PQntuples(r) != 1 ||
-        sp_envelope_decode((const uint8_t *)PQgetvalue(r, 0, 0), (size_t)PQgetlength(r, 0, 0),
-                           &si->suspended, why) < 0) {
+    r = NULL;
+    if ((rc = sp_db_last_sandbox_event(db, sbx, "SandboxSuspended", &si->suspended)) < 0 ||
+        si->suspended->payload_case != SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDED) {
         snprintf(err, WK_ERR_MAX, "no readable SandboxSuspended for %s", sbx);
         rc = SP_ENOTFOUND;
         goto out;
@@ -430,37 +367,28 @@ static int resume_failed(wk_t *w, const sp_envelope_t *ev, const char *reason, c
     return wk_publish_fact(w, &env, "resume-failed", ev->event_id);
 }
 
-/* Checks every artifact against its recorded digest; the paths of the two (heap). */
-static int verify(wk_t *w, const Space__V1__SandboxSuspended *sd, char *paths[ARTIFACTS],
-                  char err[WK_ERR_MAX])
+/* Every artifact, checked against its recorded digest: local paths of the two (heap); how many
+ * had to be downloaded from the store into *ret_downloaded. */
+static int fetch_artifacts(wk_t *w, const Space__V1__SandboxSuspended *sd, char *paths[ARTIFACTS],
+                           int *ret_downloaded, char err[WK_ERR_MAX])
 {
+    *ret_downloaded = 0;
     for (int i = 0; i < ARTIFACTS; i++) {
         const Space__V1__SnapshotArtifact *a = NULL;
         for (size_t k = 0; k < sd->n_artifacts; k++)
             if (strcmp(sd->artifacts[k]->name, ARTIFACT_NAMES[i]) == 0)
                 a = sd->artifacts[k];
-        if (!a || strstr(a->store_key, "..") || a->store_key[0] == '/') {
+        if (!a) {
             snprintf(err, WK_ERR_MAX, "artifact %s: missing from the snapshot record",
                      ARTIFACT_NAMES[i]);
             return -ENOENT;
         }
-        paths[i] = store_path(w, a->store_key);
-        uint8_t sha[SP_SHA256_LEN];
-        uint64_t size = 0;
-        int rc = digest_file(paths[i], sha, &size);
-        if (rc < 0) {
-            snprintf(err, WK_ERR_MAX, "artifact %s: %s", a->store_key, strerror(-rc));
+        bool downloaded = false;
+        int rc = wk_snap_fetch(w, a->store_key, a->size, a->sha256.data, &paths[i], &downloaded,
+                               err);
+        if (rc < 0)
             return rc;
-        }
-        if (size != a->size || memcmp(sha, a->sha256.data, SP_SHA256_LEN) != 0) {
-            char want[SP_SHA256_HEX_LEN + 1], got[SP_SHA256_HEX_LEN + 1];
-            sp_hex_encode(a->sha256.data, SP_SHA256_LEN, want);
-            sp_hex_encode(sha, SP_SHA256_LEN, got);
-            snprintf(err, WK_ERR_MAX, "artifact %s: sha256 %s (%llu bytes), recorded %s (%llu)",
-                     a->store_key, got, (unsigned long long)size, want,
-                     (unsigned long long)a->size);
-            return -EBADMSG;
-        }
+        *ret_downloaded += downloaded;
     }
     return 0;
 }
@@ -489,7 +417,10 @@ int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev)
     env.sandbox_resuming = &ring;
     if ((rc = wk_publish_fact(w, &env, "resuming", ev->event_id)) < 0)
         goto out;
-    rc = verify(w, si.suspended->sandbox_suspended, paths, err);
+    int downloaded = 0;
+    int64_t t_fetch = sp_mono_ns();
+    rc = fetch_artifacts(w, si.suspended->sandbox_suspended, paths, &downloaded, err);
+    int64_t fetch_ms = ms_since(t_fetch);
     if (rc < 0) {
         rc = resume_failed(w, ev, rc == -EBADMSG ? "digest_mismatch" : "artifact_missing", err);
         goto out;
@@ -544,20 +475,16 @@ int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev)
     env.sandbox_resumed = &r;
     rc = wk_publish_fact(w, &env, "resumed", ev->event_id);
     sp_log(SP_LOG_INFO, "resumed from suspend", SP_KS("sandbox", sbx), SP_KU("ms", r.took_ms),
-           SP_KU("restore_ms", (uint64_t)ms_since(t_restore)), SP_KS("address", info.address));
+           SP_KU("restore_ms", (uint64_t)ms_since(t_restore)), SP_KI("fetch_ms", fetch_ms),
+           SP_KI("downloaded", downloaded), SP_KS("address", info.address));
     if (rc == 0) {
         /* It runs again: the snapshot has served (a new suspend makes a new one). */
         const Space__V1__SandboxSuspended *sd = si.suspended->sandbox_suspended;
-        char snap[256] = "";
-        if (sd->n_artifacts > 0) {
-            const char *k = sd->artifacts[0]->store_key;
-            const char *s1 = strchr(k, '/');
-            const char *s2 = s1 ? strchr(s1 + 1, '/') : NULL;
-            if (s1 && s2 && (size_t)(s2 - s1 - 1) < sizeof(snap))
-                snprintf(snap, sizeof(snap), "%.*s", (int)(s2 - s1 - 1), s1 + 1);
-        }
-        if (snap[0] && sp_id_valid(snap))
-            forget_snapshot(w, sbx, snap);
+        const char *keys[ARTIFACTS];
+        size_t n = 0;
+        for (size_t i = 0; i < sd->n_artifacts && n < ARTIFACTS; i++)
+            keys[n++] = sd->artifacts[i]->store_key;
+        wk_snap_forget(w, keys, n);
     }
 out:
     for (int i = 0; i < ARTIFACTS; i++)

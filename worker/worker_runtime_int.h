@@ -137,6 +137,12 @@ int wk__subvol_delete(const char *path, char err[WK_ERR_MAX]);
 /* 1 if path is a subvolume (and *ret_read_only says whether it is read-only, when non-NULL),
  * 0 if it is missing or a plain directory, < 0 on error. */
 int wk__subvol_is(const char *path, bool *ret_read_only);
+/* The subvolume's received UUID (all zero when it was never set). */
+int wk__subvol_received_uuid(const char *path, uint8_t ret_uuid[16]);
+/* Makes the writable subvolume path look received from a subvolume with identity uuid, then
+ * read-only. A delta sent with it as parent (btrfs send -p) names uuid as the parent, and
+ * `btrfs receive` on any host finds the local subvolume carrying the same received UUID. */
+int wk__subvol_seal(const char *path, const uint8_t uuid[16], char err[WK_ERR_MAX]);
 
 /* ---- network (worker_net.c) ---- */
 

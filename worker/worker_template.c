@@ -5,6 +5,14 @@
  * (a crash mid-build leaves a .build- subvolume that the next build deletes). Builds of one
  * name are serialised; different names build in parallel.
  *
+ * Identity across hosts: a suspended sandbox's disk is a `btrfs send -p <template>` delta,
+ * and `btrfs receive` on another host must find the same template there. Each host builds its
+ * own template (a different subvolume UUID), so the finished template carries a received UUID
+ * derived from its name and the digest of its content (paths, modes, owners, bytes, link
+ * targets; not times): equal content on two hosts means the same identity, and a delta made on
+ * one applies on the other; a template built differently is not found, and the resume fails
+ * instead of restoring memory over a different disk.
+ *
  * "tiny" is assembled here (busybox-static and its applet links, a passwd with root and user,
  * ~1 MB, well under a second). "base" runs templates/base.sh (debootstrap; minutes).
  */
@@ -19,6 +27,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "hash.h"
 #include "ids.h"
 #include "log.h"
 #include "worker_runtime_int.h"
@@ -288,13 +297,107 @@ static bool building(const wk_host_t *h, const char *name)
     return false;
 }
 
+/* Built, sealed and carrying its identity (a template made before identities were given
+ * has none: it is built again). */
 static int ready(const wk_host_t *h, const char *name)
 {
     char *path = sp_xasprintf("%s/%s", h->templates_dir, name);
     bool ro = false;
+    static const uint8_t none[16];
+    uint8_t uuid[16];
     int r = wk__subvol_is(path, &ro);
+    if (r == 1 && ro)
+        r = wk__subvol_received_uuid(path, uuid) < 0 ? 0 : memcmp(uuid, none, 16) != 0;
+    else if (r == 1)
+        r = 0;
     free(path);
-    return r < 0 ? r : (r == 1 && ro);
+    return r;
+}
+
+/* Feeds dir's tree (rel is its path inside the template) into c, entries in name order. */
+static int digest_tree(sp_sha256_ctx_t *c, const char *dir, const char *rel, int depth,
+                       char err[WK_ERR_MAX])
+{
+    if (depth > 64)
+        return wk__fail(err, -ELOOP, "template tree deeper than 64 at %s", rel);
+    struct dirent **names = NULL;
+    int n = scandir(dir, &names, NULL, alphasort);
+    if (n < 0)
+        return wk__fail(err, -errno, "scan %s: %m", dir);
+    int rc = 0;
+    static __thread uint8_t buf[1 << 16];
+    for (int i = 0; i < n; i++) {
+        const char *e = names[i]->d_name;
+        if (rc < 0 || strcmp(e, ".") == 0 || strcmp(e, "..") == 0)
+            continue;
+        char *path = sp_xasprintf("%s/%s", dir, e), *sub = sp_xasprintf("%s/%s", rel, e);
+        struct stat st;
+        if (lstat(path, &st) < 0) {
+            rc = wk__fail(err, -errno, "stat %s: %m", path);
+            goto next;
+        }
+        uint32_t meta[3] = {(uint32_t)st.st_mode, (uint32_t)st.st_uid, (uint32_t)st.st_gid};
+        sp_sha256_update(c, sub, strlen(sub) + 1);
+        sp_sha256_update(c, meta, sizeof(meta));
+        if (S_ISDIR(st.st_mode)) {
+            rc = digest_tree(c, path, sub, depth + 1, err);
+        } else if (S_ISLNK(st.st_mode)) {
+            char target[4096];
+            ssize_t k = readlink(path, target, sizeof(target));
+            if (k < 0)
+                rc = wk__fail(err, -errno, "readlink %s: %m", path);
+            else
+                sp_sha256_update(c, target, (size_t)k);
+        } else if (S_ISREG(st.st_mode)) {
+            uint64_t size = (uint64_t)st.st_size;
+            sp_sha256_update(c, &size, sizeof(size));
+            int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+            if (fd < 0)
+                rc = wk__fail(err, -errno, "open %s: %m", path);
+            for (ssize_t k; fd >= 0 && (k = read(fd, buf, sizeof(buf))) != 0;) {
+                if (k < 0 && errno == EINTR)
+                    continue;
+                if (k < 0) {
+                    rc = wk__fail(err, -errno, "read %s: %m", path);
+                    break;
+                }
+                sp_sha256_update(c, buf, (size_t)k);
+            }
+            if (fd >= 0)
+                close(fd);
+        } else {
+            uint64_t dev = (uint64_t)st.st_rdev;
+            sp_sha256_update(c, &dev, sizeof(dev));
+        }
+    next:
+        free(path);
+        free(sub);
+    }
+    for (int i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    return rc;
+}
+
+/* The template's identity: the first 16 bytes of SHA-256("space-template/1", name, content). */
+static int identity(const char *dir, const char *name, uint8_t uuid[16], char err[WK_ERR_MAX])
+{
+    sp_sha256_ctx_t *c = sp_sha256_new();
+    uint8_t content[SP_SHA256_LEN], id[SP_SHA256_LEN];
+    int rc = digest_tree(c, dir, "", 0, err);
+    sp_sha256_final(c, content);
+    if (rc < 0)
+        return rc;
+    c = sp_sha256_new();
+    sp_sha256_update(c, "space-template/1", sizeof("space-template/1"));
+    sp_sha256_update(c, name, strlen(name) + 1);
+    sp_sha256_update(c, content, sizeof(content));
+    sp_sha256_final(c, id);
+    memcpy(uuid, id, 16);
+    char hex[SP_SHA256_HEX_LEN + 1];
+    sp_hex_encode(content, SP_SHA256_LEN, hex);
+    sp_log(SP_LOG_DEBUG, "template content", SP_KS("template", name), SP_KS("sha256", hex));
+    return 0;
 }
 
 static int build(wk_host_t *h, const char *name, char err[WK_ERR_MAX])
@@ -312,8 +415,13 @@ static int build(wk_host_t *h, const char *name, char err[WK_ERR_MAX])
         else
             rc = build_base(h, tmp, err);
     }
+    uint8_t uuid[16];
     if (rc == 0)
-        rc = wk__subvol_snapshot(tmp, final, true, err);
+        rc = identity(tmp, name, uuid, err);
+    if (rc == 0)
+        rc = wk__subvol_snapshot(tmp, final, false, err);
+    if (rc == 0)
+        rc = wk__subvol_seal(final, uuid, err);
     (void)wk__subvol_delete(tmp, NULL);
     free(final);
     free(tmp);

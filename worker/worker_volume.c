@@ -4,10 +4,12 @@
 #include <btrfsutil.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/btrfs.h>
 #include <linux/magic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -192,4 +194,37 @@ int wk__subvol_is(const char *path, bool *ret_read_only)
         *ret_read_only = ro;
     }
     return 1;
+}
+
+int wk__subvol_received_uuid(const char *path, uint8_t ret_uuid[16])
+{
+    struct btrfs_util_subvolume_info info;
+    errno = 0;
+    enum btrfs_util_error e = btrfs_util_subvolume_info(path, 0, &info);
+    if (e != BTRFS_UTIL_OK)
+        return errno > 0 ? -errno : -EIO;
+    memcpy(ret_uuid, info.received_uuid, 16);
+    return 0;
+}
+
+int wk__subvol_seal(const char *path, const uint8_t uuid[16], char err[WK_ERR_MAX])
+{
+    /* The kernel takes a received UUID only on a writable subvolume (EROFS otherwise), and a
+     * snapshot does not inherit it: set it on the final subvolume, then make that read-only. */
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return wk__fail(err, -errno, "open %s: %m", path);
+    struct btrfs_ioctl_received_subvol_args a;
+    memset(&a, 0, sizeof(a));
+    memcpy(a.uuid, uuid, 16);
+    a.stransid = 1;
+    int rc = ioctl(fd, BTRFS_IOC_SET_RECEIVED_SUBVOL, &a) < 0 ? -errno : 0;
+    close(fd);
+    if (rc < 0)
+        return wk__fail(err, rc, "set the received UUID of %s: %s", path, strerror(-rc));
+    errno = 0;
+    enum btrfs_util_error e = btrfs_util_set_subvolume_read_only(path, true);
+    if (e != BTRFS_UTIL_OK)
+        return btrfs_fail(err, e, "make read-only", path);
+    return 0;
 }

@@ -10,6 +10,8 @@
 #include <libpq-fe.h>
 #include <stdint.h>
 
+#include "envelope.h"
+
 /* The channel space-eventlog NOTIFYs with the new head stream_seq (decimal text) at every
  * commit: LISTEN on it to wait until the projections include a given event. */
 #define SP_EVENTLOG_CHANNEL "space_eventlog_head"
@@ -27,6 +29,12 @@ int sp_db_exec(PGconn *conn, const char *sql);
 /* 0 when res has status expected (TUPLES_OK also satisfies COMMAND_OK), else SP_EDB; res is
  * not cleared. The error text stays in the connection (PQerrorMessage). */
 int sp_db_check(PGresult *res, ExecStatusType expected);
+
+/* The newest accepted event of type (its name, "SandboxSuspended") on sandbox id, decoded and
+ * checked like any event from the log (envelope.h; free with sp_envelope_free).
+ * SP_ENOTFOUND when there is none or it does not decode; SP_EDB. */
+int sp_db_last_sandbox_event(PGconn *conn, const char *id, const char *type,
+                             sp_envelope_t **ret_event);
 
 /* Big-endian int8 for binary parameters. */
 void sp_db_put_i64(char out[8], int64_t v);

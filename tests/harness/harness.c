@@ -121,11 +121,16 @@ int sp_test_daemon_pid(const char *name)
 
 void sp_test_daemon_kill9(const char *name)
 {
+    sp_test_daemon_stop(name, SIGKILL);
+}
+
+void sp_test_daemon_stop(const char *name, int sig)
+{
     int pid = sp_test_daemon_pid(name);
     if (pid <= 0)
         fail_msg("%s is not running", name);
-    kill(pid, SIGKILL);
-    for (int i = 0; i < 200 && kill(pid, 0) == 0; i++) {
+    kill(pid, sig);
+    for (int i = 0; i < 3000 && kill(pid, 0) == 0; i++) {
         /* Not our child: wait until the process is gone (or a zombie of its reaper). */
         char stat[64];
         snprintf(stat, sizeof(stat), "/proc/%d/stat", pid);

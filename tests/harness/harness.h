@@ -29,6 +29,11 @@ long long sp_test_db_scalar(PGconn *db, const char *sql);
 int sp_test_daemon_pid(const char *name);
 /* SIGKILLs that daemon and waits until it is gone. Fails the test if it was not running. */
 void sp_test_daemon_kill9(const char *name);
+/* The same with signal sig (SIGTERM: a clean stop), waiting up to 30 s. */
+void sp_test_daemon_stop(const char *name, int sig);
+/* Whether anything of sandbox id is on the host of the worker whose state directory is
+ * state_dir: runsc container, bundle (and its agent socket), disk, netns. */
+bool sp_test_sandbox_held(const char *state_dir, const char *id);
 /* Runs space-replay (next to the test binaries) with args, captures stdout into out (may be
  * NULL) and returns its exit status. */
 int sp_test_replay(const char *args, char *out, size_t outlen);
@@ -65,5 +70,14 @@ typedef struct {
 } sp_test_cmd_t;
 sp_test_cmd_t sp_test_run(int port, const char *key, const char *id, const char *body);
 void sp_test_cmd_free(sp_test_cmd_t *r);
+/* A process in sandbox id that counts ten times a second into /tmp/count (gVisor's /tmp is
+ * memory: the count survives only with the sandbox's memory), and "kept" in /root/file (the
+ * disk). sp_test_counter reads the count. */
+void sp_test_start_counter(int port, const char *key, const char *id);
+long sp_test_counter(int port, const char *key, const char *id);
+/* POST /v1/sandboxes/{id}/{op}{query} (pause, resume, suspend): the status, and the sandbox's
+ * state (200) or the error code into out. */
+int sp_test_lifecycle(int port, const char *key, const char *id, const char *op,
+                      const char *query, char *out, size_t len);
 
 #endif

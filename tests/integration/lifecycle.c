@@ -24,33 +24,14 @@ static int port;
 static const char *key;
 static char sbx[64];
 
-/* POST .../<op>; the status, and the sandbox's state or the error code into out. */
 static int lifecycle(const char *id, const char *op, const char *query, char *out, size_t len)
 {
-    char path[160];
-    sp_test_http_resp_t r;
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s/%s%s", id, op, query ? query : "");
-    sp_test_http(port, "POST", path, key, NULL, NULL, 0, &r);
-    int status = r.status;
-    sp_json_doc_t *doc = sp_test_json(&r);
-    const sp_json_t *root = sp_json_root(doc);
-    const char *v = sp_json_str(sp_json_get(root, status == 200 ? "state" : "code"), NULL);
-    snprintf(out, len, "%s", v ? v : "");
-    if (status >= 300)
-        print_message("%s: %d %s\n", op, status, r.body);
-    sp_json_doc_free(doc);
-    sp_test_http_free(&r);
-    return status;
+    return sp_test_lifecycle(port, key, id, op, query, out, len);
 }
 
 static long count(const char *id)
 {
-    sp_test_cmd_t r = sp_test_run(port, key, id, "{\"cmd\":\"cat /tmp/count\"}");
-    if (r.status != 200)
-        fail_msg("count: %d %s", r.status, r.error);
-    long n = strtol(r.stdout_s, NULL, 10);
-    sp_test_cmd_free(&r);
-    return n;
+    return sp_test_counter(port, key, id);
 }
 
 static int setup(void **state)
@@ -59,15 +40,7 @@ static int setup(void **state)
     port = sp_test_api_port();
     key = sp_test_env("SPACE_API_KEY");
     sp_test_create_sandbox(port, key, "tiny", sbx);
-    /* A counter in memory (gVisor's /tmp is a tmpfs inside the sandbox) and a file on disk. */
-    sp_test_cmd_t r = sp_test_run(port, key, sbx,
-                                  "{\"cmd\":\"i=0; while true; do i=$((i+1)); echo $i > "
-                                  "/tmp/count; sleep 0.1; done\",\"background\":true}");
-    sp_test_cmd_free(&r);
-    r = sp_test_run(port, key, sbx, "{\"cmd\":\"echo kept > /root/file\"}");
-    assert_int_equal(r.status, 200);
-    sp_test_cmd_free(&r);
-    usleep(500 * 1000);
+    sp_test_start_counter(port, key, sbx);
     return 0;
 }
 
@@ -97,29 +70,11 @@ static void test_pause_resume(void **state)
     assert_string_equal(st, "already_running");
 }
 
-/* Whether anything of the sandbox is on the host: container, bundle (and its agent socket),
- * disk, netns. */
 static bool held(const char *id)
 {
-    char path[512];
-    const char *home = sp_test_env("SPACE_HOME");
-    snprintf(path, sizeof(path), "%s/worker/bundles/%s", home, id);
-    if (access(path, F_OK) == 0)
-        return true;
-    snprintf(path, sizeof(path), "%s/worker/volumes/sandboxes/%s", home, id);
-    if (access(path, F_OK) == 0)
-        return true;
-    snprintf(path, sizeof(path), "runsc --root=%s/worker/runsc list | grep -q %s", home, id);
-    if (system(path) == 0) /* NOLINT(cert-env33-c): the test looks as an operator would */
-        return true;
-    bool found = false;
-    DIR *d = opendir("/run/netns");
-    struct dirent *de;
-    while (d && (de = readdir(d)))
-        found |= strstr(de->d_name, id) != NULL;
-    if (d)
-        closedir(d);
-    return found;
+    char dir[512];
+    snprintf(dir, sizeof(dir), "%s/worker", sp_test_env("SPACE_HOME"));
+    return sp_test_sandbox_held(dir, id);
 }
 
 /* SandboxSuspended is recorded before the release (a worker that dies in between leaves

@@ -1,0 +1,282 @@
+/* The snapshot store (worker.h): where a suspended sandbox's artifacts live until it resumes,
+ * on this worker or another one.
+ *
+ *   dir   snapshot-dir is the store itself, <sandbox>/<snapshot>/<artifact>, a directory every
+ *         worker that may resume the sandbox can read (one host, or a shared file system).
+ *   nats  the NATS JetStream object store (objstore.h) in bucket snapshot-bucket, reachable
+ *         from every host that reaches NATS; snapshot-dir is then this worker's own cache of
+ *         it, so a resume on the worker that suspended the sandbox reads local files.
+ *
+ * Either way a file lands under .staging and is renamed in whole, so a cache key names complete
+ * bytes or nothing, and every artifact is checked against the digest recorded in the event
+ * log, never against what the store says of itself: a store that lies is a digest mismatch. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "db.h"
+#include "error.h"
+#include "hash.h"
+#include "ids.h"
+#include "log.h"
+#include "objstore.h"
+#include "worker.h"
+#include "xmalloc.h"
+
+bool wk_snap_remote(const wk_t *w)
+{
+    return strcmp(w->cfg->snapshot_store, "nats") == 0;
+}
+
+int wk_snap_open(wk_t *w)
+{
+    if (strcmp(w->cfg->snapshot_store, "dir") != 0 && !wk_snap_remote(w)) {
+        sp_log(SP_LOG_ERROR, "snapshot-store is neither dir nor nats",
+               SP_KS("snapshot_store", w->cfg->snapshot_store));
+        return -EINVAL;
+    }
+    if (!wk_snap_remote(w))
+        return 0;
+    int rc = sp_obj_bucket_ensure(w->bus, w->cfg->snapshot_bucket);
+    if (rc < 0)
+        sp_log(SP_LOG_ERROR, "cannot open the snapshot bucket",
+               SP_KS("bucket", w->cfg->snapshot_bucket), SP_KS("error", sp_strerror(rc)));
+    return rc;
+}
+
+void wk_snap_store_name(const wk_t *w, char out[WK_SNAP_STORE_MAX])
+{
+    if (wk_snap_remote(w))
+        snprintf(out, WK_SNAP_STORE_MAX, "nats:%s", w->cfg->snapshot_bucket);
+    else
+        snprintf(out, WK_SNAP_STORE_MAX, "dir");
+}
+
+/* A store key as the event log holds it: <sandbox>/<snapshot>/<artifact>, nothing that climbs
+ * out of the store's directory. */
+static bool key_ok(const char *key)
+{
+    return key[0] && key[0] != '/' && !strstr(key, "..") && strlen(key) < SP_OBJ_NAME_MAX;
+}
+
+/* SHA-256 and size of a file. */
+static int digest_file(const char *path, uint8_t out[SP_SHA256_LEN], uint64_t *ret_size)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    sp_sha256_ctx_t *ctx = sp_sha256_new();
+    static __thread uint8_t buf[1 << 16];
+    uint64_t size = 0;
+    int rc = 0;
+    for (;;) {
+        ssize_t n = read(fd, buf, sizeof(buf));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            rc = -errno;
+            break;
+        }
+        if (n == 0)
+            break;
+        sp_sha256_update(ctx, buf, (size_t)n);
+        size += (uint64_t)n;
+    }
+    sp_sha256_final(ctx, out);
+    close(fd);
+    *ret_size = size;
+    return rc;
+}
+
+int wk_snap_put(wk_t *w, const char *key, const char *src, uint8_t sha[SP_SHA256_LEN],
+                uint64_t *ret_size, char err[WK_ERR_MAX])
+{
+    uint64_t size = 0;
+    int rc = key_ok(key) ? digest_file(src, sha, &size) : -EINVAL;
+    if (rc < 0) {
+        snprintf(err, WK_ERR_MAX, "read %s: %s", src, strerror(-rc));
+        return rc;
+    }
+    if (wk_snap_remote(w)) {
+        int fd = open(src, O_RDONLY | O_CLOEXEC);
+        sp_obj_info_t info;
+        rc = fd < 0 ? -errno : sp_obj_put(w->bus, w->cfg->snapshot_bucket, key, fd, &info);
+        if (fd >= 0)
+            close(fd);
+        if (rc == 0 && (info.size != size || memcmp(info.sha256, sha, SP_SHA256_LEN) != 0))
+            rc = -EIO; /* the file changed under us: nothing we could vouch for */
+        if (rc < 0) {
+            snprintf(err, WK_ERR_MAX, "store %s in bucket %s: %s", key,
+                     w->cfg->snapshot_bucket, sp_strerror(rc));
+            return rc;
+        }
+    }
+    char *dst = sp_xasprintf("%s/%s", w->cfg->snapshot_dir, key);
+    char *dir = sp_xstrdup(dst);
+    *strrchr(dir, '/') = '\0';
+    if (wk_mkdir_p(dir) < 0 || rename(src, dst) < 0) {
+        rc = -errno;
+        snprintf(err, WK_ERR_MAX, "store %s: %s", key, strerror(errno));
+    }
+    free(dir);
+    free(dst);
+    *ret_size = size;
+    return rc;
+}
+
+/* Whether the cached file at path is the recorded artifact: 0, -EBADMSG (other bytes, err
+ * says which) or a negative errno (missing, unreadable). */
+static int check(const char *path, const char *key, uint64_t size,
+                 const uint8_t sha[SP_SHA256_LEN], char err[WK_ERR_MAX])
+{
+    uint8_t got[SP_SHA256_LEN];
+    uint64_t got_size = 0;
+    int rc = digest_file(path, got, &got_size);
+    if (rc < 0) {
+        snprintf(err, WK_ERR_MAX, "artifact %s: %s", key, strerror(-rc));
+        return rc;
+    }
+    if (got_size != size || memcmp(got, sha, SP_SHA256_LEN) != 0) {
+        char want_hex[SP_SHA256_HEX_LEN + 1], got_hex[SP_SHA256_HEX_LEN + 1];
+        sp_hex_encode(sha, SP_SHA256_LEN, want_hex);
+        sp_hex_encode(got, SP_SHA256_LEN, got_hex);
+        snprintf(err, WK_ERR_MAX, "artifact %s: sha256 %s (%llu bytes), recorded %s (%llu)", key,
+                 got_hex, (unsigned long long)got_size, want_hex, (unsigned long long)size);
+        return -EBADMSG;
+    }
+    return 0;
+}
+
+int wk_snap_fetch(wk_t *w, const char *key, uint64_t size, const uint8_t sha[SP_SHA256_LEN],
+                  char **ret_path, bool *ret_downloaded, char err[WK_ERR_MAX])
+{
+    if (!key_ok(key)) {
+        snprintf(err, WK_ERR_MAX, "artifact key '%.64s' is not a store key", key);
+        return -EINVAL;
+    }
+    char *path = sp_xasprintf("%s/%s", w->cfg->snapshot_dir, key);
+    int rc = check(path, key, size, sha, err);
+    *ret_downloaded = false;
+    if (rc == 0 || !wk_snap_remote(w)) {
+        if (rc == 0)
+            *ret_path = path;
+        else
+            free(path);
+        return rc;
+    }
+    if (rc == -EBADMSG)
+        sp_log(SP_LOG_WARN, "cached artifact differs from its record: fetched again",
+               SP_KS("key", key), SP_KS("detail", err));
+    /* Not here (or damaged): from the bucket, into .staging, checked, then renamed in. */
+    char *dir = sp_xstrdup(path), *tmp = NULL;
+    *strrchr(dir, '/') = '\0';
+    char *staging = sp_xasprintf("%s/.staging", w->cfg->snapshot_dir);
+    int fd = -1;
+    if (wk_mkdir_p(dir) < 0 || wk_mkdir_p(staging) < 0) {
+        rc = -errno;
+        snprintf(err, WK_ERR_MAX, "mkdir for %s: %s", key, strerror(errno));
+        goto out;
+    }
+    tmp = sp_xasprintf("%s/fetch-XXXXXX", staging);
+    if ((fd = mkostemp(tmp, O_CLOEXEC)) < 0) {
+        rc = -errno;
+        snprintf(err, WK_ERR_MAX, "mkstemp %s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    sp_obj_info_t info;
+    rc = sp_obj_get(w->bus, w->cfg->snapshot_bucket, key, size, fd, &info);
+    if (rc == 0 && fsync(fd) < 0)
+        rc = -errno;
+    if (rc < 0) {
+        /* The bucket's own record is not the log's: a replaced object is a mismatch too. */
+        if (rc == SP_ETOOBIG)
+            rc = -EBADMSG;
+        snprintf(err, WK_ERR_MAX, "artifact %s from bucket %s: %s", key,
+                 w->cfg->snapshot_bucket,
+                 rc == -EBADMSG ? "its bytes do not match the record" : sp_strerror(rc));
+        goto out;
+    }
+    if ((rc = check(tmp, key, size, sha, err)) < 0)
+        goto out;
+    if (rename(tmp, path) < 0) {
+        rc = -errno;
+        snprintf(err, WK_ERR_MAX, "rename into %s: %s", path, strerror(errno));
+        goto out;
+    }
+    *ret_downloaded = true;
+    *ret_path = path;
+    path = NULL;
+out:
+    if (fd >= 0)
+        close(fd);
+    if (tmp && rc < 0)
+        unlink(tmp);
+    free(tmp);
+    free(staging);
+    free(dir);
+    free(path);
+    return rc;
+}
+
+void wk_snap_forget(wk_t *w, const char *const *keys, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!key_ok(keys[i]))
+            continue;
+        char *path = sp_xasprintf("%s/%s", w->cfg->snapshot_dir, keys[i]);
+        unlink(path);
+        /* Its directories, when empty: <sandbox>/<snapshot>, then <sandbox>. */
+        for (int up = 0; up < 2; up++) {
+            *strrchr(path, '/') = '\0';
+            if (strlen(path) <= strlen(w->cfg->snapshot_dir))
+                break;
+            rmdir(path);
+        }
+        free(path);
+        if (wk_snap_remote(w)) {
+            int rc = sp_obj_delete(w->bus, w->cfg->snapshot_bucket, keys[i]);
+            if (rc < 0 && rc != SP_ENOTFOUND)
+                sp_log(SP_LOG_WARN, "cannot delete an artifact from the snapshot bucket",
+                       SP_KS("key", keys[i]), SP_KS("error", sp_strerror(rc)));
+        }
+    }
+}
+
+void wk_snap_sweep(wk_t *w, PGconn *db)
+{
+    if (!wk_snap_remote(w))
+        return; /* the directory is the store: resumes remove what they used */
+    DIR *d = opendir(w->cfg->snapshot_dir);
+    if (!d)
+        return;
+    size_t swept = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.' || !sp_id_valid(e->d_name))
+            continue;
+        const char *p[1] = {e->d_name};
+        PGresult *r = PQexecParams(db, "SELECT state FROM sandboxes WHERE id = $1", 1, NULL, p,
+                                   NULL, NULL, 0);
+        if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
+            PQclear(r);
+            break; /* the database is away: try at the next sweep */
+        }
+        const char *state = PQntuples(r) == 1 ? PQgetvalue(r, 0, 0) : "";
+        bool keep = strcmp(state, "suspended") == 0 || strcmp(state, "suspending") == 0 ||
+                    strcmp(state, "resuming") == 0;
+        PQclear(r);
+        if (keep)
+            continue;
+        char *dir = sp_xasprintf("%s/%s", w->cfg->snapshot_dir, e->d_name);
+        if (wk_rm_rf(dir) == 0)
+            swept++;
+        free(dir);
+    }
+    closedir(d);
+    if (swept)
+        sp_log(SP_LOG_INFO, "snapshot cache swept", SP_KU("sandboxes", swept));
+}
