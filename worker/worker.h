@@ -147,6 +147,12 @@ int wk_on_pause(wk_t *w, const sp_envelope_t *ev);
 int wk_on_resume(wk_t *w, const sp_envelope_t *ev);
 int wk_on_suspend(wk_t *w, const sp_envelope_t *ev);
 int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev);
+/* At start, for a sandbox the log says is suspending on this worker: waits for a checkpoint
+ * the previous worker's runsc may still be writing; when it wrote an image, completes the
+ * suspend (artifacts stored, SandboxSuspended answering the SandboxSuspendRequested, host
+ * released) and returns 1. 0 when there is no image (the sandbox runs on, or is lost: the
+ * caller looks), < 0 when a fact could not be published. */
+int wk_suspend_complete(wk_t *w, PGconn *db, const char *sbx, const char *tmpl);
 
 /* The snapshot store (worker_snapstore.c): a directory, or a NATS object-store bucket with
  * snapshot-dir as this worker's cache. Keys are <sandbox>/<snapshot>/<artifact>. */

@@ -17,6 +17,7 @@
  *
  * The artifacts go to the snapshot store (worker_snapstore.c: a shared directory, or a NATS
  * object-store bucket with a local cache) under <sandbox>/<snapshot>/<artifact>. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -37,6 +38,8 @@
 
 #define ARTIFACTS     2
 #define AGENT_BACK_MS 5000 /* a resume waits this long for the agent's channel */
+/* A restarted worker waits this long for a checkpoint its predecessor's runsc still writes. */
+#define CHECKPOINT_WAIT_MS (5 * 60 * 1000)
 
 static const char *const ARTIFACT_NAMES[ARTIFACTS] = {"checkpoint.img.zst", "rootfs.btrfs.zst"};
 
@@ -175,6 +178,71 @@ static int suspend_failed(wk_t *w, const sp_envelope_t *ev, wk_box_t *b, const c
     return wk_publish_fact(w, &env, "suspend-failed", ev->event_id);
 }
 
+/* The checkpoint stopped the sandbox and it cannot come back: released, and failed. */
+static int suspend_lost(wk_t *w, const sp_envelope_t *ev, const char *sbx, const char *detail)
+{
+    char e2[WK_ERR_MAX];
+    (void)wk_sandbox_destroy(w->host, sbx, e2);
+    sp_envelope_t env;
+    Space__V1__Aggregate agg;
+    Space__V1__SandboxFailed f = SPACE__V1__SANDBOX_FAILED__INIT;
+    sp_envelope_answer(&env, &agg, ev, "svc:worker");
+    f.reason = "suspend_failed";
+    f.detail = (char *)detail;
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_FAILED;
+    env.sandbox_failed = &f;
+    return wk_publish_fact(w, &env, "failed", ev->event_id);
+}
+
+/* From a checkpoint in staging on: the artifacts into the store, SandboxSuspended recorded,
+ * then every host resource released (a worker that dies in between leaves a suspended
+ * sandbox whose leftovers the next reconcile cleans). staging is removed. */
+static int suspend_store(wk_t *w, const sp_envelope_t *ev, const char *sbx, const char *snap,
+                         wk_checkpoint_t *ck, const char *staging, int64_t t0)
+{
+    char err[WK_ERR_MAX] = "";
+    Space__V1__SnapshotArtifact art[ARTIFACTS], *arts[ARTIFACTS];
+    uint8_t sha[ARTIFACTS][SP_SHA256_LEN];
+    char key[ARTIFACTS][256];
+    const char *src[ARTIFACTS] = {ck->image_path, ck->rootfs_path};
+    int rc = 0;
+    artifact_keys(sbx, snap, key);
+    for (int i = 0; i < ARTIFACTS && rc == 0; i++) {
+        space__v1__snapshot_artifact__init(&art[i]);
+        art[i].name = (char *)ARTIFACT_NAMES[i];
+        art[i].store_key = key[i];
+        art[i].sha256 = (ProtobufCBinaryData){SP_SHA256_LEN, sha[i]};
+        rc = wk_snap_put(w, key[i], src[i], sha[i], &art[i].size, err);
+        arts[i] = &art[i];
+    }
+    wk_rm_rf(staging);
+    if (rc < 0) {
+        forget_snapshot(w, sbx, snap);
+        return suspend_lost(w, ev, sbx, err);
+    }
+    sp_envelope_t env;
+    Space__V1__Aggregate agg;
+    Space__V1__SandboxSuspended sd = SPACE__V1__SANDBOX_SUSPENDED__INIT;
+    sp_envelope_answer(&env, &agg, ev, "svc:worker");
+    char store[WK_SNAP_STORE_MAX];
+    wk_snap_store_name(w, store);
+    sd.artifacts = arts;
+    sd.n_artifacts = ARTIFACTS;
+    sd.worker = w->cfg->id;
+    sd.store = store;
+    sd.took_ms = (uint32_t)ms_since(t0);
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDED;
+    env.sandbox_suspended = &sd;
+    rc = wk_publish_fact(w, &env, "suspended", ev->event_id);
+    if (rc == 0 && wk_sandbox_destroy(w->host, sbx, err) < 0)
+        sp_log(SP_LOG_ERROR, "cannot release a suspended sandbox", SP_KS("sandbox", sbx),
+               SP_KS("error", err));
+    sp_log(SP_LOG_INFO, "suspended", SP_KS("sandbox", sbx), SP_KU("ms", sd.took_ms),
+           SP_KU("image_bytes", art[0].size), SP_KU("rootfs_bytes", art[1].size),
+           SP_KU("checkpoint_ms", ck->checkpoint_ms), SP_KU("rootfs_ms", ck->rootfs_ms));
+    return rc;
+}
+
 int wk_on_suspend(wk_t *w, const sp_envelope_t *ev)
 {
     const char *sbx = ev->aggregate->id;
@@ -237,73 +305,59 @@ int wk_on_suspend(wk_t *w, const sp_envelope_t *ev)
             }
             rc = suspend_failed(w, ev, b, "checkpoint_failed", err, false);
         } else {
-            char e2[WK_ERR_MAX];
-            (void)wk_sandbox_destroy(w->host, sbx, e2);
-            Space__V1__SandboxFailed f = SPACE__V1__SANDBOX_FAILED__INIT;
-            sp_envelope_answer(&env, &agg, ev, "svc:worker");
-            f.reason = "suspend_failed";
-            f.detail = err;
-            env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_FAILED;
-            env.sandbox_failed = &f;
-            rc = wk_publish_fact(w, &env, "failed", ev->event_id);
+            rc = suspend_lost(w, ev, sbx, err);
         }
         wk_box_put(b);
         return rc;
     }
 
-    Space__V1__SnapshotArtifact art[ARTIFACTS], *arts[ARTIFACTS];
-    uint8_t sha[ARTIFACTS][SP_SHA256_LEN];
-    char key[ARTIFACTS][256];
-    const char *src[ARTIFACTS] = {ck.image_path, ck.rootfs_path};
-    artifact_keys(sbx, snap, key);
-    for (int i = 0; i < ARTIFACTS && rc == 0; i++) {
-        space__v1__snapshot_artifact__init(&art[i]);
-        art[i].name = (char *)ARTIFACT_NAMES[i];
-        art[i].store_key = key[i];
-        art[i].sha256 = (ProtobufCBinaryData){SP_SHA256_LEN, sha[i]};
-        rc = wk_snap_put(w, key[i], src[i], sha[i], &art[i].size, err);
-        arts[i] = &art[i];
-    }
+    rc = suspend_store(w, ev, sbx, snap, &ck, staging, t0);
     wk_checkpoint_dispose(&ck);
-    wk_rm_rf(staging);
     free(staging);
-    if (rc < 0) {
-        /* The checkpoint stopped the sandbox: without its artifacts it cannot come back. */
-        forget_snapshot(w, sbx, snap);
-        char e2[WK_ERR_MAX];
-        (void)wk_sandbox_destroy(w->host, sbx, e2);
-        Space__V1__SandboxFailed f = SPACE__V1__SANDBOX_FAILED__INIT;
-        sp_envelope_answer(&env, &agg, ev, "svc:worker");
-        f.reason = "suspend_failed";
-        f.detail = err;
-        env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_FAILED;
-        env.sandbox_failed = &f;
-        rc = wk_publish_fact(w, &env, "failed", ev->event_id);
-        wk_box_put(b);
-        return rc;
-    }
-
-    /* Recorded first, released after: a worker that dies in between leaves a suspended
-     * sandbox whose leftovers the next reconcile cleans. */
-    Space__V1__SandboxSuspended sd = SPACE__V1__SANDBOX_SUSPENDED__INIT;
-    sp_envelope_answer(&env, &agg, ev, "svc:worker");
-    char store[WK_SNAP_STORE_MAX];
-    wk_snap_store_name(w, store);
-    sd.artifacts = arts;
-    sd.n_artifacts = ARTIFACTS;
-    sd.worker = w->cfg->id;
-    sd.store = store;
-    sd.took_ms = (uint32_t)ms_since(t0);
-    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDED;
-    env.sandbox_suspended = &sd;
-    rc = wk_publish_fact(w, &env, "suspended", ev->event_id);
-    if (rc == 0 && wk_sandbox_destroy(w->host, sbx, err) < 0)
-        sp_log(SP_LOG_ERROR, "cannot release a suspended sandbox", SP_KS("sandbox", sbx),
-               SP_KS("error", err));
-    sp_log(SP_LOG_INFO, "suspended", SP_KS("sandbox", sbx), SP_KU("ms", sd.took_ms),
-           SP_KU("image_bytes", art[0].size), SP_KU("rootfs_bytes", art[1].size));
     wk_box_put(b);
     return rc;
+}
+
+int wk_suspend_complete(wk_t *w, PGconn *db, const char *sbx, const char *tmpl)
+{
+    /* Its staging directory: <snapshot-dir>/.staging/<sandbox>-<snapshot>. */
+    char *dir = sp_xasprintf("%s/.staging", w->cfg->snapshot_dir), snap[SP_SANDBOX_ID_LEN + 1] = "";
+    size_t n = strlen(sbx);
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (strncmp(e->d_name, sbx, n) == 0 && e->d_name[n] == '-' && sp_id_valid(e->d_name + n + 1))
+            snprintf(snap, sizeof(snap), "%s", e->d_name + n + 1);
+    if (d)
+        closedir(d);
+    char *staging = snap[0] ? sp_xasprintf("%s/%s-%s", dir, sbx, snap) : NULL;
+    free(dir);
+    if (!staging)
+        return 0; /* the checkpoint never began */
+    int64_t t0 = sp_mono_ns();
+    int done = 0, rc = 0;
+    sp_envelope_t *ev = NULL;
+    wk_checkpoint_t ck = {0};
+    char err[WK_ERR_MAX] = "";
+    if (wk_checkpoint_outcome(staging, CHECKPOINT_WAIT_MS) != 1 ||
+        sp_db_last_sandbox_event(db, sbx, "SandboxSuspendRequested", &ev) < 0 ||
+        ev->payload_case != SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_REQUESTED) {
+        wk_rm_rf(staging); /* no image: the sandbox runs on, or it is lost */
+        goto out;
+    }
+    sp_log(SP_LOG_INFO, "completing a suspend the previous worker began", SP_KS("sandbox", sbx),
+           SP_KS("snapshot", snap));
+    if (wk_sandbox_checkpoint_finish(w->host, sbx, tmpl, staging, &ck, err) < 0) {
+        wk_rm_rf(staging);
+        rc = suspend_lost(w, ev, sbx, err);
+    } else {
+        rc = suspend_store(w, ev, sbx, snap, &ck, staging, t0);
+    }
+    done = 1;
+out:
+    wk_checkpoint_dispose(&ck);
+    sp_envelope_free(ev);
+    free(staging);
+    return rc < 0 ? rc : done;
 }
 
 /* ---- resume of a suspended sandbox ---- */

@@ -2,7 +2,9 @@
  * host says what exists. Running in both: adopted. Live in the log but not running here: lost
  * (its leftovers released, SandboxFailed). On the host but dead in the log (or unknown to it):
  * released. A sandbox placed but not started yet is left alone: its SandboxPlaced was never
- * acknowledged and comes back, and the create runs then. */
+ * acknowledged and comes back, and the create runs then. A sandbox caught in a suspend ends
+ * either suspended (the checkpoint wrote its image: the suspend is completed) or running
+ * (SandboxSuspendFailed), never in between. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,6 +114,21 @@ int wk_reconcile(wk_t *w, PGconn *db)
                 hs = host[k].state;
         if (state == SP_SBX_PLACED || state == SP_SBX_REQUESTED)
             continue; /* its placement will be redelivered */
+        if (state == SP_SBX_SUSPENDING) {
+            /* A suspend the previous worker began: completed when its checkpoint wrote an
+             * image (the sandbox is then suspended), else the sandbox is as runsc says. */
+            int done = wk_suspend_complete(w, db, sbx, PQgetvalue(r, i, 5));
+            if (done < 0) {
+                rc = done;
+                goto out;
+            }
+            if (done == 1) {
+                idlist_add(&cleaned, sbx);
+                continue;
+            }
+            if ((hs == WK_RUNNING || hs == WK_PAUSED) && wk_sandbox_running(w->host, sbx) != 1)
+                hs = WK_STOPPED; /* the checkpoint it waited for stopped it, and failed */
+        }
         sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
         Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
         if ((hs == WK_RUNNING || hs == WK_PAUSED) && state == SP_SBX_SUSPENDING) {
@@ -184,6 +201,8 @@ int wk_reconcile(wk_t *w, PGconn *db)
         int was_lost = 0;
         for (size_t i = 0; i < lost.n; i++)
             was_lost |= strcmp(lost.v[i], host[k].id) == 0;
+        for (size_t i = 0; i < cleaned.n; i++)
+            was_lost |= strcmp(cleaned.v[i], host[k].id) == 0; /* a suspend completed above */
         if (was_lost)
             continue;
         char err[WK_ERR_MAX] = "";

@@ -242,6 +242,53 @@ int wk__runsc_verb(const wk_host_t *h, const char *verb, const char *id, const c
     return rc;
 }
 
+int wk__runsc_checkpoint(const wk_host_t *h, const char *id, const char *image_dir,
+                         const char *rc_path, char err[WK_ERR_MAX])
+{
+    char *out = sp_xmalloc(ERR_CAPTURE);
+    char *root = sp_xasprintf("--root=%s", h->runsc_root);
+    char *img = sp_xasprintf("--image-path=%s", image_dir);
+    /* The shell outlives a worker killed meanwhile (nothing here dies with its parent) and
+     * writes runsc's exit status where a restarted worker looks (renamed in: whole or absent). */
+    const char *argv[] = {"/bin/sh",
+                          "-c",
+                          "rc=$1; shift; \"$@\"; echo $? > \"$rc.tmp\" && mv \"$rc.tmp\" \"$rc\"",
+                          "sh",
+                          rc_path,
+                          h->runsc,
+                          root,
+                          "checkpoint",
+                          img,
+                          id,
+                          NULL};
+    wk__cmd_t c = {.argv = argv,
+                   .timeout_ms = WK_RUNSC_TIMEOUT_MS,
+                   .out_mode = WK_OUT_STDERR,
+                   .out = out,
+                   .out_len = ERR_CAPTURE};
+    int ex = 0, rc = wk__run(&c, &ex);
+    int status = rc == 0 ? wk__checkpoint_status(rc_path) : rc;
+    if (rc < 0 || ex != 0 || status != 0)
+        rc = call_failed(err, rc < 0 ? rc : 0, rc == 0 && ex == 0 ? status : ex, "checkpoint",
+                         out);
+    free(img);
+    free(root);
+    free(out);
+    return rc;
+}
+
+int wk__checkpoint_status(const char *rc_path)
+{
+    FILE *f = fopen(rc_path, "r");
+    if (!f)
+        return -errno;
+    int v = -1;
+    if (fscanf(f, "%d", &v) != 1)
+        v = -1;
+    fclose(f);
+    return v < 0 ? -EIO : v;
+}
+
 int wk__runsc_restore(const wk_host_t *h, const char *id, const char *bundle_dir,
                       const char *image_dir, char err[WK_ERR_MAX])
 {

@@ -848,6 +848,10 @@ static int run_tool(const char *const *argv, const char *what, char err[WK_ERR_M
     return rc;
 }
 
+/* Where a checkpoint's raw image and runsc's exit status go inside out_dir. */
+#define CK_IMAGE_DIR "image"
+#define CK_RC_FILE   "image/rc"
+
 int wk_sandbox_checkpoint(wk_host_t *h, const char *id, const char *tmpl, const char *out_dir,
                           wk_checkpoint_t *ret, char err[WK_ERR_MAX])
 {
@@ -855,48 +859,74 @@ int wk_sandbox_checkpoint(wk_host_t *h, const char *id, const char *tmpl, const 
         return wk__fail(err, -EINVAL, "invalid sandbox id, template or directory");
     memset(ret, 0, sizeof(*ret));
     int64_t t0 = wk__now_us();
-    char *img = sp_xasprintf("%s/image", out_dir);
+    char *img = sp_xasprintf("%s/" CK_IMAGE_DIR, out_dir);
+    char *rc_path = sp_xasprintf("%s/" CK_RC_FILE, out_dir);
+    int rc = wk__mkdir_p(img, 0700);
+    if (rc < 0)
+        rc = wk__fail(err, rc, "mkdir %s: %s", img, strerror(-rc));
+    /* The runtime first: runsc stops the container once its image is written. */
+    else if ((rc = wk__runsc_checkpoint(h, id, img, rc_path, err)) == 0) {
+        uint32_t ms = (uint32_t)ms_since(t0);
+        rc = wk_sandbox_checkpoint_finish(h, id, tmpl, out_dir, ret, err);
+        ret->checkpoint_ms = ms;
+    }
+    if (rc < 0)
+        (void)wk__rm_rf(img);
+    free(rc_path);
+    free(img);
+    return rc;
+}
+
+int wk_checkpoint_outcome(const char *out_dir, int wait_ms)
+{
+    char *rc_path = sp_xasprintf("%s/" CK_RC_FILE, out_dir);
+    /* What a worker that died left running on out_dir (its runsc checkpoint, a btrfs send or
+     * zstd: each names a path inside on its command line) finishes first. */
+    for (int waited = 0; waited < wait_ms && wk__process_mentions(out_dir); waited += 50)
+        usleep(50 * 1000);
+    int st = wk__checkpoint_status(rc_path);
+    free(rc_path);
+    return st == 0 ? 1 : 0;
+}
+
+int wk_sandbox_checkpoint_finish(wk_host_t *h, const char *id, const char *tmpl,
+                                 const char *out_dir, wk_checkpoint_t *ret, char err[WK_ERR_MAX])
+{
+    if (!h || !id || !sp_id_valid(id) || !tmpl || !sp_id_valid(tmpl) || !out_dir)
+        return wk__fail(err, -EINVAL, "invalid sandbox id, template or directory");
+    memset(ret, 0, sizeof(*ret));
+    int64_t t = wk__now_us();
+    char *img = sp_xasprintf("%s/" CK_IMAGE_DIR, out_dir);
     char *ro = sp_xasprintf("%s/%s.ro", h->sandboxes_dir, id);
     char *rootfs = sp_xasprintf("%s/%s", h->sandboxes_dir, id);
     char *parent = sp_xasprintf("%s/%s", h->templates_dir, tmpl);
     char *stream = sp_xasprintf("%s/rootfs.btrfs", out_dir);
+    char *img_file = sp_xasprintf("%s/checkpoint.img", img);
     ret->image_path = sp_xasprintf("%s/checkpoint.img.zst", out_dir);
     ret->rootfs_path = sp_xasprintf("%s/rootfs.btrfs.zst", out_dir);
-    int rc = wk__mkdir_p(img, 0700);
-    if (rc < 0) {
-        rc = wk__fail(err, rc, "mkdir %s: %s", img, strerror(-rc));
-        goto out;
-    }
-    /* The runtime first: runsc stops the container once its image is written. */
-    if ((rc = wk__runsc_verb(h, "checkpoint", id, img, err)) < 0)
-        goto out;
-    ret->checkpoint_ms = (uint32_t)ms_since(t0);
-    int64_t t = wk__now_us();
     /* The disk as a delta against the template: a read-only snapshot, sent with the template
-     * as parent, then compressed. */
+     * as parent, then compressed. The sandbox is stopped: its disk is what the image saw. */
     (void)wk__subvol_delete(ro, NULL);
-    if ((rc = wk__subvol_snapshot(rootfs, ro, true, err)) < 0)
-        goto out;
-    const char *send[] = {"btrfs", "send", "-q", "-p", parent, "-f", stream, ro, NULL};
-    rc = run_tool(send, "btrfs send", err);
+    int rc = wk__subvol_snapshot(rootfs, ro, true, err);
+    if (rc == 0) {
+        const char *send[] = {"btrfs", "send", "-q", "-p", parent, "-f", stream, ro, NULL};
+        rc = run_tool(send, "btrfs send", err);
+    }
     (void)wk__subvol_delete(ro, NULL);
-    if (rc < 0)
-        goto out;
     const char *z1[] = {"zstd", "-1", "-q", "-f", "--rm", stream, "-o", ret->rootfs_path, NULL};
-    char *img_file = sp_xasprintf("%s/checkpoint.img", img);
     const char *z2[] = {"zstd", "-1", "-q", "-f", img_file, "-o", ret->image_path, NULL};
-    if ((rc = run_tool(z1, "zstd rootfs", err)) == 0)
+    if (rc == 0 && (rc = run_tool(z1, "zstd rootfs", err)) == 0)
         rc = run_tool(z2, "zstd checkpoint", err);
-    free(img_file);
     ret->rootfs_ms = (uint32_t)ms_since(t);
-out:
     if (rc < 0) {
         free(ret->image_path);
         free(ret->rootfs_path);
         ret->image_path = ret->rootfs_path = NULL;
+    } else {
+        (void)wk__rm_rf(img); /* compressed: the raw image has served */
     }
-    (void)wk__rm_rf(img);
     unlink(stream);
+    free(img_file);
     free(stream);
     free(parent);
     free(rootfs);

@@ -123,6 +123,13 @@ typedef struct {
 int wk_sandbox_checkpoint(wk_host_t *h, const char *id, const char *tmpl, const char *out_dir,
                           wk_checkpoint_t *ret, char err[WK_ERR_MAX]);
 void wk_checkpoint_dispose(wk_checkpoint_t *c);
+/* The part of wk_sandbox_checkpoint after runsc's: the disk delta and both compressed, from a
+ * checkpoint image already in out_dir (a restarted worker completing its predecessor's). */
+int wk_sandbox_checkpoint_finish(wk_host_t *h, const char *id, const char *tmpl,
+                                 const char *out_dir, wk_checkpoint_t *ret, char err[WK_ERR_MAX]);
+/* How a checkpoint into out_dir ended, waiting up to wait_ms while its runsc still runs:
+ * 1 when runsc wrote the image and said so, 0 otherwise (failed, or never ran). */
+int wk_checkpoint_outcome(const char *out_dir, int wait_ms);
 /* Makes the sandbox again from a checkpoint: the disk received against this worker's copy of
  * the template, a new netns, runsc restore. Its agent connects back on its channel socket
  * (there are no channel fds in ret_info). On failure everything it made is released. */

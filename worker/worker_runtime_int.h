@@ -116,6 +116,8 @@ typedef struct {
 int wk__run(const wk__cmd_t *c, int *ret_exit);
 /* Looks name up in $PATH (or takes it as is when it has a '/'); heap path in *ret_path. */
 int wk__find_program(const char *name, char **ret_path);
+/* Whether a process on the host has an argument containing needle (/proc/<pid>/cmdline). */
+bool wk__process_mentions(const char *needle);
 
 /* ---- files (worker_runtime.c) ---- */
 
@@ -196,6 +198,12 @@ int wk__runsc_create(const wk_host_t *h, const char *id, const char *bundle_dir,
                      int stdout_fd, char err[WK_ERR_MAX]);
 int wk__runsc_start(const wk_host_t *h, const char *id, char err[WK_ERR_MAX]);
 /* runsc <verb> [--image-path=image_dir] id: pause, resume, checkpoint (image_dir set). */
+/* runsc checkpoint into image_dir, with runsc's exit status written to rc_path when it ends
+ * (even if the caller is gone by then). */
+int wk__runsc_checkpoint(const wk_host_t *h, const char *id, const char *image_dir,
+                         const char *rc_path, char err[WK_ERR_MAX]);
+/* The exit status in rc_path (>= 0), or -ENOENT while there is none yet. */
+int wk__checkpoint_status(const char *rc_path);
 int wk__runsc_verb(const wk_host_t *h, const char *verb, const char *id, const char *image_dir,
                    char err[WK_ERR_MAX]);
 /* runsc restore --detach from image_dir into a new container id with bundle_dir. */

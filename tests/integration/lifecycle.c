@@ -250,12 +250,98 @@ static void test_timeouts(void **state)
     PQfinish(db);
 }
 
+/* The sandbox's state once it has left "suspending" (up to 120 s). */
+static void settled_state(PGconn *db, const char *id, char *out, size_t len)
+{
+    char sql[256];
+    snprintf(sql, sizeof(sql), "SELECT state FROM sandboxes WHERE id = '%s'", id);
+    for (int i = 0; i < 1200; i++) {
+        PGresult *r = PQexec(db, sql);
+        assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+        snprintf(out, len, "%s", PQntuples(r) == 1 ? PQgetvalue(r, 0, 0) : "");
+        PQclear(r);
+        if (strcmp(out, "suspending") != 0)
+            return;
+        usleep(100 * 1000);
+    }
+}
+
+static char *blob_sha(const char *id)
+{
+    sp_test_cmd_t r = sp_test_run(port, key, id, "{\"cmd\":\"sha256sum /tmp/blob\"}");
+    if (r.status != 200 || r.exit_code != 0)
+        fail_msg("sha256sum: %d %s", r.status, r.error);
+    char *sha = strndup(r.stdout_s, 64);
+    sp_test_cmd_free(&r);
+    return sha;
+}
+
+/* The worker killed -9 while it checkpoints: after its restart the sandbox is suspended (the
+ * checkpoint had written its image: the new worker completes the suspend) or running
+ * (SandboxSuspendFailed), never in between, and in both cases its memory is intact. */
+static void test_kill9_mid_suspend(void **state)
+{
+    char id[64], st[64], sql[512];
+    PGconn *db = sp_test_db();
+    sp_test_create_sandbox(port, key, "tiny", id);
+    sp_test_start_counter(port, key, id);
+    /* 150 MB of memory that does not compress: the checkpoint takes a while. */
+    sp_test_cmd_t r = sp_test_run(port, key, id,
+                                  "{\"cmd\":\"head -c 150000000 /dev/urandom > /tmp/blob\"}");
+    assert_int_equal(r.exit_code, 0);
+    sp_test_cmd_free(&r);
+    char *before = blob_sha(id);
+    long count_before = count(id);
+
+    assert_int_equal(lifecycle(id, "suspend", "?wait=false", st, sizeof(st)), 202);
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type = "
+             "'SandboxSuspending'",
+             id);
+    assert_int_equal(sp_test_db_wait_scalar(db, sql, 1, 30000), 1);
+    usleep(150 * 1000); /* into runsc checkpoint */
+    sp_test_daemon_kill9("space-worker");
+    assert_int_equal(sp_test_space("up"), 0);
+
+    settled_state(db, id, st, sizeof(st));
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "grep -c 'completing a suspend' '%s/log/space-worker.log'",
+             sp_test_env("SPACE_HOME"));
+    print_message("after the restart the sandbox is %s; suspends completed by the new worker: "
+                  "\n",
+                  st);
+    (void)system(cmd); /* NOLINT(cert-env33-c): shown, not asserted (it depends on timing) */
+    if (strcmp(st, "suspended") == 0) {
+        assert_released(id);
+        snprintf(sql, sizeof(sql),
+                 "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type = "
+                 "'SandboxSuspended'",
+                 id);
+        assert_int_equal(sp_test_db_scalar(db, sql), 1);
+        assert_int_equal(lifecycle(id, "resume", NULL, st, sizeof(st)), 200);
+    } else {
+        assert_string_equal(st, "running");
+        snprintf(sql, sizeof(sql),
+                 "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type = "
+                 "'SandboxSuspendFailed' AND position('worker_restarted' in "
+                 "encode(payload, 'escape')) > 0",
+                 id);
+        assert_int_equal(sp_test_db_scalar(db, sql), 1);
+    }
+    char *after = blob_sha(id);
+    assert_string_equal(before, after);
+    assert_true(count(id) >= count_before);
+    free(before);
+    free(after);
+    PQfinish(db);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pause_resume),     cmocka_unit_test(test_suspend_resume),
         cmocka_unit_test(test_corrupt_snapshot), cmocka_unit_test(test_no_wait_and_errors),
-        cmocka_unit_test(test_timeouts),
+        cmocka_unit_test(test_timeouts),         cmocka_unit_test(test_kill9_mid_suspend),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
