@@ -524,8 +524,8 @@ static bool match_command_path(const char *s, size_t n, gw_req_t *rq)
 
 /* Matches /v1/sandboxes/{id}, /v1/sandboxes/{id}/events, /v1/sandboxes/{id}/commands,
  * /v1/sandboxes/{id}/commands/{cid}/{action} and /v1/sandboxes/{id}/files[/stat|/list|/mkdir|
- * /move|/watch]; *ret_sub tells which. The ids are copied as they are (checked after authentication,
- * so a malformed id reads as unknown). */
+ * /move|/watch]; *ret_sub tells which. The ids are copied as they are (checked after
+ * authentication, so a malformed id reads as unknown). */
 static bool match_sandbox_path(gw_req_t *rq, const char *path, size_t len, char id[SP_ID_MAX + 1],
                                sub_resource_t *ret_sub)
 {

@@ -360,7 +360,8 @@ static void record_event(gw_watch_t *x, const char *type, const char *path)
         sp_buf_dispose(&b);
         return;
     }
-    sp_buf_puts(&x->pending, overflow ? "event: overflow\ndata: {\"path\":" : "event: fs\ndata: {\"path\":");
+    sp_buf_puts(&x->pending,
+                overflow ? "event: overflow\ndata: {\"path\":" : "event: fs\ndata: {\"path\":");
     json_guest(&x->pending, path);
     if (!overflow)
         sp_buf_printf(&x->pending, ",\"type\":\"%s\"", type);
@@ -375,8 +376,8 @@ static void record_end(gw_watch_t *x, const char *code, const char *detail)
         if (code[0]) {
             int st;
             sp_buf_puts(&b, "{\"error\":{\"code\":");
-            sp_buf_json_str(&b, gw_connect_code(strcmp(code, "not_found") == 0 ? 404 : 503,
-                                                code, &st));
+            sp_buf_json_str(&b,
+                            gw_connect_code(strcmp(code, "not_found") == 0 ? 404 : 503, code, &st));
             sp_buf_puts(&b, ",\"message\":");
             json_guest(&b, detail);
             sp_buf_puts(&b, "}}");
@@ -574,8 +575,8 @@ static void refuse(gw_watch_t *x)
     static const struct {
         const char *error;
         int status;
-    } map[] = {{"not_found", 404},         {"not_directory", 400},     {"bad_path", 400},
-               {"permission", 403},        {"too_many_watches", 429},  {"sandbox_not_running", 409},
+    } map[] = {{"not_found", 404},         {"not_directory", 400},    {"bad_path", 400},
+               {"permission", 403},        {"too_many_watches", 429}, {"sandbox_not_running", 409},
                {"agent_unavailable", 503}, {"agent_error", 502}};
     gw_req_t *rq = x->rq;
     if (x->bus_rc == SP_ENOTFOUND || x->bus_rc == SP_ETIMEOUT) {

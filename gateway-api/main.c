@@ -167,8 +167,7 @@ static void on_stop_tick(uv_timer_t *t)
         gw_files_close_all(&gw);
     }
     if (gw_http_connections(&gw) == 0 && gw.pool.running == 0 && gw.pool.queued == 0 &&
-        gw.n_streams == 0 && gw.n_commands == 0 && gw.n_files == 0 &&
-        gw.n_watches == 0) {
+        gw.n_streams == 0 && gw.n_commands == 0 && gw.n_files == 0 && gw.n_watches == 0) {
         sp_log(SP_LOG_INFO, "stopped", SP_KF("took_ms", (double)elapsed / 1e6));
         finish();
         return;

@@ -774,10 +774,9 @@ int wk_agent_file_request(wk_agent_t *a, const Space__Agent__V1__FileRequest *r)
     xfer_t *x = xfer_find(a, r->xfer_id, NULL);
     if (!channel_up(a))
         rc = -EPIPE;
-    else if (!x || x->op || x->reading || x->open != on_open)
-        rc = -ENOENT;
-    else if (x->watch && r->op != SPACE__AGENT__V1__FILE_OP__FILE_OP_CLOSE)
-        rc = -ENOENT;
+    else if (!x || x->op || x->reading || x->open != on_open ||
+             (x->watch && r->op != SPACE__AGENT__V1__FILE_OP__FILE_OP_CLOSE))
+        rc = -ENOENT; /* a watch takes nothing but its CLOSE */
     else {
         x->op = (int)r->op; /* before the frame goes out: the reply can beat send_frame */
         x->watch |= r->op == SPACE__AGENT__V1__FILE_OP__FILE_OP_WATCH;
@@ -863,10 +862,9 @@ int wk_agent_file_read(wk_agent_t *a, uint64_t xfer, uint64_t offset, uint32_t l
 
 static bool file_code_known(const char *c)
 {
-    static const char *const codes[] = {"not_found",     "exists",    "is_directory",
-                                        "not_directory", "not_empty", "permission",
-                                        "bad_path",      "no_space",  "io",
-                                        "busy"};
+    static const char *const codes[] = {"not_found", "exists",     "is_directory", "not_directory",
+                                        "not_empty", "permission", "bad_path",     "no_space",
+                                        "io",        "busy"};
     for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++)
         if (strcmp(c, codes[i]) == 0)
             return true;

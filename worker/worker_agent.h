@@ -100,11 +100,11 @@ size_t wk_agent_running(wk_agent_t *a, const wk_agent_running_t **ret);
  * or released transfer is dropped. -EBUSY beyond WK_AGENT_MAX_XFERS transfers, -ENOENT for a
  * transfer not in the state the call needs (or busy with another request), -EPIPE when the
  * channel is lost. */
-#define WK_AGENT_MAX_XFERS 64
-#define WK_AGENT_READ_MAX  (256 * 1024) /* bytes of one file_read */
-#define WK_AGENT_LIST_MAX  10000        /* entries of one list */
-#define WK_AGENT_PATH_MAX  4096         /* bytes of a path or symlink target */
-#define WK_AGENT_WATCH_EVENTS 1024       /* events of one WatchEvents frame */
+#define WK_AGENT_MAX_XFERS    64
+#define WK_AGENT_READ_MAX     (256 * 1024) /* bytes of one file_read */
+#define WK_AGENT_LIST_MAX     10000        /* entries of one list */
+#define WK_AGENT_PATH_MAX     4096         /* bytes of a path or symlink target */
+#define WK_AGENT_WATCH_EVENTS 1024         /* events of one WatchEvents frame */
 int wk_agent_file_reserve(wk_agent_t *a, uint64_t *ret_xfer);
 /* Forgets a transfer (frames for it are dropped from now on). The agent may still hold it
  * open: send CLOSE instead when it does. */

@@ -38,8 +38,8 @@
 #include "xmalloc.h"
 
 #define CALL_MAX     (SP_FSPATH_MAX + 1024)
-#define LEASE_MS     60000 /* the gateway renews every 15 s (gateway_watch.c) */
-#define STUCK_MS     30000 /* a start the agent leaves unanswered */
+#define LEASE_MS     60000  /* the gateway renews every 15 s (gateway_watch.c) */
+#define STUCK_MS     30000  /* a start the agent leaves unanswered */
 #define RATE         5000.0 /* events per second per watch (the agent's own: 2000) */
 #define BURST        10000.0
 #define REPLY_TO_MAX 256
@@ -200,8 +200,7 @@ static void on_watch_ended(void *arg, uint64_t xfer, const char *code, const cha
     if (to[0])
         reply(b->w, to, refusal(code), message);
     else if (!x->stop_owed)
-        publish_end(b->w, x, strcmp(code, "not_found") == 0 ? "not_found" : "agent_error",
-                    message);
+        publish_end(b->w, x, strcmp(code, "not_found") == 0 ? "not_found" : "agent_error", message);
     if (x->started)
         sp_log(SP_LOG_INFO, "watch ended by the agent", SP_KS("sandbox", b->id),
                SP_KS("watch", x->id), SP_KS("error", message), SP_KS("corr", x->corr));
@@ -240,7 +239,7 @@ static void on_watch_events(void *arg, uint64_t xfer, Space__Agent__V1__WatchEve
 {
     wk_box_t *b = arg;
     Space__Io__V1__WatchEvent *evs = sp_xcalloc(n + 1, sizeof(*evs));
-    Space__Io__V1__WatchEvent **ptrs = sp_xcalloc(n + 1, sizeof(*ptrs));
+    Space__Io__V1__WatchEvent **ptrs = sp_xcalloc(n + 1, sizeof(Space__Io__V1__WatchEvent *));
     Space__Io__V1__WatchBatch batch = SPACE__IO__V1__WATCH_BATCH__INIT;
     char id[SP_ID_MAX + 1], root[SP_FSPATH_MAX + 1];
     size_t k = 0;
@@ -259,10 +258,9 @@ static void on_watch_events(void *arg, uint64_t xfer, Space__Agent__V1__WatchEve
     snprintf(id, sizeof(id), "%s", x->id);
     snprintf(root, sizeof(root), "%s", x->root);
     for (size_t i = 0; i < n; i++) {
-        bool overflow =
-            events[i]->type == SPACE__AGENT__V1__WATCH_EVENT_TYPE__WATCH_EVENT_OVERFLOW;
-        if (!overflow && (!sp_fspath_canonical(events[i]->path) ||
-                          !within(events[i]->path, root))) {
+        bool overflow = events[i]->type == SPACE__AGENT__V1__WATCH_EVENT_TYPE__WATCH_EVENT_OVERFLOW;
+        if (!overflow &&
+            (!sp_fspath_canonical(events[i]->path) || !within(events[i]->path, root))) {
             x->refused++;
             continue;
         }
@@ -487,8 +485,8 @@ static const char *check(const call_t *q, char *detail, size_t dlen)
     return "bad_request";
 }
 
-static void on_watch_call(void *arg, const char *subject, const char *reply_to,
-                          const uint8_t *data, size_t len)
+static void on_watch_call(void *arg, const char *subject, const char *reply_to, const uint8_t *data,
+                          size_t len)
 {
     wk_t *w = arg;
     char detail[DETAIL_MAX] = "";

@@ -346,9 +346,8 @@ static void test_refusals(void **state)
     assert_int_equal(refused(sbx, "recursive=true", NULL, code, sizeof(code)), 400);
     assert_int_equal(refused(sbx, "path=/root&recursive=maybe", NULL, code, sizeof(code)), 400);
     assert_int_equal(refused(sbx, "path=/root&bogus=1", NULL, code, sizeof(code)), 400);
-    assert_int_equal(refused("sbx_nosuchsandbox0000000000000", "path=/root", NULL, code,
-                             sizeof(code)),
-                     404);
+    assert_int_equal(
+        refused("sbx_nosuchsandbox0000000000000", "path=/root", NULL, code, sizeof(code)), 404);
     assert_int_equal(refused("../etc", "path=/root", NULL, code, sizeof(code)), 404);
 
     /* Another tenant does not see the sandbox. */
@@ -453,10 +452,8 @@ static void test_flood(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_events_in_order),
-        cmocka_unit_test(test_not_recursive),
-        cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_limit_and_disconnect),
+        cmocka_unit_test(test_events_in_order), cmocka_unit_test(test_not_recursive),
+        cmocka_unit_test(test_refusals),        cmocka_unit_test(test_limit_and_disconnect),
         cmocka_unit_test(test_flood),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
