@@ -449,14 +449,6 @@ static const char *known_type(const char *t)
     return NULL;
 }
 
-static bool within(const char *path, const char *root)
-{
-    size_t n = strlen(root);
-    if (strcmp(root, "/") == 0)
-        return true;
-    return strncmp(path, root, n) == 0 && (path[n] == '\0' || path[n] == '/');
-}
-
 /* Queues one event (x->mu held); an overflow right after another is one. */
 static void enqueue(gw_watch_t *x, const char *type, const char *path)
 {
@@ -501,7 +493,7 @@ static void on_batch(gw_watch_t *x, const uint8_t *data, size_t len)
     for (size_t i = 0; i < m->n_events; i++) {
         const char *type = known_type(m->events[i]->type);
         const char *path = m->events[i]->path;
-        if (!type || !sp_fspath_canonical(path) || !within(path, x->path))
+        if (!type || !sp_fspath_canonical(path) || !sp_fspath_within(path, x->path))
             continue; /* not an event of this watch: dropped */
         enqueue(x, type, path);
     }

@@ -225,15 +225,6 @@ static const char *type_name(Space__Agent__V1__WatchEventType t)
     }
 }
 
-/* Whether path is root or under it (both canonical). */
-static bool within(const char *path, const char *root)
-{
-    size_t n = strlen(root);
-    if (strcmp(root, "/") == 0)
-        return true;
-    return strncmp(path, root, n) == 0 && (path[n] == '\0' || path[n] == '/');
-}
-
 static void on_watch_events(void *arg, uint64_t xfer, Space__Agent__V1__WatchEvent **events,
                             size_t n)
 {
@@ -260,7 +251,7 @@ static void on_watch_events(void *arg, uint64_t xfer, Space__Agent__V1__WatchEve
     for (size_t i = 0; i < n; i++) {
         bool overflow = events[i]->type == SPACE__AGENT__V1__WATCH_EVENT_TYPE__WATCH_EVENT_OVERFLOW;
         if (!overflow &&
-            (!sp_fspath_canonical(events[i]->path) || !within(events[i]->path, root))) {
+            (!sp_fspath_canonical(events[i]->path) || !sp_fspath_within(events[i]->path, root))) {
             x->refused++;
             continue;
         }
