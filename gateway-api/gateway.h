@@ -583,6 +583,20 @@ void gw_files_run(gw_req_t *rq, gw_files_sub_t sub);
 /* Ends every file request's response (shutdown). */
 void gw_files_close_all(gw_t *gw);
 
+/* ---- directory watches (gateway_watch.c) ---- */
+
+typedef struct gw_watch gw_watch_t;
+/* GET /v1/sandboxes/{id}/files/watch?path=&recursive=&user=: an SSE stream of the directory's
+ * events until the client goes away. */
+void gw_watch_run(gw_req_t *rq);
+/* Watches path (resolved against user's home) of rq->path_id: SSE, or with
+ * GW_DIALECT_CONNECT_STREAM E2B's WatchDir stream. */
+void gw_watch_start(gw_req_t *rq, const char *path, const char *user, bool recursive);
+/* Keepalives, write timeouts and lease renewals, once a second. */
+void gw_watches_tick(gw_t *gw);
+/* Ends every watch's response (shutdown); with force, responses stuck in a write end now. */
+void gw_watches_close_all(gw_t *gw, bool force);
+
 /* ---- E2B compatibility (gateway_e2b.c: control plane, gateway_e2b_envd.c: envd) ---- */
 
 /* Take the request when its path is one of E2B's (true: answered or under way). */
@@ -641,6 +655,9 @@ struct gw {
     /* File requests: every one from validation to its free. */
     gw_file_t *files;
     size_t n_files;
+    /* Directory watches: every one from validation to the close of its async handle. */
+    gw_watch_t *watches;
+    size_t n_watches;
     bool stopping;
 };
 

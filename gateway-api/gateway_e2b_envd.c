@@ -4,6 +4,7 @@
  *   POST /process.Process/{Start,Connect}            Connect streaming (application/connect+json)
  *   POST /process.Process/{List,SendInput,SendSignal,CloseStdin,Update}   Connect unary (JSON)
  *   POST /filesystem.Filesystem/{Stat,MakeDir,Move,ListDir,Remove}        Connect unary (JSON)
+ *   POST /filesystem.Filesystem/WatchDir             Connect streaming
  *   GET  /files?path=&username=     download;   POST /files   upload (multipart or raw)
  *   GET  /health
  *
@@ -21,7 +22,8 @@
  *   that goes away does not stop the process.
  * - Connect, SendInput, SendSignal, CloseStdin and Update name a process by pid: the worker's
  *   command list finds its command (gw_ctl_run), then attach, stdin, signal or resize.
- * - Filesystem calls and /files are gw_files_start with E2B's answers.
+ * - Filesystem calls and /files are gw_files_start with E2B's answers; WatchDir is
+ *   gw_watch_start (gateway_watch.c), whose stream speaks E2B's WatchDirResponse.
  * Errors: Connect's JSON error (unary) or end-stream error (streams), /files E2B's
  * {code, message}, all through gw_respond_error's dialects.
  *
@@ -499,6 +501,27 @@ static void fs_call(gw_req_t *rq, const char *method, const sp_json_t *root)
     gw_files_start(rq, &spec);
 }
 
+/* WatchDir {path, recursive}: the user of Authorization: Basic resolves a relative path. The
+ * SDK's includeEntry and allowNetworkMounts are accepted and have no effect (events carry no
+ * entry; there are no network mounts). */
+static void watch_dir(gw_req_t *rq, const sp_json_t *root)
+{
+    bool bad = false, recursive = false;
+    const char *user = basic_user(rq, &bad);
+    const char *path = sp_json_str(member(root, "path"), NULL);
+    const sp_json_t *rec = member(root, "recursive");
+    if (bad) {
+        gw_respond_error(rq, 400, "invalid_field", NULL,
+                         "the user (Authorization: Basic) must be root or user");
+        return;
+    }
+    if (!path || (rec && sp_json_bool(rec, &recursive) < 0)) {
+        gw_respond_error(rq, 400, "invalid_field", NULL, "want {path, recursive?}");
+        return;
+    }
+    gw_watch_start(rq, path, user, recursive);
+}
+
 /* E2B's EntryInfo for one of our FileInfos. */
 static void entry_json(sp_buf_t *b, const Space__Io__V1__FileInfo *in, const char *fallback)
 {
@@ -794,15 +817,13 @@ static void rpc(gw_req_t *rq)
     bool stream =
         process ? strcmp(m, "Start") == 0 || strcmp(m, "Connect") == 0 : strcmp(m, "WatchDir") == 0;
     rq->dialect = stream ? GW_DIALECT_CONNECT_STREAM : GW_DIALECT_CONNECT;
-    if (!process && stream) {
-        gw_respond_error(rq, 501, "unimplemented", NULL, "watching directories is not served");
-        return;
-    }
     sp_json_doc_t *doc = message(rq, stream);
     if (!doc)
         return;
     const sp_json_t *root = sp_json_root(doc);
-    if (!process)
+    if (!process && stream)
+        watch_dir(rq, root);
+    else if (!process)
         fs_call(rq, m, root);
     else if (strcmp(m, "Start") == 0)
         proc_start(rq, root);

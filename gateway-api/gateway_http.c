@@ -501,7 +501,8 @@ typedef enum {
     SUB_FILES_STAT,
     SUB_FILES_LIST,
     SUB_FILES_MKDIR,
-    SUB_FILES_MOVE
+    SUB_FILES_MOVE,
+    SUB_FILES_WATCH
 } sub_resource_t;
 
 /* .../commands/{cid}/{action}: copies cid and action (checked later, like the id). */
@@ -523,8 +524,8 @@ static bool match_command_path(const char *s, size_t n, gw_req_t *rq)
 
 /* Matches /v1/sandboxes/{id}, /v1/sandboxes/{id}/events, /v1/sandboxes/{id}/commands,
  * /v1/sandboxes/{id}/commands/{cid}/{action} and /v1/sandboxes/{id}/files[/stat|/list|/mkdir|
- * /move]; *ret_sub tells which. The ids are copied as they are (checked after authentication,
- * so a malformed id reads as unknown). */
+ * /move|/watch]; *ret_sub tells which. The ids are copied as they are (checked after
+ * authentication, so a malformed id reads as unknown). */
 static bool match_sandbox_path(gw_req_t *rq, const char *path, size_t len, char id[SP_ID_MAX + 1],
                                sub_resource_t *ret_sub)
 {
@@ -558,6 +559,8 @@ static bool match_sandbox_path(gw_req_t *rq, const char *path, size_t len, char 
             *ret_sub = SUB_FILES_MKDIR;
         else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/files/move")))
             *ret_sub = SUB_FILES_MOVE;
+        else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/files/watch")))
+            *ret_sub = SUB_FILES_WATCH;
         else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/network")))
             *ret_sub = SUB_NETWORK;
         else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/pause")) ||
@@ -633,11 +636,14 @@ static void route_files(gw_req_t *rq, sub_resource_t sub)
         return;
     case SUB_FILES_STAT:
     case SUB_FILES_LIST:
+    case SUB_FILES_WATCH:
         if (!is_method(req, "GET")) {
             method_not_allowed(rq, "GET");
             return;
         }
-        with_auth(rq, sub == SUB_FILES_STAT ? files_stat : files_list);
+        with_auth(rq, sub == SUB_FILES_STAT   ? files_stat
+                      : sub == SUB_FILES_LIST ? files_list
+                                              : gw_watch_run);
         return;
     default:
         if (!is_method(req, "POST")) {

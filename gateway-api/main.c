@@ -124,6 +124,7 @@ static void on_tick(uv_timer_t *t)
     gw_waiters_check(&gw);
     gw_events_tick(&gw);
     gw_commands_tick(&gw);
+    gw_watches_tick(&gw);
 }
 
 static void close_handle(uv_handle_t *h)
@@ -162,10 +163,11 @@ static void on_stop_tick(uv_timer_t *t)
     if (elapsed > FORCE_STREAMS_NS) {
         gw_events_close_all(&gw, true);
         gw_commands_close_all(&gw, true);
+        gw_watches_close_all(&gw, true);
         gw_files_close_all(&gw);
     }
     if (gw_http_connections(&gw) == 0 && gw.pool.running == 0 && gw.pool.queued == 0 &&
-        gw.n_streams == 0 && gw.n_commands == 0 && gw.n_files == 0) {
+        gw.n_streams == 0 && gw.n_commands == 0 && gw.n_files == 0 && gw.n_watches == 0) {
         sp_log(SP_LOG_INFO, "stopped", SP_KF("took_ms", (double)elapsed / 1e6));
         finish();
         return;
@@ -200,6 +202,7 @@ static void begin_stop(void)
     gw_waiters_abort_all(&gw);
     gw_events_close_all(&gw, false);
     gw_commands_close_all(&gw, false);
+    gw_watches_close_all(&gw, false);
     gw_files_close_all(&gw);
     gw_http_shutdown_reads(&gw);
     uv_timer_stop(&tick_timer);

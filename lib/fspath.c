@@ -83,3 +83,11 @@ bool sp_fspath_canonical(const char *s)
     }
     return true;
 }
+
+bool sp_fspath_within(const char *path, const char *dir)
+{
+    size_t n = strlen(dir);
+    if (strcmp(dir, "/") == 0)
+        return path[0] == '/';
+    return strncmp(path, dir, n) == 0 && (path[n] == '\0' || path[n] == '/');
+}

@@ -246,7 +246,7 @@ int main(int argc, char **argv)
     wk_snap_sweep(&w, db);
     PQfinish(db);
     db = NULL;
-    if (wk_commands_start(&w) < 0 || wk_files_start(&w) < 0)
+    if (wk_commands_start(&w) < 0 || wk_files_start(&w) < 0 || wk_watches_start(&w) < 0)
         goto out;
     if (pthread_create(&hb, NULL, heartbeat_main, &w) == 0)
         hb_started = 1;
@@ -258,6 +258,7 @@ out:
         pthread_join(hb, NULL);
     PQfinish(db);
     wk_files_stop(&w); /* joins the reaper, which may still reply on the bus */
+    wk_watches_stop(&w);
     wk_commands_stop(&w);
     /* The sandboxes go on without us (the next worker adopts them and their agents connect
      * back): their commands are dropped, not ended. Listener threads notice the stop within

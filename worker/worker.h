@@ -48,6 +48,8 @@ typedef struct wk wk_t;
 #define WK_FILE_SUBS 4 /* file calls handled at once (different transfers) */
 typedef struct wk_cmd wk_cmd_t;
 typedef struct wk_xfer wk_xfer_t;
+typedef struct wk_watch wk_watch_t;
+#define WK_WATCH_MAX 16 /* watched directories per sandbox (agent_files.h AGENT_MAX_WATCHES) */
 
 /* A sandbox this worker owns. Heap, reference-counted: the owned table holds one reference,
  * every user (an exec request on a NATS thread, the agent's callbacks) takes its own. */
@@ -73,6 +75,8 @@ typedef struct {
     wk_cmd_t *done;   /* ended commands, newest first, kept a while for list and attach */
     wk_xfer_t *xfers; /* file operations and transfers (worker_files.c) */
     size_t n_xfers;
+    wk_watch_t *watches; /* directory watches (worker_watch.c) */
+    size_t n_watches;
 } wk_box_t;
 
 struct wk {
@@ -92,6 +96,7 @@ struct wk {
     atomic_int listeners;                  /* agent listener threads alive (worker_chan.c) */
     sp_bus_sub_t *exec_sub;                /* space.io.wkr.<id>.exec */
     sp_bus_sub_t *file_subs[WK_FILE_SUBS]; /* space.io.wkr.<id>.file, one queue group */
+    sp_bus_sub_t *watch_sub;               /* space.io.wkr.<id>.watch */
     pthread_t files_reaper;
     bool files_reaper_started;
 };
@@ -195,5 +200,17 @@ void wk_files_stop(wk_t *w);
 void wk_box_fail_files(wk_box_t *b, const char *error);
 /* The channel callbacks for files, with the box as arg. */
 void wk_files_callbacks(wk_agent_callbacks_t *cb);
+
+/* Watches (worker_watch.c): serve WatchCalls from the data plane. */
+int wk_watches_start(wk_t *w);
+void wk_watches_stop(wk_t *w);
+/* The channel callbacks for watches, with the box as arg. */
+void wk_watch_callbacks(wk_agent_callbacks_t *cb);
+/* Ends every watch of the box (WatchEnd with error; the agent is not asked: its channel is
+ * lost or the sandbox goes). wk_box_fail_files calls it. */
+void wk_box_fail_watches(wk_box_t *b, const char *error);
+/* Ends watches whose lease ran out; answers starts the agent left unanswered (the files
+ * reaper, once a second). */
+void wk_box_reap_watches(wk_box_t *b);
 
 #endif

@@ -14,7 +14,8 @@
  * File frames are checked the same way against the transfer they name (handle_file): a
  * transfer id this channel issued, a reply only to a request in flight, acknowledgements
  * only of bytes sent, read data only at the offset asked for and never more than asked, at
- * most WK_AGENT_LIST_MAX list entries, paths within WK_AGENT_PATH_MAX.
+ * most WK_AGENT_LIST_MAX list entries, paths within WK_AGENT_PATH_MAX. A watch is a transfer
+ * too: WatchEvents only for an open watch, 1..WK_AGENT_WATCH_EVENTS events of known types.
  *
  * Frames are rate-limited with a token bucket (RATE_FRAMES per second): beyond it the reader
  * slows down rather than fails, which back-pressures the agent through the pipe, so a guest
@@ -69,6 +70,7 @@ typedef struct {
     int op;     /* the FileOp awaiting its final reply; 0 = none */
     bool open;  /* the agent holds an open write or read */
     bool write; /* open for writing (else reading) */
+    bool watch; /* a watch (FILE_OP_WATCH asked, or open) */
     uint64_t sent, acked;
     uint32_t unacked; /* FileWrite frames not yet acknowledged */
     bool reading;     /* a FileRead in progress */
@@ -480,6 +482,7 @@ static verdict_t handle(wk_agent_t *a, const frame_t *f, char why[WHY_MAX])
     case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_ACK:
     case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_DATA:
     case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_ENTRIES:
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_WATCH_EVENTS:
         return handle_file(a, f, why);
     default:
         break;
@@ -771,10 +774,13 @@ int wk_agent_file_request(wk_agent_t *a, const Space__Agent__V1__FileRequest *r)
     xfer_t *x = xfer_find(a, r->xfer_id, NULL);
     if (!channel_up(a))
         rc = -EPIPE;
-    else if (!x || x->op || x->reading || x->open != on_open)
-        rc = -ENOENT;
-    else
+    else if (!x || x->op || x->reading || x->open != on_open ||
+             (x->watch && r->op != SPACE__AGENT__V1__FILE_OP__FILE_OP_CLOSE))
+        rc = -ENOENT; /* a watch takes nothing but its CLOSE */
+    else {
         x->op = (int)r->op; /* before the frame goes out: the reply can beat send_frame */
+        x->watch |= r->op == SPACE__AGENT__V1__FILE_OP__FILE_OP_WATCH;
+    }
     pthread_mutex_unlock(&a->mu);
     if (rc < 0)
         return rc;
@@ -834,7 +840,7 @@ int wk_agent_file_read(wk_agent_t *a, uint64_t xfer, uint64_t offset, uint32_t l
     int rc = 0;
     if (!channel_up(a))
         rc = -EPIPE;
-    else if (!x || !x->open || x->write || x->op || x->reading)
+    else if (!x || !x->open || x->write || x->watch || x->op || x->reading)
         rc = -ENOENT;
     else {
         x->reading = true;
@@ -856,9 +862,9 @@ int wk_agent_file_read(wk_agent_t *a, uint64_t xfer, uint64_t offset, uint32_t l
 
 static bool file_code_known(const char *c)
 {
-    static const char *const codes[] = {"not_found",     "exists",    "is_directory",
-                                        "not_directory", "not_empty", "permission",
-                                        "bad_path",      "no_space",  "io"};
+    static const char *const codes[] = {"not_found", "exists",     "is_directory", "not_directory",
+                                        "not_empty", "permission", "bad_path",     "no_space",
+                                        "io",        "busy"};
     for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++)
         if (strcmp(c, codes[i]) == 0)
             return true;
@@ -890,6 +896,9 @@ static verdict_t handle_file(wk_agent_t *a, const frame_t *f, char why[WHY_MAX])
     case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_DATA:
         id = f->file_data->xfer_id;
         break;
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_WATCH_EVENTS:
+        id = f->watch_events->xfer_id;
+        break;
     default:
         id = f->file_entries->xfer_id;
         break;
@@ -908,11 +917,11 @@ static verdict_t handle_file(wk_agent_t *a, const frame_t *f, char why[WHY_MAX])
         return FRAME_OK;
     }
     verdict_t v = FRAME_OK;
-    bool done = false;
+    bool done = false, watch = x->watch, deliver = true;
+    int op = x->op;
     switch (f->msg_case) {
     case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_RESULT: {
         const Space__Agent__V1__FileResult *r = f->file_result;
-        int op = x->op;
         if (!op)
             v = violation(why, "FileResult without a request");
         else if (r->info && !info_ok(r->info))
@@ -921,7 +930,8 @@ static verdict_t handle_file(wk_agent_t *a, const frame_t *f, char why[WHY_MAX])
                  (!r->info || r->info->type != SPACE__AGENT__V1__FILE_TYPE__FILE_TYPE_FILE))
             v = violation(why, "FileResult of a read without a regular file");
         else if (op == SPACE__AGENT__V1__FILE_OP__FILE_OP_WRITE_OPEN ||
-                 op == SPACE__AGENT__V1__FILE_OP__FILE_OP_READ_OPEN) {
+                 op == SPACE__AGENT__V1__FILE_OP__FILE_OP_READ_OPEN ||
+                 op == SPACE__AGENT__V1__FILE_OP__FILE_OP_WATCH) {
             x->op = 0;
             x->open = true;
             x->write = op == SPACE__AGENT__V1__FILE_OP__FILE_OP_WRITE_OPEN;
@@ -972,6 +982,24 @@ static verdict_t handle_file(wk_agent_t *a, const frame_t *f, char why[WHY_MAX])
         }
         break;
     }
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_WATCH_EVENTS: {
+        const Space__Agent__V1__WatchEvents *e = f->watch_events;
+        if (!watch || (!x->open && op != SPACE__AGENT__V1__FILE_OP__FILE_OP_CLOSE))
+            v = violation(why, "WatchEvents without a watch");
+        else if (e->n_events == 0 || e->n_events > WK_AGENT_WATCH_EVENTS)
+            v = violation(why, "WatchEvents with %zu events", e->n_events);
+        for (size_t k = 0; k < e->n_events && v == FRAME_OK; k++) {
+            const Space__Agent__V1__WatchEvent *ev = e->events[k];
+            size_t n = strlen(ev->path);
+            if (n == 0 || n > WK_AGENT_PATH_MAX ||
+                ev->type < SPACE__AGENT__V1__WATCH_EVENT_TYPE__WATCH_EVENT_CREATE ||
+                ev->type > SPACE__AGENT__V1__WATCH_EVENT_TYPE__WATCH_EVENT_OVERFLOW)
+                v = violation(why, "WatchEvents with a bad event");
+        }
+        /* Events crossing the CLOSE the worker sent: nobody wants them. */
+        deliver = op != SPACE__AGENT__V1__FILE_OP__FILE_OP_CLOSE;
+        break;
+    }
     default: {
         const Space__Agent__V1__FileEntries *e = f->file_entries;
         if (x->op != SPACE__AGENT__V1__FILE_OP__FILE_OP_LIST)
@@ -988,9 +1016,25 @@ static verdict_t handle_file(wk_agent_t *a, const frame_t *f, char why[WHY_MAX])
     }
     }
     pthread_mutex_unlock(&a->mu);
-    if (v != FRAME_OK)
+    if (v != FRAME_OK || !deliver)
         return v;
 
+    if (watch) {
+        /* A watch's replies: its opening, its end (not the CLOSE asked for), its events. */
+        if (f->msg_case == SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_RESULT) {
+            if (op == SPACE__AGENT__V1__FILE_OP__FILE_OP_WATCH && cb->on_watch_started)
+                cb->on_watch_started(cb->arg, id);
+        } else if (f->msg_case == SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_FAILED) {
+            if (op != SPACE__AGENT__V1__FILE_OP__FILE_OP_CLOSE && cb->on_watch_ended) {
+                char *m = sanitize(f->file_failed->message);
+                cb->on_watch_ended(cb->arg, id, f->file_failed->code, m);
+                free(m);
+            }
+        } else if (cb->on_watch_events) {
+            cb->on_watch_events(cb->arg, id, f->watch_events->events, f->watch_events->n_events);
+        }
+        return FRAME_OK;
+    }
     switch (f->msg_case) {
     case SPACE__AGENT__V1__AGENT_FRAME__MSG_FILE_RESULT:
         if (cb->on_file_result)

@@ -54,6 +54,15 @@ typedef struct {
     /* Part of a list, before its on_file_result. */
     void (*on_file_entries)(void *arg, uint64_t xfer, Space__Agent__V1__FileInfo **entries,
                             size_t n);
+    /* Watches (a FILE_OP_WATCH transfer; these replace the on_file_* callbacks for it): the
+     * agent opened it; events, 1..WK_AGENT_WATCH_EVENTS of them, each of a known type with a
+     * path of 1..WK_AGENT_PATH_MAX bytes (not checked against the watched directory: the
+     * caller knows it); the agent refused or ended it (the transfer is over; not called for the
+     * CLOSE the caller asked for, nor for events crossing that CLOSE). */
+    void (*on_watch_started)(void *arg, uint64_t xfer);
+    void (*on_watch_events)(void *arg, uint64_t xfer, Space__Agent__V1__WatchEvent **events,
+                            size_t n);
+    void (*on_watch_ended)(void *arg, uint64_t xfer, const char *code, const char *message);
     void *arg;
 } wk_agent_callbacks_t;
 
@@ -91,10 +100,11 @@ size_t wk_agent_running(wk_agent_t *a, const wk_agent_running_t **ret);
  * or released transfer is dropped. -EBUSY beyond WK_AGENT_MAX_XFERS transfers, -ENOENT for a
  * transfer not in the state the call needs (or busy with another request), -EPIPE when the
  * channel is lost. */
-#define WK_AGENT_MAX_XFERS 64
-#define WK_AGENT_READ_MAX  (256 * 1024) /* bytes of one file_read */
-#define WK_AGENT_LIST_MAX  10000        /* entries of one list */
-#define WK_AGENT_PATH_MAX  4096         /* bytes of a path or symlink target */
+#define WK_AGENT_MAX_XFERS    64
+#define WK_AGENT_READ_MAX     (256 * 1024) /* bytes of one file_read */
+#define WK_AGENT_LIST_MAX     10000        /* entries of one list */
+#define WK_AGENT_PATH_MAX     4096         /* bytes of a path or symlink target */
+#define WK_AGENT_WATCH_EVENTS 1024         /* events of one WatchEvents frame */
 int wk_agent_file_reserve(wk_agent_t *a, uint64_t *ret_xfer);
 /* Forgets a transfer (frames for it are dropped from now on). The agent may still hold it
  * open: send CLOSE instead when it does. */

@@ -490,6 +490,7 @@ int wk_box_open_agent(wk_box_t *b, int to_fd, int from_fd, int hello_timeout_ms,
     };
     wk_agent_callbacks_t cb = cb_template;
     wk_files_callbacks(&cb);
+    wk_watch_callbacks(&cb);
     cb.arg = b;
     return wk_agent_open(to_fd, from_fd, b->id, &cb, hello_timeout_ms, ret);
 }

@@ -455,6 +455,7 @@ void wk_box_fail_files(wk_box_t *b, const char *error)
         xfer_free(list);
         list = next;
     }
+    wk_box_fail_watches(b, error);
 }
 
 /* ---- calls (cnats threads) ---- */
@@ -875,6 +876,7 @@ static void *reaper_main(void *arg)
         pthread_mutex_unlock(&w->mu);
         for (size_t i = 0; i < n; i++) {
             reap_box(boxes[i]);
+            wk_box_reap_watches(boxes[i]);
             wk_box_put(boxes[i]);
         }
         free(boxes);

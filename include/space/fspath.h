@@ -19,6 +19,8 @@
 int sp_fspath_resolve(const char *path, const char *home, char out[SP_FSPATH_MAX + 1]);
 /* Whether s is canonical (see above). */
 bool sp_fspath_canonical(const char *s);
+/* Whether canonical path is dir (canonical too) or under it. */
+bool sp_fspath_within(const char *path, const char *dir);
 /* The home directory the files API resolves relative paths against: "/root" for "root" (or
  * ""), "/home/user" for "user"; NULL for any other user. */
 const char *sp_fspath_home(const char *user);

@@ -117,6 +117,52 @@ export function flows (label, sdk) {
     await assert.rejects(sbx.files.read('notes/sub/b.txt'), (e) => /NotFound/.test(e.name))
   })
 
+  test(`${label}: files.watchDir reports creations and removals, recursively`, async () => {
+    await sbx.files.makeDir('/home/user/watched')
+    const events = []
+    const handle = await sbx.files.watchDir('/home/user/watched', (e) => events.push([e.name, e.type]),
+      { recursive: true })
+    await sbx.files.write('/home/user/watched/a.txt', 'x')
+    await sbx.commands.run('cd /home/user/watched && mkdir d && echo y > d/b.txt && rm a.txt')
+    const want = [['a.txt', 'create'], ['d', 'create'], ['d/b.txt', 'create'], ['a.txt', 'remove']]
+    const seen = (w) => events.some((e) => e[0] === w[0] && e[1] === w[1])
+    for (let i = 0; i < 100 && !want.every(seen); i++) await new Promise((resolve) => setTimeout(resolve, 100))
+    await handle.stop()
+    for (const w of want) assert.ok(seen(w), `${w.join(' ')} in ${JSON.stringify(events)}`)
+    // In the order they happened.
+    const at = (w) => events.findIndex((e) => e[0] === w[0] && e[1] === w[1])
+    assert.ok(at(want[0]) < at(want[1]) && at(want[1]) < at(want[2]) && at(want[2]) < at(want[3]))
+    await assert.rejects(sbx.files.watchDir('/home/user/no-such-dir', () => {}),
+      (e) => /NotFound|not found/i.test(`${e.name} ${e.message}`))
+  })
+
+  // The base template's GNU coreutils: `ls -la` needs statx, which this runsc answers only
+  // through the template's shim (base.sh); this fails when the shim is missing or broken.
+  test(`${label}: GNU ls -la works in the base template`, async () => {
+    const row = /^[dlcbps-][rwxsStT-]{9}[.+]?\s+\d+\s+(\S+)\s+(\S+)\s+\d+(?:,\s*\d+)?\s+(.+)$/
+    const names = (out, date) => out.trim().split('\n').slice(1).map((l) => {
+      const m = row.exec(l)
+      assert.ok(m, `an ls -la row: ${l}`)
+      const d = date.exec(m[3])
+      assert.ok(d, `a date and a name: ${m[3]}`)
+      return { owner: m[1], group: m[2], name: d[1] }
+    })
+    const root = await sbx.commands.run('ls -la /')
+    assert.equal(root.exitCode, 0)
+    assert.match(root.stdout, /^total \d+\n/)
+    const rootNames = names(root.stdout, /^\w{3}\s+\d{1,2}\s+(?:\d{2}:\d{2}|\d{4})\s+(.+)$/).map((e) => e.name)
+    for (const n of ['.', '..', 'etc', 'home', 'usr', 'tmp']) assert.ok(rootNames.includes(n), `${n} in ${rootNames}`)
+    assert.ok(rootNames.some((n) => /^bin( -> usr\/bin)?$/.test(n)), 'bin listed')
+
+    const home = await sbx.commands.run('ls -la --time-style=full-iso /home/user')
+    assert.equal(home.exitCode, 0)
+    assert.match(home.stdout, /^total \d+\n/)
+    const entries = names(home.stdout, /^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d{9} [+-]\d{4}\s+(.+)$/)
+    const dot = entries.find((e) => e.name === '.')
+    assert.deepEqual([dot.owner, dot.group], ['user', 'user'])
+    for (const n of ['..', '.bashrc', '.profile']) assert.ok(entries.some((e) => e.name === n), `${n} listed`)
+  })
+
   test(`${label}: Sandbox.list filters by metadata`, async () => {
     const other = await Sandbox.create({ metadata: { suite: 'e2b-compat', run: `${tag}-other` } })
     try {

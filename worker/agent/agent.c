@@ -18,7 +18,8 @@
  * worker, whose writes then wait).
  *
  * File operations (FileRequest, FileWrite, FileRead) are carried out in agent_files.c, in
- * the same loop.
+ * the same loop; directory watches in agent_watch.c, whose inotify fds are polled here too and
+ * whose events are sent only while the output queue is below OUT_HIGH.
  *
  * As PID 1 it must not exit: a bad frame is answered with an Error frame and skipped. A broken
  * channel (EOF on its input, an error writing its output: the worker restarted, or closed the
@@ -190,6 +191,8 @@ static void channel_down(void)
     }
     chan_in = chan_out = -1;
     in_eof = out_dead = true;
+    /* Nobody follows the watches any more; the next channel starts without them. */
+    agent_watch_stop_all();
     bytes_free(&in_buf);
     bytes_free(&out_q);
     in_skip = 0;
@@ -898,7 +901,7 @@ static void write_stdin(cmd_t *c)
 
 /* ---- main loop ---- */
 
-enum { P_SIG, P_IN, P_OUT, P_CMD_STDOUT, P_CMD_STDERR, P_CMD_STDIN };
+enum { P_SIG, P_IN, P_OUT, P_CMD_STDOUT, P_CMD_STDERR, P_CMD_STDIN, P_WATCH };
 
 static void setup(void)
 {
@@ -940,11 +943,11 @@ int main(int argc, char **argv)
     send_hello();
     flush_out();
 
-    static struct pollfd pfd[3 + 3 * MAX_CMDS];
+    static struct pollfd pfd[3 + 3 * MAX_CMDS + AGENT_MAX_WATCHES];
     static struct {
         int kind;
         cmd_t *c;
-    } what[3 + 3 * MAX_CMDS];
+    } what[3 + 3 * MAX_CMDS + AGENT_MAX_WATCHES];
     for (;;) {
         nfds_t n = 0;
         pfd[n] = (struct pollfd){.fd = sig_pipe[0], .events = POLLIN};
@@ -1008,6 +1011,10 @@ int main(int argc, char **argv)
             if (c->reaped && grace >= 0 && (wake < 0 || grace < wake))
                 wake = grace;
         }
+        for (size_t k = agent_watch_pollfds(pfd + n, AGENT_MAX_WATCHES); k > 0; k--) {
+            what[n].c = NULL;
+            what[n++].kind = P_WATCH;
+        }
         if (in_eof && out_dead && (wake < 0 || reconnect_at < wake))
             wake = reconnect_at;
         int timeout = -1;
@@ -1054,6 +1061,9 @@ int main(int argc, char **argv)
                 if (c->in_fd >= 0)
                     write_stdin(c);
                 break;
+            case P_WATCH:
+                agent_watch_ready(pfd[i].fd);
+                break;
             }
         }
         /* A SIGCHLD may have arrived while the exec of a command blocked the loop. */
@@ -1094,6 +1104,8 @@ int main(int argc, char **argv)
             }
             i++;
         }
+        if (!out_dead)
+            agent_watch_send(out_q.len < OUT_HIGH ? OUT_HIGH - out_q.len : 0);
         flush_out();
     }
 }

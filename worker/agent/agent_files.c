@@ -80,7 +80,7 @@ static void xfer_drop(size_t i)
 
 /* ---- replies ---- */
 
-static const char *errno_code(int e)
+const char *agent_errno_code(int e)
 {
     switch (e) {
     case ENOENT:
@@ -132,7 +132,7 @@ static void send_failed(uint64_t id, const char *code, const char *fmt, ...)
 
 static void send_errno(uint64_t id, int e, const char *what, const char *path)
 {
-    send_failed(id, errno_code(e), "%s %.300s: %s", what, path, strerror(e));
+    send_failed(id, agent_errno_code(e), "%s %.300s: %s", what, path, strerror(e));
 }
 
 static Space__Agent__V1__FileType type_of(mode_t m)
@@ -352,6 +352,8 @@ static void op_close(const Space__Agent__V1__FileRequest *r)
     size_t i;
     if (xfer_find(r->xfer_id, &i))
         xfer_drop(i);
+    else
+        (void)agent_watch_close(r->xfer_id);
     send_result(r->xfer_id, NULL, false, false);
 }
 
@@ -715,6 +717,9 @@ static void do_request(const Space__Agent__V1__FileRequest *r)
         break;
     case SPACE__AGENT__V1__FILE_OP__FILE_OP_CLOSE:
         op_close(r);
+        break;
+    case SPACE__AGENT__V1__FILE_OP__FILE_OP_WATCH:
+        agent_watch_open(r);
         break;
     default:
         send_failed(r->xfer_id, "io", "unknown file op %d", (int)r->op);

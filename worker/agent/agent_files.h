@@ -3,7 +3,9 @@
 #ifndef SPACE_AGENT_FILES_H
 #define SPACE_AGENT_FILES_H
 
+#include <poll.h>
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "agent.pb-c.h"
 
@@ -13,5 +15,24 @@ void agent_send_frame(const Space__Agent__V1__AgentFrame *f);
 /* Carries out a file frame (FileRequest, FileWrite, FileRead) and queues its replies. False
  * when f is not a file frame. */
 bool agent_files_handle(const Space__Agent__V1__AgentFrame *f);
+
+/* The agent.proto FileFailed code of an errno (agent_files.c). */
+const char *agent_errno_code(int e);
+
+/* Watches (agent_watch.c). */
+/* FILE_OP_WATCH: opens the watch (FileResult) or refuses it (FileFailed). */
+void agent_watch_open(const Space__Agent__V1__FileRequest *r);
+/* Ends watch id without a reply (CLOSE answers for it); false when id is no watch. */
+bool agent_watch_close(uint64_t id);
+/* Ends every watch (the channel broke). */
+void agent_watch_stop_all(void);
+/* Fills pfd with the inotify fds to poll (at most max); how many. */
+size_t agent_watch_pollfds(struct pollfd *pfd, size_t max);
+/* Reads what the inotify fd has (bounded) into its watch's queue. */
+void agent_watch_ready(int fd);
+/* Sends queued events, about budget bytes of frames at most, and ends the watches whose
+ * directory went away once their events are out. */
+void agent_watch_send(size_t budget);
+#define AGENT_MAX_WATCHES 16 /* per sandbox; worker.h WK_WATCH_MAX */
 
 #endif

@@ -57,11 +57,24 @@ static void test_canonical(void **state)
     assert_false(sp_fspath_canonical("/a\x01"));
 }
 
+/* A watch's events must stay in its directory: a sibling that shares a prefix is not in it. */
+static void test_within(void **state)
+{
+    (void)state;
+    assert_true(sp_fspath_within("/root/w", "/root/w"));
+    assert_true(sp_fspath_within("/root/w/x/y", "/root/w"));
+    assert_true(sp_fspath_within("/etc", "/"));
+    assert_false(sp_fspath_within("/root/wx", "/root/w"));
+    assert_false(sp_fspath_within("/root", "/root/w"));
+    assert_false(sp_fspath_within("/etc/w", "/root/w"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resolve),
         cmocka_unit_test(test_canonical),
+        cmocka_unit_test(test_within),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,845 @@
+/* GET /v1/sandboxes/{id}/files/watch?path=&recursive=&user= (SSE) and E2B's
+ * filesystem.Filesystem/WatchDir (a Connect stream): a directory of a running sandbox,
+ * followed until the client goes away (proto/dataplane.proto, "watches").
+ *
+ * The flow mirrors a command's (gateway_commands.c): a pool job finds the sandbox's worker
+ * (404 unknown, 409 not running); a bus job subscribes to space.io.watch.<watch_id>.> and
+ * flushes, then asks the worker to start the watch (WatchCall "start"), which answers once the
+ * agent has it in place; then the response starts with a start record. WatchBatches arrive on a
+ * cnats thread, are checked (size, watch id, seq, every event's type and path: canonical and
+ * under the watched directory) and queued under the watch's mutex, and the loop is woken. The
+ * loop writes them as records through h2o's generator, one write at a time.
+ *
+ * SSE: `event: start` {path, recursive}, then `event: fs` {path, type} per event (type create,
+ * write, remove, rename or chmod), `event: overflow` {path} where events were lost (the agent's
+ * or the worker's bounds, a gap in the batches' seq, or a client reading slower than the events
+ * come: past BUF_MAX bytes unsent), `event: end` {code, message} when the worker ended the
+ * watch (the directory went away, the sandbox stopped), and comment keepalives.
+ * E2B: {"start":{}}, {"filesystem":{name, type: EVENT_TYPE_*}} with name relative to the
+ * watched directory, {"keepalive":{}}, then the end-stream message; an overflow has no E2B
+ * form and is dropped there (counted).
+ *
+ * The watch lives as long as its response: when h2o says the client is gone (stop) or the
+ * gateway stops, a bus job tells the worker (WatchCall "stop") and unsubscribes. While it lives
+ * a renew call every RENEW_S keeps its lease on the worker, so a gateway that dies leaves no
+ * watch behind for longer than the worker's lease. */
+#include "gateway.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "error.h"
+#include "fspath.h"
+#include "ids.h"
+#include "log.h"
+#include "xmalloc.h"
+
+#define CALL_TIMEOUT_MS  35000 /* a recursive start walks the tree in the guest */
+#define STOP_TIMEOUT_MS  5000
+#define FLUSH_TIMEOUT_MS 5000
+#define RENEW_S          15 /* the worker's lease is 60 s (worker_watch.c) */
+#define BATCH_MAX        (2 * 1024 * 1024)
+#define QUEUE_MAX        4096         /* events waiting for the loop */
+#define BUF_MAX          (256 * 1024) /* SSE bytes not yet written to the client */
+#define BUF_KEEP_BYTES   (64 * 1024)
+#define TEXT_MAX         256
+
+typedef enum { PH_LOOKUP = 1, PH_START, PH_LIVE, PH_DONE } phase_t;
+
+typedef struct wev wev_t;
+struct wev {
+    wev_t *next;
+    const char *type; /* one of the known names (static) */
+    char path[];
+};
+
+struct gw_watch {
+    h2o_generator_t gen; /* first member: h2o hands it back to proceed and stop */
+    uv_async_t async;    /* cnats thread -> loop; closed last */
+    gw_t *gw;
+    gw_req_t *rq;   /* holds a reference */
+    h2o_req_t *req; /* while the response is open */
+    bool connect;   /* E2B: Connect envelopes instead of SSE records */
+    bool recursive;
+    phase_t phase;
+    char id[SP_ID_MAX + 1];
+    char sandbox[SP_ID_MAX + 1];
+    char tenant[SP_ID_MAX + 1];
+    char request_id[GW_REQUEST_ID_MAX + 1];
+    char worker[SP_ID_MAX + 1];
+    char path[SP_FSPATH_MAX + 1];
+    char prefix[96]; /* "space.io.watch.<id>." */
+
+    /* The bus job in flight (at most one). */
+    gw_bus_job_t job;
+    void (*bus_run)(gw_watch_t *x);
+    void (*bus_done)(gw_watch_t *x);
+    bool bus_busy;
+    sp_bus_sub_t *sub;
+    int bus_rc;
+    bool stop_owed; /* the worker holds the watch: tell it when the response ends */
+    char reply_error[64];
+    char reply_detail[TEXT_MAX];
+    int64_t renew_at_ns;
+
+    /* Loop side of the response. */
+    bool sending, end_queued, async_closing, resp_done, stream_open, buf_lost;
+    int64_t sending_since_ns, last_write_ns;
+    sp_buf_t pending, inflight;
+
+    /* Shared with the cnats thread: under mu. */
+    pthread_mutex_t mu;
+    wev_t *head, *tail;
+    size_t queued;
+    uint64_t next_seq;
+    bool closed;
+    bool have_end;
+    char end_error[64];
+    char end_detail[TEXT_MAX];
+
+    gw_watch_t *prev, *next;
+};
+
+/* ---- bus jobs and lifetime ---- */
+
+static void job_run(gw_bus_job_t *job)
+{
+    gw_watch_t *x = job->arg;
+    x->bus_run(x);
+}
+
+static void job_done(gw_bus_job_t *job)
+{
+    gw_watch_t *x = job->arg;
+    x->bus_busy = false;
+    x->bus_done(x);
+}
+
+static void bus_submit(gw_watch_t *x, void (*run)(gw_watch_t *), void (*done)(gw_watch_t *))
+{
+    x->bus_run = run;
+    x->bus_done = done;
+    x->bus_busy = true;
+    x->job.arg = x;
+    x->job.run = job_run;
+    x->job.done = job_done;
+    gw_bus_submit(x->gw, &x->gw->bus_lane, &x->job);
+}
+
+static void free_queue(gw_watch_t *x)
+{
+    while (x->head) {
+        wev_t *n = x->head->next;
+        free(x->head);
+        x->head = n;
+    }
+    x->tail = NULL;
+    x->queued = 0;
+}
+
+static void on_async_closed(uv_handle_t *h)
+{
+    gw_watch_t *x = h->data;
+    gw_t *gw = x->gw;
+    if (x->prev)
+        x->prev->next = x->next;
+    else
+        gw->watches = x->next;
+    if (x->next)
+        x->next->prev = x->prev;
+    gw->n_watches--;
+    free_queue(x);
+    sp_buf_dispose(&x->pending);
+    sp_buf_dispose(&x->inflight);
+    pthread_mutex_destroy(&x->mu);
+    gw_req_unref(x->rq);
+    free(x);
+}
+
+static void call(gw_watch_t *x, const char *op, int timeout_ms)
+{
+    Space__Io__V1__WatchCall q = SPACE__IO__V1__WATCH_CALL__INIT;
+    char subject[128];
+    uint8_t *rep = NULL;
+    size_t rep_len = 0;
+    q.sandbox = x->sandbox;
+    q.tenant = x->tenant;
+    q.correlation_id = x->request_id;
+    q.op = (char *)op;
+    q.watch_id = x->id;
+    q.path = x->path;
+    q.recursive = x->recursive;
+    size_t len = space__io__v1__watch_call__get_packed_size(&q);
+    uint8_t *buf = sp_xmalloc(len ? len : 1);
+    space__io__v1__watch_call__pack(&q, buf);
+    snprintf(subject, sizeof(subject), "space.io.wkr.%s.watch", x->worker);
+    x->reply_error[0] = x->reply_detail[0] = '\0';
+    x->bus_rc = sp_bus_request(x->gw->bus, subject, buf, len, timeout_ms, &rep, &rep_len);
+    free(buf);
+    if (x->bus_rc < 0)
+        return;
+    /* The reply is untrusted: size first, then decode. */
+    Space__Io__V1__WatchReply *r =
+        rep_len <= 4096 ? space__io__v1__watch_reply__unpack(NULL, rep_len, rep) : NULL;
+    free(rep);
+    if (!r) {
+        snprintf(x->reply_error, sizeof(x->reply_error), "bad_reply");
+        snprintf(x->reply_detail, sizeof(x->reply_detail), "the worker's reply is unreadable");
+        return;
+    }
+    if (!r->ok) {
+        sp_buf_t safe;
+        sp_buf_init(&safe);
+        sp_buf_safe_text(&safe, r->error[0] ? r->error : "worker_error", sizeof(x->reply_error));
+        snprintf(x->reply_error, sizeof(x->reply_error), "%s", safe.data);
+        sp_buf_reset(&safe);
+        sp_buf_safe_text(&safe, r->detail, sizeof(x->reply_detail));
+        snprintf(x->reply_detail, sizeof(x->reply_detail), "%s", safe.data ? safe.data : "");
+        sp_buf_dispose(&safe);
+    }
+    space__io__v1__watch_reply__free_unpacked(r, NULL);
+}
+
+static void maybe_free(gw_watch_t *x)
+{
+    if (!x->resp_done || x->sub || x->bus_busy || x->async_closing)
+        return;
+    x->async_closing = true;
+    uv_close((uv_handle_t *)&x->async, on_async_closed);
+}
+
+/* Bus thread: the watch is over for us; the worker forgets it, the subscription goes. */
+static void stop_run(gw_watch_t *x)
+{
+    if (x->stop_owed)
+        call(x, "stop", STOP_TIMEOUT_MS);
+    x->stop_owed = false;
+    sp_bus_unsubscribe(x->sub);
+    x->sub = NULL;
+}
+
+static void stop_done(gw_watch_t *x)
+{
+    maybe_free(x);
+}
+
+/* Stops taking events; the worker is told off the loop (once no other job runs). */
+static void wind_down(gw_watch_t *x)
+{
+    pthread_mutex_lock(&x->mu);
+    x->closed = true;
+    free_queue(x);
+    pthread_mutex_unlock(&x->mu);
+    if ((x->sub || x->stop_owed) && !x->bus_busy)
+        bus_submit(x, stop_run, stop_done);
+    maybe_free(x);
+}
+
+/* ---- the response (loop) ---- */
+
+static void stream_closed(gw_watch_t *x)
+{
+    if (!x->stream_open)
+        return;
+    x->stream_open = false;
+    x->gw->metrics.streams--;
+    gw_metrics_request(&x->gw->metrics, x->rq->route, 200);
+    gw_log_request(x->rq, 200);
+}
+
+static void trim(sp_buf_t *b)
+{
+    if (b->cap > BUF_KEEP_BYTES)
+        sp_buf_dispose(b);
+    else
+        sp_buf_reset(b);
+}
+
+static void finish(gw_watch_t *x)
+{
+    h2o_req_t *req = x->req;
+    if (!req || x->sending)
+        return;
+    x->req = NULL;
+    req->http1_is_persistent = 0;
+    h2o_send(req, NULL, 0, H2O_SEND_STATE_FINAL);
+    stream_closed(x);
+    x->resp_done = true;
+    x->phase = PH_DONE;
+    wind_down(x);
+}
+
+static void flush(gw_watch_t *x)
+{
+    if (!x->req || x->sending)
+        return;
+    if (x->pending.len == 0) {
+        if (x->end_queued)
+            finish(x);
+        return;
+    }
+    sp_buf_t t = x->inflight;
+    x->inflight = x->pending;
+    x->pending = t;
+    trim(&x->pending);
+    x->sending = true;
+    x->sending_since_ns = x->last_write_ns = sp_mono_ns();
+    h2o_iovec_t iov = h2o_iovec_init(x->inflight.data, x->inflight.len);
+    h2o_send(x->req, &iov, 1, H2O_SEND_STATE_IN_PROGRESS);
+}
+
+static void on_proceed(h2o_generator_t *gen, h2o_req_t *req)
+{
+    gw_watch_t *x = (gw_watch_t *)gen;
+    (void)req;
+    x->sending = false;
+    trim(&x->inflight);
+    flush(x);
+}
+
+static void on_stop(h2o_generator_t *gen, h2o_req_t *req)
+{
+    gw_watch_t *x = (gw_watch_t *)gen;
+    (void)req;
+    x->req = NULL;
+    x->sending = false;
+    stream_closed(x);
+    if (x->phase == PH_LIVE)
+        sp_log(SP_LOG_INFO, "watch client gone", SP_KS("watch", x->id),
+               SP_KS("sandbox", x->sandbox), SP_KS("request_id", x->request_id));
+    x->phase = PH_DONE;
+    x->resp_done = true;
+    wind_down(x);
+}
+
+static void json_guest(sp_buf_t *b, const char *s)
+{
+    sp_buf_t safe;
+    sp_buf_init(&safe);
+    sp_buf_safe_text(&safe, s, SP_FSPATH_MAX * 4);
+    sp_buf_json_str(b, safe.data ? safe.data : "");
+    sp_buf_dispose(&safe);
+}
+
+static void record_start(gw_watch_t *x)
+{
+    if (x->connect) {
+        gw_connect_envelope(&x->pending, 0, "{\"start\":{}}", 12);
+        return;
+    }
+    sp_buf_puts(&x->pending, "event: start\ndata: {\"path\":");
+    sp_buf_json_str(&x->pending, x->path);
+    sp_buf_printf(&x->pending, ",\"recursive\":%s}\n\n", x->recursive ? "true" : "false");
+}
+
+static void record_event(gw_watch_t *x, const char *type, const char *path)
+{
+    bool overflow = strcmp(type, "overflow") == 0;
+    if (x->connect) {
+        if (overflow)
+            return; /* E2B has no such event */
+        /* E2B names an event's path relative to the watched directory. */
+        size_t n = strlen(x->path);
+        const char *rel = strcmp(x->path, "/") == 0 ? path + 1 : path + n + (path[n] == '/');
+        char upper[16];
+        size_t k = 0;
+        for (; type[k] && k + 1 < sizeof(upper); k++)
+            upper[k] = (char)(type[k] - 'a' + 'A');
+        upper[k] = '\0';
+        sp_buf_t b;
+        sp_buf_init(&b);
+        sp_buf_puts(&b, "{\"filesystem\":{\"name\":");
+        json_guest(&b, rel[0] ? rel : ".");
+        sp_buf_printf(&b, ",\"type\":\"EVENT_TYPE_%s\"}}", upper);
+        gw_connect_envelope(&x->pending, 0, b.data, b.len);
+        sp_buf_dispose(&b);
+        return;
+    }
+    sp_buf_puts(&x->pending,
+                overflow ? "event: overflow\ndata: {\"path\":" : "event: fs\ndata: {\"path\":");
+    json_guest(&x->pending, path);
+    if (!overflow)
+        sp_buf_printf(&x->pending, ",\"type\":\"%s\"", type);
+    sp_buf_puts(&x->pending, "}\n\n");
+}
+
+static void record_end(gw_watch_t *x, const char *code, const char *detail)
+{
+    sp_buf_t b;
+    sp_buf_init(&b);
+    if (x->connect) {
+        if (code[0]) {
+            int st;
+            sp_buf_puts(&b, "{\"error\":{\"code\":");
+            sp_buf_json_str(&b,
+                            gw_connect_code(strcmp(code, "not_found") == 0 ? 404 : 503, code, &st));
+            sp_buf_puts(&b, ",\"message\":");
+            json_guest(&b, detail);
+            sp_buf_puts(&b, "}}");
+        } else {
+            sp_buf_puts(&b, "{}");
+        }
+        gw_connect_envelope(&x->pending, GW_CONNECT_END_STREAM, b.data, b.len);
+    } else if (code[0]) {
+        sp_buf_puts(&x->pending, "event: end\ndata: {\"code\":");
+        json_guest(&x->pending, code);
+        sp_buf_puts(&x->pending, ",\"message\":");
+        json_guest(&x->pending, detail);
+        sp_buf_puts(&x->pending, "}\n\n");
+    }
+    sp_buf_dispose(&b);
+    x->end_queued = true;
+}
+
+/* Moves what the cnats thread queued into the response. */
+static void process(gw_watch_t *x)
+{
+    if (x->phase != PH_LIVE || !x->req)
+        return;
+    pthread_mutex_lock(&x->mu);
+    wev_t *q = x->head;
+    x->head = x->tail = NULL;
+    x->queued = 0;
+    bool end = x->have_end;
+    char code[64], detail[TEXT_MAX];
+    snprintf(code, sizeof(code), "%s", x->end_error);
+    snprintf(detail, sizeof(detail), "%s", x->end_detail);
+    pthread_mutex_unlock(&x->mu);
+    while (q) {
+        wev_t *n = q->next;
+        if (x->pending.len + x->inflight.len > BUF_MAX) {
+            /* The client reads slower than the events come: they are lost, and it is told. */
+            x->buf_lost = true;
+        } else {
+            if (x->buf_lost) {
+                record_event(x, "overflow", x->path);
+                x->buf_lost = false;
+            }
+            record_event(x, q->type, q->path);
+        }
+        free(q);
+        q = n;
+    }
+    if (end) {
+        x->phase = PH_DONE;
+        x->stop_owed = false; /* the worker ended it */
+        record_end(x, code, detail);
+    }
+    flush(x);
+}
+
+static void on_async(uv_async_t *a)
+{
+    process(a->data);
+}
+
+/* ---- the data plane (cnats thread) ---- */
+
+static const char *known_type(const char *t)
+{
+    static const char *const types[] = {"create", "write", "remove", "rename", "chmod", "overflow"};
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
+        if (strcmp(t, types[i]) == 0)
+            return types[i];
+    return NULL;
+}
+
+/* Queues one event (x->mu held); an overflow right after another is one. */
+static void enqueue(gw_watch_t *x, const char *type, const char *path)
+{
+    bool overflow = strcmp(type, "overflow") == 0;
+    if (overflow && x->tail && strcmp(x->tail->type, "overflow") == 0)
+        return;
+    if (!overflow && x->queued >= QUEUE_MAX) {
+        enqueue(x, "overflow", x->path);
+        return;
+    }
+    size_t n = strlen(path);
+    wev_t *e = sp_xmalloc(sizeof(*e) + n + 1);
+    e->next = NULL;
+    e->type = type;
+    memcpy(e->path, path, n + 1);
+    if (x->tail)
+        x->tail->next = e;
+    else
+        x->head = e;
+    x->tail = e;
+    x->queued++;
+}
+
+static void on_batch(gw_watch_t *x, const uint8_t *data, size_t len)
+{
+    Space__Io__V1__WatchBatch *m =
+        len <= BATCH_MAX ? space__io__v1__watch_batch__unpack(NULL, len, data) : NULL;
+    pthread_mutex_lock(&x->mu);
+    if (x->closed || x->have_end) {
+        pthread_mutex_unlock(&x->mu);
+        goto out;
+    }
+    if (!m || strcmp(m->watch_id, x->id) != 0 || m->seq < x->next_seq) {
+        if (!m || strcmp(m->watch_id, x->id) != 0)
+            enqueue(x, "overflow", x->path); /* unreadable: its events are lost */
+        pthread_mutex_unlock(&x->mu);
+        goto out;
+    }
+    if (m->seq != x->next_seq)
+        enqueue(x, "overflow", x->path); /* a batch went missing */
+    x->next_seq = m->seq + 1;
+    for (size_t i = 0; i < m->n_events; i++) {
+        const char *type = known_type(m->events[i]->type);
+        const char *path = m->events[i]->path;
+        if (!type || !sp_fspath_canonical(path) || !sp_fspath_within(path, x->path))
+            continue; /* not an event of this watch: dropped */
+        enqueue(x, type, path);
+    }
+    pthread_mutex_unlock(&x->mu);
+    uv_async_send(&x->async);
+out:
+    if (m)
+        space__io__v1__watch_batch__free_unpacked(m, NULL);
+}
+
+static void on_end(gw_watch_t *x, const uint8_t *data, size_t len)
+{
+    Space__Io__V1__WatchEnd *m =
+        len <= 8192 ? space__io__v1__watch_end__unpack(NULL, len, data) : NULL;
+    bool wake = false;
+    pthread_mutex_lock(&x->mu);
+    if (m && strcmp(m->watch_id, x->id) == 0 && !x->closed && !x->have_end) {
+        if (m->last_seq >= x->next_seq)
+            enqueue(x, "overflow", x->path); /* batches it sent did not arrive */
+        x->have_end = true;
+        sp_buf_t safe;
+        sp_buf_init(&safe);
+        sp_buf_safe_text(&safe, m->error[0] ? m->error : "ended", sizeof(x->end_error));
+        snprintf(x->end_error, sizeof(x->end_error), "%s", safe.data);
+        sp_buf_reset(&safe);
+        sp_buf_safe_text(&safe, m->detail, sizeof(x->end_detail));
+        snprintf(x->end_detail, sizeof(x->end_detail), "%s", safe.data ? safe.data : "");
+        sp_buf_dispose(&safe);
+        wake = true;
+    }
+    pthread_mutex_unlock(&x->mu);
+    if (m)
+        space__io__v1__watch_end__free_unpacked(m, NULL);
+    if (wake)
+        uv_async_send(&x->async);
+}
+
+static void on_msg(void *arg, const char *subject, const char *reply, const uint8_t *data,
+                   size_t len)
+{
+    gw_watch_t *x = arg;
+    size_t n = strlen(x->prefix);
+    (void)reply;
+    if (strncmp(subject, x->prefix, n) != 0)
+        return;
+    if (strcmp(subject + n, "ev") == 0)
+        on_batch(x, data, len);
+    else if (strcmp(subject + n, "end") == 0)
+        on_end(x, data, len);
+}
+
+/* ---- starting ---- */
+
+/* Bus thread: subscribe (before anything can be published), then the start call. */
+static void start_run(gw_watch_t *x)
+{
+    char subject[128];
+    snprintf(subject, sizeof(subject), "%s>", x->prefix);
+    x->bus_rc = sp_bus_subscribe(x->gw->bus, subject, NULL, on_msg, x, &x->sub);
+    if (x->bus_rc == 0)
+        x->bus_rc = sp_bus_flush(x->gw->bus, FLUSH_TIMEOUT_MS);
+    if (x->bus_rc == 0) {
+        call(x, "start", CALL_TIMEOUT_MS);
+        /* Also when the call timed out: the worker may have it, a stop is harmless. */
+        x->stop_owed = x->bus_rc == SP_ETIMEOUT || (x->bus_rc == 0 && !x->reply_error[0]);
+    }
+}
+
+static void refuse(gw_watch_t *x)
+{
+    static const struct {
+        const char *error;
+        int status;
+    } map[] = {{"not_found", 404},         {"not_directory", 400},    {"bad_path", 400},
+               {"permission", 403},        {"too_many_watches", 429}, {"sandbox_not_running", 409},
+               {"agent_unavailable", 503}, {"agent_error", 502}};
+    gw_req_t *rq = x->rq;
+    if (x->bus_rc == SP_ENOTFOUND || x->bus_rc == SP_ETIMEOUT) {
+        gw_respond_error(rq, 503, "worker_unavailable", NULL, "worker %s did not answer (%s)",
+                         x->worker, sp_strerror(x->bus_rc));
+        return;
+    }
+    if (x->bus_rc < 0) {
+        gw_respond_error(rq, 503, "bus_unavailable", NULL, "the data plane failed: %s",
+                         sp_strerror(x->bus_rc));
+        return;
+    }
+    for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) {
+        if (strcmp(x->reply_error, map[i].error) == 0) {
+            gw_respond_error(rq, map[i].status, map[i].error, NULL, "%s", x->reply_detail);
+            return;
+        }
+    }
+    sp_log(SP_LOG_WARN, "worker refused a watch", SP_KS("worker", x->worker),
+           SP_KS("error", x->reply_error), SP_KS("detail", x->reply_detail),
+           SP_KS("request_id", x->request_id));
+    gw_respond_error(rq, 500, "worker_error", NULL, "the worker refused: %s", x->reply_detail);
+}
+
+static void start_done(gw_watch_t *x)
+{
+    gw_t *gw = x->gw;
+    bool ok = x->bus_rc == 0 && !x->reply_error[0];
+    if (!ok || gw->stopping || !gw_req_live(x->rq)) {
+        if (!ok)
+            refuse(x);
+        else if (gw_req_live(x->rq))
+            gw_respond_error(x->rq, 503, "shutting_down", NULL, "the gateway is stopping");
+        x->phase = PH_DONE;
+        x->resp_done = true;
+        wind_down(x);
+        return;
+    }
+    h2o_req_t *req = x->rq->req;
+    x->phase = PH_LIVE;
+    x->renew_at_ns = sp_mono_ns() + (int64_t)RENEW_S * 1000000000;
+    req->res.status = 200;
+    req->res.reason = "OK";
+    gw_add_common_headers(x->rq, x->connect ? "application/connect+json" : "text/event-stream");
+    gw_req_mark_streaming(x->rq);
+    gw->metrics.streams++;
+    x->stream_open = true;
+    x->req = req;
+    x->gen.proceed = on_proceed;
+    x->gen.stop = on_stop;
+    h2o_start_response(req, &x->gen);
+    record_start(x);
+    process(x);
+    flush(x);
+}
+
+typedef struct {
+    gw_job_t job;
+    gw_watch_t *x;
+    gw_sandbox_loc_t loc;
+} lookup_job_t;
+
+static void lookup_run(gw_job_t *job, PGconn *db)
+{
+    lookup_job_t *l = (lookup_job_t *)job;
+    gw_sandbox_locate(db, l->x->sandbox, l->x->tenant, &l->loc);
+}
+
+static void lookup_done(gw_job_t *job)
+{
+    lookup_job_t *l = (lookup_job_t *)job;
+    gw_watch_t *x = l->x;
+    if (gw_sandbox_loc_ok(x->rq, &l->loc)) {
+        snprintf(x->worker, sizeof(x->worker), "%s", l->loc.worker);
+        x->phase = PH_START;
+        bus_submit(x, start_run, start_done);
+    } else {
+        x->phase = PH_DONE;
+        x->resp_done = true;
+        maybe_free(x);
+    }
+    free(l);
+}
+
+/* ---- renewing, ticking, closing ---- */
+
+static void renew_run(gw_watch_t *x)
+{
+    call(x, "renew", STOP_TIMEOUT_MS);
+}
+
+static void renew_done(gw_watch_t *x)
+{
+    if (x->phase == PH_LIVE && strcmp(x->reply_error, "unknown_watch") == 0) {
+        /* The worker no longer has it (its lease ran out, or it restarted). */
+        x->phase = PH_DONE;
+        x->stop_owed = false;
+        record_end(x, "watch_lost", "the worker no longer follows this directory");
+        flush(x);
+    } else if (x->phase == PH_DONE) {
+        wind_down(x);
+    }
+    maybe_free(x);
+}
+
+static void keepalive(gw_watch_t *x)
+{
+    if (x->connect)
+        gw_connect_envelope(&x->pending, 0, "{\"keepalive\":{}}", 16);
+    else
+        sp_buf_puts(&x->pending, ": keepalive\n\n");
+    flush(x);
+}
+
+/* Whether the client hung up (a watch stream's reader sends nothing after its request). */
+static bool client_gone(h2o_req_t *req)
+{
+    struct pollfd p = {.fd = gw_req_fd(req), .events = POLLRDHUP};
+    return p.fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+void gw_watches_tick(gw_t *gw)
+{
+    int64_t now = sp_mono_ns();
+    int64_t idle = gw->cfg->sse_keepalive_s * 1000000000LL;
+    int64_t write_timeout = gw->cfg->sse_write_timeout_s * 1000000000LL;
+    for (gw_watch_t *x = gw->watches; x; x = x->next) {
+        if (x->phase == PH_LIVE && !x->bus_busy && now >= x->renew_at_ns) {
+            x->renew_at_ns = now + (int64_t)RENEW_S * 1000000000;
+            bus_submit(x, renew_run, renew_done);
+        }
+        if (!x->req)
+            continue;
+        if (client_gone(x->req)) {
+            /* h2o reads nothing more of a request whose response streams, so it would hear of
+             * the hang-up only at the next write: make that write now, to a shut socket. */
+            shutdown(gw_req_fd(x->req), SHUT_RDWR);
+            if (!x->sending && x->pending.len == 0)
+                keepalive(x);
+            continue;
+        }
+        if (x->sending && now - x->sending_since_ns > write_timeout) {
+            /* Shutting the socket down fails the write; h2o then calls stop. */
+            gw->metrics.streams_closed_slow++;
+            int fd = gw_req_fd(x->req);
+            if (fd >= 0)
+                shutdown(fd, SHUT_RDWR);
+        } else if (!x->sending && x->pending.len == 0 && now - x->last_write_ns >= idle) {
+            keepalive(x);
+        }
+    }
+}
+
+void gw_watches_close_all(gw_t *gw, bool force)
+{
+    for (gw_watch_t *x = gw->watches; x; x = x->next) {
+        if (x->phase == PH_LIVE && x->req) {
+            x->phase = PH_DONE;
+            record_end(x, "shutting_down", "the gateway is stopping");
+            flush(x);
+        }
+        if (force && x->req && x->sending) {
+            int fd = gw_req_fd(x->req);
+            if (fd >= 0)
+                shutdown(fd, SHUT_RDWR);
+        }
+    }
+}
+
+/* ---- the request ---- */
+
+void gw_watch_start(gw_req_t *rq, const char *path, const char *user, bool recursive)
+{
+    gw_t *gw = rq->gw;
+    char resolved[SP_FSPATH_MAX + 1];
+    if (!sp_id_valid(rq->path_id)) {
+        gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
+        return;
+    }
+    int rc = path ? sp_fspath_resolve(path, sp_fspath_home(user), resolved) : -EINVAL;
+    if (rc == -ENAMETOOLONG) {
+        gw_respond_error(rq, 400, "bad_path", NULL, "path: longer than %d bytes", SP_FSPATH_MAX);
+        return;
+    }
+    if (rc < 0) {
+        gw_respond_error(rq, 400, "bad_path", NULL,
+                         "path: a non-empty absolute or home-relative path of UTF-8 text");
+        return;
+    }
+    if (gw->n_watches >= (size_t)gw->cfg->max_streams) {
+        gw_respond_error(rq, 429, "too_many_streams", NULL,
+                         "this gateway follows at most %lld watches at once; retry later",
+                         (long long)gw->cfg->max_streams);
+        return;
+    }
+    gw_watch_t *x = sp_xcalloc(1, sizeof(*x));
+    char fresh[SP_SANDBOX_ID_LEN + 1];
+    sp_sandbox_id_new(fresh);
+    snprintf(x->id, sizeof(x->id), "wat_%s", fresh + 4);
+    x->gw = gw;
+    x->rq = rq;
+    gw_req_ref(rq);
+    x->connect = rq->dialect == GW_DIALECT_CONNECT_STREAM;
+    x->recursive = recursive;
+    x->phase = PH_LOOKUP;
+    x->next_seq = 1;
+    snprintf(x->sandbox, sizeof(x->sandbox), "%s", rq->path_id);
+    snprintf(x->tenant, sizeof(x->tenant), "%s", rq->tenant);
+    snprintf(x->request_id, sizeof(x->request_id), "%s", rq->request_id);
+    snprintf(x->path, sizeof(x->path), "%s", resolved);
+    snprintf(x->prefix, sizeof(x->prefix), "space.io.watch.%s.", x->id);
+    sp_buf_init(&x->pending);
+    sp_buf_init(&x->inflight);
+    pthread_mutex_init(&x->mu, NULL);
+    uv_async_init(gw->loop, &x->async, on_async);
+    x->async.data = x;
+    x->next = gw->watches;
+    if (gw->watches)
+        gw->watches->prev = x;
+    gw->watches = x;
+    gw->n_watches++;
+
+    lookup_job_t *l = sp_xcalloc(1, sizeof(*l));
+    l->x = x;
+    l->job.run = lookup_run;
+    l->job.done = lookup_done;
+    if (gw_job_submit(gw, &l->job) < 0) {
+        free(l);
+        gw_respond_error(rq, 503, "overloaded", NULL, "too many requests are waiting");
+        x->phase = PH_DONE;
+        x->resp_done = true;
+        maybe_free(x);
+    }
+}
+
+void gw_watch_run(gw_req_t *rq)
+{
+    gw_query_t q;
+    const char *path = NULL, *user = NULL;
+    bool recursive = false;
+    if (gw_query_parse(rq->req, &q) < 0) {
+        gw_respond_error(rq, 400, "invalid_query", NULL, "malformed query string");
+        return;
+    }
+    for (size_t i = 0; i < q.n; i++) {
+        const char *k = q.p[i].key, *v = q.p[i].value;
+        if (strcmp(k, "path") == 0 && !path) {
+            path = v;
+        } else if (strcmp(k, "user") == 0 && !user) {
+            user = v;
+        } else if (strcmp(k, "recursive") == 0) {
+            if (strcmp(v, "true") == 0 || strcmp(v, "1") == 0) {
+                recursive = true;
+            } else if (strcmp(v, "false") == 0 || strcmp(v, "0") == 0) {
+                recursive = false;
+            } else {
+                gw_respond_error(rq, 400, "invalid_query", NULL, "recursive: true or false");
+                return;
+            }
+        } else {
+            gw_respond_error(rq, 400, "invalid_query", NULL, "unexpected query parameter %.64s", k);
+            return;
+        }
+    }
+    if (user && !sp_fspath_home(user)) {
+        gw_respond_error(rq, 400, "invalid_field", NULL, "user must be root or user");
+        return;
+    }
+    if (!path) {
+        gw_respond_error(rq, 400, "missing_field", NULL, "path is required");
+        return;
+    }
+    gw_watch_start(rq, path, user, recursive);
+}
