@@ -66,6 +66,9 @@ typedef struct {
     eg_attr_t *attrs;
     size_t n_attrs, cap_attrs;
     int conns;
+    /* Being checkpointed: new connections are reset at once until it runs again (an event
+     * says so) or until then. */
+    int64_t frozen_until_ms;
 } eg_sbx_t;
 
 typedef struct {
@@ -79,6 +82,14 @@ struct eg_event {
     sp_envelope_t *env;
     uint64_t seq;
     eg_event_t *next;
+};
+
+/* A reset request from the bus (egressd_proxy.c), queued for the loop. */
+typedef struct eg_reset eg_reset_t;
+struct eg_reset {
+    char sandbox[65];
+    char *reply;
+    eg_reset_t *next;
 };
 
 typedef struct eg_audit eg_audit_t;
@@ -96,7 +107,9 @@ typedef struct {
 
     pthread_mutex_t q_mu;
     eg_event_t *q_head, *q_tail;
+    eg_reset_t *resets; /* under q_mu, like the events; the same async wakes the loop */
     uv_async_t q_async;
+    sp_bus_sub_t *reset_sub;
 
     eg_dns_t *dns;
     uv_tcp_t listener;
@@ -126,6 +139,13 @@ bool eg_attributed(eg_sbx_t *s, const char *name, uint32_t addr_be);
 /* The address egressd itself resolved most recently for name (0 if none is live). */
 uint32_t eg_resolved_addr(eg_sbx_t *s, const char *name);
 void eg_expire_attributions(eg_t *eg);
+
+/* ---- suspend (egressd_proxy.c) ---- */
+/* Listens on space.io.egress.<worker>.reset (a cnats thread queues; the loop answers). */
+int eg_reset_start(eg_t *eg);
+void eg_reset_stop(eg_t *eg);
+/* On the loop: the queued requests carried out and answered. */
+void eg_reset_drain(eg_t *eg);
 
 /* ---- DNS (egressd_dns.c) ---- */
 int eg_dns_start(eg_t *eg);

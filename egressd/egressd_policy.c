@@ -180,7 +180,14 @@ void eg_apply_event(eg_t *eg, const sp_envelope_t *ev, uint64_t seq)
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED:
         set_address(eg, ev, ev->sandbox_started->address);
         break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_FAILED:
+        /* It runs on: its connections are its own again (eg_reset_drain froze them). */
+        if ((s = eg_sbx_by_id(eg, id)))
+            s->frozen_until_ms = 0;
+        break;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMED:
+        if ((s = eg_sbx_by_id(eg, id)))
+            s->frozen_until_ms = 0;
         /* From suspend, in a new netns (from pause: no address, nothing changed). */
         if (ev->sandbox_resumed->address[0] &&
             strcmp(ev->sandbox_resumed->worker, eg->cfg->worker_id) == 0)

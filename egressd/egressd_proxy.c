@@ -29,15 +29,20 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <linux/netfilter_ipv4.h>
+#include <linux/sockios.h>
 #include <openssl/err.h>
 #include <openssl/x509.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 
+#include "daemon.h"
+#include "dataplane.pb-c.h"
 #include "egress_parse.h"
 #include "egressd.h"
 #include "error.h"
+#include "ids.h"
 #include "log.h"
 #include "xmalloc.h"
 
@@ -90,6 +95,7 @@ struct conn {
     size_t pending_len;
     int64_t body_left; /* request body bytes still to forward before the next head */
     bool counted;
+    uint64_t drain_since; /* loop ms when the guest-first close began waiting (close_after_drain) */
     bool tunnel;         /* after a CONNECT: the tunnel must carry TLS for exactly that name */
     conn_t *prev, *next; /* eg->conns */
 };
@@ -126,7 +132,11 @@ static void on_close(uv_handle_t *h)
     }
 }
 
-static void conn_close(conn_t *c)
+/* Closes both sides. reset_guest: the guest's side with an RST rather than a FIN. A guest
+ * that closed first and then got our FIN would keep its end in TIME_WAIT for a minute, and
+ * gVisor refuses to checkpoint a sandbox holding any TCP endpoint that is not closed (on
+ * this runsc, TIME_WAIT included): an RST ends the guest's endpoint at once. */
+static void conn_close_how(conn_t *c, bool reset_guest)
 {
     if (c->state == C_CLOSING)
         return;
@@ -138,14 +148,51 @@ static void conn_close(conn_t *c)
         if (s && s->conns > 0)
             s->conns--;
     }
-    uv_close((uv_handle_t *)&c->client.tcp, on_close);
+    if (!reset_guest || uv_tcp_close_reset(&c->client.tcp, on_close) < 0)
+        uv_close((uv_handle_t *)&c->client.tcp, on_close);
     uv_close((uv_handle_t *)&c->up.tcp, on_close);
     uv_close((uv_handle_t *)&c->timer, on_close);
+}
+
+/* The guest's side is reset when the guest has closed its own already (see above). */
+static void conn_close(conn_t *c)
+{
+    conn_close_how(c, c->client.eof);
 }
 
 static void on_timeout(uv_timer_t *t)
 {
     conn_close(t->data);
+}
+
+/* Bytes written to the guest's socket that the guest has not acknowledged yet. */
+static int unacked_to_guest(conn_t *c)
+{
+    uv_os_fd_t fd;
+    int n = 0;
+    if (uv_fileno((uv_handle_t *)&c->client.tcp, &fd) < 0 || ioctl(fd, SIOCOUTQ, &n) < 0)
+        return 0;
+    return n;
+}
+
+#define DRAIN_POLL_MS 5
+#define DRAIN_MAX_MS  2000
+
+/* The guest closed first and the upstream is done: once the guest has everything (our queue
+ * and the kernel's are empty), its side ends with an RST instead of a FIN. */
+static void on_drain_check(uv_timer_t *t)
+{
+    conn_t *c = t->data;
+    uint64_t waited = uv_now(c->eg->loop) - c->drain_since;
+    if ((c->client.tcp.write_queue_size == 0 && unacked_to_guest(c) == 0) ||
+        waited >= DRAIN_MAX_MS)
+        conn_close_how(c, true);
+}
+
+static void close_after_drain(conn_t *c)
+{
+    c->drain_since = uv_now(c->eg->loop);
+    uv_timer_start(&c->timer, on_drain_check, 0, DRAIN_POLL_MS);
 }
 
 static void arm_idle(conn_t *c)
@@ -294,6 +341,10 @@ static void input_ended(side_t *s, bool clean)
     stop_reading(s);
     if (c->state != C_SPLICE) {
         conn_close(c);
+        return;
+    }
+    if (s == &c->up && c->client.eof) {
+        close_after_drain(c); /* the guest closed first: no FIN to it (conn_close_how) */
         return;
     }
     end_output(peer(s), clean);
@@ -997,6 +1048,10 @@ static void on_accept(uv_stream_t *server, int status)
         conn_close(c); /* not one of our sandboxes */
         return;
     }
+    if (s->frozen_until_ms > eg_now_ms()) {
+        conn_close_how(c, true); /* being checkpointed: the guest's connect fails at once */
+        return;
+    }
     snprintf(c->sandbox, sizeof(c->sandbox), "%s", s->id);
     c->dst_be = orig.sin_addr.s_addr;
     c->dst_port = ntohs(orig.sin_port);
@@ -1052,4 +1107,78 @@ void eg_proxy_stop(eg_t *eg)
     /* Also after a failed start: the listener may never have been initialised. */
     if (eg->listener.type == UV_TCP && !uv_is_closing((uv_handle_t *)&eg->listener))
         uv_close((uv_handle_t *)&eg->listener, NULL);
+}
+
+/* ---- suspend: every connection of a sandbox reset on its worker's request ---- */
+
+#define FREEZE_MS (60 * 1000) /* at most; SandboxResumed / SandboxSuspendFailed end it */
+
+static void on_reset_request(void *arg, const char *subject, const char *reply,
+                             const uint8_t *data, size_t len)
+{
+    eg_t *eg = arg;
+    Space__Io__V1__EgressReset *req =
+        len <= 1024 ? space__io__v1__egress_reset__unpack(NULL, len, data) : NULL;
+    if (!req || !reply || !sp_id_valid(req->sandbox)) {
+        sp_log(SP_LOG_WARN, "ignoring a bad reset request", SP_KS("subject", subject));
+        if (req)
+            space__io__v1__egress_reset__free_unpacked(req, NULL);
+        return;
+    }
+    eg_reset_t *r = sp_xcalloc(1, sizeof(*r));
+    snprintf(r->sandbox, sizeof(r->sandbox), "%s", req->sandbox);
+    r->reply = sp_xstrdup(reply);
+    space__io__v1__egress_reset__free_unpacked(req, NULL);
+    pthread_mutex_lock(&eg->q_mu);
+    r->next = eg->resets;
+    eg->resets = r;
+    pthread_mutex_unlock(&eg->q_mu);
+    uv_async_send(&eg->q_async);
+}
+
+int eg_reset_start(eg_t *eg)
+{
+    char subject[128];
+    snprintf(subject, sizeof(subject), "space.io.egress.%s.reset", eg->cfg->worker_id);
+    return sp_bus_subscribe(eg->bus, subject, NULL, on_reset_request, eg, &eg->reset_sub);
+}
+
+void eg_reset_stop(eg_t *eg)
+{
+    sp_bus_unsubscribe(eg->reset_sub);
+    eg->reset_sub = NULL;
+    eg_reset_drain(eg); /* answers nobody waits for any more: freed */
+}
+
+void eg_reset_drain(eg_t *eg)
+{
+    pthread_mutex_lock(&eg->q_mu);
+    eg_reset_t *r = eg->resets;
+    eg->resets = NULL;
+    pthread_mutex_unlock(&eg->q_mu);
+    while (r) {
+        eg_reset_t *next = r->next;
+        uint32_t n = 0;
+        eg_sbx_t *s = eg_sbx_by_id(eg, r->sandbox);
+        if (s)
+            s->frozen_until_ms = eg_now_ms() + FREEZE_MS;
+        for (conn_t *c = eg->conns; c; c = c->next) {
+            if (c->state != C_CLOSING && strcmp(c->sandbox, r->sandbox) == 0) {
+                conn_close_how(c, true);
+                n++;
+            }
+        }
+        if (!sp_daemon_stopping) {
+            Space__Io__V1__EgressResetReply rep = SPACE__IO__V1__EGRESS_RESET_REPLY__INIT;
+            rep.reset = n;
+            uint8_t buf[16];
+            size_t len = space__io__v1__egress_reset_reply__pack(&rep, buf);
+            (void)sp_bus_publish_core(eg->bus, r->reply, buf, len);
+            sp_log(SP_LOG_INFO, "connections reset for a checkpoint", SP_KS("sandbox", r->sandbox),
+                   SP_KU("reset", n));
+        }
+        free(r->reply);
+        free(r);
+        r = next;
+    }
 }

@@ -143,6 +143,7 @@ static void on_events(uv_async_t *a)
         free(e);
         e = next;
     }
+    eg_reset_drain(eg); /* after the events: a sandbox's address is known by then */
 }
 
 static void on_tick(uv_timer_t *t)
@@ -231,7 +232,7 @@ int main(int argc, char **argv)
     if (eg_tls_start(&eg) < 0) {
         /* logged; a configured CA that does not load is an operator's error, not no_ca */
     } else if ((rc = eg_audit_start(&eg)) < 0 || (rc = eg_dns_start(&eg)) < 0 ||
-               (rc = eg_proxy_start(&eg)) < 0) {
+               (rc = eg_proxy_start(&eg)) < 0 || (rc = eg_reset_start(&eg)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot listen",
                SP_KS("error", rc < -1000 ? uv_strerror(rc) : sp_strerror(rc)));
     } else if (pthread_create(&et.thread, NULL, events_main, &et) == 0) {
@@ -248,6 +249,7 @@ int main(int argc, char **argv)
     sp_daemon_stopping = 1;
     if (et.started)
         pthread_join(et.thread, NULL);
+    eg_reset_stop(&eg);
     on_events(&eg.q_async); /* frees what the thread queued last */
     eg_audit_stop(&eg);
     sp_bus_publish_async_complete(eg.bus, 2000);

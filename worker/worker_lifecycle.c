@@ -27,6 +27,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "dataplane.pb-c.h"
 #include "db.h"
 #include "error.h"
 #include "hash.h"
@@ -40,6 +41,8 @@
 #define AGENT_BACK_MS 5000 /* a resume waits this long for the agent's channel */
 /* A restarted worker waits this long for a checkpoint its predecessor's runsc still writes. */
 #define CHECKPOINT_WAIT_MS (5 * 60 * 1000)
+#define EGRESS_RESET_MS    2000 /* space-egressd's answer to a reset */
+#define RESET_SETTLE_MS    20
 
 static const char *const ARTIFACT_NAMES[ARTIFACTS] = {"checkpoint.img.zst", "rootfs.btrfs.zst"};
 
@@ -178,6 +181,37 @@ static int suspend_failed(wk_t *w, const sp_envelope_t *ev, wk_box_t *b, const c
     return wk_publish_fact(w, &env, "suspend-failed", ev->event_id);
 }
 
+/* Asks this host's space-egressd to reset every TCP connection of the sandbox (and new ones
+ * until it runs again): gVisor refuses to checkpoint a sandbox holding a TCP endpoint that is
+ * not closed, and a refused checkpoint stops the sandbox for good. How many were reset; 0 when
+ * no egressd answers (without one, sandbox TCP is dropped at the host: there is none). */
+static uint32_t egress_reset(wk_t *w, const char *sbx)
+{
+    char subject[128];
+    snprintf(subject, sizeof(subject), "space.io.egress.%s.reset", w->cfg->id);
+    Space__Io__V1__EgressReset req = SPACE__IO__V1__EGRESS_RESET__INIT;
+    req.sandbox = (char *)sbx;
+    uint8_t buf[128], *reply = NULL;
+    size_t len = space__io__v1__egress_reset__pack(&req, buf), reply_len = 0;
+    int rc = sp_bus_request(w->bus, subject, buf, len, EGRESS_RESET_MS, &reply, &reply_len);
+    uint32_t n = 0;
+    if (rc == 0) {
+        Space__Io__V1__EgressResetReply *r =
+            reply_len <= 64 ? space__io__v1__egress_reset_reply__unpack(NULL, reply_len, reply)
+                            : NULL;
+        n = r ? r->reset : 0;
+        if (r)
+            space__io__v1__egress_reset_reply__free_unpacked(r, NULL);
+    } else if (rc != SP_ENOTFOUND) {
+        sp_log(SP_LOG_WARN, "space-egressd did not answer the reset before a checkpoint",
+               SP_KS("sandbox", sbx), SP_KS("error", sp_strerror(rc)));
+    }
+    free(reply);
+    if (n > 0)
+        usleep(RESET_SETTLE_MS * 1000); /* the RSTs reach the guest's network stack */
+    return n;
+}
+
 /* The checkpoint stopped the sandbox and it cannot come back: released, and failed. */
 static int suspend_lost(wk_t *w, const sp_envelope_t *ev, const char *sbx, const char *detail)
 {
@@ -198,7 +232,7 @@ static int suspend_lost(wk_t *w, const sp_envelope_t *ev, const char *sbx, const
  * then every host resource released (a worker that dies in between leaves a suspended
  * sandbox whose leftovers the next reconcile cleans). staging is removed. */
 static int suspend_store(wk_t *w, const sp_envelope_t *ev, const char *sbx, const char *snap,
-                         wk_checkpoint_t *ck, const char *staging, int64_t t0)
+                         wk_checkpoint_t *ck, const char *staging, uint32_t reset, int64_t t0)
 {
     char err[WK_ERR_MAX] = "";
     Space__V1__SnapshotArtifact art[ARTIFACTS], *arts[ARTIFACTS];
@@ -231,6 +265,7 @@ static int suspend_store(wk_t *w, const sp_envelope_t *ev, const char *sbx, cons
     sd.worker = w->cfg->id;
     sd.store = store;
     sd.took_ms = (uint32_t)ms_since(t0);
+    sd.connections_reset = reset;
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDED;
     env.sandbox_suspended = &sd;
     rc = wk_publish_fact(w, &env, "suspended", ev->event_id);
@@ -239,7 +274,8 @@ static int suspend_store(wk_t *w, const sp_envelope_t *ev, const char *sbx, cons
                SP_KS("error", err));
     sp_log(SP_LOG_INFO, "suspended", SP_KS("sandbox", sbx), SP_KU("ms", sd.took_ms),
            SP_KU("image_bytes", art[0].size), SP_KU("rootfs_bytes", art[1].size),
-           SP_KU("checkpoint_ms", ck->checkpoint_ms), SP_KU("rootfs_ms", ck->rootfs_ms));
+           SP_KU("checkpoint_ms", ck->checkpoint_ms), SP_KU("rootfs_ms", ck->rootfs_ms),
+           SP_KU("connections_reset", reset));
     return rc;
 }
 
@@ -285,6 +321,7 @@ int wk_on_suspend(wk_t *w, const sp_envelope_t *ev)
     pthread_mutex_unlock(&b->mu);
     wk_agent_close(agent);
 
+    uint32_t reset = egress_reset(w, sbx);
     sp_sandbox_id_new(snap);
     char *staging = sp_xasprintf("%s/.staging/%s-%s", w->cfg->snapshot_dir, sbx, snap);
     wk_checkpoint_t ck = {0};
@@ -311,7 +348,7 @@ int wk_on_suspend(wk_t *w, const sp_envelope_t *ev)
         return rc;
     }
 
-    rc = suspend_store(w, ev, sbx, snap, &ck, staging, t0);
+    rc = suspend_store(w, ev, sbx, snap, &ck, staging, reset, t0);
     wk_checkpoint_dispose(&ck);
     free(staging);
     wk_box_put(b);
@@ -350,7 +387,7 @@ int wk_suspend_complete(wk_t *w, PGconn *db, const char *sbx, const char *tmpl)
         wk_rm_rf(staging);
         rc = suspend_lost(w, ev, sbx, err);
     } else {
-        rc = suspend_store(w, ev, sbx, snap, &ck, staging, t0);
+        rc = suspend_store(w, ev, sbx, snap, &ck, staging, 0, t0);
     }
     done = 1;
 out:
