@@ -2,9 +2,14 @@
  * through the HTTP API (each answered once the projection shows the outcome), round after
  * round, with the snapshot sizes; and beside them, in the same run, the raw runsc pause /
  * resume / checkpoint / restore of a bare container over the same template rootfs (no
- * network, no agent, no disk delta, no store, no events): what the platform adds. */
+ * network, no agent, no disk delta, no store, no events): what the platform adds.
+ *
+ * With the NATS object store as the snapshot store (SPACE_SNAPSHOT_STORE=nats, bench/run.sh
+ * lifecycle-nats), each round also suspends once more and empties the worker's cache before
+ * the resume: the artifacts come from the bucket, as on a worker on another host. */
 #include <dirent.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,8 +79,10 @@ static double timed(char *const argv[], const char *what)
 int bench_lifecycle(bench_ctx_t *c)
 {
     size_t n = c->rounds;
-    double *v[10];
-    for (int i = 0; i < 10; i++)
+    double *v[11];
+    const char *store = getenv("SPACE_SNAPSHOT_STORE");
+    bool remote = store && strcmp(store, "nats") == 0;
+    for (int i = 0; i < 11; i++)
         v[i] = sp_xcalloc(n, sizeof(double));
     char id[80];
     if (bench_create_sandbox(c, id) < 0) {
@@ -107,6 +114,14 @@ int bench_lifecycle(bench_ctx_t *c)
         v[2][i] = api_op(c, id, "suspend", "suspended");
         snapshot_sizes(c, id, &v[8][i], &v[9][i]);
         v[3][i] = api_op(c, id, "resume", "running");
+        if (remote) {
+            (void)api_op(c, id, "suspend", "suspended");
+            char *cache = sp_xasprintf("%s/snapshots/%s", c->home, id);
+            char *evict[] = {"rm", "-rf", cache, NULL};
+            bench_run_quiet(evict);
+            free(cache);
+            v[10][i] = api_op(c, id, "resume", "running");
+        }
 
         char cid[64];
         snprintf(cid, sizeof(cid), "bench-lc-%06zu", i);
@@ -139,7 +154,11 @@ int bench_lifecycle(bench_ctx_t *c)
     bench_row("pause (HTTP, until paused in the log)", v[0], n);
     bench_row("resume from paused (HTTP)", v[1], n);
     bench_row("suspend (HTTP: checkpoint + disk delta + store)", v[2], n);
-    bench_row("resume from suspended, same host (HTTP)", v[3], n);
+    bench_row(remote ? "resume from suspended, cached (HTTP)"
+                     : "resume from suspended, same host (HTTP)",
+              v[3], n);
+    if (remote)
+        bench_row("resume from suspended, fetched from the bucket (HTTP)", v[10], n);
     bench_row("runsc pause (baseline)", v[4], n);
     bench_row("runsc resume (baseline)", v[5], n);
     bench_row("runsc checkpoint (baseline)", v[6], n);
@@ -147,19 +166,21 @@ int bench_lifecycle(bench_ctx_t *c)
     double img50 = bench_pct(v[8], n, 50), root50 = bench_pct(v[9], n, 50);
     printf("\n  snapshot p50: checkpoint.img.zst %.0f KiB, rootfs.btrfs.zst %.0f KiB\n",
            img50 / 1024, root50 / 1024);
-    printf("\nJSON {\"bench\":\"lifecycle\",\"n\":%zu,\"pause_ms_p50\":%.1f,\"resume_ms_p50\":%.1f,"
+    printf("\nJSON {\"bench\":\"lifecycle\",\"store\":\"%s\",\"n\":%zu,\"pause_ms_p50\":%.1f,\"resume_ms_p50\":%.1f,"
            "\"suspend_ms_p50\":%.1f,\"suspend_ms_p90\":%.1f,\"resume_suspended_ms_p50\":%.1f,"
            "\"resume_suspended_ms_p90\":%.1f,\"runsc_checkpoint_ms_p50\":%.1f,"
-           "\"runsc_restore_ms_p50\":%.1f,\"image_kib_p50\":%.0f,\"rootfs_kib_p50\":%.0f}\n",
-           n, bench_pct(v[0], n, 50), bench_pct(v[1], n, 50), bench_pct(v[2], n, 50),
+           "\"runsc_restore_ms_p50\":%.1f,\"image_kib_p50\":%.0f,\"rootfs_kib_p50\":%.0f,"
+           "\"resume_fetched_ms_p50\":%.1f,\"resume_fetched_ms_p90\":%.1f}\n",
+           remote ? "nats" : "dir", n, bench_pct(v[0], n, 50), bench_pct(v[1], n, 50), bench_pct(v[2], n, 50),
            bench_pct(v[2], n, 90), bench_pct(v[3], n, 50), bench_pct(v[3], n, 90),
-           bench_pct(v[6], n, 50), bench_pct(v[7], n, 50), img50 / 1024, root50 / 1024);
+           bench_pct(v[6], n, 50), bench_pct(v[7], n, 50), img50 / 1024, root50 / 1024,
+           remote ? bench_pct(v[10], n, 50) : 0.0, remote ? bench_pct(v[10], n, 90) : 0.0);
     snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
     if (bench_http(c, "DELETE", path, NULL, NULL, &r) == 0)
         sp_httpc_resp_free(&r);
     char *rm[] = {"rm", "-rf", bundle, NULL};
     bench_run_quiet(rm);
-    for (int i = 0; i < 10; i++)
+    for (int i = 0; i < 11; i++)
         free(v[i]);
     free(img);
     free(root);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs one benchmark against a fresh local stack in a temporary SPACE_HOME, then removes it.
-# Usage: bench/run.sh eventlog|create|exec|lifecycle [space-bench options]   (build first: see README.md)
+# Usage: bench/run.sh eventlog|create|exec|lifecycle|lifecycle-nats [space-bench options]
+#        (build first: see README.md; lifecycle-nats: snapshots in the NATS object store)
 #        bench/run.sh egress   (bench/egress.sh: root, a test internet in a network namespace)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -11,6 +12,10 @@ home=$(mktemp -d "${SPACE_BENCH_TMP:-/tmp/space-bench}.XXXXXX")
 chmod 0755 "$home"
 trap 'SPACE_HOME=$home "$bin/space" down --purge >/dev/null 2>&1 || rm -rf "$home"' EXIT
 export SPACE_HOME=$home SPACE_NATS_PORT=0 SPACE_API_PORT=0 SPACE_BIN_DIR=$bin
+if [ "$what" = lifecycle-nats ]; then
+  export SPACE_SNAPSHOT_STORE=nats
+  what=lifecycle
+fi
 if [ "$what" = eventlog ]; then
   export SPACE_DAEMONS=space-eventlog # heartbeats would mix into the measured events
 fi
