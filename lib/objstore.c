@@ -415,3 +415,38 @@ int sp_obj_delete(sp_bus_t *bus, const char *bucket, const char *name)
     free(subject);
     return rc;
 }
+
+int sp_obj_list(sp_bus_t *bus, const char *bucket, sp_obj_list_cb cb, void *arg)
+{
+    if (!sp_obj_bucket_valid(bucket))
+        return -EINVAL;
+    char *stream = stream_name(bucket), *filter = sp_xasprintf("$O.%s.M.>", bucket);
+    size_t prefix = strlen(filter) - 1;
+    jsStreamInfo *si = NULL;
+    jsOptions o;
+    jsErrCode jerr = 0;
+    jsOptions_Init(&o);
+    o.Stream.Info.SubjectsFilter = filter;
+    int rc = sp__bus_status(js_GetStreamInfo(&si, bus->js, stream, &o, &jerr), jerr,
+                            "js_GetStreamInfo");
+    const jsStreamStateSubjects *subs = rc == 0 ? si->State.Subjects : NULL;
+    for (int i = 0; subs && i < subs->Count && rc == 0; i++) {
+        const char *enc = subs->List[i].Subject;
+        uint8_t *name = NULL;
+        size_t len = 0;
+        if (strlen(enc) <= prefix || sp_b64url_decode(enc + prefix, strlen(enc + prefix), &name,
+                                                      &len) < 0)
+            continue;
+        char *z = sp_xmalloc(len + 1);
+        memcpy(z, name, len);
+        z[len] = '\0';
+        free(name);
+        if (strlen(z) == len && name_valid(z) && sp_obj_stat(bus, bucket, z, NULL) == 0)
+            rc = cb(arg, z);
+        free(z);
+    }
+    jsStreamInfo_Destroy(si);
+    free(filter);
+    free(stream);
+    return rc;
+}

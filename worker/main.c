@@ -55,6 +55,8 @@ static const sp_cfg_opt_t options[] = {
                    "(default: <state-dir>/snapshots)"),
     SP_CFG_STR_OPT("snapshot-bucket", wk_config_t, snapshot_bucket, "space-snapshots",
                    "nats store: the object-store bucket (stream OBJ_<bucket>)"),
+    SP_CFG_INT_OPT("snapshot-sweep-s", wk_config_t, snapshot_sweep_s, 1, 86400, "300",
+                   "how often snapshots of deleted sandboxes (and stale cache) are removed"),
     SP_CFG_STR_OPT("templates", wk_config_t, templates, "tiny",
                    "templates to prepare at start, comma-separated (base takes minutes)"),
     SP_CFG_INT_OPT("vcpu-total", wk_config_t, vcpu_total, 0, 4096, "0", "0: the host's CPUs"),
@@ -74,8 +76,6 @@ static const sp_cfg_opt_t options[] = {
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
-#define SWEEP_EVERY_MS (5 * 60 * 1000) /* the snapshot cache's sweep (nats store) */
-
 static void *heartbeat_main(void *arg)
 {
     wk_t *w = arg;
@@ -84,7 +84,7 @@ static void *heartbeat_main(void *arg)
         int rc = wk_heartbeat(w);
         if (rc < 0)
             sp_log(SP_LOG_WARN, "heartbeat failed", SP_KS("error", sp_strerror(rc)));
-        if (wk_snap_remote(w) && sp_mono_ns() - swept_at > (int64_t)SWEEP_EVERY_MS * 1000000) {
+        if (sp_mono_ns() - swept_at > (int64_t)w->cfg->snapshot_sweep_s * 1000000000) {
             PGconn *db = NULL;
             if (sp_db_connect(w->cfg->pg_url, "space-worker", 5000, &db) == 0)
                 wk_snap_sweep(w, db);

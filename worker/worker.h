@@ -32,6 +32,7 @@ typedef struct {
     char *snapshot_dir;      /* dir store: the store (shared); nats store: this worker's cache */
     char *snapshot_store;    /* "dir" or "nats" (worker_snapstore.c) */
     char *snapshot_bucket;   /* the nats store's bucket */
+    int64_t snapshot_sweep_s; /* wk_snap_sweep's period */
     int64_t vcpu_total;      /* 0: the host's CPUs */
     int64_t memory_mb_total; /* 0: the host's memory */
     int64_t heartbeat_ms;
@@ -178,8 +179,9 @@ int wk_snap_fetch(wk_t *w, const char *key, uint64_t size, const uint8_t sha[SP_
                   char **ret_path, bool *ret_downloaded, char err[WK_ERR_MAX]);
 /* Removes keys from the cache or directory and (nats) the bucket; best effort. */
 void wk_snap_forget(wk_t *w, const char *const *keys, size_t n);
-/* nats store: drops cached snapshots of sandboxes that are no longer suspended (resumed on
- * another worker, or deleted). */
+/* Snapshot garbage: from the cache (nats store), sandboxes no longer suspended (resumed on
+ * another worker, or deleted); from the store (the directory, or the bucket), sandboxes
+ * deleted or failed while suspended. Any number of workers may sweep at once. */
 void wk_snap_sweep(wk_t *w, PGconn *db);
 /* Drops the box's running commands without ending them (the sandbox is being suspended: they
  * go on inside and are followed again after the resume). */

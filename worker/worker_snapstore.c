@@ -247,36 +247,80 @@ void wk_snap_forget(wk_t *w, const char *const *keys, size_t n)
     }
 }
 
+/* The sandbox's state in the projection ("" when it has no row); < 0 when the database is
+ * away. */
+static int sandbox_state(PGconn *db, const char *id, char out[32])
+{
+    const char *p[1] = {id};
+    PGresult *r =
+        PQexecParams(db, "SELECT state FROM sandboxes WHERE id = $1", 1, NULL, p, NULL, NULL, 0);
+    int rc = sp_db_check(r, PGRES_TUPLES_OK);
+    if (rc == 0)
+        snprintf(out, 32, "%s", PQntuples(r) == 1 ? PQgetvalue(r, 0, 0) : "");
+    PQclear(r);
+    return rc;
+}
+
+/* Snapshots of a sandbox that can never resume (deleted, or failed) may go from the store. */
+static bool gone_for_good(const char *state)
+{
+    return strcmp(state, "deleted") == 0 || strcmp(state, "failed") == 0;
+}
+
+typedef struct {
+    wk_t *w;
+    PGconn *db;
+    size_t removed;
+} bucket_sweep_t;
+
+static int sweep_object(void *arg, const char *name)
+{
+    bucket_sweep_t *bs = arg;
+    char sbx[SP_SANDBOX_ID_LEN + 1], state[32];
+    size_t n = strcspn(name, "/");
+    if (n == 0 || n > SP_SANDBOX_ID_LEN || !name[n])
+        return 0; /* not one of our keys */
+    memcpy(sbx, name, n);
+    sbx[n] = '\0';
+    if (!sp_id_valid(sbx))
+        return 0;
+    if (sandbox_state(bs->db, sbx, state) < 0)
+        return -EIO; /* the database is away: the next sweep */
+    if (gone_for_good(state) && sp_obj_delete(bs->w->bus, bs->w->cfg->snapshot_bucket, name) == 0)
+        bs->removed++;
+    return 0;
+}
+
 void wk_snap_sweep(wk_t *w, PGconn *db)
 {
-    if (!wk_snap_remote(w))
-        return; /* the directory is the store: resumes remove what they used */
+    /* The directory: with the nats store a cache (kept while the sandbox may resume from it);
+     * with the dir store the store itself (a resume removes what it used, so what stays is
+     * there for a sandbox deleted while suspended). */
+    bool cache = wk_snap_remote(w);
     DIR *d = opendir(w->cfg->snapshot_dir);
-    if (!d)
-        return;
     size_t swept = 0;
-    for (struct dirent *e; (e = readdir(d));) {
+    for (struct dirent *e; d && (e = readdir(d));) {
+        char state[32];
         if (e->d_name[0] == '.' || !sp_id_valid(e->d_name))
             continue;
-        const char *p[1] = {e->d_name};
-        PGresult *r = PQexecParams(db, "SELECT state FROM sandboxes WHERE id = $1", 1, NULL, p,
-                                   NULL, NULL, 0);
-        if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
-            PQclear(r);
+        if (sandbox_state(db, e->d_name, state) < 0)
             break; /* the database is away: try at the next sweep */
-        }
-        const char *state = PQntuples(r) == 1 ? PQgetvalue(r, 0, 0) : "";
-        bool keep = strcmp(state, "suspended") == 0 || strcmp(state, "suspending") == 0 ||
-                    strcmp(state, "resuming") == 0;
-        PQclear(r);
-        if (keep)
+        bool drop = cache ? !(strcmp(state, "suspended") == 0 || strcmp(state, "suspending") == 0 ||
+                              strcmp(state, "resuming") == 0)
+                          : gone_for_good(state);
+        if (!drop)
             continue;
         char *dir = sp_xasprintf("%s/%s", w->cfg->snapshot_dir, e->d_name);
         if (wk_rm_rf(dir) == 0)
             swept++;
         free(dir);
     }
-    closedir(d);
-    if (swept)
-        sp_log(SP_LOG_INFO, "snapshot cache swept", SP_KU("sandboxes", swept));
+    if (d)
+        closedir(d);
+    bucket_sweep_t bs = {.w = w, .db = db};
+    if (cache)
+        (void)sp_obj_list(w->bus, w->cfg->snapshot_bucket, sweep_object, &bs);
+    if (swept || bs.removed)
+        sp_log(SP_LOG_INFO, "snapshots swept", SP_KS("dir", w->cfg->snapshot_dir),
+               SP_KU("sandboxes", swept), SP_KU("bucket_objects", bs.removed));
 }

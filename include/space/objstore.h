@@ -54,6 +54,12 @@ int sp_obj_stat(sp_bus_t *bus, const char *bucket, const char *name, sp_obj_info
 int sp_obj_get(sp_bus_t *bus, const char *bucket, const char *name, uint64_t max_size, int fd,
                sp_obj_info_t *ret_info);
 
+/* Calls cb with the name of every object in bucket that is not deleted (from the stream's
+ * per-subject state: one request; names that do not decode are skipped). cb returns 0 to go
+ * on. The names are borrowed for the call. */
+typedef int (*sp_obj_list_cb)(void *arg, const char *name);
+int sp_obj_list(sp_bus_t *bus, const char *bucket, sp_obj_list_cb cb, void *arg);
+
 /* Marks name deleted (an ObjectInfo with deleted: true) and purges its chunks. SP_ENOTFOUND
  * when there is no such object. */
 int sp_obj_delete(sp_bus_t *bus, const char *bucket, const char *name);

@@ -32,7 +32,7 @@ void sp_test_daemon_kill9(const char *name);
 /* The same with signal sig (SIGTERM: a clean stop), waiting up to 30 s. */
 void sp_test_daemon_stop(const char *name, int sig);
 /* Whether anything of sandbox id is on the host of the worker whose state directory is
- * state_dir: runsc container, bundle (and its agent socket), disk, netns. */
+ * state_dir: runsc container, bundle (and its agent socket), disk, netns, cgroup. */
 bool sp_test_sandbox_held(const char *state_dir, const char *id);
 /* Runs space-replay (next to the test binaries) with args, captures stdout into out (may be
  * NULL) and returns its exit status. */

@@ -58,6 +58,8 @@ static void w2_args(char **argv, const char *extra)
     argv[n++] = "nats";
     argv[n++] = "--heartbeat-ms";
     argv[n++] = "1000";
+    argv[n++] = "--snapshot-sweep-s";
+    argv[n++] = "2";
     if (extra)
         argv[n++] = (char *)extra;
     argv[n] = NULL;
@@ -386,12 +388,35 @@ static void test_store_that_lies(void **state)
     free(origin);
 }
 
+/* A sandbox deleted while suspended: its objects leave the bucket at the next sweep (every
+ * 2 s here: SPACE_SNAPSHOT_SWEEP_S). */
+static void test_deleted_while_suspended(void **state)
+{
+    char sbx[64], st[64], keys[2][256], path[128];
+    sp_test_create_sandbox(port, key, "tiny", sbx);
+    assert_int_equal(sp_test_lifecycle(port, key, sbx, "suspend", NULL, st, sizeof(st)), 200);
+    snapshot_keys(sbx, keys);
+    assert_int_equal(sp_obj_stat(bus, BUCKET, keys[0], NULL), 0);
+    sp_test_http_resp_t r;
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", sbx);
+    sp_test_http(port, "DELETE", path, key, NULL, NULL, 0, &r);
+    assert_true(r.status < 300);
+    sp_test_http_free(&r);
+    for (int k = 0; k < 2; k++) {
+        int rc = 0;
+        for (int i = 0; i < 100 && (rc = sp_obj_stat(bus, BUCKET, keys[k], NULL)) == 0; i++)
+            usleep(100 * 1000);
+        assert_int_equal(rc, SP_ENOTFOUND);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume_on_another_worker),
         cmocka_unit_test(test_resume_prefers_the_cache),
         cmocka_unit_test(test_store_that_lies),
+        cmocka_unit_test(test_deleted_while_suspended),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
