@@ -166,15 +166,18 @@ int bench_lifecycle(bench_ctx_t *c)
     double img50 = bench_pct(v[8], n, 50), root50 = bench_pct(v[9], n, 50);
     printf("\n  snapshot p50: checkpoint.img.zst %.0f KiB, rootfs.btrfs.zst %.0f KiB\n",
            img50 / 1024, root50 / 1024);
-    printf("\nJSON {\"bench\":\"lifecycle\",\"store\":\"%s\",\"n\":%zu,\"pause_ms_p50\":%.1f,\"resume_ms_p50\":%.1f,"
+    printf("\nJSON "
+           "{\"bench\":\"lifecycle\",\"store\":\"%s\",\"n\":%zu,\"pause_ms_p50\":%.1f,\"resume_ms_"
+           "p50\":%.1f,"
            "\"suspend_ms_p50\":%.1f,\"suspend_ms_p90\":%.1f,\"resume_suspended_ms_p50\":%.1f,"
            "\"resume_suspended_ms_p90\":%.1f,\"runsc_checkpoint_ms_p50\":%.1f,"
            "\"runsc_restore_ms_p50\":%.1f,\"image_kib_p50\":%.0f,\"rootfs_kib_p50\":%.0f,"
            "\"resume_fetched_ms_p50\":%.1f,\"resume_fetched_ms_p90\":%.1f}\n",
-           remote ? "nats" : "dir", n, bench_pct(v[0], n, 50), bench_pct(v[1], n, 50), bench_pct(v[2], n, 50),
-           bench_pct(v[2], n, 90), bench_pct(v[3], n, 50), bench_pct(v[3], n, 90),
-           bench_pct(v[6], n, 50), bench_pct(v[7], n, 50), img50 / 1024, root50 / 1024,
-           remote ? bench_pct(v[10], n, 50) : 0.0, remote ? bench_pct(v[10], n, 90) : 0.0);
+           remote ? "nats" : "dir", n, bench_pct(v[0], n, 50), bench_pct(v[1], n, 50),
+           bench_pct(v[2], n, 50), bench_pct(v[2], n, 90), bench_pct(v[3], n, 50),
+           bench_pct(v[3], n, 90), bench_pct(v[6], n, 50), bench_pct(v[7], n, 50), img50 / 1024,
+           root50 / 1024, remote ? bench_pct(v[10], n, 50) : 0.0,
+           remote ? bench_pct(v[10], n, 90) : 0.0);
     snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
     if (bench_http(c, "DELETE", path, NULL, NULL, &r) == 0)
         sp_httpc_resp_free(&r);

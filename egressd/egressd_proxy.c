@@ -96,8 +96,8 @@ struct conn {
     int64_t body_left; /* request body bytes still to forward before the next head */
     bool counted;
     uint64_t drain_since; /* loop ms when the guest-first close began waiting (close_after_drain) */
-    bool tunnel;         /* after a CONNECT: the tunnel must carry TLS for exactly that name */
-    conn_t *prev, *next; /* eg->conns */
+    bool tunnel;          /* after a CONNECT: the tunnel must carry TLS for exactly that name */
+    conn_t *prev, *next;  /* eg->conns */
 };
 
 typedef struct {
@@ -184,8 +184,7 @@ static void on_drain_check(uv_timer_t *t)
 {
     conn_t *c = t->data;
     uint64_t waited = uv_now(c->eg->loop) - c->drain_since;
-    if ((c->client.tcp.write_queue_size == 0 && unacked_to_guest(c) == 0) ||
-        waited >= DRAIN_MAX_MS)
+    if ((c->client.tcp.write_queue_size == 0 && unacked_to_guest(c) == 0) || waited >= DRAIN_MAX_MS)
         conn_close_how(c, true);
 }
 
@@ -1113,8 +1112,8 @@ void eg_proxy_stop(eg_t *eg)
 
 #define FREEZE_MS (60 * 1000) /* at most; SandboxResumed / SandboxSuspendFailed end it */
 
-static void on_reset_request(void *arg, const char *subject, const char *reply,
-                             const uint8_t *data, size_t len)
+static void on_reset_request(void *arg, const char *subject, const char *reply, const uint8_t *data,
+                             size_t len)
 {
     eg_t *eg = arg;
     Space__Io__V1__EgressReset *req =

@@ -147,9 +147,9 @@ int sp_db_last_sandbox_event(PGconn *conn, const char *id, const char *type,
                                2, NULL, p, NULL, NULL, 1);
     char why[SP_REASON_MAX];
     int rc = sp_db_check(r, PGRES_TUPLES_OK);
-    if (rc == 0 && (PQntuples(r) != 1 ||
-                    sp_envelope_decode((const uint8_t *)PQgetvalue(r, 0, 0),
-                                       (size_t)PQgetlength(r, 0, 0), ret_event, why) < 0))
+    if (rc == 0 &&
+        (PQntuples(r) != 1 || sp_envelope_decode((const uint8_t *)PQgetvalue(r, 0, 0),
+                                                 (size_t)PQgetlength(r, 0, 0), ret_event, why) < 0))
         rc = SP_ENOTFOUND;
     PQclear(r);
     return rc;

@@ -281,8 +281,7 @@ static ssize_t read_full(int fd, uint8_t *buf, size_t len)
     return (ssize_t)got;
 }
 
-int sp_obj_put(sp_bus_t *bus, const char *bucket, const char *name, int fd,
-               sp_obj_info_t *ret_info)
+int sp_obj_put(sp_bus_t *bus, const char *bucket, const char *name, int fd, sp_obj_info_t *ret_info)
 {
     sp_obj_info_t old, info = {0};
     bool old_deleted = false;
@@ -427,15 +426,15 @@ int sp_obj_list(sp_bus_t *bus, const char *bucket, sp_obj_list_cb cb, void *arg)
     jsErrCode jerr = 0;
     jsOptions_Init(&o);
     o.Stream.Info.SubjectsFilter = filter;
-    int rc = sp__bus_status(js_GetStreamInfo(&si, bus->js, stream, &o, &jerr), jerr,
-                            "js_GetStreamInfo");
+    int rc =
+        sp__bus_status(js_GetStreamInfo(&si, bus->js, stream, &o, &jerr), jerr, "js_GetStreamInfo");
     const jsStreamStateSubjects *subs = rc == 0 ? si->State.Subjects : NULL;
     for (int i = 0; subs && i < subs->Count && rc == 0; i++) {
         const char *enc = subs->List[i].Subject;
         uint8_t *name = NULL;
         size_t len = 0;
-        if (strlen(enc) <= prefix || sp_b64url_decode(enc + prefix, strlen(enc + prefix), &name,
-                                                      &len) < 0)
+        if (strlen(enc) <= prefix ||
+            sp_b64url_decode(enc + prefix, strlen(enc + prefix), &name, &len) < 0)
             continue;
         char *z = sp_xmalloc(len + 1);
         memcpy(z, name, len);

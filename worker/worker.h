@@ -28,13 +28,13 @@ typedef struct {
     char *net_prefix;
     int64_t egress_proxy_port; /* egressd's ports on the host (worker_runtime.h) */
     int64_t egress_dns_port;
-    char *templates;         /* comma-separated, prepared at start */
-    char *snapshot_dir;      /* dir store: the store (shared); nats store: this worker's cache */
-    char *snapshot_store;    /* "dir" or "nats" (worker_snapstore.c) */
-    char *snapshot_bucket;   /* the nats store's bucket */
+    char *templates;          /* comma-separated, prepared at start */
+    char *snapshot_dir;       /* dir store: the store (shared); nats store: this worker's cache */
+    char *snapshot_store;     /* "dir" or "nats" (worker_snapstore.c) */
+    char *snapshot_bucket;    /* the nats store's bucket */
     int64_t snapshot_sweep_s; /* wk_snap_sweep's period */
-    int64_t vcpu_total;      /* 0: the host's CPUs */
-    int64_t memory_mb_total; /* 0: the host's memory */
+    int64_t vcpu_total;       /* 0: the host's CPUs */
+    int64_t memory_mb_total;  /* 0: the host's memory */
     int64_t heartbeat_ms;
     int64_t ack_wait_ms;
     int64_t batch_max;

@@ -362,7 +362,8 @@ int wk_suspend_complete(wk_t *w, PGconn *db, const char *sbx, const char *tmpl)
     size_t n = strlen(sbx);
     DIR *d = opendir(dir);
     for (struct dirent *e; d && (e = readdir(d));)
-        if (strncmp(e->d_name, sbx, n) == 0 && e->d_name[n] == '-' && sp_id_valid(e->d_name + n + 1))
+        if (strncmp(e->d_name, sbx, n) == 0 && e->d_name[n] == '-' &&
+            sp_id_valid(e->d_name + n + 1))
             snprintf(snap, sizeof(snap), "%s", e->d_name + n + 1);
     if (d)
         closedir(d);
@@ -475,8 +476,8 @@ static int fetch_artifacts(wk_t *w, const Space__V1__SandboxSuspended *sd, char 
             return -ENOENT;
         }
         bool downloaded = false;
-        int rc = wk_snap_fetch(w, a->store_key, a->size, a->sha256.data, &paths[i], &downloaded,
-                               err);
+        int rc =
+            wk_snap_fetch(w, a->store_key, a->size, a->sha256.data, &paths[i], &downloaded, err);
         if (rc < 0)
             return rc;
         *ret_downloaded += downloaded;

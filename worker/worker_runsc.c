@@ -269,8 +269,7 @@ int wk__runsc_checkpoint(const wk_host_t *h, const char *id, const char *image_d
     int ex = 0, rc = wk__run(&c, &ex);
     int status = rc == 0 ? wk__checkpoint_status(rc_path) : rc;
     if (rc < 0 || ex != 0 || status != 0)
-        rc = call_failed(err, rc < 0 ? rc : 0, rc == 0 && ex == 0 ? status : ex, "checkpoint",
-                         out);
+        rc = call_failed(err, rc < 0 ? rc : 0, rc == 0 && ex == 0 ? status : ex, "checkpoint", out);
     free(img);
     free(root);
     free(out);

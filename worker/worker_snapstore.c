@@ -111,8 +111,8 @@ int wk_snap_put(wk_t *w, const char *key, const char *src, uint8_t sha[SP_SHA256
         if (rc == 0 && (info.size != size || memcmp(info.sha256, sha, SP_SHA256_LEN) != 0))
             rc = -EIO; /* the file changed under us: nothing we could vouch for */
         if (rc < 0) {
-            snprintf(err, WK_ERR_MAX, "store %s in bucket %s: %s", key,
-                     w->cfg->snapshot_bucket, sp_strerror(rc));
+            snprintf(err, WK_ERR_MAX, "store %s in bucket %s: %s", key, w->cfg->snapshot_bucket,
+                     sp_strerror(rc));
             return rc;
         }
     }
@@ -131,8 +131,8 @@ int wk_snap_put(wk_t *w, const char *key, const char *src, uint8_t sha[SP_SHA256
 
 /* Whether the cached file at path is the recorded artifact: 0, -EBADMSG (other bytes, err
  * says which) or a negative errno (missing, unreadable). */
-static int check(const char *path, const char *key, uint64_t size,
-                 const uint8_t sha[SP_SHA256_LEN], char err[WK_ERR_MAX])
+static int check(const char *path, const char *key, uint64_t size, const uint8_t sha[SP_SHA256_LEN],
+                 char err[WK_ERR_MAX])
 {
     uint8_t got[SP_SHA256_LEN];
     uint64_t got_size = 0;
@@ -196,8 +196,7 @@ int wk_snap_fetch(wk_t *w, const char *key, uint64_t size, const uint8_t sha[SP_
         /* The bucket's own record is not the log's: a replaced object is a mismatch too. */
         if (rc == SP_ETOOBIG)
             rc = -EBADMSG;
-        snprintf(err, WK_ERR_MAX, "artifact %s from bucket %s: %s", key,
-                 w->cfg->snapshot_bucket,
+        snprintf(err, WK_ERR_MAX, "artifact %s from bucket %s: %s", key, w->cfg->snapshot_bucket,
                  rc == -EBADMSG ? "its bytes do not match the record" : sp_strerror(rc));
         goto out;
     }

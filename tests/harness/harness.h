@@ -77,7 +77,7 @@ void sp_test_start_counter(int port, const char *key, const char *id);
 long sp_test_counter(int port, const char *key, const char *id);
 /* POST /v1/sandboxes/{id}/{op}{query} (pause, resume, suspend): the status, and the sandbox's
  * state (200) or the error code into out. */
-int sp_test_lifecycle(int port, const char *key, const char *id, const char *op,
-                      const char *query, char *out, size_t len);
+int sp_test_lifecycle(int port, const char *key, const char *id, const char *op, const char *query,
+                      char *out, size_t len);
 
 #endif

@@ -87,8 +87,8 @@ void sp_test_cmd_free(sp_test_cmd_t *r)
     memset(r, 0, sizeof(*r));
 }
 
-int sp_test_lifecycle(int port, const char *key, const char *id, const char *op,
-                      const char *query, char *out, size_t len)
+int sp_test_lifecycle(int port, const char *key, const char *id, const char *op, const char *query,
+                      char *out, size_t len)
 {
     char path[160];
     sp_test_http_resp_t r;

@@ -306,8 +306,8 @@ static void test_kill9_mid_suspend(void **state)
     sp_test_create_sandbox(port, key, "tiny", id);
     sp_test_start_counter(port, key, id);
     /* 150 MB of memory that does not compress: the checkpoint takes a while. */
-    sp_test_cmd_t r = sp_test_run(port, key, id,
-                                  "{\"cmd\":\"head -c 150000000 /dev/urandom > /tmp/blob\"}");
+    sp_test_cmd_t r =
+        sp_test_run(port, key, id, "{\"cmd\":\"head -c 150000000 /dev/urandom > /tmp/blob\"}");
     assert_int_equal(r.exit_code, 0);
     sp_test_cmd_free(&r);
     char *before = blob_sha(id);
@@ -359,9 +359,12 @@ static void test_kill9_mid_suspend(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_pause_resume),     cmocka_unit_test(test_suspend_resume),
-        cmocka_unit_test(test_corrupt_snapshot), cmocka_unit_test(test_no_wait_and_errors),
-        cmocka_unit_test(test_timeouts),         cmocka_unit_test(test_kill9_mid_suspend),
+        cmocka_unit_test(test_pause_resume),
+        cmocka_unit_test(test_suspend_resume),
+        cmocka_unit_test(test_corrupt_snapshot),
+        cmocka_unit_test(test_no_wait_and_errors),
+        cmocka_unit_test(test_timeouts),
+        cmocka_unit_test(test_kill9_mid_suspend),
         cmocka_unit_test(test_deleted_while_suspended),
     };
     return cmocka_run_group_tests(tests, setup, NULL);

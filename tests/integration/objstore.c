@@ -132,8 +132,12 @@ static void raw_publish(const char *subject, const void *data, size_t len)
 
 static void test_round_trips(void **state)
 {
-    const size_t sizes[] = {0, 1, SP_OBJ_CHUNK_BYTES - 1, SP_OBJ_CHUNK_BYTES,
-                            SP_OBJ_CHUNK_BYTES + 1, 3 * 1024 * 1024 + 17};
+    const size_t sizes[] = {0,
+                            1,
+                            SP_OBJ_CHUNK_BYTES - 1,
+                            SP_OBJ_CHUNK_BYTES,
+                            SP_OBJ_CHUNK_BYTES + 1,
+                            3 * 1024 * 1024 + 17};
     for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
         char name[64];
         snprintf(name, sizeof(name), "round/%zu.bin", sizes[k]);
@@ -241,8 +245,9 @@ static void foreign_put(const char *name, const char *nuid, const uint8_t *data,
     sp_sha256(data, len, sha);
     sp_buf_t b;
     sp_buf_init(&b);
-    sp_buf_printf(&b, "{\"name\":\"%s\",\"bucket\":\"" BUCKET "\",\"nuid\":\"%s\",\"size\":%zu,"
-                      "\"chunks\":%d,\"digest\":\"",
+    sp_buf_printf(&b,
+                  "{\"name\":\"%s\",\"bucket\":\"" BUCKET "\",\"nuid\":\"%s\",\"size\":%zu,"
+                  "\"chunks\":%d,\"digest\":\"",
                   name, nuid, len, chunks_override >= 0 ? chunks_override : chunks);
     if (digest_override)
         sp_buf_puts(&b, digest_override);
