@@ -430,7 +430,7 @@ static int load_snapshot(wk_t *w, const char *sbx, snapshot_info_t *si, char err
     si->memory_mb = (uint32_t)strtoul(PQgetvalue(r, 0, 3), NULL, 10);
     PQclear(r);
     r = NULL;
-    if ((rc = sp_db_last_sandbox_event(db, sbx, "SandboxSuspended", &si->suspended)) < 0 ||
+    if (sp_db_last_sandbox_event(db, sbx, "SandboxSuspended", &si->suspended) < 0 ||
         si->suspended->payload_case != SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDED) {
         snprintf(err, WK_ERR_MAX, "no readable SandboxSuspended for %s", sbx);
         rc = SP_ENOTFOUND;

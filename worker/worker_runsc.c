@@ -281,11 +281,14 @@ int wk__checkpoint_status(const char *rc_path)
     FILE *f = fopen(rc_path, "r");
     if (!f)
         return -errno;
-    int v = -1;
-    if (fscanf(f, "%d", &v) != 1)
-        v = -1;
+    char line[16] = "";
+    bool got = fgets(line, sizeof(line), f) != NULL;
     fclose(f);
-    return v < 0 ? -EIO : v;
+    char *end = NULL;
+    long v = got ? strtol(line, &end, 10) : -1;
+    if (!got || end == line || (*end && *end != '\n') || v < 0 || v > 255)
+        return -EIO;
+    return (int)v;
 }
 
 int wk__runsc_restore(const wk_host_t *h, const char *id, const char *bundle_dir,

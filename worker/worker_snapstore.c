@@ -104,7 +104,7 @@ int wk_snap_put(wk_t *w, const char *key, const char *src, uint8_t sha[SP_SHA256
     }
     if (wk_snap_remote(w)) {
         int fd = open(src, O_RDONLY | O_CLOEXEC);
-        sp_obj_info_t info;
+        sp_obj_info_t info = {0};
         rc = fd < 0 ? -errno : sp_obj_put(w->bus, w->cfg->snapshot_bucket, key, fd, &info);
         if (fd >= 0)
             close(fd);

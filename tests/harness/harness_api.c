@@ -147,9 +147,9 @@ void sp_test_start_counter(int port, const char *key, const char *id)
 long sp_test_counter(int port, const char *key, const char *id)
 {
     sp_test_cmd_t r = sp_test_run(port, key, id, "{\"cmd\":\"cat /tmp/count\"}");
-    if (r.status != 200)
+    if (r.status != 200 || !r.stdout_s)
         fail_msg("count: %d %s", r.status, r.error);
-    long n = strtol(r.stdout_s, NULL, 10);
+    long n = r.stdout_s ? strtol(r.stdout_s, NULL, 10) : -1; /* fail_msg does not return */
     sp_test_cmd_free(&r);
     return n;
 }

@@ -58,9 +58,13 @@ static int memfile(size_t len, unsigned seed)
     int fd = memfd_create("obj", MFD_CLOEXEC);
     assert_true(fd >= 0);
     uint8_t *p = sp_xmalloc(len ? len : 1);
-    srand(seed);
-    for (size_t i = 0; i < len; i++)
-        p[i] = (uint8_t)(rand() >> 7);
+    uint32_t x = seed * 2654435761u + 1; /* xorshift: repeatable bytes, no libc rand() */
+    for (size_t i = 0; i < len; i++) {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        p[i] = (uint8_t)(x >> 11);
+    }
     assert_int_equal(write(fd, p, len), (ssize_t)len);
     free(p);
     lseek(fd, 0, SEEK_SET);
