@@ -159,6 +159,15 @@ int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev);
  * released) and returns 1. 0 when there is no image (the sandbox runs on, or is lost: the
  * caller looks), < 0 when a fact could not be published. */
 int wk_suspend_complete(wk_t *w, PGconn *db, const char *sbx, const char *tmpl);
+/* At start, for a sandbox the log says is resuming on this worker: alive (runsc shows it
+ * running) means the restore finished: SandboxResumed and its snapshot removed, 1 (the caller
+ * adopts it). Otherwise its leftovers are released and SandboxResumeFailed makes it suspended
+ * again with its snapshot, 0. < 0 when a fact could not be published. */
+int wk_resume_after_restart(wk_t *w, PGconn *db, const char *sbx, const char *tenant, bool alive);
+/* Publishes a sandbox fact that no intent caused (the worker's restart did); what names it in
+ * the message id. */
+int wk_publish_restart_fact(wk_t *w, const char *tenant, const char *sbx, const char *what,
+                            sp_envelope_t *env, Space__V1__Aggregate *agg);
 
 /* The snapshot store (worker_snapstore.c): a directory, or a NATS object-store bucket with
  * snapshot-dir as this worker's cache. Keys are <sandbox>/<snapshot>/<artifact>. */

@@ -584,3 +584,54 @@ out:
     sp_envelope_free(si.suspended);
     return rc;
 }
+
+int wk_resume_after_restart(wk_t *w, PGconn *db, const char *sbx, const char *tenant, bool alive)
+{
+    char err[WK_ERR_MAX] = "";
+    sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
+    Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
+    char *work = sp_xasprintf("%s/.staging/restore-%s", w->cfg->snapshot_dir, sbx);
+    wk_rm_rf(work);
+    free(work);
+    char addr[16] = "";
+    if (alive && wk_sandbox_address(w->host, sbx, addr, err) < 0) {
+        sp_log(SP_LOG_WARN, "a restored sandbox without its address: released",
+               SP_KS("sandbox", sbx), SP_KS("error", err));
+        alive = false;
+    }
+    if (!alive) {
+        /* The restore did not finish: its leftovers go, the snapshot stays for another try. */
+        (void)wk_sandbox_destroy(w->host, sbx, err);
+        Space__V1__SandboxResumeFailed f = SPACE__V1__SANDBOX_RESUME_FAILED__INIT;
+        f.reason = "worker_restarted";
+        f.detail = "the worker stopped during the resume; the sandbox is suspended again";
+        f.worker = w->cfg->id;
+        env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUME_FAILED;
+        env.sandbox_resume_failed = &f;
+        int rc = wk_publish_restart_fact(w, tenant, sbx, "resume-failed", &env, &agg);
+        return rc < 0 ? rc : 0;
+    }
+    /* It runs: the restore finished before the worker died. */
+    Space__V1__SandboxResumed r = SPACE__V1__SANDBOX_RESUMED__INIT;
+    r.worker = w->cfg->id;
+    r.address = addr;
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMED;
+    env.sandbox_resumed = &r;
+    int rc = wk_publish_restart_fact(w, tenant, sbx, "resumed", &env, &agg);
+    if (rc < 0)
+        return rc;
+    sp_envelope_t *ev = NULL;
+    if (sp_db_last_sandbox_event(db, sbx, "SandboxSuspended", &ev) == 0 &&
+        ev->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDED) {
+        const Space__V1__SandboxSuspended *sd = ev->sandbox_suspended;
+        const char *keys[ARTIFACTS];
+        size_t n = 0;
+        for (size_t i = 0; i < sd->n_artifacts && n < ARTIFACTS; i++)
+            keys[n++] = sd->artifacts[i]->store_key;
+        wk_snap_forget(w, keys, n);
+    }
+    sp_envelope_free(ev);
+    sp_log(SP_LOG_INFO, "a resume the previous worker began had finished", SP_KS("sandbox", sbx),
+           SP_KS("address", addr));
+    return 1;
+}

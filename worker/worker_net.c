@@ -496,7 +496,7 @@ static int addr_of_cb(const struct nlmsghdr *nlh, void *data)
     return MNL_CB_OK;
 }
 
-int wk__net_restore(wk_host_t *h, const char *id, char err[WK_ERR_MAX])
+int wk__net_address(wk_host_t *h, const char *id, uint32_t *ret_guest_be, char err[WK_ERR_MAX])
 {
     char veth[IFNAMSIZ];
     wk__veth_name(h, id, veth);
@@ -518,6 +518,17 @@ int wk__net_restore(wk_host_t *h, const char *id, char err[WK_ERR_MAX])
     if (rc < 0)
         return wk__fail(err, rc, "address of veth %s: %s", veth, strerror(-rc));
     /* The sandbox is the .2 of the /30 whose .1 the host end holds. */
-    uint32_t guest_be = htonl(ntohl(a.addr_be) + 1);
+    *ret_guest_be = htonl(ntohl(a.addr_be) + 1);
+    return 0;
+}
+
+int wk__net_restore(wk_host_t *h, const char *id, char err[WK_ERR_MAX])
+{
+    char veth[IFNAMSIZ];
+    uint32_t guest_be = 0;
+    int rc = wk__net_address(h, id, &guest_be, err);
+    if (rc < 0)
+        return rc;
+    wk__veth_name(h, id, veth);
     return wk__nft_sandbox_add(h, veth, guest_be, err);
 }

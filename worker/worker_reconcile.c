@@ -36,9 +36,8 @@ static void idlist_free(idlist_t *l)
     free(l->v);
 }
 
-/* A sandbox fact with no intent behind it: caused by the restart itself. */
-static int publish_sandbox_fact(wk_t *w, const char *tenant, const char *sbx, const char *what,
-                                sp_envelope_t *env, Space__V1__Aggregate *agg)
+int wk_publish_restart_fact(wk_t *w, const char *tenant, const char *sbx, const char *what,
+                            sp_envelope_t *env, Space__V1__Aggregate *agg)
 {
     char id[37], msg_id[128];
     agg->kind = "sandbox";
@@ -129,6 +128,20 @@ int wk_reconcile(wk_t *w, PGconn *db)
             if ((hs == WK_RUNNING || hs == WK_PAUSED) && wk_sandbox_running(w->host, sbx) != 1)
                 hs = WK_STOPPED; /* the checkpoint it waited for stopped it, and failed */
         }
+        if (state == SP_SBX_RESUMING) {
+            /* A resume the previous worker began: finished (it runs) or undone (suspended
+             * again, the snapshot kept). */
+            int done = wk_resume_after_restart(w, db, sbx, tenant,
+                                               hs == WK_RUNNING || hs == WK_PAUSED);
+            if (done < 0) {
+                rc = done;
+                goto out;
+            }
+            if (done == 0) {
+                idlist_add(&cleaned, sbx);
+                continue;
+            }
+        }
         sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
         Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
         if ((hs == WK_RUNNING || hs == WK_PAUSED) && state == SP_SBX_SUSPENDING) {
@@ -140,7 +153,7 @@ int wk_reconcile(wk_t *w, PGconn *db)
             sf.state = hs == WK_PAUSED ? "paused" : "running";
             env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_FAILED;
             env.sandbox_suspend_failed = &sf;
-            if ((rc = publish_sandbox_fact(w, tenant, sbx, "suspend-failed", &env, &agg)) < 0)
+            if ((rc = wk_publish_restart_fact(w, tenant, sbx, "suspend-failed", &env, &agg)) < 0)
                 goto out;
             env = (sp_envelope_t)SPACE__V1__ENVELOPE__INIT;
         }
@@ -169,7 +182,7 @@ int wk_reconcile(wk_t *w, PGconn *db)
             ad.worker = w->cfg->id;
             env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_ADOPTED;
             env.sandbox_adopted = &ad;
-            if ((rc = publish_sandbox_fact(w, tenant, sbx, "adopted", &env, &agg)) < 0)
+            if ((rc = wk_publish_restart_fact(w, tenant, sbx, "adopted", &env, &agg)) < 0)
                 goto out;
             idlist_add(&adopted, sbx);
             continue;
@@ -186,7 +199,7 @@ int wk_reconcile(wk_t *w, PGconn *db)
                                         : "not running after a worker restart; released";
         env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_FAILED;
         env.sandbox_failed = &failed;
-        if ((rc = publish_sandbox_fact(w, tenant, sbx, "lost", &env, &agg)) < 0)
+        if ((rc = wk_publish_restart_fact(w, tenant, sbx, "lost", &env, &agg)) < 0)
             goto out;
         idlist_add(&lost, sbx);
     }

@@ -10,6 +10,7 @@
  * completely, which is exact because everything named after the id was made by this create.
  */
 #include <dirent.h>
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -572,6 +573,17 @@ int wk_sandbox_net_restore(wk_host_t *h, const char *id, char err[WK_ERR_MAX])
     if (!h || !id || !sp_id_valid(id))
         return wk__fail(err, -EINVAL, "invalid sandbox id");
     return wk__net_restore(h, id, err);
+}
+
+int wk_sandbox_address(wk_host_t *h, const char *id, char out[16], char err[WK_ERR_MAX])
+{
+    if (!h || !id || !sp_id_valid(id))
+        return wk__fail(err, -EINVAL, "invalid sandbox id");
+    uint32_t be = 0;
+    int rc = wk__net_address(h, id, &be, err);
+    if (rc == 0 && !inet_ntop(AF_INET, &be, out, 16))
+        rc = wk__fail(err, -errno, "inet_ntop: %m");
+    return rc;
 }
 
 int wk_sandbox_exec(wk_host_t *h, const char *id, const char *const *argv, char *out,

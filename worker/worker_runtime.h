@@ -137,6 +137,8 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
                        const char *rootfs_zst, const char *work_dir, wk_sandbox_info_t *ret_info,
                        char err[WK_ERR_MAX]);
 
+/* The sandbox's IPv4 address inside its netns, as text. */
+int wk_sandbox_address(wk_host_t *h, const char *id, char out[16], char err[WK_ERR_MAX]);
 /* 1 when runsc shows the sandbox's container running or paused, 0 when not (stopped, or gone),
  * < 0 when runsc could not be asked. */
 int wk_sandbox_running(wk_host_t *h, const char *id);

@@ -160,6 +160,8 @@ int wk__net_destroy(wk_host_t *h, const char *id, char err[WK_ERR_MAX]);
 
 /* Re-adds the firewall element of a sandbox whose veth exists (an adopted sandbox after a
  * worker restart); idempotent. */
+/* The sandbox's address (network order), from its veth's host end. */
+int wk__net_address(wk_host_t *h, const char *id, uint32_t *ret_guest_be, char err[WK_ERR_MAX]);
 int wk__net_restore(wk_host_t *h, const char *id, char err[WK_ERR_MAX]);
 
 /* ---- nftables (worker_nft.c) ---- */

@@ -356,16 +356,72 @@ static void test_kill9_mid_suspend(void **state)
     PQfinish(db);
 }
 
+/* The worker killed -9 while it restores a suspended sandbox: after its restart the sandbox
+ * runs (the restore had finished: SandboxResumed) or is suspended again with its snapshot
+ * (SandboxResumeFailed "worker_restarted"), and resumes then; its memory is intact. */
+static void test_kill9_mid_resume(void **state)
+{
+    char id[64], st[64], sql[512], cmd[1024];
+    PGconn *db = sp_test_db();
+    sp_test_create_sandbox(port, key, "tiny", id);
+    sp_test_start_counter(port, key, id);
+    sp_test_cmd_t r =
+        sp_test_run(port, key, id, "{\"cmd\":\"head -c 150000000 /dev/urandom > /tmp/blob\"}");
+    assert_int_equal(r.exit_code, 0);
+    sp_test_cmd_free(&r);
+    char *before = blob_sha(id);
+    assert_int_equal(lifecycle(id, "suspend", NULL, st, sizeof(st)), 200);
+
+    assert_int_equal(lifecycle(id, "resume", "?wait=false", st, sizeof(st)), 202);
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type = "
+             "'SandboxResuming'",
+             id);
+    assert_int_equal(sp_test_db_wait_scalar(db, sql, 1, 30000), 1);
+    usleep(100 * 1000); /* into the restore */
+    sp_test_daemon_kill9("space-worker");
+    assert_int_equal(sp_test_space("up"), 0);
+
+    snprintf(sql, sizeof(sql), "SELECT state FROM sandboxes WHERE id = '%s'", id);
+    for (int i = 0; i < 600; i++) {
+        PGresult *pr = PQexec(db, sql);
+        snprintf(st, sizeof(st), "%s", PQntuples(pr) == 1 ? PQgetvalue(pr, 0, 0) : "");
+        PQclear(pr);
+        if (strcmp(st, "resuming") != 0 && strcmp(st, "placed") != 0)
+            break;
+        usleep(100 * 1000);
+    }
+    snprintf(cmd, sizeof(cmd),
+             "grep -c 'a resume the previous worker began' '%s/log/space-worker.log'",
+             sp_test_env("SPACE_HOME"));
+    print_message("after the restart the sandbox is %s; resumes found finished: \n", st);
+    (void)system(cmd); /* NOLINT(cert-env33-c): shown, not asserted (it depends on timing) */
+    if (strcmp(st, "suspended") == 0) {
+        snprintf(sql, sizeof(sql),
+                 "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type = "
+                 "'SandboxResumeFailed' AND position('worker_restarted' in "
+                 "encode(payload, 'escape')) > 0",
+                 id);
+        assert_int_equal(sp_test_db_scalar(db, sql), 1);
+        assert_released(id);
+        assert_int_equal(lifecycle(id, "resume", NULL, st, sizeof(st)), 200);
+    } else {
+        assert_string_equal(st, "running");
+    }
+    char *after = blob_sha(id);
+    assert_string_equal(before, after);
+    free(before);
+    free(after);
+    PQfinish(db);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_pause_resume),
-        cmocka_unit_test(test_suspend_resume),
-        cmocka_unit_test(test_corrupt_snapshot),
-        cmocka_unit_test(test_no_wait_and_errors),
-        cmocka_unit_test(test_timeouts),
-        cmocka_unit_test(test_kill9_mid_suspend),
-        cmocka_unit_test(test_deleted_while_suspended),
+        cmocka_unit_test(test_pause_resume),     cmocka_unit_test(test_suspend_resume),
+        cmocka_unit_test(test_corrupt_snapshot), cmocka_unit_test(test_no_wait_and_errors),
+        cmocka_unit_test(test_timeouts),         cmocka_unit_test(test_kill9_mid_suspend),
+        cmocka_unit_test(test_kill9_mid_resume), cmocka_unit_test(test_deleted_while_suspended),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
