@@ -131,8 +131,8 @@ int wk_reconcile(wk_t *w, PGconn *db)
         if (state == SP_SBX_RESUMING) {
             /* A resume the previous worker began: finished (it runs) or undone (suspended
              * again, the snapshot kept). */
-            int done = wk_resume_after_restart(w, db, sbx, tenant,
-                                               hs == WK_RUNNING || hs == WK_PAUSED);
+            int done =
+                wk_resume_after_restart(w, db, sbx, tenant, hs == WK_RUNNING || hs == WK_PAUSED);
             if (done < 0) {
                 rc = done;
                 goto out;
