@@ -239,7 +239,9 @@ int sp_reduce_sandbox(sp_sandbox_t *s, const sp_envelope_t *env, uint64_t seq,
     case SPACE__V1__ENVELOPE__PAYLOAD_FILE_MOVED:
     case SPACE__V1__ENVELOPE__PAYLOAD_DIR_CREATED:
     case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED:
-        /* Activity: what keeps a sandbox from being suspended for idleness. */
+    case SPACE__V1__ENVELOPE__PAYLOAD_EGRESS_ALLOWED:
+        /* Activity: what keeps a sandbox from being suspended for idleness (commands, file
+         * changes, and connections space-egressd let out). */
         s->last_activity_us = env->occurred_at_us;
         break;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDING:

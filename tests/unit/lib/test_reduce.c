@@ -29,7 +29,9 @@ typedef struct {
         Space__V1__SandboxPaused paused;
         Space__V1__SandboxSuspending suspending;
         Space__V1__SandboxSuspended suspended;
+        Space__V1__EgressAllowed egress;
     } p;
+    Space__V1__EgressDecision decision;
     char id[37];
 } ev_t;
 
@@ -97,6 +99,15 @@ static sp_envelope_t *ev(ev_t *e, sp_event_type_t t, const char *worker)
         e->p.rejected.reason = "no_capacity";
         e->env.sandbox_request_rejected = &e->p.rejected;
         break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_EGRESS_ALLOWED:
+        space__v1__egress_allowed__init(&e->p.egress);
+        space__v1__egress_decision__init(&e->decision);
+        e->decision.protocol = "https";
+        e->decision.name = "example.test";
+        e->decision.count = 1;
+        e->p.egress.decision = &e->decision;
+        e->env.egress_allowed = &e->p.egress;
+        break;
     default:
         fail_msg("unexpected type");
     }
@@ -147,6 +158,26 @@ static void test_full_lifecycle(void **state)
     assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETED, NULL), SP_ETRANSITION);
     assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_FAILED, NULL), SP_ETRANSITION);
     assert_int_equal(s.version, 10);
+    sp_sandbox_dispose(&s);
+}
+
+/* Connections let out count as activity (idle auto-suspend looks at it). */
+static void test_egress_is_activity(void **state)
+{
+    sp_sandbox_t s;
+    ev_t e;
+    char reason[SP_REASON_MAX];
+    uint64_t seq = 0;
+    sp_sandbox_init(&s, "sbx_a");
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED, NULL), 0);
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED, "w1"), 0);
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED, "w1"), 0);
+    int64_t before = s.last_activity_us;
+    sp_envelope_t *env = ev(&e, SPACE__V1__ENVELOPE__PAYLOAD_EGRESS_ALLOWED, NULL);
+    env->occurred_at_us = before + 5000000;
+    assert_int_equal(sp_reduce_sandbox(&s, env, ++seq, reason), 0);
+    assert_int_equal(s.last_activity_us, before + 5000000);
+    assert_int_equal(s.state, SP_SBX_RUNNING);
     sp_sandbox_dispose(&s);
 }
 
@@ -228,6 +259,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full_lifecycle),
+        cmocka_unit_test(test_egress_is_activity),
         cmocka_unit_test(test_refusals_leave_row_untouched),
         cmocka_unit_test(test_worker_heartbeats),
     };
