@@ -41,7 +41,20 @@ static int setup(void **state)
     key = sp_test_env("SPACE_API_KEY");
     sp_test_create_sandbox(port, key, "tiny", sbx);
     sp_test_start_counter(port, key, sbx);
+    /* A process that keeps one file open on the disk and appends through it. */
+    sp_test_cmd_t r = sp_test_run(port, key, sbx,
+                                  "{\"cmd\":\"exec 3>>/root/open.log; while true; do echo x >&3; "
+                                  "sleep 0.1; done\",\"background\":true}");
+    sp_test_cmd_free(&r);
     return 0;
+}
+
+static long open_log_size(const char *id)
+{
+    sp_test_cmd_t r = sp_test_run(port, key, id, "{\"cmd\":\"wc -c < /root/open.log\"}");
+    long n = r.status == 200 && r.stdout_s ? strtol(r.stdout_s, NULL, 10) : -1;
+    sp_test_cmd_free(&r);
+    return n;
 }
 
 static void test_pause_resume(void **state)
@@ -126,6 +139,12 @@ static void test_suspend_resume(void **state)
     sp_test_cmd_t r = sp_test_run(port, key, sbx, "{\"cmd\":\"cat /root/file\"}");
     assert_string_equal(r.stdout_s, "kept\n");
     sp_test_cmd_free(&r);
+    /* The file a process held open through the suspend still takes its writes. */
+    long open1 = open_log_size(sbx);
+    usleep(500 * 1000);
+    long open2 = open_log_size(sbx);
+    print_message("open.log: %ld bytes, %ld half a second later\n", open1, open2);
+    assert_true(open1 > 0 && open2 > open1);
     /* The snapshot served and is gone. */
     snprintf(path, sizeof(path), "%s/snapshots/%s", sp_test_env("SPACE_HOME"), sbx);
     assert_int_not_equal(access(path, F_OK), 0);
