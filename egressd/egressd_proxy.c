@@ -225,8 +225,16 @@ static side_t *peer(side_t *s)
 
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
-    buf->base = sp_xmalloc(READ_CHUNK);
-    buf->len = READ_CHUNK;
+    conn_t *c = h->data;
+    size_t n = READ_CHUNK;
+    /* The guest's first bytes are read into first and never more than it has room for: what
+     * came after a request head in the same read (the start of a body) would be lost. Full:
+     * decide_first has refused it already (head_too_large); a buffer of 0 ends the read. */
+    if (c->state == C_FIRST && h == (uv_handle_t *)&c->client.tcp &&
+        c->first_cap - c->first_len < n)
+        n = c->first_cap - c->first_len;
+    buf->base = sp_xmalloc(n ? n : 1);
+    buf->len = n;
 }
 
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
