@@ -29,7 +29,12 @@
  * TLS runs over memory BIOs: bytes read from a socket are written into the SSL's input BIO,
  * whatever the SSL writes into its output BIO is written to the socket with uv_write. Nothing
  * blocks; back-pressure is the same as for plain bytes (reading from one side stops while the
- * other side has more than WRITE_HIGH_WATER queued). */
+ * other side has more than WRITE_HIGH_WATER queued).
+ *
+ * Bandwidth (egressd_rate.c): every byte read from either socket is taken from the
+ * sandbox's bucket for that direction; a bucket in debt pauses reading on that socket (a
+ * timer per side resumes it), so the limit holds over all the sandbox's connections and
+ * memory stays bounded. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <linux/netfilter_ipv4.h>
@@ -83,9 +88,12 @@ typedef enum {
 typedef struct conn conn_t;
 typedef struct {
     uv_tcp_t tcp;
+    uv_timer_t rate_timer; /* resumes reading once the sandbox's bucket has paid its debt */
     conn_t *c;
     bool reading, eof, shut;
-    SSL *ssl; /* TLS on this side (K_TLS), with its memory BIOs */
+    bool want_read; /* reading wanted by the state and back-pressure ... */
+    bool throttled; /* ... but paused by the bandwidth limit */
+    SSL *ssl;       /* TLS on this side (K_TLS), with its memory BIOs */
     BIO *in, *out;
 } side_t;
 
@@ -171,6 +179,8 @@ static void conn_close_how(conn_t *c, bool reset_guest)
         uv_close((uv_handle_t *)&c->client.tcp, on_close);
     uv_close((uv_handle_t *)&c->up.tcp, on_close);
     uv_close((uv_handle_t *)&c->timer, on_close);
+    uv_close((uv_handle_t *)&c->client.rate_timer, on_close);
+    uv_close((uv_handle_t *)&c->up.rate_timer, on_close);
 }
 
 /* The guest's side is reset when the guest has closed its own already (see above). */
@@ -242,15 +252,66 @@ static void decide_first(conn_t *c);
 
 static void start_reading(side_t *s)
 {
-    if (!s->reading && !s->eof && uv_read_start((uv_stream_t *)&s->tcp, alloc_cb, on_read) == 0)
+    s->want_read = true;
+    if (!s->throttled && !s->reading && !s->eof &&
+        uv_read_start((uv_stream_t *)&s->tcp, alloc_cb, on_read) == 0)
         s->reading = true;
 }
 
 static void stop_reading(side_t *s)
 {
+    s->want_read = false;
     if (s->reading)
         uv_read_stop((uv_stream_t *)&s->tcp);
     s->reading = false;
+}
+
+static void on_rate_timer(uv_timer_t *t);
+
+/* Waits (reading paused) wait_ns before asking the bucket again. */
+static void throttle(side_t *s, uint64_t wait_ns)
+{
+    if (s->reading)
+        uv_read_stop((uv_stream_t *)&s->tcp);
+    s->reading = false;
+    s->throttled = true;
+    uv_timer_start(&s->rate_timer, on_rate_timer, (wait_ns + 999999) / 1000000, 0);
+}
+
+/* n bytes read from s: taken from its sandbox's bucket for that direction. */
+static void charge(side_t *s, size_t n)
+{
+    conn_t *c = s->c;
+    if (c->state == C_CLOSING)
+        return;
+    eg_sbx_t *sb = eg_sbx_by_id(c->eg, c->sandbox);
+    if (!sb)
+        return;
+    int dir = s == &c->client ? EG_UP : EG_DOWN;
+    uint64_t wait = eg_bucket_take(&sb->bucket[dir], eg_rate_of(c->eg, sb, dir), uv_hrtime(), n);
+    if (wait && c->state == C_SPLICE && !s->throttled)
+        throttle(s, wait);
+}
+
+static void on_rate_timer(uv_timer_t *t)
+{
+    /* The timer's data is the connection, as for every handle of it (on_close). */
+    side_t *s = (side_t *)(void *)((char *)t - offsetof(side_t, rate_timer));
+    conn_t *c = s->c;
+    if (c->state == C_CLOSING)
+        return;
+    eg_sbx_t *sb = eg_sbx_by_id(c->eg, c->sandbox);
+    int dir = s == &c->client ? EG_UP : EG_DOWN;
+    /* Other connections of the sandbox may have taken what came in meanwhile. */
+    uint64_t wait =
+        sb ? eg_bucket_take(&sb->bucket[dir], eg_rate_of(c->eg, sb, dir), uv_hrtime(), 0) : 0;
+    if (wait) {
+        throttle(s, wait);
+        return;
+    }
+    s->throttled = false;
+    if (s->want_read)
+        start_reading(s);
 }
 
 static void on_written(uv_write_t *req, int status)
@@ -806,9 +867,18 @@ static void up_tls_drive(conn_t *c)
     }
 }
 
+static void on_read_data(side_t *s, ssize_t nread, const uv_buf_t *buf);
+
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
     side_t *s = (side_t *)st;
+    on_read_data(s, nread, buf);
+    if (nread > 0)
+        charge(s, (size_t)nread);
+}
+
+static void on_read_data(side_t *s, ssize_t nread, const uv_buf_t *buf)
+{
     conn_t *c = s->c;
     if (c->state == C_CLOSING || nread == 0) {
         free(buf->base);
@@ -1163,8 +1233,11 @@ static void on_accept(uv_stream_t *server, int status)
     uv_tcp_init(eg->loop, &c->client.tcp);
     uv_tcp_init(eg->loop, &c->up.tcp);
     uv_timer_init(eg->loop, &c->timer);
+    uv_timer_init(eg->loop, &c->client.rate_timer);
+    uv_timer_init(eg->loop, &c->up.rate_timer);
     c->client.tcp.data = c->up.tcp.data = c->timer.data = c;
-    c->open_handles = 3;
+    c->client.rate_timer.data = c->up.rate_timer.data = c;
+    c->open_handles = 5;
     if (uv_accept(server, (uv_stream_t *)&c->client.tcp) < 0) {
         conn_close(c);
         return;

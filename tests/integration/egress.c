@@ -923,6 +923,79 @@ static void test_websocket(void **state)
     assert_denied(sa, "upgrade_not_first");
 }
 
+/* "secs=" of an egress-probe --bench line (the first one after from), or -1. */
+static double bench_secs(const char **from)
+{
+    const char *p = strstr(*from, "secs=");
+    if (!p)
+        return -1;
+    *from = p + 5;
+    return strtod(p + 5, NULL);
+}
+
+#define RATE_POLICY                                                                                \
+    "{\"mode\":\"allowlist\",\"allow\":[\"allowed.test\"],\"up_bytes_per_s\":1000000,"             \
+    "\"down_bytes_per_s\":1000000}"
+#define DOWNLOAD(n)                                                                                \
+    "/root/probe --host allowed.test --path '/big?n=" n "' --bench 1 " ALLOWED " 8080"
+
+/* Bandwidth: 1 MB/s each way, from the policy given at create. A 5 MB download and a 5 MB
+ * upload take about 5 s (at least 3.5 s: the bucket's burst is 125 KB); two downloads at once
+ * share the limit; without the limit (PUT) the same download is far faster. */
+static void test_bandwidth(void **state)
+{
+    NEED_ROOT();
+    char out[4096], sd[64];
+    const char *p = out;
+    create(sd, RATE_POLICY);
+    run(sd, out, sizeof(out),
+        "echo nameserver $(ip route | awk '/default/ {print $3}') > /etc/resolv.conf");
+    put_probe(sd);
+    int rc = run(sd, out, sizeof(out), "nslookup allowed.test >/dev/null; " DOWNLOAD("5000000"));
+    double down = bench_secs(&p);
+    print_message("5 MB down at 1 MB/s: %.2f s\n", down);
+    if (rc != 0 || down < 3.5 || down > 9)
+        fail_msg("limited download: %d %s", rc, out);
+    rc =
+        run(sd, out, sizeof(out),
+            "/root/probe --host allowed.test --post 5000000 --path /up --bench 1 " ALLOWED " 8080");
+    p = out;
+    double upl = bench_secs(&p);
+    print_message("5 MB up at 1 MB/s: %.2f s\n", upl);
+    if (rc != 0 || upl < 3.5 || upl > 9)
+        fail_msg("limited upload: %d %s", rc, out);
+    /* Two connections at once: 2.5 MB each would take 2.5 s with a budget each. */
+    rc = run(sd, out, sizeof(out),
+             DOWNLOAD("2500000") " > /tmp/d1 & " DOWNLOAD("2500000") " > /tmp/d2; wait; cat "
+                                                                     "/tmp/d1 /tmp/d2");
+    p = out;
+    double d1 = bench_secs(&p), d2 = bench_secs(&p);
+    print_message("2 x 2.5 MB down at once at 1 MB/s: %.2f s and %.2f s\n", d1, d2);
+    if (rc != 0 || d1 < 0 || d2 < 0 || (d1 > d2 ? d1 : d2) < 3.5)
+        fail_msg("two downloads sharing the limit: %d %s", rc, out);
+    /* The limit goes with the policy. */
+    put_network(sd, "{\"mode\":\"allowlist\",\"allow\":[\"allowed.test\"]}", 200);
+    rc = run(sd, out, sizeof(out), DOWNLOAD("5000000"));
+    p = out;
+    double free_down = bench_secs(&p);
+    print_message("5 MB down without a limit: %.3f s\n", free_down);
+    if (rc != 0 || free_down < 0 || free_down > 1.5)
+        fail_msg("unlimited download: %d %s", rc, out);
+    rc =
+        run(sd, out, sizeof(out),
+            "/root/probe --host allowed.test --post 5000000 --path /up --bench 1 " ALLOWED " 8080");
+    p = out;
+    double free_up = bench_secs(&p);
+    print_message("5 MB up without a limit: %.3f s\n", free_up);
+    if (rc != 0 || free_up < 0 || free_up > 1.5)
+        fail_msg("unlimited upload: %d %s", rc, out);
+    put_network(sd, RATE_POLICY, 200);
+    put_network(sd, "{\"mode\":\"deny_all\",\"up_bytes_per_s\":1023}", 400);
+    put_network(sd, "{\"mode\":\"deny_all\",\"down_bytes_per_s\":100000000001}", 400);
+    put_network(sd, "{\"mode\":\"deny_all\",\"down_bytes_per_s\":\"1000000\"}", 400);
+    put_network(sd, "{\"mode\":\"deny_all\",\"down_bytes_per_s\":-5}", 400);
+}
+
 static void test_denials_logged(void **state)
 {
     NEED_ROOT();
@@ -1027,6 +1100,7 @@ int main(void)
         cmocka_unit_test(test_connect),
         cmocka_unit_test(test_chunked_body),
         cmocka_unit_test(test_websocket),
+        cmocka_unit_test(test_bandwidth),
         cmocka_unit_test(test_policy_change),
         cmocka_unit_test(test_policy_survives_suspend),
         cmocka_unit_test(test_suspend_with_connections),
