@@ -411,7 +411,7 @@ static int bench(void)
             return rc;
         }
         t[i] = now_us() - s;
-        bytes += b;
+        bytes += o.post >= 0 ? o.post : b; /* what went the way that matters */
     }
     if (!o.new_conn)
         close_link(&l);
