@@ -7,6 +7,7 @@
 #include <strings.h>
 
 #include "netpolicy.h"
+#include "text.h"
 
 static uint16_t rd16(const uint8_t *p)
 {
@@ -297,17 +298,6 @@ void sp_chunked_init(sp_chunked_t *st)
     memset(st, 0, sizeof(*st));
 }
 
-static int hexval(uint8_t c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 int sp_chunked_feed(sp_chunked_t *st, const uint8_t *buf, size_t len, size_t *ret_used,
                     const char **why)
 {
@@ -316,7 +306,7 @@ int sp_chunked_feed(sp_chunked_t *st, const uint8_t *buf, size_t len, size_t *re
         uint8_t c = buf[i];
         switch (st->state) {
         case CH_SIZE: {
-            int x = hexval(c);
+            int x = sp_hex_digit((char)c);
             if (x >= 0) {
                 if (++st->line > SP_CHUNK_SIZE_DIGITS)
                     return bad(why, "chunk size too long");
