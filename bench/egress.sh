@@ -14,6 +14,9 @@
 #             new verified TLS to the server
 # each as: small requests on one kept-alive connection (p50/p99 per request), small requests
 # on a new connection each (p50/p99, handshakes included), and one large download (MB/s).
+# Then, once: a 20 MB upload through the proxy, and the same download and upload with the
+# sandbox's policy limiting it to LIMIT bytes per second each way (the measured rate should be
+# the limit).
 # The client is egress-probe (static), the same binary on the host and in the sandbox.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,6 +27,7 @@ veth=egb-h
 N=${BENCH_N:-2000}         # requests on one connection
 NC=${BENCH_NEWCONN:-300}   # requests with a connection each
 BIG=${BENCH_BIG:-268435456} # bytes of the download
+LIMIT=${BENCH_LIMIT:-10000000} # bytes per second of the limited rows
 pki=$SPACE_HOME/bench-pki
 stats=$SPACE_HOME/bench-inet.json
 api=$SPACE_API_URL
@@ -128,4 +132,12 @@ for round in 1 2; do
   line "direct https download"    "$(probe_host --sni allowed.test --path "/big?n=$BIG" --bench 1 "$A" 443)"
   line "proxy  https download"    "$(probe_sbx --sni allowed.test --path "'/big?n=$BIG'" --bench 1 "$A" 443)"
 done
+echo "-- bandwidth limit: $LIMIT bytes/s each way (the sandbox's policy)"
+line "proxy  http  upload"        "$(probe_sbx --host allowed.test --post 20000000 --bench 1 "$A" 8080)"
+curl -sf -X PUT -H "$auth" -H 'Content-Type: application/json' \
+  -d "{\"mode\":\"allowlist\",\"allow\":[\"allowed.test\",\"$net.1.30/32:8080\"],\"up_bytes_per_s\":$LIMIT,\"down_bytes_per_s\":$LIMIT}" \
+  "$api/v1/sandboxes/$id/network" >/dev/null
+line "proxy  http  download limited" "$(probe_sbx --host allowed.test --path "'/big?n=20000000'" --bench 1 "$A" 8080)"
+line "proxy  http  upload   limited" "$(probe_sbx --host allowed.test --post 20000000 --bench 1 "$A" 8080)"
+line "proxy  https download limited" "$(probe_sbx --sni allowed.test --path "'/big?n=20000000'" --bench 1 "$A" 443)"
 curl -sf -X DELETE -H "$auth" "$api/v1/sandboxes/$id" >/dev/null || true

@@ -9,6 +9,7 @@
  *   egressd_proxy.c   the transparent TCP listener: SO_ORIGINAL_DST, HTTP Host / TLS SNI,
  *                     its own upstream connection, splicing
  *   egressd_audit.c   EgressAllowed / EgressDenied, aggregated per second
+ *   egressd_rate.c    per-sandbox bandwidth: a token bucket each way
  */
 #ifndef SPACE_EGRESSD_H
 #define SPACE_EGRESSD_H
@@ -45,6 +46,8 @@ typedef struct {
     char *upstream_ca_file; /* bundle upstream certificates must chain to; "" = system default */
     int64_t leaf_days;
     int64_t leaf_cache_max;
+    int64_t up_bytes_per_s; /* a sandbox's default limit each way; 0 = unlimited */
+    int64_t down_bytes_per_s;
     char *log_level;
     char *log_format;
 } eg_config_t;
@@ -54,6 +57,15 @@ typedef struct {
     uint32_t addr_be;
     int64_t resolved_ms, expires_ms;
 } eg_attr_t;
+
+/* Directions of a sandbox's traffic. */
+enum { EG_UP = 0, EG_DOWN = 1 }; /* guest -> internet, internet -> guest */
+
+/* A token bucket (egressd_rate.c): bytes that may pass now; negative while in debt. */
+typedef struct {
+    double tokens;
+    uint64_t at_ns; /* last refill (uv_hrtime); 0: never used, starts full */
+} eg_bucket_t;
 
 typedef struct {
     char id[65];
@@ -66,6 +78,8 @@ typedef struct {
     eg_attr_t *attrs;
     size_t n_attrs, cap_attrs;
     int conns;
+    uint64_t rate[2];      /* the policy's bytes/s by direction; 0: the configured default */
+    eg_bucket_t bucket[2]; /* shared by all its connections */
     /* Being checkpointed: new connections are reset at once until it runs again (an event
      * says so) or until then. */
     int64_t frozen_until_ms;
@@ -178,6 +192,14 @@ SSL *eg_tls_server_new(eg_t *eg, const char *name, const char **why);
  * against the upstream bundle and name. NULL with *why: upstream_ca_unavailable,
  * tls_setup_failed. */
 SSL *eg_tls_upstream_new(eg_t *eg, const char *name, const char **why);
+
+/* ---- bandwidth (egressd_rate.c) ---- */
+/* The limit of s in direction dir (EG_UP, EG_DOWN), bytes per second; 0 = none. */
+uint64_t eg_rate_of(const eg_t *eg, const eg_sbx_t *s, int dir);
+/* Takes n bytes from the bucket at now_ns (refilled first at rate, which 0 makes unlimited);
+ * returns how long, in ns, whoever takes from it must wait (0: not at all). The bucket goes
+ * into debt rather than refusing, so a read is never split: the wait pays the debt. */
+uint64_t eg_bucket_take(eg_bucket_t *b, uint64_t rate, uint64_t now_ns, size_t n);
 
 /* ---- audit (egressd_audit.c) ---- */
 int eg_audit_start(eg_t *eg);

@@ -112,6 +112,9 @@ static void sbx_remove(eg_t *eg, const char *id)
 static void policy_set(eg_sbx_t *s, const Space__V1__NetworkPolicy *p)
 {
     policy_clear(s);
+    /* Validated already; a value that is not valid anyway means the default. */
+    s->rate[EG_UP] = p && sp_netpolicy_rate_valid(p->up_bytes_per_s) ? p->up_bytes_per_s : 0;
+    s->rate[EG_DOWN] = p && sp_netpolicy_rate_valid(p->down_bytes_per_s) ? p->down_bytes_per_s : 0;
     if (!p || sp_netmode_parse(p->mode, &s->mode) < 0) {
         s->mode = SP_NET_DENY_ALL;
         return;

@@ -16,16 +16,25 @@
  *        upstream certificate against the configured bundle and the name, and relays;
  *      - plain HTTP: egressd connects to the address it resolved for the Host and relays.
  *      In both, every request on the connection is parsed (head, then exactly Content-Length
- *      body bytes) and must carry the same Host: a second request cannot reach another site
- *      that shares the server (the red team's shared-IP case). Chunked request bodies and
- *      CONNECT are refused for now.
+ *      body bytes, or a chunked body parsed strictly as it flows) and must carry the same
+ *      Host: a second request cannot reach another site that shares the server (the red
+ *      team's shared-IP case). A CONNECT after the first request is refused.
+ *      A WebSocket handshake (Upgrade: websocket, the first request of its connection) is
+ *      checked like any request; the guest's next bytes wait until the upstream's response
+ *      head, and a 101 turns the connection into a byte relay both ways (RFC 6455 4.1); any
+ *      other status keeps HTTP: the waiting bytes are the next request head.
  * Anything else: closed (HTTP, and TLS after termination, get a 403 with the reason). Every
  * decision is audited.
  *
  * TLS runs over memory BIOs: bytes read from a socket are written into the SSL's input BIO,
  * whatever the SSL writes into its output BIO is written to the socket with uv_write. Nothing
  * blocks; back-pressure is the same as for plain bytes (reading from one side stops while the
- * other side has more than WRITE_HIGH_WATER queued). */
+ * other side has more than WRITE_HIGH_WATER queued).
+ *
+ * Bandwidth (egressd_rate.c): every byte read from either socket is taken from the
+ * sandbox's bucket for that direction; a bucket in debt pauses reading on that socket (a
+ * timer per side resumes it), so the limit holds over all the sandbox's connections and
+ * memory stays bounded. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <linux/netfilter_ipv4.h>
@@ -67,12 +76,24 @@ typedef enum {
     K_TLS,     /* terminated TLS: requests checked inside */
 } ckind_t;
 
+/* What the guest's next bytes are, while splicing K_HTTP or K_TLS. */
+typedef enum {
+    B_HEAD = 0,  /* a request head */
+    B_LENGTH,    /* body_left bytes of a Content-Length body */
+    B_CHUNKED,   /* a chunked body (chunk) */
+    B_AWAIT_101, /* after a WebSocket handshake: held in first until the response head */
+    B_RELAY,     /* after a 101: bytes as they are */
+} body_t;
+
 typedef struct conn conn_t;
 typedef struct {
     uv_tcp_t tcp;
+    uv_timer_t rate_timer; /* resumes reading once the sandbox's bucket has paid its debt */
     conn_t *c;
     bool reading, eof, shut;
-    SSL *ssl; /* TLS on this side (K_TLS), with its memory BIOs */
+    bool want_read; /* reading wanted by the state and back-pressure ... */
+    bool throttled; /* ... but paused by the bandwidth limit */
+    SSL *ssl;       /* TLS on this side (K_TLS), with its memory BIOs */
     BIO *in, *out;
 } side_t;
 
@@ -93,7 +114,12 @@ struct conn {
     size_t first_len, first_cap;
     uint8_t *pending; /* the first request (head + body bytes read with it) for the upstream */
     size_t pending_len;
-    int64_t body_left; /* request body bytes still to forward before the next head */
+    body_t body;
+    int64_t body_left;  /* B_LENGTH: body bytes still to forward before the next head */
+    sp_chunked_t chunk; /* B_CHUNKED */
+    unsigned requests;  /* request heads forwarded */
+    uint8_t *resp;      /* B_AWAIT_101: the upstream's response head so far */
+    size_t resp_len;
     bool counted;
     uint64_t drain_since; /* loop ms when the guest-first close began waiting (close_after_drain) */
     bool tunnel;          /* after a CONNECT: the tunnel must carry TLS for exactly that name */
@@ -128,6 +154,7 @@ static void on_close(uv_handle_t *h)
         SSL_free(c->up.ssl);
         free(c->first);
         free(c->pending);
+        free(c->resp);
         free(c);
     }
 }
@@ -152,6 +179,8 @@ static void conn_close_how(conn_t *c, bool reset_guest)
         uv_close((uv_handle_t *)&c->client.tcp, on_close);
     uv_close((uv_handle_t *)&c->up.tcp, on_close);
     uv_close((uv_handle_t *)&c->timer, on_close);
+    uv_close((uv_handle_t *)&c->client.rate_timer, on_close);
+    uv_close((uv_handle_t *)&c->up.rate_timer, on_close);
 }
 
 /* The guest's side is reset when the guest has closed its own already (see above). */
@@ -206,8 +235,16 @@ static side_t *peer(side_t *s)
 
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
-    buf->base = sp_xmalloc(READ_CHUNK);
-    buf->len = READ_CHUNK;
+    conn_t *c = h->data;
+    size_t n = READ_CHUNK;
+    /* The guest's first bytes are read into first and never more than it has room for: what
+     * came after a request head in the same read (the start of a body) would be lost. Full:
+     * decide_first has refused it already (head_too_large); a buffer of 0 ends the read. */
+    if (c->state == C_FIRST && h == (uv_handle_t *)&c->client.tcp &&
+        c->first_cap - c->first_len < n)
+        n = c->first_cap - c->first_len;
+    buf->base = sp_xmalloc(n ? n : 1);
+    buf->len = n;
 }
 
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
@@ -215,15 +252,66 @@ static void decide_first(conn_t *c);
 
 static void start_reading(side_t *s)
 {
-    if (!s->reading && !s->eof && uv_read_start((uv_stream_t *)&s->tcp, alloc_cb, on_read) == 0)
+    s->want_read = true;
+    if (!s->throttled && !s->reading && !s->eof &&
+        uv_read_start((uv_stream_t *)&s->tcp, alloc_cb, on_read) == 0)
         s->reading = true;
 }
 
 static void stop_reading(side_t *s)
 {
+    s->want_read = false;
     if (s->reading)
         uv_read_stop((uv_stream_t *)&s->tcp);
     s->reading = false;
+}
+
+static void on_rate_timer(uv_timer_t *t);
+
+/* Waits (reading paused) wait_ns before asking the bucket again. */
+static void throttle(side_t *s, uint64_t wait_ns)
+{
+    if (s->reading)
+        uv_read_stop((uv_stream_t *)&s->tcp);
+    s->reading = false;
+    s->throttled = true;
+    uv_timer_start(&s->rate_timer, on_rate_timer, (wait_ns + 999999) / 1000000, 0);
+}
+
+/* n bytes read from s: taken from its sandbox's bucket for that direction. */
+static void charge(side_t *s, size_t n)
+{
+    conn_t *c = s->c;
+    if (c->state == C_CLOSING)
+        return;
+    eg_sbx_t *sb = eg_sbx_by_id(c->eg, c->sandbox);
+    if (!sb)
+        return;
+    int dir = s == &c->client ? EG_UP : EG_DOWN;
+    uint64_t wait = eg_bucket_take(&sb->bucket[dir], eg_rate_of(c->eg, sb, dir), uv_hrtime(), n);
+    if (wait && c->state == C_SPLICE && !s->throttled)
+        throttle(s, wait);
+}
+
+static void on_rate_timer(uv_timer_t *t)
+{
+    /* The timer's data is the connection, as for every handle of it (on_close). */
+    side_t *s = (side_t *)(void *)((char *)t - offsetof(side_t, rate_timer));
+    conn_t *c = s->c;
+    if (c->state == C_CLOSING)
+        return;
+    eg_sbx_t *sb = eg_sbx_by_id(c->eg, c->sandbox);
+    int dir = s == &c->client ? EG_UP : EG_DOWN;
+    /* Other connections of the sandbox may have taken what came in meanwhile. */
+    uint64_t wait =
+        sb ? eg_bucket_take(&sb->bucket[dir], eg_rate_of(c->eg, sb, dir), uv_hrtime(), 0) : 0;
+    if (wait) {
+        throttle(s, wait);
+        return;
+    }
+    s->throttled = false;
+    if (s->want_read)
+        start_reading(s);
 }
 
 static void on_written(uv_write_t *req, int status)
@@ -386,18 +474,31 @@ static const char *proto_of(const conn_t *c)
     return c->kind == K_TLS ? "https" : "http";
 }
 
+/* What no request may ask for, first or not: NULL, or the reason. A WebSocket handshake is a
+ * GET without a body, HTTP/1.1 (RFC 6455 4.1), and only the first request of its connection:
+ * then the first bytes from the upstream are its response, so egressd knows when a 101
+ * switches the connection without parsing every response's framing. */
+static const char *request_refusal(const conn_t *c, const sp_http_head_t *hh)
+{
+    if (hh->upgrade == SP_UPGRADE_OTHER)
+        return "upgrade_unsupported";
+    if (hh->upgrade == SP_UPGRADE_WEBSOCKET) {
+        if (c->requests > 0)
+            return "upgrade_not_first";
+        if (strcmp(hh->method, "GET") != 0 || hh->http10 || hh->chunked || hh->content_length > 0)
+            return "bad_upgrade_request";
+    }
+    if (hh->host_port && hh->host_port != c->dst_port)
+        return "host_port_mismatch";
+    return NULL;
+}
+
 /* A request head on an established connection (plain or decrypted): the same strict parser,
  * and the Host of every request must be the connection's name. 0 = forward it. */
 static int check_request(conn_t *c, eg_sbx_t *s, const sp_http_head_t *hh, const char **reason)
 {
-    *reason = NULL;
-    if (hh->is_connect)
-        *reason = "connect_unsupported";
-    else if (hh->chunked)
-        *reason = "chunked_body_unsupported";
-    else if (hh->host_port && hh->host_port != c->dst_port)
-        *reason = "host_port_mismatch";
-    else if (strcmp(hh->host, c->name) != 0)
+    *reason = hh->is_connect ? "connect_unsupported" : request_refusal(c, hh);
+    if (!*reason && strcmp(hh->host, c->name) != 0)
         *reason = c->kind == K_TLS ? "host_sni_mismatch" : "host_changed";
     if (*reason)
         return -1;
@@ -411,29 +512,100 @@ static int check_request(conn_t *c, eg_sbx_t *s, const sp_http_head_t *hh, const
     return 0;
 }
 
+/* The request whose head hh was allowed: audited, counted, and what follows its head is
+ * read as its body. */
+static void begin_request(conn_t *c, eg_sbx_t *s, const sp_http_head_t *hh)
+{
+    eg_audit(c->eg, s, true, proto_of(c), c->name, c->dst_be, c->dst_port, c->v.rule, c->v.reason);
+    c->requests++;
+    c->body = B_HEAD;
+    if (hh->upgrade == SP_UPGRADE_WEBSOCKET) {
+        c->body = B_AWAIT_101;
+        c->resp = sp_xmalloc(c->first_cap);
+        c->resp_len = 0;
+    } else if (hh->chunked) {
+        c->body = B_CHUNKED;
+        sp_chunked_init(&c->chunk);
+    } else if (hh->content_length > 0) {
+        c->body = B_LENGTH;
+        c->body_left = hh->content_length;
+    }
+}
+
+/* A request refused while splicing: a response may still be on its way, so no 403 in the
+ * middle of it, just the end. */
+static void refuse_later(conn_t *c, const char *name, const char *reason, const char *why)
+{
+    eg_sbx_t *s = eg_sbx_by_id(c->eg, c->sandbox);
+    if (why)
+        sp_log(SP_LOG_INFO, "bad request", SP_KS("sandbox", c->sandbox), SP_KS("why", why));
+    c->eg->conns_denied++;
+    if (s)
+        eg_audit(c->eg, s, false, proto_of(c), name, c->dst_be, c->dst_port,
+                 c->v.rule[0] ? c->v.rule : "proxy", reason);
+    conn_close(c);
+}
+
+/* How many of the have bytes at b belong to the current body (0 < n <= have); < 0: the
+ * connection was closed (a malformed chunked body). */
+static ssize_t body_bytes(conn_t *c, const uint8_t *b, size_t have)
+{
+    if (c->body == B_RELAY)
+        return (ssize_t)have;
+    if (c->body == B_LENGTH) {
+        size_t n = (int64_t)have > c->body_left ? (size_t)c->body_left : have;
+        if ((c->body_left -= (int64_t)n) == 0)
+            c->body = B_HEAD;
+        return (ssize_t)n;
+    }
+    size_t n = 0;
+    const char *why = NULL;
+    int rc = sp_chunked_feed(&c->chunk, b, have, &n, &why);
+    if (rc < 0) {
+        refuse_later(c, c->name, "bad_chunked_body", why);
+        return -1;
+    }
+    if (rc == SP_PARSE_OK)
+        c->body = B_HEAD; /* what follows is the next request head */
+    return (ssize_t)n;
+}
+
 /* Decrypted (K_TLS) or plain (K_HTTP) bytes from the guest while splicing: request heads are
- * parsed and checked, bodies are forwarded by Content-Length, nothing else passes. Bytes not
- * yet forwarded wait in first (a partial head, or what followed a head). */
+ * parsed and checked, bodies are forwarded by their framing, nothing else passes. Bytes not
+ * yet forwarded wait in first (a partial head, what followed a head, or anything sent
+ * before the answer to a WebSocket handshake). */
 static void from_guest(conn_t *c, const uint8_t *data, size_t len)
 {
     while (c->state == C_SPLICE) {
-        if (c->body_left > 0) {
+        if (c->body == B_AWAIT_101) {
+            /* A client waits for the 101 (RFC 6455 4.1); a little is held, more is an error. */
+            if (len > c->first_cap - c->first_len) {
+                refuse_later(c, c->name, "upgrade_early_data", NULL);
+                return;
+            }
+            if (len && data)
+                memcpy(c->first + c->first_len, data, len);
+            c->first_len += len;
+            return;
+        }
+        if (c->body != B_HEAD) {
             const uint8_t *b = c->first_len ? c->first : data;
             size_t have = c->first_len ? c->first_len : len;
             if (have == 0)
                 return;
-            size_t n = (int64_t)have > c->body_left ? (size_t)c->body_left : have;
-            if (send_to(&c->up, b, n) < 0) {
+            ssize_t n = body_bytes(c, b, have);
+            if (n < 0)
+                return;
+            if (send_to(&c->up, b, (size_t)n) < 0) {
                 conn_close(c);
                 return;
             }
-            c->body_left -= (int64_t)n;
             if (c->first_len) {
-                memmove(c->first, c->first + n, c->first_len - n);
-                c->first_len -= n;
+                memmove(c->first, c->first + n, c->first_len - (size_t)n);
+                c->first_len -= (size_t)n;
             } else {
                 data += n;
-                len -= n;
+                len -= (size_t)n;
             }
             continue;
         }
@@ -461,30 +633,69 @@ static void from_guest(conn_t *c, const uint8_t *data, size_t len)
         if (rc != SP_PARSE_OK || check_request(c, s, &hh, &reason) < 0) {
             if (!reason)
                 reason = rc == SP_PARSE_MORE ? "head_too_large" : "bad_http_head";
-            if (why)
-                sp_log(SP_LOG_INFO, "bad request head", SP_KS("sandbox", c->sandbox),
-                       SP_KS("why", why));
-            /* A response may still be on its way: no 403 in the middle of it, just the end. */
-            c->eg->conns_denied++;
-            eg_audit(c->eg, s, false, proto_of(c), rc == SP_PARSE_OK ? hh.host : c->name, c->dst_be,
-                     c->dst_port, c->v.rule[0] ? c->v.rule : "proxy", reason);
-            conn_close(c);
+            refuse_later(c, rc == SP_PARSE_OK ? hh.host : c->name, reason, why);
             return;
         }
-        eg_audit(c->eg, s, true, proto_of(c), c->name, c->dst_be, c->dst_port, c->v.rule,
-                 c->v.reason);
+        begin_request(c, s, &hh);
         if (send_to(&c->up, c->first, hh.head_len) < 0) {
             conn_close(c);
             return;
         }
-        c->body_left = hh.content_length > 0 ? hh.content_length : 0;
         memmove(c->first, c->first + hh.head_len, c->first_len - hh.head_len);
         c->first_len -= hh.head_len;
     }
 }
 
+/* Plaintext from the upstream on its way to the guest (already sent): after a WebSocket
+ * handshake, its response heads are read until the final one. 101: the connection becomes a
+ * relay; 1xx: an interim response, the next head follows; anything else: HTTP goes on, and
+ * what the guest sent meanwhile is its next request. */
+static void from_upstream(conn_t *c, const uint8_t *data, size_t len)
+{
+    if (c->body != B_AWAIT_101 || c->state != C_SPLICE)
+        return;
+    size_t n = len < c->first_cap - c->resp_len ? len : c->first_cap - c->resp_len;
+    memcpy(c->resp + c->resp_len, data, n);
+    c->resp_len += n;
+    for (;;) {
+        int status = 0;
+        size_t hl = 0;
+        int rc = sp_http_response_head(c->resp, c->resp_len, &status, &hl);
+        if (rc == SP_PARSE_MORE && c->resp_len < c->first_cap)
+            return;
+        if (rc != SP_PARSE_OK) {
+            /* Not an HTTP response: what it means for the next bytes is unknown. */
+            sp_log(SP_LOG_INFO, "upstream answered a WebSocket handshake with no HTTP response",
+                   SP_KS("sandbox", c->sandbox), SP_KS("name", c->name));
+            conn_close(c);
+            return;
+        }
+        if (status >= 100 && status < 200 && status != 101) {
+            memmove(c->resp, c->resp + hl, c->resp_len - hl);
+            c->resp_len -= hl;
+            continue;
+        }
+        free(c->resp);
+        c->resp = NULL;
+        c->resp_len = 0;
+        c->body = status == 101 ? B_RELAY : B_HEAD;
+        from_guest(c, NULL, 0);
+        return;
+    }
+}
+
 static void connect_up(conn_t *c);
 static void up_tls_drive(conn_t *c);
+
+/* The first request's head goes to the upstream once it is connected; what came with it (its
+ * body, maybe more requests) stays in first, read by from_guest once splicing starts. */
+static void take_first_head(conn_t *c, const sp_http_head_t *hh)
+{
+    c->pending_len = hh->head_len;
+    c->pending = memdup(c->first, hh->head_len);
+    memmove(c->first, c->first + hh->head_len, c->first_len - hh->head_len);
+    c->first_len -= hh->head_len;
+}
 
 /* The guest's TLS: handshake, then decrypted bytes. */
 static void client_tls_drive(conn_t *c)
@@ -559,17 +770,8 @@ static void client_tls_drive(conn_t *c)
             deny(c, s, "https", rc == SP_PARSE_OK ? hh.host : c->name, reason);
             return;
         }
-        eg_audit(c->eg, s, true, "https", c->name, c->dst_be, c->dst_port, c->v.rule, c->v.reason);
-        /* The head and the body bytes that came with it go first; the rest (the start of
-         * the next request) stays in first until splicing starts. */
-        int64_t cl_len = hh.content_length > 0 ? hh.content_length : 0;
-        size_t after = c->first_len - hh.head_len;
-        size_t body = (int64_t)after > cl_len ? (size_t)cl_len : after;
-        c->pending_len = hh.head_len + body;
-        c->pending = memdup(c->first, c->pending_len);
-        c->body_left = cl_len - (int64_t)body;
-        memmove(c->first, c->first + c->pending_len, c->first_len - c->pending_len);
-        c->first_len -= c->pending_len;
+        begin_request(c, s, &hh);
+        take_first_head(c, &hh);
         connect_up(c);
         return;
     }
@@ -661,12 +863,22 @@ static void up_tls_drive(conn_t *c)
             conn_close(c);
             return;
         }
+        from_upstream(c, buf, (size_t)r);
     }
 }
+
+static void on_read_data(side_t *s, ssize_t nread, const uv_buf_t *buf);
 
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
     side_t *s = (side_t *)st;
+    on_read_data(s, nread, buf);
+    if (nread > 0)
+        charge(s, (size_t)nread);
+}
+
+static void on_read_data(side_t *s, ssize_t nread, const uv_buf_t *buf)
+{
     conn_t *c = s->c;
     if (c->state == C_CLOSING || nread == 0) {
         free(buf->base);
@@ -718,6 +930,14 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         from_guest(c, (const uint8_t *)buf->base, (size_t)nread);
         free(buf->base);
         return;
+    }
+    if (s == &c->up && c->kind == K_HTTP) {
+        /* It only looks: the bytes go to the guest as they are. */
+        from_upstream(c, (const uint8_t *)buf->base, (size_t)nread);
+        if (c->state == C_CLOSING) {
+            free(buf->base);
+            return;
+        }
     }
     if (tcp_write(peer(s), buf->base, (size_t)nread) < 0)
         conn_close(c);
@@ -985,28 +1205,16 @@ static void decide_first(conn_t *c)
         connect_request(c, s, &hh);
         return;
     }
-    if (hh.chunked) {
-        deny(c, s, "http", hh.host, "chunked_body_unsupported");
-        return;
-    }
-    if (hh.host_port && hh.host_port != c->dst_port) {
-        deny(c, s, "http", hh.host, "host_port_mismatch");
+    const char *refusal = request_refusal(c, &hh);
+    if (refusal) {
+        deny(c, s, "http", hh.host, refusal);
         return;
     }
     if (check_name(c, s, "http", hh.host) < 0)
         return;
-    eg_audit(c->eg, s, true, "http", c->name, c->dst_be, c->dst_port, c->v.rule, c->v.reason);
     c->kind = K_HTTP;
-    /* The head and the body bytes read with it go first; anything after them is the next
-     * request, checked like this one once splicing starts. */
-    int64_t cl = hh.content_length > 0 ? hh.content_length : 0;
-    size_t after = c->first_len - hh.head_len;
-    size_t body = (int64_t)after > cl ? (size_t)cl : after;
-    c->pending_len = hh.head_len + body;
-    c->pending = memdup(c->first, c->pending_len);
-    c->body_left = cl - (int64_t)body;
-    memmove(c->first, c->first + c->pending_len, c->first_len - c->pending_len);
-    c->first_len -= c->pending_len;
+    begin_request(c, s, &hh);
+    take_first_head(c, &hh);
     connect_up(c);
 }
 
@@ -1025,8 +1233,11 @@ static void on_accept(uv_stream_t *server, int status)
     uv_tcp_init(eg->loop, &c->client.tcp);
     uv_tcp_init(eg->loop, &c->up.tcp);
     uv_timer_init(eg->loop, &c->timer);
+    uv_timer_init(eg->loop, &c->client.rate_timer);
+    uv_timer_init(eg->loop, &c->up.rate_timer);
     c->client.tcp.data = c->up.tcp.data = c->timer.data = c;
-    c->open_handles = 3;
+    c->client.rate_timer.data = c->up.rate_timer.data = c;
+    c->open_handles = 5;
     if (uv_accept(server, (uv_stream_t *)&c->client.tcp) < 0) {
         conn_close(c);
         return;

@@ -62,6 +62,13 @@ static const sp_cfg_opt_t options[] = {
                    "validity of the leaf certificates minted per name"),
     SP_CFG_INT_OPT("leaf-cache-max", eg_config_t, leaf_cache_max, 16, 1000000, "4096",
                    "leaf certificates (and keys) kept in memory"),
+    SP_CFG_INT_OPT("up-bytes-per-s", eg_config_t, up_bytes_per_s, 0, SP_NETPOLICY_RATE_MAX, "0",
+                   "default bandwidth of a sandbox towards the internet, bytes per second over "
+                   "all its connections (0: unlimited; 1024 at least; a policy's "
+                   "up_bytes_per_s replaces it)"),
+    SP_CFG_INT_OPT("down-bytes-per-s", eg_config_t, down_bytes_per_s, 0, SP_NETPOLICY_RATE_MAX, "0",
+                   "default bandwidth of a sandbox from the internet, bytes per second (0: "
+                   "unlimited; 1024 at least; a policy's down_bytes_per_s replaces it)"),
     SP_CFG_STR_OPT("log-level", eg_config_t, log_level, "info", "debug|info|warn|error"),
     SP_CFG_STR_OPT("log-format", eg_config_t, log_format, "kv", "kv|json"),
 };
@@ -203,6 +210,13 @@ int main(int argc, char **argv)
     }
     if (argi < 0) {
         code = 0;
+        goto out;
+    }
+    if (!sp_netpolicy_rate_valid((uint64_t)cfg.up_bytes_per_s) ||
+        !sp_netpolicy_rate_valid((uint64_t)cfg.down_bytes_per_s)) {
+        fprintf(stderr,
+                "space-egressd: --up-bytes-per-s and --down-bytes-per-s are 0 or %d..%lld\n",
+                SP_NETPOLICY_RATE_MIN, (long long)SP_NETPOLICY_RATE_MAX);
         goto out;
     }
     if (argi < argc || sp_log_level_parse(cfg.log_level, &level) < 0 ||

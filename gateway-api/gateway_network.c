@@ -1,7 +1,11 @@
 /* Network policies through the API: the "network" member of a create body and
  * PUT /v1/sandboxes/{id}/network (docs/egress.md).
  *
- *   {"mode": "deny_all" | "allow_all" | "allowlist", "allow": [entry...], "deny": [entry...]}
+ *   {"mode": "deny_all" | "allow_all" | "allowlist", "allow": [entry...], "deny": [entry...],
+ *    "up_bytes_per_s": N, "down_bytes_per_s": N}
+ *
+ * The two limits (optional) are the sandbox's bandwidth over all its connections, guest ->
+ * internet and back, replacing space-egressd's default for it.
  *
  * Entries are checked with lib/netpolicy.c, the same code egressd and the event validator use.
  * A PUT becomes a NetworkPolicyUpdateRequested on the owning worker's subject (where that
@@ -56,6 +60,17 @@ static int parse_list(const sp_json_t *v, const char *name, char ***ret, size_t 
     return 0;
 }
 
+static int parse_rate(const sp_json_t *v, const char *name, uint64_t *ret, gw_verr_t *e)
+{
+    int64_t x = 0;
+    if (sp_json_int(v, SP_NETPOLICY_RATE_MIN, SP_NETPOLICY_RATE_MAX, &x) < 0)
+        return gw_bad(e, "invalid_field",
+                      "network.%s must be an integer from %d to %lld (bytes per second)", name,
+                      SP_NETPOLICY_RATE_MIN, (long long)SP_NETPOLICY_RATE_MAX);
+    *ret = (uint64_t)x;
+    return 0;
+}
+
 int gw_network_parse(const sp_json_t *v, gw_netpol_t *p, gw_verr_t *e)
 {
     Space__V1__NetworkPolicy init = SPACE__V1__NETWORK_POLICY__INIT;
@@ -79,6 +94,10 @@ int gw_network_parse(const sp_json_t *v, gw_netpol_t *p, gw_verr_t *e)
             rc = parse_list(x, "allow", &p->msg.allow, &p->msg.n_allow, e);
         } else if (strcmp(k, "deny") == 0 && !p->msg.deny) {
             rc = parse_list(x, "deny", &p->msg.deny, &p->msg.n_deny, e);
+        } else if (strcmp(k, "up_bytes_per_s") == 0 && !p->msg.up_bytes_per_s) {
+            rc = parse_rate(x, k, &p->msg.up_bytes_per_s, e);
+        } else if (strcmp(k, "down_bytes_per_s") == 0 && !p->msg.down_bytes_per_s) {
+            rc = parse_rate(x, k, &p->msg.down_bytes_per_s, e);
         } else {
             rc = gw_bad(e, "unknown_field", "unknown field network.%s", k);
         }
@@ -123,6 +142,10 @@ static void policy_json(sp_buf_t *b, const Space__V1__NetworkPolicy *p)
         }
         sp_buf_putc(b, ']');
     }
+    if (p->up_bytes_per_s)
+        sp_buf_printf(b, ",\"up_bytes_per_s\":%llu", (unsigned long long)p->up_bytes_per_s);
+    if (p->down_bytes_per_s)
+        sp_buf_printf(b, ",\"down_bytes_per_s\":%llu", (unsigned long long)p->down_bytes_per_s);
     sp_buf_putc(b, '}');
 }
 

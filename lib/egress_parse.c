@@ -7,6 +7,7 @@
 #include <strings.h>
 
 #include "netpolicy.h"
+#include "text.h"
 
 static uint16_t rd16(const uint8_t *p)
 {
@@ -181,7 +182,7 @@ int sp_http_request_head(const uint8_t *buf, size_t len, sp_http_head_t *ret, co
     h.head_len = end;
 
     size_t pos = 0;
-    int lines = 0, hosts = 0, cls = 0, tes = 0;
+    int lines = 0, hosts = 0, cls = 0, tes = 0, upgrades = 0;
     while (pos < end - 2) {
         const char *line = s + pos;
         const char *crlf = NULL;
@@ -209,6 +210,7 @@ int sp_http_request_head(const uint8_t *buf, size_t len, sp_http_head_t *ret, co
             if (!(vl == 8 &&
                   (memcmp(sp2 + 1, "HTTP/1.1", 8) == 0 || memcmp(sp2 + 1, "HTTP/1.0", 8) == 0)))
                 return bad(why, "not HTTP/1.0 or HTTP/1.1");
+            h.http10 = sp2[8] == '0';
             if (tl >= sizeof(h.target))
                 return bad(why, "request target too long");
             for (size_t i = 0; i < tl; i++)
@@ -257,14 +259,180 @@ int sp_http_request_head(const uint8_t *buf, size_t len, sp_http_head_t *ret, co
                 if (tes++ || vl != 7 || strncasecmp(v, "chunked", 7) != 0)
                     return bad(why, "Transfer-Encoding other than one chunked");
                 h.chunked = true;
+            } else if (nl == 7 && strncasecmp(line, "upgrade", 7) == 0) {
+                if (upgrades++)
+                    return bad(why, "more than one Upgrade");
+                h.upgrade = vl == 9 && strncasecmp(v, "websocket", 9) == 0 ? SP_UPGRADE_WEBSOCKET
+                                                                           : SP_UPGRADE_OTHER;
             }
         }
         pos = (size_t)(crlf - s) + 2;
     }
     if (cls && tes)
         return bad(why, "Content-Length with Transfer-Encoding");
+    if (tes && h.http10)
+        return bad(why, "Transfer-Encoding in HTTP/1.0");
     if (hosts != 1)
         return bad(why, "no Host");
     *ret = h;
     return SP_PARSE_OK;
+}
+
+/* ---- chunked bodies (RFC 9112 7.1) ---- */
+
+enum {
+    CH_SIZE = 0, /* hex digits of chunk-size */
+    CH_EXT,      /* after ';': the extension, up to CR */
+    CH_SIZE_LF,  /* CR of the size line seen */
+    CH_DATA,     /* chunk data, size bytes left */
+    CH_DATA_CR,  /* CRLF after the data */
+    CH_DATA_LF,
+    CH_TRAILER,  /* at the start of a trailer line (or of the final empty line) */
+    CH_FIELD,    /* inside a trailer field */
+    CH_FIELD_LF, /* CR of a trailer field seen */
+    CH_END_LF,   /* CR of the final empty line seen */
+};
+
+void sp_chunked_init(sp_chunked_t *st)
+{
+    memset(st, 0, sizeof(*st));
+}
+
+int sp_chunked_feed(sp_chunked_t *st, const uint8_t *buf, size_t len, size_t *ret_used,
+                    const char **why)
+{
+    size_t i = 0;
+    while (i < len) {
+        uint8_t c = buf[i];
+        switch (st->state) {
+        case CH_SIZE: {
+            int x = sp_hex_digit((char)c);
+            if (x >= 0) {
+                if (++st->line > SP_CHUNK_SIZE_DIGITS)
+                    return bad(why, "chunk size too long");
+                st->size = st->size << 4 | (uint64_t)x;
+            } else if (st->line == 0) {
+                return bad(why, "chunk size is not hex");
+            } else if (c == ';') {
+                st->state = CH_EXT;
+                st->line = 0;
+            } else if (c == '\r') {
+                st->state = CH_SIZE_LF;
+            } else {
+                return bad(why, "bad character after the chunk size");
+            }
+            i++;
+            break;
+        }
+        case CH_EXT:
+            if (c == '\r') {
+                st->state = CH_SIZE_LF;
+            } else if ((c < 0x20 && c != '\t') || c >= 0x7f) {
+                return bad(why, "control character in a chunk extension");
+            } else if (++st->line > SP_CHUNK_EXT_MAX) {
+                return bad(why, "chunk extension too long");
+            }
+            i++;
+            break;
+        case CH_SIZE_LF:
+            if (c != '\n')
+                return bad(why, "chunk size line without CRLF");
+            i++;
+            st->line = 0;
+            st->state = st->size ? CH_DATA : CH_TRAILER;
+            break;
+        case CH_DATA: {
+            size_t n = len - i;
+            if ((uint64_t)n > st->size)
+                n = (size_t)st->size;
+            st->size -= n;
+            i += n;
+            if (st->size == 0)
+                st->state = CH_DATA_CR;
+            break;
+        }
+        case CH_DATA_CR:
+        case CH_DATA_LF:
+            if (c != (st->state == CH_DATA_CR ? '\r' : '\n'))
+                return bad(why, "chunk data not followed by CRLF");
+            st->state = st->state == CH_DATA_CR ? CH_DATA_LF : CH_SIZE;
+            i++;
+            break;
+        case CH_TRAILER:
+            if (c == '\r') {
+                st->state = CH_END_LF;
+            } else if (!tchar((char)c)) {
+                return bad(why, "trailer field name is not a token");
+            } else {
+                if (++st->fields > SP_HTTP_HEADERS_MAX)
+                    return bad(why, "too many trailer fields");
+                st->state = CH_FIELD;
+                st->name_done = false;
+            }
+            if (++st->trailers > SP_CHUNK_TRAILERS_MAX)
+                return bad(why, "trailers too large");
+            i++;
+            break;
+        case CH_FIELD:
+            if (c == '\r') {
+                if (!st->name_done)
+                    return bad(why, "trailer field without ':'");
+                st->state = CH_FIELD_LF;
+            } else if (!st->name_done && c == ':') {
+                st->name_done = true;
+            } else if (!st->name_done ? !tchar((char)c) : ((c < 0x20 && c != '\t') || c == 0x7f)) {
+                return bad(why, "bad character in a trailer field");
+            }
+            if (++st->trailers > SP_CHUNK_TRAILERS_MAX)
+                return bad(why, "trailers too large");
+            i++;
+            break;
+        case CH_FIELD_LF:
+            if (c != '\n')
+                return bad(why, "trailer field without CRLF");
+            st->state = CH_TRAILER;
+            i++;
+            break;
+        case CH_END_LF:
+            if (c != '\n')
+                return bad(why, "chunked body not ended by CRLF");
+            *ret_used = i + 1;
+            sp_chunked_init(st);
+            return SP_PARSE_OK;
+        default:
+            return bad(why, "chunk parser state");
+        }
+    }
+    *ret_used = len;
+    return SP_PARSE_MORE;
+}
+
+/* ---- response heads ---- */
+
+int sp_http_response_head(const uint8_t *buf, size_t len, int *ret_status, size_t *ret_head_len)
+{
+    static const char v[] = "HTTP/1.";
+    size_t pre = len < 13 ? len : 13;
+    /* "HTTP/1.x SSS " must be there before anything else is looked at. */
+    for (size_t i = 0; i < pre; i++) {
+        uint8_t c = buf[i];
+        bool ok = i < 7    ? c == (uint8_t)v[i]
+                  : i == 7 ? (c == '0' || c == '1')
+                  : i == 8 ? c == ' '
+                  /* the reason phrase may be empty, and then its SP is often left out */
+                  : i == 12 ? (c == ' ' || c == '\r')
+                            : (c >= '0' && c <= '9');
+        if (!ok)
+            return -EINVAL;
+    }
+    for (size_t i = 0; i + 3 < len; i++) {
+        if (buf[i] == '\r' && buf[i + 1] == '\n' && buf[i + 2] == '\r' && buf[i + 3] == '\n') {
+            if (i < 12)
+                return -EINVAL;
+            *ret_status = (buf[9] - '0') * 100 + (buf[10] - '0') * 10 + (buf[11] - '0');
+            *ret_head_len = i + 4;
+            return SP_PARSE_OK;
+        }
+    }
+    return SP_PARSE_MORE;
 }

@@ -218,6 +218,10 @@ static int validate_network(const Space__V1__NetworkPolicy *p, char reason[SP_RE
     for (size_t i = 0; i < p->n_deny; i++)
         if (sp_netentry_parse(p->deny[i], &e) < 0)
             return fail(reason, SP_ESCHEMA, "network.deny[%zu]: not a name, *.name or CIDR", i);
+    if (!sp_netpolicy_rate_valid(p->up_bytes_per_s) ||
+        !sp_netpolicy_rate_valid(p->down_bytes_per_s))
+        return fail(reason, SP_ESCHEMA, "network: bytes per second 0 or %d..%lld",
+                    SP_NETPOLICY_RATE_MIN, (long long)SP_NETPOLICY_RATE_MAX);
     return 0;
 }
 

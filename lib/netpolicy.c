@@ -158,3 +158,8 @@ bool sp_netentry_match_addr(const sp_netentry_t *e, uint32_t addr, uint16_t port
         return false;
     return (addr & e->mask) == e->net;
 }
+
+bool sp_netpolicy_rate_valid(uint64_t v)
+{
+    return v == 0 || (v >= SP_NETPOLICY_RATE_MIN && v <= (uint64_t)SP_NETPOLICY_RATE_MAX);
+}

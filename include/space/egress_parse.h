@@ -27,6 +27,13 @@ int sp_tls_client_hello(const uint8_t *buf, size_t len, sp_tls_hello_t *ret);
 
 #define SP_HTTP_HEADERS_MAX 100
 
+/* The Upgrade header field of a request (RFC 9110 7.8). */
+typedef enum {
+    SP_UPGRADE_NONE = 0,
+    SP_UPGRADE_WEBSOCKET, /* exactly "websocket" (any case), RFC 6455 4.1 */
+    SP_UPGRADE_OTHER,     /* anything else (h2c, a list, ...) */
+} sp_upgrade_t;
+
 typedef struct {
     char method[16];
     char host[254];         /* Host without port, lowercase */
@@ -35,15 +42,54 @@ typedef struct {
     int64_t content_length; /* -1: none */
     bool chunked;
     bool is_connect;
-    char target[512]; /* CONNECT: host:port */
+    bool http10;          /* HTTP/1.0 (else HTTP/1.1) */
+    sp_upgrade_t upgrade; /* what an Upgrade field asks for */
+    char target[512];     /* CONNECT: host:port */
 } sp_http_head_t;
 
 /* RFC 9112: request line, header fields, empty line, all CRLF-terminated. Refused: bare LF or
  * CR, obs-fold, header names that are not tokens, control characters in values, no Host or
  * more than one, a Host that is not a DNS name[:port], Content-Length that is not all digits
  * or repeated, Content-Length together with Transfer-Encoding, any Transfer-Encoding other
- * than exactly "chunked", more than SP_HTTP_HEADERS_MAX fields, HTTP versions other than 1.0
- * and 1.1. SP_PARSE_OK, SP_PARSE_MORE, or -EINVAL with why (a static string). */
+ * than exactly "chunked", Transfer-Encoding in an HTTP/1.0 request (RFC 9112 6.1: its framing
+ * is faulty), more than one Upgrade field, more than SP_HTTP_HEADERS_MAX fields, HTTP versions
+ * other than 1.0 and 1.1. SP_PARSE_OK, SP_PARSE_MORE, or -EINVAL with why (a static string). */
 int sp_http_request_head(const uint8_t *buf, size_t len, sp_http_head_t *ret, const char **why);
+
+/* A chunked request body (RFC 9112 7.1) parsed as it flows through, so that the proxy knows
+ * exactly where it ends and where the next request head begins (no smuggling past the
+ * per-request check). Strict: chunk-size is 1 to SP_CHUNK_SIZE_DIGITS hex digits (leading
+ * zeros count; the value cannot overflow), no whitespace around it; chunk extensions start
+ * with ';' right after the size, hold visible ASCII, SP and HTAB only and are at most
+ * SP_CHUNK_EXT_MAX bytes; every line ends in CRLF (a bare CR or LF is refused), chunk data is
+ * followed by exactly CRLF; trailer fields are "token: value" lines without control
+ * characters, at most SP_HTTP_HEADERS_MAX of them and SP_CHUNK_TRAILERS_MAX bytes in all. */
+#define SP_CHUNK_SIZE_DIGITS  15 /* < 2^60 bytes */
+#define SP_CHUNK_EXT_MAX      256
+#define SP_CHUNK_TRAILERS_MAX 8192
+
+typedef struct {
+    int state;
+    uint64_t size;   /* the chunk being read: its size so far, then the data bytes left */
+    size_t line;     /* bytes of the current size line's digits or extension, or trailer line */
+    size_t trailers; /* trailer bytes so far */
+    unsigned fields; /* trailer fields so far */
+    bool name_done;  /* in a trailer line: the ':' was seen */
+} sp_chunked_t;
+
+/* Starts a body (a zeroed struct is started too). */
+void sp_chunked_init(sp_chunked_t *st);
+/* Feeds the next bytes of the body. *ret_used is how many of them belong to it (the caller
+ * forwards exactly those). SP_PARSE_MORE: all of them do and the body goes on; SP_PARSE_OK:
+ * the body ended after *ret_used bytes (the rest is the next request); -EINVAL with why (a
+ * static string): malformed, *ret_used undefined. */
+int sp_chunked_feed(sp_chunked_t *st, const uint8_t *buf, size_t len, size_t *ret_used,
+                    const char **why);
+
+/* The status of an HTTP/1.x response head (RFC 9112 4): "HTTP/1.x" SP 3DIGIT SP reason CRLF,
+ * header lines, CRLF. Only as strict as needed to know whether a server switched protocols:
+ * *ret_status and *ret_head_len (the empty line included) on SP_PARSE_OK; SP_PARSE_MORE;
+ * -EINVAL when the bytes are no response head. */
+int sp_http_response_head(const uint8_t *buf, size_t len, int *ret_status, size_t *ret_head_len);
 
 #endif

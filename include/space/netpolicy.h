@@ -20,7 +20,10 @@
 #include <stdint.h>
 
 #define SP_NETPOLICY_ENTRIES_MAX 256
-#define SP_DNS_NAME_MAX          253
+/* Bandwidth limits of a policy (bytes per second, each way); 0 means "the platform's". */
+#define SP_NETPOLICY_RATE_MIN 1024
+#define SP_NETPOLICY_RATE_MAX 100000000000LL /* 100 GB/s */
+#define SP_DNS_NAME_MAX       253
 
 typedef enum { SP_NET_DENY_ALL = 0, SP_NET_ALLOW_ALL, SP_NET_ALLOWLIST } sp_netmode_t;
 typedef enum { SP_NETE_NAME = 0, SP_NETE_WILDCARD, SP_NETE_CIDR } sp_netentry_kind_t;
@@ -35,6 +38,8 @@ typedef struct {
 /* 0, or -EINVAL for anything else than the three mode names. */
 int sp_netmode_parse(const char *s, sp_netmode_t *ret_mode);
 const char *sp_netmode_name(sp_netmode_t m);
+/* True when v is a policy's bandwidth value: 0, or RATE_MIN..RATE_MAX. */
+bool sp_netpolicy_rate_valid(uint64_t v);
 /* 0 and *ret, or -EINVAL (the entry is not one of the forms above). */
 int sp_netentry_parse(const char *s, sp_netentry_t *ret);
 /* True when s is a DNS name as accepted in entries (lowercase or not: case_ok). */

@@ -785,6 +785,209 @@ static void test_policy_survives_suspend(void **state)
         fail_msg("forbidden after the resume: %s", out);
 }
 
+/* An EgressDenied of sandbox id with this reason reaches the log (the audit flushes every
+ * second). */
+static void assert_denied(const char *id, const char *reason)
+{
+    PGconn *db = sp_test_db();
+    char sql[512];
+    snprintf(sql, sizeof(sql),
+             "SELECT (count(*) > 0)::int FROM events WHERE type = 'EgressDenied' AND "
+             "status = 'accepted' AND aggregate_id = '%s' AND position('%s'::bytea in payload) > 0",
+             id, reason);
+    if (sp_test_db_wait_scalar(db, sql, 1, 10000) < 1)
+        fail_msg("no EgressDenied of %s with reason %s", id, reason);
+    PQfinish(db);
+}
+
+/* The sha256 egress-probe printed for what it sent ("sent: N sha256:X") is the one the site
+ * answered for what it received ("posted:N sha256:X host:H"). */
+static void assert_posted(const char *out, const char *n, const char *host)
+{
+    char want[160];
+    const char *sent = strstr(out, "sent: ");
+    const char *sha = sent ? strstr(sent, "sha256:") : NULL;
+    if (!sha || strlen(sha) < 7 + 64)
+        fail_msg("the probe sent nothing: %s", out);
+    snprintf(want, sizeof(want), "posted:%s sha256:%.64s host:%s", n, sha + 7, host);
+    if (!strstr(out, want))
+        fail_msg("the site did not get the body (%s): %s", want, out);
+}
+
+/* A chunked request body: a chunked POST through plain HTTP and through terminated TLS
+ * reaches the site whole (chunk extension and trailer included); malformed framings end the
+ * connection and are audited; a request after a zero chunk is checked like any other. */
+static void test_chunked_body(void **state)
+{
+    NEED_ROOT();
+    char out[8192];
+    long long up8080 = stat_of("https." ALLOWED ":8080");
+    int rc = run(sa, out, sizeof(out),
+                 "nslookup allowed.test >/dev/null; /root/probe --host allowed.test --post 300000 "
+                 "--chunk 70000 --path /up " ALLOWED " 8080");
+    if (rc != 0)
+        fail_msg("chunked POST over HTTP: %d %s", rc, out);
+    assert_posted(out, "300000", "allowed.test");
+    rc =
+        run(sa, out, sizeof(out),
+            "/root/probe --sni allowed.test --post 300000 --chunk 4096 --path /up " ALLOWED " 443");
+    if (rc != 0)
+        fail_msg("chunked POST over HTTPS: %d %s", rc, out);
+    assert_posted(out, "300000", "allowed.test");
+    /* Content-Length bodies still pass as they did (the same parser places them). */
+    rc = run(sa, out, sizeof(out),
+             "/root/probe --host allowed.test --post 100000 --path /up " ALLOWED " 8080");
+    if (rc != 0)
+        fail_msg("POST with Content-Length: %d %s", rc, out);
+    assert_posted(out, "100000", "allowed.test");
+    long long up = stat_of("https." ALLOWED ":8080");
+    assert_int_equal(up, up8080 + 2);
+
+#define CHUNKED_POST                                                                               \
+    "POST / HTTP/1.1\\r\\nHost: allowed.test\\r\\nTransfer-Encoding: chunked\\r\\n\\r\\n"
+    const char *bad[] = {
+        "zz\\r\\nhello\\r\\n0\\r\\n\\r\\n",                /* not hex */
+        "5\\r\\nhelloXY0\\r\\n\\r\\n",                     /* no CRLF after the data */
+        "5\\nhello\\r\\n0\\r\\n\\r\\n",                    /* bare LF */
+        "10000000000000000\\r\\nhello\\r\\n0\\r\\n\\r\\n", /* a size that overflows */
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        run(sa, out, sizeof(out), "printf '" CHUNKED_POST "%s' | nc -w 3 " ALLOWED " 8080", bad[i]);
+        if (strstr(out, "posted:"))
+            fail_msg("malformed chunked body %zu reached the site: %s", i, out);
+    }
+    /* A second request right after the zero chunk, in the same write, naming a forbidden
+     * Host: it never leaves, and the connection ends (pipelined: the first one's answer may
+     * be lost with it). Then the same with the second request sent after the first's answer:
+     * the first is answered. */
+#define SMUGGLED "POST / HTTP/1.1\\r\\nHost: forbidden.test\\r\\nContent-Length: 3\\r\\n\\r\\nabc"
+    run(sa, out, sizeof(out),
+        "printf '" CHUNKED_POST "4\\r\\nabcd\\r\\n0\\r\\n\\r\\n" SMUGGLED "' | nc -w 3 " ALLOWED
+        " 8080");
+    if (strstr(out, "posted:3 "))
+        fail_msg("request after a zero chunk: %s", out);
+    run(sa, out, sizeof(out),
+        "(printf '" CHUNKED_POST "4\\r\\nabcd\\r\\n0\\r\\n\\r\\n'; sleep 1; printf '" SMUGGLED
+        "') | nc -w 3 " ALLOWED " 8080");
+    if (!strstr(out, "posted:4 ") || strstr(out, "posted:3 "))
+        fail_msg("request after a zero chunk and an answer: %s", out);
+    usleep(300 * 1000);
+    assert_int_equal(stat_of("post_hosts.forbidden.test"), 0);
+    assert_in_range(stat_of("https." ALLOWED ":8080"), up + 1, up + 2);
+    assert_denied(sa, "bad_chunked_body");
+    assert_denied(sa, "host_changed");
+}
+
+/* WebSockets: a 101 turns the connection into a relay (plain and terminated TLS); another
+ * answer keeps HTTP (the next request is checked); other upgrades are refused. */
+static void test_websocket(void **state)
+{
+    NEED_ROOT();
+    char out[8192];
+    long long ws0 = stat_of("ws");
+    int rc = run(sa, out, sizeof(out),
+                 "nslookup allowed.test >/dev/null; /root/probe --host allowed.test --ws hello "
+                 "--path /ws " ALLOWED " 8080");
+    if (rc != 0 || !strstr(out, "ws: HTTP/1.1 101") || !strstr(out, "ws: got echo:hello"))
+        fail_msg("WebSocket over HTTP: %d %s", rc, out);
+    rc = run(sa, out, sizeof(out),
+             "/root/probe --sni allowed.test --ws hello-tls --path /ws " ALLOWED " 443");
+    if (rc != 0 || !strstr(out, "ws: HTTP/1.1 101") || !strstr(out, "ws: got echo:hello-tls"))
+        fail_msg("WebSocket over HTTPS: %d %s", rc, out);
+    assert_int_equal(stat_of("ws"), ws0 + 2);
+    /* A 200 to the handshake: HTTP goes on, and the next request (another Host) is refused. */
+    long long up = stat_of("https." ALLOWED ":8080");
+    rc = run(sa, out, sizeof(out),
+             "/root/probe --host allowed.test,forbidden.test --ws x --path /nows " ALLOWED " 8080");
+    if (!strstr(out, "ws: HTTP/1.1 200") || !strstr(out, "site:allowed host:allowed.test") ||
+        strstr(out, "host:forbidden.test") || !strstr(out, "response: none"))
+        fail_msg("handshake answered 200, then another Host: %d %s", rc, out);
+    usleep(300 * 1000);
+    assert_int_equal(stat_of("https." ALLOWED ":8080"), up + 1);
+    /* h2c (and any other upgrade): refused; a handshake after a first request: refused. */
+    run(sa, out, sizeof(out),
+        "printf 'GET / HTTP/1.1\\r\\nHost: allowed.test\\r\\nUpgrade: h2c\\r\\nConnection: "
+        "Upgrade, HTTP2-Settings\\r\\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\\r\\n\\r\\n' | "
+        "nc -w 3 " ALLOWED " 80");
+    if (!strstr(out, "403") || !strstr(out, "upgrade_unsupported") || strstr(out, "site:"))
+        fail_msg("Upgrade: h2c: %s", out);
+    run(sa, out, sizeof(out),
+        "printf 'GET / HTTP/1.1\\r\\nHost: allowed.test\\r\\n\\r\\nGET /ws HTTP/1.1\\r\\nHost: "
+        "allowed.test\\r\\nUpgrade: websocket\\r\\nConnection: Upgrade\\r\\nSec-WebSocket-Key: "
+        "dGhlIHNhbXBsZSBub25jZQ==\\r\\nSec-WebSocket-Version: 13\\r\\n\\r\\n' | nc -w 3 " ALLOWED
+        " 8080");
+    if (strstr(out, " 101 "))
+        fail_msg("handshake as a second request: %s", out);
+    assert_int_equal(stat_of("ws"), ws0 + 2);
+    assert_denied(sa, "upgrade_unsupported");
+    assert_denied(sa, "upgrade_not_first");
+}
+
+/* "secs=" of an egress-probe --bench line (the first one after from), or -1. */
+static double bench_secs(const char **from)
+{
+    const char *p = strstr(*from, "secs=");
+    if (!p)
+        return -1;
+    *from = p + 5;
+    return strtod(p + 5, NULL);
+}
+
+#define RATE_POLICY                                                                                \
+    "{\"mode\":\"allowlist\",\"allow\":[\"allowed.test\"],\"up_bytes_per_s\":1000000,"             \
+    "\"down_bytes_per_s\":1000000}"
+#define DOWNLOAD(n)                                                                                \
+    "/root/probe --host allowed.test --path '/big?n=" n "' --bench 1 " ALLOWED " 8080"
+#define UPLOAD(n)                                                                                  \
+    "/root/probe --host allowed.test --post " n " --path /up --bench 1 " ALLOWED " 8080"
+
+/* Runs cmd (an egress-probe --bench 1) in sandbox id: its seconds, which must be in lo..hi. */
+static double timed(const char *id, const char *what, double lo, double hi, const char *cmd)
+{
+    char out[4096];
+    const char *p = out;
+    int rc = run(id, out, sizeof(out), "%s", cmd);
+    double secs = bench_secs(&p);
+    print_message("%s: %.3f s\n", what, secs);
+    if (rc != 0 || secs < lo || secs > hi)
+        fail_msg("%s: %d %s", what, rc, out);
+    return secs;
+}
+
+/* Bandwidth: 1 MB/s each way, from the policy given at create. A 5 MB download and a 5 MB
+ * upload take about 5 s (at least 3.5 s: the bucket's burst is 125 KB); two downloads at once
+ * share the limit; without the limit (PUT) the same transfers are far faster. */
+static void test_bandwidth(void **state)
+{
+    NEED_ROOT();
+    char out[4096], sd[64];
+    create(sd, RATE_POLICY);
+    run(sd, out, sizeof(out),
+        "echo nameserver $(ip route | awk '/default/ {print $3}') > /etc/resolv.conf; "
+        "nslookup allowed.test");
+    put_probe(sd);
+    timed(sd, "5 MB down at 1 MB/s", 3.5, 9, DOWNLOAD("5000000"));
+    timed(sd, "5 MB up at 1 MB/s", 3.5, 9, UPLOAD("5000000"));
+    /* Two connections at once: 2.5 MB each would take 2.5 s with a budget each. */
+    int rc = run(sd, out, sizeof(out),
+                 DOWNLOAD("2500000") " > /tmp/d1 & " DOWNLOAD("2500000") " > /tmp/d2; wait; "
+                                                                         "cat /tmp/d1 /tmp/d2");
+    const char *p = out;
+    double d1 = bench_secs(&p), d2 = bench_secs(&p);
+    print_message("2 x 2.5 MB down at once at 1 MB/s: %.2f s and %.2f s\n", d1, d2);
+    if (rc != 0 || d1 < 0 || d2 < 0 || (d1 > d2 ? d1 : d2) < 3.5)
+        fail_msg("two downloads sharing the limit: %d %s", rc, out);
+    /* The limit goes with the policy. */
+    put_network(sd, "{\"mode\":\"allowlist\",\"allow\":[\"allowed.test\"]}", 200);
+    timed(sd, "5 MB down without a limit", 0, 1.5, DOWNLOAD("5000000"));
+    timed(sd, "5 MB up without a limit", 0, 1.5, UPLOAD("5000000"));
+    put_network(sd, RATE_POLICY, 200);
+    put_network(sd, "{\"mode\":\"deny_all\",\"up_bytes_per_s\":1023}", 400);
+    put_network(sd, "{\"mode\":\"deny_all\",\"down_bytes_per_s\":100000000001}", 400);
+    put_network(sd, "{\"mode\":\"deny_all\",\"down_bytes_per_s\":\"1000000\"}", 400);
+    put_network(sd, "{\"mode\":\"deny_all\",\"down_bytes_per_s\":-5}", 400);
+}
+
 static void test_denials_logged(void **state)
 {
     NEED_ROOT();
@@ -887,6 +1090,9 @@ int main(void)
         cmocka_unit_test(test_tls_sni),
         cmocka_unit_test(test_tls_terminated),
         cmocka_unit_test(test_connect),
+        cmocka_unit_test(test_chunked_body),
+        cmocka_unit_test(test_websocket),
+        cmocka_unit_test(test_bandwidth),
         cmocka_unit_test(test_policy_change),
         cmocka_unit_test(test_policy_survives_suspend),
         cmocka_unit_test(test_suspend_with_connections),

@@ -15,6 +15,15 @@
  *     --new-conn        with --bench: a new connection (and handshake) per request
  *     --timeout-ms MS   per read/write (default 5000)
  *     --pause-ms MS     wait this long between the requests of --host H,H
+ *     --post N          the requests are POSTs of N bytes (a fixed pattern); prints
+ *                       "sent: N sha256:HEX" before each
+ *     --chunk K         with --post: Transfer-Encoding chunked, chunks of K bytes (the first
+ *                       with a chunk extension, a trailer field at the end)
+ *     --ws MSG          the first request is a WebSocket handshake (RFC 6455 4.1) to --path:
+ *                       prints "ws: <status line>", and after a 101 sends MSG as one masked
+ *                       text frame and prints "ws: got <text>" for the frame that comes back;
+ *                       after any other answer, the next --host requests follow on the same
+ *                       connection
  * Prints "tls: ...", "cert: subject=... issuer=...", "verify: ok|fail <reason>", then each
  * response (or "bench: ..."). Exit 0 when every response arrived, 2 when the TLS handshake
  * failed, 3 on a connection error, 4 on a short or malformed response, 5 when the proxy refused
@@ -24,6 +33,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <stdio.h>
@@ -35,8 +46,8 @@
 #include <unistd.h>
 
 typedef struct {
-    const char *addr, *sni, *hosts, *ca, *alpn, *path, *connect_to;
-    int port, bench, timeout_ms, pause_ms;
+    const char *addr, *sni, *hosts, *ca, *alpn, *path, *connect_to, *ws;
+    int port, bench, timeout_ms, pause_ms, post, chunk;
     int tls, new_conn;
 } opts_t;
 
@@ -45,7 +56,7 @@ typedef struct {
     SSL *ssl;
 } link_t;
 
-static opts_t o = {.path = "/", .timeout_ms = 5000, .alpn = "http/1.1"};
+static opts_t o = {.path = "/", .timeout_ms = 5000, .alpn = "http/1.1", .post = -1};
 static SSL_CTX *ctx;
 
 static double now_us(void)
@@ -183,17 +194,73 @@ static void close_link(link_t *l)
     close(l->fd);
 }
 
+/* The body of --post: n bytes of a pattern, sent as they are or in chunks of o.chunk. */
+static int send_body(link_t *l, long long n, int print)
+{
+    static char block[1 << 16];
+    for (size_t i = 0; i < sizeof(block); i++)
+        block[i] = (char)('a' + i % 26);
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    EVP_DigestInit_ex(md, EVP_sha256(), NULL);
+    long long left = n;
+    int first = 1, rc = 0;
+    while (left > 0 && rc == 0) {
+        size_t k = left < (long long)sizeof(block) ? (size_t)left : sizeof(block);
+        if (o.chunk > 0 && k > (size_t)o.chunk)
+            k = (size_t)o.chunk;
+        char size[64];
+        int sl = snprintf(size, sizeof(size), "%zx%s\r\n", k, first ? ";probe=1" : "");
+        first = 0;
+        if (o.chunk > 0 && io_write(l, size, (size_t)sl) < 0)
+            rc = 3;
+        if (rc == 0 && io_write(l, block, k) < 0)
+            rc = 3;
+        if (rc == 0 && o.chunk > 0 && io_write(l, "\r\n", 2) < 0)
+            rc = 3;
+        EVP_DigestUpdate(md, block, k);
+        left -= (long long)k;
+    }
+    static const char end[] = "0\r\nX-Probe-Trailer: 1\r\n\r\n";
+    if (rc == 0 && o.chunk > 0 && io_write(l, end, sizeof(end) - 1) < 0)
+        rc = 3;
+    unsigned char d[32];
+    EVP_DigestFinal_ex(md, d, NULL);
+    EVP_MD_CTX_free(md);
+    if (print) {
+        printf("sent: %lld sha256:", n);
+        for (int i = 0; i < 32; i++)
+            printf("%02x", d[i]);
+        printf("\n");
+    }
+    if (rc)
+        printf("write failed\n");
+    return rc;
+}
+
 /* One request and its whole response (Content-Length, or until the end). body_bytes gets the
  * body size; print: echo the response. */
 static int request(link_t *l, const char *host, int last, int print, long long *body_bytes)
 {
     char req[1024];
-    int n = snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: %s\r\n\r\n",
+    int n;
+    if (o.post < 0)
+        n = snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: %s\r\n\r\n",
                      o.path, host, last ? "close" : "keep-alive");
+    else if (o.chunk > 0)
+        n = snprintf(req, sizeof(req),
+                     "POST %s HTTP/1.1\r\nHost: %s\r\nConnection: %s\r\n"
+                     "Transfer-Encoding: chunked\r\n\r\n",
+                     o.path, host, last ? "close" : "keep-alive");
+    else
+        n = snprintf(req, sizeof(req),
+                     "POST %s HTTP/1.1\r\nHost: %s\r\nConnection: %s\r\nContent-Length: %d\r\n\r\n",
+                     o.path, host, last ? "close" : "keep-alive", o.post);
     if (io_write(l, req, (size_t)n) < 0) {
         printf("write failed\n");
         return 3;
     }
+    if (o.post >= 0 && send_body(l, o.post, print) != 0)
+        return 3;
     static char buf[1 << 16];
     size_t have = 0;
     char *end = NULL;
@@ -240,6 +307,78 @@ static int request(link_t *l, const char *host, int last, int print, long long *
     return 0;
 }
 
+/* Exactly n bytes, or -1. */
+static int read_full(link_t *l, unsigned char *b, size_t n)
+{
+    while (n) {
+        ssize_t r = io_read(l, b, n);
+        if (r <= 0)
+            return -1;
+        b += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* --ws: the handshake on l; 0 after a 101 and an echoed frame, 1 after another status (its
+ * response read whole: HTTP goes on), 4 on a short or malformed answer. */
+static int websocket(link_t *l, const char *host)
+{
+    unsigned char nonce[16];
+    char key[32], req[1024], head[4096];
+    RAND_bytes(nonce, sizeof(nonce));
+    EVP_EncodeBlock((unsigned char *)key, nonce, sizeof(nonce));
+    int n = snprintf(req, sizeof(req),
+                     "GET %s HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                     "Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n\r\n",
+                     o.path, host, key);
+    if (io_write(l, req, (size_t)n) < 0)
+        return 3;
+    /* The head byte by byte: what follows it is the other protocol's, or the body. */
+    size_t have = 0;
+    while (have < sizeof(head) - 1 && (have < 4 || memcmp(head + have - 4, "\r\n\r\n", 4) != 0)) {
+        if (io_read(l, head + have, 1) != 1)
+            break;
+        have++;
+    }
+    head[have] = '\0';
+    printf("ws: %.*s\n", (int)strcspn(head, "\r\n"), head);
+    if (have < 4 || memcmp(head + have - 4, "\r\n\r\n", 4) != 0)
+        return 4;
+    if (strncmp(head, "HTTP/1.1 101", 12) != 0) {
+        /* HTTP goes on: the body by its Content-Length. */
+        long long cl = 0;
+        for (char *p = head; (p = strstr(p, "\r\n")) != NULL; p += 2)
+            if (strncasecmp(p + 2, "content-length:", 15) == 0)
+                cl = strtoll(p + 17, NULL, 10);
+        char body[4096];
+        if (cl < 0 || cl >= (long long)sizeof(body) ||
+            read_full(l, (unsigned char *)body, (size_t)cl))
+            return 4;
+        printf("%.*s", (int)cl, body);
+        return 1;
+    }
+    size_t ml = strlen(o.ws);
+    unsigned char frame[256 + 8], mask[4];
+    if (ml > 125)
+        return 64;
+    RAND_bytes(mask, sizeof(mask));
+    frame[0] = 0x81; /* FIN, text */
+    frame[1] = (unsigned char)(0x80 | ml);
+    memcpy(frame + 2, mask, 4);
+    for (size_t i = 0; i < ml; i++)
+        frame[6 + i] = (unsigned char)o.ws[i] ^ mask[i % 4];
+    if (io_write(l, frame, 6 + ml) < 0)
+        return 3;
+    unsigned char h[2], text[256];
+    if (read_full(l, h, 2) || (h[1] & 0x7f) > 125 || read_full(l, text, h[1] & 0x7f))
+        return 4;
+    printf("ws: got %.*s\n", (int)(h[1] & 0x7f), (const char *)text);
+    static const unsigned char close_frame[] = {0x88, 0x80, 0, 0, 0, 0};
+    (void)io_write(l, close_frame, sizeof(close_frame));
+    return 0;
+}
+
 static int cmp_d(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -272,7 +411,7 @@ static int bench(void)
             return rc;
         }
         t[i] = now_us() - s;
-        bytes += b;
+        bytes += o.post >= 0 ? o.post : b; /* what went the way that matters */
     }
     if (!o.new_conn)
         close_link(&l);
@@ -320,6 +459,16 @@ int main(int argc, char **argv)
             o.path = v, i++;
         } else if (strcmp(a, "--bench") == 0) {
             o.bench = num(v), i++;
+        } else if (strcmp(a, "--post") == 0) {
+            o.post = num(v), i++;
+            if (o.post < 0) {
+                fprintf(stderr, "bad number\n");
+                return 64;
+            }
+        } else if (strcmp(a, "--chunk") == 0) {
+            o.chunk = num(v), i++;
+        } else if (strcmp(a, "--ws") == 0) {
+            o.ws = v, i++;
         } else if (strcmp(a, "--pause-ms") == 0) {
             o.pause_ms = num(v), i++;
         } else if (strcmp(a, "--timeout-ms") == 0) {
@@ -372,7 +521,18 @@ int main(int argc, char **argv)
     snprintf(hosts, sizeof(hosts), "%s", o.hosts ? o.hosts : o.sni);
     char *save = NULL;
     long long b = 0;
-    for (char *h = strtok_r(hosts, ",", &save); h; h = strtok_r(NULL, ",", &save)) {
+    char *h = strtok_r(hosts, ",", &save);
+    if (o.ws && h) {
+        rc = websocket(&l, h);
+        fflush(stdout);
+        if (rc != 1) {
+            close_link(&l);
+            return rc;
+        }
+        rc = 0;
+        h = strtok_r(NULL, ",", &save);
+    }
+    for (; h; h = strtok_r(NULL, ",", &save)) {
         const char *next = save && *save ? save : NULL;
         rc = request(&l, h, next == NULL, 1, &b);
         if (rc)

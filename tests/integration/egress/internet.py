@@ -13,11 +13,16 @@ there from the host, so nothing the sandboxes send can leave the machine.
   198.18.1.20:443       HTTPS, forbidden.test
   198.18.1.10:8443      HTTPS, allowed.test signed by a "rogue" CA egressd does not trust
   198.18.1.10:8080      plain HTTP, keep-alive (bench)
+  On 443 and 8080: GET /big?n=BYTES (a download), POST (the body, by Content-Length or
+  chunked, is counted and its SHA-256 answered), GET /ws with Upgrade: websocket (RFC 6455
+  handshake, then every text frame echoed), GET /nows (a 200 to a WebSocket handshake).
 
 Counters are written to argv[1] (JSON) after every event. argv[2], when given, is the directory
 of the PEM files the test made (public CA leaves <name>.crt/.key, rogue/allowed.test.*);
 "bench" as argv[3] stops the counters (a file write per request would be what is measured).
 """
+import base64
+import hashlib
 import json
 import os
 import socket
@@ -36,7 +41,8 @@ CERTS = sys.argv[2] if len(sys.argv) > 2 else None
 QUIET = len(sys.argv) > 3 and sys.argv[3] == "bench"
 lock = threading.Lock()
 stats = {"dns": 0, "dns_names": [], "http": {}, "udp": 0, "echo": {}, "tls": {}, "https": {},
-         "https_hosts": []}
+         "https_hosts": [], "posts": [], "post_hosts": {}, "ws": 0}
+WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC11B56"
 NAMES = {
     "allowed.test": NET + ".1.10",
     "forbidden.test": NET + ".1.20",
@@ -85,12 +91,89 @@ class Https(BaseHTTPRequestHandler):
         # add 40 ms to every kept-alive request.
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
+    def read_chunked(self):
+        """A chunked body, strictly (RFC 9112 7.1); None when malformed."""
+        body = b""
+        while True:
+            line = self.rfile.readline(1024)
+            if not line.endswith(b"\r\n"):
+                return None
+            size = line[:-2].split(b";", 1)[0]
+            try:
+                n = int(size, 16)
+            except ValueError:
+                return None
+            if n == 0:
+                break
+            body += self.rfile.read(n)
+            if self.rfile.read(2) != b"\r\n":
+                return None
+        while True:  # trailers
+            line = self.rfile.readline(1024)
+            if line == b"\r\n":
+                return body
+            if not line.endswith(b"\r\n"):
+                return None
+
+    def do_POST(self):
+        me = "%s:%d" % self.connection.getsockname()[:2]
+        host = self.headers.get("Host", "")
+        te = self.headers.get("Transfer-Encoding", "")
+        if te.lower() == "chunked":
+            body = self.read_chunked()
+        else:
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if body is None:
+            self.close_connection = True
+            return
+        digest = hashlib.sha256(body).hexdigest()
+        bump(lambda s: (s["https"].__setitem__(me, s["https"].get(me, 0) + 1),
+                        s["post_hosts"].__setitem__(host, s["post_hosts"].get(host, 0) + 1),
+                        s["posts"].append("%s %s %s %d %s" % (me, host, te or "length",
+                                                              len(body), digest[:16]))))
+        out = ("posted:%d sha256:%s host:%s\n" % (len(body), digest, host)).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def websocket(self):
+        """RFC 6455 4.2.2 handshake, then each text frame from the client echoed back."""
+        key = self.headers.get("Sec-WebSocket-Key", "")
+        accept = base64.b64encode(hashlib.sha1(key.encode() + WS_GUID).digest()).decode()
+        bump(lambda s: s.__setitem__("ws", s["ws"] + 1))
+        self.send_response(101, "Switching Protocols")
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("Sec-WebSocket-Accept", accept)
+        self.end_headers()
+        self.wfile.flush()
+        self.close_connection = True
+        while True:
+            hdr = self.rfile.read(2)
+            if len(hdr) < 2 or hdr[0] & 0x0f == 8:  # end, or a close frame
+                return
+            n = hdr[1] & 0x7f
+            if n == 126:
+                n = struct.unpack(">H", self.rfile.read(2))[0]
+            elif n == 127:
+                return
+            mask = self.rfile.read(4) if hdr[1] & 0x80 else b"\0\0\0\0"
+            data = bytes(b ^ mask[i % 4] for i, b in enumerate(self.rfile.read(n)))
+            out = b"echo:" + data
+            self.wfile.write(bytes([0x81, len(out)]) + out if len(out) < 126 else
+                             bytes([0x81, 126]) + struct.pack(">H", len(out)) + out)
+            self.wfile.flush()
+
     def do_GET(self):
         me = "%s:%d" % self.connection.getsockname()[:2]
         host = self.headers.get("Host", "")
         sni = getattr(self.connection, "sni", None) or ""
         bump(lambda s: (s["https"].__setitem__(me, s["https"].get(me, 0) + 1),
                         s["https_hosts"].append("%s %s %s" % (me, sni, host))))
+        if self.path == "/ws" and self.headers.get("Upgrade", "").lower() == "websocket":
+            self.websocket()
+            return
         if self.path.startswith("/big?n="):
             n = int(self.path[7:])
             self.send_response(200)

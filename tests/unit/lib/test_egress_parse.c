@@ -160,6 +160,143 @@ static void test_http(void **state)
     assert_int_equal(head("CONNECT a.test:443 HTTP/1.1\r\nHost: a.test:443\r\n\r\n", &h),
                      SP_PARSE_OK);
     assert_true(h.is_connect);
+    /* Upgrade: websocket (any case) or something else; never twice. */
+    assert_int_equal(head("GET /ws HTTP/1.1\r\nHost: a.test\r\nUpgrade: WebSocket\r\n\r\n", &h),
+                     SP_PARSE_OK);
+    assert_int_equal(h.upgrade, SP_UPGRADE_WEBSOCKET);
+    assert_int_equal(head("GET / HTTP/1.1\r\nHost: a.test\r\nUpgrade: h2c\r\n\r\n", &h),
+                     SP_PARSE_OK);
+    assert_int_equal(h.upgrade, SP_UPGRADE_OTHER);
+    assert_int_equal(head("GET / HTTP/1.1\r\nHost: a.test\r\nUpgrade: websocket, h2c\r\n\r\n", &h),
+                     SP_PARSE_OK);
+    assert_int_equal(h.upgrade, SP_UPGRADE_OTHER);
+    assert_int_equal(head("GET / HTTP/1.1\r\nHost: a.test\r\nUpgrade: websocket\r\n"
+                          "Upgrade: websocket\r\n\r\n",
+                          &h),
+                     -EINVAL);
+    assert_int_equal(head("GET / HTTP/1.0\r\nHost: a.test\r\n\r\n", &h), SP_PARSE_OK);
+    assert_true(h.http10);
+    assert_int_equal(
+        head("POST / HTTP/1.0\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n", &h), -EINVAL);
+    assert_int_equal(
+        head("POST / HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n", &h),
+        SP_PARSE_OK);
+    assert_true(h.chunked);
+}
+
+/* Feeds s whole, then byte by byte: the same outcome and the same end both ways. */
+static int chunked(const char *s, size_t *used)
+{
+    sp_chunked_t st;
+    const char *why = NULL;
+    size_t len = strlen(s), u = 0;
+    sp_chunked_init(&st);
+    int whole = sp_chunked_feed(&st, (const uint8_t *)s, len, &u, &why);
+    *used = u;
+    sp_chunked_init(&st);
+    int rc = SP_PARSE_MORE;
+    size_t i = 0;
+    for (; i < len && rc == SP_PARSE_MORE; i++) {
+        rc = sp_chunked_feed(&st, (const uint8_t *)s + i, 1, &u, &why);
+        if (rc >= 0)
+            assert_int_equal(u, 1);
+    }
+    assert_int_equal(rc, whole);
+    if (whole == SP_PARSE_OK)
+        assert_int_equal(i, *used);
+    return whole;
+}
+
+static void test_chunked(void **state)
+{
+    size_t used = 0;
+    const char *body = "5\r\nhello\r\n1A;name=\"v a\"\r\nabcdefghijklmnopqrstuvwxyz\r\n"
+                       "0\r\nX-Sum: 1\r\nY: \r\n\r\n";
+    char buf[512];
+    snprintf(buf, sizeof(buf), "%sGET / HTTP/1.1\r\n", body);
+    assert_int_equal(chunked(buf, &used), SP_PARSE_OK);
+    assert_int_equal(used, strlen(body)); /* the next request is not the body's */
+    assert_int_equal(chunked("0\r\n\r\n", &used), SP_PARSE_OK);
+    assert_int_equal(used, 5);
+    assert_int_equal(chunked("000000000000004\r\nabcd\r\n0\r\n\r\n", &used), SP_PARSE_OK);
+    assert_int_equal(chunked("4\r\nab", &used), SP_PARSE_MORE);
+    assert_int_equal(used, 5);
+    assert_int_equal(chunked("fffffffffffffff\r\n", &used), SP_PARSE_MORE);
+
+    char ext[400] = "1;";
+    memset(ext + 2, 'e', SP_CHUNK_EXT_MAX);
+    snprintf(ext + 2 + SP_CHUNK_EXT_MAX, sizeof(ext) - 2 - SP_CHUNK_EXT_MAX, "e\r\nx\r\n0\r\n\r\n");
+    char trailers[SP_CHUNK_TRAILERS_MAX + 64] = "0\r\n";
+    size_t tl = strlen(trailers);
+    while (tl < SP_CHUNK_TRAILERS_MAX)
+        tl += (size_t)snprintf(trailers + tl, sizeof(trailers) - tl, "X-Pad: 0123456789abcdef\r\n");
+    snprintf(trailers + tl, sizeof(trailers) - tl, "\r\n");
+    const char *bad[] = {
+        "g\r\n",           /* not hex */
+        "\r\n",            /* no size */
+        " 5\r\nhello\r\n", /* whitespace */
+        "5 \r\nhello\r\n",
+        "+5\r\nhello\r\n",
+        "0x5\r\nhello\r\n",
+        "1000000000000000\r\n", /* 16 digits: could overflow */
+        "ffffffffffffffffff\r\n",
+        "5\nhello\r\n",    /* bare LF */
+        "5\rhello\r\n",    /* bare CR */
+        "5\r\nhelloX\r\n", /* data longer than its size */
+        "5\r\nhello\n0\r\n\r\n",
+        "5;a\x01\r\nhello\r\n", /* control character in an extension */
+        "5;a\nb\r\nhello\r\n",
+        ext,                   /* extension too long */
+        "0\r\nX Y: 1\r\n\r\n", /* trailer name not a token */
+        "0\r\nX-Y 1\r\n\r\n",  /* no colon */
+        "0\r\nX: 1\n\r\n",     /* bare LF in the trailers */
+        "0\r\nX: \x7f\r\n\r\n",
+        "0\r\n\rX",
+        trailers, /* trailers too large */
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        if (chunked(bad[i], &used) != -EINVAL)
+            fail_msg("accepted bad chunked[%zu]: %.60s", i, bad[i]);
+    ext[2 + SP_CHUNK_EXT_MAX] = '\r';
+    snprintf(ext + 2 + SP_CHUNK_EXT_MAX, sizeof(ext) - 2 - SP_CHUNK_EXT_MAX, "\r\nx\r\n0\r\n\r\n");
+    assert_int_equal(chunked(ext, &used), SP_PARSE_OK); /* exactly at the limit */
+
+    /* Random corruption of a valid body never crashes, and what is accepted ends in place. */
+    for (int round = 0; round < 20000; round++) {
+        char m[128];
+        snprintf(m, sizeof(m), "%s", body);
+        size_t ml = strlen(m);
+        for (int k = 0; k < 3; k++)
+            m[prng() % ml] = (char)(prng() % 255 + 1);
+        sp_chunked_t st;
+        const char *why = NULL;
+        sp_chunked_init(&st);
+        int rc = sp_chunked_feed(&st, (const uint8_t *)m, ml, &used, &why);
+        if (rc == SP_PARSE_OK)
+            assert_true(used <= ml);
+        else if (rc < 0)
+            assert_non_null(why);
+    }
+}
+
+static void test_response_head(void **state)
+{
+    int st = 0;
+    size_t hl = 0;
+    const char *ok = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n\x81\x02hi";
+    assert_int_equal(sp_http_response_head((const uint8_t *)ok, strlen(ok), &st, &hl), SP_PARSE_OK);
+    assert_int_equal(st, 101);
+    assert_int_equal(hl, strlen(ok) - 4);
+    assert_int_equal(sp_http_response_head((const uint8_t *)"HTTP/1.0 200\r\n\r\n", 18, &st, &hl),
+                     SP_PARSE_OK);
+    assert_int_equal(st, 200);
+    assert_int_equal(sp_http_response_head((const uint8_t *)"HTTP/1.1 10", 11, &st, &hl),
+                     SP_PARSE_MORE);
+    const char *bad[] = {"HTTP/2 101 x\r\n\r\n", "HTTP/1.1 1O1 x\r\n\r\n", "http/1.1 101 x\r\n\r\n",
+                         "HTTP/1.1  101 x\r\n\r\n", "SSH-2.0-x\r\n"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        assert_int_equal(sp_http_response_head((const uint8_t *)bad[i], strlen(bad[i]), &st, &hl),
+                         -EINVAL);
 }
 
 static void test_netpolicy(void **state)
@@ -196,8 +333,8 @@ static void test_netpolicy(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tls),
-        cmocka_unit_test(test_http),
+        cmocka_unit_test(test_tls),       cmocka_unit_test(test_http),
+        cmocka_unit_test(test_chunked),   cmocka_unit_test(test_response_head),
         cmocka_unit_test(test_netpolicy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
