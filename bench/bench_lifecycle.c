@@ -6,17 +6,23 @@
  *
  * With the NATS object store as the snapshot store (SPACE_SNAPSHOT_STORE=nats, bench/run.sh
  * lifecycle-nats), each round also suspends once more and empties the worker's cache before
- * the resume: the artifacts come from the bucket, as on a worker on another host. */
-#include <dirent.h>
+ * the resume (the artifacts come from the bucket), and then moves the sandbox to another
+ * worker: a second space-worker started here with its own state directory, btrfs volume and
+ * cache; the sandbox is suspended, the worker it ran on is stopped (a host gone), the resume
+ * lands on the other worker and is timed, the stopped one is started again. */
 #include <errno.h>
 #include <stdbool.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "bench.h"
+#include "db.h"
 #include "error.h"
 #include "ids.h"
 #include "xmalloc.h"
@@ -40,29 +46,100 @@ static double api_op(bench_ctx_t *c, const char *id, const char *op, const char 
     return ms;
 }
 
-/* Bytes of the sandbox's snapshot artifacts in the store, by name. */
+/* Bytes of the sandbox's newest snapshot artifacts, from its SandboxSuspended (whatever
+ * store or worker cache holds them). */
 static void snapshot_sizes(bench_ctx_t *c, const char *id, double *image, double *rootfs)
 {
-    char *dir = sp_xasprintf("%s/snapshots/%s", c->home, id);
-    DIR *d = opendir(dir);
-    struct dirent *de;
+    sp_envelope_t *ev = NULL;
     *image = *rootfs = 0;
-    while (d && (de = readdir(d))) {
-        if (de->d_name[0] == '.')
-            continue;
-        struct stat st;
-        char *p = sp_xasprintf("%s/%s/checkpoint.img.zst", dir, de->d_name);
-        if (stat(p, &st) == 0)
-            *image = (double)st.st_size;
-        free(p);
-        p = sp_xasprintf("%s/%s/rootfs.btrfs.zst", dir, de->d_name);
-        if (stat(p, &st) == 0)
-            *rootfs = (double)st.st_size;
-        free(p);
+    if (sp_db_last_sandbox_event(c->db, id, "SandboxSuspended", &ev) == 0 &&
+        ev->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDED) {
+        for (size_t i = 0; i < ev->sandbox_suspended->n_artifacts; i++) {
+            const Space__V1__SnapshotArtifact *a = ev->sandbox_suspended->artifacts[i];
+            if (strcmp(a->name, "checkpoint.img.zst") == 0)
+                *image = (double)a->size;
+            else if (strcmp(a->name, "rootfs.btrfs.zst") == 0)
+                *rootfs = (double)a->size;
+        }
     }
-    if (d)
-        closedir(d);
-    free(dir);
+    sp_envelope_free(ev);
+}
+
+/* ---- a second worker, for resumes on another host ---- */
+
+#define W2_ID "bench-w2"
+
+static pid_t w2_start(bench_ctx_t *c)
+{
+    char *bin = sp_xasprintf("%s/space-worker", getenv("SPACE_BIN_DIR"));
+    char *state = sp_xasprintf("%s/worker2", c->home);
+    char *log = sp_xasprintf("%s/log/space-worker-2.log", c->home);
+    char *argv[] = {bin,    "--id",           W2_ID, "--state-dir", state, "--snapshot-store",
+                    "nats", "--heartbeat-ms", "500", NULL};
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execv(bin, argv);
+        _exit(127);
+    }
+    free(log);
+    free(state);
+    free(bin);
+    return pid;
+}
+
+/* Whether worker id is live as the scheduler sees it (3 heartbeat intervals). */
+static bool live(bench_ctx_t *c, const char *id)
+{
+    const char *p[1] = {id};
+    PGresult *r = PQexecParams(c->db,
+                               "SELECT count(*) FROM workers WHERE id = $1 AND state = 'up' AND "
+                               "templates ? 'tiny' AND last_heartbeat_at > now() - interval_ms "
+                               "* 3 * interval '1 millisecond'",
+                               1, NULL, p, NULL, NULL, 0);
+    bool yes = PQresultStatus(r) == PGRES_TUPLES_OK && strcmp(PQgetvalue(r, 0, 0), "1") == 0;
+    PQclear(r);
+    return yes;
+}
+
+static void wait_live(bench_ctx_t *c, const char *id, bool want)
+{
+    for (int i = 0; i < 600 && live(c, id) != want; i++)
+        usleep(50 * 1000);
+    if (live(c, id) != want) {
+        fprintf(stderr, "space-bench: worker %s did not become %s\n", id, want ? "live" : "dead");
+        exit(1);
+    }
+}
+
+/* The worker sandbox id runs on. */
+static void worker_of(bench_ctx_t *c, const char *id, char out[80])
+{
+    const char *p[1] = {id};
+    PGresult *r = PQexecParams(c->db, "SELECT coalesce(worker, '') FROM sandboxes WHERE id = $1", 1,
+                               NULL, p, NULL, NULL, 0);
+    snprintf(out, 80, "%s",
+             PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 ? PQgetvalue(r, 0, 0) : "");
+    PQclear(r);
+}
+
+/* The stack's worker (space up made it; its pid is in run/). */
+static void w1_stop(bench_ctx_t *c)
+{
+    char *pidfile = sp_xasprintf("%s/run/space-worker.pid", c->home);
+    FILE *f = fopen(pidfile, "r");
+    int pid = 0;
+    if (f && fscanf(f, "%d", &pid) == 1 && pid > 0) /* NOLINT(cert-err34-c): our own file */
+        kill(pid, SIGTERM);
+    if (f)
+        fclose(f);
+    for (int i = 0; pid > 0 && i < 600 && kill(pid, 0) == 0; i++)
+        usleep(20 * 1000);
+    free(pidfile);
 }
 
 static double timed(char *const argv[], const char *what)
@@ -79,11 +156,18 @@ static double timed(char *const argv[], const char *what)
 int bench_lifecycle(bench_ctx_t *c)
 {
     size_t n = c->rounds;
-    double *v[11];
+    double *v[12];
     const char *store = getenv("SPACE_SNAPSHOT_STORE");
     bool remote = store && strcmp(store, "nats") == 0;
-    for (int i = 0; i < 11; i++)
+    for (int i = 0; i < 12; i++)
         v[i] = sp_xcalloc(n, sizeof(double));
+    pid_t w2 = remote ? w2_start(c) : 0;
+    char w1_id[80] = "";
+    if (remote) {
+        const char *sid = getenv("SPACE_ID");
+        snprintf(w1_id, sizeof(w1_id), "%s", sid && sid[0] ? sid : "worker-1");
+        wait_live(c, W2_ID, true);
+    }
     char id[80];
     if (bench_create_sandbox(c, id) < 0) {
         fprintf(stderr, "space-bench: create failed\n");
@@ -121,6 +205,34 @@ int bench_lifecycle(bench_ctx_t *c)
             bench_run_quiet(evict);
             free(cache);
             v[10][i] = api_op(c, id, "resume", "running");
+            /* To the other worker: suspended here, this host gone, resumed there. */
+            char from[80];
+            worker_of(c, id, from);
+            bool from_w2 = strcmp(from, W2_ID) == 0;
+            (void)api_op(c, id, "suspend", "suspended");
+            if (from_w2) {
+                kill(w2, SIGTERM);
+                waitpid(w2, NULL, 0);
+            } else {
+                w1_stop(c);
+            }
+            wait_live(c, from, false);
+            v[11][i] = api_op(c, id, "resume", "running");
+            char to[80];
+            worker_of(c, id, to);
+            if (strcmp(to, from) == 0) {
+                fprintf(stderr, "space-bench: the resume stayed on %s\n", from);
+                exit(1);
+            }
+            if (from_w2) {
+                w2 = w2_start(c);
+            } else {
+                char *bin = sp_xasprintf("%s/space", getenv("SPACE_BIN_DIR"));
+                char *up[] = {bin, "up", NULL};
+                bench_run_quiet(up);
+                free(bin);
+            }
+            wait_live(c, from, true);
         }
 
         char cid[64];
@@ -157,8 +269,10 @@ int bench_lifecycle(bench_ctx_t *c)
     bench_row(remote ? "resume from suspended, cached (HTTP)"
                      : "resume from suspended, same host (HTTP)",
               v[3], n);
-    if (remote)
+    if (remote) {
         bench_row("resume from suspended, fetched from the bucket (HTTP)", v[10], n);
+        bench_row("resume from suspended on another worker (HTTP)", v[11], n);
+    }
     bench_row("runsc pause (baseline)", v[4], n);
     bench_row("runsc resume (baseline)", v[5], n);
     bench_row("runsc checkpoint (baseline)", v[6], n);
@@ -172,18 +286,31 @@ int bench_lifecycle(bench_ctx_t *c)
            "\"suspend_ms_p50\":%.1f,\"suspend_ms_p90\":%.1f,\"resume_suspended_ms_p50\":%.1f,"
            "\"resume_suspended_ms_p90\":%.1f,\"runsc_checkpoint_ms_p50\":%.1f,"
            "\"runsc_restore_ms_p50\":%.1f,\"image_kib_p50\":%.0f,\"rootfs_kib_p50\":%.0f,"
-           "\"resume_fetched_ms_p50\":%.1f,\"resume_fetched_ms_p90\":%.1f}\n",
+           "\"resume_fetched_ms_p50\":%.1f,\"resume_fetched_ms_p90\":%.1f,"
+           "\"resume_other_worker_ms_p50\":%.1f,\"resume_other_worker_ms_p90\":%.1f}\n",
            remote ? "nats" : "dir", n, bench_pct(v[0], n, 50), bench_pct(v[1], n, 50),
            bench_pct(v[2], n, 50), bench_pct(v[2], n, 90), bench_pct(v[3], n, 50),
            bench_pct(v[3], n, 90), bench_pct(v[6], n, 50), bench_pct(v[7], n, 50), img50 / 1024,
            root50 / 1024, remote ? bench_pct(v[10], n, 50) : 0.0,
-           remote ? bench_pct(v[10], n, 90) : 0.0);
+           remote ? bench_pct(v[10], n, 90) : 0.0, remote ? bench_pct(v[11], n, 50) : 0.0,
+           remote ? bench_pct(v[11], n, 90) : 0.0);
     snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
     if (bench_http(c, "DELETE", path, NULL, NULL, &r) == 0)
         sp_httpc_resp_free(&r);
     char *rm[] = {"rm", "-rf", bundle, NULL};
     bench_run_quiet(rm);
-    for (int i = 0; i < 11; i++)
+    if (w2 > 0) {
+        /* The second worker releases what it holds (its volume) before the stack goes. */
+        kill(w2, SIGTERM);
+        waitpid(w2, NULL, 0);
+        char *bin = sp_xasprintf("%s/space-worker", getenv("SPACE_BIN_DIR"));
+        char *state = sp_xasprintf("%s/worker2", c->home);
+        char *down[] = {bin, "--id", W2_ID, "--state-dir", state, "--teardown", NULL};
+        bench_run_quiet(down);
+        free(state);
+        free(bin);
+    }
+    for (int i = 0; i < 12; i++)
         free(v[i]);
     free(img);
     free(root);

@@ -13,7 +13,9 @@ chmod 0755 "$home"
 trap 'SPACE_HOME=$home "$bin/space" down --purge >/dev/null 2>&1 || rm -rf "$home"' EXIT
 export SPACE_HOME=$home SPACE_NATS_PORT=0 SPACE_API_PORT=0 SPACE_BIN_DIR=$bin
 if [ "$what" = lifecycle-nats ]; then
-  export SPACE_SNAPSHOT_STORE=nats
+  # The bench moves a sandbox between two workers: heartbeats every 500 ms make a stopped
+  # worker dead for the scheduler within 1.5 s.
+  export SPACE_SNAPSHOT_STORE=nats SPACE_HEARTBEAT_MS=500 SPACE_ID=bench-w1
   what=lifecycle
 fi
 if [ "$what" = eventlog ]; then
