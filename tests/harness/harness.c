@@ -86,6 +86,20 @@ long long sp_test_db_scalar(PGconn *db, const char *sql)
     return v;
 }
 
+long long sp_test_events(PGconn *db, const char *sandbox, const char *type, const char *needle)
+{
+    const char *p[3] = {sandbox, type, needle ? needle : ""};
+    PGresult *r = PQexecParams(db,
+                               "SELECT count(*) FROM events WHERE aggregate_id = $1 AND type = $2 "
+                               "AND position($3 in encode(payload, 'escape')) > 0",
+                               3, NULL, p, NULL, NULL, 0);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1)
+        fail_msg("counting %s events: %s", type, PQerrorMessage(db));
+    long long v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    return v;
+}
+
 long long sp_test_db_wait_scalar(PGconn *db, const char *sql, long long want, int timeout_ms)
 {
     long long v = -1;

@@ -24,6 +24,9 @@ int sp_test_space(const char *args);
 /* Polls a scalar SQL query until it returns want, up to timeout_ms. Returns the last value. */
 long long sp_test_db_wait_scalar(PGconn *db, const char *sql, long long want, int timeout_ms);
 long long sp_test_db_scalar(PGconn *db, const char *sql);
+/* How many events of type the log holds for sandbox, whose payload (as text) contains needle
+ * (NULL: any). */
+long long sp_test_events(PGconn *db, const char *sandbox, const char *type, const char *needle);
 
 /* Pid of a daemon that `space up` started ($SPACE_HOME/run/<name>.pid), 0 if none. */
 int sp_test_daemon_pid(const char *name);
