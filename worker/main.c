@@ -232,6 +232,11 @@ int main(int argc, char **argv)
         sp_log(SP_LOG_ERROR, "cannot reach NATS", SP_KS("error", sp_strerror(rc)));
         goto out;
     }
+    if ((rc = wk_factq_new(w.bus, cfg.id, &w.facts)) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot start the command facts queue",
+               SP_KS("error", sp_strerror(rc)));
+        goto out;
+    }
     if (wk_snap_open(&w) < 0)
         goto out;
     if ((rc = sp_db_connect(cfg.pg_url, "space-worker", 30000, &db)) < 0 ||
@@ -269,6 +274,7 @@ out:
     }
     for (int i = 0; i < 200 && atomic_load(&w.listeners) > 0; i++)
         usleep(10 * 1000);
+    wk_factq_free(w.facts);
     sp_bus_free(w.bus);
     wk_host_close(w.host);
     wk_strv_free(w.templates, w.n_templates);
