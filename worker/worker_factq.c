@@ -7,13 +7,13 @@
  * cost was not the waits (they overlap the command) but the work they set off at the same time
  * as the guest's process spawn: the stream storing, the event log fetching and committing.
  * Measured through HTTP, `echo hi` took ~1.1 ms longer with those facts than without
- * (docs/machine-notes.md, "exec latency"). So a fact queued as held waits up to
- * WK_FACT_HOLD_MS for a later fact that is not held (a command's CommandExited), which
- * releases it and everything queued before it: a short command's facts go out together,
- * after the worker has already told the gateway that the command ended (IoExit on the data
- * plane), in one pipelined batch the event log stores in one transaction. A long command's
- * CommandStarted reaches the log at most WK_FACT_HOLD_MS late; occurred_at is the time it was
- * queued, not published.
+ * (docs/machine-notes.md, "exec latency"). So a fact is queued with a hold: it goes out when
+ * its hold ends, or earlier with a later fact whose hold ends first. CommandStarted and
+ * CommandOutput are held WK_FACT_HOLD_MS, a command's CommandExited only WK_FACT_END_MS: a
+ * short command's facts go out together, after the worker has told the gateway that the
+ * command ended (IoExit on the data plane) and while the gateway answers, in one pipelined
+ * batch the event log stores in one transaction. A long command's CommandStarted reaches the
+ * log at most WK_FACT_HOLD_MS late; occurred_at is the time it was queued, not published.
  *
  * Order and exactly once: one thread publishes, a batch at a time, in queue order, pipelined
  * (asynchronous publishes on the one connection, which the server stores in the order it
@@ -50,7 +50,7 @@
 typedef struct fact fact_t;
 struct fact {
     fact_t *next;
-    int64_t ready_ns; /* published from then on, or earlier when a later fact is released */
+    int64_t ready_ns; /* its hold ends: it goes out then, with every fact queued before it */
     char subject[SP_PUBLISH_SUBJECT_MAX];
     char msg_id[WK_FACT_MSG_ID_MAX];
     size_t len;
@@ -62,10 +62,9 @@ struct wk_factq {
     char worker[65];
     pthread_t thread;
     pthread_mutex_t mu;  /* guards what follows */
-    pthread_cond_t work; /* the publisher: something was queued, released, or the stop */
+    pthread_cond_t work; /* the publisher: something was queued or released, or the stop */
     pthread_cond_t room; /* pushers and syncers: a batch was published */
     fact_t *head, *tail;
-    fact_t *released;      /* the last fact that is to go out now, with all before it; or NULL */
     size_t items, bytes;   /* queued or being published */
     uint64_t pushed, done; /* facts queued and published (or dropped at the stop), ever */
     bool stopping;
@@ -110,14 +109,14 @@ static int publish_batch(wk_factq_t *q, const fact_t *batch)
 }
 
 /* Under mu: takes the facts that are to go out now off the queue, at most BATCH_MAX: up to the
- * last one that is released or whose hold is over (all of them when stopping). NULL when
- * none is; then *ret_wait_ns is when the first hold ends (0: no fact waits). */
+ * last one whose hold is over (all of them when stopping). NULL when none is; then
+ * *ret_wait_ns is when the first hold ends (0: no fact waits). */
 static fact_t *take_ready(wk_factq_t *q, int64_t now, int64_t *ret_wait_ns, size_t *ret_n)
 {
     fact_t *last = NULL;
     int64_t next = 0;
     for (fact_t *f = q->head; f; f = f->next) {
-        if (f == q->released || f->ready_ns <= now || q->stopping)
+        if (f->ready_ns <= now || q->stopping)
             last = f;
         else if (next == 0 || f->ready_ns < next)
             next = f->ready_ns;
@@ -128,14 +127,10 @@ static fact_t *take_ready(wk_factq_t *q, int64_t now, int64_t *ret_wait_ns, size
         return NULL;
     fact_t *batch = q->head, *end = batch;
     size_t n = 1;
-    bool released_taken = end == q->released;
     while (end != last && n < BATCH_MAX) {
         end = end->next;
-        released_taken |= end == q->released;
         n++;
     }
-    if (released_taken)
-        q->released = NULL;
     q->head = end->next;
     if (!q->head)
         q->tail = NULL;
@@ -229,7 +224,7 @@ int wk_factq_new(sp_bus_t *bus, const char *worker, wk_factq_t **ret)
     return 0;
 }
 
-int wk_factq_push(wk_factq_t *q, sp_envelope_t *env, const char *msg_id, bool held)
+int wk_factq_push(wk_factq_t *q, sp_envelope_t *env, const char *msg_id, int hold_ms)
 {
     char id[37], subject[SP_PUBLISH_SUBJECT_MAX];
     uint8_t *buf = NULL;
@@ -245,7 +240,7 @@ int wk_factq_push(wk_factq_t *q, sp_envelope_t *env, const char *msg_id, bool he
     memcpy(f->subject, subject, sizeof(subject));
     snprintf(f->msg_id, sizeof(f->msg_id), "%s", msg_id ? msg_id : id);
     int64_t now = mono_ns();
-    f->ready_ns = held ? now + (int64_t)WK_FACT_HOLD_MS * 1000000 : now;
+    f->ready_ns = now + (int64_t)hold_ms * 1000000;
 
     pthread_mutex_lock(&q->mu);
     while (!q->stopping && (q->items >= WK_FACT_ITEMS || q->bytes + len > WK_FACT_BYTES))
@@ -263,8 +258,6 @@ int wk_factq_push(wk_factq_t *q, sp_envelope_t *env, const char *msg_id, bool he
     q->items++;
     q->bytes += len;
     q->pushed++;
-    if (!held)
-        q->released = f;
     pthread_cond_signal(&q->work);
     pthread_mutex_unlock(&q->mu);
     return 0;
@@ -278,10 +271,9 @@ int wk_factq_sync(wk_factq_t *q, int timeout_ms)
     int rc = 0;
     pthread_mutex_lock(&q->mu);
     uint64_t want = q->pushed;
-    if (q->tail) {
-        q->released = q->tail;
-        pthread_cond_signal(&q->work);
-    }
+    for (fact_t *f = q->head; f; f = f->next)
+        f->ready_ns = 0;
+    pthread_cond_signal(&q->work);
     while (q->done < want && rc == 0) {
         if (pthread_cond_timedwait(&q->room, &q->mu, &deadline) == ETIMEDOUT && q->done < want)
             rc = SP_ETIMEOUT;
