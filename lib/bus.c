@@ -42,7 +42,6 @@
 #define FETCH_MAX_BYTES ((int64_t)64 * 1024 * 1024)
 #define MAX_ACK_PENDING 20000
 
-
 struct sp_bus_consumer {
     sp_bus_t *bus;
     natsSubscription *sub;
@@ -168,6 +167,8 @@ int sp_bus_connect(const sp_bus_opts_t *opts, sp_bus_t **ret_bus)
         s = natsOptions_SetReconnectWait(no, RECONNECT_WAIT_MS);
     if (s == NATS_OK)
         s = natsOptions_SetReconnectBufSize(no, RECONNECT_BUF_BYTES);
+    if (s == NATS_OK && opts->send_asap)
+        s = natsOptions_SetSendAsap(no, true);
     if (s != NATS_OK) {
         rc = sp__bus_status(s, 0, "natsOptions");
         goto out;
@@ -445,8 +446,8 @@ void sp_bus_unsubscribe(sp_bus_sub_t *s)
 
 int sp_bus_flush(sp_bus_t *bus, int timeout_ms)
 {
-    return sp__bus_status(natsConnection_FlushTimeout(bus->nc, timeout_ms > 0 ? timeout_ms : 5000), 0,
-                      "natsConnection_Flush");
+    return sp__bus_status(natsConnection_FlushTimeout(bus->nc, timeout_ms > 0 ? timeout_ms : 5000),
+                          0, "natsConnection_Flush");
 }
 
 int sp_bus_request(sp_bus_t *bus, const char *subject, const void *data, size_t len, int timeout_ms,
@@ -460,7 +461,8 @@ int sp_bus_request(sp_bus_t *bus, const char *subject, const void *data, size_t 
     natsStatus s = natsConnection_Request(&reply, bus->nc, subject, data, (int)len,
                                           timeout_ms > 0 ? timeout_ms : bus->timeout_ms);
     if (s != NATS_OK)
-        return s == NATS_NO_RESPONDERS ? SP_ENOTFOUND : sp__bus_status(s, 0, "natsConnection_Request");
+        return s == NATS_NO_RESPONDERS ? SP_ENOTFOUND
+                                       : sp__bus_status(s, 0, "natsConnection_Request");
     size_t n = (size_t)natsMsg_GetDataLength(reply);
     uint8_t *copy = sp_xmalloc(n ? n : 1);
     if (n)

@@ -227,7 +227,10 @@ int main(int argc, char **argv)
     }
     if (prepare_templates(&w) < 0)
         goto out;
-    sp_bus_opts_t bo = {.url = cfg.nats_url, .name = "space-worker", .timeout_ms = 30000};
+    /* send_asap: the worker is on the exec path both ways (the ExecRequest's reply, IoChunk and
+     * IoExit). */
+    sp_bus_opts_t bo = {
+        .url = cfg.nats_url, .name = "space-worker", .timeout_ms = 30000, .send_asap = true};
     if ((rc = sp_bus_connect(&bo, &w.bus)) < 0 || (rc = sp_bus_ensure_stream(w.bus)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot reach NATS", SP_KS("error", sp_strerror(rc)));
         goto out;
