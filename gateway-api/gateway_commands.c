@@ -1215,9 +1215,10 @@ typedef struct {
 static void lookup_run(gw_job_t *job, PGconn *db)
 {
     lookup_job_t *l = (lookup_job_t *)job;
-    gw_sandbox_locate(db, l->c->sandbox, l->c->tenant, &l->loc);
-    if (l->loc.found && !l->c->attach)
-        l->env_json = gw_sandbox_env_load(db, l->c->sandbox, l->c->tenant);
+    if (l->c->attach)
+        gw_sandbox_locate(db, l->c->sandbox, l->c->tenant, &l->loc);
+    else
+        gw_sandbox_locate_env(db, l->c->sandbox, l->c->tenant, &l->loc, &l->env_json);
 }
 
 /* The sandbox's create-time environment under the command's own (which wins), up to
