@@ -114,6 +114,8 @@ static bytes_t in_buf;       /* bytes from fd 0 not yet a whole frame */
 static uint64_t in_skip;     /* bytes of an oversized frame still to discard */
 static int sig_pipe[2] = {-1, -1};
 static int64_t sweep_at; /* the next waitpid sweep while commands run (monotonic ms) */
+static bool sig_seen;    /* the SIGCHLD pipe polled readable this turn: drain it */
+static bool reap_more;   /* reap(false) stopped at a zombie: look for more */
 static cmd_t *cmds[MAX_CMDS];
 static size_t n_cmds;
 
@@ -373,6 +375,27 @@ static void close_fd(int *fd)
         close(*fd);
         *fd = -1;
     }
+}
+
+/* Descriptors to close at the end of the loop turn, after the frames are written. */
+static int close_q[3 * MAX_CMDS];
+static size_t n_close_q;
+
+static void close_later(int *fd)
+{
+    if (*fd < 0)
+        return;
+    if (n_close_q == sizeof(close_q) / sizeof(close_q[0]))
+        close(*fd);
+    else
+        close_q[n_close_q++] = *fd;
+    *fd = -1;
+}
+
+static void close_pending(void)
+{
+    while (n_close_q > 0)
+        close(close_q[--n_close_q]);
 }
 
 static void cmd_free(cmd_t *c)
@@ -946,16 +969,20 @@ static void on_sigchld(int sig)
     errno = saved;
 }
 
-/* Every zombie in the sandbox is ours to reap (PID 1): commands, and any orphan. */
-static void reap(void)
+/* Every zombie in the sandbox is ours to reap (PID 1): commands, and any orphan. With all
+ * false it stops at the first one and leaves the rest to the end of the loop turn (reap_more),
+ * after the Exited frame it may allow has been written: one waitpid less before it. */
+static bool reap(bool all)
 {
+    bool any = false;
     for (;;) {
         int st = 0;
         pid_t p = waitpid(-1, &st, WNOHANG);
         if (p < 0 && errno == EINTR)
             continue;
         if (p <= 0)
-            return;
+            return any;
+        any = true;
         for (size_t i = 0; i < n_cmds; i++) {
             if (cmds[i]->pid == p && !cmds[i]->reaped) {
                 cmds[i]->reaped = true;
@@ -963,6 +990,10 @@ static void reap(void)
                 cmds[i]->reaped_at = now_ms();
                 break;
             }
+        }
+        if (!all) {
+            reap_more = true;
+            return true;
         }
     }
 }
@@ -1004,6 +1035,21 @@ static void write_stdin(cmd_t *c)
     }
     if (c->in_eof)
         close_fd(&c->in_fd);
+}
+
+/* Exited frames for the commands that have exited and whose output is over. */
+static void send_ended(void)
+{
+    for (size_t i = 0; i < n_cmds;) {
+        cmd_t *c = cmds[i];
+        if (c->reaped && c->out_fd[0] < 0 && c->out_fd[1] < 0) {
+            send_exited(c);
+            cmd_free(c);
+            cmds[i] = cmds[--n_cmds];
+            continue;
+        }
+        i++;
+    }
 }
 
 /* ---- main loop ---- */
@@ -1143,14 +1189,12 @@ int main(int argc, char **argv)
                 continue;
             cmd_t *c = what[i].c;
             switch (what[i].kind) {
-            case P_SIG: {
-                char drain[64];
-                while (read(sig_pipe[0], drain, sizeof(drain)) == (ssize_t)sizeof(drain))
-                    ;
-                reap();
+            case P_SIG:
+                /* The pipe is drained at the end of the turn, after the frames are out. */
+                sig_seen = true;
+                reap(false);
                 sweep_at = now_ms() + REAP_SWEEP_MS;
                 break;
-            }
             case P_IN:
                 read_channel();
                 break;
@@ -1161,9 +1205,9 @@ int main(int argc, char **argv)
             case P_CMD_STDERR:
                 if (!c->pty && (re & POLLHUP) && !(re & POLLIN)) {
                     /* A pipe with no writer and nothing in it: EOF, without the read that
-                     * would say so (a system call on the exit's path). A pty's master is
-                     * read to its end. */
-                    close_fd(&c->out_fd[what[i].kind == P_CMD_STDOUT ? 0 : 1]);
+                     * would say so (a system call on the exit's path), closed once the turn's
+                     * frames are out. A pty's master is read to its end. */
+                    close_later(&c->out_fd[what[i].kind == P_CMD_STDOUT ? 0 : 1]);
                 } else if (out_dead) {
                     /* Nobody to send to: keep the command from blocking on a full pipe. */
                     char sink[DATA_MAX];
@@ -1191,7 +1235,7 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < n_cmds && !due; i++)
             due = !cmds[i]->reaped && cmds[i]->out_fd[0] < 0 && cmds[i]->out_fd[1] < 0;
         if (due) {
-            reap();
+            reap(true);
             sweep_at = now + REAP_SWEEP_MS;
         }
 
@@ -1219,19 +1263,27 @@ int main(int argc, char **argv)
                 }
             }
         }
-        for (size_t i = 0; i < n_cmds;) {
-            cmd_t *c = cmds[i];
-            if (c->reaped && c->out_fd[0] < 0 && c->out_fd[1] < 0) {
-                send_exited(c);
-                cmd_free(c);
-                cmds[i] = cmds[--n_cmds];
-                continue;
-            }
-            i++;
-        }
+        send_ended();
         if (!out_dead)
             agent_watch_send(out_q.len < OUT_HIGH ? OUT_HIGH - out_q.len : 0);
         flush_out();
+        /* What could wait until the frames were out: the rest of the zombies (and the Exited
+         * frames they allow), the SIGCHLD pipe, closing pipes found at their end, the next
+         * command's pipes. */
+        if (reap_more) {
+            reap_more = false;
+            if (reap(true)) {
+                send_ended();
+                flush_out();
+            }
+        }
+        if (sig_seen) {
+            char drain[64];
+            while (read(sig_pipe[0], drain, sizeof(drain)) == (ssize_t)sizeof(drain))
+                ;
+            sig_seen = false;
+        }
+        close_pending();
         pipes_fill();
     }
 }
