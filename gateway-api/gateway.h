@@ -426,9 +426,6 @@ int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char
 /* POST /v1/sandboxes with a body in our shape, already checked for size and type: what the
  * E2B create calls after translating its body (no Idempotency-Key). */
 void gw_sandbox_create_body(gw_req_t *rq, const char *body, size_t len);
-/* The environment values a create stored for a sandbox (pool thread): a JSON object text
- * (heap) or NULL. */
-char *gw_sandbox_env_load(PGconn *db, const char *sandbox, const char *tenant);
 /* POSIX portable environment variable names, as lib/envelope.c accepts them. */
 bool gw_env_name_ok(const char *s);
 
@@ -491,6 +488,10 @@ typedef struct {
     char worker[SP_ID_MAX + 1];
 } gw_sandbox_loc_t;
 void gw_sandbox_locate(PGconn *db, const char *sandbox, const char *tenant, gw_sandbox_loc_t *loc);
+/* The same, and the environment values a create stored for the sandbox: a JSON object text
+ * (heap, the caller wipes and frees) or NULL, in *ret_env_json. */
+void gw_sandbox_locate_env(PGconn *db, const char *sandbox, const char *tenant,
+                           gw_sandbox_loc_t *loc, char **ret_env_json);
 /* On the loop: answers rq with the error and returns false unless the sandbox is running on a
  * worker. */
 bool gw_sandbox_loc_ok(gw_req_t *rq, const gw_sandbox_loc_t *loc);

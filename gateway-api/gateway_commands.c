@@ -5,10 +5,10 @@
  * 1. On the loop: the body is validated (gateway_command_body.c); a pool job reads the sandbox
  *    (404 for another tenant's, 409 unless running) and the worker it runs on.
  * 2. A bus job (a blocking NATS sequence, on libuv's thread pool without a database connection)
- *    subscribes to space.io.cmd.<cmd_id>.> and flushes, so no output can be published before
- *    the subscription exists; then publishes the CommandRequested intent (names, sizes and
- *    digests only) and sends the ExecRequest (the values) to space.io.wkr.<worker>.exec, waiting
- *    up to 10 s for the ExecReply.
+ *    subscribes to space.io.cmd.<cmd_id>.>, then publishes the CommandRequested intent (names,
+ *    sizes and digests only) and waits for the stream's ack, which also means the server has
+ *    the subscription before anything can be published on it; then sends the ExecRequest (the
+ *    values) to space.io.wkr.<worker>.exec, waiting up to 10 s for the ExecReply.
  * 3. Accepted: the response starts (SSE by default, or one JSON answer at the end with
  *    Accept: application/json). IoChunks and the IoExit arrive on a cnats thread; the callback
  *    decodes them, checks their sequence numbers, and appends them to the command's queue under
@@ -1027,7 +1027,7 @@ static int attach_request(gw_cmd_t *c)
     return 0;
 }
 
-/* Bus thread: subscribe, flush, publish the intent, send the ExecRequest. */
+/* Bus thread: subscribe, publish the intent (an attach flushes instead), send the ExecRequest. */
 static void setup_run(gw_cmd_t *c)
 {
     sp_bus_t *bus = c->gw->bus;
@@ -1044,9 +1044,11 @@ static void setup_run(gw_cmd_t *c)
         c->bus_step = "subscribe";
         if ((rc = sp_bus_subscribe(bus, subject, NULL, on_msg, c, &c->sub)) < 0)
             goto out;
-        /* The server knows the subscription before anything can cause output on it. */
+        /* The server knows the subscription before anything can cause output on it: it handles
+         * one connection's messages in order, so the acknowledged publish of the intent below
+         * proves it (one round trip less); an attach publishes nothing and flushes. */
         c->bus_step = "flush";
-        if ((rc = sp_bus_flush(bus, FLUSH_TIMEOUT_MS)) < 0)
+        if (c->attach && (rc = sp_bus_flush(bus, FLUSH_TIMEOUT_MS)) < 0)
             goto out;
     }
     if (c->attach) {
@@ -1213,9 +1215,10 @@ typedef struct {
 static void lookup_run(gw_job_t *job, PGconn *db)
 {
     lookup_job_t *l = (lookup_job_t *)job;
-    gw_sandbox_locate(db, l->c->sandbox, l->c->tenant, &l->loc);
-    if (l->loc.found && !l->c->attach)
-        l->env_json = gw_sandbox_env_load(db, l->c->sandbox, l->c->tenant);
+    if (l->c->attach)
+        gw_sandbox_locate(db, l->c->sandbox, l->c->tenant, &l->loc);
+    else
+        gw_sandbox_locate_env(db, l->c->sandbox, l->c->tenant, &l->loc, &l->env_json);
 }
 
 /* The sandbox's create-time environment under the command's own (which wins), up to

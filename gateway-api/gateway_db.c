@@ -265,13 +265,20 @@ void gw_listener_stop(gw_listener_t *l)
 
 /* ---- where a sandbox runs ---- */
 
-void gw_sandbox_locate(PGconn *db, const char *sandbox, const char *tenant, gw_sandbox_loc_t *loc)
+/* The location, and with ret_env (not NULL) the create-time environment in the same query: a
+ * command needs both, and one round trip to PostgreSQL less is ~0.1 ms of its latency. */
+static void locate(PGconn *db, const char *sandbox, const char *tenant, gw_sandbox_loc_t *loc,
+                   char **ret_env)
 {
     const char *p[2] = {sandbox, tenant};
     memset(loc, 0, sizeof(*loc));
     PGresult *r = PQexecParams(db,
-                               "SELECT state, coalesce(worker, '') FROM sandboxes WHERE id = $1 "
-                               "AND tenant = $2",
+                               ret_env ? "SELECT s.state, coalesce(s.worker, ''), e.env::text "
+                                         "FROM sandboxes s LEFT JOIN sandbox_env e ON "
+                                         "e.sandbox_id = s.id AND e.tenant = s.tenant "
+                                         "WHERE s.id = $1 AND s.tenant = $2"
+                                       : "SELECT state, coalesce(worker, '') FROM sandboxes "
+                                         "WHERE id = $1 AND tenant = $2",
                                2, NULL, p, NULL, NULL, 0);
     if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
         sp_log(SP_LOG_WARN, "query failed", SP_KS("query", "sandbox location"),
@@ -281,8 +288,25 @@ void gw_sandbox_locate(PGconn *db, const char *sandbox, const char *tenant, gw_s
         loc->found = true;
         snprintf(loc->state, sizeof(loc->state), "%s", PQgetvalue(r, 0, 0));
         snprintf(loc->worker, sizeof(loc->worker), "%s", PQgetvalue(r, 0, 1));
+        if (ret_env && !PQgetisnull(r, 0, 2)) {
+            char *v = PQgetvalue(r, 0, 2);
+            *ret_env = sp_xstrdup(v);
+            explicit_bzero(v, strlen(v)); /* the values are secrets to the log and core dumps */
+        }
     }
     PQclear(r);
+}
+
+void gw_sandbox_locate(PGconn *db, const char *sandbox, const char *tenant, gw_sandbox_loc_t *loc)
+{
+    locate(db, sandbox, tenant, loc, NULL);
+}
+
+void gw_sandbox_locate_env(PGconn *db, const char *sandbox, const char *tenant,
+                           gw_sandbox_loc_t *loc, char **ret_env_json)
+{
+    *ret_env_json = NULL;
+    locate(db, sandbox, tenant, loc, ret_env_json);
 }
 
 bool gw_sandbox_loc_ok(gw_req_t *rq, const gw_sandbox_loc_t *loc)

@@ -776,24 +776,6 @@ fail:
     create_free(c);
 }
 
-char *gw_sandbox_env_load(PGconn *db, const char *sandbox, const char *tenant)
-{
-    const char *p[2] = {sandbox, tenant};
-    char *out = NULL;
-    PGresult *r =
-        query(db, "SELECT env::text FROM sandbox_env WHERE sandbox_id = $1 AND tenant = $2", 2, p);
-    if (sp_db_check(r, PGRES_TUPLES_OK) < 0)
-        log_db_error("sandbox env", db);
-    else if (PQntuples(r) == 1)
-        out = sp_xstrdup(PQgetvalue(r, 0, 0));
-    if (r && PQntuples(r) == 1) {
-        char *v = PQgetvalue(r, 0, 0);
-        explicit_bzero(v, strlen(v));
-    }
-    PQclear(r);
-    return out;
-}
-
 /* ---- GET /v1/sandboxes/{id} ---- */
 
 typedef struct {

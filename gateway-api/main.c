@@ -302,7 +302,9 @@ int main(int argc, char **argv)
                         .name = GW_DAEMON,
                         .user = cfg.nats_user[0] ? cfg.nats_user : NULL,
                         .password = cfg.nats_password[0] ? cfg.nats_password : NULL,
-                        .timeout_ms = 5000};
+                        .timeout_ms = 5000,
+                        /* Requests to workers and the intents are on the API's latency. */
+                        .send_asap = true};
     if ((rc = sp_bus_connect(&bo, &gw.bus)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot connect to NATS", SP_KS("error", sp_strerror(rc)));
         goto out;

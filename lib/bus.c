@@ -167,6 +167,8 @@ int sp_bus_connect(const sp_bus_opts_t *opts, sp_bus_t **ret_bus)
         s = natsOptions_SetReconnectWait(no, RECONNECT_WAIT_MS);
     if (s == NATS_OK)
         s = natsOptions_SetReconnectBufSize(no, RECONNECT_BUF_BYTES);
+    if (s == NATS_OK && opts->send_asap)
+        s = natsOptions_SetSendAsap(no, true);
     if (s != NATS_OK) {
         rc = sp__bus_status(s, 0, "natsOptions");
         goto out;

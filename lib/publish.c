@@ -5,18 +5,26 @@
 
 #include "error.h"
 
+int sp_publish_encode(sp_envelope_t *env, char id_buf[37], const char *worker,
+                      char subject[SP_PUBLISH_SUBJECT_MAX], uint8_t **ret_buf, size_t *ret_len)
+{
+    int rc;
+
+    sp_envelope_stamp(env, id_buf);
+    if ((rc = sp_envelope_subject(env, worker, subject, SP_PUBLISH_SUBJECT_MAX)) < 0)
+        return rc;
+    return sp_envelope_encode(env, ret_buf, ret_len);
+}
+
 int sp_publish_event(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const char *worker,
                      const char *msg_id, uint64_t *ret_seq)
 {
-    char subject[256];
+    char subject[SP_PUBLISH_SUBJECT_MAX];
     uint8_t *buf = NULL;
     size_t len = 0;
     int rc;
 
-    sp_envelope_stamp(env, id_buf);
-    if ((rc = sp_envelope_subject(env, worker, subject, sizeof(subject))) < 0)
-        return rc;
-    if ((rc = sp_envelope_encode(env, &buf, &len)) < 0)
+    if ((rc = sp_publish_encode(env, id_buf, worker, subject, &buf, &len)) < 0)
         return rc;
     rc = sp_bus_publish(bus, subject, buf, len, msg_id ? msg_id : env->event_id, ret_seq, NULL);
     free(buf);

@@ -227,9 +227,17 @@ int main(int argc, char **argv)
     }
     if (prepare_templates(&w) < 0)
         goto out;
-    sp_bus_opts_t bo = {.url = cfg.nats_url, .name = "space-worker", .timeout_ms = 30000};
+    /* send_asap: the worker is on the exec path both ways (the ExecRequest's reply, IoChunk and
+     * IoExit). */
+    sp_bus_opts_t bo = {
+        .url = cfg.nats_url, .name = "space-worker", .timeout_ms = 30000, .send_asap = true};
     if ((rc = sp_bus_connect(&bo, &w.bus)) < 0 || (rc = sp_bus_ensure_stream(w.bus)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot reach NATS", SP_KS("error", sp_strerror(rc)));
+        goto out;
+    }
+    if ((rc = wk_factq_new(w.bus, cfg.id, &w.facts)) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot start the command facts queue",
+               SP_KS("error", sp_strerror(rc)));
         goto out;
     }
     if (wk_snap_open(&w) < 0)
@@ -269,6 +277,7 @@ out:
     }
     for (int i = 0; i < 200 && atomic_load(&w.listeners) > 0; i++)
         usleep(10 * 1000);
+    wk_factq_free(w.facts);
     sp_bus_free(w.bus);
     wk_host_close(w.host);
     wk_strv_free(w.templates, w.n_templates);

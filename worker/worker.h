@@ -46,6 +46,32 @@ typedef struct {
 
 typedef struct wk wk_t;
 
+/* Command facts (worker_factq.c): published from a thread of their own, in the order queued,
+ * each batch retried whole until the stream has it (message ids make that idempotent). A fact
+ * waits for its hold to end, or goes out earlier with a later fact whose hold ends first:
+ * CommandStarted and CommandOutput wait up to WK_FACT_HOLD_MS for their CommandExited, which
+ * waits WK_FACT_END_MS (the gateway's answer from the IoExit leaves meanwhile), so a short
+ * command's facts reach the stream together once it has ended. At most WK_FACT_ITEMS facts or
+ * WK_FACT_BYTES bytes wait; a push then blocks. */
+#define WK_FACT_HOLD_MS    100
+#define WK_FACT_END_MS     5
+#define WK_FACT_ITEMS      4096
+#define WK_FACT_BYTES      (16 * 1024 * 1024)
+#define WK_FACT_MSG_ID_MAX 160
+typedef struct wk_factq wk_factq_t;
+/* Starts the publisher thread. bus must outlive the queue; worker: the subject's token. */
+int wk_factq_new(sp_bus_t *bus, const char *worker, wk_factq_t **ret);
+/* Stamps env now (occurred_at, event id), validates and encodes it, and queues it to go out
+ * within hold_ms; msg_id NULL: the event id. Any thread but the publisher's; blocks while the
+ * queue is full. SP_ESCHEMA when env does not validate, -ECANCELED once the queue is
+ * stopping. */
+int wk_factq_push(wk_factq_t *q, sp_envelope_t *env, const char *msg_id, int hold_ms);
+/* Releases every held fact and waits until all queued so far are published: a fact published
+ * next (synchronously, elsewhere) lands after them. SP_ETIMEOUT after timeout_ms. */
+int wk_factq_sync(wk_factq_t *q, int timeout_ms);
+/* Publishes what is queued (giving up after a bounded wait, logged), stops, frees. NULL ok. */
+void wk_factq_free(wk_factq_t *q);
+
 #define WK_FILE_SUBS 4 /* file calls handled at once (different transfers) */
 typedef struct wk_cmd wk_cmd_t;
 typedef struct wk_xfer wk_xfer_t;
@@ -83,6 +109,7 @@ typedef struct {
 struct wk {
     const wk_config_t *cfg;
     sp_bus_t *bus;
+    wk_factq_t *facts; /* command facts (worker_factq.c) */
     wk_host_t *host;
     char hostname[256];
     uint32_t vcpu_total;

@@ -17,7 +17,9 @@
  * restart).
  *
  * Threads: requests arrive on a cnats thread, agent callbacks on the box's reader thread; a
- * box's command list is guarded by its mutex. Publishing happens outside that mutex. */
+ * box's command list is guarded by its mutex. Publishing happens outside that mutex. Command
+ * facts go through the worker's queue (worker_factq.c): the reader thread never waits for the
+ * stream, and a short command's facts are recorded together after its IoExit. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -176,12 +178,13 @@ static wk_cmd_t *find_done(wk_box_t *b, const char *cmd_id)
     return NULL;
 }
 
-/* A command event for box (tenant, aggregate) answering the command's intent. */
+/* A command event for box (tenant, aggregate) answering the command's intent, queued for the
+ * stream (worker_factq.c) to go out within hold_ms. */
 static int publish_command_event(wk_box_t *b, const wk_cmd_t *c, sp_envelope_t *env,
-                                 const char *what, uint64_t n)
+                                 const char *what, uint64_t n, int hold_ms)
 {
     Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
-    char id[37], msg_id[160];
+    char msg_id[WK_FACT_MSG_ID_MAX];
     agg.kind = "sandbox";
     agg.id = b->id;
     env->aggregate = &agg;
@@ -190,7 +193,7 @@ static int publish_command_event(wk_box_t *b, const wk_cmd_t *c, sp_envelope_t *
     env->correlation_id = (char *)c->corr;
     env->causation_id = (char *)c->intent_id;
     snprintf(msg_id, sizeof(msg_id), "%s:%s:%llu", what, c->id, (unsigned long long)n);
-    int rc = sp_publish_event(b->w->bus, env, id, b->w->cfg->id, msg_id, NULL);
+    int rc = wk_factq_push(b->w->facts, env, msg_id, hold_ms);
     if (rc < 0)
         sp_log(SP_LOG_WARN, "cannot record command event", SP_KS("type", env->type),
                SP_KS("cmd", c->id), SP_KS("error", sp_strerror(rc)), SP_KS("corr", c->corr));
@@ -231,7 +234,8 @@ static void retire_locked(wk_box_t *b, wk_cmd_t *c, int exit_code, int sig, bool
     b->done = c;
 }
 
-/* Publishes the end of a retired command: IoExit and CommandExited. */
+/* Publishes the end of a retired command: IoExit first (the gateway answers from it), then
+ * CommandExited, whose short hold takes the command's held facts with it (worker_factq.c). */
 static void finish(wk_box_t *b, wk_cmd_t *c)
 {
     uint8_t digest[3][SP_SHA256_LEN];
@@ -267,7 +271,7 @@ static void finish(wk_box_t *b, wk_cmd_t *c)
     done.output_truncated = c->live_truncated;
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED;
     env.command_exited = &done;
-    publish_command_event(b, c, &env, "exited", 0);
+    publish_command_event(b, c, &env, "exited", 0, WK_FACT_END_MS);
     sp_log(SP_LOG_INFO, "command done", SP_KS("sandbox", b->id), SP_KS("cmd", c->id),
            SP_KI("exit_code", c->exit_code), SP_KU("signal", c->signal),
            SP_KU("ms", c->duration_ms), SP_KS("error", c->error), SP_KS("corr", c->corr));
@@ -362,7 +366,7 @@ static void on_started(void *arg, const char *cmd_id, uint32_t pid)
     st.pid = pid;
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED;
     env.command_started = &st;
-    publish_command_event(b, &copy, &env, "started", 0);
+    publish_command_event(b, &copy, &env, "started", 0, WK_FACT_HOLD_MS);
 }
 
 static void on_output(void *arg, const char *cmd_id, int stream, const uint8_t *data, size_t len)
@@ -410,8 +414,8 @@ static void on_output(void *arg, const char *cmd_id, int stream, const uint8_t *
         ch.data = (ProtobufCBinaryData){len, (uint8_t *)data};
         publish_io(b, cmd_id, "out", &ch.base);
     }
-    /* Audit chunks: the reader thread is this command's only writer of events, so their
-     * order in the log is the output's order. */
+    /* Audit chunks: the reader thread is this command's only writer of events and the queue
+     * keeps its order, so their order in the log is the output's order. */
     for (size_t at = 0; at < audit_len; at += SP_COMMAND_OUTPUT_CHUNK_MAX) {
         size_t n = audit_len - at < SP_COMMAND_OUTPUT_CHUNK_MAX ? audit_len - at
                                                                 : SP_COMMAND_OUTPUT_CHUNK_MAX;
@@ -423,7 +427,8 @@ static void on_output(void *arg, const char *cmd_id, int stream, const uint8_t *
         out.data = (ProtobufCBinaryData){n, (uint8_t *)data + at};
         env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT;
         env.command_output = &out;
-        publish_command_event(b, &copy, &env, stream == 1 ? "out" : "err", out.offset);
+        publish_command_event(b, &copy, &env, stream == 1 ? "out" : "err", out.offset,
+                              WK_FACT_HOLD_MS);
     }
     if (mark_truncated) {
         sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
@@ -434,7 +439,7 @@ static void on_output(void *arg, const char *cmd_id, int stream, const uint8_t *
         out.truncated = true;
         env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT;
         env.command_output = &out;
-        publish_command_event(b, &copy, &env, "truncated", 0);
+        publish_command_event(b, &copy, &env, "truncated", 0, WK_FACT_HOLD_MS);
     }
 }
 

@@ -22,6 +22,8 @@
 #include "worker.h"
 #include "xmalloc.h"
 
+#define FACTS_FIRST_MS 5000
+
 wk_box_t *wk_owned_add(wk_t *w, const char *id, const char *tenant, const char *tmpl, uint32_t vcpu,
                        uint32_t memory_mb)
 {
@@ -84,10 +86,22 @@ wk_box_t *wk_owned_remove(wk_t *w, const char *id)
     return b;
 }
 
+/* The command facts queued before a fact go to the stream before it: the log keeps the order
+ * in which the worker decided them (a CommandExited "sandbox released" before the
+ * SandboxDeleted). Past the wait, the fact goes out anyway. */
+static void facts_first(wk_t *w)
+{
+    int rc = wk_factq_sync(w->facts, FACTS_FIRST_MS);
+    if (rc < 0)
+        sp_log(SP_LOG_WARN, "command facts still unpublished; the next fact goes first",
+               SP_KS("error", sp_strerror(rc)));
+}
+
 int wk_publish_box_event(wk_box_t *b, sp_envelope_t *env, const char *msg_id)
 {
     Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
     char id[37];
+    facts_first(b->w);
     agg.kind = "sandbox";
     agg.id = b->id;
     env->aggregate = &agg;
@@ -176,6 +190,7 @@ int wk_publish_fact(wk_t *w, sp_envelope_t *env, const char *prefix, const char 
 {
     char id[37], msg_id[96];
     snprintf(msg_id, sizeof(msg_id), "%s:%s", prefix, cause_id);
+    facts_first(w);
     int rc = sp_publish_event(w->bus, env, id, w->cfg->id, msg_id, NULL);
     if (rc < 0)
         sp_log(SP_LOG_ERROR, "cannot publish", SP_KS("type", env->type),

@@ -17,6 +17,14 @@
 int sp_publish_event(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const char *worker,
                      const char *msg_id, uint64_t *ret_seq);
 
+/* The first half of sp_publish_event, for a caller that publishes later (in order, from a
+ * thread of its own): stamps env as sp_publish_event does (occurred_at is now), writes its
+ * subject and encodes it into a heap buffer (caller frees). SP_ESCHEMA if it does not
+ * validate. */
+#define SP_PUBLISH_SUBJECT_MAX 256
+int sp_publish_encode(sp_envelope_t *env, char id_buf[37], const char *worker,
+                      char subject[SP_PUBLISH_SUBJECT_MAX], uint8_t **ret_buf, size_t *ret_len);
+
 /* Starts an envelope that answers cause (same tenant, aggregate and correlation; causation =
  * cause's event id) as actor. The caller sets payload_case and the payload. Borrowed strings:
  * cause must outlive env. */

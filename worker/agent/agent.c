@@ -113,6 +113,9 @@ static int64_t reconnect_at; /* when down: the next connect attempt (monotonic m
 static bytes_t in_buf;       /* bytes from fd 0 not yet a whole frame */
 static uint64_t in_skip;     /* bytes of an oversized frame still to discard */
 static int sig_pipe[2] = {-1, -1};
+static int64_t sweep_at; /* the next waitpid sweep while commands run (monotonic ms) */
+static bool sig_seen;    /* the SIGCHLD pipe polled readable this turn: drain it */
+static bool reap_more;   /* reap(false) stopped at a zombie: look for more */
 static cmd_t *cmds[MAX_CMDS];
 static size_t n_cmds;
 
@@ -374,6 +377,27 @@ static void close_fd(int *fd)
     }
 }
 
+/* Descriptors to close at the end of the loop turn, after the frames are written. */
+static int close_q[3 * MAX_CMDS];
+static size_t n_close_q;
+
+static void close_later(int *fd)
+{
+    if (*fd < 0)
+        return;
+    if (n_close_q == sizeof(close_q) / sizeof(close_q[0]))
+        close(*fd);
+    else
+        close_q[n_close_q++] = *fd;
+    *fd = -1;
+}
+
+static void close_pending(void)
+{
+    while (n_close_q > 0)
+        close(close_q[--n_close_q]);
+}
+
 static void cmd_free(cmd_t *c)
 {
     close_fd(&c->out_fd[0]);
@@ -383,10 +407,10 @@ static void cmd_free(cmd_t *c)
     free(c);
 }
 
-/* The home directory of uid from /etc/passwd ("/" when there is none or it is missing). */
-static void home_of(uint32_t uid, char *out, size_t len)
+/* The home directory field of uid's first entry in /etc/passwd; "" when there is none. */
+static void passwd_home(uint32_t uid, char *out, size_t len)
 {
-    snprintf(out, len, "/");
+    out[0] = '\0';
     FILE *f = fopen("/etc/passwd", "re");
     if (!f)
         return;
@@ -417,21 +441,80 @@ static void home_of(uint32_t uid, char *out, size_t len)
         unsigned long v = strtoul(field[2], &end, 10);
         if (errno || *end || v != uid)
             continue;
-        struct stat st;
-        if (field[5][0] == '/' && stat(field[5], &st) == 0 && S_ISDIR(st.st_mode))
-            snprintf(out, len, "%s", field[5]);
+        snprintf(out, len, "%s", field[5]);
         break;
     }
     fclose(f);
 }
 
+#define HOME_MAX     256
+#define HOMES_CACHED 8
+
+/* What passwd_home found, kept while /etc/passwd keeps its identity (device, inode, size,
+ * modification and change times): one stat per command instead of reading the file (four
+ * system calls more, each ~40 us in the guest). */
+static struct {
+    bool valid;
+    struct stat id;
+    size_t n;
+    struct {
+        uint32_t uid;
+        char home[HOME_MAX];
+    } e[HOMES_CACHED];
+} homes;
+
+static bool same_file(const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
+           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec &&
+           a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
+}
+
+/* The home directory of uid from /etc/passwd ("/" when there is none or it is missing). */
+static void home_of(uint32_t uid, char *out, size_t len)
+{
+    struct stat st;
+    snprintf(out, len, "/");
+    if (stat("/etc/passwd", &st) < 0)
+        return;
+    if (!homes.valid || !same_file(&homes.id, &st)) {
+        homes.valid = true;
+        homes.id = st;
+        homes.n = 0;
+    }
+    const char *home = NULL;
+    for (size_t i = 0; i < homes.n && !home; i++) {
+        if (homes.e[i].uid == uid)
+            home = homes.e[i].home;
+    }
+    if (!home) {
+        if (homes.n == HOMES_CACHED)
+            homes.n = 0;
+        homes.e[homes.n].uid = uid;
+        passwd_home(uid, homes.e[homes.n].home, sizeof(homes.e[homes.n].home));
+        home = homes.e[homes.n++].home;
+    }
+    if (home[0] == '/' && stat(home, &st) == 0 && S_ISDIR(st.st_mode))
+        snprintf(out, len, "%s", home);
+}
+
 enum { STAGE_DUP = 1, STAGE_SETGROUPS, STAGE_SETGID, STAGE_SETUID, STAGE_CHDIR, STAGE_EXEC };
 
-/* Signals the agent ignores (setup): an ignored disposition survives execve, so the child
- * restores the default; handled ones (SIGCHLD) are reset by execve itself. */
+/* Signals the agent must neither die nor stop from (setup). It catches them with a handler
+ * that does nothing rather than ignoring them: an ignored disposition survives execve, a
+ * handled one is reset to the default by execve itself, so a command starts with default
+ * dispositions without the ten sigaction calls per command that restoring them in the child
+ * cost (each system call of the guest is ~40 us under gVisor's ptrace platform). */
 static const int IGNORED[] = {SIGPIPE, SIGHUP,  SIGINT,  SIGTERM, SIGQUIT,
                               SIGTSTP, SIGTTIN, SIGTTOU, SIGUSR1, SIGUSR2};
 #define N_IGNORED (sizeof(IGNORED) / sizeof(IGNORED[0]))
+
+/* The agent's own credentials (setup): a command that runs with them needs no
+ * setgroups/setgid/setuid in the child. own_creds is false when the agent could not make its
+ * supplementary groups what the child's setgroups would make them ({gid}). */
+static uid_t own_uid;
+static gid_t own_gid;
+static bool own_creds;
 
 /* Everything the child needs, prepared by the parent: the child must not allocate. */
 typedef struct {
@@ -442,6 +525,7 @@ typedef struct {
     const char *cwd;
     uid_t uid;
     gid_t gid;
+    bool same_creds; /* uid and gid are the agent's own (and its groups {gid}): keep them */
     int fds[3];
     bool ctty; /* fds[0] is a pty slave: make it the controlling terminal */
     /* Written by the child when it cannot exec; the parent reads them after clone returns
@@ -453,11 +537,6 @@ typedef struct {
  * writes to memory but s->stage and s->err (and errno). */
 __attribute__((noreturn)) static void child_run(spawn_t *s)
 {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = SIG_DFL;
-    for (size_t i = 0; i < N_IGNORED; i++)
-        (void)sigaction(IGNORED[i], &sa, NULL);
     (void)setsid();
     int stage = STAGE_DUP;
     for (int i = 0; i < 3; i++) {
@@ -466,15 +545,17 @@ __attribute__((noreturn)) static void child_run(spawn_t *s)
     }
     if (s->ctty && ioctl(0, TIOCSCTTY, 0) < 0)
         goto fail;
-    stage = STAGE_SETGROUPS;
-    if (setgroups(1, &s->gid) < 0)
-        goto fail;
-    stage = STAGE_SETGID;
-    if (setgid(s->gid) < 0)
-        goto fail;
-    stage = STAGE_SETUID;
-    if (setuid(s->uid) < 0)
-        goto fail;
+    if (!s->same_creds) {
+        stage = STAGE_SETGROUPS;
+        if (setgroups(1, &s->gid) < 0)
+            goto fail;
+        stage = STAGE_SETGID;
+        if (setgid(s->gid) < 0)
+            goto fail;
+        stage = STAGE_SETUID;
+        if (setuid(s->uid) < 0)
+            goto fail;
+    }
     stage = STAGE_CHDIR;
     if (chdir(s->cwd) < 0)
         goto fail;
@@ -531,6 +612,44 @@ static int pipe_nb(int p[2], int nonblock_end)
     return 0;
 }
 
+/* A command's three pipes (stdin, stdout, stderr), made ahead by pipes_fill at the end of a
+ * loop turn, while the previous command runs or nothing does: a command's start then does not
+ * wait for the five system calls they take. The agent's ends are non-blocking. */
+static int spare[6] = {-1, -1, -1, -1, -1, -1};
+
+static void pipes_fill(void)
+{
+    int p[6] = {-1, -1, -1, -1, -1, -1};
+    if (spare[0] >= 0)
+        return;
+    if (pipe_nb(p, 1) < 0 || pipe_nb(p + 2, 0) < 0 || pipe_nb(p + 4, 0) < 0) {
+        int saved = errno;
+        for (int i = 0; i < 6; i++)
+            if (p[i] >= 0)
+                close(p[i]);
+        errno = saved;
+        return;
+    }
+    memcpy(spare, p, sizeof(spare));
+}
+
+/* The spare pipes (made now if there are none); -1 with errno when they cannot be made. */
+static int pipes_take(int in[2], int out[2], int err[2])
+{
+    pipes_fill();
+    if (spare[0] < 0)
+        return -1;
+    in[0] = spare[0];
+    in[1] = spare[1];
+    out[0] = spare[2];
+    out[1] = spare[3];
+    err[0] = spare[4];
+    err[1] = spare[5];
+    for (int i = 0; i < 6; i++)
+        spare[i] = -1;
+    return 0;
+}
+
 /* A new pseudo-terminal of rows x cols: *master non-blocking (the agent's end), *slave for the
  * child. -1 with errno on failure. */
 static int pty_open(uint32_t rows, uint32_t cols, int *master, int *slave)
@@ -579,7 +698,7 @@ static void do_exec(const Space__Agent__V1__Exec *e)
         return;
     }
 
-    char home[256], path[4096];
+    char home[HOME_MAX], path[4096];
     spawn_t s;
     memset(&s, 0, sizeof(s));
     s.cwd = e->cwd;
@@ -589,6 +708,7 @@ static void do_exec(const Space__Agent__V1__Exec *e)
     }
     s.uid = (uid_t)e->uid;
     s.gid = (gid_t)e->gid;
+    s.same_creds = own_creds && s.uid == own_uid && s.gid == own_gid;
     /* argv and env point into the decoded frame, which outlives the child's exec. */
     s.argv = calloc(e->n_argv + 1, sizeof(char *));
     s.sh_argv = calloc(e->n_argv + 2, sizeof(char *));
@@ -626,7 +746,7 @@ static void do_exec(const Space__Agent__V1__Exec *e)
         s.fds[0] = s.fds[1] = s.fds[2] = slave;
         s.ctty = true;
     } else {
-        if (pipe_nb(in, 1) < 0 || pipe_nb(out, 0) < 0 || pipe_nb(err, 0) < 0) {
+        if (pipes_take(in, out, err) < 0) {
             send_error(id, "pipe: %s", strerror(errno));
             goto out;
         }
@@ -698,6 +818,8 @@ static void do_exec(const Space__Agent__V1__Exec *e)
     if (c->in_eof && c->in.len == 0)
         close_fd(&c->in_fd);
     cmds[n_cmds++] = c;
+    if (n_cmds == 1)
+        sweep_at = now_ms() + REAP_SWEEP_MS; /* the sweeps start with the first command */
     send_started(c);
 out:
     for (int i = 0; i < 2; i++) {
@@ -826,10 +948,18 @@ static void read_channel(void)
             handle_frame(p + 4, len);
             bytes_consume(&in_buf, 4 + (size_t)len);
         }
+        /* A short read took all there was: poll says when more comes (one read less). */
+        if ((size_t)r < want)
+            return;
     }
 }
 
 /* ---- children ---- */
+
+static void on_ignored(int sig)
+{
+    (void)sig;
+}
 
 static void on_sigchld(int sig)
 {
@@ -839,16 +969,20 @@ static void on_sigchld(int sig)
     errno = saved;
 }
 
-/* Every zombie in the sandbox is ours to reap (PID 1): commands, and any orphan. */
-static void reap(void)
+/* Every zombie in the sandbox is ours to reap (PID 1): commands, and any orphan. With all
+ * false it stops at the first one and leaves the rest to the end of the loop turn (reap_more),
+ * after the Exited frame it may allow has been written: one waitpid less before it. */
+static bool reap(bool all)
 {
+    bool any = false;
     for (;;) {
         int st = 0;
         pid_t p = waitpid(-1, &st, WNOHANG);
         if (p < 0 && errno == EINTR)
             continue;
         if (p <= 0)
-            return;
+            return any;
+        any = true;
         for (size_t i = 0; i < n_cmds; i++) {
             if (cmds[i]->pid == p && !cmds[i]->reaped) {
                 cmds[i]->reaped = true;
@@ -856,6 +990,10 @@ static void reap(void)
                 cmds[i]->reaped_at = now_ms();
                 break;
             }
+        }
+        if (!all) {
+            reap_more = true;
+            return true;
         }
     }
 }
@@ -899,6 +1037,21 @@ static void write_stdin(cmd_t *c)
         close_fd(&c->in_fd);
 }
 
+/* Exited frames for the commands that have exited and whose output is over. */
+static void send_ended(void)
+{
+    for (size_t i = 0; i < n_cmds;) {
+        cmd_t *c = cmds[i];
+        if (c->reaped && c->out_fd[0] < 0 && c->out_fd[1] < 0) {
+            send_exited(c);
+            cmd_free(c);
+            cmds[i] = cmds[--n_cmds];
+            continue;
+        }
+        i++;
+    }
+}
+
 /* ---- main loop ---- */
 
 enum { P_SIG, P_IN, P_OUT, P_CMD_STDOUT, P_CMD_STDERR, P_CMD_STDIN, P_WATCH };
@@ -907,11 +1060,16 @@ static void setup(void)
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = SIG_IGN;
+    sa.sa_handler = on_ignored;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
     /* SIGPIPE: a write to a command's closed stdin or to a vanished worker is an error
      * return. The others: PID 1 does not stop or end on a job-control or terminal signal. */
     for (size_t i = 0; i < N_IGNORED; i++)
         (void)sigaction(IGNORED[i], &sa, NULL);
+    own_uid = getuid();
+    own_gid = getgid();
+    own_creds = setgroups(1, &own_gid) == 0;
 
     if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) < 0)
         abort();
@@ -998,7 +1156,7 @@ int main(int argc, char **argv)
              * runs with fork). So waitpid is retried: soon once a command's output is over,
              * and every REAP_SWEEP_MS while any command runs. */
             if (!c->reaped) {
-                int64_t retry = now + REAP_SWEEP_MS;
+                int64_t retry = sweep_at;
                 if (c->out_fd[0] < 0 && c->out_fd[1] < 0)
                     retry = now + (c->reap_tries++ < 5 ? 1 : REAP_RETRY_MS);
                 if (wake < 0 || retry < wake)
@@ -1031,13 +1189,12 @@ int main(int argc, char **argv)
                 continue;
             cmd_t *c = what[i].c;
             switch (what[i].kind) {
-            case P_SIG: {
-                char drain[64];
-                while (read(sig_pipe[0], drain, sizeof(drain)) > 0)
-                    ;
-                reap();
+            case P_SIG:
+                /* The pipe is drained at the end of the turn, after the frames are out. */
+                sig_seen = true;
+                reap(false);
+                sweep_at = now_ms() + REAP_SWEEP_MS;
                 break;
-            }
             case P_IN:
                 read_channel();
                 break;
@@ -1046,7 +1203,12 @@ int main(int argc, char **argv)
                 break;
             case P_CMD_STDOUT:
             case P_CMD_STDERR:
-                if (out_dead) {
+                if (!c->pty && (re & POLLHUP) && !(re & POLLIN)) {
+                    /* A pipe with no writer and nothing in it: EOF, without the read that
+                     * would say so (a system call on the exit's path), closed once the turn's
+                     * frames are out. A pty's master is read to its end. */
+                    close_later(&c->out_fd[what[i].kind == P_CMD_STDOUT ? 0 : 1]);
+                } else if (out_dead) {
                     /* Nobody to send to: keep the command from blocking on a full pipe. */
                     char sink[DATA_MAX];
                     int *fd = &c->out_fd[what[i].kind == P_CMD_STDOUT ? 0 : 1];
@@ -1066,10 +1228,17 @@ int main(int argc, char **argv)
                 break;
             }
         }
-        /* A SIGCHLD may have arrived while the exec of a command blocked the loop. */
-        reap();
-
+        /* waitpid again (not trusting SIGCHLD, see above) when a command's output is over, and
+         * every REAP_SWEEP_MS: not after every turn, which cost a system call each. */
         now = now_ms();
+        bool due = now >= sweep_at;
+        for (size_t i = 0; i < n_cmds && !due; i++)
+            due = !cmds[i]->reaped && cmds[i]->out_fd[0] < 0 && cmds[i]->out_fd[1] < 0;
+        if (due) {
+            reap(true);
+            sweep_at = now + REAP_SWEEP_MS;
+        }
+
         for (size_t i = 0; i < n_cmds; i++) {
             cmd_t *c = cmds[i];
             /* The timeout covers the whole group, also what the command left running. */
@@ -1094,18 +1263,27 @@ int main(int argc, char **argv)
                 }
             }
         }
-        for (size_t i = 0; i < n_cmds;) {
-            cmd_t *c = cmds[i];
-            if (c->reaped && c->out_fd[0] < 0 && c->out_fd[1] < 0) {
-                send_exited(c);
-                cmd_free(c);
-                cmds[i] = cmds[--n_cmds];
-                continue;
-            }
-            i++;
-        }
+        send_ended();
         if (!out_dead)
             agent_watch_send(out_q.len < OUT_HIGH ? OUT_HIGH - out_q.len : 0);
         flush_out();
+        /* What could wait until the frames were out: the rest of the zombies (and the Exited
+         * frames they allow), the SIGCHLD pipe, closing pipes found at their end, the next
+         * command's pipes. */
+        if (reap_more) {
+            reap_more = false;
+            if (reap(true)) {
+                send_ended();
+                flush_out();
+            }
+        }
+        if (sig_seen) {
+            char drain[64];
+            while (read(sig_pipe[0], drain, sizeof(drain)) == (ssize_t)sizeof(drain))
+                ;
+            sig_seen = false;
+        }
+        close_pending();
+        pipes_fill();
     }
 }
