@@ -246,7 +246,7 @@ void sp_bus_free(sp_bus_t *bus)
         free(bus);
 }
 
-int sp_bus_ensure_stream(sp_bus_t *bus)
+static int ensure_stream_once(sp_bus_t *bus)
 {
     jsStreamInfo *si = NULL;
     jsStreamConfig cfg;
@@ -283,6 +283,19 @@ int sp_bus_ensure_stream(sp_bus_t *bus)
     if (s != NATS_OK && jerr == JSStreamNameExistErr)
         return 0;
     return sp__bus_status(s, jerr, "js_AddStream");
+}
+
+/* A daemon started together with nats-server can ask before JetStream answers (seen as a bus
+ * failure at start-up, once in a few hundred starts here): asked again until the connection's
+ * timeout. */
+int sp_bus_ensure_stream(sp_bus_t *bus)
+{
+    int64_t deadline = mono_ms() + bus->timeout_ms;
+    int rc;
+    while ((rc = ensure_stream_once(bus)) < 0 && (rc == SP_EBUS || rc == SP_ETIMEOUT) &&
+           mono_ms() < deadline)
+        nanosleep(&(struct timespec){.tv_nsec = 100 * 1000 * 1000}, NULL);
+    return rc;
 }
 
 int sp_bus_stream_info(sp_bus_t *bus, uint64_t *ret_last_seq, uint64_t *ret_msgs)
