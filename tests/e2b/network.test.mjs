@@ -19,11 +19,14 @@ const cases = [
   [{}, { mode: 'deny_all', allow: [], deny: [] }] // the gateway's network-default
 ]
 
+// E2B has no bandwidth options: no per-sandbox limit (0), so the platform default applies.
+const unlimited = { up_bytes_per_s: 0, down_bytes_per_s: 0 }
+
 for (const [opts, want] of cases) {
   test(`network ${JSON.stringify(opts)} -> ${want.mode}`, { skip: !process.env.SPACE_BIN_DIR && 'needs SPACE_BIN_DIR' }, async () => {
     const sbx = await Sandbox.create({ template: 'tiny', ...opts })
     try {
-      assert.deepEqual(policyOf(sbx.sandboxId), want)
+      assert.deepEqual(policyOf(sbx.sandboxId), { ...want, ...unlimited })
     } finally {
       await sbx.kill()
     }
