@@ -76,72 +76,73 @@ static int reject(wk_t *w, const sp_envelope_t *ev, const char *reason, const ch
     return wk_publish_fact(w, &env, "rejected", ev->event_id);
 }
 
-int wk_on_pause(wk_t *w, const sp_envelope_t *ev)
+/* runsc pause (pause) or resume of the box's sandbox. true once done, with the time it
+ * took; false when the intent was refused instead (not on this worker, a resume of a sandbox
+ * that is not paused, runsc failed), with the refusal's publish result in *ret_rc. Pausing a
+ * paused sandbox is done at once. */
+static bool switch_pause(wk_t *w, const sp_envelope_t *ev, bool pause, uint32_t *ret_ms,
+                         int *ret_rc)
 {
     const char *sbx = ev->aggregate->id;
     char err[WK_ERR_MAX] = "";
     wk_box_t *b = wk_owned_get(w, sbx);
-    if (!b)
-        return reject(w, ev, "not_running", "sandbox %s does not run on worker %s", sbx,
-                      w->cfg->id);
+    if (!b) {
+        *ret_rc =
+            reject(w, ev, "not_running", "sandbox %s does not run on worker %s", sbx, w->cfg->id);
+        return false;
+    }
     int64_t t0 = sp_mono_ns();
     pthread_mutex_lock(&b->mu);
     bool paused = b->paused;
     pthread_mutex_unlock(&b->mu);
-    if (!paused && wk_sandbox_pause(w->host, sbx, true, err) < 0) {
+    if (!pause && !paused) {
         wk_box_put(b);
-        sp_log(SP_LOG_WARN, "pause failed", SP_KS("sandbox", sbx), SP_KS("error", err));
-        return reject(w, ev, "pause_failed", "%s", err);
+        *ret_rc = reject(w, ev, "illegal_transition", "sandbox %s is running, not paused", sbx);
+        return false;
+    }
+    if (paused != pause && wk_sandbox_pause(w->host, sbx, pause, err) < 0) {
+        wk_box_put(b);
+        sp_log(SP_LOG_WARN, pause ? "pause failed" : "resume failed", SP_KS("sandbox", sbx),
+               SP_KS("error", err));
+        *ret_rc = reject(w, ev, pause ? "pause_failed" : "resume_failed", "%s", err);
+        return false;
     }
     pthread_mutex_lock(&b->mu);
-    b->paused = true;
+    b->paused = pause;
     pthread_mutex_unlock(&b->mu);
     wk_box_put(b);
+    *ret_ms = (uint32_t)ms_since(t0);
+    sp_log(SP_LOG_INFO, pause ? "paused" : "resumed", SP_KS("sandbox", sbx), SP_KU("ms", *ret_ms));
+    return true;
+}
+
+int wk_on_pause(wk_t *w, const sp_envelope_t *ev)
+{
+    int rc = 0;
     sp_envelope_t env;
     Space__V1__Aggregate agg;
     Space__V1__SandboxPaused p = SPACE__V1__SANDBOX_PAUSED__INIT;
+    if (!switch_pause(w, ev, true, &p.took_ms, &rc))
+        return rc;
     sp_envelope_answer(&env, &agg, ev, "svc:worker");
-    p.took_ms = (uint32_t)ms_since(t0);
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSED;
     env.sandbox_paused = &p;
-    sp_log(SP_LOG_INFO, "paused", SP_KS("sandbox", sbx), SP_KU("ms", p.took_ms));
     return wk_publish_fact(w, &env, "paused", ev->event_id);
 }
 
 /* A resume intent on this worker's subject: the sandbox is here, paused. */
 int wk_on_resume(wk_t *w, const sp_envelope_t *ev)
 {
-    const char *sbx = ev->aggregate->id;
-    char err[WK_ERR_MAX] = "";
-    wk_box_t *b = wk_owned_get(w, sbx);
-    if (!b)
-        return reject(w, ev, "not_running", "sandbox %s is not on worker %s", sbx, w->cfg->id);
-    int64_t t0 = sp_mono_ns();
-    pthread_mutex_lock(&b->mu);
-    bool paused = b->paused;
-    pthread_mutex_unlock(&b->mu);
-    if (!paused) {
-        wk_box_put(b);
-        return reject(w, ev, "illegal_transition", "sandbox %s is running, not paused", sbx);
-    }
-    if (wk_sandbox_pause(w->host, sbx, false, err) < 0) {
-        wk_box_put(b);
-        sp_log(SP_LOG_WARN, "resume failed", SP_KS("sandbox", sbx), SP_KS("error", err));
-        return reject(w, ev, "resume_failed", "%s", err);
-    }
-    pthread_mutex_lock(&b->mu);
-    b->paused = false;
-    pthread_mutex_unlock(&b->mu);
-    wk_box_put(b);
+    int rc = 0;
     sp_envelope_t env;
     Space__V1__Aggregate agg;
     Space__V1__SandboxResumed r = SPACE__V1__SANDBOX_RESUMED__INIT;
+    if (!switch_pause(w, ev, false, &r.took_ms, &rc))
+        return rc;
     sp_envelope_answer(&env, &agg, ev, "svc:worker");
     r.worker = w->cfg->id;
-    r.took_ms = (uint32_t)ms_since(t0);
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMED;
     env.sandbox_resumed = &r;
-    sp_log(SP_LOG_INFO, "resumed", SP_KS("sandbox", sbx), SP_KU("ms", r.took_ms));
     return wk_publish_fact(w, &env, "resumed", ev->event_id);
 }
 

@@ -97,24 +97,28 @@ int wk_snap_put(wk_t *w, const char *key, const char *src, uint8_t sha[SP_SHA256
                 uint64_t *ret_size, char err[WK_ERR_MAX])
 {
     uint64_t size = 0;
-    int rc = key_ok(key) ? digest_file(src, sha, &size) : -EINVAL;
-    if (rc < 0) {
-        snprintf(err, WK_ERR_MAX, "read %s: %s", src, strerror(-rc));
-        return rc;
+    int rc;
+    if (!key_ok(key)) {
+        snprintf(err, WK_ERR_MAX, "store key '%.64s' is not one", key);
+        return -EINVAL;
     }
     if (wk_snap_remote(w)) {
+        /* One read: the upload computes the size and SHA-256 the record carries. */
         int fd = open(src, O_RDONLY | O_CLOEXEC);
         sp_obj_info_t info = {0};
         rc = fd < 0 ? -errno : sp_obj_put(w->bus, w->cfg->snapshot_bucket, key, fd, &info);
         if (fd >= 0)
             close(fd);
-        if (rc == 0 && (info.size != size || memcmp(info.sha256, sha, SP_SHA256_LEN) != 0))
-            rc = -EIO; /* the file changed under us: nothing we could vouch for */
         if (rc < 0) {
             snprintf(err, WK_ERR_MAX, "store %s in bucket %s: %s", key, w->cfg->snapshot_bucket,
                      sp_strerror(rc));
             return rc;
         }
+        memcpy(sha, info.sha256, SP_SHA256_LEN);
+        size = info.size;
+    } else if ((rc = digest_file(src, sha, &size)) < 0) {
+        snprintf(err, WK_ERR_MAX, "read %s: %s", src, strerror(-rc));
+        return rc;
     }
     char *dst = sp_xasprintf("%s/%s", w->cfg->snapshot_dir, key);
     char *dir = sp_xstrdup(dst);
@@ -129,6 +133,21 @@ int wk_snap_put(wk_t *w, const char *key, const char *src, uint8_t sha[SP_SHA256
     return rc;
 }
 
+/* Whether bytes of got_size with SHA-256 got are the recorded artifact: 0, or -EBADMSG with
+ * err naming the artifact and both digests. */
+static int compare(const char *key, const uint8_t got[SP_SHA256_LEN], uint64_t got_size,
+                   const uint8_t sha[SP_SHA256_LEN], uint64_t size, char err[WK_ERR_MAX])
+{
+    if (got_size == size && memcmp(got, sha, SP_SHA256_LEN) == 0)
+        return 0;
+    char want_hex[SP_SHA256_HEX_LEN + 1], got_hex[SP_SHA256_HEX_LEN + 1];
+    sp_hex_encode(sha, SP_SHA256_LEN, want_hex);
+    sp_hex_encode(got, SP_SHA256_LEN, got_hex);
+    snprintf(err, WK_ERR_MAX, "artifact %s: sha256 %s (%llu bytes), recorded %s (%llu)", key,
+             got_hex, (unsigned long long)got_size, want_hex, (unsigned long long)size);
+    return -EBADMSG;
+}
+
 /* Whether the cached file at path is the recorded artifact: 0, -EBADMSG (other bytes, err
  * says which) or a negative errno (missing, unreadable). */
 static int check(const char *path, const char *key, uint64_t size, const uint8_t sha[SP_SHA256_LEN],
@@ -141,15 +160,7 @@ static int check(const char *path, const char *key, uint64_t size, const uint8_t
         snprintf(err, WK_ERR_MAX, "artifact %s: %s", key, strerror(-rc));
         return rc;
     }
-    if (got_size != size || memcmp(got, sha, SP_SHA256_LEN) != 0) {
-        char want_hex[SP_SHA256_HEX_LEN + 1], got_hex[SP_SHA256_HEX_LEN + 1];
-        sp_hex_encode(sha, SP_SHA256_LEN, want_hex);
-        sp_hex_encode(got, SP_SHA256_LEN, got_hex);
-        snprintf(err, WK_ERR_MAX, "artifact %s: sha256 %s (%llu bytes), recorded %s (%llu)", key,
-                 got_hex, (unsigned long long)got_size, want_hex, (unsigned long long)size);
-        return -EBADMSG;
-    }
-    return 0;
+    return compare(key, got, got_size, sha, size, err);
 }
 
 int wk_snap_fetch(wk_t *w, const char *key, uint64_t size, const uint8_t sha[SP_SHA256_LEN],
@@ -200,7 +211,8 @@ int wk_snap_fetch(wk_t *w, const char *key, uint64_t size, const uint8_t sha[SP_
                  rc == -EBADMSG ? "its bytes do not match the record" : sp_strerror(rc));
         goto out;
     }
-    if ((rc = check(tmp, key, size, sha, err)) < 0)
+    /* sp_obj_get checked the bytes against the bucket's record: they must be the log's. */
+    if ((rc = compare(key, info.sha256, info.size, sha, size, err)) < 0)
         goto out;
     if (rename(tmp, path) < 0) {
         rc = -errno;
