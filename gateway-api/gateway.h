@@ -610,7 +610,71 @@ void gw_e2b_files_answer(gw_req_t *rq, gw_fop_t op, const Space__Io__V1__FileRep
                          const char *path, const char *to);
 void gw_e2b_upload_answer(gw_req_t *rq, const char *const *paths, size_t n);
 
-/* ---- server-sent events (gateway_events.c) ---- */
+/* ---- streamed responses (gateway_sse.c) ----
+ * The writer every long-lived response shares: the event log's SSE (gateway_events.c), a
+ * command's output (gateway_commands.c), a directory watch (gateway_watch.c); SSE, or E2B's
+ * Connect streams, whose records the owner frames itself. The owner embeds a gw_sse_t
+ * (gw_sse_init / gw_sse_dispose), starts the response with gw_sse_start, appends whole records
+ * to pending and calls gw_sse_flush. h2o allows one h2o_send in flight: records queued
+ * meanwhile wait in pending and leave together once h2o proceeds. What waits is the client's
+ * lag (gw_sse_backlog); each owner bounds it its own way. Loop thread only.
+ *
+ * The response ends once (then ops->closed): when the writer ends it (gw_sse_end,
+ * gw_sse_close, gw_sse_abort) or when h2o says the client is gone. A call that can end it
+ * returns false when it did: the owner may have freed itself in closed, so the caller must not
+ * touch it (or the writer) after that. */
+typedef struct gw_sse gw_sse_t;
+typedef struct {
+    /* Appends a keepalive record to pending; NULL: the SSE comment (SP_SSE_KEEPALIVE). */
+    void (*keepalive)(gw_sse_t *w);
+    /* Adds the owner's headers after the ones every response carries; may be NULL. */
+    void (*headers)(gw_sse_t *w, h2o_req_t *req);
+    /* A write completed and the next, if any, is under way; may be NULL. */
+    void (*written)(gw_sse_t *w);
+    /* The response is over (w->req is NULL). Runs once; the owner may free itself here. */
+    void (*closed)(gw_sse_t *w);
+    /* Look for a hang-up at every tick: for clients that send nothing after their request, as
+     * h2o reads nothing more of a request whose response streams and would hear of it only at
+     * the next write. */
+    bool poll_hangup;
+} gw_sse_ops_t;
+
+struct gw_sse {
+    h2o_generator_t gen; /* first member: h2o hands it back to proceed and stop */
+    const gw_sse_ops_t *ops;
+    gw_req_t *rq;   /* borrowed: the owner holds a reference */
+    h2o_req_t *req; /* while the response is open, else NULL */
+    bool sending;   /* an h2o_send is in flight: wait for proceed */
+    bool ending;    /* end once pending is written */
+    bool closing;   /* end after the write in flight; pending is dropped */
+    int64_t sending_since_ns, last_write_ns;
+    sp_buf_t pending;  /* records not yet handed to h2o: the owner appends here */
+    sp_buf_t inflight; /* records h2o is writing (valid until proceed) */
+};
+
+void gw_sse_init(gw_sse_t *w);
+void gw_sse_dispose(gw_sse_t *w);
+/* Starts rq's 200 response (gw_req_live(rq) must hold) with content_type and the headers every
+ * response carries, and counts it as a stream until it ends. ops must outlive the response. */
+void gw_sse_start(gw_sse_t *w, gw_req_t *rq, const char *content_type, const gw_sse_ops_t *ops);
+/* Hands pending to h2o unless a write is in flight (then proceed does). False once the
+ * response ended (here, or before). */
+bool gw_sse_flush(gw_sse_t *w);
+/* Ends the response once everything queued is written. */
+bool gw_sse_end(gw_sse_t *w);
+/* Ends the response after the write in flight; what is not yet handed to h2o is dropped. */
+bool gw_sse_close(gw_sse_t *w);
+/* Ends the response now, logging why: with a write in flight, by shutting the socket down,
+ * which fails the write, and h2o then closes the connection and calls stop. */
+void gw_sse_abort(gw_sse_t *w, const char *why);
+/* Bytes queued or being written: how far the client lags behind. */
+size_t gw_sse_backlog(const gw_sse_t *w);
+/* Once a second: a write stuck for sse-write-timeout-s aborts the response (counted as closed
+ * slow), a response idle for sse-keepalive-s gets a keepalive, a hung-up client (poll_hangup)
+ * is made to fail its next write. False once the response ended. */
+bool gw_sse_tick(gw_sse_t *w, int64_t now_ns);
+
+/* ---- the event log's stream (gateway_events.c) ---- */
 
 void gw_events_open(gw_req_t *rq, bool per_sandbox);
 /* The head moved: streams that are live fetch what is new. */

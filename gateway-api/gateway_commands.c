@@ -15,9 +15,10 @@
  *    its mutex, then wakes the loop with the command's uv_async_t. It never blocks and never
  *    touches loop state: when the queue is over its bound it drops and marks the output
  *    truncated.
- * 4. The loop turns queued chunks into SSE records (through h2o's generator: one write at a
- *    time, the next after proceed) or into the collected JSON answer, and ends the response at
- *    the IoExit, or with an error when none came within timeout_s + 30 s.
+ * 4. The loop turns queued chunks into SSE records (through the stream writer,
+ *    gateway_sse.c: one write at a time, the next after proceed) or into the collected JSON
+ *    answer, and ends the response at the IoExit, or with an error when none came within
+ *    timeout_s + 30 s.
  * 5. The subscription is drained off the loop (another bus job); when it is gone, no callback
  *    can run, so the async handle is closed and the command freed in its close callback.
  *
@@ -39,7 +40,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/socket.h>
 
 #include "db.h"
 #include "b64.h"
@@ -47,6 +47,7 @@
 #include "ids.h"
 #include "log.h"
 #include "publish.h"
+#include "sse.h"
 #include "xmalloc.h"
 #include "text.h"
 
@@ -59,8 +60,6 @@
 #define IO_MSG_MAX        (CHUNK_DATA_MAX + 1024)
 #define REPLY_MAX         (64 * 1024)
 #define TEXT_MAX          256 /* error texts from the worker, kept */
-#define BUF_KEEP_BYTES    (64 * 1024)
-#define KEEPALIVE_RECORD  ": keepalive\n\n"
 
 typedef enum { PH_LOOKUP = 1, PH_SETUP, PH_RUNNING, PH_DONE } phase_t;
 
@@ -83,14 +82,13 @@ typedef struct {
 } exit_info_t;
 
 /* Fields grouped by who uses them rather than packed: ~32 bytes per command in flight. */
-struct gw_cmd {          /* NOLINT(clang-analyzer-optin.performance.Padding) */
-    h2o_generator_t gen; /* first member: h2o hands it back to proceed and stop */
-    uv_async_t async;    /* cnats thread -> loop; closed last */
+struct gw_cmd {       /* NOLINT(clang-analyzer-optin.performance.Padding) */
+    gw_sse_t sse;     /* the streamed response (SSE or Connect) */
+    uv_async_t async; /* cnats thread -> loop; closed last */
     gw_t *gw;
     gw_req_t *rq;           /* holds a reference */
     sp_json_doc_t *env_doc; /* the sandbox's create-time environment; spec borrows from it */
-    h2o_req_t *req;         /* SSE: while the response is open */
-    bool sse;
+    bool streaming;         /* SSE or Connect records; else one JSON answer at the end */
     bool attach;       /* GET .../stream: no intent, no exec; the worker replays what it kept */
     uint64_t from_seq; /* attach: output after this seq */
     bool skipped;      /* attach: output between from_seq and the oldest kept chunk is gone */
@@ -124,15 +122,11 @@ struct gw_cmd {          /* NOLINT(clang-analyzer-optin.performance.Padding) */
 
     /* Loop side of the response. */
     bool resp_done;    /* nothing more will be written (answered, or the client is gone) */
-    bool sse_open;     /* counted as a stream, not yet logged */
-    bool sending;      /* an h2o_send is in flight: wait for proceed */
-    bool exit_queued;  /* the exit record is in pending: end once written */
     bool loop_dropped; /* SSE: the unsent backlog passed the bound */
     bool async_closing;
-    int64_t deadline_ns, sending_since_ns, last_write_ns;
-    sp_buf_t pending, inflight; /* SSE records: not yet handed to h2o / being written */
-    sp_buf_t out[3];            /* JSON: collected output by stream */
-    uint8_t carry[3][4];        /* SSE: an incomplete UTF-8 sequence at a chunk's end */
+    int64_t deadline_ns;
+    sp_buf_t out[3];     /* JSON: collected output by stream */
+    uint8_t carry[3][4]; /* SSE: an incomplete UTF-8 sequence at a chunk's end */
     size_t carry_len[3];
 
     /* Shared with the cnats thread: under mu. */
@@ -234,8 +228,7 @@ static void on_async_closed(uv_handle_t *h)
     gw->n_commands--;
     gw->metrics.commands_running--;
     free_queue(c);
-    sp_buf_dispose(&c->pending);
-    sp_buf_dispose(&c->inflight);
+    gw_sse_dispose(&c->sse);
     for (int i = 0; i < 3; i++)
         sp_buf_dispose(&c->out[i]);
     gw_cmd_spec_dispose(&c->spec);
@@ -347,7 +340,7 @@ static bool accept_chunk(gw_cmd_t *c, uint64_t seq, uint32_t stream, const uint8
     c->last_seq = seq;
     c->seen[stream] += len;
     size_t keep = len;
-    if (!c->sse) {
+    if (!c->streaming) {
         uint64_t room = JSON_CAP - c->kept[stream];
         if (keep > room) {
             keep = (size_t)room;
@@ -504,82 +497,24 @@ static void on_msg(void *arg, const char *subject, const char *reply, const uint
 
 /* ---- SSE output (loop) ---- */
 
-static void sse_closed(gw_cmd_t *c)
-{
-    if (!c->sse_open)
-        return;
-    c->sse_open = false;
-    c->gw->metrics.streams--;
-    gw_metrics_request(&c->gw->metrics, c->rq->route, 200);
-    gw_log_request(c->rq, 200);
-}
-
 static void publish_loop_bytes(gw_cmd_t *c)
 {
     pthread_mutex_lock(&c->mu);
-    c->loop_bytes = c->pending.len + c->inflight.len;
+    c->loop_bytes = gw_sse_backlog(&c->sse);
     if (c->loop_dropped)
         c->dropped = true; /* nothing more needs queueing */
     pthread_mutex_unlock(&c->mu);
 }
 
-static void trim(sp_buf_t *b)
+static void on_written(gw_sse_t *w)
 {
-    if (b->cap > BUF_KEEP_BYTES)
-        sp_buf_dispose(b);
-    else
-        sp_buf_reset(b);
+    publish_loop_bytes(H2O_STRUCT_FROM_MEMBER(gw_cmd_t, sse, w));
 }
 
-/* Ends the response (only when no write is in flight). */
-static void sse_finish(gw_cmd_t *c)
+/* The response is over: after the exit record, or the client went away. */
+static void on_closed(gw_sse_t *w)
 {
-    h2o_req_t *req = c->req;
-    if (!req || c->sending)
-        return;
-    c->req = NULL;
-    req->http1_is_persistent = 0;
-    h2o_send(req, NULL, 0, H2O_SEND_STATE_FINAL);
-    sse_closed(c);
-    resp_over(c);
-}
-
-static void sse_flush(gw_cmd_t *c)
-{
-    if (!c->req || c->sending)
-        return;
-    if (c->pending.len == 0) {
-        if (c->exit_queued)
-            sse_finish(c);
-        return;
-    }
-    sp_buf_t t = c->inflight;
-    c->inflight = c->pending;
-    c->pending = t;
-    trim(&c->pending);
-    c->sending = true;
-    c->sending_since_ns = c->last_write_ns = sp_mono_ns();
-    h2o_iovec_t iov = h2o_iovec_init(c->inflight.data, c->inflight.len);
-    h2o_send(c->req, &iov, 1, H2O_SEND_STATE_IN_PROGRESS);
-}
-
-static void on_proceed(h2o_generator_t *gen, h2o_req_t *req)
-{
-    gw_cmd_t *c = (gw_cmd_t *)gen;
-    (void)req;
-    c->sending = false;
-    trim(&c->inflight);
-    sse_flush(c);
-    publish_loop_bytes(c);
-}
-
-static void on_stop(h2o_generator_t *gen, h2o_req_t *req)
-{
-    gw_cmd_t *c = (gw_cmd_t *)gen;
-    (void)req;
-    c->req = NULL;
-    c->sending = false;
-    sse_closed(c);
+    gw_cmd_t *c = H2O_STRUCT_FROM_MEMBER(gw_cmd_t, sse, w);
     if (c->phase == PH_RUNNING) {
         /* The client went away: the command keeps running, unwatched. */
         c->phase = PH_DONE;
@@ -591,12 +526,33 @@ static void on_stop(h2o_generator_t *gen, h2o_req_t *req)
     resp_over(c);
 }
 
-/* An output record; its id is the seq of the chunk, so a client that reconnects with
- * Last-Event-ID gets what came after. */
 static void connect_event(gw_cmd_t *c, const char *json, size_t len)
 {
-    gw_connect_envelope(&c->pending, 0, json, len);
+    gw_connect_envelope(&c->sse.pending, 0, json, len);
 }
+
+/* E2B: the start event must be the first message; keepalives only after it. */
+static void connect_keepalive(gw_sse_t *w)
+{
+    static const char ka[] = "{\"event\":{\"keepalive\":{}}}";
+    gw_cmd_t *c = H2O_STRUCT_FROM_MEMBER(gw_cmd_t, sse, w);
+    if (c->start_sent)
+        connect_event(c, ka, sizeof(ka) - 1);
+}
+
+static void add_command_id(gw_sse_t *w, h2o_req_t *req)
+{
+    gw_cmd_t *c = H2O_STRUCT_FROM_MEMBER(gw_cmd_t, sse, w);
+    h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-command-id"), 0, NULL,
+                          c->cmd_id, strlen(c->cmd_id));
+}
+
+static const gw_sse_ops_t sse_ops = {
+    .headers = add_command_id, .written = on_written, .closed = on_closed};
+static const gw_sse_ops_t connect_ops = {.keepalive = connect_keepalive,
+                                         .headers = add_command_id,
+                                         .written = on_written,
+                                         .closed = on_closed};
 
 static void connect_data(gw_cmd_t *c, uint32_t stream, const uint8_t *p, size_t n)
 {
@@ -613,19 +569,23 @@ static void connect_data(gw_cmd_t *c, uint32_t stream, const uint8_t *p, size_t 
     sp_buf_dispose(&b);
 }
 
+/* An output record; its id is the seq of the chunk, so a client that reconnects with
+ * Last-Event-ID gets what came after. */
 static void sse_record(gw_cmd_t *c, uint64_t seq, const char *event, const uint8_t *p, size_t n,
                        bool b64)
 {
-    sp_buf_printf(&c->pending, "id: %" PRIu64 "\nevent: %s\ndata: {\"%s\":", seq, event,
-                  b64 ? "b64" : "text");
+    sp_buf_t *b = &c->sse.pending;
+    sp_sse_record_begin(b, seq, event);
+    sp_buf_printf(b, "{\"%s\":", b64 ? "b64" : "text");
     if (b64) {
-        sp_buf_putc(&c->pending, '"');
-        sp_b64_encode(&c->pending, p, n);
-        sp_buf_putc(&c->pending, '"');
+        sp_buf_putc(b, '"');
+        sp_b64_encode(b, p, n);
+        sp_buf_putc(b, '"');
     } else {
-        sp_buf_json_strn(&c->pending, p, n);
+        sp_buf_json_strn(b, p, n);
     }
-    sp_buf_puts(&c->pending, "}\n\n");
+    sp_buf_putc(b, '}');
+    sp_sse_record_end(b);
 }
 
 /* One chunk as SSE records: text while it is well-formed UTF-8 (a sequence cut by the chunk's
@@ -634,7 +594,8 @@ static void sse_output(gw_cmd_t *c, uint64_t seq, uint32_t stream, const uint8_t
 {
     uint8_t *joined = NULL;
     const uint8_t *p = data;
-    size_t n = len, before = c->pending.len;
+    sp_buf_t *pending = &c->sse.pending;
+    size_t n = len, before = pending->len;
     bool partial;
 
     if (c->loop_dropped)
@@ -664,11 +625,11 @@ static void sse_output(gw_cmd_t *c, uint64_t seq, uint32_t stream, const uint8_t
     }
     free(joined);
 bound:
-    if (c->pending.len + c->inflight.len > (size_t)c->gw->cfg->command_buffer_bytes) {
+    if (gw_sse_backlog(&c->sse) > (size_t)c->gw->cfg->command_buffer_bytes) {
         /* The client reads slower than the command writes: drop from here on. */
-        c->pending.len = before;
-        if (c->pending.data)
-            c->pending.data[before] = '\0';
+        pending->len = before;
+        if (pending->data)
+            pending->data[before] = '\0';
         c->carry_len[stream] = 0;
         c->loop_dropped = true;
     }
@@ -691,7 +652,7 @@ static void json_exit_fields(sp_buf_t *b, const exit_info_t *ex, bool truncated,
 /* The start record, once, before any output: with the pid when the worker has told it. */
 static void sse_start(gw_cmd_t *c)
 {
-    if (!c->sse || c->start_sent)
+    if (!c->streaming || c->start_sent)
         return;
     c->start_sent = true;
     pthread_mutex_lock(&c->mu);
@@ -703,17 +664,19 @@ static void sse_start(gw_cmd_t *c)
         connect_event(c, ev, (size_t)n);
         return;
     }
-    sp_buf_puts(&c->pending, "event: start\ndata: {\"cmd_id\":");
-    sp_buf_json_str(&c->pending, c->cmd_id);
+    sp_buf_t *b = &c->sse.pending;
+    sp_sse_record_begin(b, 0, "start");
+    sp_buf_puts(b, "{\"cmd_id\":");
+    sp_buf_json_str(b, c->cmd_id);
     if (pid)
-        sp_buf_printf(&c->pending, ",\"pid\":%" PRIu32, pid);
+        sp_buf_printf(b, ",\"pid\":%" PRIu32, pid);
     else
-        sp_buf_puts(&c->pending, ",\"pid\":null");
+        sp_buf_puts(b, ",\"pid\":null");
     if (c->attach)
-        sp_buf_printf(&c->pending,
-                      ",\"attached\":true,\"from_seq\":%" PRIu64 ",\"output_skipped\":%s",
+        sp_buf_printf(b, ",\"attached\":true,\"from_seq\":%" PRIu64 ",\"output_skipped\":%s",
                       c->from_seq, c->skipped ? "true" : "false");
-    sp_buf_puts(&c->pending, "}\n\n");
+    sp_buf_putc(b, '}');
+    sp_sse_record_end(b);
 }
 
 static void json_output(sp_buf_t *b, const char *name, const sp_buf_t *o)
@@ -757,7 +720,7 @@ static void connect_end(gw_cmd_t *c, const exit_info_t *ex)
     }
     sp_buf_puts(&b, "}}}");
     connect_event(c, b.data, b.len);
-    gw_connect_envelope(&c->pending, GW_CONNECT_END_STREAM, "{}", 2);
+    gw_connect_envelope(&c->sse.pending, GW_CONNECT_END_STREAM, "{}", 2);
     sp_buf_dispose(&b);
 }
 
@@ -789,19 +752,19 @@ static void conclude(gw_cmd_t *c, gw_cmd_end_t how, const exit_info_t *ex)
     if (c->connect) {
         sse_start(c);
         connect_end(c, ex);
-        c->exit_queued = true;
-        sse_flush(c);
+        gw_sse_end(&c->sse);
         publish_loop_bytes(c);
-    } else if (c->sse) {
+    } else if (c->streaming) {
         for (uint32_t s = 1; s <= 2; s++)
             if (c->carry_len[s] > 0 && !c->loop_dropped)
                 sse_record(c, last_seq, stream_name(s), c->carry[s], c->carry_len[s], true);
         sse_start(c);
-        sp_buf_puts(&c->pending, "event: exit\ndata: {");
-        json_exit_fields(&c->pending, ex, truncated, lost);
-        sp_buf_puts(&c->pending, "}\n\n");
-        c->exit_queued = true;
-        sse_flush(c);
+        sp_sse_record_begin(&c->sse.pending, 0, "exit");
+        sp_buf_putc(&c->sse.pending, '{');
+        json_exit_fields(&c->sse.pending, ex, truncated, lost);
+        sp_buf_putc(&c->sse.pending, '}');
+        sp_sse_record_end(&c->sse.pending);
+        gw_sse_end(&c->sse);
         publish_loop_bytes(c);
     } else if (how == GW_CMD_END_SHUTDOWN) {
         sp_buf_t extra;
@@ -868,15 +831,15 @@ static void process_io(gw_cmd_t *c)
         sse_start(c);
     while (q) {
         io_chunk_t *next = q->next;
-        if (c->sse)
+        if (c->streaming)
             sse_output(c, q->seq, q->stream, q->data, q->len);
         else
             sp_buf_append(&c->out[q->stream], q->data, q->len);
         free(q);
         q = next;
     }
-    if (c->sse) {
-        sse_flush(c);
+    if (c->streaming) {
+        gw_sse_flush(&c->sse);
         publish_loop_bytes(c);
     }
     if (have_exit)
@@ -907,20 +870,11 @@ static void start_output(gw_cmd_t *c)
         resp_over(c);
         return;
     }
-    if (c->sse) {
-        h2o_req_t *req = c->rq->req;
-        req->res.status = 200;
-        req->res.reason = "OK";
-        gw_add_common_headers(c->rq, c->connect ? "application/connect+json" : "text/event-stream");
-        h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-command-id"), 0, NULL,
-                              c->cmd_id, strlen(c->cmd_id));
-        gw_req_mark_streaming(c->rq);
-        gw->metrics.streams++;
-        c->sse_open = true;
-        c->req = req;
-        c->gen.proceed = on_proceed;
-        c->gen.stop = on_stop;
-        h2o_start_response(req, &c->gen);
+    if (c->streaming) {
+        if (c->connect)
+            gw_sse_start(&c->sse, c->rq, "application/connect+json", &connect_ops);
+        else
+            gw_sse_start(&c->sse, c->rq, "text/event-stream", &sse_ops);
     }
     process_io(c);
 }
@@ -1301,7 +1255,7 @@ static void cmd_start(gw_req_t *rq, const char *cmd_id, gw_cmd_spec_t *spec, boo
     c->rq = rq;
     gw_req_ref(rq);
     c->connect = rq->dialect == GW_DIALECT_CONNECT_STREAM;
-    c->sse = c->connect || !wants_json(rq);
+    c->streaming = c->connect || !wants_json(rq);
     c->attach = attach;
     c->attaching = attach;
     c->from_seq = from_seq;
@@ -1314,8 +1268,7 @@ static void cmd_start(gw_req_t *rq, const char *cmd_id, gw_cmd_spec_t *spec, boo
     snprintf(c->request_id, sizeof(c->request_id), "%s", rq->request_id);
     snprintf(c->prefix, sizeof(c->prefix), "space.io.cmd.%s.", cmd_id);
     c->next_seq = 1;
-    sp_buf_init(&c->pending);
-    sp_buf_init(&c->inflight);
+    gw_sse_init(&c->sse);
     for (int i = 0; i < 3; i++)
         sp_buf_init(&c->out[i]);
     pthread_mutex_init(&c->mu, NULL);
@@ -1492,8 +1445,6 @@ void gw_command_attach_from(gw_req_t *rq, const char *cmd_id, uint64_t from_seq)
 void gw_commands_tick(gw_t *gw)
 {
     int64_t now = sp_mono_ns();
-    int64_t keepalive = gw->cfg->sse_keepalive_s * 1000000000LL;
-    int64_t write_timeout = gw->cfg->sse_write_timeout_s * 1000000000LL;
 
     /* Nothing is freed synchronously here (uv_close defers it), so the walk is safe. */
     for (gw_cmd_t *c = gw->commands; c; c = c->next) {
@@ -1507,25 +1458,7 @@ void gw_commands_tick(gw_t *gw)
                 conclude(c, GW_CMD_END_TIMEOUT, &ex);
             }
         }
-        if (!c->req)
-            continue;
-        if (c->sending && now - c->sending_since_ns > write_timeout) {
-            /* Shutting the socket down fails the write; h2o then calls stop. */
-            gw->metrics.streams_closed_slow++;
-            int fd = gw_req_fd(c->req);
-            if (fd >= 0)
-                shutdown(fd, SHUT_RDWR);
-        } else if (!c->sending && c->pending.len == 0 && now - c->last_write_ns >= keepalive) {
-            /* E2B: the start event must be the first message; keepalives only after it. */
-            static const char ka[] = "{\"event\":{\"keepalive\":{}}}";
-            if (c->connect && !c->start_sent)
-                continue;
-            if (c->connect)
-                connect_event(c, ka, sizeof(ka) - 1);
-            else
-                sp_buf_puts(&c->pending, KEEPALIVE_RECORD);
-            sse_flush(c);
-        }
+        gw_sse_tick(&c->sse, now);
     }
 }
 
@@ -1542,10 +1475,7 @@ void gw_commands_close_all(gw_t *gw, bool force)
                 conclude(c, GW_CMD_END_SHUTDOWN, &ex);
             }
         }
-        if (force && c->req && c->sending) {
-            int fd = gw_req_fd(c->req);
-            if (fd >= 0)
-                shutdown(fd, SHUT_RDWR);
-        }
+        if (force)
+            gw_sse_abort(&c->sse, "shutdown");
     }
 }

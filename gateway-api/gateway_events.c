@@ -8,10 +8,11 @@
  *   the client took the previous one (the pending buffer is empty), so a resume from far back
  *   is paced by the client and held to about two pages of memory;
  * - live (the last read reached the head): a read follows each NOTIFY of the event log.
- * Output goes through h2o's generator flow control: one h2o_send at a time, the next after
- * proceed(). What accumulates meanwhile is the client's lag; past sse-max-lag-bytes, or with a
- * write stuck for sse-write-timeout-s, the connection is shut down: the client reconnects with
- * Last-Event-ID and loses nothing. Nothing is ever buffered without bound.
+ * Output goes through the gateway's stream writer (gateway_sse.c): one h2o_send at a time, the
+ * next after proceed(). What accumulates meanwhile is the client's lag; past
+ * sse-max-lag-bytes, or with a write stuck for sse-write-timeout-s, the connection is shut
+ * down: the client reconnects with Last-Event-ID and loses nothing. Nothing is ever buffered
+ * without bound.
  *
  * Each stream reads for itself: a shared reader for live streams would save queries when
  * there are many streams (known limit of this first version; max-streams bounds it). */
@@ -22,57 +23,46 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 
 #include "db.h"
 #include "envelope.h"
 #include "error.h"
 #include "ids.h"
 #include "log.h"
+#include "sse.h"
 #include "xmalloc.h"
 
-#define PAGE_ROWS        500
-#define PAGE_BYTES       (256 * 1024) /* payload bytes per page, plus at most one row over */
-#define BUF_KEEP_BYTES   (64 * 1024)  /* larger idle buffers are freed, not kept */
-#define KEEPALIVE_RECORD ": keepalive\n\n"
-#define GW_STR_(x)       #x
-#define GW_STR(x)        GW_STR_(x)
+#define PAGE_ROWS  500
+#define PAGE_BYTES (256 * 1024) /* payload bytes per page, plus at most one row over */
+#define GW_STR_(x) #x
+#define GW_STR(x)  GW_STR_(x)
 
 struct gw_stream {
-    h2o_generator_t gen; /* first member: h2o hands it back to proceed and stop */
+    gw_sse_t sse;
     gw_t *gw;
-    gw_req_t *rq;   /* holds a reference */
-    h2o_req_t *req; /* NULL once the stream ended */
+    gw_req_t *rq; /* holds a reference */
     char tenant[SP_ID_MAX + 1];
     char sandbox[SP_ID_MAX + 1]; /* "" for all of the tenant's sandboxes */
     uint64_t cursor;
     bool caught_up;
     bool fetching;
-    bool sending; /* an h2o_send is in flight: wait for proceed */
-    bool closing; /* end after the write in flight */
     bool ended;
-    int64_t sending_since_ns, last_write_ns;
-    sp_buf_t pending;  /* records not yet handed to h2o */
-    sp_buf_t inflight; /* records h2o is writing (must stay valid until proceed) */
     gw_stream_t *prev, *next;
 };
 
 static void stream_free(gw_stream_t *s)
 {
-    sp_buf_dispose(&s->pending);
-    sp_buf_dispose(&s->inflight);
+    gw_sse_dispose(&s->sse);
     gw_req_unref(s->rq);
     free(s);
 }
 
-/* Unlinks an ended stream; it is freed now or when its read job comes back. */
-static void stream_end(gw_stream_t *s)
+/* The response is over: unlinks the stream; it is freed now or when its read job comes back. */
+static void on_closed(gw_sse_t *w)
 {
+    gw_stream_t *s = H2O_STRUCT_FROM_MEMBER(gw_stream_t, sse, w);
     gw_t *gw = s->gw;
-    if (s->ended)
-        return;
     s->ended = true;
-    s->req = NULL;
     if (s->prev)
         s->prev->next = s->next;
     else
@@ -80,89 +70,19 @@ static void stream_end(gw_stream_t *s)
     if (s->next)
         s->next->prev = s->prev;
     gw->n_streams--;
-    gw->metrics.streams--;
-    gw_metrics_request(&gw->metrics, s->rq->route, 200);
-    gw_log_request(s->rq, 200);
     if (!s->fetching)
         stream_free(s);
 }
 
-/* Ends the response cleanly (only when no write is in flight). */
-static void stream_finish(gw_stream_t *s)
-{
-    h2o_req_t *req = s->req;
-    if (!req || s->sending)
-        return;
-    s->req = NULL;
-    req->http1_is_persistent = 0;
-    h2o_send(req, NULL, 0, H2O_SEND_STATE_FINAL);
-    stream_end(s);
-}
-
-/* Ends the stream now, even with a write stuck in flight: shutting the socket down makes that
- * write fail, and h2o then closes the connection and calls stop. */
-static void stream_abort(gw_stream_t *s, const char *why)
-{
-    if (!s->req)
-        return;
-    sp_log(SP_LOG_INFO, "closing stream", SP_KS("reason", why),
-           SP_KS("request_id", s->rq->request_id), SP_KS("tenant", s->tenant),
-           SP_KU("cursor", s->cursor));
-    if (!s->sending) {
-        stream_finish(s);
-        return;
-    }
-    s->closing = true;
-    int fd = gw_req_fd(s->req);
-    if (fd >= 0)
-        shutdown(fd, SHUT_RDWR);
-}
-
-static void trim(sp_buf_t *b)
-{
-    if (b->cap > BUF_KEEP_BYTES)
-        sp_buf_dispose(b);
-    else
-        sp_buf_reset(b);
-}
-
-static void flush(gw_stream_t *s)
-{
-    if (!s->req || s->sending || s->pending.len == 0)
-        return;
-    sp_buf_t t = s->inflight;
-    s->inflight = s->pending;
-    s->pending = t;
-    trim(&s->pending);
-    s->sending = true;
-    s->sending_since_ns = s->last_write_ns = sp_mono_ns();
-    h2o_iovec_t iov = h2o_iovec_init(s->inflight.data, s->inflight.len);
-    h2o_send(s->req, &iov, 1, H2O_SEND_STATE_IN_PROGRESS);
-}
-
 static void maybe_fetch(gw_stream_t *s);
 
-static void on_proceed(h2o_generator_t *gen, h2o_req_t *req)
+/* The client took a write: a stream catching up reads its next page. */
+static void on_written(gw_sse_t *w)
 {
-    gw_stream_t *s = (gw_stream_t *)gen;
-    (void)req;
-    s->sending = false;
-    trim(&s->inflight);
-    if (s->closing) {
-        stream_finish(s);
-        return;
-    }
-    flush(s);
-    maybe_fetch(s);
+    maybe_fetch(H2O_STRUCT_FROM_MEMBER(gw_stream_t, sse, w));
 }
 
-static void on_stop(h2o_generator_t *gen, h2o_req_t *req)
-{
-    gw_stream_t *s = (gw_stream_t *)gen;
-    (void)req;
-    s->sending = false;
-    stream_end(s);
-}
+static const gw_sse_ops_t stream_ops = {.written = on_written, .closed = on_closed};
 
 /* ---- reading pages ---- */
 
@@ -181,8 +101,8 @@ typedef struct {
 static void append_record(sp_buf_t *b, uint64_t seq, const char *status, const char *reason,
                           const sp_envelope_t *env)
 {
-    sp_buf_printf(b, "id: %" PRIu64 "\nevent: %s\ndata: {\"seq\":%" PRIu64 ",\"status\":\"%s\"",
-                  seq, env->type, seq, status);
+    sp_sse_record_begin(b, seq, env->type);
+    sp_buf_printf(b, "{\"seq\":%" PRIu64 ",\"status\":\"%s\"", seq, status);
     if (reason && reason[0]) {
         sp_buf_t safe;
         sp_buf_init(&safe);
@@ -193,7 +113,8 @@ static void append_record(sp_buf_t *b, uint64_t seq, const char *status, const c
     }
     sp_buf_puts(b, ",\"event\":");
     sp_envelope_to_json(env, b);
-    sp_buf_puts(b, "}\n\n");
+    sp_buf_putc(b, '}');
+    sp_sse_record_end(b);
 }
 
 static void fetch_run(gw_job_t *job, PGconn *db)
@@ -282,12 +203,11 @@ static void fetch_done(gw_job_t *job)
             s->cursor = f->new_cursor;
         s->caught_up = f->caught_up;
         if (f->text.len)
-            sp_buf_append(&s->pending, f->text.data, f->text.len);
-        if (s->pending.len + s->inflight.len > (size_t)gw->cfg->sse_max_lag_bytes) {
+            sp_buf_append(&s->sse.pending, f->text.data, f->text.len);
+        if (gw_sse_backlog(&s->sse) > (size_t)gw->cfg->sse_max_lag_bytes) {
             gw->metrics.streams_closed_slow++;
-            stream_abort(s, "client lags behind");
-        } else {
-            flush(s);
+            gw_sse_abort(&s->sse, "client lags behind");
+        } else if (gw_sse_flush(&s->sse)) {
             maybe_fetch(s);
         }
     }
@@ -298,9 +218,9 @@ static void fetch_done(gw_job_t *job)
 static void maybe_fetch(gw_stream_t *s)
 {
     gw_t *gw = s->gw;
-    if (!s->req || s->fetching || s->closing)
+    if (!s->sse.req || s->fetching || s->sse.closing)
         return;
-    if (s->caught_up ? s->cursor >= gw->head_seq : s->pending.len > 0)
+    if (s->caught_up ? s->cursor >= gw->head_seq : s->sse.pending.len > 0)
         return;
     fetch_job_t *f = sp_xcalloc(1, sizeof(*f));
     f->s = s;
@@ -356,37 +276,27 @@ static void open_run(gw_job_t *job, PGconn *db)
 static void stream_start(gw_req_t *rq, const open_job_t *o)
 {
     gw_t *gw = rq->gw;
-    h2o_req_t *req = rq->req;
     gw_stream_t *s = sp_xcalloc(1, sizeof(*s));
 
-    s->gen.proceed = on_proceed;
-    s->gen.stop = on_stop;
+    gw_sse_init(&s->sse);
     s->gw = gw;
     s->rq = rq;
     gw_req_ref(rq);
-    s->req = req;
     snprintf(s->tenant, sizeof(s->tenant), "%s", o->tenant);
     snprintf(s->sandbox, sizeof(s->sandbox), "%s", o->sandbox);
     s->cursor = o->start;
     s->caught_up = false;
-    sp_buf_init(&s->pending);
-    sp_buf_init(&s->inflight);
     s->next = gw->streams;
     if (gw->streams)
         gw->streams->prev = s;
     gw->streams = s;
     gw->n_streams++;
-    gw->metrics.streams++;
 
-    req->res.status = 200;
-    req->res.reason = "OK";
-    gw_add_common_headers(rq, "text/event-stream");
-    gw_req_mark_streaming(rq);
-    h2o_start_response(req, &s->gen);
+    gw_sse_start(&s->sse, rq, "text/event-stream", &stream_ops);
     /* The headers leave with this first record; then the backlog follows. */
-    sp_buf_printf(&s->pending, ": stream from %" PRIu64 "\n\n", s->cursor);
-    flush(s);
-    maybe_fetch(s);
+    sp_buf_printf(&s->sse.pending, ": stream from %" PRIu64 "\n\n", s->cursor);
+    if (gw_sse_flush(&s->sse))
+        maybe_fetch(s);
 }
 
 static void open_done(gw_job_t *job)
@@ -500,20 +410,11 @@ void gw_events_notify(gw_t *gw)
 void gw_events_tick(gw_t *gw)
 {
     int64_t now = sp_mono_ns();
-    int64_t keepalive = gw->cfg->sse_keepalive_s * 1000000000LL;
-    int64_t write_timeout = gw->cfg->sse_write_timeout_s * 1000000000LL;
     gw_stream_t *s = gw->streams;
 
     while (s) {
         gw_stream_t *next = s->next; /* s may end below */
-        if (s->sending && now - s->sending_since_ns > write_timeout) {
-            gw->metrics.streams_closed_slow++;
-            stream_abort(s, "write timeout");
-        } else if (!s->sending && s->pending.len == 0 && now - s->last_write_ns >= keepalive) {
-            sp_buf_puts(&s->pending, KEEPALIVE_RECORD);
-            flush(s);
-        }
-        if (!s->ended)
+        if (gw_sse_tick(&s->sse, now))
             maybe_fetch(s);
         s = next;
     }
@@ -523,13 +424,11 @@ void gw_events_close_all(gw_t *gw, bool force)
 {
     gw_stream_t *s = gw->streams;
     while (s) {
-        gw_stream_t *next = s->next;
-        if (!s->sending)
-            stream_finish(s);
-        else if (force)
-            stream_abort(s, "shutdown");
+        gw_stream_t *next = s->next; /* s may end below */
+        if (force)
+            gw_sse_abort(&s->sse, "shutdown");
         else
-            s->closing = true;
+            gw_sse_close(&s->sse);
         s = next;
     }
 }

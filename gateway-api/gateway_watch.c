@@ -8,7 +8,7 @@
  * agent has it in place; then the response starts with a start record. WatchBatches arrive on a
  * cnats thread, are checked (size, watch id, seq, every event's type and path: canonical and
  * under the watched directory) and queued under the watch's mutex, and the loop is woken. The
- * loop writes them as records through h2o's generator, one write at a time.
+ * loop writes them as records through the stream writer (gateway_sse.c), one write at a time.
  *
  * SSE: `event: start` {path, recursive}, then `event: fs` {path, type} per event (type create,
  * write, remove, rename or chmod), `event: overflow` {path} where events were lost (the agent's
@@ -27,16 +27,15 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 
 #include "error.h"
 #include "fspath.h"
 #include "ids.h"
 #include "log.h"
+#include "sse.h"
 #include "xmalloc.h"
 
 #define CALL_TIMEOUT_MS  35000 /* a recursive start walks the tree in the guest */
@@ -46,7 +45,6 @@
 #define BATCH_MAX        (2 * 1024 * 1024)
 #define QUEUE_MAX        4096         /* events waiting for the loop */
 #define BUF_MAX          (256 * 1024) /* SSE bytes not yet written to the client */
-#define BUF_KEEP_BYTES   (64 * 1024)
 #define TEXT_MAX         256
 
 typedef enum { PH_LOOKUP = 1, PH_START, PH_LIVE, PH_DONE } phase_t;
@@ -59,12 +57,11 @@ struct wev {
 };
 
 struct gw_watch {
-    h2o_generator_t gen; /* first member: h2o hands it back to proceed and stop */
-    uv_async_t async;    /* cnats thread -> loop; closed last */
+    gw_sse_t sse;     /* the streamed response (SSE or Connect) */
+    uv_async_t async; /* cnats thread -> loop; closed last */
     gw_t *gw;
-    gw_req_t *rq;   /* holds a reference */
-    h2o_req_t *req; /* while the response is open */
-    bool connect;   /* E2B: Connect envelopes instead of SSE records */
+    gw_req_t *rq; /* holds a reference */
+    bool connect; /* E2B: Connect envelopes instead of SSE records */
     bool recursive;
     phase_t phase;
     char id[SP_ID_MAX + 1];
@@ -88,9 +85,7 @@ struct gw_watch {
     int64_t renew_at_ns;
 
     /* Loop side of the response. */
-    bool sending, end_queued, async_closing, resp_done, stream_open, buf_lost;
-    int64_t sending_since_ns, last_write_ns;
-    sp_buf_t pending, inflight;
+    bool async_closing, resp_done, buf_lost;
 
     /* Shared with the cnats thread: under mu. */
     pthread_mutex_t mu;
@@ -154,8 +149,7 @@ static void on_async_closed(uv_handle_t *h)
         x->next->prev = x->prev;
     gw->n_watches--;
     free_queue(x);
-    sp_buf_dispose(&x->pending);
-    sp_buf_dispose(&x->inflight);
+    gw_sse_dispose(&x->sse);
     pthread_mutex_destroy(&x->mu);
     gw_req_unref(x->rq);
     free(x);
@@ -242,73 +236,10 @@ static void wind_down(gw_watch_t *x)
 
 /* ---- the response (loop) ---- */
 
-static void stream_closed(gw_watch_t *x)
+/* The response is over: after the end record, or the client went away. */
+static void on_closed(gw_sse_t *w)
 {
-    if (!x->stream_open)
-        return;
-    x->stream_open = false;
-    x->gw->metrics.streams--;
-    gw_metrics_request(&x->gw->metrics, x->rq->route, 200);
-    gw_log_request(x->rq, 200);
-}
-
-static void trim(sp_buf_t *b)
-{
-    if (b->cap > BUF_KEEP_BYTES)
-        sp_buf_dispose(b);
-    else
-        sp_buf_reset(b);
-}
-
-static void finish(gw_watch_t *x)
-{
-    h2o_req_t *req = x->req;
-    if (!req || x->sending)
-        return;
-    x->req = NULL;
-    req->http1_is_persistent = 0;
-    h2o_send(req, NULL, 0, H2O_SEND_STATE_FINAL);
-    stream_closed(x);
-    x->resp_done = true;
-    x->phase = PH_DONE;
-    wind_down(x);
-}
-
-static void flush(gw_watch_t *x)
-{
-    if (!x->req || x->sending)
-        return;
-    if (x->pending.len == 0) {
-        if (x->end_queued)
-            finish(x);
-        return;
-    }
-    sp_buf_t t = x->inflight;
-    x->inflight = x->pending;
-    x->pending = t;
-    trim(&x->pending);
-    x->sending = true;
-    x->sending_since_ns = x->last_write_ns = sp_mono_ns();
-    h2o_iovec_t iov = h2o_iovec_init(x->inflight.data, x->inflight.len);
-    h2o_send(x->req, &iov, 1, H2O_SEND_STATE_IN_PROGRESS);
-}
-
-static void on_proceed(h2o_generator_t *gen, h2o_req_t *req)
-{
-    gw_watch_t *x = (gw_watch_t *)gen;
-    (void)req;
-    x->sending = false;
-    trim(&x->inflight);
-    flush(x);
-}
-
-static void on_stop(h2o_generator_t *gen, h2o_req_t *req)
-{
-    gw_watch_t *x = (gw_watch_t *)gen;
-    (void)req;
-    x->req = NULL;
-    x->sending = false;
-    stream_closed(x);
+    gw_watch_t *x = H2O_STRUCT_FROM_MEMBER(gw_watch_t, sse, w);
     if (x->phase == PH_LIVE)
         sp_log(SP_LOG_INFO, "watch client gone", SP_KS("watch", x->id),
                SP_KS("sandbox", x->sandbox), SP_KS("request_id", x->request_id));
@@ -326,19 +257,33 @@ static void json_guest(sp_buf_t *b, const char *s)
     sp_buf_dispose(&safe);
 }
 
+static void connect_keepalive(gw_sse_t *w)
+{
+    gw_connect_envelope(&w->pending, 0, "{\"keepalive\":{}}", 16);
+}
+
+/* A watch's reader sends nothing after its request: a hang-up is looked for at every tick. */
+static const gw_sse_ops_t sse_ops = {.closed = on_closed, .poll_hangup = true};
+static const gw_sse_ops_t connect_ops = {
+    .keepalive = connect_keepalive, .closed = on_closed, .poll_hangup = true};
+
 static void record_start(gw_watch_t *x)
 {
+    sp_buf_t *b = &x->sse.pending;
     if (x->connect) {
-        gw_connect_envelope(&x->pending, 0, "{\"start\":{}}", 12);
+        gw_connect_envelope(b, 0, "{\"start\":{}}", 12);
         return;
     }
-    sp_buf_puts(&x->pending, "event: start\ndata: {\"path\":");
-    sp_buf_json_str(&x->pending, x->path);
-    sp_buf_printf(&x->pending, ",\"recursive\":%s}\n\n", x->recursive ? "true" : "false");
+    sp_sse_record_begin(b, 0, "start");
+    sp_buf_puts(b, "{\"path\":");
+    sp_buf_json_str(b, x->path);
+    sp_buf_printf(b, ",\"recursive\":%s}", x->recursive ? "true" : "false");
+    sp_sse_record_end(b);
 }
 
 static void record_event(gw_watch_t *x, const char *type, const char *path)
 {
+    sp_buf_t *pending = &x->sse.pending;
     bool overflow = strcmp(type, "overflow") == 0;
     if (x->connect) {
         if (overflow)
@@ -356,20 +301,23 @@ static void record_event(gw_watch_t *x, const char *type, const char *path)
         sp_buf_puts(&b, "{\"filesystem\":{\"name\":");
         json_guest(&b, rel[0] ? rel : ".");
         sp_buf_printf(&b, ",\"type\":\"EVENT_TYPE_%s\"}}", upper);
-        gw_connect_envelope(&x->pending, 0, b.data, b.len);
+        gw_connect_envelope(pending, 0, b.data, b.len);
         sp_buf_dispose(&b);
         return;
     }
-    sp_buf_puts(&x->pending,
-                overflow ? "event: overflow\ndata: {\"path\":" : "event: fs\ndata: {\"path\":");
-    json_guest(&x->pending, path);
+    sp_sse_record_begin(pending, 0, overflow ? "overflow" : "fs");
+    sp_buf_puts(pending, "{\"path\":");
+    json_guest(pending, path);
     if (!overflow)
-        sp_buf_printf(&x->pending, ",\"type\":\"%s\"", type);
-    sp_buf_puts(&x->pending, "}\n\n");
+        sp_buf_printf(pending, ",\"type\":\"%s\"", type);
+    sp_buf_putc(pending, '}');
+    sp_sse_record_end(pending);
 }
 
+/* The last record, and the end of the response once it is written. */
 static void record_end(gw_watch_t *x, const char *code, const char *detail)
 {
+    sp_buf_t *pending = &x->sse.pending;
     sp_buf_t b;
     sp_buf_init(&b);
     if (x->connect) {
@@ -384,22 +332,24 @@ static void record_end(gw_watch_t *x, const char *code, const char *detail)
         } else {
             sp_buf_puts(&b, "{}");
         }
-        gw_connect_envelope(&x->pending, GW_CONNECT_END_STREAM, b.data, b.len);
+        gw_connect_envelope(pending, GW_CONNECT_END_STREAM, b.data, b.len);
     } else if (code[0]) {
-        sp_buf_puts(&x->pending, "event: end\ndata: {\"code\":");
-        json_guest(&x->pending, code);
-        sp_buf_puts(&x->pending, ",\"message\":");
-        json_guest(&x->pending, detail);
-        sp_buf_puts(&x->pending, "}\n\n");
+        sp_sse_record_begin(pending, 0, "end");
+        sp_buf_puts(pending, "{\"code\":");
+        json_guest(pending, code);
+        sp_buf_puts(pending, ",\"message\":");
+        json_guest(pending, detail);
+        sp_buf_putc(pending, '}');
+        sp_sse_record_end(pending);
     }
     sp_buf_dispose(&b);
-    x->end_queued = true;
+    gw_sse_end(&x->sse);
 }
 
 /* Moves what the cnats thread queued into the response. */
 static void process(gw_watch_t *x)
 {
-    if (x->phase != PH_LIVE || !x->req)
+    if (x->phase != PH_LIVE || !x->sse.req)
         return;
     pthread_mutex_lock(&x->mu);
     wev_t *q = x->head;
@@ -412,7 +362,7 @@ static void process(gw_watch_t *x)
     pthread_mutex_unlock(&x->mu);
     while (q) {
         wev_t *n = q->next;
-        if (x->pending.len + x->inflight.len > BUF_MAX) {
+        if (gw_sse_backlog(&x->sse) > BUF_MAX) {
             /* The client reads slower than the events come: they are lost, and it is told. */
             x->buf_lost = true;
         } else {
@@ -430,7 +380,7 @@ static void process(gw_watch_t *x)
         x->stop_owed = false; /* the worker ended it */
         record_end(x, code, detail);
     }
-    flush(x);
+    gw_sse_flush(&x->sse);
 }
 
 static void on_async(uv_async_t *a)
@@ -607,22 +557,15 @@ static void start_done(gw_watch_t *x)
         wind_down(x);
         return;
     }
-    h2o_req_t *req = x->rq->req;
     x->phase = PH_LIVE;
     x->renew_at_ns = sp_mono_ns() + (int64_t)RENEW_S * 1000000000;
-    req->res.status = 200;
-    req->res.reason = "OK";
-    gw_add_common_headers(x->rq, x->connect ? "application/connect+json" : "text/event-stream");
-    gw_req_mark_streaming(x->rq);
-    gw->metrics.streams++;
-    x->stream_open = true;
-    x->req = req;
-    x->gen.proceed = on_proceed;
-    x->gen.stop = on_stop;
-    h2o_start_response(req, &x->gen);
+    if (x->connect)
+        gw_sse_start(&x->sse, x->rq, "application/connect+json", &connect_ops);
+    else
+        gw_sse_start(&x->sse, x->rq, "text/event-stream", &sse_ops);
     record_start(x);
     process(x);
-    flush(x);
+    gw_sse_flush(&x->sse);
 }
 
 typedef struct {
@@ -667,74 +610,33 @@ static void renew_done(gw_watch_t *x)
         x->phase = PH_DONE;
         x->stop_owed = false;
         record_end(x, "watch_lost", "the worker no longer follows this directory");
-        flush(x);
     } else if (x->phase == PH_DONE) {
         wind_down(x);
     }
     maybe_free(x);
 }
 
-static void keepalive(gw_watch_t *x)
-{
-    if (x->connect)
-        gw_connect_envelope(&x->pending, 0, "{\"keepalive\":{}}", 16);
-    else
-        sp_buf_puts(&x->pending, ": keepalive\n\n");
-    flush(x);
-}
-
-/* Whether the client hung up (a watch stream's reader sends nothing after its request). */
-static bool client_gone(h2o_req_t *req)
-{
-    struct pollfd p = {.fd = gw_req_fd(req), .events = POLLRDHUP};
-    return p.fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
-}
-
 void gw_watches_tick(gw_t *gw)
 {
     int64_t now = sp_mono_ns();
-    int64_t idle = gw->cfg->sse_keepalive_s * 1000000000LL;
-    int64_t write_timeout = gw->cfg->sse_write_timeout_s * 1000000000LL;
     for (gw_watch_t *x = gw->watches; x; x = x->next) {
         if (x->phase == PH_LIVE && !x->bus_busy && now >= x->renew_at_ns) {
             x->renew_at_ns = now + (int64_t)RENEW_S * 1000000000;
             bus_submit(x, renew_run, renew_done);
         }
-        if (!x->req)
-            continue;
-        if (client_gone(x->req)) {
-            /* h2o reads nothing more of a request whose response streams, so it would hear of
-             * the hang-up only at the next write: make that write now, to a shut socket. */
-            shutdown(gw_req_fd(x->req), SHUT_RDWR);
-            if (!x->sending && x->pending.len == 0)
-                keepalive(x);
-            continue;
-        }
-        if (x->sending && now - x->sending_since_ns > write_timeout) {
-            /* Shutting the socket down fails the write; h2o then calls stop. */
-            gw->metrics.streams_closed_slow++;
-            int fd = gw_req_fd(x->req);
-            if (fd >= 0)
-                shutdown(fd, SHUT_RDWR);
-        } else if (!x->sending && x->pending.len == 0 && now - x->last_write_ns >= idle) {
-            keepalive(x);
-        }
+        gw_sse_tick(&x->sse, now);
     }
 }
 
 void gw_watches_close_all(gw_t *gw, bool force)
 {
     for (gw_watch_t *x = gw->watches; x; x = x->next) {
-        if (x->phase == PH_LIVE && x->req) {
+        if (x->phase == PH_LIVE && x->sse.req) {
             x->phase = PH_DONE;
             record_end(x, "shutting_down", "the gateway is stopping");
-            flush(x);
         }
-        if (force && x->req && x->sending) {
-            int fd = gw_req_fd(x->req);
-            if (fd >= 0)
-                shutdown(fd, SHUT_RDWR);
-        }
+        if (force)
+            gw_sse_abort(&x->sse, "shutdown");
     }
 }
 
@@ -780,8 +682,7 @@ void gw_watch_start(gw_req_t *rq, const char *path, const char *user, bool recur
     snprintf(x->request_id, sizeof(x->request_id), "%s", rq->request_id);
     snprintf(x->path, sizeof(x->path), "%s", resolved);
     snprintf(x->prefix, sizeof(x->prefix), "space.io.watch.%s.", x->id);
-    sp_buf_init(&x->pending);
-    sp_buf_init(&x->inflight);
+    gw_sse_init(&x->sse);
     pthread_mutex_init(&x->mu, NULL);
     uv_async_init(gw->loop, &x->async, on_async);
     x->async.data = x;

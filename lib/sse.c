@@ -1,10 +1,23 @@
-/* Server-sent events reader (sse.h). */
+/* Server-sent events: the record writer and the reader (sse.h). */
 #include "sse.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "error.h"
+
+void sp_sse_record_begin(sp_buf_t *b, uint64_t id, const char *event)
+{
+    if (id)
+        sp_buf_printf(b, "id: %" PRIu64 "\n", id);
+    sp_buf_printf(b, "event: %s\ndata: ", event);
+}
+
+void sp_sse_record_end(sp_buf_t *b)
+{
+    sp_buf_puts(b, "\n\n");
+}
 
 void sp_sse_init(sp_sse_reader_t *r, sp_sse_fn fn, void *arg)
 {

@@ -1,14 +1,28 @@
-/* A server-sent events reader (the WHATWG event-stream format) for the tools: feed it the
- * bytes of a text/event-stream body as they come, get one callback per event. Lines are
- * bounded (SP_SSE_LINE_MAX): a longer one is an error, not a reason to grow without end. */
+/* Server-sent events (the WHATWG event-stream format), both ways.
+ *
+ * Writing (the gateway's streams): a record is begun, its data appended, and ended.
+ *
+ * Reading (the tools): feed the bytes of a text/event-stream body as they come, get one
+ * callback per event. Lines are bounded (SP_SSE_LINE_MAX): a longer one is an error, not a
+ * reason to grow without end. */
 #ifndef SPACE_SSE_H
 #define SPACE_SSE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "buf.h"
 
 #define SP_SSE_LINE_MAX (64u * 1024 * 1024)
+
+/* A comment record: readers skip it; it keeps an idle connection's proxies from timing out. */
+#define SP_SSE_KEEPALIVE ": keepalive\n\n"
+
+/* Appends "id: <id>\n" (none when id is 0: ids start at 1), "event: <event>\n" and "data: ".
+ * What the caller appends next is the data: one line (JSON text, whose strings escape line
+ * ends). sp_sse_record_end closes the record. */
+void sp_sse_record_begin(sp_buf_t *b, uint64_t id, const char *event);
+void sp_sse_record_end(sp_buf_t *b);
 
 typedef struct {
     const char *id;    /* the last id: seen so far ("" when none) */

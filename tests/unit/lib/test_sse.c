@@ -1,6 +1,6 @@
 /* sp_sse: the event-stream reader the CLI and tests use on the gateway's SSE: line ends of
  * every kind, multi-line data, comments, ids that persist, input split at every byte, and the
- * bound on a line. */
+ * bound on a line; and the record writer the gateway uses, read back by the reader. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -92,12 +92,40 @@ static void test_stop_and_bound(void **state)
     sp_sse_dispose(&r);
 }
 
+/* The gateway's records, byte for byte, and what a reader makes of them. */
+static void test_write(void **state)
+{
+    sp_buf_t b, got;
+    sp_buf_init(&b);
+    sp_buf_init(&got);
+    sp_sse_record_begin(&b, 0, "start");
+    sp_buf_puts(&b, "{\"cmd_id\":\"c\"}");
+    sp_sse_record_end(&b);
+    sp_buf_puts(&b, SP_SSE_KEEPALIVE);
+    sp_sse_record_begin(&b, 18446744073709551615u, "stdout");
+    sp_buf_puts(&b, "{\"text\":\"a\\nb\"}");
+    sp_sse_record_end(&b);
+    assert_string_equal(b.data, "event: start\ndata: {\"cmd_id\":\"c\"}\n\n"
+                                ": keepalive\n\n"
+                                "id: 18446744073709551615\nevent: stdout\n"
+                                "data: {\"text\":\"a\\nb\"}\n\n");
+    sp_sse_reader_t r;
+    sp_sse_init(&r, collect, &got);
+    assert_int_equal(sp_sse_feed(&r, b.data, b.len), 0);
+    assert_string_equal(got.data, "|start|{\"cmd_id\":\"c\"};"
+                                  "18446744073709551615|stdout|{\"text\":\"a\\nb\"};");
+    sp_sse_dispose(&r);
+    sp_buf_dispose(&got);
+    sp_buf_dispose(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stream),
         cmocka_unit_test(test_splits),
         cmocka_unit_test(test_stop_and_bound),
+        cmocka_unit_test(test_write),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
