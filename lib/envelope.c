@@ -84,6 +84,18 @@ int sp_event_is_egress(sp_event_type_t t)
            t == SPACE__V1__ENVELOPE__PAYLOAD_EGRESS_DENIED;
 }
 
+int sp_event_is_io(sp_event_type_t t)
+{
+    return t == SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED ||
+           t == SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED ||
+           t == SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT ||
+           t == SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED ||
+           t == SPACE__V1__ENVELOPE__PAYLOAD_FILE_WRITTEN ||
+           t == SPACE__V1__ENVELOPE__PAYLOAD_FILE_REMOVED ||
+           t == SPACE__V1__ENVELOPE__PAYLOAD_FILE_MOVED ||
+           t == SPACE__V1__ENVELOPE__PAYLOAD_DIR_CREATED;
+}
+
 void sp_envelope_stamp(sp_envelope_t *env, char id_buf[37])
 {
     sp_uuid7_str(id_buf);
@@ -569,8 +581,9 @@ int sp_envelope_subject(const sp_envelope_t *env, const char *worker, char *buf,
     } else {
         if (worker && worker[0] && !sp_id_valid(worker))
             return SP_ESCHEMA;
-        n = snprintf(buf, len, "space.ev.sbx.%s.%s.%s", worker && worker[0] ? worker : "_",
-                     env->aggregate->id, env->type);
+        n = snprintf(buf, len, "space.ev.%s.%s.%s.%s",
+                     sp_event_is_io(env->payload_case) ? "io" : "sbx",
+                     worker && worker[0] ? worker : "_", env->aggregate->id, env->type);
     }
     if (n < 0 || (size_t)n >= len)
         return -ENOBUFS;
@@ -586,8 +599,10 @@ int sp_envelope_check_subject(const sp_envelope_t *env, const char *subject,
 
     /* The worker token is the one part the envelope does not determine: take it from the
      * subject after checking its shape, then require every other token to agree. */
-    if (!sp_event_is_worker(env->payload_case) && strncmp(subject, "space.ev.sbx.", 13) == 0) {
-        const char *w = subject + 13;
+    const char *prefix = sp_event_is_io(env->payload_case) ? "space.ev.io." : "space.ev.sbx.";
+    size_t plen = strlen(prefix);
+    if (!sp_event_is_worker(env->payload_case) && strncmp(subject, prefix, plen) == 0) {
+        const char *w = subject + plen;
         const char *dot = strchr(w, '.');
         if (!dot || (size_t)(dot - w) > ID_MAX)
             return fail(reason, SP_ESCHEMA, "subject %.128s: malformed", subject);

@@ -32,6 +32,11 @@ int sp_event_is_worker(sp_event_type_t t);
 /* egressd's facts (NetworkPolicyChanged, EgressAllowed, EgressDenied): about a sandbox, on
  * space.ev.egress.<sandbox>.<type>, so no worker's consumer has to skip them. */
 int sp_event_is_egress(sp_event_type_t t);
+/* What happens inside a running sandbox (Command*, File*, DirCreated): on
+ * space.ev.io.<worker|_>.<sandbox>.<type>, so that the consumers of a worker's sandbox
+ * subjects (the worker, its egressd) do not receive and acknowledge four events per command
+ * that none of them acts on. The event log takes everything. */
+int sp_event_is_io(sp_event_type_t t);
 
 /* Fills the envelope's generated fields: a fresh UUIDv7 event_id (stored in id_buf, which the
  * envelope then borrows), occurred_at now, schema_version, and type from the payload case. */

@@ -6,7 +6,7 @@
  *
  * Holds are long (10 s) where the test shows that something did NOT wait for them, so a busy
  * machine cannot make it pass or fail by timing. Every run uses its own worker token, so its
- * subjects (space.ev.sbx.<token>.>) are its own in a shared stream.
+ * subjects (space.ev.sbx.<token>.> and space.ev.io.<token>.>) are its own in a shared stream.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -93,7 +93,7 @@ static void stored(const char *test, size_t want, int timeout_ms, char *out, siz
 {
     char filter[128], durable[64];
     struct timespec t0, now;
-    snprintf(filter, sizeof(filter), "space.ev.sbx.%s.>", token(test));
+    snprintf(filter, sizeof(filter), "space.ev.*.%s.>", token(test)); /* sbx and io */
     snprintf(durable, sizeof(durable), "%s", token(test));
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (;;) {

@@ -289,6 +289,18 @@ static void test_file_events(void **state)
     sp_envelope_stamp(&f.env, f.id);
     assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
     assert_string_equal(f.env.type, "FileWritten");
+    /* Events inside a running sandbox have their own subjects (no worker consumer gets them),
+     * and are refused on a sandbox subject. */
+    char subject[256];
+    assert_true(sp_envelope_subject(&f.env, "w1", subject, sizeof(subject)) > 0);
+    assert_string_equal(subject, "space.ev.io.w1.sbx_test0001.FileWritten");
+    assert_int_equal(sp_envelope_check_subject(&f.env, subject, reason), 0);
+    assert_int_equal(
+        sp_envelope_check_subject(&f.env, "space.ev.io._.sbx_test0001.FileWritten", reason), 0);
+    assert_int_not_equal(
+        sp_envelope_check_subject(&f.env, "space.ev.sbx.w1.sbx_test0001.FileWritten", reason), 0);
+    assert_int_not_equal(
+        sp_envelope_check_subject(&f.env, "space.ev.io.W*.sbx_test0001.FileWritten", reason), 0);
     fw.path = "relative";
     assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
     fw.path = "/a/../b";
