@@ -540,11 +540,16 @@ static void connect_keepalive(gw_sse_t *w)
         connect_event(c, ka, sizeof(ka) - 1);
 }
 
+/* The x-command-id header of every answer that names a command (SSE, JSON, 202). */
+static void command_id_header(h2o_req_t *req, const char *cmd_id)
+{
+    h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-command-id"), 0, NULL,
+                          cmd_id, strlen(cmd_id));
+}
+
 static void add_command_id(gw_sse_t *w, h2o_req_t *req)
 {
-    gw_cmd_t *c = H2O_STRUCT_FROM_MEMBER(gw_cmd_t, sse, w);
-    h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-command-id"), 0, NULL,
-                          c->cmd_id, strlen(c->cmd_id));
+    command_id_header(req, H2O_STRUCT_FROM_MEMBER(gw_cmd_t, sse, w)->cmd_id);
 }
 
 static const gw_sse_ops_t sse_ops = {
@@ -788,9 +793,7 @@ static void conclude(gw_cmd_t *c, gw_cmd_end_t how, const exit_info_t *ex)
         json_exit_fields(&b, ex, truncated, lost);
         sp_buf_putc(&b, '}');
         if (gw_req_live(c->rq))
-            h2o_add_header_by_str(&c->rq->req->pool, &c->rq->req->res.headers,
-                                  H2O_STRLIT("x-command-id"), 0, NULL, c->cmd_id,
-                                  strlen(c->cmd_id));
+            command_id_header(c->rq->req, c->cmd_id);
         gw_respond_json(c->rq, 200, &b);
         sp_buf_dispose(&b);
         c->resp_done = true;
@@ -1087,8 +1090,7 @@ static void setup_done(gw_cmd_t *c)
                       ",\"background\":true,\"stream\":\"/v1/sandboxes/%s/commands/%s/stream\"}",
                       c->sandbox, c->cmd_id);
         if (gw_req_live(rq))
-            h2o_add_header_by_str(&rq->req->pool, &rq->req->res.headers, H2O_STRLIT("x-command-id"),
-                                  0, NULL, c->cmd_id, strlen(c->cmd_id));
+            command_id_header(rq->req, c->cmd_id);
         gw_respond_json(rq, 202, &b);
         sp_buf_dispose(&b);
         c->phase = PH_DONE;
@@ -1375,7 +1377,7 @@ void gw_command_run_body(gw_req_t *rq, const char *body, size_t len)
     cmd_start(rq, cmd_id, &spec, false, 0);
 }
 
-/* A decimal sequence number of 1..19 digits; -1 otherwise. */
+/* A decimal sequence number of 1..18 digits (no int64 overflow); -1 otherwise. */
 static int64_t parse_seq(const char *p, size_t n)
 {
     int64_t v = 0;
@@ -1407,7 +1409,6 @@ static int64_t attach_from(const gw_req_t *rq)
 
 void gw_command_attach(gw_req_t *rq)
 {
-    gw_t *gw = rq->gw;
     if (!sp_id_valid(rq->path_id) || !sp_id_valid(rq->path_sub_id)) {
         gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox or command");
         return;
@@ -1416,12 +1417,6 @@ void gw_command_attach(gw_req_t *rq)
     if (from < 0) {
         gw_respond_error(rq, 400, "invalid_field", NULL,
                          "Last-Event-ID and from_seq must be a decimal sequence number");
-        return;
-    }
-    if (gw->n_commands >= (size_t)gw->cfg->max_commands) {
-        gw_respond_error(rq, 429, "too_many_commands", NULL,
-                         "this gateway follows at most %lld commands at once; retry later",
-                         (long long)gw->cfg->max_commands);
         return;
     }
     gw_command_attach_from(rq, rq->path_sub_id, (uint64_t)from);
