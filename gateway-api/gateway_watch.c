@@ -94,22 +94,23 @@ struct gw_watch {
     sp_bus_sub_t *sub;
     int bus_rc;
     bool stop_owed; /* the worker holds the watch: tell it when the response ends */
+    bool polling;   /* E2B's polling watcher (below) */
+    bool ended;     /* polling: the worker ended the watch (or lost it), end_* say why */
     char reply_error[64];
     char reply_detail[TEXT_MAX];
+    char watcher_id[4 + 2 * WATCHER_ID_BYTES + 1]; /* polling: "wch_<hex>" once started */
     int64_t renew_at_ns;
 
     /* Loop side of the response. In polling mode resp_done means the watcher is gone for its
      * clients (removed, expired, errored, the gateway stopping). */
     bool async_closing, resp_done, buf_lost;
 
-    /* Polling mode (E2B's CreateWatcher): no response, rq is released once created. */
-    bool polling;
-    char watcher_id[4 + 2 * WATCHER_ID_BYTES + 1]; /* "wch_<hex>" once started, else "" */
+    /* Polling mode (E2B's CreateWatcher): no response, rq is released once created. (Its
+     * flags and id sit with the other bytes above: no padding.) */
     int64_t polled_ns;
     sp_buf_t poll_buf; /* E2B event objects, comma-separated */
     size_t poll_n;
     uint64_t poll_dropped;
-    bool ended; /* the worker ended the watch (or lost it): end_* say why */
 
     /* Shared with the cnats thread: under mu. */
     pthread_mutex_t mu;
@@ -836,9 +837,8 @@ void gw_watcher_create(gw_req_t *rq, const char *path, const char *user, bool re
 static gw_watch_t *watcher_find(const gw_req_t *rq, const char *id)
 {
     for (gw_watch_t *x = rq->gw->watches; x; x = x->next) {
-        if (x->polling && x->watcher_id[0] && !x->resp_done &&
-            strcmp(x->watcher_id, id) == 0 && strcmp(x->sandbox, rq->path_id) == 0 &&
-            strcmp(x->tenant, rq->tenant) == 0)
+        if (x->polling && x->watcher_id[0] && !x->resp_done && strcmp(x->watcher_id, id) == 0 &&
+            strcmp(x->sandbox, rq->path_id) == 0 && strcmp(x->tenant, rq->tenant) == 0)
             return x;
     }
     return NULL;
