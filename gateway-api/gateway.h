@@ -64,6 +64,7 @@ typedef struct {
     int64_t max_file_bytes;
     int64_t max_file_transfers;
     int64_t file_threads;
+    int64_t watcher_idle_s;
     char *tmp_dir;
     char *network_default; /* policy mode of a create without "network" (netpolicy.h) */
     char *log_level;
@@ -593,6 +594,15 @@ void gw_watch_run(gw_req_t *rq);
 /* Watches path (resolved against user's home) of rq->path_id: SSE, or with
  * GW_DIALECT_CONNECT_STREAM E2B's WatchDir stream. */
 void gw_watch_start(gw_req_t *rq, const char *path, const char *user, bool recursive);
+/* E2B's polling watcher, answered as unary Connect calls. CreateWatcher: the watch of
+ * gw_watch_start without a response, {watcherId} once the worker started it (refusals as
+ * WatchDir's). GetWatcherEvents: {events:[{name, type}]} buffered since the last poll.
+ * RemoveWatcher: {}. An id of another sandbox or tenant, removed, expired (watcher-idle-s
+ * without a poll) or ended is not_found (404). Loop thread; rq->path_id and rq->tenant must
+ * be set (after authentication). */
+void gw_watcher_create(gw_req_t *rq, const char *path, const char *user, bool recursive);
+void gw_watcher_events(gw_req_t *rq, const char *watcher_id);
+void gw_watcher_remove(gw_req_t *rq, const char *watcher_id);
 /* Keepalives, write timeouts and lease renewals, once a second. */
 void gw_watches_tick(gw_t *gw);
 /* Ends every watch's response (shutdown); with force, responses stuck in a write end now. */

@@ -5,6 +5,7 @@
  *   POST /process.Process/{List,SendInput,SendSignal,CloseStdin,Update}   Connect unary (JSON)
  *   POST /filesystem.Filesystem/{Stat,MakeDir,Move,ListDir,Remove}        Connect unary (JSON)
  *   POST /filesystem.Filesystem/WatchDir             Connect streaming
+ *   POST /filesystem.Filesystem/{CreateWatcher,GetWatcherEvents,RemoveWatcher}  Connect unary
  *   GET  /files?path=&username=     download;   POST /files   upload (multipart or raw)
  *   GET  /health
  *
@@ -23,7 +24,8 @@
  * - Connect, SendInput, SendSignal, CloseStdin and Update name a process by pid: the worker's
  *   command list finds its command (gw_ctl_run), then attach, stdin, signal or resize.
  * - Filesystem calls and /files are gw_files_start with E2B's answers; WatchDir is
- *   gw_watch_start (gateway_watch.c), whose stream speaks E2B's WatchDirResponse.
+ *   gw_watch_start (gateway_watch.c), whose stream speaks E2B's WatchDirResponse; the polling
+ *   watcher calls are the same watch without a stream (gw_watcher_*, gateway_watch.c).
  * Errors: Connect's JSON error (unary) or end-stream error (streams), /files E2B's
  * {code, message}, all through gw_respond_error's dialects.
  *
@@ -501,10 +503,10 @@ static void fs_call(gw_req_t *rq, const char *method, const sp_json_t *root)
     gw_files_start(rq, &spec);
 }
 
-/* WatchDir {path, recursive}: the user of Authorization: Basic resolves a relative path. The
- * SDK's includeEntry and allowNetworkMounts are accepted and have no effect (events carry no
- * entry; there are no network mounts). */
-static void watch_dir(gw_req_t *rq, const sp_json_t *root)
+/* WatchDir and CreateWatcher {path, recursive}: the user of Authorization: Basic resolves a
+ * relative path. The SDK's includeEntry and allowNetworkMounts are accepted and have no effect
+ * (events carry no entry; there are no network mounts). */
+static void watch_dir(gw_req_t *rq, const sp_json_t *root, bool polling)
 {
     bool bad = false, recursive = false;
     const char *user = basic_user(rq, &bad);
@@ -519,7 +521,24 @@ static void watch_dir(gw_req_t *rq, const sp_json_t *root)
         gw_respond_error(rq, 400, "invalid_field", NULL, "want {path, recursive?}");
         return;
     }
-    gw_watch_start(rq, path, user, recursive);
+    if (polling)
+        gw_watcher_create(rq, path, user, recursive);
+    else
+        gw_watch_start(rq, path, user, recursive);
+}
+
+/* GetWatcherEvents and RemoveWatcher {watcherId}. */
+static void watcher_call(gw_req_t *rq, const char *method, const sp_json_t *root)
+{
+    const char *id = sp_json_str(member(root, "watcherId"), NULL);
+    if (!id) {
+        gw_respond_error(rq, 400, "invalid_field", NULL, "watcherId must be a string");
+        return;
+    }
+    if (strcmp(method, "GetWatcherEvents") == 0)
+        gw_watcher_events(rq, id);
+    else
+        gw_watcher_remove(rq, id);
 }
 
 /* E2B's EntryInfo for one of our FileInfos. */
@@ -822,7 +841,11 @@ static void rpc(gw_req_t *rq)
         return;
     const sp_json_t *root = sp_json_root(doc);
     if (!process && stream)
-        watch_dir(rq, root);
+        watch_dir(rq, root, false);
+    else if (!process && strcmp(m, "CreateWatcher") == 0)
+        watch_dir(rq, root, true);
+    else if (!process && (strcmp(m, "GetWatcherEvents") == 0 || strcmp(m, "RemoveWatcher") == 0))
+        watcher_call(rq, m, root);
     else if (!process)
         fs_call(rq, m, root);
     else if (strcmp(m, "Start") == 0)

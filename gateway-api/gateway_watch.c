@@ -22,7 +22,17 @@
  * The watch lives as long as its response: when h2o says the client is gone (stop) or the
  * gateway stops, a bus job tells the worker (WatchCall "stop") and unsubscribes. While it lives
  * a renew call every RENEW_S keeps its lease on the worker, so a gateway that dies leaves no
- * watch behind for longer than the worker's lease. */
+ * watch behind for longer than the worker's lease.
+ *
+ * E2B's polling form (CreateWatcher, GetWatcherEvents, RemoveWatcher: its Python sync SDK) is
+ * the same watch without a response. CreateWatcher answers {watcherId} once the worker
+ * confirmed the start; the id is unguessable (128 random bits) and found again only with the
+ * sandbox and tenant that made it. The watch then sits in gw->watches and keeps E2B's event
+ * objects in a bounded buffer (POLL_EVENTS_MAX, POLL_BYTES_MAX; past them events are dropped
+ * and counted, as overflows are) that each GetWatcherEvents empties. It ends on RemoveWatcher,
+ * when nobody polled it for watcher-idle-s (the tick), or when the gateway stops; when the
+ * worker ends it, the next poll still gets what was buffered, the one after that the error,
+ * and then the id is unknown (not_found). */
 #include "gateway.h"
 
 #include <errno.h>
@@ -33,6 +43,7 @@
 
 #include "error.h"
 #include "fspath.h"
+#include "hash.h"
 #include "ids.h"
 #include "log.h"
 #include "sse.h"
@@ -46,6 +57,9 @@
 #define QUEUE_MAX        4096         /* events waiting for the loop */
 #define BUF_MAX          (256 * 1024) /* SSE bytes not yet written to the client */
 #define TEXT_MAX         256
+#define POLL_EVENTS_MAX  4096         /* E2B watcher: events waiting for GetWatcherEvents */
+#define POLL_BYTES_MAX   (256 * 1024) /* and their JSON */
+#define WATCHER_ID_BYTES 16
 
 typedef enum { PH_LOOKUP = 1, PH_START, PH_LIVE, PH_DONE } phase_t;
 
@@ -80,12 +94,23 @@ struct gw_watch {
     sp_bus_sub_t *sub;
     int bus_rc;
     bool stop_owed; /* the worker holds the watch: tell it when the response ends */
+    bool polling;   /* E2B's polling watcher (below) */
+    bool ended;     /* polling: the worker ended the watch (or lost it), end_* say why */
     char reply_error[64];
     char reply_detail[TEXT_MAX];
+    char watcher_id[4 + 2 * WATCHER_ID_BYTES + 1]; /* polling: "wch_<hex>" once started */
     int64_t renew_at_ns;
 
-    /* Loop side of the response. */
+    /* Loop side of the response. In polling mode resp_done means the watcher is gone for its
+     * clients (removed, expired, errored, the gateway stopping). */
     bool async_closing, resp_done, buf_lost;
+
+    /* Polling mode (E2B's CreateWatcher): no response, rq is released once created. (Its
+     * flags and id sit with the other bytes above: no padding.) */
+    int64_t polled_ns;
+    sp_buf_t poll_buf; /* E2B event objects, comma-separated */
+    size_t poll_n;
+    uint64_t poll_dropped;
 
     /* Shared with the cnats thread: under mu. */
     pthread_mutex_t mu;
@@ -150,6 +175,7 @@ static void on_async_closed(uv_handle_t *h)
     gw->n_watches--;
     free_queue(x);
     gw_sse_dispose(&x->sse);
+    sp_buf_dispose(&x->poll_buf);
     pthread_mutex_destroy(&x->mu);
     gw_req_unref(x->rq);
     free(x);
@@ -281,6 +307,37 @@ static void record_start(gw_watch_t *x)
     sp_sse_record_end(b);
 }
 
+/* E2B's FilesystemEvent {name, type} of one of our events (not an overflow). */
+static void e2b_event(gw_watch_t *x, sp_buf_t *b, const char *type, const char *path)
+{
+    /* E2B names an event's path relative to the watched directory. */
+    size_t n = strlen(x->path);
+    const char *rel = strcmp(x->path, "/") == 0 ? path + 1 : path + n + (path[n] == '/');
+    char upper[16];
+    size_t k = 0;
+    for (; type[k] && k + 1 < sizeof(upper); k++)
+        upper[k] = (char)(type[k] - 'a' + 'A');
+    upper[k] = '\0';
+    sp_buf_puts(b, "{\"name\":");
+    json_guest(b, rel[0] ? rel : ".");
+    sp_buf_printf(b, ",\"type\":\"EVENT_TYPE_%s\"}", upper);
+}
+
+/* Polling mode: into the buffer GetWatcherEvents empties, within its bounds. */
+static void poll_record(gw_watch_t *x, const char *type, const char *path)
+{
+    if (strcmp(type, "overflow") == 0)
+        return; /* E2B has no such event */
+    if (x->poll_n >= POLL_EVENTS_MAX || x->poll_buf.len >= POLL_BYTES_MAX) {
+        x->poll_dropped++;
+        return;
+    }
+    if (x->poll_n)
+        sp_buf_putc(&x->poll_buf, ',');
+    e2b_event(x, &x->poll_buf, type, path);
+    x->poll_n++;
+}
+
 static void record_event(gw_watch_t *x, const char *type, const char *path)
 {
     sp_buf_t *pending = &x->sse.pending;
@@ -288,19 +345,11 @@ static void record_event(gw_watch_t *x, const char *type, const char *path)
     if (x->connect) {
         if (overflow)
             return; /* E2B has no such event */
-        /* E2B names an event's path relative to the watched directory. */
-        size_t n = strlen(x->path);
-        const char *rel = strcmp(x->path, "/") == 0 ? path + 1 : path + n + (path[n] == '/');
-        char upper[16];
-        size_t k = 0;
-        for (; type[k] && k + 1 < sizeof(upper); k++)
-            upper[k] = (char)(type[k] - 'a' + 'A');
-        upper[k] = '\0';
         sp_buf_t b;
         sp_buf_init(&b);
-        sp_buf_puts(&b, "{\"filesystem\":{\"name\":");
-        json_guest(&b, rel[0] ? rel : ".");
-        sp_buf_printf(&b, ",\"type\":\"EVENT_TYPE_%s\"}}", upper);
+        sp_buf_puts(&b, "{\"filesystem\":");
+        e2b_event(x, &b, type, path);
+        sp_buf_putc(&b, '}');
         gw_connect_envelope(pending, 0, b.data, b.len);
         sp_buf_dispose(&b);
         return;
@@ -346,10 +395,28 @@ static void record_end(gw_watch_t *x, const char *code, const char *detail)
     gw_sse_end(&x->sse);
 }
 
-/* Moves what the cnats thread queued into the response. */
+/* The worker ended the watch (or no longer has it): the response's last record, or in polling
+ * mode what the poll after the buffered events answers. */
+static void finish_live(gw_watch_t *x, const char *code, const char *detail)
+{
+    if (!x->polling) {
+        record_end(x, code, detail);
+        return;
+    }
+    /* end_* are the cnats thread's too until have_end is set (on_end, lost watch). */
+    pthread_mutex_lock(&x->mu);
+    x->have_end = true;
+    snprintf(x->end_error, sizeof(x->end_error), "%s", code[0] ? code : "ended");
+    snprintf(x->end_detail, sizeof(x->end_detail), "%s", detail[0] ? detail : "the watch ended");
+    pthread_mutex_unlock(&x->mu);
+    x->ended = true;
+    wind_down(x);
+}
+
+/* Moves what the cnats thread queued into the response (polling mode: the buffer). */
 static void process(gw_watch_t *x)
 {
-    if (x->phase != PH_LIVE || !x->sse.req)
+    if (x->phase != PH_LIVE || (!x->polling && !x->sse.req))
         return;
     pthread_mutex_lock(&x->mu);
     wev_t *q = x->head;
@@ -362,7 +429,9 @@ static void process(gw_watch_t *x)
     pthread_mutex_unlock(&x->mu);
     while (q) {
         wev_t *n = q->next;
-        if (gw_sse_backlog(&x->sse) > BUF_MAX) {
+        if (x->polling) {
+            poll_record(x, q->type, q->path);
+        } else if (gw_sse_backlog(&x->sse) > BUF_MAX) {
             /* The client reads slower than the events come: they are lost, and it is told. */
             x->buf_lost = true;
         } else {
@@ -378,9 +447,10 @@ static void process(gw_watch_t *x)
     if (end) {
         x->phase = PH_DONE;
         x->stop_owed = false; /* the worker ended it */
-        record_end(x, code, detail);
+        finish_live(x, code, detail);
     }
-    gw_sse_flush(&x->sse);
+    if (!x->polling)
+        gw_sse_flush(&x->sse);
 }
 
 static void on_async(uv_async_t *a)
@@ -543,6 +613,30 @@ static void refuse(gw_watch_t *x)
     gw_respond_error(rq, 500, "worker_error", NULL, "the worker refused: %s", x->reply_detail);
 }
 
+/* CreateWatcher's answer: the watch is in place, the id names it from now on. */
+static void watcher_created(gw_watch_t *x)
+{
+    uint8_t r[WATCHER_ID_BYTES];
+    char hex[2 * WATCHER_ID_BYTES + 1];
+    sp_random_bytes(r, sizeof(r));
+    sp_hex_encode(r, sizeof(r), hex);
+    snprintf(x->watcher_id, sizeof(x->watcher_id), "wch_%s", hex);
+    x->polled_ns = sp_mono_ns();
+    sp_buf_t b;
+    sp_buf_init(&b);
+    sp_buf_puts(&b, "{\"watcherId\":");
+    sp_buf_json_str(&b, x->watcher_id);
+    sp_buf_putc(&b, '}');
+    gw_respond_json(x->rq, 200, &b);
+    sp_buf_dispose(&b);
+    sp_log(SP_LOG_INFO, "watcher created", SP_KS("watch", x->id), SP_KS("sandbox", x->sandbox),
+           SP_KS("request_id", x->request_id));
+    /* Not tied to the request from here on. */
+    gw_req_unref(x->rq);
+    x->rq = NULL;
+    process(x);
+}
+
 static void start_done(gw_watch_t *x)
 {
     gw_t *gw = x->gw;
@@ -559,6 +653,10 @@ static void start_done(gw_watch_t *x)
     }
     x->phase = PH_LIVE;
     x->renew_at_ns = sp_mono_ns() + (int64_t)RENEW_S * 1000000000;
+    if (x->polling) {
+        watcher_created(x);
+        return;
+    }
     if (x->connect)
         gw_sse_start(&x->sse, x->rq, "application/connect+json", &connect_ops);
     else
@@ -609,17 +707,32 @@ static void renew_done(gw_watch_t *x)
         /* The worker no longer has it (its lease ran out, or it restarted). */
         x->phase = PH_DONE;
         x->stop_owed = false;
-        record_end(x, "watch_lost", "the worker no longer follows this directory");
+        finish_live(x, "watch_lost", "the worker no longer follows this directory");
     } else if (x->phase == PH_DONE) {
         wind_down(x);
     }
     maybe_free(x);
 }
 
+/* A polling watcher is over for its clients: the worker is told, the id is unknown from now. */
+static void retire(gw_watch_t *x, const char *why)
+{
+    sp_log(SP_LOG_INFO, "watcher ends", SP_KS("watch", x->id), SP_KS("sandbox", x->sandbox),
+           SP_KS("reason", why), SP_KU("dropped", x->poll_dropped),
+           SP_KS("request_id", x->request_id));
+    x->phase = PH_DONE;
+    x->resp_done = true;
+    wind_down(x);
+}
+
 void gw_watches_tick(gw_t *gw)
 {
     int64_t now = sp_mono_ns();
+    int64_t idle_ns = gw->cfg->watcher_idle_s * 1000000000LL;
     for (gw_watch_t *x = gw->watches; x; x = x->next) {
+        /* retire only starts closing: x is freed later (on_async_closed), the walk goes on. */
+        if (x->polling && x->watcher_id[0] && !x->resp_done && now - x->polled_ns > idle_ns)
+            retire(x, "not polled");
         if (x->phase == PH_LIVE && !x->bus_busy && now >= x->renew_at_ns) {
             x->renew_at_ns = now + (int64_t)RENEW_S * 1000000000;
             bus_submit(x, renew_run, renew_done);
@@ -631,6 +744,8 @@ void gw_watches_tick(gw_t *gw)
 void gw_watches_close_all(gw_t *gw, bool force)
 {
     for (gw_watch_t *x = gw->watches; x; x = x->next) {
+        if (x->polling && x->watcher_id[0] && !x->resp_done)
+            retire(x, "shutting down");
         if (x->phase == PH_LIVE && x->sse.req) {
             x->phase = PH_DONE;
             record_end(x, "shutting_down", "the gateway is stopping");
@@ -642,7 +757,8 @@ void gw_watches_close_all(gw_t *gw, bool force)
 
 /* ---- the request ---- */
 
-void gw_watch_start(gw_req_t *rq, const char *path, const char *user, bool recursive)
+static void watch_new(gw_req_t *rq, const char *path, const char *user, bool recursive,
+                      bool polling)
 {
     gw_t *gw = rq->gw;
     char resolved[SP_FSPATH_MAX + 1];
@@ -674,6 +790,8 @@ void gw_watch_start(gw_req_t *rq, const char *path, const char *user, bool recur
     x->rq = rq;
     gw_req_ref(rq);
     x->connect = rq->dialect == GW_DIALECT_CONNECT_STREAM;
+    x->polling = polling;
+    sp_buf_init(&x->poll_buf);
     x->recursive = recursive;
     x->phase = PH_LOOKUP;
     x->next_seq = 1;
@@ -703,6 +821,64 @@ void gw_watch_start(gw_req_t *rq, const char *path, const char *user, bool recur
         x->resp_done = true;
         maybe_free(x);
     }
+}
+
+void gw_watch_start(gw_req_t *rq, const char *path, const char *user, bool recursive)
+{
+    watch_new(rq, path, user, recursive, false);
+}
+
+void gw_watcher_create(gw_req_t *rq, const char *path, const char *user, bool recursive)
+{
+    watch_new(rq, path, user, recursive, true);
+}
+
+/* The polling watcher id names for the request's sandbox and tenant, or NULL. */
+static gw_watch_t *watcher_find(const gw_req_t *rq, const char *id)
+{
+    for (gw_watch_t *x = rq->gw->watches; x; x = x->next) {
+        if (x->polling && x->watcher_id[0] && !x->resp_done && strcmp(x->watcher_id, id) == 0 &&
+            strcmp(x->sandbox, rq->path_id) == 0 && strcmp(x->tenant, rq->tenant) == 0)
+            return x;
+    }
+    return NULL;
+}
+
+void gw_watcher_events(gw_req_t *rq, const char *watcher_id)
+{
+    gw_watch_t *x = watcher_find(rq, watcher_id);
+    if (!x) {
+        gw_respond_error(rq, 404, "not_found", NULL, "no such watcher");
+        return;
+    }
+    process(x); /* what the cnats thread queued since its last wake-up */
+    x->polled_ns = sp_mono_ns();
+    if (x->ended && x->poll_n == 0) {
+        bool gone = strcmp(x->end_error, "not_found") == 0;
+        gw_respond_error(rq, gone ? 404 : 503, x->end_error, NULL, "%s", x->end_detail);
+        retire(x, x->end_error);
+        return;
+    }
+    sp_buf_t b;
+    sp_buf_init(&b);
+    sp_buf_puts(&b, "{\"events\":[");
+    sp_buf_append(&b, x->poll_buf.data, x->poll_buf.len);
+    sp_buf_puts(&b, "]}");
+    gw_respond_json(rq, 200, &b);
+    sp_buf_dispose(&b);
+    sp_buf_reset(&x->poll_buf);
+    x->poll_n = 0;
+}
+
+void gw_watcher_remove(gw_req_t *rq, const char *watcher_id)
+{
+    gw_watch_t *x = watcher_find(rq, watcher_id);
+    if (!x) {
+        gw_respond_error(rq, 404, "not_found", NULL, "no such watcher");
+        return;
+    }
+    retire(x, "removed");
+    gw_respond(rq, 200, "application/json", "{}", 2);
 }
 
 void gw_watch_run(gw_req_t *rq)

@@ -86,6 +86,8 @@ static const sp_cfg_opt_t options[] = {
                    "file requests handled at once (429 beyond)"),
     SP_CFG_INT_OPT("file-threads", gw_config_t, file_threads, 1, 256, "4",
                    "threads for the blocking NATS calls of file transfers"),
+    SP_CFG_INT_OPT("watcher-idle-s", gw_config_t, watcher_idle_s, 1, 3600, "60",
+                   "an E2B polling watcher (CreateWatcher) not polled for this long is removed"),
     SP_CFG_STR_OPT("tmp-dir", gw_config_t, tmp_dir, "/tmp",
                    "where request bodies over 4 MiB spill (unlinked temporary files)"),
     SP_CFG_STR_OPT("network-default", gw_config_t, network_default, "deny_all",

@@ -27,7 +27,7 @@ static uint64_t uuid_rand_b;
 
 /* The kernel's CSPRNG is the only randomness source; without it ids could collide across hosts,
  * so its absence stops the process like out of memory does. */
-static void random_bytes(void *buf, size_t len)
+void sp_random_bytes(void *buf, size_t len)
 {
     uint8_t *p = buf;
 
@@ -72,7 +72,7 @@ static void uuid_seed(void)
 {
     uint8_t r[10];
 
-    random_bytes(r, sizeof(r));
+    sp_random_bytes(r, sizeof(r));
     uuid_rand_a = (uint16_t)(((r[0] << 8) | r[1]) & (RAND_A_MAX >> 1));
     uuid_rand_b = 0;
     for (size_t i = 2; i < sizeof(r); i++)

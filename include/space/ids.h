@@ -2,6 +2,7 @@
 #ifndef SPACE_IDS_H
 #define SPACE_IDS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define SP_UUID_STR_LEN 36 /* without the terminating NUL */
@@ -28,6 +29,10 @@ void sp_sandbox_id_new(char out[SP_SANDBOX_ID_LEN + 1]);
  * every aggregate id must have so it is safe in a NATS subject token (never the "_" placeholder),
  * a path component and a runsc container id (never read as an option). */
 int sp_id_valid(const char *s);
+
+/* len bytes of the kernel's CSPRNG (getrandom), for unguessable tokens; its failure aborts the
+ * process, like out of memory. */
+void sp_random_bytes(void *buf, size_t len);
 
 /* Current wall-clock time in microseconds since the epoch; monotonic clock in nanoseconds. */
 int64_t sp_now_us(void);

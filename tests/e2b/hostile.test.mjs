@@ -135,6 +135,36 @@ test('envd: routing and keys', async () => {
   assert.equal((await r.json()).code, 'not_found')
 })
 
+test('envd: the polling watcher (Python sync SDK) over Connect JSON', async () => {
+  const unary = (method, body) => fetch(`${API}/filesystem.Filesystem/${method}`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json', ...envdHeaders() }, body: JSON.stringify(body)
+  })
+  await sbx.files.makeDir('/home/user/polled')
+  let r = await unary('CreateWatcher', { path: '/home/user/polled', recursive: false })
+  assert.equal(r.status, 200)
+  const { watcherId } = await r.json()
+  assert.equal(typeof watcherId, 'string')
+  await sbx.files.write('/home/user/polled/p.txt', 'x')
+  const seen = []
+  const found = () => seen.some((e) => e.name === 'p.txt' && e.type === 'EVENT_TYPE_CREATE')
+  for (let i = 0; i < 300 && !found(); i++) {
+    r = await unary('GetWatcherEvents', { watcherId })
+    assert.equal(r.status, 200)
+    seen.push(...(await r.json()).events)
+    await new Promise((resolve) => setTimeout(resolve, 100))
+  }
+  assert.ok(found(), JSON.stringify(seen))
+  r = await unary('RemoveWatcher', { watcherId })
+  assert.equal(r.status, 200)
+  assert.deepEqual(await r.json(), {})
+  r = await unary('GetWatcherEvents', { watcherId })
+  assert.equal(r.status, 404)
+  assert.equal((await r.json()).code, 'not_found')
+  r = await unary('GetWatcherEvents', { watcherId: 42 })
+  assert.equal(r.status, 400)
+  assert.equal((await r.json()).code, 'invalid_argument')
+})
+
 test('envd /files: bad uploads are refused in E2B shape', async () => {
   const post = (qs, body, headers) => fetch(`${API}/files${qs}`, { method: 'POST', headers: { ...envdHeaders(), ...headers }, body })
   let r = await post('?path=x.gz', Buffer.from([0x1f, 0x8b]), { 'Content-Type': 'application/octet-stream', 'Content-Encoding': 'br' })

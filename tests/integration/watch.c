@@ -1,6 +1,9 @@
 /* Directory watches in real sandboxes, through HTTP only: GET /v1/sandboxes/{id}/files/watch
  * (SSE) with changes made by commands in the sandbox; gateway, worker data plane, agent channel
- * and the agent's inotify together. Stack: eventlog + scheduler + worker + gateway.
+ * and the agent's inotify together. Stack: eventlog + scheduler + worker + gateway. E2B's
+ * polling watcher (filesystem.Filesystem/CreateWatcher, GetWatcherEvents, RemoveWatcher) is
+ * driven the same way, as unary Connect JSON calls; the stack's gateway expires a watcher
+ * after SPACE_WATCHER_IDLE_S (tests/CMakeLists.txt) without a poll.
  *
  * Each watch is read by a thread of its own (sp_httpc_stream blocks); the test makes changes
  * through the commands API meanwhile and waits, bounded, for what the watch must report. A
@@ -29,6 +32,7 @@
 
 #define EVENTS_KEPT 4096
 #define LIMIT       16 /* watches per sandbox (worker.h WK_WATCH_MAX) */
+#define IDLE_S      10 /* SPACE_WATCHER_IDLE_S of the stack */
 
 static int port;
 static const char *key;
@@ -267,6 +271,205 @@ static int refused(const char *sandbox, const char *query, const char *k, char *
     return st;
 }
 
+/* ---- E2B's polling watcher ---- */
+
+/* A unary Connect call filesystem.Filesystem/<method> of E2B's envd for sandbox with key k, as
+ * root; the HTTP status, the answer into *ret_doc (NULL when it is not JSON). */
+static int envd_call(const char *sandbox, const char *k, const char *method, const char *body,
+                     sp_json_doc_t **ret_doc)
+{
+    char path[128], headers[512];
+    snprintf(path, sizeof(path), "/filesystem.Filesystem/%s", method);
+    /* Authorization: Basic base64("root:") */
+    snprintf(headers, sizeof(headers),
+             "E2b-Sandbox-Id: %s\r\nX-API-KEY: %s\r\nAuthorization: Basic cm9vdDo=\r\n", sandbox,
+             k);
+    sp_test_http_resp_t r;
+    sp_test_http(port, "POST", path, NULL, headers, body, strlen(body), &r);
+    char err[SP_JSON_ERR_MAX];
+    *ret_doc = NULL;
+    if (r.body && sp_json_parse(r.body, r.body_len, NULL, ret_doc, err) < 0)
+        *ret_doc = NULL;
+    int st = r.status;
+    sp_test_http_free(&r);
+    return st;
+}
+
+/* CreateWatcher {path, recursive}: the id into id, or the status of a refusal (code into
+ * code). */
+static int watcher_create(const char *dir, bool recursive, char *id, size_t id_len, char *code,
+                          size_t code_len)
+{
+    char body[300];
+    sp_json_doc_t *doc;
+    snprintf(body, sizeof(body), "{\"path\":\"%s\",\"recursive\":%s}", dir,
+             recursive ? "true" : "false");
+    int st = envd_call(sbx, key, "CreateWatcher", body, &doc);
+    assert_non_null(doc);
+    const sp_json_t *root = sp_json_root(doc);
+    const char *w = sp_json_str(sp_json_get(root, "watcherId"), NULL);
+    const char *c = sp_json_str(sp_json_get(root, "code"), NULL);
+    snprintf(id, id_len, "%s", w ? w : "");
+    snprintf(code, code_len, "%s", c ? c : "");
+    sp_json_doc_free(doc);
+    return st;
+}
+
+/* GetWatcherEvents: 200 with each event appended to seen as "TYPE name\n", or the status of
+ * an error with its Connect code into code. */
+static int watcher_poll(const char *sandbox, const char *k, const char *id, sp_buf_t *seen,
+                        char *code, size_t code_len)
+{
+    char body[200];
+    sp_json_doc_t *doc;
+    snprintf(body, sizeof(body), "{\"watcherId\":\"%s\"}", id);
+    int st = envd_call(sandbox, k, "GetWatcherEvents", body, &doc);
+    assert_non_null(doc);
+    const sp_json_t *root = sp_json_root(doc);
+    const char *c = sp_json_str(sp_json_get(root, "code"), NULL);
+    snprintf(code, code_len, "%s", c ? c : "");
+    if (st == 200) {
+        const sp_json_t *evs = sp_json_get(root, "events");
+        assert_int_equal(sp_json_type(evs), SP_JSON_ARRAY);
+        for (size_t i = 0; i < sp_json_len(evs); i++) {
+            const char *name = sp_json_str(sp_json_get(sp_json_at(evs, i), "name"), NULL);
+            const char *type = sp_json_str(sp_json_get(sp_json_at(evs, i), "type"), NULL);
+            assert_non_null(name);
+            assert_non_null(type);
+            sp_buf_printf(seen, "%s %s\n", type, name);
+        }
+    }
+    sp_json_doc_free(doc);
+    return st;
+}
+
+static int watcher_remove(const char *id, char *code, size_t code_len)
+{
+    char body[200];
+    sp_json_doc_t *doc;
+    snprintf(body, sizeof(body), "{\"watcherId\":\"%s\"}", id);
+    int st = envd_call(sbx, key, "RemoveWatcher", body, &doc);
+    assert_non_null(doc);
+    const char *c = sp_json_str(sp_json_get(sp_json_root(doc), "code"), NULL);
+    snprintf(code, code_len, "%s", c ? c : "");
+    sp_json_doc_free(doc);
+    return st;
+}
+
+/* Polls (every 100 ms, 30 s at most) until seen holds want. */
+static void watcher_wait(const char *id, sp_buf_t *seen, const char *want)
+{
+    char code[64];
+    for (int64_t end = now_ms() + 30000; now_ms() < end; usleep(100000)) {
+        assert_int_equal(watcher_poll(sbx, key, id, seen, code, sizeof(code)), 200);
+        if (seen->data && strstr(seen->data, want))
+            return;
+    }
+    fail_msg("no \"%s\" from watcher %s; seen:\n%s", want, id, seen->data ? seen->data : "");
+}
+
+/* Create, write and remove in a watched directory arrive in order, with names relative to it;
+ * a removed watcher is not_found, and so are unknown ids and ids asked for by another sandbox
+ * or tenant. */
+static void test_e2b_watcher(void **state)
+{
+    (void)state;
+    char id[128], code[64];
+    sp_buf_t seen;
+    sp_buf_init(&seen);
+    run("mkdir -p /root/pw");
+    assert_int_equal(watcher_create("/root/pw", false, id, sizeof(id), code, sizeof(code)), 200);
+    assert_true(strncmp(id, "wch_", 4) == 0);
+    assert_int_equal(watcher_poll(sbx, key, id, &seen, code, sizeof(code)), 200);
+    run("cd /root/pw && echo a > f1 && echo b >> f1 && rm f1");
+    watcher_wait(id, &seen, "EVENT_TYPE_REMOVE f1\n");
+    const char *c = strstr(seen.data, "EVENT_TYPE_CREATE f1\n");
+    const char *w = c ? strstr(c, "EVENT_TYPE_WRITE f1\n") : NULL;
+    const char *r = w ? strstr(w, "EVENT_TYPE_REMOVE f1\n") : NULL;
+    if (!r)
+        fail_msg("out of order:\n%s", seen.data);
+
+    /* Foreign and unknown ids. */
+    PGconn *db = sp_test_db();
+    char *other = NULL, kid[SP_APIKEY_ID_LEN + 1];
+    assert_int_equal(sp_apikey_create(db, "other-tenant-w", "watcher test", &other, kid), 0);
+    PQfinish(db);
+    assert_int_equal(watcher_poll(sbx, other, id, &seen, code, sizeof(code)), 404);
+    assert_string_equal(code, "not_found");
+    assert_int_equal(
+        watcher_poll("sbx_nosuchsandbox0000000000000", key, id, &seen, code, sizeof(code)), 404);
+    assert_string_equal(code, "not_found");
+    assert_int_equal(
+        watcher_poll(sbx, key, "wch_00000000000000000000000000000000", &seen, code, sizeof(code)),
+        404);
+    assert_string_equal(code, "not_found");
+    free(other);
+    /* Still there for its owner. */
+    sp_buf_reset(&seen);
+    run("touch /root/pw/f2");
+    watcher_wait(id, &seen, "EVENT_TYPE_CREATE f2\n");
+
+    assert_int_equal(watcher_remove(id, code, sizeof(code)), 200);
+    assert_int_equal(watcher_poll(sbx, key, id, &seen, code, sizeof(code)), 404);
+    assert_string_equal(code, "not_found");
+    assert_int_equal(watcher_remove(id, code, sizeof(code)), 404);
+    assert_string_equal(code, "not_found");
+
+    /* Refusals are WatchDir's, as Connect errors. */
+    assert_int_equal(watcher_create("/root/file", false, id, sizeof(id), code, sizeof(code)), 400);
+    assert_string_equal(code, "invalid_argument");
+    assert_int_equal(watcher_create("/root/missing", false, id, sizeof(id), code, sizeof(code)),
+                     404);
+    assert_string_equal(code, "not_found");
+    sp_buf_dispose(&seen);
+}
+
+/* The worker ends the watch (its directory went away): the buffered events, then the error,
+ * then the id is unknown. */
+static void test_e2b_watcher_ended(void **state)
+{
+    (void)state;
+    char id[128], code[64];
+    sp_buf_t seen;
+    sp_buf_init(&seen);
+    run("mkdir -p /root/pe");
+    assert_int_equal(watcher_create("/root/pe", false, id, sizeof(id), code, sizeof(code)), 200);
+    run("touch /root/pe/x && rm -rf /root/pe");
+    int st = 200;
+    for (int64_t end = now_ms() + 30000; st == 200 && now_ms() < end; usleep(100000))
+        st = watcher_poll(sbx, key, id, &seen, code, sizeof(code));
+    print_message("ended watcher: %d %s after:\n%s", st, code, seen.data ? seen.data : "");
+    assert_int_equal(st, 404);
+    assert_string_equal(code, "not_found");
+    assert_true(seen.data && strstr(seen.data, "EVENT_TYPE_CREATE x\n"));
+    assert_int_equal(watcher_poll(sbx, key, id, &seen, code, sizeof(code)), 404);
+    assert_string_equal(code, "not_found");
+    sp_buf_dispose(&seen);
+}
+
+/* A watcher nobody polls is gone after IDLE_S (the gateway's tick, once a second); one that is
+ * polled more often than that stays. */
+static void test_e2b_watcher_expires(void **state)
+{
+    (void)state;
+    char idle[128], kept[128], code[64];
+    sp_buf_t seen;
+    sp_buf_init(&seen);
+    run("mkdir -p /root/px");
+    assert_int_equal(watcher_create("/root/px", false, idle, sizeof(idle), code, sizeof(code)),
+                     200);
+    assert_int_equal(watcher_create("/root/px", false, kept, sizeof(kept), code, sizeof(code)),
+                     200);
+    for (int64_t end = now_ms() + (IDLE_S + 3) * 1000; now_ms() < end; usleep(1000000))
+        assert_int_equal(watcher_poll(sbx, key, kept, &seen, code, sizeof(code)), 200);
+    assert_int_equal(watcher_poll(sbx, key, idle, &seen, code, sizeof(code)), 404);
+    assert_string_equal(code, "not_found");
+    run("touch /root/px/y");
+    watcher_wait(kept, &seen, "EVENT_TYPE_CREATE y\n");
+    assert_int_equal(watcher_remove(kept, code, sizeof(code)), 200);
+    sp_buf_dispose(&seen);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -461,8 +664,13 @@ static void test_flood(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_events_in_order), cmocka_unit_test(test_not_recursive),
-        cmocka_unit_test(test_refusals),        cmocka_unit_test(test_limit_and_disconnect),
+        cmocka_unit_test(test_events_in_order),
+        cmocka_unit_test(test_not_recursive),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_e2b_watcher),
+        cmocka_unit_test(test_e2b_watcher_ended),
+        cmocka_unit_test(test_e2b_watcher_expires),
+        cmocka_unit_test(test_limit_and_disconnect),
         cmocka_unit_test(test_flood),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
