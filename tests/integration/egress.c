@@ -1057,10 +1057,6 @@ static void test_suspend_with_connections(void **state)
     run(sd, out, sizeof(out), "echo hi | nc -w 1 " ECHO_IP " 7777");
     if (!strstr(out, "echo:hi"))
         fail_msg("echo before the suspend: %s", out);
-    /* A second, not the 3 ms a test takes to ask: a suspend within milliseconds of such a
-     * close was refused by runsc about once in twelve runs, for a reason not found yet
-     * (docs/egress.md, "known"). TIME_WAIT, which this round is about, would last a minute. */
-    usleep(1000 * 1000);
     const char *ops[] = {"suspend", "resume"};
     for (int round = 0; round < 2; round++) {
         if (round == 1) /* then one that lives on, open during the suspend */
