@@ -83,9 +83,6 @@ typedef struct {
     /* Being checkpointed: new connections are reset at once until it runs again (an event
      * says so) or until then. */
     int64_t frozen_until_ms;
-    /* When a connection of its last ended the guest's side with an RST (eg_now_ms): a
-     * checkpoint right after must give that RST time to reach the guest's network stack. */
-    int64_t guest_rst_ms;
 } eg_sbx_t;
 
 typedef struct {

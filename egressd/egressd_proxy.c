@@ -170,11 +170,11 @@ static void conn_close_how(conn_t *c, bool reset_guest)
     if (c->state == C_RESOLVING)
         eg_dns_cancel(c->eg, c);
     c->state = C_CLOSING;
-    eg_sbx_t *s = eg_sbx_by_id(c->eg, c->sandbox);
-    if (c->counted && s && s->conns > 0)
-        s->conns--;
-    if (reset_guest && s)
-        s->guest_rst_ms = eg_now_ms();
+    if (c->counted) {
+        eg_sbx_t *s = eg_sbx_by_id(c->eg, c->sandbox);
+        if (s && s->conns > 0)
+            s->conns--;
+    }
     if (!reset_guest || uv_tcp_close_reset(&c->client.tcp, on_close) < 0)
         uv_close((uv_handle_t *)&c->client.tcp, on_close);
     uv_close((uv_handle_t *)&c->up.tcp, on_close);
@@ -1321,8 +1321,7 @@ void eg_proxy_stop(eg_t *eg)
 
 /* ---- suspend: every connection of a sandbox reset on its worker's request ---- */
 
-#define FREEZE_MS        (60 * 1000) /* at most; SandboxResumed / SandboxSuspendFailed end it */
-#define SETTLE_WINDOW_MS 1000        /* an RST to the guest this recent is reported as settling */
+#define FREEZE_MS (60 * 1000) /* at most; SandboxResumed / SandboxSuspendFailed end it */
 
 static void on_reset_request(void *arg, const char *subject, const char *reply, const uint8_t *data,
                              size_t len)
@@ -1371,9 +1370,6 @@ void eg_reset_drain(eg_t *eg)
         eg_reset_t *next = r->next;
         uint32_t n = 0;
         eg_sbx_t *s = eg_sbx_by_id(eg, r->sandbox);
-        /* A guest side ended with an RST just before (a guest-first close drained): that RST
-         * may still be on its way, like the ones sent now. */
-        bool settling = s && s->guest_rst_ms && eg_now_ms() - s->guest_rst_ms < SETTLE_WINDOW_MS;
         if (s)
             s->frozen_until_ms = eg_now_ms() + FREEZE_MS;
         for (conn_t *c = eg->conns; c; c = c->next) {
@@ -1385,7 +1381,6 @@ void eg_reset_drain(eg_t *eg)
         if (!sp_daemon_stopping) {
             Space__Io__V1__EgressResetReply rep = SPACE__IO__V1__EGRESS_RESET_REPLY__INIT;
             rep.reset = n;
-            rep.settling = settling;
             uint8_t buf[16];
             size_t len = space__io__v1__egress_reset_reply__pack(&rep, buf);
             (void)sp_bus_publish_core(eg->bus, r->reply, buf, len);

@@ -196,13 +196,11 @@ static uint32_t egress_reset(wk_t *w, const char *sbx)
     size_t len = space__io__v1__egress_reset__pack(&req, buf), reply_len = 0;
     int rc = sp_bus_request(w->bus, subject, buf, len, EGRESS_RESET_MS, &reply, &reply_len);
     uint32_t n = 0;
-    bool settling = false;
     if (rc == 0) {
         Space__Io__V1__EgressResetReply *r =
             reply_len <= 64 ? space__io__v1__egress_reset_reply__unpack(NULL, reply_len, reply)
                             : NULL;
         n = r ? r->reset : 0;
-        settling = r && r->settling;
         if (r)
             space__io__v1__egress_reset_reply__free_unpacked(r, NULL);
     } else if (rc != SP_ENOTFOUND) {
@@ -210,9 +208,8 @@ static uint32_t egress_reset(wk_t *w, const char *sbx)
                SP_KS("sandbox", sbx), SP_KS("error", sp_strerror(rc)));
     }
     free(reply);
-    /* The RSTs, these and any egressd sent just before, reach the guest's network stack. */
-    if (n > 0 || settling)
-        usleep(RESET_SETTLE_MS * 1000);
+    if (n > 0)
+        usleep(RESET_SETTLE_MS * 1000); /* the RSTs reach the guest's network stack */
     return n;
 }
 
