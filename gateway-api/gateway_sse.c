@@ -55,12 +55,13 @@ static void closed(gw_sse_t *w)
     w->ops->closed(w);
 }
 
-/* Ends the response cleanly (no write in flight). */
+/* Ends the response cleanly (no write in flight). The connection stays open for the client's
+ * next request: its headers promised keep-alive, and a client (the SDKs' fetch) puts it back in
+ * its pool on the last chunk, so closing it now would race that client's next request. */
 static void finish(gw_sse_t *w)
 {
     h2o_req_t *req = w->req;
     w->req = NULL;
-    req->http1_is_persistent = 0;
     h2o_send(req, NULL, 0, H2O_SEND_STATE_FINAL);
     closed(w);
 }

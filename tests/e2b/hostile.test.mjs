@@ -3,7 +3,7 @@
 // envd), and the gateway keeps serving.
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { request } from 'node:http'
+import { Agent, request } from 'node:http'
 import { gzipSync } from 'node:zlib'
 import { Sandbox } from 'e2b'
 
@@ -184,6 +184,46 @@ test('envd /files: bad uploads are refused in E2B shape', async () => {
   assert.equal((await r.json()).code, 404)
   r = await fetch(`${API}/files?path=/etc/hostname&username=nobody`, { headers: envdHeaders() })
   assert.equal(r.status, 400)
+})
+
+// What the SDKs' fetch does: a keep-alive connection that carried a streamed response goes back
+// to the pool. The gateway must keep it open after the stream's end; closing it then, with no
+// "Connection: close" announced, races the client's next request on it ("fetch failed").
+function keepAliveRequest (agent, method, path, headers, body) {
+  return new Promise((resolve, reject) => {
+    const req = request(`${API}${path}`, { method, agent, headers }, (res) => {
+      const chunks = []
+      res.on('data', (c) => chunks.push(c))
+      res.on('end', () => resolve({ status: res.statusCode, headers: res.headers, body: Buffer.concat(chunks), reused: req.reusedSocket }))
+    })
+    req.on('error', reject)
+    req.end(body)
+  })
+}
+
+test('a keep-alive connection outlives a streamed response', async () => {
+  const agent = new Agent({ keepAlive: true, maxSockets: 1 })
+  try {
+    const streams = [
+      ['POST', '/process.Process/Start', { 'Content-Type': 'application/connect+json', 'Connect-Protocol-Version': '1', ...envdHeaders() },
+        envelope(0, JSON.stringify({ process: { cmd: '/bin/echo', args: ['hi'] } })), /"exitCode":0/],
+      ['POST', `/v1/sandboxes/${sbx.sandboxId}/commands`, { Authorization: `Bearer ${KEY}`, 'Content-Type': 'application/json' },
+        JSON.stringify({ cmd: 'echo hi' }), /"text":"hi\\n"[^]*event: exit/]
+    ]
+    for (const [method, path, headers, body, want] of streams) {
+      const s = await keepAliveRequest(agent, method, path, headers, body)
+      assert.equal(s.status, 200, path)
+      assert.notEqual(s.headers.connection, 'close', `${path} announces no close`)
+      assert.match(s.body.toString(), want, path)
+      // Long enough for a FIN sent after the last chunk to arrive and take the socket out.
+      await new Promise((resolve) => setTimeout(resolve, 200))
+      const next = await keepAliveRequest(agent, 'GET', '/healthz', {}, undefined)
+      assert.equal(next.status, 200)
+      assert.equal(next.reused, true, `the connection that carried ${path} is used again`)
+    }
+  } finally {
+    agent.destroy()
+  }
 })
 
 test('the gateway still serves', async () => {
