@@ -83,6 +83,9 @@ typedef struct {
     /* Being checkpointed: new connections are reset at once until it runs again (an event
      * says so) or until then. */
     int64_t frozen_until_ms;
+    /* A close from both ends at once left the guest's endpoint in TIME_WAIT (egressd_proxy.c,
+     * input_ended): runsc cannot checkpoint the sandbox before then. */
+    int64_t time_wait_until_ms;
 } eg_sbx_t;
 
 typedef struct {

@@ -197,9 +197,12 @@ void eg_apply_event(eg_t *eg, const sp_envelope_t *ev, uint64_t seq)
             set_address(eg, ev, ev->sandbox_resumed->address);
         break;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDED:
-        /* Its address goes back to the pool; the policy stays for the resume. */
-        if ((s = eg_sbx_by_id(eg, id)))
+        /* Its address goes back to the pool; the policy stays for the resume. The checkpoint
+         * held no endpoint in TIME_WAIT. */
+        if ((s = eg_sbx_by_id(eg, id))) {
             s->addr_be = 0;
+            s->time_wait_until_ms = 0;
+        }
         break;
     case SPACE__V1__ENVELOPE__PAYLOAD_NETWORK_POLICY_UPDATE_REQUESTED:
         s = eg_sbx_by_id(eg, id);

@@ -39,6 +39,8 @@
 #include <errno.h>
 #include <linux/netfilter_ipv4.h>
 #include <linux/sockios.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <openssl/err.h>
 #include <openssl/x509.h>
 #include <stdio.h>
@@ -123,6 +125,7 @@ struct conn {
     bool counted;
     uint64_t drain_since; /* loop ms when the guest-first close began waiting (close_after_drain) */
     bool tunnel;          /* after a CONNECT: the tunnel must carry TLS for exactly that name */
+    bool guest_fin_first; /* the upstream ended after the guest's FIN reached this host */
     conn_t *prev, *next;  /* eg->conns */
 };
 
@@ -183,10 +186,51 @@ static void conn_close_how(conn_t *c, bool reset_guest)
     uv_close((uv_handle_t *)&c->up.rate_timer, on_close);
 }
 
+/* The kernel's TCP state of a side's socket (TCP_ESTABLISHED...), or -1. */
+static int tcp_state(side_t *s)
+{
+    uv_os_fd_t fd;
+    struct tcp_info ti;
+    socklen_t len = sizeof(ti);
+    if (uv_fileno((uv_handle_t *)&s->tcp, &fd) < 0 ||
+        getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0)
+        return -1;
+    return ti.tcpi_state;
+}
+
+/* Whether the guest has closed its sending side: egressd read its end, or its FIN reached this
+ * host's kernel and waits behind bytes egressd has not read yet (CLOSE_WAIT, or LAST_ACK once
+ * egressd's own FIN went out after it). */
+static bool guest_closed(conn_t *c)
+{
+    if (c->client.eof)
+        return true;
+    int st = tcp_state(&c->client);
+    return st == TCP_CLOSE_WAIT || st == TCP_LAST_ACK;
+}
+
+/* gVisor keeps a TCP endpoint in TIME_WAIT this long (tcp.DefaultTCPTimeWaitTimeout), and
+ * ignores an RST there (RFC 1337); plus a margin for the guest's own clock. */
+#define GUEST_TIME_WAIT_MS (62 * 1000)
+
+/* The guest's FIN reached this host after egressd's FIN had left and before the guest had
+ * acknowledged it: both ends closed at once. The guest's endpoint goes through CLOSING into
+ * TIME_WAIT, where no RST ends it, and runsc refuses to checkpoint a sandbox holding it: the
+ * worker hears of it (EgressResetReply.time_wait_ms) and refuses the suspend instead of losing
+ * the sandbox. Seen only while this host's socket is still in CLOSING, so not every time. */
+static void closes_crossed(conn_t *c)
+{
+    eg_sbx_t *s = eg_sbx_by_id(c->eg, c->sandbox);
+    if (s)
+        s->time_wait_until_ms = eg_now_ms() + GUEST_TIME_WAIT_MS;
+    sp_log(SP_LOG_INFO, "both ends closed at once: the guest's end stays in TIME_WAIT",
+           SP_KS("sandbox", c->sandbox), SP_KU("seconds", GUEST_TIME_WAIT_MS / 1000));
+}
+
 /* The guest's side is reset when the guest has closed its own already (see above). */
 static void conn_close(conn_t *c)
 {
-    conn_close_how(c, c->client.eof);
+    conn_close_how(c, guest_closed(c));
 }
 
 static void on_timeout(uv_timer_t *t)
@@ -430,13 +474,23 @@ static void input_ended(side_t *s, bool clean)
         conn_close(c);
         return;
     }
-    if (s == &c->up && c->client.eof) {
-        close_after_drain(c); /* the guest closed first: no FIN to it (conn_close_how) */
+    if (s == &c->up && (c->client.eof || guest_closed(c))) {
+        /* The guest closed first: no FIN to it (conn_close_how). Its end may still be on its
+         * way through bytes egressd has not read: relayed first, then the drain. */
+        c->guest_fin_first = true;
+        if (c->client.eof)
+            close_after_drain(c);
         return;
     }
+    if (s == &c->client && c->client.shut && tcp_state(&c->client) == TCP_CLOSING)
+        closes_crossed(c);
     end_output(peer(s), clean);
-    if (peer(s)->eof)
-        conn_close(c);
+    if (peer(s)->eof) {
+        if (c->guest_fin_first)
+            close_after_drain(c);
+        else
+            conn_close(c);
+    }
 }
 
 static void deny(conn_t *c, eg_sbx_t *s, const char *proto, const char *name, const char *reason)
@@ -1368,24 +1422,31 @@ void eg_reset_drain(eg_t *eg)
     pthread_mutex_unlock(&eg->q_mu);
     while (r) {
         eg_reset_t *next = r->next;
-        uint32_t n = 0;
+        uint32_t n = 0, time_wait_ms = 0;
         eg_sbx_t *s = eg_sbx_by_id(eg, r->sandbox);
-        if (s)
-            s->frozen_until_ms = eg_now_ms() + FREEZE_MS;
-        for (conn_t *c = eg->conns; c; c = c->next) {
-            if (c->state != C_CLOSING && strcmp(c->sandbox, r->sandbox) == 0) {
-                conn_close_how(c, true);
-                n++;
+        int64_t now = eg_now_ms();
+        if (s && s->time_wait_until_ms > now) {
+            /* The checkpoint cannot happen yet and the worker will say so: nothing is reset. */
+            time_wait_ms = (uint32_t)(s->time_wait_until_ms - now);
+        } else {
+            if (s)
+                s->frozen_until_ms = now + FREEZE_MS;
+            for (conn_t *c = eg->conns; c; c = c->next) {
+                if (c->state != C_CLOSING && strcmp(c->sandbox, r->sandbox) == 0) {
+                    conn_close_how(c, true);
+                    n++;
+                }
             }
         }
         if (!sp_daemon_stopping) {
             Space__Io__V1__EgressResetReply rep = SPACE__IO__V1__EGRESS_RESET_REPLY__INIT;
             rep.reset = n;
-            uint8_t buf[16];
+            rep.time_wait_ms = time_wait_ms;
+            uint8_t buf[32];
             size_t len = space__io__v1__egress_reset_reply__pack(&rep, buf);
             (void)sp_bus_publish_core(eg->bus, r->reply, buf, len);
             sp_log(SP_LOG_INFO, "connections reset for a checkpoint", SP_KS("sandbox", r->sandbox),
-                   SP_KU("reset", n));
+                   SP_KU("reset", n), SP_KU("time_wait_ms", rep.time_wait_ms));
         }
         free(r->reply);
         free(r);

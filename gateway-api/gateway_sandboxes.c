@@ -225,8 +225,9 @@ static void check_run(gw_job_t *job, PGconn *db)
             reason = env->sandbox_request_rejected->reason;
             detail = env->sandbox_request_rejected->detail;
         } else if (env->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_FAILED) {
-            x->failed = true;
             reason = env->sandbox_suspend_failed->reason;
+            /* tcp_time_wait: refused before the checkpoint, for a while (409, retry later). */
+            x->failed = strcmp(reason, "tcp_time_wait") != 0;
             detail = env->sandbox_suspend_failed->detail;
         } else if (env->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUME_FAILED) {
             x->failed = true;

@@ -185,9 +185,12 @@ static int suspend_failed(wk_t *w, const sp_envelope_t *ev, wk_box_t *b, const c
 /* Asks this host's space-egressd to reset every TCP connection of the sandbox (and new ones
  * until it runs again): gVisor refuses to checkpoint a sandbox holding a TCP endpoint that is
  * not closed, and a refused checkpoint stops the sandbox for good. How many were reset; 0 when
- * no egressd answers (without one, sandbox TCP is dropped at the host: there is none). */
-static uint32_t egress_reset(wk_t *w, const char *sbx)
+ * no egressd answers (without one, sandbox TCP is dropped at the host: there is none).
+ * *time_wait_ms: > 0 when egressd saw a close from both ends at once leave an endpoint of the
+ * guest in TIME_WAIT, which no reset ends, for about that long. */
+static uint32_t egress_reset(wk_t *w, const char *sbx, uint32_t *time_wait_ms)
 {
+    *time_wait_ms = 0;
     char subject[128];
     snprintf(subject, sizeof(subject), "space.io.egress.%s.reset", w->cfg->id);
     Space__Io__V1__EgressReset req = SPACE__IO__V1__EGRESS_RESET__INIT;
@@ -201,8 +204,10 @@ static uint32_t egress_reset(wk_t *w, const char *sbx)
             reply_len <= 64 ? space__io__v1__egress_reset_reply__unpack(NULL, reply_len, reply)
                             : NULL;
         n = r ? r->reset : 0;
-        if (r)
+        if (r) {
+            *time_wait_ms = r->time_wait_ms;
             space__io__v1__egress_reset_reply__free_unpacked(r, NULL);
+        }
     } else if (rc != SP_ENOTFOUND) {
         sp_log(SP_LOG_WARN, "space-egressd did not answer the reset before a checkpoint",
                SP_KS("sandbox", sbx), SP_KS("error", sp_strerror(rc)));
@@ -310,6 +315,25 @@ int wk_on_suspend(wk_t *w, const sp_envelope_t *ev)
         wk_box_put(b);
         return rc;
     }
+    uint32_t time_wait_ms;
+    uint32_t reset = egress_reset(w, sbx, &time_wait_ms);
+    if (time_wait_ms > 0) {
+        /* Refused before anything is taken down: commands and files carry on, and a sandbox
+         * that was paused is paused again. */
+        char e2[WK_ERR_MAX];
+        bool repaused = paused && wk_sandbox_pause(w->host, sbx, true, e2) == 0;
+        pthread_mutex_lock(&b->mu);
+        b->paused = repaused;
+        pthread_mutex_unlock(&b->mu);
+        snprintf(err, sizeof(err),
+                 "a TCP connection of the sandbox was closed from both ends at once: its end "
+                 "inside stays in TIME_WAIT, which the checkpoint cannot save, for %u more s; "
+                 "retry then",
+                 (time_wait_ms + 999) / 1000);
+        rc = suspend_failed(w, ev, b, "tcp_time_wait", err, repaused);
+        wk_box_put(b);
+        return rc;
+    }
     /* The box leaves the table: no command, file call or agent listener from here on. The
      * commands keep running inside; after the resume the agent lists them again. */
     wk_box_t *owned = wk_owned_remove(w, sbx);
@@ -322,7 +346,6 @@ int wk_on_suspend(wk_t *w, const sp_envelope_t *ev)
     pthread_mutex_unlock(&b->mu);
     wk_agent_close(agent);
 
-    uint32_t reset = egress_reset(w, sbx);
     sp_sandbox_id_new(snap);
     char *staging = sp_xasprintf("%s/.staging/%s-%s", w->cfg->snapshot_dir, sbx, snap);
     wk_checkpoint_t ck = {0};

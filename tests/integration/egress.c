@@ -228,6 +228,17 @@ static void create(char out[64], const char *network)
     sp_test_create_sandbox_body(port, key, body, out);
 }
 
+static void delete_sandbox(const char *id)
+{
+    char path[128];
+    sp_test_http_resp_t r;
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
+    sp_test_http(port, "DELETE", path, key, NULL, NULL, 0, &r);
+    if (r.status != 204)
+        fail_msg("delete %s: %d %s", id, r.status, r.body);
+    sp_test_http_free(&r);
+}
+
 /* Runs cmd (sh -c) as root in sandbox id; stdout+stderr into out. Returns the exit code. */
 static int run(const char *id, char *out, size_t len, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -347,6 +358,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     internet_down();
+    sh("nft delete table inet sp_it_egress_cross 2>/dev/null");
     if (stats_path[0]) {
         char log[160];
         snprintf(log, sizeof(log), "%s.log", stats_path);
@@ -1081,6 +1093,110 @@ static void test_suspend_with_connections(void **state)
         fail_msg("echo after the resume: %s", out);
 }
 
+/* Both ends close at about the same time: nc half-closes right after its line, and the echo
+ * server closes right after answering ("now"), so egressd may learn of the upstream's end
+ * while the guest's FIN is still unread or on its way. The sandbox must never be lost: the
+ * suspend works, or, when the FINs crossed (the guest's endpoint then sits in TIME_WAIT, which
+ * runsc cannot checkpoint), it is refused with tcp_time_wait and the sandbox runs on. Repeated,
+ * since which FIN goes first is up to timing; a refused sandbox is replaced by a new one. */
+static void test_suspend_after_closes_cross(void **state)
+{
+    NEED_ROOT();
+    char out[4096], path[128], sd[64];
+    sp_test_http_resp_t r;
+    int refused = 0;
+    create(sd, POLICY_A);
+    for (int round = 0; round < 12; round++) {
+        run(sd, out, sizeof(out), "echo now | nc -w 1 " ECHO_IP " 7777");
+        if (!strstr(out, "echo:now"))
+            fail_msg("round %d: echo: %s", round, out);
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s/suspend", sd);
+        sp_test_http(port, "POST", path, key, NULL, NULL, 0, &r);
+        if (r.status == 409 && strstr(r.body, "\"tcp_time_wait\"")) {
+            print_message("round %d: refused: %s\n", round, r.body);
+            sp_test_http_free(&r);
+            refused++;
+            snprintf(path, sizeof(path), "/v1/sandboxes/%s", sd);
+            sp_test_http(port, "GET", path, key, NULL, NULL, 0, &r);
+            if (r.status != 200 || !strstr(r.body, "\"state\":\"running\""))
+                fail_msg("round %d: after the refusal: %d %s", round, r.status, r.body);
+            sp_test_http_free(&r);
+            run(sd, out, sizeof(out), "echo alive");
+            if (!strstr(out, "alive"))
+                fail_msg("round %d: a command after the refusal: %s", round, out);
+            delete_sandbox(sd);
+            create(sd, POLICY_A);
+            continue;
+        }
+        if (r.status != 200)
+            fail_msg("round %d suspend: %d %s", round, r.status, r.body);
+        sp_test_http_free(&r);
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s/resume", sd);
+        sp_test_http(port, "POST", path, key, NULL, NULL, 0, &r);
+        if (r.status != 200)
+            fail_msg("round %d resume: %d %s", round, r.status, r.body);
+        sp_test_http_free(&r);
+    }
+    print_message("suspends refused for TIME_WAIT: %d of 12\n", refused);
+    delete_sandbox(sd);
+}
+
+#define CROSS_TABLE "sp_it_egress_cross"
+
+/* A crossing made certain: an nftables table of the test's drops every FIN and RST from this
+ * host to the sandbox. egressd's FIN (the upstream closed at once) never arrives, so when the
+ * guest's own FIN comes (nc half-closes half a second later) this host's socket is in CLOSING:
+ * egressd sees both ends closed at once. The guest's endpoint is left in FIN_WAIT_2 (the RST
+ * that follows is dropped too), as unsaveable as a TIME_WAIT. Before the fix the checkpoint was
+ * refused by runsc and the sandbox lost; now the suspend is refused with tcp_time_wait before
+ * anything is reset, and the sandbox runs on. */
+static void test_suspend_refused_for_time_wait(void **state)
+{
+    NEED_ROOT();
+    char out[4096], path[128], sd[64], gw[16], veth[64] = "";
+    sp_test_http_resp_t r;
+    create(sd, POLICY_A);
+    gateway_of(sd, gw);
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "ip -o -4 addr show | awk '$4 ~ /^%s\\// {print $2}'", gw);
+    FILE *f = popen(cmd, "r"); /* NOLINT(cert-env33-c): ip(8) names the sandbox's veth */
+    assert_non_null(f);
+    if (!fgets(veth, sizeof(veth), f))
+        veth[0] = '\0';
+    pclose(f);
+    veth[strcspn(veth, "\n")] = '\0';
+    if (!veth[0])
+        fail_msg("no host interface carries %s", gw);
+    sh("nft delete table inet " CROSS_TABLE " 2>/dev/null");
+    if (sh("nft add table inet " CROSS_TABLE " && nft add chain inet " CROSS_TABLE
+           " out '{ type filter hook output priority 0; }' && nft add rule inet " CROSS_TABLE
+           " out oifname %s 'tcp flags & (fin | rst) != 0' drop",
+           veth) != 0)
+        fail_msg("cannot add the drop rule on %s", veth);
+    run(sd, out, sizeof(out), "(echo now; sleep 0.5) | timeout 2 nc " ECHO_IP " 7777; echo done");
+    sh("nft delete table inet " CROSS_TABLE);
+    /* A connection open during the refused suspend is left alone (nc ends on a reset). */
+    run(sd, out, sizeof(out),
+        "(sleep 1000 | nc " ECHO_IP " 7777 > /dev/null 2>&1 &) ; sleep 0.5; echo ok");
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/suspend", sd);
+    sp_test_http(port, "POST", path, key, NULL, NULL, 0, &r);
+    if (r.status != 409 || !strstr(r.body, "\"tcp_time_wait\""))
+        fail_msg("suspend after crossed closes: %d %s", r.status, r.body);
+    sp_test_http_free(&r);
+    run(sd, out, sizeof(out), "sleep 0.5; ps | grep -c '[n]c " ECHO_IP "'");
+    if (strtol(out, NULL, 10) != 1)
+        fail_msg("the open connection did not outlive the refused suspend: %s", out);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", sd);
+    sp_test_http(port, "GET", path, key, NULL, NULL, 0, &r);
+    if (r.status != 200 || !strstr(r.body, "\"state\":\"running\""))
+        fail_msg("after the refusal: %d %s", r.status, r.body);
+    sp_test_http_free(&r);
+    run(sd, out, sizeof(out), "echo again | nc -w 3 " ECHO_IP " 7777");
+    if (!strstr(out, "echo:again"))
+        fail_msg("the network after the refusal: %s", out);
+    delete_sandbox(sd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1096,6 +1212,8 @@ int main(void)
         cmocka_unit_test(test_policy_change),
         cmocka_unit_test(test_policy_survives_suspend),
         cmocka_unit_test(test_suspend_with_connections),
+        cmocka_unit_test(test_suspend_after_closes_cross),
+        cmocka_unit_test(test_suspend_refused_for_time_wait),
         cmocka_unit_test(test_denials_logged),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
