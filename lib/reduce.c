@@ -216,6 +216,8 @@ int sp_reduce_sandbox(sp_sandbox_t *s, const sp_envelope_t *env, uint64_t seq,
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_FAILED:
         s->state = SP_SBX_FAILED;
         copy_str(s->failure_reason, sizeof(s->failure_reason), env->sandbox_failed->reason);
+        if (env->sandbox_failed->host_lost)
+            s->worker[0] = '\0';
         break;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSED:
         s->state = SP_SBX_PAUSED;

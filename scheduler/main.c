@@ -33,7 +33,10 @@ static const sp_cfg_opt_t options[] = {
                    "a running sandbox without activity this long is suspended (per sandbox: "
                    "idle_suspend_s at create)"),
     SP_CFG_INT_OPT("controller-ms", sched_config_t, controller_ms, 100, 60000, "1000",
-                   "how often timeouts and idleness are checked"),
+                   "how often timeouts, idleness and lost workers are checked"),
+    SP_CFG_INT_OPT("worker-lost-s", sched_config_t, worker_lost_s, 2, 86400, "300",
+                   "a worker without a heartbeat this long is lost: its sandboxes fail "
+                   "(worker_lost), one being resumed there goes back to suspended"),
     SP_CFG_STR_OPT("log-level", sched_config_t, log_level, "info", "debug|info|warn|error"),
     SP_CFG_STR_OPT("log-format", sched_config_t, log_format, "kv", "kv|json"),
 };
@@ -55,6 +58,7 @@ static int run(sched_t *s)
             if (PQstatus(s->db) != CONNECTION_OK)
                 PQreset(s->db);
             (void)sched_timeouts_tick(s);
+            (void)sched_lost_tick(s);
             next_tick = sp_mono_ns() + s->cfg->controller_ms * 1000000;
         }
         sp_bus_batch_t *b = NULL;

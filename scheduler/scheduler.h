@@ -18,7 +18,8 @@ typedef struct {
     int64_t ack_wait_ms;
     int64_t heartbeat_misses;
     int64_t idle_suspend_s; /* platform default for sandboxes that set none */
-    int64_t controller_ms;  /* timeout/idle controller period */
+    int64_t controller_ms;  /* timeout/idle/lost-worker controller period */
+    int64_t worker_lost_s;  /* a worker silent this long is taken for gone with its host */
     char *log_level;
     char *log_format;
 } sched_config_t;
@@ -46,5 +47,8 @@ int sched_handle(sched_t *s, const sp_bus_msg_t *m);
 
 /* One pass of the timeout and idleness controller (scheduler_timeouts.c). */
 int sched_timeouts_tick(sched_t *s);
+
+/* One pass of the lost-worker controller (scheduler_lost.c). */
+int sched_lost_tick(sched_t *s);
 
 #endif

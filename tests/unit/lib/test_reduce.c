@@ -161,6 +161,40 @@ static void test_full_lifecycle(void **state)
     sp_sandbox_dispose(&s);
 }
 
+/* A worker failure keeps the sandbox on its worker (the worker releases it); a lost host
+ * (host_lost, from the lost-worker controller) takes it off, so its delete goes to the
+ * scheduler. */
+static void test_failed_host_lost(void **state)
+{
+    sp_sandbox_t s;
+    ev_t e;
+    char reason[SP_REASON_MAX];
+    uint64_t seq = 0;
+    sp_sandbox_init(&s, "sbx_a");
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED, NULL), 0);
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED, "w1"), 0);
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED, "w1"), 0);
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_FAILED, NULL), 0);
+    assert_int_equal(s.state, SP_SBX_FAILED);
+    assert_string_equal(s.worker, "w1");
+    sp_sandbox_dispose(&s);
+
+    sp_sandbox_init(&s, "sbx_a");
+    seq = 0;
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED, NULL), 0);
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED, "w1"), 0);
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED, "w1"), 0);
+    sp_envelope_t *f = ev(&e, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_FAILED, NULL);
+    e.p.failed.reason = "worker_lost";
+    e.p.failed.host_lost = 1;
+    assert_int_equal(sp_reduce_sandbox(&s, f, ++seq, reason), 0);
+    assert_int_equal(s.state, SP_SBX_FAILED);
+    assert_string_equal(s.failure_reason, "worker_lost");
+    assert_string_equal(s.worker, "");
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETED, NULL), 0);
+    sp_sandbox_dispose(&s);
+}
+
 /* Connections let out count as activity (idle auto-suspend looks at it). */
 static void test_egress_is_activity(void **state)
 {
@@ -260,6 +294,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full_lifecycle),
         cmocka_unit_test(test_egress_is_activity),
+        cmocka_unit_test(test_failed_host_lost),
         cmocka_unit_test(test_refusals_leave_row_untouched),
         cmocka_unit_test(test_worker_heartbeats),
     };
