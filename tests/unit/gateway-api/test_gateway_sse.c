@@ -229,7 +229,8 @@ static void test_one_write_in_flight(void **state)
     gw_sse_dispose(&o.sse);
 }
 
-/* gw_sse_end: everything queued is written first, then the end; closed runs once. */
+/* gw_sse_end: everything queued is written first, then the end, and the connection is kept;
+ * closed runs once. */
 static void test_end_after_queued(void **state)
 {
     (void)state;
@@ -243,7 +244,8 @@ static void test_end_after_queued(void **state)
     assert_int_equal(o.closed, 0);
     proceed();
     assert_string_equal(fake.sent.data, "a|last|FINAL");
-    assert_int_equal(req.http1_is_persistent, 0);
+    /* The headers promised keep-alive: the connection stays for the client's next request. */
+    assert_int_equal(req.http1_is_persistent, 1);
     assert_int_equal(o.closed, 1);
     assert_int_equal(o.written, 1); /* not after the end */
     assert_int_equal(gw.metrics.streams, 0);
