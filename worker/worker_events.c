@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "daemon.h"
+#include "db.h"
 #include "error.h"
 #include "ids.h"
 #include "log.h"
@@ -23,6 +24,9 @@
 #include "xmalloc.h"
 
 #define FACTS_FIRST_MS 5000
+/* A placement is normally taken within milliseconds; one older than this waited for a worker
+ * that was away, and the log may have given up on the sandbox meanwhile. */
+#define STALE_PLACEMENT_US (2 * 1000000LL)
 
 wk_box_t *wk_owned_add(wk_t *w, const char *id, const char *tenant, const char *tmpl, uint32_t vcpu,
                        uint32_t memory_mb)
@@ -199,6 +203,37 @@ int wk_publish_fact(wk_t *w, sp_envelope_t *env, const char *prefix, const char 
     return rc;
 }
 
+/* Whether a placement that waited for this worker is still wanted: not when the log has the
+ * sandbox failed or deleted (the scheduler's lost-worker controller gave up on it while this
+ * worker was away) or on another worker (placed again elsewhere). Anything else, the database
+ * unreachable included, goes ahead as before: the log refuses facts it cannot take. */
+static bool placement_wanted(wk_t *w, const sp_envelope_t *ev)
+{
+    if (sp_now_us() - ev->occurred_at_us < STALE_PLACEMENT_US)
+        return true;
+    PGconn *db = NULL;
+    if (sp_db_connect(w->cfg->pg_url, "space-worker", 5000, &db) < 0) {
+        PQfinish(db);
+        return true;
+    }
+    const char *p[1] = {ev->aggregate->id};
+    PGresult *r = PQexecParams(db, "SELECT state, worker FROM sandboxes WHERE id = $1", 1, NULL, p,
+                               NULL, NULL, 0);
+    bool wanted = true;
+    if (sp_db_check(r, PGRES_TUPLES_OK) == 0 && PQntuples(r) == 1) {
+        const char *state = PQgetvalue(r, 0, 0), *owner = PQgetvalue(r, 0, 1);
+        wanted = strcmp(state, "failed") != 0 && strcmp(state, "deleted") != 0 &&
+                 (!owner[0] || strcmp(owner, w->cfg->id) == 0);
+        if (!wanted)
+            sp_log(SP_LOG_WARN, "placement given up by the log: not acted on",
+                   SP_KS("sandbox", ev->aggregate->id), SP_KS("state", state),
+                   SP_KS("worker", owner), SP_KS("corr", ev->correlation_id));
+    }
+    PQclear(r);
+    PQfinish(db);
+    return wanted;
+}
+
 static int on_placed(wk_t *w, const sp_envelope_t *ev)
 {
     const Space__V1__SandboxPlaced *p = ev->sandbox_placed;
@@ -215,6 +250,8 @@ static int on_placed(wk_t *w, const sp_envelope_t *ev)
     }
     if (wk_owned_has(w, sbx))
         return 0; /* created before: a redelivery */
+    if (!placement_wanted(w, ev))
+        return 0;
     if (!p->request)
         return wk_on_resume_placed(w, ev); /* a suspended sandbox, placed here to resume */
     wk_sandbox_spec_t spec = {

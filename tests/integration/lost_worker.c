@@ -1,8 +1,9 @@
 /* The scheduler's lost-worker controller on a real stack (eventlog, scheduler, worker,
  * gateway; worker-lost-s = 4 here): the worker is killed -9 and stays away. Its running and
- * paused sandboxes fail with worker_lost and are deleted by the scheduler (the API answers
- * 204); a suspended one is not touched. The worker is marked stopped. When it comes back it
- * releases what was left on its host, is up again, and the suspended sandbox resumes on it. */
+ * paused sandboxes, and a create placed on it after its death, fail with worker_lost; a
+ * deletion is answered by the scheduler (204); a suspended sandbox is not touched. The worker
+ * is marked stopped. When it comes back it releases what was left on its host, does not start
+ * the create it finds waiting, is up again, and the suspended sandbox resumes on it. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -59,8 +60,20 @@ static void test_lost_worker(void **state)
     assert_string_equal(st, "running ");
 
     sp_test_daemon_kill9("space-worker");
-    const char *lost[] = {running, paused};
-    for (int k = 0; k < 2; k++) {
+    /* A create placed on it in the seconds it still looks live: never started. */
+    assert_int_equal(sp_test_space("create tiny > /dev/null 2>&1 &"), 0);
+    char placed[64] = "";
+    for (int i = 0; i < 100 && !placed[0]; i++) {
+        PGresult *r = PQexec(db, "SELECT id FROM sandboxes WHERE state = 'placed'");
+        if (PQntuples(r) == 1)
+            snprintf(placed, sizeof(placed), "%s", PQgetvalue(r, 0, 0));
+        PQclear(r);
+        usleep(50 * 1000);
+    }
+    if (!placed[0])
+        fail_msg("the create was not placed on the dead worker");
+    const char *lost[] = {running, paused, placed};
+    for (int k = 0; k < 3; k++) {
         for (int i = 0; i < 300; i++) {
             state_of(db, lost[k], st, sizeof(st));
             if (strcmp(st, "failed worker_lost") == 0)
@@ -69,7 +82,7 @@ static void test_lost_worker(void **state)
         }
         assert_string_equal(st, "failed worker_lost");
     }
-    print_message("running and paused sandboxes failed with worker_lost\n");
+    print_message("running, paused and placed sandboxes failed with worker_lost\n");
     assert_int_equal(sp_test_db_wait_scalar(db,
                                             "SELECT count(*) FROM workers WHERE state = 'stopped' "
                                             "AND id = 'it-lost_worker'",
@@ -111,6 +124,11 @@ static void test_lost_worker(void **state)
     assert_int_equal(c.status, 200);
     assert_string_equal(c.stdout_s, "back\n");
     sp_test_cmd_free(&c);
+    /* Its placement came back to it and was not acted on: the log had given up on it. */
+    assert_false(held(placed));
+    assert_int_equal(sp_test_events(db, placed, "SandboxStarted", NULL), 0);
+    state_of(db, placed, st, sizeof(st));
+    assert_string_equal(st, "failed worker_lost");
     PQfinish(db);
 }
 
