@@ -258,8 +258,7 @@ int replay_check_filters(const replay_config_t *cfg)
         return replay_bad_option("tenant", cfg->tenant, "not a tenant id");
     if (cfg->sandbox[0] && !sp_id_valid(cfg->sandbox))
         return replay_bad_option("sandbox", cfg->sandbox, "not a sandbox id");
-    if (cfg->type[0] &&
-        sp_event_type_from_name(cfg->type) == SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET)
+    if (cfg->type[0] && sp_event_type_from_name(cfg->type) == SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET)
         return replay_bad_option("type", cfg->type, "not an event type (SandboxPlaced, ...)");
     if (cfg->since && cfg->until && cfg->since > cfg->until) {
         fprintf(stderr, "space-replay: --since %" PRId64 " is after --until %" PRId64 "\n",

@@ -166,8 +166,7 @@ static int diff_table(rebuild_t *rb, const char *schema, const char *table)
     /* One (column, live, rebuilt) triple per column, as text, compared NULL-safely. */
     sp_buf_reset(&sql);
     sp_buf_puts(&sql, "SELECT l.id, v.col, v.lv, v.rv FROM public.");
-    sp_buf_printf(&sql, "%s l JOIN %s.%s r ON l.id = r.id CROSS JOIN LATERAL (VALUES ", qt, qs,
-                  qt);
+    sp_buf_printf(&sql, "%s l JOIN %s.%s r ON l.id = r.id CROSS JOIN LATERAL (VALUES ", qt, qs, qt);
     for (int i = 0; i < PQntuples(cols); i++) {
         const char *name = PQgetvalue(cols, i, 0);
         char *qc = PQescapeIdentifier(db, name, strlen(name));

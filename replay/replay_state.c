@@ -29,15 +29,17 @@ static int fold_page(replay_event_t *evs, size_t n, void *arg)
     char reason[SP_REASON_MAX];
     for (size_t i = 0; i < n; i++) {
         if (!evs[i].env) {
-            fprintf(stderr, "space-replay: stream_seq %" PRIu64 " is accepted but does not "
-                            "decode: %s\n",
+            fprintf(stderr,
+                    "space-replay: stream_seq %" PRIu64 " is accepted but does not "
+                    "decode: %s\n",
                     evs[i].seq, evs[i].decode_error);
             f->code = REPLAY_EBROKEN;
             continue;
         }
         if (sp_projection_apply(f->proj, evs[i].env, evs[i].seq, reason) < 0) {
-            fprintf(stderr, "space-replay: stream_seq %" PRIu64 " was accepted but the reducer "
-                            "now refuses it: %s\n",
+            fprintf(stderr,
+                    "space-replay: stream_seq %" PRIu64 " was accepted but the reducer "
+                    "now refuses it: %s\n",
                     evs[i].seq, reason);
             f->code = REPLAY_EBROKEN;
         }
