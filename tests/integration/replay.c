@@ -66,16 +66,6 @@ static void wait_state(const char *id, const char *state)
     assert_int_equal(sp_test_db_wait_scalar(db, sql, 1, 30000), 1);
 }
 
-static void now_rfc3339(char *buf, size_t len)
-{
-    struct timespec ts;
-    struct tm tm;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    gmtime_r(&ts.tv_sec, &tm);
-    snprintf(buf, len, "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ", tm.tm_year + 1900, tm.tm_mon + 1,
-             tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000);
-}
-
 static int setup(void **state)
 {
     char st[64], path[128];
@@ -95,7 +85,12 @@ static int setup(void **state)
     wait_state(kept, "running");
     /* An instant with the log on both sides of it. */
     usleep(300 * 1000);
-    now_rfc3339(mid_time, sizeof(mid_time));
+    /* The database's clock: the one stored_at is read from. */
+    PGresult *now = PQexec(db, "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC',"
+                               " 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')");
+    assert_int_equal(PQresultStatus(now), PGRES_TUPLES_OK);
+    snprintf(mid_time, sizeof(mid_time), "%s", PQgetvalue(now, 0, 0));
+    PQclear(now);
     usleep(300 * 1000);
     snprintf(path, sizeof(path), "/v1/sandboxes/%s", gone);
     sp_test_http(port, "DELETE", path, key, NULL, NULL, 0, &r);
