@@ -71,11 +71,16 @@ typedef struct {
 typedef struct {
     uint64_t seq;
     bool accepted;
+    const char *status; /* the column as stored: "accepted", "rejected" */
     const char *reject_reason;
+    const char *subject;
     const char *event_id, *type, *aggregate_kind, *aggregate_id, *tenant, *actor;
     const char *correlation_id, *causation_id;
     bool has_occurred_at;
     int64_t occurred_at_us, stored_at_us;
+    bool has_schema_version;
+    int64_t schema_version;
+    bool hashes_ok; /* prev_hash and hash are 32 bytes each (else they read as zero) */
     uint8_t prev_hash[32], hash[32];
     const uint8_t *payload;
     size_t payload_len;

@@ -33,6 +33,9 @@ enum {
     C_PREV,
     C_HASH,
     C_PAYLOAD,
+    C_STATUS,
+    C_SUBJECT,
+    C_VERSION,
 };
 
 /* Binary results: integers come back big-endian, text as its bytes, bytea as raw bytes. A
@@ -42,7 +45,7 @@ static const char walk_sql[] =
     " aggregate_kind, aggregate_id, tenant, actor,"
     " (extract(epoch from occurred_at) * 1000000)::bigint,"
     " (extract(epoch from stored_at) * 1000000)::bigint, correlation_id, causation_id::text,"
-    " prev_hash, hash, payload FROM events"
+    " prev_hash, hash, payload, status, subject, schema_version::bigint FROM events"
     " WHERE stream_seq > $1::bigint AND stream_seq <= $2::bigint"
     " AND ($3::text IS NULL OR tenant = $3)"
     " AND ($4::text IS NULL OR aggregate_kind = $4)"
@@ -63,11 +66,14 @@ static int64_t i64_col(PGresult *r, int row, int c)
                : sp_db_get_i64(PQgetvalue(r, row, c));
 }
 
-static void hash_col(PGresult *r, int row, int c, uint8_t out[32])
+/* 0, or -1 when the column is not 32 bytes (out is then zero). */
+static int hash_col(PGresult *r, int row, int c, uint8_t out[32])
 {
     memset(out, 0, 32);
-    if (!PQgetisnull(r, row, c) && PQgetlength(r, row, c) == 32)
-        memcpy(out, PQgetvalue(r, row, c), 32);
+    if (PQgetisnull(r, row, c) || PQgetlength(r, row, c) != 32)
+        return -1;
+    memcpy(out, PQgetvalue(r, row, c), 32);
+    return 0;
 }
 
 static const char *nonempty(const char *s)
@@ -79,6 +85,10 @@ static void fill_event(PGresult *r, int row, replay_event_t *ev)
 {
     ev->seq = (uint64_t)i64_col(r, row, C_SEQ);
     ev->accepted = PQgetlength(r, row, C_ACCEPTED) == 1 && PQgetvalue(r, row, C_ACCEPTED)[0];
+    ev->status = PQgetvalue(r, row, C_STATUS);
+    ev->subject = PQgetvalue(r, row, C_SUBJECT);
+    ev->has_schema_version = !PQgetisnull(r, row, C_VERSION);
+    ev->schema_version = i64_col(r, row, C_VERSION);
     ev->reject_reason = text_col(r, row, C_REASON);
     ev->event_id = text_col(r, row, C_EVENT_ID);
     ev->type = text_col(r, row, C_TYPE);
@@ -91,8 +101,8 @@ static void fill_event(PGresult *r, int row, replay_event_t *ev)
     ev->stored_at_us = i64_col(r, row, C_STORED_US);
     ev->correlation_id = text_col(r, row, C_CORR);
     ev->causation_id = text_col(r, row, C_CAUSE);
-    hash_col(r, row, C_PREV, ev->prev_hash);
-    hash_col(r, row, C_HASH, ev->hash);
+    ev->hashes_ok =
+        hash_col(r, row, C_PREV, ev->prev_hash) == 0 && hash_col(r, row, C_HASH, ev->hash) == 0;
     ev->payload = (const uint8_t *)PQgetvalue(r, row, C_PAYLOAD);
     ev->payload_len = (size_t)PQgetlength(r, row, C_PAYLOAD);
     ev->env = NULL;
