@@ -2,6 +2,7 @@
 #include "db.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -9,6 +10,7 @@
 #include "error.h"
 #include "ids.h"
 #include "log.h"
+#include "xmalloc.h"
 
 /* pg_advisory_xact_lock key for migrations: "SPACEMIG" as an int8. */
 #define MIGRATION_LOCK_KEY "6003360185432762695"
@@ -116,6 +118,47 @@ int sp_db_migrate(PGconn *conn)
     return current;
 fail:
     sp_db_exec(conn, "ROLLBACK");
+    return rc;
+}
+
+/* search_path as a transaction-local setting: set_config(..., true). */
+static int set_search_path(PGconn *conn, const char *value)
+{
+    const char *params[1] = {value};
+    PGresult *res = PQexecParams(conn, "SELECT set_config('search_path', $1, true)", 1, NULL,
+                                 params, NULL, NULL, 0);
+    int rc = sp_db_check(res, PGRES_TUPLES_OK);
+    PQclear(res);
+    return rc;
+}
+
+int sp_db_create_schema(PGconn *conn, const char *schema)
+{
+    char *quoted = PQescapeIdentifier(conn, schema, strlen(schema));
+    char *saved = NULL;
+    char sql[256];
+    int rc = SP_EDB;
+
+    if (!quoted)
+        return SP_EDB;
+    PGresult *res = PQexec(conn, "SELECT current_setting('search_path')");
+    if (sp_db_check(res, PGRES_TUPLES_OK) == 0 && PQntuples(res) == 1)
+        saved = sp_xstrdup(PQgetvalue(res, 0, 0));
+    PQclear(res);
+    if (!saved || snprintf(sql, sizeof(sql), "CREATE SCHEMA %s", quoted) >= (int)sizeof(sql))
+        goto out;
+    /* The migrations name their tables without a schema: they land in the first one on the
+     * path. */
+    if ((rc = sp_db_exec(conn, sql)) < 0 || (rc = set_search_path(conn, quoted)) < 0)
+        goto out;
+    for (size_t i = 0; i < sp_db_n_migrations && rc >= 0; i++)
+        rc = sp_db_exec(conn, sp_db_migrations[i].sql);
+    int restored = set_search_path(conn, saved);
+    if (rc >= 0)
+        rc = restored;
+out:
+    free(saved);
+    PQfreemem(quoted);
     return rc;
 }
 

@@ -11,6 +11,10 @@
 #include "log.h"
 #include "xmalloc.h"
 
+const char *const sp_projection_tables[] = {"sandboxes", "workers"};
+const size_t sp_projection_n_tables =
+    sizeof(sp_projection_tables) / sizeof(sp_projection_tables[0]);
+
 /* Open-addressing map from id to row index; ids are short and batches small. */
 typedef struct {
     uint32_t *slots; /* index + 1; 0 = empty */

@@ -1,19 +1,111 @@
-/* space-replay subcommands. Each returns the process exit code. */
+/* space-replay: subcommands over the event log, and what they share (replay_log.c).
+ *
+ * Exit codes, for every subcommand:
+ *   0  done: the chain is intact (verify), the projections match the log (rebuild)
+ *   1  usage or database error (a message on stderr)
+ *   2  the log disagrees with itself: a broken chain (verify), an accepted event that does
+ *      not decode or that the reducers now refuse (timeline, state)
+ *   3  rebuild: the rebuilt projections differ from the live ones (each difference printed)
+ */
 #ifndef SPACE_REPLAY_H
 #define SPACE_REPLAY_H
 
 #include <libpq-fe.h>
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "envelope.h"
+
+enum {
+    REPLAY_OK = 0,
+    REPLAY_EUSAGE = 1,
+    REPLAY_EBROKEN = 2,
+    REPLAY_EDIFF = 3,
+};
 
 typedef struct {
     char *pg_url;
     bool json;
     char *sandbox;
     int64_t page;
+    /* export */
+    int64_t since, until; /* stream_seq bounds, inclusive; 0 = none */
+    char *tenant;
+    char *type;
+    /* state */
+    char *at;
+    int64_t at_seq;
+    bool all;
+    /* rebuild */
+    char *schema;
+    bool keep;
 } replay_config_t;
 
-/* Exit codes: 0 chain intact, 1 usage or database error, 2 chain broken. */
+/* The checks of a subcommand's options, run before connecting: 0, or REPLAY_EUSAGE after
+ * saying on stderr what is wrong. The subcommands assume their check passed. */
+int replay_check_filters(const replay_config_t *cfg); /* export */
+/* Says on stderr that --option value (escaped) is bad and why; returns REPLAY_EUSAGE. */
+int replay_bad_option(const char *option, const char *value, const char *what);
+int replay_state_check(const replay_config_t *cfg);
+int replay_rebuild_check(const replay_config_t *cfg);
+
 int replay_verify(PGconn *db, const replay_config_t *cfg);
 int replay_timeline(PGconn *db, const replay_config_t *cfg);
+int replay_export(PGconn *db, const replay_config_t *cfg);
+int replay_state(PGconn *db, const replay_config_t *cfg);
+int replay_rebuild(PGconn *db, const replay_config_t *cfg);
+
+/* Which stored events a walk visits. Strings are borrowed; NULL or "" = any. */
+typedef struct {
+    uint64_t since, until; /* inclusive stream_seq bounds; 0 = none */
+    const char *tenant;
+    const char *aggregate_kind; /* "sandbox", "worker" */
+    const char *aggregate_id;
+    const char *type;
+    bool accepted_only;
+} replay_filter_t;
+
+/* One stored event. Text columns are NULL where the row has NULL (a row whose payload did not
+ * decode has no envelope columns). Everything is borrowed for the duration of the callback. */
+typedef struct {
+    uint64_t seq;
+    bool accepted;
+    const char *status; /* the column as stored: "accepted", "rejected" */
+    const char *reject_reason;
+    const char *subject;
+    const char *event_id, *type, *aggregate_kind, *aggregate_id, *tenant, *actor;
+    const char *correlation_id, *causation_id;
+    bool has_occurred_at;
+    int64_t occurred_at_us, stored_at_us;
+    bool has_schema_version;
+    int64_t schema_version;
+    bool hashes_ok; /* prev_hash and hash are 32 bytes each (else they read as zero) */
+    uint8_t prev_hash[32], hash[32];
+    const uint8_t *payload;
+    size_t payload_len;
+    sp_envelope_t *env; /* decoded and validated payload, NULL when it is not */
+    char decode_error[SP_REASON_MAX];
+} replay_event_t;
+
+/* Called once per page of at most `page` events, in stream order; a negative return stops the
+ * walk and is returned by replay_walk. */
+typedef int (*replay_page_fn)(replay_event_t *events, size_t n, void *arg);
+
+/* Visits the events f selects, in stream_seq order, `page` rows per query (keyset paging, so
+ * memory stays constant whatever the log's size). Run it inside a REPEATABLE READ transaction
+ * to see one snapshot. Returns 0, the callback's negative return, or SP_EDB (the message is
+ * in PQerrorMessage(db)). */
+int replay_walk(PGconn *db, const replay_filter_t *f, int64_t page, replay_page_fn fn, void *arg);
+
+/* Starts the snapshot a subcommand reads (and, for rebuild, writes) in. */
+int replay_begin(PGconn *db, bool read_only);
+
+/* RFC 3339 UTC with microseconds ("2026-11-30T11:09:00.123456Z") of microseconds since the
+ * epoch, into out (at least 32 bytes). */
+void replay_format_time(char *out, size_t len, int64_t us);
+/* Strict RFC 3339 date-time (section 5.6: "T" or "t", fraction optional, "Z" or an offset),
+ * or "now", into microseconds since the epoch. -EINVAL otherwise. */
+int replay_parse_time(const char *s, int64_t *ret_us);
 
 #endif

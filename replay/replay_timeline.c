@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "buf.h"
 #include "db.h"
@@ -13,16 +12,6 @@
 #include "ids.h"
 #include "reduce.h"
 #include "replay.h"
-
-static void fmt_time(char *out, size_t len, int64_t us)
-{
-    time_t sec = (time_t)(us / 1000000);
-    struct tm tm;
-    char base[32];
-    gmtime_r(&sec, &tm);
-    strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(out, len, "%s.%06lldZ", base, (long long)(us % 1000000));
-}
 
 /* The payload alone, as JSON: the envelope rendering minus the header fields. */
 static void payload_json(const sp_envelope_t *e, sp_buf_t *out)
@@ -96,7 +85,7 @@ int replay_timeline(PGconn *db, const replay_config_t *cfg)
                     seq, reason);
             code = 2;
         }
-        fmt_time(when, sizeof(when), e->occurred_at_us);
+        replay_format_time(when, sizeof(when), e->occurred_at_us);
         sp_buf_reset(&line);
         if (cfg->json) {
             sp_buf_printf(&line, "{\"seq\":%" PRIu64 ",\"status\":", seq);

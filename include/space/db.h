@@ -21,6 +21,10 @@
 int sp_db_connect(const char *url, const char *application_name, int timeout_ms, PGconn **ret_conn);
 /* Applies pending migrations. Returns the schema version now in force. */
 int sp_db_migrate(PGconn *conn);
+/* Creates schema and applies every migration inside it: a scratch copy of the tables, made by
+ * the same DDL (space-replay rebuilds the projections there). Run it inside a transaction;
+ * the session's search_path is as before on return. Errors: SP_EDB (the schema exists, ...). */
+int sp_db_create_schema(PGconn *conn, const char *schema);
 /* The highest migration version compiled in. */
 int sp_db_schema_version(void);
 

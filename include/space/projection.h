@@ -18,6 +18,10 @@
 
 typedef struct sp_projection sp_projection_t;
 
+/* The tables sp_projection_flush writes, each keyed by its text column "id". */
+extern const char *const sp_projection_tables[];
+extern const size_t sp_projection_n_tables;
+
 sp_projection_t *sp_projection_new(const char *schema);
 void sp_projection_free(sp_projection_t *p);
 void sp_projection_clear(sp_projection_t *p);
