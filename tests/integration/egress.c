@@ -1093,6 +1093,21 @@ static void test_suspend_with_connections(void **state)
         fail_msg("echo after the resume: %s", out);
 }
 
+/* A sandbox whose suspend was refused is still running and runs commands. */
+static void runs_after_refusal(const char *id)
+{
+    char path[128], out[256];
+    sp_test_http_resp_t r;
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
+    sp_test_http(port, "GET", path, key, NULL, NULL, 0, &r);
+    if (r.status != 200 || !strstr(r.body, "\"state\":\"running\""))
+        fail_msg("after the refused suspend: %d %s", r.status, r.body);
+    sp_test_http_free(&r);
+    run(id, out, sizeof(out), "echo alive");
+    if (!strstr(out, "alive"))
+        fail_msg("a command after the refused suspend: %s", out);
+}
+
 /* Both ends close at about the same time: nc half-closes right after its line, and the echo
  * server closes right after answering ("now"), so egressd may learn of the upstream's end
  * while the guest's FIN is still unread or on its way. The sandbox must never be lost: the
@@ -1116,14 +1131,7 @@ static void test_suspend_after_closes_cross(void **state)
             print_message("round %d: refused: %s\n", round, r.body);
             sp_test_http_free(&r);
             refused++;
-            snprintf(path, sizeof(path), "/v1/sandboxes/%s", sd);
-            sp_test_http(port, "GET", path, key, NULL, NULL, 0, &r);
-            if (r.status != 200 || !strstr(r.body, "\"state\":\"running\""))
-                fail_msg("round %d: after the refusal: %d %s", round, r.status, r.body);
-            sp_test_http_free(&r);
-            run(sd, out, sizeof(out), "echo alive");
-            if (!strstr(out, "alive"))
-                fail_msg("round %d: a command after the refusal: %s", round, out);
+            runs_after_refusal(sd);
             delete_sandbox(sd);
             create(sd, POLICY_A);
             continue;
@@ -1186,11 +1194,7 @@ static void test_suspend_refused_for_time_wait(void **state)
     run(sd, out, sizeof(out), "sleep 0.5; ps | grep -c '[n]c " ECHO_IP "'");
     if (strtol(out, NULL, 10) != 1)
         fail_msg("the open connection did not outlive the refused suspend: %s", out);
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s", sd);
-    sp_test_http(port, "GET", path, key, NULL, NULL, 0, &r);
-    if (r.status != 200 || !strstr(r.body, "\"state\":\"running\""))
-        fail_msg("after the refusal: %d %s", r.status, r.body);
-    sp_test_http_free(&r);
+    runs_after_refusal(sd);
     run(sd, out, sizeof(out), "echo again | nc -w 3 " ECHO_IP " 7777");
     if (!strstr(out, "echo:again"))
         fail_msg("the network after the refusal: %s", out);

@@ -161,6 +161,26 @@ static void test_full_lifecycle(void **state)
     sp_sandbox_dispose(&s);
 }
 
+/* Requested, placed on w1, started there. */
+static void make_running(sp_sandbox_t *s, uint64_t *seq)
+{
+    ev_t e;
+    char reason[SP_REASON_MAX];
+    sp_sandbox_init(s, "sbx_a");
+    assert_int_equal(
+        sp_reduce_sandbox(s, ev(&e, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED, NULL),
+                          ++*seq, reason),
+        0);
+    assert_int_equal(sp_reduce_sandbox(s, ev(&e, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED, "w1"),
+                                       ++*seq, reason),
+                     0);
+    assert_int_equal(sp_reduce_sandbox(s,
+                                       ev(&e, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED, "w1"),
+                                       ++*seq, reason),
+                     0);
+    assert_int_equal(s->state, SP_SBX_RUNNING);
+}
+
 /* A worker failure keeps the sandbox on its worker (the worker releases it); a lost host
  * (host_lost, from the lost-worker controller) takes it off, so its delete goes to the
  * scheduler. */
@@ -170,20 +190,14 @@ static void test_failed_host_lost(void **state)
     ev_t e;
     char reason[SP_REASON_MAX];
     uint64_t seq = 0;
-    sp_sandbox_init(&s, "sbx_a");
-    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED, NULL), 0);
-    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED, "w1"), 0);
-    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED, "w1"), 0);
+    make_running(&s, &seq);
     assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_FAILED, NULL), 0);
     assert_int_equal(s.state, SP_SBX_FAILED);
     assert_string_equal(s.worker, "w1");
     sp_sandbox_dispose(&s);
 
-    sp_sandbox_init(&s, "sbx_a");
     seq = 0;
-    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED, NULL), 0);
-    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED, "w1"), 0);
-    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED, "w1"), 0);
+    make_running(&s, &seq);
     sp_envelope_t *f = ev(&e, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_FAILED, NULL);
     e.p.failed.reason = "worker_lost";
     e.p.failed.host_lost = 1;
@@ -202,10 +216,7 @@ static void test_egress_is_activity(void **state)
     ev_t e;
     char reason[SP_REASON_MAX];
     uint64_t seq = 0;
-    sp_sandbox_init(&s, "sbx_a");
-    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED, NULL), 0);
-    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED, "w1"), 0);
-    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED, "w1"), 0);
+    make_running(&s, &seq);
     int64_t before = s.last_activity_us;
     sp_envelope_t *env = ev(&e, SPACE__V1__ENVELOPE__PAYLOAD_EGRESS_ALLOWED, NULL);
     env->occurred_at_us = before + 5000000;
