@@ -159,6 +159,59 @@ static int host_port(const char *s, size_t n, char out[254], uint16_t *port)
     return host_copy(s, hn, out);
 }
 
+/* RFC 9112 3.2: which of the four forms t is, and the authority of the two that have one.
+ * A fragment ('#') belongs to no form: a client never sends one (RFC 9110 4.2.4). */
+static int parse_target(const char *t, size_t n, sp_http_head_t *h)
+{
+    if (n == 0 || memchr(t, '#', n))
+        return -EINVAL;
+    if (t[0] == '/') {
+        h->target_form = SP_TARGET_ORIGIN;
+        return 0;
+    }
+    if (n == 1 && t[0] == '*') {
+        h->target_form = SP_TARGET_ASTERISK;
+        return 0;
+    }
+    const char *end = t + n, *sep = NULL;
+    for (const char *p = t; p + 3 <= end && *p != '/'; p++) {
+        if (p[0] == ':' && p[1] == '/' && p[2] == '/') {
+            sep = p;
+            break;
+        }
+    }
+    if (!sep) {
+        /* authority-form: a name and a port, nothing else. */
+        if (host_port(t, n, h->target_host, &h->target_port) < 0 || h->target_port == 0)
+            return -EINVAL;
+        h->target_form = SP_TARGET_AUTHORITY;
+        return 0;
+    }
+    size_t sl = (size_t)(sep - t);
+    if (sl == 4 && strncasecmp(t, "http", 4) == 0)
+        h->target_https = false;
+    else if (sl == 5 && strncasecmp(t, "https", 5) == 0)
+        h->target_https = true;
+    else
+        return -EINVAL;
+    const char *a = sep + 3, *ae = a;
+    while (ae < end && *ae != '/' && *ae != '?')
+        ae++;
+    /* userinfo "@" host: the last '@' ends it (no '@' is left unencoded in a userinfo). */
+    for (const char *p = ae; p > a; p--) {
+        if (p[-1] == '@') {
+            h->target_userinfo = true;
+            a = p;
+            break;
+        }
+    }
+    if (host_port(a, (size_t)(ae - a), h->target_host, &h->target_port) < 0)
+        return -EINVAL;
+    h->path_off = (size_t)(ae - t);
+    h->target_form = SP_TARGET_ABSOLUTE;
+    return 0;
+}
+
 int sp_http_request_head(const uint8_t *buf, size_t len, sp_http_head_t *ret, const char **why)
 {
     sp_http_head_t h;
@@ -211,12 +264,13 @@ int sp_http_request_head(const uint8_t *buf, size_t len, sp_http_head_t *ret, co
                   (memcmp(sp2 + 1, "HTTP/1.1", 8) == 0 || memcmp(sp2 + 1, "HTTP/1.0", 8) == 0)))
                 return bad(why, "not HTTP/1.0 or HTTP/1.1");
             h.http10 = sp2[8] == '0';
-            if (tl >= sizeof(h.target))
-                return bad(why, "request target too long");
             for (size_t i = 0; i < tl; i++)
                 if ((unsigned char)sp1[1 + i] <= 0x20 || sp1[1 + i] == 0x7f)
                     return bad(why, "control character in the request target");
-            memcpy(h.target, sp1 + 1, tl);
+            h.target_off = (size_t)(sp1 + 1 - s);
+            h.target_len = tl;
+            if (parse_target(sp1 + 1, tl, &h) < 0)
+                return bad(why, "request target of no known form");
             h.is_connect = strcmp(h.method, "CONNECT") == 0;
         } else {
             if (lines > SP_HTTP_HEADERS_MAX + 1)
@@ -276,6 +330,54 @@ int sp_http_request_head(const uint8_t *buf, size_t len, sp_http_head_t *ret, co
         return bad(why, "no Host");
     *ret = h;
     return SP_PARSE_OK;
+}
+
+const char *sp_http_target_refusal(const sp_http_head_t *hh, bool https, uint16_t port)
+{
+    if (hh->is_connect)
+        return hh->target_form == SP_TARGET_AUTHORITY ? NULL : "bad_connect_target";
+    switch (hh->target_form) {
+    case SP_TARGET_ORIGIN:
+        return NULL;
+    case SP_TARGET_ASTERISK:
+        return strcmp(hh->method, "OPTIONS") == 0 ? NULL : "asterisk_not_options";
+    case SP_TARGET_AUTHORITY:
+        return "authority_form_not_connect";
+    case SP_TARGET_ABSOLUTE:
+        break;
+    }
+    if (hh->target_https != https)
+        return "target_scheme_mismatch";
+    if (hh->target_userinfo)
+        return "target_userinfo";
+    if (strcmp(hh->target_host, hh->host) != 0)
+        return "target_host_mismatch";
+    uint16_t dflt = https ? 443 : 80;
+    uint16_t tp = hh->target_port ? hh->target_port : dflt;
+    uint16_t hp = hh->host_port ? hh->host_port : dflt;
+    if (tp != hp || tp != port)
+        return "target_port_mismatch";
+    return NULL;
+}
+
+size_t sp_http_head_forward(const uint8_t *head, const sp_http_head_t *hh, uint8_t *out)
+{
+    if (hh->target_form != SP_TARGET_ABSOLUTE) {
+        memcpy(out, head, hh->head_len);
+        return hh->head_len;
+    }
+    size_t n = hh->target_off;
+    memcpy(out, head, n);
+    const uint8_t *path = head + hh->target_off + hh->path_off;
+    size_t pl = hh->target_len - hh->path_off;
+    /* An empty path is "/" (RFC 9112 3.2.1); so is one that starts with the query. */
+    if (pl == 0 || path[0] != '/')
+        out[n++] = '/';
+    memcpy(out + n, path, pl);
+    n += pl;
+    size_t rest = hh->target_off + hh->target_len;
+    memcpy(out + n, head + rest, hh->head_len - rest);
+    return n + hh->head_len - rest;
 }
 
 /* ---- chunked bodies (RFC 9112 7.1) ---- */

@@ -34,6 +34,14 @@ typedef enum {
     SP_UPGRADE_OTHER,     /* anything else (h2c, a list, ...) */
 } sp_upgrade_t;
 
+/* The form of a request's target (RFC 9112 3.2). */
+typedef enum {
+    SP_TARGET_ORIGIN = 0, /* "/path?query" */
+    SP_TARGET_ABSOLUTE,   /* "http://host[:port]/path?query" (proxy requests, RFC 9112 3.2.2) */
+    SP_TARGET_AUTHORITY,  /* "host:port" (CONNECT only, RFC 9112 3.2.3) */
+    SP_TARGET_ASTERISK,   /* "*" (OPTIONS only, RFC 9112 3.2.4) */
+} sp_target_form_t;
+
 typedef struct {
     char method[16];
     char host[254];         /* Host without port, lowercase */
@@ -44,7 +52,15 @@ typedef struct {
     bool is_connect;
     bool http10;          /* HTTP/1.0 (else HTTP/1.1) */
     sp_upgrade_t upgrade; /* what an Upgrade field asks for */
-    char target[512];     /* CONNECT: host:port */
+    sp_target_form_t target_form;
+    bool target_https;     /* absolute-form: the scheme is https (else http) */
+    bool target_userinfo;  /* absolute-form: the authority has "user@" */
+    char target_host[254]; /* absolute- and authority-form: the host, lowercase */
+    uint16_t target_port;  /* absolute-form: 0 when the authority has none; authority-form: set */
+    size_t target_off;     /* where the request target starts in the head ... */
+    size_t target_len;     /* ... and its length */
+    size_t path_off;       /* absolute-form: where its path starts, from target_off (may equal
+                            * target_len: an empty path, which is "/") */
 } sp_http_head_t;
 
 /* RFC 9112: request line, header fields, empty line, all CRLF-terminated. Refused: bare LF or
@@ -53,8 +69,30 @@ typedef struct {
  * or repeated, Content-Length together with Transfer-Encoding, any Transfer-Encoding other
  * than exactly "chunked", Transfer-Encoding in an HTTP/1.0 request (RFC 9112 6.1: its framing
  * is faulty), more than one Upgrade field, more than SP_HTTP_HEADERS_MAX fields, HTTP versions
- * other than 1.0 and 1.1. SP_PARSE_OK, SP_PARSE_MORE, or -EINVAL with why (a static string). */
+ * other than 1.0 and 1.1; a request target that is none of the four forms: origin-form,
+ * absolute-form with scheme http or https (any case) and an authority that is a DNS
+ * name[:port] (with or without userinfo, which is flagged), authority-form (a DNS name and a
+ * port), or "*". Which form a method may use is sp_http_target_refusal's business.
+ * SP_PARSE_OK, SP_PARSE_MORE, or -EINVAL with why (a static string). */
 int sp_http_request_head(const uint8_t *buf, size_t len, sp_http_head_t *ret, const char **why);
+
+/* Whether a parsed request's target may go, as it is or rewritten, to the site the
+ * connection is for (https: inside terminated TLS; port: the site's port), given that its Host
+ * has been checked. NULL, or the refusal reason (a static string, audited):
+ *   CONNECT must use authority-form ("bad_connect_target"), any other method may not
+ *   ("authority_form_not_connect"); "*" only with OPTIONS ("asterisk_not_options");
+ *   absolute-form only with the connection's scheme ("target_scheme_mismatch"), without
+ *   userinfo ("target_userinfo"), with the Host's name ("target_host_mismatch") and with the
+ *   port of both the Host and the connection, a missing port being the scheme's default
+ *   ("target_port_mismatch"). RFC 9112 3.2.2 tells a server to take the authority of an
+ *   absolute-form target over Host: the two must agree or a shared server answers for
+ *   another name. */
+const char *sp_http_target_refusal(const sp_http_head_t *hh, bool https, uint16_t port);
+
+/* The head of an allowed request as it is forwarded: an absolute-form target rewritten to
+ * origin-form (its path, "/" when empty), everything else as it came. Writes at most
+ * hh->head_len + 1 bytes into out; returns how many. */
+size_t sp_http_head_forward(const uint8_t *head, const sp_http_head_t *hh, uint8_t *out);
 
 /* A chunked request body (RFC 9112 7.1) parsed as it flows through, so that the proxy knows
  * exactly where it ends and where the next request head begins (no smuggling past the

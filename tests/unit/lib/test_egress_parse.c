@@ -184,6 +184,107 @@ static void test_http(void **state)
     assert_true(h.chunked);
 }
 
+/* What a request target of each form says, whether it may go to the connection's site (the
+ * red team's absolute-form bypasses, RFC 9112 3.2), and how an allowed one is forwarded. */
+static const char *target(const char *req, bool https, uint16_t port)
+{
+    static sp_http_head_t h;
+    if (head(req, &h) != SP_PARSE_OK)
+        return "unparsed";
+    return sp_http_target_refusal(&h, https, port);
+}
+
+static void test_http_target(void **state)
+{
+    sp_http_head_t h;
+    assert_int_equal(
+        head("GET HTTP://Allowed.Test:8080/a?b=c HTTP/1.1\r\nHost: a.test\r\n\r\n", &h),
+        SP_PARSE_OK);
+    assert_int_equal(h.target_form, SP_TARGET_ABSOLUTE);
+    assert_false(h.target_https);
+    assert_string_equal(h.target_host, "allowed.test");
+    assert_int_equal(h.target_port, 8080);
+    assert_int_equal(h.target_off, 4);
+    assert_int_equal(h.target_len, strlen("HTTP://Allowed.Test:8080/a?b=c"));
+    /* Allowed: origin-form; absolute-form naming the Host, the scheme and the port. */
+    assert_null(target("GET /x HTTP/1.1\r\nHost: a.test\r\n\r\n", false, 80));
+    assert_null(target("GET http://a.test/x HTTP/1.1\r\nHost: a.test\r\n\r\n", false, 80));
+    assert_null(target("GET http://A.TEST:80 HTTP/1.1\r\nHost: a.test:80\r\n\r\n", false, 80));
+    assert_null(target("GET https://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", true, 443));
+    assert_null(
+        target("GET http://a.test:8080/ HTTP/1.1\r\nHost: a.test:8080\r\n\r\n", false, 8080));
+    assert_null(target("OPTIONS * HTTP/1.1\r\nHost: a.test\r\n\r\n", false, 80));
+    assert_null(target("CONNECT a.test:443 HTTP/1.1\r\nHost: a.test:443\r\n\r\n", false, 80));
+    /* The red team's variants, and the rest of the rules. */
+    struct {
+        const char *req, *why;
+        bool https;
+        uint16_t port;
+    } no[] = {
+        {"GET http://evil.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", "target_host_mismatch", false,
+         0},
+        {"GET HTTP://EVIL.TEST/ HTTP/1.1\r\nHost: a.test\r\n\r\n", "target_host_mismatch", false,
+         0},
+        {"GET http://a.test@evil.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", "target_userinfo", false,
+         0},
+        {"GET http://u:p@a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", "target_userinfo", false, 0},
+        {"GET https://evil.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", "target_host_mismatch", true,
+         443},
+        {"GET https://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", "target_scheme_mismatch", false,
+         0},
+        {"GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", "target_scheme_mismatch", true,
+         443},
+        {"GET http://a.test:81/ HTTP/1.1\r\nHost: a.test\r\n\r\n", "target_port_mismatch", false,
+         0},
+        {"GET http://a.test:81/ HTTP/1.1\r\nHost: a.test:81\r\n\r\n", "target_port_mismatch", false,
+         0},
+        {"GET http://a.test/ HTTP/1.1\r\nHost: a.test:8080\r\n\r\n", "target_port_mismatch", false,
+         8080},
+        {"GET a.test:80 HTTP/1.1\r\nHost: a.test\r\n\r\n", "authority_form_not_connect", false, 0},
+        {"GET * HTTP/1.1\r\nHost: a.test\r\n\r\n", "asterisk_not_options", false, 0},
+        {"CONNECT http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", "bad_connect_target", false, 0},
+        {"CONNECT /x HTTP/1.1\r\nHost: a.test\r\n\r\n", "bad_connect_target", false, 0},
+        /* No known form at all: refused by the parser. */
+        {"GET ftp://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", "unparsed", false, 0},
+        {"GET http://10.0.0.1/ HTTP/1.1\r\nHost: a.test\r\n\r\n", "unparsed", false, 0},
+        {"GET http:///x HTTP/1.1\r\nHost: a.test\r\n\r\n", "unparsed", false, 0},
+        {"GET /x#frag HTTP/1.1\r\nHost: a.test\r\n\r\n", "unparsed", false, 0},
+        {"GET a.test HTTP/1.1\r\nHost: a.test\r\n\r\n", "unparsed", false, 0},
+        {"CONNECT a.test HTTP/1.1\r\nHost: a.test\r\n\r\n", "unparsed", false, 0},
+    };
+    for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++) {
+        const char *why = target(no[i].req, no[i].https, no[i].port ? no[i].port : 80);
+        if (!why || strcmp(why, no[i].why) != 0)
+            fail_msg("%s: %s, not %s", no[i].req, why ? why : "allowed", no[i].why);
+    }
+    /* Forwarded: absolute-form becomes origin-form, nothing else changes. */
+    const struct {
+        const char *in, *out;
+    } fw[] = {
+        {"GET http://a.test/x?y HTTP/1.1\r\nHost: a.test\r\n\r\n",
+         "GET /x?y HTTP/1.1\r\nHost: a.test\r\n\r\n"},
+        {"GET http://a.test HTTP/1.1\r\nHost: a.test\r\n\r\n",
+         "GET / HTTP/1.1\r\nHost: a.test\r\n\r\n"},
+        {"HEAD http://a.test:80?q HTTP/1.0\r\nHost: a.test\r\n\r\n",
+         "HEAD /?q HTTP/1.0\r\nHost: a.test\r\n\r\n"},
+        {"GET /same HTTP/1.1\r\nHost: a.test\r\n\r\n",
+         "GET /same HTTP/1.1\r\nHost: a.test\r\n\r\n"},
+    };
+    for (size_t i = 0; i < sizeof(fw) / sizeof(fw[0]); i++) {
+        uint8_t out[256];
+        assert_int_equal(head(fw[i].in, &h), SP_PARSE_OK);
+        size_t n = sp_http_head_forward((const uint8_t *)fw[i].in, &h, out);
+        assert_true(n <= h.head_len + 1);
+        if (n != strlen(fw[i].out) || memcmp(out, fw[i].out, n) != 0)
+            fail_msg("forwarded %s as %.*s", fw[i].in, (int)n, out);
+    }
+    /* A long target (a signed URL) is fine: only the head's size bounds it. */
+    char big[4096];
+    snprintf(big, sizeof(big), "GET /%0*d HTTP/1.1\r\nHost: a.test\r\n\r\n", 3000, 7);
+    assert_int_equal(head(big, &h), SP_PARSE_OK);
+    assert_int_equal(h.target_len, 3001);
+}
+
 /* Feeds s whole, then byte by byte: the same outcome and the same end both ways. */
 static int chunked(const char *s, size_t *used)
 {
@@ -333,9 +434,9 @@ static void test_netpolicy(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tls),       cmocka_unit_test(test_http),
-        cmocka_unit_test(test_chunked),   cmocka_unit_test(test_response_head),
-        cmocka_unit_test(test_netpolicy),
+        cmocka_unit_test(test_tls),           cmocka_unit_test(test_http),
+        cmocka_unit_test(test_http_target),   cmocka_unit_test(test_chunked),
+        cmocka_unit_test(test_response_head), cmocka_unit_test(test_netpolicy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
