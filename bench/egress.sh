@@ -12,8 +12,8 @@
 #   http      sandbox -> plain HTTP checked per request (Host, attribution)
 #   https     sandbox -> TLS terminated by egressd (leaf from the deployment CA), Host == SNI,
 #             new verified TLS to the server
-# each as: small requests on one kept-alive connection (p50/p99 per request), small requests
-# on a new connection each (p50/p99, handshakes included), and one large download (MB/s).
+# each as: small requests on one kept-alive connection (p50/p90/p99 per request), small requests
+# on a new connection each (p50/p90/p99, handshakes included), and one large download (MB/s).
 # Then, once: a 20 MB upload through the proxy, and the same download and upload with the
 # sandbox's policy limiting it to LIMIT bytes per second each way (the measured rate should be
 # the limit).
@@ -121,6 +121,9 @@ for round in 1 2; do
   line "proxy  http  keep-alive"  "$(probe_sbx --host allowed.test --bench "$N" "$A" 8080)"
   line "direct https keep-alive"  "$(probe_host --sni allowed.test --bench "$N" "$A" 443)"
   line "proxy  https keep-alive"  "$(probe_sbx --sni allowed.test --bench "$N" "$A" 443)"
+  # A client with HTTP_PROXY set: absolute-form to the gateway, egressd resolves the name and
+  # rewrites the target to origin-form.
+  line "fwdprx http  keep-alive"  "$(probe_sbx --host allowed.test:8080 --path http://allowed.test:8080/ --bench "$N" "\$(ip route | awk '/default/ {print \$3}')" 3128)"
   line "direct http  new conn"    "$(probe_host --host allowed.test --bench "$NC" --new-conn "$A" 8080)"
   line "cidr   http  new conn"    "$(probe_sbx --host allowed.test --bench "$NC" --new-conn "$C" 8080)"
   line "proxy  http  new conn"    "$(probe_sbx --host allowed.test --bench "$NC" --new-conn "$A" 8080)"

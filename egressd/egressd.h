@@ -48,6 +48,7 @@ typedef struct {
     int64_t leaf_cache_max;
     int64_t up_bytes_per_s; /* a sandbox's default limit each way; 0 = unlimited */
     int64_t down_bytes_per_s;
+    char *net_prefix; /* the worker's sandbox address pool: <net_prefix>.0.0/16 */
     char *log_level;
     char *log_format;
 } eg_config_t;
@@ -78,6 +79,7 @@ typedef struct {
     eg_attr_t *attrs;
     size_t n_attrs, cap_attrs;
     int conns;
+    int denied_held;       /* refused connections whose 403 is still on its way (egressd_proxy.c) */
     uint64_t rate[2];      /* the policy's bytes/s by direction; 0: the configured default */
     eg_bucket_t bucket[2]; /* shared by all its connections */
     /* Being checkpointed: new connections are reset at once until it runs again (an event
@@ -135,6 +137,10 @@ typedef struct {
     eg_tls_t *tls;
     uv_timer_t tick; /* shutdown check, DNS and attribution expiry */
     uint64_t conns_total, conns_denied;
+    sp_netentry_t pool;   /* the sandbox address pool (a CIDR), from net_prefix */
+    uint32_t *host_addrs; /* this host's IPv4 addresses, network order (eg_addr_refusal) */
+    size_t n_host_addrs;
+    int64_t host_addrs_ms; /* when they were read: again at most once a second */
 } eg_t;
 
 int64_t eg_now_ms(void);
@@ -150,6 +156,17 @@ void eg_decide_name(const eg_sbx_t *s, const char *name, uint16_t port, eg_verdi
 void eg_decide_addr(const eg_sbx_t *s, uint32_t addr_be, uint16_t port, eg_verdict_t *v);
 /* Whether the policy has name entries in its deny list (allow_all must then look at names). */
 bool eg_has_name_denies(const eg_sbx_t *s);
+/* Whether egressd may open a connection to addr:port for sandbox s, whatever the policy's mode
+ * and whoever chose the address (the guest, or DNS for a name): NULL, or why not. Never:
+ * loopback, link-local (the metadata address), "this network", multicast and reserved
+ * space ("dest_loopback", "dest_link_local", "dest_reserved"), the sandbox address pool and
+ * every sandbox egressd knows ("dest_sandbox"), any address of this host ("dest_host").
+ * Private ranges (RFC 1918, CGNAT 100.64/10) only when an allow CIDR entry of the policy
+ * that lies inside that range covers addr:port ("dest_private" otherwise): a policy must
+ * name an internal network to reach it, and 0.0.0.0/0 names none. */
+const char *eg_addr_refusal(eg_t *eg, const eg_sbx_t *s, uint32_t addr_be, uint16_t port);
+/* Frees what eg_addr_refusal keeps. */
+void eg_addr_dispose(eg_t *eg);
 void eg_attribute(const eg_t *eg, eg_sbx_t *s, const char *name, uint32_t addr_be, uint32_t ttl);
 /* A live attribution of addr to name for this sandbox? */
 bool eg_attributed(eg_sbx_t *s, const char *name, uint32_t addr_be);

@@ -5,6 +5,7 @@
  * NetworkPolicyUpdateRequested a new policy (answered with NetworkPolicyChanged),
  * SandboxDeleted / SandboxFailed the end. A sandbox without a known policy gets deny_all. */
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -361,4 +362,95 @@ void eg_expire_attributions(eg_t *eg)
                 i++;
         }
     }
+}
+
+/* ---- destinations no policy opens (eg_addr_refusal) ---- */
+
+typedef struct {
+    uint32_t net, mask; /* host order */
+    const char *why;
+} eg_range_t;
+
+/* RFC 6890's special-purpose blocks that are never a site on the internet, and the private
+ * ones a policy may name. 198.18.0.0/15 (benchmarking) and the documentation blocks are left
+ * out on purpose: the tests' "internet" lives there. */
+static const eg_range_t never[] = {
+    {0x00000000, 0xff000000, "dest_reserved"},   /* 0/8 "this network" */
+    {0x7f000000, 0xff000000, "dest_loopback"},   /* 127/8 */
+    {0xa9fe0000, 0xffff0000, "dest_link_local"}, /* 169.254/16: metadata services */
+    {0xe0000000, 0xf0000000, "dest_reserved"},   /* 224/4 multicast */
+    {0xf0000000, 0xf0000000, "dest_reserved"},   /* 240/4, broadcast included */
+};
+static const eg_range_t private_ranges[] = {
+    {0x0a000000, 0xff000000, "dest_private"}, /* 10/8 (RFC 1918) */
+    {0xac100000, 0xfff00000, "dest_private"}, /* 172.16/12 */
+    {0xc0a80000, 0xffff0000, "dest_private"}, /* 192.168/16 */
+    {0x64400000, 0xffc00000, "dest_private"}, /* 100.64/10 (CGNAT, RFC 6598) */
+};
+
+static void read_host_addrs(eg_t *eg)
+{
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) < 0)
+        return; /* the last list stays: better than none */
+    size_t n = 0, cap = 16;
+    uint32_t *v = sp_xmalloc(cap * sizeof(*v));
+    for (struct ifaddrs *i = ifs; i; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET)
+            continue;
+        if (n == cap)
+            v = sp_xrealloc(v, (cap *= 2) * sizeof(*v));
+        v[n++] = ((const struct sockaddr_in *)(const void *)i->ifa_addr)->sin_addr.s_addr;
+    }
+    freeifaddrs(ifs);
+    free(eg->host_addrs);
+    eg->host_addrs = v;
+    eg->n_host_addrs = n;
+}
+
+static bool is_host_addr(eg_t *eg, uint32_t addr_be)
+{
+    int64_t now = eg_now_ms();
+    if (!eg->host_addrs || now - eg->host_addrs_ms >= 1000) {
+        read_host_addrs(eg);
+        eg->host_addrs_ms = now;
+    }
+    if (!eg->host_addrs)
+        return true; /* never read: every address might be one of ours (fail closed) */
+    for (size_t i = 0; i < eg->n_host_addrs; i++)
+        if (eg->host_addrs[i] == addr_be)
+            return true;
+    return false;
+}
+
+const char *eg_addr_refusal(eg_t *eg, const eg_sbx_t *s, uint32_t addr_be, uint16_t port)
+{
+    uint32_t a = ntohl(addr_be);
+    for (size_t i = 0; i < sizeof(never) / sizeof(never[0]); i++)
+        if ((a & never[i].mask) == never[i].net)
+            return never[i].why;
+    if ((a & eg->pool.mask) == eg->pool.net || eg_sbx_by_addr(eg, addr_be))
+        return "dest_sandbox";
+    if (is_host_addr(eg, addr_be))
+        return "dest_host";
+    for (size_t i = 0; i < sizeof(private_ranges) / sizeof(private_ranges[0]); i++) {
+        const eg_range_t *r = &private_ranges[i];
+        if ((a & r->mask) != r->net)
+            continue;
+        for (size_t k = 0; k < s->n_allow; k++) {
+            const sp_netentry_t *e = &s->allow[k];
+            if (e->kind == SP_NETE_CIDR && (e->mask & r->mask) == r->mask &&
+                (e->net & r->mask) == r->net && sp_netentry_match_addr(e, a, port))
+                return NULL;
+        }
+        return r->why;
+    }
+    return NULL;
+}
+
+void eg_addr_dispose(eg_t *eg)
+{
+    free(eg->host_addrs);
+    eg->host_addrs = NULL;
+    eg->n_host_addrs = 0;
 }

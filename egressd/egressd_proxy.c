@@ -125,6 +125,9 @@ struct conn {
     bool counted;
     uint64_t drain_since; /* loop ms when the guest-first close began waiting (close_after_drain) */
     bool tunnel;          /* after a CONNECT: the tunnel must carry TLS for exactly that name */
+    bool proxied;         /* a forward-proxy request (absolute-form, plain HTTP): egressd
+                           * resolves the name itself, as for a CONNECT */
+    bool deny_held;       /* refused, its 403 on the way out: counted in s->denied_held */
     bool guest_fin_first; /* the upstream ended after the guest's FIN reached this host */
     conn_t *prev, *next;  /* eg->conns */
 };
@@ -162,6 +165,17 @@ static void on_close(uv_handle_t *h)
     }
 }
 
+/* The connection no longer counts against its sandbox's limit of live connections. */
+static void release_slot(conn_t *c)
+{
+    if (!c->counted)
+        return;
+    c->counted = false;
+    eg_sbx_t *s = eg_sbx_by_id(c->eg, c->sandbox);
+    if (s && s->conns > 0)
+        s->conns--;
+}
+
 /* Closes both sides. reset_guest: the guest's side with an RST rather than a FIN. A guest
  * that closed first and then got our FIN would keep its end in TIME_WAIT for a minute, and
  * gVisor refuses to checkpoint a sandbox holding any TCP endpoint that is not closed (on
@@ -173,10 +187,12 @@ static void conn_close_how(conn_t *c, bool reset_guest)
     if (c->state == C_RESOLVING)
         eg_dns_cancel(c->eg, c);
     c->state = C_CLOSING;
-    if (c->counted) {
+    release_slot(c);
+    if (c->deny_held) {
         eg_sbx_t *s = eg_sbx_by_id(c->eg, c->sandbox);
-        if (s && s->conns > 0)
-            s->conns--;
+        if (s && s->denied_held > 0)
+            s->denied_held--;
+        c->deny_held = false;
     }
     if (!reset_guest || uv_tcp_close_reset(&c->client.tcp, on_close) < 0)
         uv_close((uv_handle_t *)&c->client.tcp, on_close);
@@ -499,9 +515,19 @@ static void deny(conn_t *c, eg_sbx_t *s, const char *proto, const char *name, co
     if (s)
         eg_audit(c->eg, s, false, proto, name, c->dst_be, c->dst_port,
                  c->v.rule[0] ? c->v.rule : "proxy", reason);
-    /* HTTP, and TLS once terminated, get an answer saying why. */
+    /* HTTP, and TLS once terminated, get an answer saying why. The connection is done with:
+     * while its answer drains it no longer counts against the sandbox's connections (a burst
+     * of refusals must not refuse the sandbox's allowed connections), but against a limit of
+     * its own; past that, refusals close at once without an answer. */
+    release_slot(c);
     bool answer =
         strcmp(proto, "http") == 0 || (c->client.ssl && SSL_is_init_finished(c->client.ssl));
+    if (answer && s && s->denied_held >= c->eg->cfg->max_conns)
+        answer = false;
+    if (answer && s) {
+        s->denied_held++;
+        c->deny_held = true;
+    }
     if (answer) {
         char *body = sp_xasprintf("HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\n"
                                   "Connection: close\r\nContent-Length: %zu\r\n\r\n"
@@ -517,6 +543,8 @@ static void deny(conn_t *c, eg_sbx_t *s, const char *proto, const char *name, co
         if (rc == 0) {
             end_output(&c->client, true);
             uv_timer_start(&c->timer, on_timeout, 1000, 0);
+            if (c->deny_held)
+                start_reading(&c->client);
             return;
         }
     }
@@ -534,6 +562,9 @@ static const char *proto_of(const conn_t *c)
  * switches the connection without parsing every response's framing. */
 static const char *request_refusal(const conn_t *c, const sp_http_head_t *hh)
 {
+    const char *target = sp_http_target_refusal(hh, c->kind == K_TLS, c->dst_port);
+    if (target)
+        return target;
     if (hh->upgrade == SP_UPGRADE_OTHER)
         return "upgrade_unsupported";
     if (hh->upgrade == SP_UPGRADE_WEBSOCKET) {
@@ -545,6 +576,14 @@ static const char *request_refusal(const conn_t *c, const sp_http_head_t *hh)
     if (hh->host_port && hh->host_port != c->dst_port)
         return "host_port_mismatch";
     return NULL;
+}
+
+/* The name the audit of a refused request names: the request target's host when it is not
+ * the Host's (the name a server would have answered for, RFC 9112 3.2.2). */
+static const char *audit_name(const sp_http_head_t *hh)
+{
+    return hh->target_host[0] && strcmp(hh->target_host, hh->host) != 0 ? hh->target_host
+                                                                        : hh->host;
 }
 
 /* A request head on an established connection (plain or decrypted): the same strict parser,
@@ -624,6 +663,17 @@ static ssize_t body_bytes(conn_t *c, const uint8_t *b, size_t have)
     return (ssize_t)n;
 }
 
+/* An allowed request's head (at the start of first) to the upstream, in origin-form. */
+static int send_head(conn_t *c, const sp_http_head_t *hh)
+{
+    if (hh->target_form != SP_TARGET_ABSOLUTE)
+        return send_to(&c->up, c->first, hh->head_len);
+    uint8_t *out = sp_xmalloc(hh->head_len + 1);
+    int rc = send_to(&c->up, out, sp_http_head_forward(c->first, hh, out));
+    free(out);
+    return rc;
+}
+
 /* Decrypted (K_TLS) or plain (K_HTTP) bytes from the guest while splicing: request heads are
  * parsed and checked, bodies are forwarded by their framing, nothing else passes. Bytes not
  * yet forwarded wait in first (a partial head, what followed a head, or anything sent
@@ -687,11 +737,11 @@ static void from_guest(conn_t *c, const uint8_t *data, size_t len)
         if (rc != SP_PARSE_OK || check_request(c, s, &hh, &reason) < 0) {
             if (!reason)
                 reason = rc == SP_PARSE_MORE ? "head_too_large" : "bad_http_head";
-            refuse_later(c, rc == SP_PARSE_OK ? hh.host : c->name, reason, why);
+            refuse_later(c, rc == SP_PARSE_OK ? audit_name(&hh) : c->name, reason, why);
             return;
         }
         begin_request(c, s, &hh);
-        if (send_to(&c->up, c->first, hh.head_len) < 0) {
+        if (send_head(c, &hh) < 0) {
             conn_close(c);
             return;
         }
@@ -745,8 +795,8 @@ static void up_tls_drive(conn_t *c);
  * body, maybe more requests) stays in first, read by from_guest once splicing starts. */
 static void take_first_head(conn_t *c, const sp_http_head_t *hh)
 {
-    c->pending_len = hh->head_len;
-    c->pending = memdup(c->first, hh->head_len);
+    c->pending = sp_xmalloc(hh->head_len + 1);
+    c->pending_len = sp_http_head_forward(c->first, hh, c->pending);
     memmove(c->first, c->first + hh->head_len, c->first_len - hh->head_len);
     c->first_len -= hh->head_len;
 }
@@ -821,7 +871,7 @@ static void client_tls_drive(conn_t *c)
             if (why)
                 sp_log(SP_LOG_INFO, "bad request head", SP_KS("sandbox", c->sandbox),
                        SP_KS("why", why));
-            deny(c, s, "https", rc == SP_PARSE_OK ? hh.host : c->name, reason);
+            deny(c, s, "https", rc == SP_PARSE_OK ? audit_name(&hh) : c->name, reason);
             return;
         }
         begin_request(c, s, &hh);
@@ -938,6 +988,14 @@ static void on_read_data(side_t *s, ssize_t nread, const uv_buf_t *buf)
         free(buf->base);
         return;
     }
+    if (c->deny_held) {
+        /* Refused, its answer on the way (deny): what the guest sends is dropped, and its end
+         * ends the connection at once rather than at the timer. */
+        free(buf->base);
+        if (nread < 0)
+            conn_close(c);
+        return;
+    }
     if (nread < 0) {
         free(buf->base);
         if (nread != UV_EOF) {
@@ -1049,6 +1107,18 @@ static void connect_up(conn_t *c)
         conn_close(c);
 }
 
+/* The address egressd is about to connect to, whatever chose it (egressd_policy.c,
+ * eg_addr_refusal): 0, or refused (audited with that address, answered) and -1. */
+static int check_addr(conn_t *c, eg_sbx_t *s, const char *proto, const char *name, uint32_t addr_be)
+{
+    const char *why = eg_addr_refusal(c->eg, s, addr_be, c->dst_port);
+    if (!why)
+        return 0;
+    c->dst_be = addr_be;
+    deny(c, s, proto, name, why);
+    return -1;
+}
+
 /* Name-based decision shared by HTTP and TLS: 0 = go (upstream address in c->up_be). */
 static int check_name(conn_t *c, eg_sbx_t *s, const char *proto, const char *name)
 {
@@ -1066,6 +1136,8 @@ static int check_name(conn_t *c, eg_sbx_t *s, const char *proto, const char *nam
             return -1;
         }
     }
+    if (check_addr(c, s, proto, name, c->up_be) < 0)
+        return -1;
     snprintf(c->name, sizeof(c->name), "%s", name);
     return 0;
 }
@@ -1093,29 +1165,19 @@ static void start_termination(conn_t *c, eg_sbx_t *s)
     client_tls_drive(c);
 }
 
-/* "host:port" (RFC 9110 9.3.6 authority-form) with a DNS name and a port. */
-static int parse_authority(const char *t, char name[254], uint16_t *port)
+/* A forward-proxy request whose name egressd has resolved (its head is still in first): on
+ * as any plain request, to that address. */
+static void proxy_go(conn_t *c, eg_sbx_t *s)
 {
-    const char *colon = strrchr(t, ':');
-    size_t hl = colon ? (size_t)(colon - t) : 0;
-    if (!colon || hl == 0 || hl > 253)
-        return -EINVAL;
-    for (size_t i = 0; i < hl; i++)
-        name[i] = (char)(t[i] >= 'A' && t[i] <= 'Z' ? t[i] + 32 : t[i]);
-    name[hl] = '\0';
-    unsigned v = 0;
-    size_t pl = strlen(colon + 1);
-    if (pl == 0 || pl > 5)
-        return -EINVAL;
-    for (size_t i = 0; i < pl; i++) {
-        if (colon[1 + i] < '0' || colon[1 + i] > '9')
-            return -EINVAL;
-        v = v * 10 + (unsigned)(colon[1 + i] - '0');
+    sp_http_head_t hh;
+    if (sp_http_request_head(c->first, c->first_len, &hh, NULL) != SP_PARSE_OK) {
+        conn_close(c);
+        return;
     }
-    if (v == 0 || v > 65535 || !sp_dns_name_valid(name, false))
-        return -EINVAL;
-    *port = (uint16_t)v;
-    return 0;
+    c->kind = K_HTTP;
+    begin_request(c, s, &hh);
+    take_first_head(c, &hh);
+    connect_up(c);
 }
 
 static void on_resolved(eg_t *eg, void *arg, uint32_t addr_be)
@@ -1132,7 +1194,13 @@ static void on_resolved(eg_t *eg, void *arg, uint32_t addr_be)
         deny(c, s, "http", c->name, "resolve_failed");
         return;
     }
+    if (check_addr(c, s, "http", c->name, addr_be) < 0)
+        return;
     c->up_be = c->dst_be = addr_be;
+    if (c->proxied) {
+        proxy_go(c, s);
+        return;
+    }
     eg_audit(eg, s, true, "http", c->name, c->dst_be, c->dst_port, c->v.rule, c->v.reason);
     static const char ok[] = "HTTP/1.1 200 Connection established\r\n\r\n";
     if (tcp_write(&c->client, memdup(ok, sizeof(ok) - 1), sizeof(ok) - 1) < 0) {
@@ -1149,15 +1217,30 @@ static void on_resolved(eg_t *eg, void *arg, uint32_t addr_be)
         decide_first(c);
 }
 
+/* egressd looks c->name up itself (a CONNECT, a forward-proxy request); on_resolved goes on. */
+static void resolve_name(conn_t *c, eg_sbx_t *s)
+{
+    stop_reading(&c->client);
+    c->state = C_RESOLVING;
+    uv_timer_start(&c->timer, on_timeout, (uint64_t)c->eg->cfg->connect_timeout_ms, 0);
+    uint32_t a = s->mode == SP_NET_ALLOW_ALL ? 0 : eg_resolved_addr(s, c->name);
+    if (a) {
+        on_resolved(c->eg, c, a);
+        return;
+    }
+    if (eg_dns_resolve(c->eg, s, c->name, on_resolved, c) < 0)
+        deny(c, s, "http", c->name, "resolve_failed");
+}
+
 /* HTTP CONNECT through the proxy (RFC 9110 9.3.6), checked like an SNI: the authority's name
  * and port must be allowed, Host must name the same authority, and egressd resolves the name
  * itself (the guest's destination, some "proxy" address, plays no part). The tunnel must then
  * carry TLS for that very name, which is terminated like any other. */
 static void connect_request(conn_t *c, eg_sbx_t *s, const sp_http_head_t *hh)
 {
-    char name[254];
-    uint16_t port = 0;
-    if (parse_authority(hh->target, name, &port) < 0) {
+    const char *name = hh->target_host;
+    uint16_t port = hh->target_port;
+    if (hh->target_form != SP_TARGET_AUTHORITY) {
         deny(c, s, "http", "", "bad_connect_target");
         return;
     }
@@ -1180,16 +1263,39 @@ static void connect_request(conn_t *c, eg_sbx_t *s, const sp_http_head_t *hh)
     /* A client may send its ClientHello before the 200: it stays in first. */
     memmove(c->first, c->first + hh->head_len, c->first_len - hh->head_len);
     c->first_len -= hh->head_len;
-    stop_reading(&c->client);
-    c->state = C_RESOLVING;
-    uv_timer_start(&c->timer, on_timeout, (uint64_t)c->eg->cfg->connect_timeout_ms, 0);
-    uint32_t a = s->mode == SP_NET_ALLOW_ALL ? 0 : eg_resolved_addr(s, name);
-    if (a) {
-        on_resolved(c->eg, c, a);
+    resolve_name(c, s);
+}
+
+/* Whether an absolute-form request goes to the very destination its target names (its port,
+ * and an address egressd's DNS gave this sandbox for the name): then it is decided as any
+ * other request is. */
+static bool at_target(const conn_t *c, eg_sbx_t *s, const sp_http_head_t *hh)
+{
+    uint16_t port = hh->target_port ? hh->target_port : 80;
+    return port == c->dst_port &&
+           (s->mode == SP_NET_ALLOW_ALL || eg_attributed(s, hh->target_host, c->dst_be));
+}
+
+/* A plain-HTTP request in absolute-form to some other destination: a client with HTTP_PROXY
+ * set, talking to its "proxy" (every TCP connection reaches egressd). As for a CONNECT, the
+ * target's name and port decide, the Host must name the same authority, and egressd resolves
+ * the name itself: the guest's destination plays no part. */
+static void proxy_request(conn_t *c, eg_sbx_t *s, const sp_http_head_t *hh)
+{
+    c->dst_port = hh->target_port ? hh->target_port : 80;
+    const char *refusal = request_refusal(c, hh);
+    if (refusal) {
+        deny(c, s, "http", audit_name(hh), refusal);
         return;
     }
-    if (eg_dns_resolve(c->eg, s, name, on_resolved, c) < 0)
-        deny(c, s, "http", name, "resolve_failed");
+    eg_decide_name(s, hh->host, c->dst_port, &c->v);
+    if (!c->v.allow) {
+        deny(c, s, "http", hh->host, c->v.reason);
+        return;
+    }
+    snprintf(c->name, sizeof(c->name), "%s", hh->host);
+    c->proxied = true;
+    resolve_name(c, s);
 }
 
 static void decide_first(conn_t *c)
@@ -1259,9 +1365,13 @@ static void decide_first(conn_t *c)
         connect_request(c, s, &hh);
         return;
     }
+    if (hh.target_form == SP_TARGET_ABSOLUTE && !hh.target_https && !at_target(c, s, &hh)) {
+        proxy_request(c, s, &hh);
+        return;
+    }
     const char *refusal = request_refusal(c, &hh);
     if (refusal) {
-        deny(c, s, "http", hh.host, refusal);
+        deny(c, s, "http", audit_name(&hh), refusal);
         return;
     }
     if (check_name(c, s, "http", hh.host) < 0)
@@ -1335,6 +1445,8 @@ static void on_accept(uv_stream_t *server, int status)
         return;
     }
     if (by_addr) {
+        if (check_addr(c, s, "tcp", "", c->dst_be) < 0)
+            return;
         eg_audit(eg, s, true, "tcp", "", c->dst_be, c->dst_port, c->v.rule, c->v.reason);
         c->kind = K_TCP;
         c->up_be = c->dst_be;

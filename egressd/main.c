@@ -69,6 +69,9 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_INT_OPT("down-bytes-per-s", eg_config_t, down_bytes_per_s, 0, SP_NETPOLICY_RATE_MAX, "0",
                    "default bandwidth of a sandbox from the internet, bytes per second (0: "
                    "unlimited; 1024 at least; a policy's down_bytes_per_s replaces it)"),
+    SP_CFG_STR_OPT("net-prefix", eg_config_t, net_prefix, "10.200",
+                   "first two octets of the worker's sandbox address pool (its --net-prefix): "
+                   "never a destination"),
     SP_CFG_STR_OPT("log-level", eg_config_t, log_level, "info", "debug|info|warn|error"),
     SP_CFG_STR_OPT("log-format", eg_config_t, log_format, "kv", "kv|json"),
 };
@@ -219,6 +222,14 @@ int main(int argc, char **argv)
                 SP_NETPOLICY_RATE_MIN, (long long)SP_NETPOLICY_RATE_MAX);
         goto out;
     }
+    /* The worker's pool is <a.b>.0.0/16; read as a policy's CIDR entry is. */
+    char pool[32];
+    if (snprintf(pool, sizeof(pool), "%s.0.0/16", cfg.net_prefix) >= (int)sizeof(pool) ||
+        sp_netentry_parse(pool, &eg.pool) < 0 || eg.pool.kind != SP_NETE_CIDR ||
+        eg.pool.mask != 0xffff0000) {
+        fprintf(stderr, "space-egressd: --net-prefix is two octets, a.b\n");
+        goto out;
+    }
     if (argi < argc || sp_log_level_parse(cfg.log_level, &level) < 0 ||
         sp_log_format_parse(cfg.log_format, &format) < 0 || !sp_id_valid(cfg.worker_id)) {
         fprintf(stderr, "space-egressd: bad arguments (see --help)\n");
@@ -274,6 +285,7 @@ int main(int argc, char **argv)
     uv_run(&loop, UV_RUN_DEFAULT);
     uv_loop_close(&loop);
     eg_sbx_free_all(&eg);
+    eg_addr_dispose(&eg);
 out:
     sp_bus_free(eg.bus);
     pthread_mutex_destroy(&eg.q_mu);

@@ -44,6 +44,10 @@
 #define FORBIDDEN "198.18.1.20"
 #define ECHO_IP   "198.18.1.30"
 #define RESOLVER  "198.18.53.53"
+/* Private-range test sites (RFC 1918 and CGNAT), routed into the namespace like the rest. */
+static const char *const PRIVATE[] = {"10.99.0.10", "172.16.99.10", "192.168.99.10",
+                                      "100.64.99.10"};
+#define N_PRIVATE (sizeof(PRIVATE) / sizeof(PRIVATE[0]))
 
 static int port;
 static const char *key;
@@ -78,8 +82,11 @@ static void internet_down(void)
         waitpid(inet_pid, NULL, 0);
         inet_pid = 0;
     }
-    if (meta_route_added)
+    if (meta_route_added) {
         sh("ip route del " META "/32 via 198.18.0.2 dev " VETH " 2>/dev/null");
+        for (size_t i = 0; i < N_PRIVATE; i++)
+            sh("ip route del %s/32 via 198.18.0.2 dev " VETH " 2>/dev/null", PRIVATE[i]);
+    }
     meta_route_added = false;
     sh("ip link del " VETH " 2>/dev/null; ip netns del " NS " 2>/dev/null");
 }
@@ -102,11 +109,19 @@ static void internet_up(void)
     if (sh("ip route add " META "/32 via 198.18.0.2 dev " VETH) != 0)
         fail_msg("cannot route " META " into the test namespace: refusing to probe it");
     meta_route_added = true;
+    for (size_t i = 0; i < N_PRIVATE; i++)
+        if (sh("ip -n " NS
+               " addr add %s/32 dev eth0 && ip route add %s/32 via 198.18.0.2 dev " VETH,
+               PRIVATE[i], PRIVATE[i]) != 0)
+            fail_msg("cannot route %s into the test namespace: refusing to probe it", PRIVATE[i]);
     /* Belt and braces: what the host would do with each probed address now. */
     const char *probe[] = {ALLOWED, FORBIDDEN, ECHO_IP, RESOLVER, META};
-    for (size_t i = 0; i < 5; i++)
-        if (sh("ip route get %s | grep -q 'dev " VETH "'", probe[i]) != 0)
-            fail_msg("%s is not routed into the test namespace", probe[i]);
+    for (size_t i = 0; i < 5 + N_PRIVATE; i++) {
+        const char *a = i < 5 ? probe[i] : PRIVATE[i - 5];
+        if (sh("ip route get %s | grep -q 'dev " VETH "'", a) != 0)
+            fail_msg("%s is not routed into the test namespace", a);
+    }
+    setenv("EGRESS_PRIVATE", "1", 1); /* internet.py serves the private sites */
 
     snprintf(stats_path, sizeof(stats_path), "/tmp/egress-it-stats-%d.json", (int)getpid());
     unlink(stats_path);
@@ -477,6 +492,231 @@ static void test_bypasses_denied(void **state)
     run(sa, out, sizeof(out), "ping -c 1 -W 1 %s", gw_a);
     if (!strstr(out, "permission denied"))
         fail_msg("ping: %s", out);
+}
+
+/* Whether any EgressDenied of sandbox id names both needles (its name, its reason). */
+static void expect_denied(PGconn *db, const char *id, const char *name, const char *reason)
+{
+    char sql[640];
+    snprintf(sql, sizeof(sql),
+             "SELECT (count(*) > 0)::int FROM events WHERE type = 'EgressDenied' AND status = "
+             "'accepted' AND aggregate_id = '%s' AND position('%s'::bytea in payload) > 0 AND "
+             "position('%s'::bytea in payload) > 0",
+             id, name, reason);
+    if (sp_test_db_wait_scalar(db, sql, 1, 10000) < 1)
+        fail_msg("no EgressDenied for %s with %s and %s", id, name, reason);
+}
+
+/* The red team's absolute-form bypasses (RFC 9112 3.2.2: a server takes the authority of an
+ * absolute-form target over Host, so a shared server would answer for the forbidden name):
+ * each is refused before it reaches a site, plain, inside terminated TLS, inside a CONNECT
+ * tunnel and as the second request of a kept-alive connection, and the audit names the
+ * target's host. A client with a proxy configured (what curl -x sends) and an allowed URL still
+ * works, and the site sees origin-form. */
+static void test_request_targets(void **state)
+{
+    NEED_ROOT();
+    char out[8192];
+    long long h80 = stat_of("http." ALLOWED), h443 = stat_of("https." ALLOWED ":443"),
+              h8080 = stat_of("https." ALLOWED ":8080");
+    run(sa, out, sizeof(out), "nslookup allowed.test >/dev/null");
+    const struct {
+        const char *line, *why;
+    } plain[] = {
+        {"GET http://forbidden.test/ HTTP/1.1", "target_host_mismatch"},
+        {"GET HTTP://FORBIDDEN.TEST/ HTTP/1.1", "target_host_mismatch"},
+        {"GET http://allowed.test@forbidden.test/ HTTP/1.1", "target_userinfo"},
+        {"GET allowed.test:80 HTTP/1.1", "authority_form_not_connect"},
+        {"GET https://allowed.test/ HTTP/1.1", "target_scheme_mismatch"},
+        {"GET http://allowed.test:8080/ HTTP/1.1", "target_port_mismatch"},
+    };
+    for (size_t i = 0; i < sizeof(plain) / sizeof(plain[0]); i++) {
+        run(sa, out, sizeof(out),
+            "printf '%s\\r\\nHost: allowed.test\\r\\nConnection: close\\r\\n\\r\\n' | nc -w "
+            "3 " ALLOWED " 80",
+            plain[i].line);
+        if (strstr(out, "site:") || !strstr(out, plain[i].why))
+            fail_msg("%s with Host allowed.test: %s", plain[i].line, out);
+    }
+    /* The second request of a kept-alive connection: the first is answered, the second never
+     * reaches the site (plain, and inside TLS). */
+    int rc = run(sa, out, sizeof(out),
+                 "/root/probe --host allowed.test,allowed.test --path /one --next-path "
+                 "http://forbidden.test/two " ALLOWED " 8080");
+    if (rc != 4 || !strstr(out, "target:/one") || strstr(out, "/two"))
+        fail_msg("absolute-form as the second request: %d %s", rc, out);
+    rc = run(sa, out, sizeof(out),
+             "/root/probe --sni allowed.test --host allowed.test,allowed.test --path /one "
+             "--next-path https://forbidden.test/two " ALLOWED " 443");
+    if (rc != 4 || !strstr(out, "target:/one") || strstr(out, "/two"))
+        fail_msg("absolute-form as the second request inside TLS: %d %s", rc, out);
+    /* Inside terminated TLS, and inside a CONNECT tunnel. */
+    rc = run(sa, out, sizeof(out),
+             "/root/probe --sni allowed.test --path https://forbidden.test/ " ALLOWED " 443");
+    if (strstr(out, "site:") || !strstr(out, "target_host_mismatch"))
+        fail_msg("absolute-form inside TLS: %d %s", rc, out);
+    rc = run(sc, out, sizeof(out),
+             "/root/probe --connect allowed.test:443 --sni allowed.test --path "
+             "https://forbidden.test/ %s 3128",
+             gw_c);
+    if (strstr(out, "site:") || !strstr(out, "target_host_mismatch"))
+        fail_msg("absolute-form in a CONNECT tunnel: %d %s", rc, out);
+    usleep(300 * 1000);
+    assert_int_equal(stat_of("http." ALLOWED), h80);
+    assert_int_equal(stat_of("https." ALLOWED ":443"), h443 + 1);
+    assert_int_equal(stat_of("https." ALLOWED ":8080"), h8080 + 1);
+
+    /* Allowed absolute-form, rewritten to origin-form: a proxy-style client (the request curl
+     * -x sends) to its "proxy" on the gateway, from c, which never resolved anything (egressd
+     * resolves the name, as for a CONNECT); the same to the site's own address; inside TLS. */
+    run(sc, out, sizeof(out),
+        "printf 'GET http://allowed.test/x?y=1 HTTP/1.1\\r\\nHost: allowed.test\\r\\nUser-Agent: "
+        "curl/7.88.1\\r\\nAccept: */*\\r\\nProxy-Connection: Keep-Alive\\r\\n\\r\\n' | nc -w 5 %s "
+        "3128",
+        gw_c);
+    if (!strstr(out, "site:allowed host:allowed.test target:/x?y=1\n"))
+        fail_msg("proxy-style GET http://allowed.test/x: %s", out);
+    run(sa, out, sizeof(out),
+        "printf 'GET http://allowed.test HTTP/1.1\\r\\nHost: allowed.test\\r\\nConnection: "
+        "close\\r\\n\\r\\n' | nc -w 5 " ALLOWED " 80");
+    if (!strstr(out, "site:allowed host:allowed.test target:/\n"))
+        fail_msg("GET http://allowed.test to its address: %s", out);
+    rc = run(sa, out, sizeof(out),
+             "/root/probe --sni allowed.test --path https://allowed.test/w " ALLOWED " 443");
+    if (rc != 0 ||
+        !strstr(out, "site:allowed host:allowed.test sni:allowed.test port:443 target:/w"))
+        fail_msg("GET https://allowed.test/w inside TLS: %d %s", rc, out);
+    /* A proxy-style request for a name the policy does not allow. */
+    run(sc, out, sizeof(out),
+        "printf 'GET http://other.test/ HTTP/1.1\\r\\nHost: other.test\\r\\n\\r\\n' | nc -w 5 %s "
+        "3128",
+        gw_c);
+    if (strstr(out, "site:") || !strstr(out, "not_allowed"))
+        fail_msg("proxy-style GET http://other.test/: %s", out);
+
+    PGconn *db = sp_test_db();
+    expect_denied(db, sa, "forbidden.test", "target_host_mismatch");
+    expect_denied(db, sa, "forbidden.test", "target_userinfo");
+    expect_denied(db, sc, "forbidden.test", "target_host_mismatch");
+    PQfinish(db);
+}
+
+/* A TCP listener of the test on every host address (port *ret_port), non-blocking. */
+static int host_listener(int *ret_port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    socklen_t len = sizeof(a);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0 || listen(fd, 16) < 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) < 0)
+        fail_msg("host listener");
+    *ret_port = ntohs(a.sin_port);
+    return fd;
+}
+
+/* Connections the listener has accepted (and closed) since the last call. */
+static int accepted(int lfd)
+{
+    int n = 0, fd;
+    while ((fd = accept(lfd, NULL, NULL)) >= 0) {
+        close(fd);
+        n++;
+    }
+    return n;
+}
+
+/* allow_all (E2B's allowInternetAccess) reaches the internet, and nothing behind the host: not
+ * a private range (unless a policy's CIDR entry names it), not a name that resolves into one,
+ * not the host's own listeners, not another sandbox, not the metadata address. */
+static void test_allow_all_stays_outside(void **state)
+{
+    NEED_ROOT();
+    char sd[64], gw[16], out[4096];
+    create(sd, "{\"mode\":\"allow_all\"}");
+    gateway_of(sd, gw);
+    run(sd, out, sizeof(out), "echo nameserver %s > /etc/resolv.conf", gw);
+    int lport = 0, lfd = host_listener(&lport);
+    /* The listener works: the test itself reaches it on the test veth's address. */
+    int probe = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in la = {.sin_family = AF_INET, .sin_port = htons((uint16_t)lport)};
+    inet_pton(AF_INET, "198.18.0.1", &la.sin_addr);
+    if (probe < 0 || connect(probe, (struct sockaddr *)&la, sizeof(la)) < 0)
+        fail_msg("the test's own listener is unreachable");
+    close(probe);
+    usleep(100 * 1000);
+    assert_int_equal(accepted(lfd), 1);
+
+    run(sd, out, sizeof(out), HTTP_GET("allowed.test", ALLOWED));
+    if (!strstr(out, "site:allowed"))
+        fail_msg("allow_all to a public address: %s", out);
+    for (size_t i = 0; i < N_PRIVATE; i++) {
+        run(sd, out, sizeof(out),
+            "printf 'GET / HTTP/1.1\\r\\nHost: x.test\\r\\n\\r\\n' | nc -w 3 %s 80; echo x | nc -w "
+            "2 "
+            "%s 22",
+            PRIVATE[i], PRIVATE[i]);
+        if (strstr(out, "site:"))
+            fail_msg("allow_all to %s: %s", PRIVATE[i], out);
+    }
+    run(sd, out, sizeof(out),
+        "nslookup private.test; printf 'GET / HTTP/1.1\\r\\nHost: private.test\\r\\n\\r\\n' | nc "
+        "-w 3 "
+        "10.99.0.10 80");
+    if (!strstr(out, "10.99.0.10") || strstr(out, "site:"))
+        fail_msg("allow_all to a name in a private range: %s", out);
+    run(sd, out, sizeof(out),
+        "echo x | nc -w 2 %s %d; echo x | nc -w 2 198.18.0.1 %d; " HTTP_GET(
+            "m.test", META) "; echo x | nc -w 2 %s 80",
+        gw, lport, lport, addr_b);
+    if (strstr(out, "site:"))
+        fail_msg("allow_all to the host, the metadata address or another sandbox: %s", out);
+    usleep(200 * 1000);
+    assert_int_equal(accepted(lfd), 0);
+    assert_int_equal(stat_of("http." META), 0);
+    for (size_t i = 0; i < N_PRIVATE; i++) {
+        char k[64];
+        snprintf(k, sizeof(k), "http.%s", PRIVATE[i]);
+        assert_int_equal(stat_of(k), 0);
+    }
+
+    /* A CIDR entry inside the private range opens exactly that; 0.0.0.0/0 opens none. */
+    put_network(sd, "{\"mode\":\"allowlist\",\"allow\":[\"10.99.0.10/32:80\",\"0.0.0.0/0\"]}", 200);
+    run(sd, out, sizeof(out),
+        "printf 'GET / HTTP/1.1\\r\\nHost: x.test\\r\\n\\r\\n' | nc -w 3 10.99.0.10 80; "
+        "printf 'GET / HTTP/1.1\\r\\nHost: x.test\\r\\n\\r\\n' | nc -w 3 172.16.99.10 80; echo x | "
+        "nc -w 2 198.18.0.1 %d",
+        lport);
+    if (!strstr(out, "site:private") || strstr(strstr(out, "site:private") + 1, "site:"))
+        fail_msg("allowlist with 10.99.0.10/32:80 and 0.0.0.0/0: %s", out);
+    usleep(200 * 1000);
+    assert_int_equal(accepted(lfd), 0);
+    assert_int_equal(stat_of("http.172.16.99.10"), 0);
+    close(lfd);
+
+    PGconn *db = sp_test_db();
+    for (size_t i = 0; i < N_PRIVATE; i++)
+        expect_denied(db, sd, PRIVATE[i], "dest_private");
+    expect_denied(db, sd, "198.18.0.1", "dest_host");
+    expect_denied(db, sd, META, "dest_link_local");
+    expect_denied(db, sd, addr_b, "dest_sandbox");
+    PQfinish(db);
+    delete_sandbox(sd);
+}
+
+/* A burst of refused connections does not lock the sandbox out: refusals do not count against
+ * its connection limit (256) while their answers drain. */
+static void test_denials_do_not_starve(void **state)
+{
+    NEED_ROOT();
+    char out[8192];
+    long long h80 = stat_of("http." ALLOWED);
+    run(sa, out, sizeof(out),
+        "nslookup allowed.test >/dev/null; /root/probe --bench 1000 --new-conn --host "
+        "forbidden.test " ALLOWED " 80; echo rc=$?; " HTTP_GET("allowed.test", ALLOWED));
+    if (!strstr(out, "bench: n=1000") || !strstr(out, "rc=0") || !strstr(out, "site:allowed"))
+        fail_msg("1000 refusals, then an allowed request: %s", out);
+    usleep(200 * 1000);
+    assert_int_equal(stat_of("http." ALLOWED), h80 + 1);
 }
 
 /* A TLS ClientHello record as \xHH escapes for printf: SNI name (none when NULL), and an ECH
@@ -1210,6 +1450,9 @@ int main(void)
         cmocka_unit_test(test_tls_sni),
         cmocka_unit_test(test_tls_terminated),
         cmocka_unit_test(test_connect),
+        cmocka_unit_test(test_request_targets),
+        cmocka_unit_test(test_allow_all_stays_outside),
+        cmocka_unit_test(test_denials_do_not_starve),
         cmocka_unit_test(test_chunked_body),
         cmocka_unit_test(test_websocket),
         cmocka_unit_test(test_bandwidth),

@@ -6,6 +6,8 @@ there from the host, so nothing the sandboxes send can leave the machine.
   198.18.53.53:53/udp   resolver for the test names (counts every query)
   198.18.1.10:80        "allowed" site        198.18.1.20:80  "forbidden" site
   169.254.169.254:80    fake metadata service (must never be reached)
+  10.99.0.10, 172.16.99.10, 192.168.99.10, 100.64.99.10:80  "private" sites (the test only;
+                        private.test resolves to the first)
   198.18.1.10:9999/udp  UDP sink (must never be reached)
   198.18.1.30:7777,7778 TCP echo (7777 allowed by a CIDR:port rule, 7778 not)
   198.18.1.10:443       HTTPS, certificates by SNI (allowed.test, www.wild.test, forbidden.test;
@@ -48,7 +50,12 @@ NAMES = {
     "forbidden.test": NET + ".1.20",
     "www.wild.test": NET + ".1.10",
     "mismatch.test": NET + ".1.10",
+    "private.test": "10.99.0.10",
 }
+# Private-range addresses (RFC 1918, CGNAT) with a plain HTTP site each: egressd must refuse
+# them under every mode unless a policy's CIDR entry names them. Served with EGRESS_PRIVATE=1
+# only: the test adds them to this namespace and routes each into it first.
+PRIVATE = ("10.99.0.10", "172.16.99.10", "192.168.99.10", "100.64.99.10")
 
 
 def bump(fn):
@@ -66,8 +73,10 @@ class Http(BaseHTTPRequestHandler):
     def do_GET(self):
         me = self.connection.getsockname()[0]
         bump(lambda s: s["http"].__setitem__(me, s["http"].get(me, 0) + 1))
-        site = {NET + ".1.10": "allowed", NET + ".1.20": "forbidden"}.get(me, "metadata")
-        body = ("site:%s host:%s\n" % (site, self.headers.get("Host", ""))).encode()
+        site = {NET + ".1.10": "allowed", NET + ".1.20": "forbidden"}.get(
+            me, "metadata" if me == "169.254.169.254" else "private")
+        body = ("site:%s host:%s target:%s\n" % (site, self.headers.get("Host", ""),
+                                                  self.path)).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Connection", "close")
@@ -186,8 +195,8 @@ class Https(BaseHTTPRequestHandler):
             return
         site = {NET + ".1.10": "allowed", NET + ".1.20": "forbidden"}.get(
             self.connection.getsockname()[0], "?")
-        body = ("site:%s host:%s sni:%s port:%d\n" % (
-            site, host, sni, self.connection.getsockname()[1])).encode()
+        body = ("site:%s host:%s sni:%s port:%d target:%s\n" % (
+            site, host, sni, self.connection.getsockname()[1], self.path)).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         if self.headers.get("Connection", "").lower() == "close":
@@ -313,7 +322,7 @@ def serve(server):
 
 ThreadingHTTPServer.allow_reuse_address = True
 socketserver.ThreadingTCPServer.allow_reuse_address = True
-for a in (NET + ".1.10", NET + ".1.20", "169.254.169.254"):
+for a in (NET + ".1.10", NET + ".1.20", "169.254.169.254") + (PRIVATE if os.environ.get("EGRESS_PRIVATE") else ()):
     serve(Server((a, 80), Http))
 if CERTS:
     serve(tls_server(NET + ".1.10", 443, ["allowed.test", "www.wild.test", "forbidden.test"],
