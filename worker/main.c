@@ -44,8 +44,8 @@ static const sp_cfg_opt_t options[] = {
                    "space-egressd's transparent TCP port: every sandbox TCP connection is "
                    "redirected there (0: TCP from sandboxes is dropped)"),
     SP_CFG_INT_OPT("egress-dns-port", wk_config_t, egress_dns_port, 0, 65535, "15053",
-                   "space-egressd's DNS port: sandbox queries to their gateway :53 go there "
-                   "(0: dropped)"),
+                   "space-egressd's DNS port: every sandbox DNS query (UDP 53, to any address) "
+                   "goes there (0: dropped)"),
     SP_CFG_STR_OPT("snapshot-store", wk_config_t, snapshot_store, "dir",
                    "where suspended sandboxes go: dir (snapshot-dir, shared by the workers) or "
                    "nats (the JetStream object store, for workers on several hosts)"),
