@@ -441,6 +441,18 @@ int wk_sandbox_create(wk_host_t *h, const wk_sandbox_spec_t *spec, wk_sandbox_in
     if (rc < 0)
         goto out;
     net_ms = ms_since(t);
+    /* Its gateway is the .1 of its /30 (the sandbox the .2): the resolver for a template that
+     * names none (worker_resolv.c). Not at restore: the rootfs must stay as checkpointed. */
+    struct in_addr guest;
+    if (inet_pton(AF_INET, info.address, &guest) != 1) {
+        rc = wk__fail(err, -EINVAL, "sandbox %s: bad address %s", id, info.address);
+        goto out;
+    }
+    rc = wk__resolv_install(rootfs, htonl(ntohl(guest.s_addr) - 1), err);
+    if (rc < 0)
+        goto out;
+    if (rc == 1)
+        sp_log(SP_LOG_DEBUG, "resolver written", SP_KS("sandbox", id));
 
     if (h->agent_path) {
         t = wk__now_us();
