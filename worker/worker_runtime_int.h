@@ -3,7 +3,8 @@
  *
  * Naming of host resources (all derived from the worker id, so two workers on one host never
  * touch each other's, and from the sandbox id, so every resource maps back to its sandbox):
- *   tag      8 hex chars of SHA-256(worker_id)
+ *   tag      8 hex chars of SHA-256(worker_id "\n" state_dir), recorded with the id and the
+ *            volume_dir in <state_dir>/identities before anything is made (wk_host_identities)
  *   netns    /run/netns/sp-<tag>-<id>
  *   veth     spv<tag[0..4)><8 hex of SHA-256(id)> (IFNAMSIZ-1 = 15 chars), peer "eth0" in the
  *            netns; its ifalias is "space <worker_id> <id>"
