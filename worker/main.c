@@ -44,8 +44,8 @@ static const sp_cfg_opt_t options[] = {
                    "space-egressd's transparent TCP port: every sandbox TCP connection is "
                    "redirected there (0: TCP from sandboxes is dropped)"),
     SP_CFG_INT_OPT("egress-dns-port", wk_config_t, egress_dns_port, 0, 65535, "15053",
-                   "space-egressd's DNS port: sandbox queries to their gateway :53 go there "
-                   "(0: dropped)"),
+                   "space-egressd's DNS port: every sandbox DNS query (UDP 53, to any address) "
+                   "goes there (0: dropped)"),
     SP_CFG_STR_OPT("snapshot-store", wk_config_t, snapshot_store, "dir",
                    "where suspended sandboxes go: dir (snapshot-dir, shared by the workers) or "
                    "nats (the JetStream object store, for workers on several hosts)"),
@@ -133,6 +133,51 @@ static int prepare_templates(wk_t *w)
     return rc;
 }
 
+/* --teardown: releases what every identity recorded in the state directory made (each worker
+ * records its id, tag and volume directory there before it makes anything), so `space down
+ * --purge` releases exactly what `space up` made whatever SPACE_ID or SPACE_VOLUME_DIR its
+ * caller has. A state directory from before the record: this process's own id, as before. The
+ * worker's own daemon is stopped (space down does that first): nothing races. */
+static int teardown(const wk_host_config_t *base)
+{
+    char herr[WK_ERR_MAX] = "";
+    wk_host_identity_t *ids = NULL;
+    size_t n = 0;
+    int rc = wk_host_identities(base->state_dir, &ids, &n, herr);
+    if (rc < 0) {
+        sp_log(SP_LOG_ERROR, "teardown: no record of what this state directory made",
+               SP_KS("error", herr), SP_KS("code", sp_strerror(rc)));
+        return rc;
+    }
+    for (size_t i = 0; i < (n ? n : 1) && rc == 0; i++) {
+        wk_host_config_t hc = *base;
+        if (n) {
+            hc.worker_id = ids[i].worker_id;
+            hc.volume_dir = ids[i].volume_dir;
+        }
+        wk_host_t *h = NULL;
+        if ((rc = wk_host_open(&hc, &h, herr)) == 0)
+            rc = wk_host_teardown(h, herr);
+        if (rc == 0 && n && strcmp(wk_host_tag(h), ids[i].tag) != 0) {
+            /* The tag comes from the id and the state directory's path: the directory moved,
+             * and what the recorded tag names is left for the operator (the error stops the
+             * purge). */
+            snprintf(herr, sizeof(herr), "recorded tag %s, but this state directory gives %s",
+                     ids[i].tag, wk_host_tag(h));
+            rc = SP_ECONFIG;
+        }
+        if (rc < 0)
+            sp_log(SP_LOG_ERROR, "teardown failed", SP_KS("worker", hc.worker_id),
+                   SP_KS("error", herr), SP_KS("code", sp_strerror(rc)));
+        else
+            sp_log(SP_LOG_INFO, "host torn down", SP_KS("worker", hc.worker_id),
+                   SP_KS("tag", wk_host_tag(h)), SP_KS("state_dir", hc.state_dir));
+        wk_host_close(h);
+    }
+    wk_host_identities_free(ids, n);
+    return rc;
+}
+
 /* The CA `space up` made ($SPACE_HOME/ca/ca.crt), if there is one (heap path or NULL). */
 static char *default_ca(void)
 {
@@ -209,20 +254,13 @@ int main(int argc, char **argv)
         .egress_dns_port = (uint16_t)cfg.egress_dns_port,
         .ca_cert_path = ca_path,
     };
+    if (cfg.teardown) {
+        code = teardown(&hc) < 0 ? 1 : 0;
+        goto out;
+    }
     if ((rc = wk_host_open(&hc, &w.host, herr)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot prepare the host", SP_KS("error", herr),
                SP_KS("code", sp_strerror(rc)));
-        goto out;
-    }
-    if (cfg.teardown) {
-        /* The worker's own daemon is stopped (space down does that first): nothing races. */
-        if ((rc = wk_host_teardown(w.host, herr)) < 0) {
-            sp_log(SP_LOG_ERROR, "teardown failed", SP_KS("error", herr),
-                   SP_KS("code", sp_strerror(rc)));
-            goto out;
-        }
-        sp_log(SP_LOG_INFO, "host torn down", SP_KS("state_dir", cfg.state_dir));
-        code = 0;
         goto out;
     }
     if (prepare_templates(&w) < 0)

@@ -5,14 +5,22 @@
  *     set sbx  { type ifname . ipv4_addr }   one element per sandbox: (host veth, its address)
  *     chain pre   filter prerouting -150: from our veths: IPv6 dropped; a source that is not
  *                 the sandbox's own (iifname . saddr not in @sbx) dropped; TCP accepted (nat
- *                 redirects it); UDP 53 and ICMP echo-request only to the address of the
- *                 veth itself (fib daddr . iif type local: the gateway .1); the rest dropped
- *     chain nat   nat prerouting -100: TCP -> redirect to :proxy_port, UDP 53 -> :dns_port
- *                 (REDIRECT rewrites the destination to the veth's own address, the gateway;
- *                 SO_ORIGINAL_DST gives the proxy the address the guest chose)
+ *                 redirects it); UDP 53 accepted whatever its destination (nat redirects it);
+ *                 ICMP echo-request only to the address of the veth itself (fib daddr . iif
+ *                 type local: the gateway .1); the rest dropped
+ *     chain nat   nat prerouting -100: TCP -> redirect to :proxy_port, UDP 53 to any address
+ *                 -> :dns_port (REDIRECT rewrites the destination to the veth's own address,
+ *                 the gateway; SO_ORIGINAL_DST gives the proxy the address the guest chose,
+ *                 and conntrack answers a DNS query from the address it was sent to)
  *     chain in    filter input 0: from our veths only tcp :proxy_port, udp :dns_port, icmp
  *                 echo-request; everything else that would reach a host socket is dropped
  *     chain fwd   filter forward 0: nothing is forwarded from or to our veths
+ *
+ * Every DNS query reaches egressd's resolver, whichever resolver the guest names: the template's
+ * resolv.conf (8.8.8.8, say) or one written for an earlier gateway (a sandbox resumed into a
+ * new /30, on this host or another) works unchanged, and no query leaves the host. Without a
+ * DNS port nothing rewrites it, and "in" (to the gateway) or "fwd" (anywhere else) drops it.
+ * TCP 53 is TCP like any other: the proxy gets it and closes it (egressd's DNS is UDP only).
  *
  * Our veths are matched by their name prefix "spv<tag[0..4)>" (worker_runtime_int.h), so the
  * chains are static and a sandbox costs one set element: adding or removing one is a single
@@ -325,10 +333,10 @@ static void build_pre(const ctx_t *c)
     e_verdict(r, NF_ACCEPT);
     rule_put(c, r);
 
+    /* DNS to any address: nat redirects it to egressd's resolver on the gateway. */
     r = rule_new(c, "pre");
     m_l4proto(r, IPPROTO_UDP);
     m_dport(r, 53);
-    m_to_gateway(r);
     e_verdict(r, NF_ACCEPT);
     rule_put(c, r);
 
@@ -356,6 +364,7 @@ static void build_nat(const ctx_t *c)
         e_redirect(r, h->egress_proxy_port);
         rule_put(c, r);
     }
+    /* Whatever address the guest sends its query to: egressd's resolver answers it. */
     if (h->egress_dns_port) {
         struct nftnl_rule *r = rule_new(c, "nat");
         m_ifprefix(h, r, NFT_META_IIFNAME, NFT_CMP_EQ);

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -152,6 +153,139 @@ static bool platform_valid(const char *p)
     return true;
 }
 
+#define IDENTITIES_FILE "identities"
+#define IDENTITIES_MAX  (64 * 1024)
+
+/* The whole identities file of state_dir (NUL-terminated heap text, "" when there is none). */
+static int identities_read(int fd, char **ret_text)
+{
+    char *text = sp_xmalloc(IDENTITIES_MAX + 1);
+    size_t len = 0;
+    for (;;) {
+        ssize_t n = pread(fd, text + len, IDENTITIES_MAX + 1 - len, (off_t)len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            int rc = -errno;
+            free(text);
+            return rc;
+        }
+        if (n == 0)
+            break;
+        len += (size_t)n;
+        if (len > IDENTITIES_MAX) {
+            free(text);
+            return -EFBIG;
+        }
+    }
+    text[len] = '\0';
+    *ret_text = text;
+    return 0;
+}
+
+/* Adds this host's line to state_dir/identities unless it is there, before anything of this
+ * identity exists on the host: a teardown finds it even after a crash half-way through. */
+static int identity_record(const wk_host_t *h, char err[WK_ERR_MAX])
+{
+    char *path = sp_xasprintf("%s/" IDENTITIES_FILE, h->state_dir);
+    char *line = sp_xasprintf("%s %s %s\n", h->tag, h->worker_id, h->volume_dir);
+    char *text = NULL;
+    int rc = 0;
+    int fd = open(path, O_RDWR | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        rc = wk__fail(err, -errno, "open %s: %s", path, strerror(errno));
+        goto out;
+    }
+    /* Two workers on one state directory are an error anyway; the lock keeps the file whole. */
+    if (flock(fd, LOCK_EX) < 0 || (rc = identities_read(fd, &text)) < 0) {
+        rc = wk__fail(err, rc < 0 ? rc : -errno, "read %s: %s", path,
+                      strerror(rc < 0 ? -rc : errno));
+        goto out;
+    }
+    size_t len = strlen(line);
+    for (const char *p = text; p && *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t n = nl ? (size_t)(nl - p) + 1 : strlen(p);
+        if (n == len && memcmp(p, line, len) == 0)
+            goto out; /* recorded already */
+        p += n;
+    }
+    errno = 0;
+    if (write(fd, line, len) != (ssize_t)len || fsync(fd) < 0) {
+        int e = errno ? errno : EIO;
+        rc = wk__fail(err, -e, "write %s: %s", path, strerror(e));
+    }
+out:
+    if (fd >= 0)
+        close(fd);
+    free(text);
+    free(line);
+    free(path);
+    return rc;
+}
+
+void wk_host_identities_free(wk_host_identity_t *ids, size_t n)
+{
+    for (size_t i = 0; ids && i < n; i++) {
+        free(ids[i].worker_id);
+        free(ids[i].volume_dir);
+    }
+    free(ids);
+}
+
+int wk_host_identities(const char *state_dir, wk_host_identity_t **ret_ids, size_t *ret_n,
+                       char err[WK_ERR_MAX])
+{
+    char *path = sp_xasprintf("%s/" IDENTITIES_FILE, state_dir);
+    char *text = NULL;
+    wk_host_identity_t *ids = NULL;
+    size_t n = 0, lineno = 0;
+    int rc = 0;
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        rc = errno == ENOENT ? 0 : wk__fail(err, -errno, "open %s: %s", path, strerror(errno));
+        goto out;
+    }
+    if ((rc = identities_read(fd, &text)) < 0) {
+        rc = wk__fail(err, rc, "read %s: %s", path, strerror(-rc));
+        goto out;
+    }
+    for (char *save = NULL, *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        lineno++;
+        /* "<8 hex> <worker id> <absolute volume dir, the rest of the line>" */
+        char *id = strchr(l, ' '), *vol = id ? strchr(id + 1, ' ') : NULL;
+        if (!id || !vol || id - l != WK_TAG_LEN || strspn(l, "0123456789abcdef") != WK_TAG_LEN ||
+            vol[1] != '/') {
+            rc = wk__fail(err, -EBADMSG, "%s:%zu: not \"<tag> <worker id> <volume dir>\"", path,
+                          lineno);
+            goto out;
+        }
+        *id++ = '\0';
+        *vol++ = '\0';
+        if (!sp_id_valid(id)) {
+            rc = wk__fail(err, -EBADMSG, "%s:%zu: invalid worker id", path, lineno);
+            goto out;
+        }
+        ids = sp_xrealloc(ids, (n + 1) * sizeof(*ids));
+        memcpy(ids[n].tag, l, WK_TAG_LEN + 1);
+        ids[n].worker_id = sp_xstrdup(id);
+        ids[n].volume_dir = sp_xstrdup(vol);
+        n++;
+    }
+out:
+    if (fd >= 0)
+        close(fd);
+    free(text);
+    free(path);
+    if (rc < 0) {
+        wk_host_identities_free(ids, n);
+        return rc;
+    }
+    *ret_ids = ids;
+    *ret_n = n;
+    return 0;
+}
+
 int wk_host_open(const wk_host_config_t *cfg, wk_host_t **ret_host, char err[WK_ERR_MAX])
 {
     uint8_t a, b;
@@ -162,6 +296,8 @@ int wk_host_open(const wk_host_config_t *cfg, wk_host_t **ret_host, char err[WK_
     if (!cfg->state_dir || cfg->state_dir[0] != '/' || !cfg->volume_dir ||
         cfg->volume_dir[0] != '/')
         return wk__fail(err, SP_ECONFIG, "state_dir and volume_dir must be absolute paths");
+    if (strchr(cfg->volume_dir, '\n'))
+        return wk__fail(err, SP_ECONFIG, "volume_dir holds a newline");
     if (parse_prefix(cfg->net_prefix, &a, &b) < 0)
         return wk__fail(err, SP_ECONFIG, "net_prefix must be two octets like 10.200");
     const char *platform = cfg->runsc_platform ? cfg->runsc_platform : "ptrace";
@@ -220,6 +356,9 @@ int wk_host_open(const wk_host_config_t *cfg, wk_host_t **ret_host, char err[WK_
             goto fail;
         }
     }
+    /* Recorded before the volume, the firewall table or any sandbox exists. */
+    if ((rc = identity_record(h, err)) < 0)
+        goto fail;
     rc = wk__volume_open(cfg, err);
     if (rc < 0)
         goto fail;
@@ -441,6 +580,18 @@ int wk_sandbox_create(wk_host_t *h, const wk_sandbox_spec_t *spec, wk_sandbox_in
     if (rc < 0)
         goto out;
     net_ms = ms_since(t);
+    /* Its gateway is the .1 of its /30 (the sandbox the .2): the resolver for a template that
+     * names none (worker_resolv.c). Not at restore: the rootfs must stay as checkpointed. */
+    struct in_addr guest;
+    if (inet_pton(AF_INET, info.address, &guest) != 1) {
+        rc = wk__fail(err, -EINVAL, "sandbox %s: bad address %s", id, info.address);
+        goto out;
+    }
+    rc = wk__resolv_install(rootfs, htonl(ntohl(guest.s_addr) - 1), err);
+    if (rc < 0)
+        goto out;
+    if (rc == 1)
+        sp_log(SP_LOG_DEBUG, "resolver written", SP_KS("sandbox", id));
 
     if (h->agent_path) {
         t = wk__now_us();

@@ -47,6 +47,21 @@ int wk_host_open(const wk_host_config_t *cfg, wk_host_t **ret_host, char err[WK_
 /* Releases memory and fds; leaves sandboxes, mounts and templates in place. Accepts NULL. */
 void wk_host_close(wk_host_t *h);
 
+/* Every identity that has opened a state directory, recorded there by wk_host_open before it
+ * makes anything on the host (<state_dir>/identities, one "<tag> <worker_id> <volume_dir>" line
+ * each): what a teardown must release, whatever id and volume directory it is itself given. */
+typedef struct {
+    char tag[8 + 1]; /* wk_host_tag */
+    char *worker_id;
+    char *volume_dir;
+} wk_host_identity_t;
+/* The recorded identities in the order they first opened state_dir (heap array; free with
+ * wk_host_identities_free); *ret_n 0 for a state directory from before the record. A line that
+ * does not parse is an error (-EBADMSG): a teardown must not guess. */
+int wk_host_identities(const char *state_dir, wk_host_identity_t **ret_ids, size_t *ret_n,
+                       char err[WK_ERR_MAX]);
+void wk_host_identities_free(wk_host_identity_t *ids, size_t n);
+
 /* Templates are read-only btrfs subvolumes under volume_dir/templates/<name>. Built-in:
  *   "tiny": busybox-static, built in well under a second;
  *   "base": Debian bookworm minbase via debootstrap with bash, coreutils, iproute2, curl,

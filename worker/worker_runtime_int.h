@@ -3,7 +3,8 @@
  *
  * Naming of host resources (all derived from the worker id, so two workers on one host never
  * touch each other's, and from the sandbox id, so every resource maps back to its sandbox):
- *   tag      8 hex chars of SHA-256(worker_id)
+ *   tag      8 hex chars of SHA-256(worker_id "\n" state_dir), recorded with the id and the
+ *            volume_dir in <state_dir>/identities before anything is made (wk_host_identities)
  *   netns    /run/netns/sp-<tag>-<id>
  *   veth     spv<tag[0..4)><8 hex of SHA-256(id)> (IFNAMSIZ-1 = 15 chars), peer "eth0" in the
  *            netns; its ifalias is "space <worker_id> <id>"
@@ -75,6 +76,18 @@ extern const char *const wk__trust_env[WK_TRUST_ENV_N];
 int wk__trust_load(const char *path, char **ret_pem, char err[WK_ERR_MAX]);
 /* Writes the CA into the rootfs (the trust store files, profile.d); a no-op without ca_pem. */
 int wk__trust_install(const wk_host_t *h, const char *rootfs, char err[WK_ERR_MAX]);
+
+/* ---- the resolver in sandboxes (worker_resolv.c) ---- */
+
+/* Whether resolv.conf text names a nameserver (a line "nameserver <address>", as glibc and musl
+ * read it). */
+bool wk__resolv_has_nameserver(const char *text, size_t len);
+/* At create: writes "nameserver <gateway_be>" as the rootfs's /etc/resolv.conf when the
+ * template names no nameserver (the file missing, without such a line, or a link; the
+ * template's other lines are kept). Everything relative to the rootfs, no link followed.
+ * 1 when written, 0 when left alone (the template has its own nameserver, or /etc or the file
+ * is not something to rewrite: a link, a directory, over 64 KiB), < 0 on error. */
+int wk__resolv_install(const char *rootfs, uint32_t gateway_be, char err[WK_ERR_MAX]);
 
 /* ---- processes (worker_spawn.c) ---- */
 

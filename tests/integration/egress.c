@@ -359,12 +359,7 @@ static int setup(void **state)
         "ip -4 addr show eth0 | awk '/inet / {sub(\"/.*\",\"\",$2); print $2}'");
     buf[strcspn(buf, "\n")] = '\0';
     snprintf(addr_b, sizeof(addr_b), "%.15s", buf);
-    char out[512];
-    run(sa, out, sizeof(out), "echo nameserver %s > /etc/resolv.conf", gw_a);
-    run(sc, out, sizeof(out), "echo nameserver %s > /etc/resolv.conf", gw_c);
-    run(sb, out, sizeof(out),
-        "echo nameserver $(ip route | awk '/default/ {print $3}') > "
-        "/etc/resolv.conf");
+    /* No resolver set up here: each sandbox resolves with what the worker gave it. */
     put_probe(sa);
     put_probe(sc);
     return 0;
@@ -428,7 +423,8 @@ static void test_dns_denied_without_upstream_query(void **state)
     assert_null(strstr(out, ALLOWED));
     /* Not one of these reached the resolver. */
     assert_int_equal(stat_of("dns"), dns0);
-    /* A resolver of the guest's choosing: UDP to anything but the gateway is dropped. */
+    /* A resolver of the guest's choosing (the test internet's own): the query goes to egressd
+     * all the same, which refuses the name. */
     run(sa, out, sizeof(out), "nslookup forbidden.test " RESOLVER);
     assert_null(strstr(out, FORBIDDEN));
     assert_int_equal(stat_of("dns"), dns0);
@@ -634,7 +630,6 @@ static void test_allow_all_stays_outside(void **state)
     char sd[64], gw[16], out[4096];
     create(sd, "{\"mode\":\"allow_all\"}");
     gateway_of(sd, gw);
-    run(sd, out, sizeof(out), "echo nameserver %s > /etc/resolv.conf", gw);
     int lport = 0, lfd = host_listener(&lport);
     /* The listener works: the test itself reaches it on the test veth's address. */
     int probe = socket(AF_INET, SOCK_STREAM, 0);
@@ -1024,10 +1019,8 @@ static void test_policy_survives_suspend(void **state)
             fail_msg("%s: %d %s", ops[i], r.status, r.body);
         sp_test_http_free(&r);
     }
-    /* Its resolver is its gateway (the test sets it, as for the others; after the resume the
-     * gateway is the one of its new netns). */
-    run(sd, out, sizeof(out),
-        "echo nameserver $(ip route | awk '/default/ {print $3}') > /etc/resolv.conf");
+    /* Its resolv.conf is the one written at create (test_dns_out_of_the_box: also when the
+     * resume changed the gateway). */
     run(sd, out, sizeof(out),
         "nslookup allowed.test >/dev/null; " HTTP_GET("allowed.test", ALLOWED));
     if (!strstr(out, "site:allowed"))
@@ -1214,9 +1207,7 @@ static void test_bandwidth(void **state)
     NEED_ROOT();
     char out[4096], sd[64];
     create(sd, RATE_POLICY);
-    run(sd, out, sizeof(out),
-        "echo nameserver $(ip route | awk '/default/ {print $3}') > /etc/resolv.conf; "
-        "nslookup allowed.test");
+    run(sd, out, sizeof(out), "nslookup allowed.test");
     put_probe(sd);
     timed(sd, "5 MB down at 1 MB/s", 3.5, 9, DOWNLOAD("5000000"));
     timed(sd, "5 MB up at 1 MB/s", 3.5, 9, UPLOAD("5000000"));
@@ -1441,6 +1432,95 @@ static void test_suspend_refused_for_time_wait(void **state)
     delete_sandbox(sd);
 }
 
+/* Whether an interface of this host holds addr (a sandbox's gateway: its veth's host end). */
+static bool host_holds(const char *addr)
+{
+    return sh("ip -4 -o addr show | grep -q ' inet %s/'", addr) == 0;
+}
+
+static void lifecycle_op(const char *id, const char *op)
+{
+    char path[128];
+    sp_test_http_resp_t r;
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/%s", id, op);
+    sp_test_http(port, "POST", path, key, NULL, NULL, 0, &r);
+    if (r.status != 200)
+        fail_msg("%s %s: %d %s", op, id, r.status, r.body);
+    sp_test_http_free(&r);
+}
+
+/* Every sandbox resolves through egressd with no setup at all (issue 13). The tiny template
+ * names no resolver: the worker writes the sandbox's gateway into its resolv.conf at create. A
+ * resolv.conf naming another resolver (the test internet's own, routed into its namespace) is
+ * answered by egressd all the same: the firewall redirects every DNS query, so the resolver
+ * sees only what egressd asks, never a forbidden name. And after a resume into a new /30, the
+ * resolv.conf from create, naming the old gateway, still resolves. Only DNS (UDP) before the
+ * suspend: a TCP connection could leave a TIME_WAIT that refuses it. */
+static void test_dns_out_of_the_box(void **state)
+{
+    NEED_ROOT();
+    char out[4096], sd[64], gw0[16], gw1[16], want[64], others[8][64];
+    size_t n_others = 0;
+    create(sd, POLICY_A);
+    gateway_of(sd, gw0);
+
+    /* (i) A fresh sandbox, nothing set up. */
+    run(sd, out, sizeof(out), "cat /etc/resolv.conf");
+    snprintf(want, sizeof(want), "\nnameserver %s\n", gw0);
+    if (!strstr(out, want))
+        fail_msg("resolv.conf at create does not name the gateway %s: %s", gw0, out);
+    long long dns0 = stat_of("dns");
+    run(sd, out, sizeof(out), "nslookup allowed.test");
+    if (!strstr(out, "Address: " ALLOWED))
+        fail_msg("nslookup allowed.test in a fresh sandbox: %s", out);
+    assert_true(stat_of("dns") > dns0);
+
+    /* (ii) Another resolver named: still egressd's answers and refusals. */
+    run(sd, out, sizeof(out),
+        "cp /etc/resolv.conf /root/resolv.conf.create && echo nameserver " RESOLVER
+        " > /etc/resolv.conf && nslookup allowed.test");
+    if (!strstr(out, "Address: " ALLOWED))
+        fail_msg("nslookup allowed.test with nameserver " RESOLVER ": %s", out);
+    dns0 = stat_of("dns");
+    run(sd, out, sizeof(out), "nslookup forbidden.test; nslookup forbidden.test " RESOLVER);
+    if (strstr(out, FORBIDDEN))
+        fail_msg("forbidden.test resolved through " RESOLVER ": %s", out);
+    usleep(300 * 1000);
+    assert_int_equal(stat_of("dns"), dns0);
+    assert_denied(sd, "denied_by_rule"); /* egressd decided: the query reached it */
+    run(sd, out, sizeof(out), "cp /root/resolv.conf.create /etc/resolv.conf && echo ok");
+    if (!strstr(out, "ok"))
+        fail_msg("restoring resolv.conf: %s", out);
+
+    /* (iii) Suspend; new sandboxes take the freed /30 (the pool gives the lowest free one), so
+     * the resume gets another gateway; resolv.conf is not touched again. */
+    lifecycle_op(sd, "suspend");
+    /* The worker releases the host resources right after SandboxSuspended is in the log. */
+    for (int i = 0; i < 200 && host_holds(gw0); i++)
+        usleep(50 * 1000);
+    if (host_holds(gw0))
+        fail_msg("%s's veth still holds %s 10 s after the suspend", sd, gw0);
+    while (!host_holds(gw0)) {
+        if (n_others == sizeof(others) / sizeof(others[0]))
+            fail_msg("no new sandbox took %s's old /30 (gateway %s)", sd, gw0);
+        create(others[n_others++], NULL);
+    }
+    lifecycle_op(sd, "resume");
+    gateway_of(sd, gw1);
+    print_message("gateway before the suspend %s, after the resume %s\n", gw0, gw1);
+    assert_string_not_equal(gw0, gw1);
+    run(sd, out, sizeof(out), "cat /etc/resolv.conf; nslookup allowed.test");
+    if (!strstr(out, want) || !strstr(out, "Address: " ALLOWED))
+        fail_msg("nslookup allowed.test after the resume, resolv.conf from create: %s", out);
+    /* The answer was egressd's: the address is attributed, the site reachable. */
+    run(sd, out, sizeof(out), HTTP_GET("allowed.test", ALLOWED));
+    if (!strstr(out, "site:allowed host:allowed.test"))
+        fail_msg("GET allowed.test after the resume: %s", out);
+    for (size_t i = 0; i < n_others; i++)
+        delete_sandbox(others[i]);
+    delete_sandbox(sd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1461,6 +1541,7 @@ int main(void)
         cmocka_unit_test(test_suspend_with_connections),
         cmocka_unit_test(test_suspend_after_closes_cross),
         cmocka_unit_test(test_suspend_refused_for_time_wait),
+        cmocka_unit_test(test_dns_out_of_the_box),
         cmocka_unit_test(test_denials_logged),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -47,5 +47,7 @@ echo /usr/local/lib/space/statx_shim.so >"$dir/etc/ld.so.preload"
 # Package lists and downloaded .debs are large and stale by the time a sandbox runs.
 chroot "$dir" apt-get clean
 rm -rf "$dir"/var/lib/apt/lists/* "$dir"/var/cache/apt/*.bin
-: >"$dir/etc/resolv.conf"
+# debootstrap copied this host's resolver configuration; a sandbox has its own: the worker
+# writes "nameserver <gateway>" into each sandbox's rootfs at create (worker_resolv.c).
+rm -f "$dir/etc/resolv.conf"
 echo "base.sh: done"
