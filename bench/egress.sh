@@ -28,6 +28,7 @@ N=${BENCH_N:-2000}         # requests on one connection
 NC=${BENCH_NEWCONN:-300}   # requests with a connection each
 BIG=${BENCH_BIG:-268435456} # bytes of the download
 LIMIT=${BENCH_LIMIT:-10000000} # bytes per second of the limited rows
+ROUNDS=${BENCH_ROUNDS:-2}  # rounds of every row
 pki=$SPACE_HOME/bench-pki
 stats=$SPACE_HOME/bench-inet.json
 api=$SPACE_API_URL
@@ -115,7 +116,7 @@ line() { # label, then the probe's bench line
   printf '%-34s %s\n' "$1" "$(echo "$2" | grep '^bench:' | sed 's/^bench: //')"
 }
 echo "egress bench: N=$N keep-alive, NC=$NC new connections, download $((BIG >> 20)) MiB; load: $(cut -d' ' -f1-3 /proc/loadavg)"
-for round in 1 2; do
+for round in $(seq "$ROUNDS"); do
   echo "-- round $round"
   line "direct http  keep-alive"  "$(probe_host --host allowed.test --bench "$N" "$A" 8080)"
   line "cidr   http  keep-alive"  "$(probe_sbx --host allowed.test --bench "$N" "$C" 8080)"
