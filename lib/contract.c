@@ -88,43 +88,49 @@ int sp_identity_parse(const char *name, sp_identity_t *ret)
 }
 
 /* ---- subjects ----
- * pub_any / pub_own / sub_any / sub_own. Stream subjects are read through durables, so they
- * have no core subscribers. Data-plane replies go to the requester's inbox (natsperm.c). */
+ * S(id, name, pattern, stream, request, pub_any, pub_own, sub_any, sub_own, what).
+ * Stream subjects: publishers come from the event types (sp_event_emitters), readers from
+ * the durables. Data-plane replies go to the requester's inbox (natsauth.c). */
+#define S(i, n, p, st, rq, pa, po, sa, so, w)                                                      \
+    [(i)] = {.id = (i),                                                                            \
+             .name = (n),                                                                          \
+             .pattern = (p),                                                                       \
+             .stream = (st),                                                                       \
+             .request = (rq),                                                                      \
+             .pub_any = (pa),                                                                      \
+             .pub_own = (po),                                                                      \
+             .sub_any = (sa),                                                                      \
+             .sub_own = (so),                                                                      \
+             .what = (w)}
 static const sp_subject_t subjects[SP_SUBJ__COUNT] = {
-    [SP_SUBJ_EV_SBX] = {SP_SUBJ_EV_SBX, "ev.sbx", "space.ev.sbx.{worker}.{sandbox}.{type}", true,
-                        false, K(GATEWAY) | K(SCHEDULER) | K(PLATFORM), K(WORKER), 0, 0,
-                        "sandbox lifecycle events; {worker} is _ until placed, then the owner"},
-    [SP_SUBJ_EV_IO] = {SP_SUBJ_EV_IO, "ev.io", "space.ev.io.{worker}.{sandbox}.{type}", true, false,
-                       K(GATEWAY) | K(PLATFORM), K(WORKER), 0, 0,
-                       "what happens inside a sandbox: Command*, File*, DirCreated"},
-    [SP_SUBJ_EV_WKR] = {SP_SUBJ_EV_WKR, "ev.wkr", "space.ev.wkr.{worker}.{type}", true, false,
-                        K(SCHEDULER), K(WORKER), 0, 0,
-                        "worker events: heartbeats, reconciliation, stopped"},
-    [SP_SUBJ_EV_EGRESS] = {SP_SUBJ_EV_EGRESS, "ev.egress", "space.ev.egress.{sandbox}.{type}", true,
-                           false, K(EGRESSD), 0, 0, 0,
-                           "egressd facts: NetworkPolicyChanged, EgressAllowed, EgressDenied"},
-    [SP_SUBJ_EV_CRED] = {SP_SUBJ_EV_CRED, "ev.cred", "space.ev.cred.{tenant}.{type}", true, false,
-                         K(CREDSTORE), 0, 0, 0, "credential audit events (credstore: next)"},
-    [SP_SUBJ_IO_EXEC] = {SP_SUBJ_IO_EXEC, "io.exec", "space.io.wkr.{worker}.exec", false, true,
-                         K(GATEWAY), 0, 0, K(WORKER), "ExecRequest -> ExecReply"},
-    [SP_SUBJ_IO_CTL] = {SP_SUBJ_IO_CTL, "io.ctl", "space.io.wkr.{worker}.ctl", false, true,
-                        K(GATEWAY), 0, 0, K(WORKER), "CtlRequest -> CtlReply"},
-    [SP_SUBJ_IO_FILE] = {SP_SUBJ_IO_FILE, "io.file", "space.io.wkr.{worker}.file", false, true,
-                         K(GATEWAY), 0, 0, K(WORKER), "FileCall -> FileReply"},
-    [SP_SUBJ_IO_WATCH] = {SP_SUBJ_IO_WATCH, "io.watch", "space.io.wkr.{worker}.watch", false, true,
-                          K(GATEWAY), 0, 0, K(WORKER), "WatchCall -> WatchReply"},
-    [SP_SUBJ_IO_CMD] = {SP_SUBJ_IO_CMD, "io.cmd", "space.io.cmd.{cmd}.{part}", false, false,
-                        K(WORKER), 0, K(GATEWAY), 0, "IoStart, IoChunk, IoExit of a command"},
-    [SP_SUBJ_IO_WATCH_EV] = {SP_SUBJ_IO_WATCH_EV, "io.watch.ev", "space.io.watch.{watch}.{part}",
-                             false, false, K(WORKER), 0, K(GATEWAY), 0,
-                             "WatchBatch, WatchEnd of a directory watch"},
-    [SP_SUBJ_IO_EGRESS_RST] = {SP_SUBJ_IO_EGRESS_RST, "io.egress.reset",
-                               "space.io.egress.{worker}.reset", false, true, 0, K(WORKER), 0,
-                               K(EGRESSD),
-                               "EgressReset -> EgressResetReply, worker to its egressd"},
-    [SP_SUBJ_IO_CRED] = {SP_SUBJ_IO_CRED, "io.cred", "space.io.cred.{worker}.get", false, true, 0,
-                         K(EGRESSD), K(CREDSTORE), 0, "credential lookup (credstore: next)"},
+    S(SP_SUBJ_EV_SBX, "ev.sbx", "space.ev.sbx.{worker}.{sandbox}.{type}", true, false, 0, 0, 0, 0,
+      "sandbox lifecycle events; {worker} is _ until placed, then the owner"),
+    S(SP_SUBJ_EV_IO, "ev.io", "space.ev.io.{worker}.{sandbox}.{type}", true, false, 0, 0, 0, 0,
+      "what happens inside a sandbox: Command*, File*, DirCreated"),
+    S(SP_SUBJ_EV_WKR, "ev.wkr", "space.ev.wkr.{worker}.{type}", true, false, 0, 0, 0, 0,
+      "worker events: heartbeats, reconciliation, stopped"),
+    S(SP_SUBJ_EV_EGRESS, "ev.egress", "space.ev.egress.{sandbox}.{type}", true, false, 0, 0, 0, 0,
+      "egressd facts: NetworkPolicyChanged, EgressAllowed, EgressDenied"),
+    S(SP_SUBJ_EV_CRED, "ev.cred", "space.ev.cred.{tenant}.{type}", true, false, 0, 0, 0, 0,
+      "credential audit events (credstore: next)"),
+    S(SP_SUBJ_IO_EXEC, "io.exec", "space.io.wkr.{worker}.exec", false, true, K(GATEWAY), 0, 0,
+      K(WORKER), "ExecRequest -> ExecReply"),
+    S(SP_SUBJ_IO_CTL, "io.ctl", "space.io.wkr.{worker}.ctl", false, true, K(GATEWAY), 0, 0,
+      K(WORKER), "CtlRequest -> CtlReply"),
+    S(SP_SUBJ_IO_FILE, "io.file", "space.io.wkr.{worker}.file", false, true, K(GATEWAY), 0, 0,
+      K(WORKER), "FileCall -> FileReply"),
+    S(SP_SUBJ_IO_WATCH, "io.watch", "space.io.wkr.{worker}.watch", false, true, K(GATEWAY), 0, 0,
+      K(WORKER), "WatchCall -> WatchReply"),
+    S(SP_SUBJ_IO_CMD, "io.cmd", "space.io.cmd.{cmd}.{part}", false, false, K(WORKER), 0, K(GATEWAY),
+      0, "IoStart, IoChunk, IoExit of a command"),
+    S(SP_SUBJ_IO_WATCH_EV, "io.watch.ev", "space.io.watch.{watch}.{part}", false, false, K(WORKER),
+      0, K(GATEWAY), 0, "WatchBatch, WatchEnd of a directory watch"),
+    S(SP_SUBJ_IO_EGRESS_RST, "io.egress.reset", "space.io.egress.{worker}.reset", false, true, 0,
+      K(WORKER), 0, K(EGRESSD), "EgressReset -> EgressResetReply, worker to its egressd"),
+    S(SP_SUBJ_IO_CRED, "io.cred", "space.io.cred.{worker}.get", false, true, 0, K(EGRESSD),
+      K(CREDSTORE), 0, "credential lookup (credstore: next)"),
 };
+#undef S
 
 const sp_subject_t *sp_subject(sp_subject_id_t id)
 {

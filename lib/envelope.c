@@ -660,6 +660,10 @@ int sp_envelope_canonical(const uint8_t *raw, size_t len, uint8_t *out, size_t *
 
     if ((!raw && len) || !out || !ret_len)
         return -EINVAL;
+    if (len == 0) {
+        *ret_len = 0;
+        return 0;
+    }
     while (p < end) {
         const uint8_t *start = p;
         uint64_t key, v;

@@ -184,7 +184,8 @@ static int write_file(const char *path, const char *data, mode_t mode, bool excl
 
 int sp_natsauth_creds_create(const char *dir, const char *identity)
 {
-    char pub[SP_NKEY_PUB_LEN + 2], seed_text[SP_NKEY_SEED_LEN + 2];
+    char pub[SP_NKEY_PUB_LEN + 1], seed_text[SP_NKEY_SEED_LEN + 1];
+    char pub_line[SP_NKEY_PUB_LEN + 2], seed_line[SP_NKEY_SEED_LEN + 2];
     uint8_t seed[32];
     sp_identity_t id;
     char *nk, *nkpub, *key, *kpub;
@@ -203,12 +204,13 @@ int sp_natsauth_creds_create(const char *dir, const char *identity)
     sp_random_bytes(seed, sizeof(seed));
     sp_nkey_encode(seed, pub, seed_text);
     explicit_bzero(seed, sizeof(seed));
-    strcat(seed_text, "\n");
-    strcat(pub, "\n");
-    rc = write_file(nk, seed_text, 0600, true);
+    snprintf(seed_line, sizeof(seed_line), "%s\n", seed_text);
+    snprintf(pub_line, sizeof(pub_line), "%s\n", pub);
     explicit_bzero(seed_text, sizeof(seed_text));
+    rc = write_file(nk, seed_line, 0600, true);
+    explicit_bzero(seed_line, sizeof(seed_line));
     if (rc == 0)
-        rc = write_file(nkpub, pub, 0644, false);
+        rc = write_file(nkpub, pub_line, 0644, false);
     if (rc == 0)
         rc = sp_sign_keygen(key, kpub);
     if (rc < 0) {

@@ -77,17 +77,18 @@ typedef enum {
 } sp_subject_id_t;
 
 typedef struct {
-    sp_subject_id_t id;
     const char *name;    /* short name for docs and tools: "ev.sbx", "io.exec" */
     const char *pattern; /* tokens; "{x}" is a placeholder for one token */
-    bool stream;         /* stored in SP_BUS_STREAM (else core NATS, never stored) */
-    bool request;        /* request/reply: subscribers answer on the request's reply subject */
+    const char *what;
+    sp_subject_id_t id;
     /* Kinds that publish / subscribe on any instance's subject, and kinds that may only use
      * the subject whose {worker} token is their own instance. Stream subjects have no core
-     * subscribers: they are read through JetStream consumers (sp_contract_consumers). */
+     * subscribers: they are read through JetStream consumers (sp_contract_consumers), and
+     * their publishers are those of each event type (sp_event_emitters), so they are 0 here. */
     unsigned pub_any, pub_own;
     unsigned sub_any, sub_own;
-    const char *what;
+    bool stream;  /* stored in SP_BUS_STREAM (else core NATS, never stored) */
+    bool request; /* request/reply: subscribers answer on the request's reply subject */
 } sp_subject_t;
 
 /* The table, indexed by sp_subject_id_t. */

@@ -245,11 +245,11 @@ static int placement(void *arg, const char *tenant, const char *sandbox,
     int *calls = arg;
     (*calls)++;
     if (strcmp(sandbox, "sbx_a") == 0) {
-        strcpy(worker, "w1");
+        memcpy(worker, "w1", 3);
         return 1;
     }
     if (strcmp(sandbox, "sbx_b") == 0) {
-        strcpy(worker, "w2");
+        memcpy(worker, "w2", 3);
         return 1;
     }
     return 0;
@@ -524,7 +524,7 @@ static void test_trust_subject_must_agree(void **state)
     /* A good signature moved to another sandbox's subject. */
     msg_init(&m, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED, "acme", "sbx_new");
     msg_sign(&m, GATEWAY, NULL);
-    strcpy(m.subject, "space.ev.sbx._.sbx_victim.SandboxCreateRequested");
+    snprintf(m.subject, sizeof(m.subject), "space.ev.sbx._.sbx_victim.SandboxCreateRequested");
     assert_int_equal(check(&m, &t, reason), SP_ESCHEMA);
 }
 

@@ -251,7 +251,7 @@ static int teardown(void **state)
     /* SPACE_TEST_KEEP=1 keeps the directory (nats.conf, nats.log) for a look. */
     if (dir[sizeof(dir) - 7] != 'X' && !getenv("SPACE_TEST_KEEP")) {
         char *cmd = sp_xasprintf("rm -rf '%s'", dir);
-        int rc = system(cmd);
+        int rc = system(cmd); /* NOLINT(cert-env33-c) */
         free(cmd);
         (void)rc;
     }
