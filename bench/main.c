@@ -64,11 +64,18 @@ int main(int argc, char **argv)
     }
     if (argi + 1 != argc ||
         (strcmp(argv[argi], "eventlog") != 0 && strcmp(argv[argi], "create") != 0 &&
-         strcmp(argv[argi], "exec") != 0 && strcmp(argv[argi], "lifecycle") != 0)) {
-        fprintf(stderr, "usage: space-bench [options] eventlog|create|exec|lifecycle\n");
+         strcmp(argv[argi], "exec") != 0 && strcmp(argv[argi], "lifecycle") != 0 &&
+         strcmp(argv[argi], "sign") != 0)) {
+        fprintf(stderr, "usage: space-bench [options] eventlog|create|exec|lifecycle|sign\n");
         goto out;
     }
     sp_log_init("space-bench", SP_LOG_WARN, SP_LOG_KV);
+    if (strcmp(argv[argi], "sign") == 0) {
+        /* CPU only: no stack to connect to. */
+        c.events = (size_t)cfg.events;
+        code = bench_sign(&c);
+        goto out;
+    }
     sp_bus_opts_t bo = {.url = cfg.nats_url, .name = "space-bench", .timeout_ms = 10000};
     int rc = sp_bus_connect(&bo, &c.bus);
     if (rc >= 0)

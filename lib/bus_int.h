@@ -18,6 +18,9 @@ struct sp_bus {
     /* Async publishes the server refused since the last sp_bus_publish_async_complete;
      * incremented on a cnats thread. */
     atomic_int async_failed;
+    /* The NKey seed file, read on each (re)connect to sign the server's nonce; the seed is
+     * in memory only for the signature. */
+    char *nkey_seed_file;
 };
 
 /* Maps a cnats status (and the JetStream error code, when the server sent one) to our codes

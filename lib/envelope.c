@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "contract.h"
 #include "error.h"
 #include "fspath.h"
 #include "ids.h"
@@ -28,6 +29,8 @@
 #define ARG_MAX_BYTES      4096
 #define CMD_MAX_BYTES      16384
 #define FILE_PATH_MAX      SP_FSPATH_MAX
+#define SIG_LEN            64 /* Ed25519 (sign.h) */
+#define SIG_FIELD          11 /* Envelope.signature */
 /* 2020-01-01 .. 2100-01-01 in microseconds: anything outside is a bug or a forgery. */
 #define TIME_MIN_US 1577836800000000LL
 #define TIME_MAX_US 4102444800000000LL
@@ -525,6 +528,19 @@ int sp_envelope_validate(const sp_envelope_t *e, char reason[SP_REASON_MAX])
     CHECK_TEXT(e->correlation_id, CORR_MAX, "correlation_id");
     if (e->causation_id[0] && sp_uuid_parse(e->causation_id, uuid) < 0)
         return fail(reason, SP_ESCHEMA, "causation_id: not a UUID");
+    /* Whether the signature verifies, and whether the signer may say this, is the trust
+     * check's (trust.h); the schema only bounds the fields. A signer without a signature is
+     * the state sp_envelope_encode_signed encodes before signing. */
+    if (e->signer[0]) {
+        sp_identity_t id;
+        if (sp_identity_parse(e->signer, &id) < 0)
+            return fail(reason, SP_ESCHEMA, "signer: not an identity (kind[-id], at most %d bytes)",
+                        SP_IDENTITY_MAX);
+    }
+    if (e->signature.len != 0 && e->signature.len != SIG_LEN)
+        return fail(reason, SP_ESCHEMA, "signature: %zu bytes, want %d", e->signature.len, SIG_LEN);
+    if (e->signature.len && !e->signer[0])
+        return fail(reason, SP_ESCHEMA, "signature: without signer");
     return validate_payload(e, reason);
 }
 
@@ -616,5 +632,72 @@ int sp_envelope_check_subject(const sp_envelope_t *env, const char *subject,
     }
     if (sp_envelope_subject(env, worker, want, sizeof(want)) < 0 || strcmp(want, subject) != 0)
         return fail(reason, SP_ESCHEMA, "subject %.128s does not match the envelope", subject);
+    return 0;
+}
+
+/* Reads a base-128 varint (at most 10 bytes) at *p, advancing it; -1 when truncated or too
+ * long. */
+static int read_varint(const uint8_t **p, const uint8_t *end, uint64_t *ret)
+{
+    uint64_t v = 0;
+    for (unsigned shift = 0; shift < 70; shift += 7) {
+        if (*p >= end)
+            return -1;
+        uint8_t b = *(*p)++;
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *ret = v;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+int sp_envelope_canonical(const uint8_t *raw, size_t len, uint8_t *out, size_t *ret_len)
+{
+    const uint8_t *p = raw, *end = raw + len;
+    size_t n = 0;
+
+    if ((!raw && len) || !out || !ret_len)
+        return -EINVAL;
+    if (len == 0) {
+        *ret_len = 0;
+        return 0;
+    }
+    while (p < end) {
+        const uint8_t *start = p;
+        uint64_t key, v;
+
+        if (read_varint(&p, end, &key) < 0)
+            return SP_EDECODE;
+        switch (key & 7) {
+        case 0: /* varint */
+            if (read_varint(&p, end, &v) < 0)
+                return SP_EDECODE;
+            break;
+        case 1: /* 64-bit */
+            if ((size_t)(end - p) < 8)
+                return SP_EDECODE;
+            p += 8;
+            break;
+        case 2: /* length-delimited */
+            if (read_varint(&p, end, &v) < 0 || v > (uint64_t)(end - p))
+                return SP_EDECODE;
+            p += v;
+            break;
+        case 5: /* 32-bit */
+            if ((size_t)(end - p) < 4)
+                return SP_EDECODE;
+            p += 4;
+            break;
+        default: /* groups (3, 4) are not in proto3, 6 and 7 do not exist */
+            return SP_EDECODE;
+        }
+        if ((key >> 3) == SIG_FIELD)
+            continue;
+        memcpy(out + n, start, (size_t)(p - start));
+        n += (size_t)(p - start);
+    }
+    *ret_len = n;
     return 0;
 }

@@ -18,6 +18,12 @@ static const char *const sp_messages[] = {
     [SP_ECONFIG - SP_EFIRST] = "bad configuration value",
     [SP_ENOTFOUND - SP_EFIRST] = "not found",
     [SP_ECHAIN - SP_EFIRST] = "hash chain broken",
+    [SP_EUNSIGNED - SP_EFIRST] = "unsigned envelope",
+    [SP_ESIGNER - SP_EFIRST] = "unknown signer",
+    [SP_ESIGNATURE - SP_EFIRST] = "bad signature",
+    [SP_ENOTALLOWED - SP_EFIRST] = "signer may not emit this event type",
+    [SP_ENOTOWN - SP_EFIRST] = "not the signer's own subject or sandbox",
+    [SP_ETENANT - SP_EFIRST] = "tenant not among the signer's tenants",
 };
 
 _Static_assert(sizeof(sp_messages) / sizeof(sp_messages[0]) == SP_ELAST - SP_EFIRST,

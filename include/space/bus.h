@@ -26,17 +26,21 @@ typedef struct sp_bus_consumer sp_bus_consumer_t;
 typedef struct sp_bus_batch sp_bus_batch_t;
 
 typedef struct {
-    const char *url;       /* "nats://127.0.0.1:4222"; comma-separated list for a cluster */
-    const char *name;      /* connection name shown by the server, e.g. "space-eventlog" */
-    const char *user;      /* optional */
-    const char *password;  /* optional; never logged */
-    int timeout_ms;        /* connect and JetStream API timeout; 0 = 5000 */
-    int64_t dup_window_ms; /* duplicate window of the stream when sp_bus_ensure_stream creates
-                              it; 0 = 2 minutes */
-    bool send_asap;        /* write each message to the socket from the publishing thread, not
-                              through cnats' flusher thread: one thread hop less per message
-                              (~0.5 ms off an exec round trip on a busy 2-core host), one write
-                              per message (less throughput for bursts). For request paths. */
+    const char *url;            /* "nats://127.0.0.1:4222"; comma-separated list for a cluster */
+    const char *name;           /* connection name shown by the server, e.g. "space-eventlog" */
+    const char *user;           /* optional */
+    const char *password;       /* optional; never logged */
+    const char *nkey;           /* optional: the identity's public NKey (natsauth.h) ... */
+    const char *nkey_seed_file; /* ... and the file of its seed (mode 0600); never logged */
+    const char *inbox_prefix;   /* optional: "_INBOX.<identity>" (sp_natsauth_inbox), the only
+                                   inboxes the generated permissions let it subscribe to */
+    int timeout_ms;             /* connect and JetStream API timeout; 0 = 5000 */
+    int64_t dup_window_ms;      /* duplicate window of the stream when sp_bus_ensure_stream creates
+                                   it; 0 = 2 minutes */
+    bool send_asap;             /* write each message to the socket from the publishing thread, not
+                                   through cnats' flusher thread: one thread hop less per message
+                                   (~0.5 ms off an exec round trip on a busy 2-core host), one write
+                                   per message (less throughput for bursts). For request paths. */
 } sp_bus_opts_t;
 
 /* Connects (retrying the initial connect for up to timeout_ms) and gets a JetStream context. */
@@ -44,7 +48,9 @@ int sp_bus_connect(const sp_bus_opts_t *opts, sp_bus_t **ret_bus);
 /* Flushes pending async publishes (bounded wait) and closes. Accepts NULL. */
 void sp_bus_free(sp_bus_t *bus);
 
-/* Creates SPACE_EVENTS if missing (idempotent; an existing stream is left as it is). */
+/* Creates SPACE_EVENTS if missing (idempotent; an existing stream is left as it is), with
+ * deny_delete and deny_purge: no message can be deleted and the stream cannot be purged, by
+ * anyone (deleting the whole stream is left to NATS permissions: the operator's alone). */
 int sp_bus_ensure_stream(sp_bus_t *bus);
 /* Last sequence stored in SPACE_EVENTS and the number of messages. */
 int sp_bus_stream_info(sp_bus_t *bus, uint64_t *ret_last_seq, uint64_t *ret_msgs);

@@ -66,6 +66,15 @@ int sp_envelope_subject(const sp_envelope_t *env, const char *worker, char *buf,
 int sp_envelope_check_subject(const sp_envelope_t *env, const char *subject,
                               char reason[SP_REASON_MAX]);
 
+/* The canonical bytes of an encoded envelope, which its signature covers: raw exactly as
+ * received, with every record of field 11 (signature) removed and every other record, unknown
+ * ones included, kept in place. Verifying over the received bytes rather than a re-encoding
+ * means that fields this build does not know (added by a newer producer) stay signed, and
+ * that nothing depends on protobuf-c packing the same way as the signer's (it drops unknown
+ * fields when it packs). out must hold len bytes; *ret_len gets the canonical length.
+ * SP_EDECODE when raw is not a sequence of well-formed protobuf records. */
+int sp_envelope_canonical(const uint8_t *raw, size_t len, uint8_t *out, size_t *ret_len);
+
 /* Appends the envelope as one JSON object: proto field names, 64-bit integers as numbers,
  * bytes as hex, only the payload case that is set. */
 void sp_envelope_to_json(const sp_envelope_t *env, sp_buf_t *out);

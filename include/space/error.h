@@ -20,6 +20,13 @@ enum {
     SP_ECONFIG,             /* bad configuration value */
     SP_ENOTFOUND,           /* the thing asked for does not exist */
     SP_ECHAIN,              /* hash chain broken */
+    /* Trust refusals (contract.h, docs/trust.md): why a message is not acted on. */
+    SP_EUNSIGNED,   /* the envelope carries no signer or no signature */
+    SP_ESIGNER,     /* the signer is not a known identity */
+    SP_ESIGNATURE,  /* the signature does not verify over the canonical bytes */
+    SP_ENOTALLOWED, /* the signer's kind may not emit this event type */
+    SP_ENOTOWN,     /* subject, aggregate or sandbox is not the signer's own */
+    SP_ETENANT,     /* a platform signed for a tenant that is not among its tenants */
     SP_ELAST
 };
 

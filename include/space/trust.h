@@ -1,0 +1,49 @@
+/* The one trust check every consumer applies before acting on a message (docs/trust.md).
+ *
+ * A message is acted on only if its envelope is signed, the signer is in the keyring, the
+ * signature verifies over the canonical bytes (sp_envelope_canonical), the subject agrees with
+ * the envelope, and the contract (contract.h) lets the signer's kind emit that type, on that
+ * subject, for that tenant:
+ *   - a worker: only on subjects whose worker token is its own, only for the sandboxes placed
+ *     on it (asked of the caller's projection through the placement hook), and its worker
+ *     events only about itself;
+ *   - an egressd: only for sandboxes placed on its host's worker;
+ *   - a platform: only for its own tenants (the keyring's <identity>.tenants);
+ *   - gateway, scheduler: whatever type the contract gives them.
+ * Anything else is refused with a code (SP_EUNSIGNED, SP_ESIGNER, SP_ESIGNATURE,
+ * SP_ENOTALLOWED, SP_ENOTOWN, SP_ETENANT; sp_trust_refusal_name gives the machine name) and a
+ * one-line reason fit for a "...Rejected" record, or SP_ESCHEMA / SP_EDECODE when the subject
+ * or the bytes do not agree with the envelope.
+ *
+ * Replays of a validly signed message are not refused here: the event log's unique index on
+ * event_id (accepted rows) already stores a second copy as rejected, and JetStream's duplicate
+ * window drops it before that (docs/trust.md).
+ */
+#ifndef SPACE_TRUST_H
+#define SPACE_TRUST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "contract.h"
+#include "envelope.h"
+#include "sign.h"
+
+/* Which worker the sandbox is placed on, from the caller's own state: 1 and the worker id in
+ * worker, 0 if the sandbox is not placed (or unknown), < 0 on failure (refused as not own).
+ * Runs on the caller's thread, inside sp_trust_check. */
+typedef int (*sp_trust_placement_fn)(void *arg, const char *tenant, const char *sandbox,
+                                     char worker[SP_INSTANCE_MAX + 1]);
+
+typedef struct {
+    const sp_keyring_t *keyring;     /* borrowed */
+    sp_trust_placement_fn placement; /* NULL: worker and egressd sandbox events are refused */
+    void *placement_arg;
+} sp_trust_t;
+
+/* env is the decoded (and schema-valid) envelope of raw, which arrived on subject. 0 when the
+ * message may be acted on; otherwise a refusal code and reason (SP_REASON_MAX bytes). */
+int sp_trust_check(const sp_trust_t *t, const sp_envelope_t *env, const uint8_t *raw,
+                   size_t raw_len, const char *subject, char reason[SP_REASON_MAX]);
+
+#endif

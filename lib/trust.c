@@ -1,0 +1,147 @@
+/* The trust check (trust.h). Order: cheap refusals first (unsigned, unknown signer), then the
+ * signature (the only costly step, ~20 us), then what the contract lets the signer say. */
+#include "trust.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "xmalloc.h"
+
+static int refuse(char reason[SP_REASON_MAX], int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int refuse(char reason[SP_REASON_MAX], int code, const char *fmt, ...)
+{
+    if (reason) {
+        va_list ap;
+        int n =
+            snprintf(reason, SP_REASON_MAX,
+                     "%s: ", sp_trust_refusal_name(code) ? sp_trust_refusal_name(code) : "invalid");
+        va_start(ap, fmt);
+        if (n > 0 && n < SP_REASON_MAX)
+            vsnprintf(reason + n, SP_REASON_MAX - (size_t)n, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+/* The worker a sandbox fact names in its payload, when it names one: it must be the signer. */
+static const char *payload_worker(const sp_envelope_t *e)
+{
+    switch (e->payload_case) {
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED:
+        return e->sandbox_started->worker;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMED:
+        return e->sandbox_resumed->worker;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMING:
+        return e->sandbox_resuming->worker;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_ADOPTED:
+        return e->sandbox_adopted->worker;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDED:
+        return e->sandbox_suspended->worker;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUME_FAILED:
+        return e->sandbox_resume_failed->worker;
+    case SPACE__V1__ENVELOPE__PAYLOAD_NETWORK_POLICY_CHANGED:
+        return e->network_policy_changed->egressd;
+    default:
+        return NULL;
+    }
+}
+
+/* The sandbox must be placed on worker (the signer's own, or its host's for egressd). */
+static int check_placed(const sp_trust_t *t, const sp_envelope_t *env, const char *signer,
+                        const char *worker, char reason[SP_REASON_MAX])
+{
+    char placed[SP_INSTANCE_MAX + 1] = "";
+    int rc;
+
+    if (!t->placement)
+        return refuse(reason, SP_ENOTOWN, "%s: no placement lookup for sandbox %s", signer,
+                      env->aggregate->id);
+    rc = t->placement(t->placement_arg, env->tenant, env->aggregate->id, placed);
+    if (rc <= 0)
+        return refuse(reason, SP_ENOTOWN, "%s: sandbox %s is not placed on any worker", signer,
+                      env->aggregate->id);
+    placed[SP_INSTANCE_MAX] = '\0';
+    if (strcmp(placed, worker) != 0)
+        return refuse(reason, SP_ENOTOWN, "%s: sandbox %s is placed on %s", signer,
+                      env->aggregate->id, placed);
+    return 0;
+}
+
+int sp_trust_check(const sp_trust_t *t, const sp_envelope_t *env, const uint8_t *raw,
+                   size_t raw_len, const char *subject, char reason[SP_REASON_MAX])
+{
+    char subj_worker[SP_INSTANCE_MAX + 1] = "";
+    sp_identity_t id;
+    sp_subject_id_t sid;
+    uint8_t *canon;
+    size_t clen;
+    int rc;
+
+    if (!t || !env || !raw || !subject)
+        return refuse(reason, SP_ESCHEMA, "missing argument");
+    if (!env->signer[0] || env->signature.len == 0)
+        return refuse(reason, SP_EUNSIGNED, "%s %s carries no %s", env->type, env->event_id,
+                      env->signer[0] ? "signature" : "signer");
+    if (sp_identity_parse(env->signer, &id) < 0 || !sp_keyring_has(t->keyring, env->signer))
+        return refuse(reason, SP_ESIGNER, "%.80s is not a known identity", env->signer);
+    if (env->signature.len != SP_SIG_LEN)
+        return refuse(reason, SP_ESIGNATURE, "signature of %zu bytes", env->signature.len);
+    if (raw_len > SP_ENVELOPE_MAX)
+        return refuse(reason, SP_ETOOBIG, "envelope of %zu bytes", raw_len);
+
+    canon = sp_xmalloc(raw_len ? raw_len : 1);
+    rc = sp_envelope_canonical(raw, raw_len, canon, &clen);
+    if (rc == 0)
+        rc = sp_keyring_verify(t->keyring, env->signer, canon, clen, env->signature.data);
+    free(canon);
+    if (rc == SP_EDECODE)
+        return refuse(reason, SP_EDECODE, "not a protobuf encoding");
+    if (rc < 0)
+        return refuse(reason, SP_ESIGNATURE, "%s %s does not verify for %s", env->type,
+                      env->event_id, env->signer);
+
+    /* The bytes are the signer's: now what it said, and where. */
+    rc = sp_envelope_check_subject(env, subject, reason);
+    if (rc < 0)
+        return rc;
+    if (!(sp_event_emitters(env->payload_case) & SP_KIND_BIT(id.kind)))
+        return refuse(reason, SP_ENOTALLOWED, "%s may not emit %s", env->signer, env->type);
+    sid = sp_event_subject_id(env->payload_case);
+    if (sid == SP_SUBJ__COUNT || !sp_subject_match(sid, subject, subj_worker))
+        return refuse(reason, SP_ESCHEMA, "subject %.128s is not a %s subject", subject, env->type);
+
+    switch (id.kind) {
+    case SP_KIND_WORKER: {
+        const char *pw = payload_worker(env);
+        if (sid != SP_SUBJ_EV_EGRESS && strcmp(subj_worker, id.instance) != 0)
+            return refuse(reason, SP_ENOTOWN, "%s published on %.128s", env->signer, subject);
+        if (sid == SP_SUBJ_EV_WKR)
+            return strcmp(env->aggregate->id, id.instance) == 0
+                       ? 0
+                       : refuse(reason, SP_ENOTOWN, "%s spoke for worker %s", env->signer,
+                                env->aggregate->id);
+        if (pw && pw[0] && strcmp(pw, id.instance) != 0)
+            return refuse(reason, SP_ENOTOWN, "%s names worker %s in %s", env->signer, pw,
+                          env->type);
+        return check_placed(t, env, env->signer, id.instance, reason);
+    }
+    case SP_KIND_EGRESSD: {
+        const char *pw = payload_worker(env);
+        if (pw && pw[0] && strcmp(pw, id.instance) != 0)
+            return refuse(reason, SP_ENOTOWN, "%s names egressd %s in %s", env->signer, pw,
+                          env->type);
+        return check_placed(t, env, env->signer, id.instance, reason);
+    }
+    case SP_KIND_PLATFORM:
+        if (!sp_keyring_has_tenant(t->keyring, env->signer, env->tenant))
+            return refuse(reason, SP_ETENANT, "%s may not act for tenant %.64s", env->signer,
+                          env->tenant);
+        return 0;
+    default:
+        return 0;
+    }
+}

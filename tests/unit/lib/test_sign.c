@@ -1,0 +1,338 @@
+/* Ed25519 keys on disk, the keyring, canonical bytes and signed envelopes. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "envelope.h"
+#include "error.h"
+#include "sign.h"
+#include "xmalloc.h"
+
+static char dir[] = "/tmp/test_sign_XXXXXX";
+
+static int setup(void **state)
+{
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    char *cmd = sp_xasprintf("rm -rf '%s'", dir);
+    int rc = system(cmd); /* NOLINT(cert-env33-c) */
+    free(cmd);
+    return rc == 0 ? 0 : -1;
+}
+
+static char *path(const char *name)
+{
+    return sp_xasprintf("%s/%s", dir, name);
+}
+
+typedef struct {
+    sp_envelope_t env;
+    Space__V1__Aggregate agg;
+    Space__V1__SandboxCreateRequested create;
+    char id[37];
+} fixture_t;
+
+static void make_create(fixture_t *f)
+{
+    memset(f, 0, sizeof(*f));
+    space__v1__envelope__init(&f->env);
+    space__v1__aggregate__init(&f->agg);
+    space__v1__sandbox_create_requested__init(&f->create);
+    f->agg.kind = "sandbox";
+    f->agg.id = "sbx_test0001";
+    f->create.template_ = "base";
+    f->env.aggregate = &f->agg;
+    f->env.tenant = "acme";
+    f->env.actor = "key_123";
+    f->env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED;
+    f->env.sandbox_create_requested = &f->create;
+    sp_envelope_stamp(&f->env, f->id);
+}
+
+static void test_keygen_files(void **state)
+{
+    char *priv = path("gateway.key"), *pub = path("gateway.pub");
+    sp_sign_key_t *k = NULL;
+    struct stat st;
+
+    assert_int_equal(sp_sign_keygen(priv, pub), 0);
+    assert_int_equal(stat(priv, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    /* Never overwritten: a second keygen would orphan every signature made so far. */
+    assert_int_equal(sp_sign_keygen(priv, pub), -EEXIST);
+    assert_int_equal(sp_sign_key_load(priv, &k), 0);
+    sp_sign_key_free(k);
+    /* A private key others can read is refused. */
+    assert_int_equal(chmod(priv, 0640), 0);
+    assert_int_equal(sp_sign_key_load(priv, &k), -EPERM);
+    assert_int_equal(chmod(priv, 0600), 0);
+    /* The public file is not a private key. */
+    assert_int_equal(chmod(pub, 0600), 0);
+    assert_int_equal(sp_sign_key_load(pub, &k), SP_ECONFIG);
+    sp_sign_key_free(NULL);
+    free(priv);
+    free(pub);
+}
+
+static void test_sign_verify_raw(void **state)
+{
+    uint8_t seed[32] = {1, 2, 3}, pub[SP_PUBKEY_LEN], sig[SP_SIG_LEN];
+    const char msg[] = "the canonical bytes";
+    sp_sign_key_t *k = NULL;
+
+    assert_int_equal(sp_sign_key_from_raw(seed, &k), 0);
+    assert_int_equal(sp_sign_key_public(k, pub), 0);
+    assert_int_equal(sp_sign(k, msg, sizeof(msg), sig), 0);
+    assert_int_equal(sp_verify_raw(pub, msg, sizeof(msg), sig), 0);
+    sig[10] ^= 1;
+    assert_int_equal(sp_verify_raw(pub, msg, sizeof(msg), sig), SP_ESIGNATURE);
+    sig[10] ^= 1;
+    assert_int_equal(sp_verify_raw(pub, msg, sizeof(msg) - 1, sig), SP_ESIGNATURE);
+    sp_sign_key_free(k);
+}
+
+static void test_keyring_dir(void **state)
+{
+    char *a = path("worker-w1.key"), *ap = path("worker-w1.pub");
+    char *b = path("platform-acme.key"), *bp = path("platform-acme.pub");
+    char *t = path("platform-acme.tenants"), *junk = path("not an identity.pub");
+    sp_keyring_t *kr = NULL;
+    sp_sign_key_t *k = NULL;
+    uint8_t sig[SP_SIG_LEN];
+    FILE *f;
+
+    assert_int_equal(sp_sign_keygen(a, ap), 0);
+    assert_int_equal(sp_sign_keygen(b, bp), 0);
+    f = fopen(t, "w");
+    assert_non_null(f);
+    fputs("# acme's tenants\nacme\n\nacme-eu\n", f);
+    fclose(f);
+    f = fopen(junk, "w");
+    assert_non_null(f);
+    fputs("skipped: the name is not an identity\n", f);
+    fclose(f);
+
+    assert_int_equal(sp_keyring_load(dir, &kr), 0);
+    /* gateway.pub from test_keygen_files, worker-w1, platform-acme. */
+    assert_int_equal(sp_keyring_size(kr), 3);
+    assert_true(sp_keyring_has(kr, "worker-w1"));
+    assert_true(sp_keyring_has_tenant(kr, "platform-acme", "acme-eu"));
+    assert_false(sp_keyring_has_tenant(kr, "platform-acme", "other"));
+    assert_false(sp_keyring_has_tenant(kr, "worker-w1", "acme"));
+
+    assert_int_equal(sp_sign_key_load(a, &k), 0);
+    assert_int_equal(sp_sign(k, "x", 1, sig), 0);
+    assert_int_equal(sp_keyring_verify(kr, "worker-w1", "x", 1, sig), 0);
+    /* Signed by worker-w1, claimed by platform-acme. */
+    assert_int_equal(sp_keyring_verify(kr, "platform-acme", "x", 1, sig), SP_ESIGNATURE);
+    assert_int_equal(sp_keyring_verify(kr, "worker-w9", "x", 1, sig), SP_ESIGNER);
+    sp_sign_key_free(k);
+    sp_keyring_free(kr);
+
+    /* A malformed tenants file fails the whole load (a platform must not lose its limits). */
+    f = fopen(t, "w");
+    fputs("Not A Tenant\n", f);
+    fclose(f);
+    assert_int_equal(sp_keyring_load(dir, &kr), SP_ECONFIG);
+    unlink(t);
+    free(a);
+    free(ap);
+    free(b);
+    free(bp);
+    free(t);
+    free(junk);
+}
+
+/* Signed envelope: decodes, keeps signer and signature, and its canonical bytes are what was
+ * signed: the bytes before the appended signature field. */
+static void test_envelope_signed(void **state)
+{
+    uint8_t seed[32] = {9}, pub[SP_PUBKEY_LEN];
+    sp_sign_key_t *k = NULL;
+    sp_envelope_t *e = NULL;
+    char reason[SP_REASON_MAX];
+    uint8_t *buf = NULL, *canon;
+    size_t len, clen;
+    fixture_t f;
+
+    make_create(&f);
+    assert_int_equal(sp_sign_key_from_raw(seed, &k), 0);
+    assert_int_equal(sp_sign_key_public(k, pub), 0);
+    assert_int_equal(sp_envelope_encode_signed(&f.env, "gateway", k, &buf, &len), 0);
+    assert_int_equal(sp_envelope_decode(buf, len, &e, reason), 0);
+    assert_string_equal(e->signer, "gateway");
+    assert_int_equal(e->signature.len, SP_SIG_LEN);
+
+    canon = sp_xmalloc(len);
+    assert_int_equal(sp_envelope_canonical(buf, len, canon, &clen), 0);
+    assert_int_equal(clen, len - SP_SIG_FIELD_LEN);
+    assert_memory_equal(canon, buf, clen);
+    assert_int_equal(sp_verify_raw(pub, canon, clen, e->signature.data), 0);
+
+    /* Decode -> re-encode (protobuf-c packs in field-number order, so the signature moves
+     * before the payload) -> canonical: the same bytes. */
+    size_t n2 = space__v1__envelope__get_packed_size(e);
+    uint8_t *re = sp_xmalloc(n2), *canon2 = sp_xmalloc(n2);
+    size_t clen2;
+    space__v1__envelope__pack(e, re);
+    assert_int_equal(n2, len);
+    assert_int_equal(sp_envelope_canonical(re, n2, canon2, &clen2), 0);
+    assert_int_equal(clen2, clen);
+    assert_memory_equal(canon2, canon, clen);
+    free(re);
+    free(canon2);
+
+    /* A tampered byte anywhere in the canonical part breaks the signature. */
+    for (size_t i = 0; i < clen; i += 7) {
+        uint8_t *t = sp_xmalloc(len), *tc = sp_xmalloc(len);
+        size_t tl;
+        memcpy(t, buf, len);
+        t[i] ^= 0x20;
+        if (sp_envelope_canonical(t, len, tc, &tl) == 0)
+            assert_int_equal(sp_verify_raw(pub, tc, tl, e->signature.data), SP_ESIGNATURE);
+        free(t);
+        free(tc);
+    }
+    sp_envelope_free(e);
+    free(canon);
+    free(buf);
+    sp_sign_key_free(k);
+}
+
+/* A field this build does not know, placed where a newer producer packing in field-number
+ * order puts it (field 12, before the payload), stays covered by the signature: canonical
+ * bytes are the received bytes minus the signature. A re-encoding would not do: protobuf-c
+ * packs unknown fields after the known ones, so the re-packed bytes differ from the signed. */
+static void test_canonical_keeps_unknown_fields(void **state)
+{
+    uint8_t seed[32] = {7}, pub[SP_PUBKEY_LEN], sig[SP_SIG_LEN];
+    sp_sign_key_t *k = NULL;
+    sp_envelope_t *e = NULL;
+    char reason[SP_REASON_MAX];
+    uint8_t *full = NULL, *head, *buf;
+    size_t flen, hlen, len = 0;
+    fixture_t f;
+
+    make_create(&f);
+    f.env.signer = "gateway";
+    assert_int_equal(sp_envelope_encode(&f.env, &full, &flen), 0);
+    /* The same envelope without its payload: the bytes before the payload record. */
+    f.env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET;
+    hlen = space__v1__envelope__get_packed_size(&f.env);
+    head = sp_xmalloc(hlen);
+    space__v1__envelope__pack(&f.env, head);
+    assert_true(hlen < flen);
+    assert_memory_equal(head, full, hlen);
+
+    buf = sp_xmalloc(flen + 3 + SP_SIG_FIELD_LEN);
+    memcpy(buf, head, hlen);
+    len = hlen;
+    buf[len++] = (12 << 3) | 0; /* field 12, varint 300 */
+    buf[len++] = 0xac;
+    buf[len++] = 0x02;
+    memcpy(buf + len, full + hlen, flen - hlen);
+    len += flen - hlen;
+    assert_int_equal(sp_sign_key_from_raw(seed, &k), 0);
+    assert_int_equal(sp_sign_key_public(k, pub), 0);
+    assert_int_equal(sp_sign(k, buf, len, sig), 0);
+    size_t signed_len = len;
+    buf[len++] = (11 << 3) | 2;
+    buf[len++] = SP_SIG_LEN;
+    memcpy(buf + len, sig, SP_SIG_LEN);
+    len += SP_SIG_LEN;
+
+    assert_int_equal(sp_envelope_decode(buf, len, &e, reason), 0);
+    uint8_t *canon = sp_xmalloc(len);
+    size_t clen;
+    assert_int_equal(sp_envelope_canonical(buf, len, canon, &clen), 0);
+    assert_int_equal(clen, signed_len);
+    assert_int_equal(sp_verify_raw(pub, canon, clen, e->signature.data), 0);
+
+    /* What a verifier that re-encoded would check: not the signed bytes. */
+    size_t rlen = space__v1__envelope__get_packed_size(e);
+    uint8_t *re = sp_xmalloc(rlen), *rc = sp_xmalloc(rlen);
+    size_t rclen;
+    space__v1__envelope__pack(e, re);
+    assert_int_equal(sp_envelope_canonical(re, rlen, rc, &rclen), 0);
+    assert_int_equal(rclen, clen);
+    assert_memory_not_equal(rc, canon, clen);
+    assert_int_equal(sp_verify_raw(pub, rc, rclen, e->signature.data), SP_ESIGNATURE);
+
+    free(re);
+    free(rc);
+    free(canon);
+    free(head);
+    free(full);
+    free(buf);
+    sp_envelope_free(e);
+    sp_sign_key_free(k);
+}
+
+static void test_canonical_malformed(void **state)
+{
+    uint8_t out[16];
+    size_t n;
+    const uint8_t truncated_len[] = {(2 << 3) | 2, 10, 'a'};
+    const uint8_t group[] = {(5 << 3) | 3};
+    const uint8_t long_varint[] = {0x08, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                   0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
+
+    assert_int_equal(sp_envelope_canonical(truncated_len, sizeof(truncated_len), out, &n),
+                     SP_EDECODE);
+    assert_int_equal(sp_envelope_canonical(group, sizeof(group), out, &n), SP_EDECODE);
+    assert_int_equal(sp_envelope_canonical(long_varint, sizeof(long_varint), out, &n), SP_EDECODE);
+    assert_int_equal(sp_envelope_canonical(out, 0, out, &n), 0);
+    assert_int_equal(n, 0);
+}
+
+static void test_signer_validation(void **state)
+{
+    char reason[SP_REASON_MAX];
+    uint8_t sig[SP_SIG_LEN] = {0};
+    fixture_t f;
+
+    make_create(&f);
+    f.env.signer = "gateway";
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+    f.env.signer = "worker"; /* a worker identity names its worker */
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    f.env.signer = "worker-W1";
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    f.env.signer =
+        "platform-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    f.env.signer = "";
+    f.env.signature.data = sig;
+    f.env.signature.len = SP_SIG_LEN;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    assert_non_null(strstr(reason, "without signer"));
+    f.env.signer = "gateway";
+    f.env.signature.len = 63;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_keygen_files),
+        cmocka_unit_test(test_sign_verify_raw),
+        cmocka_unit_test(test_keyring_dir),
+        cmocka_unit_test(test_envelope_signed),
+        cmocka_unit_test(test_canonical_keeps_unknown_fields),
+        cmocka_unit_test(test_canonical_malformed),
+        cmocka_unit_test(test_signer_validation),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
