@@ -30,7 +30,13 @@
 #define CMD_MAX_BYTES      16384
 #define FILE_PATH_MAX      SP_FSPATH_MAX
 #define SIG_LEN            64 /* Ed25519 (sign.h) */
-#define SIG_FIELD          11 /* Envelope.signature */
+/* Envelope.signature (11), sig_proof (12), sig_index (13), sig_count (14): what the signature
+ * adds, never what it covers. */
+#define SIG_FIELD_FIRST 11
+#define SIG_FIELD_LAST  14
+/* sign.h's SP_SIG_BATCH_MAX and SP_SIG_PROOF_MAX (envelope.h does not include sign.h). */
+#define SIG_BATCH_MAX 4096
+#define SIG_PROOF_MAX (12 * 32)
 /* 2020-01-01 .. 2100-01-01 in microseconds: anything outside is a bug or a forgery. */
 #define TIME_MIN_US 1577836800000000LL
 #define TIME_MAX_US 4102444800000000LL
@@ -541,6 +547,18 @@ int sp_envelope_validate(const sp_envelope_t *e, char reason[SP_REASON_MAX])
         return fail(reason, SP_ESCHEMA, "signature: %zu bytes, want %d", e->signature.len, SIG_LEN);
     if (e->signature.len && !e->signer[0])
         return fail(reason, SP_ESCHEMA, "signature: without signer");
+    /* Batch fields are bounded here so that no consumer hashes an unbounded proof; whether
+     * they lead to the signed root is the signature check's. */
+    if (e->sig_count > SIG_BATCH_MAX)
+        return fail(reason, SP_ESCHEMA, "sig_count: %u, at most %d", e->sig_count, SIG_BATCH_MAX);
+    if (e->sig_index >= (e->sig_count ? e->sig_count : 1))
+        return fail(reason, SP_ESCHEMA, "sig_index: %u is not below sig_count %u", e->sig_index,
+                    e->sig_count);
+    if (e->sig_proof.len > SIG_PROOF_MAX || e->sig_proof.len % 32 != 0)
+        return fail(reason, SP_ESCHEMA, "sig_proof: %zu bytes, want a multiple of 32 up to %d",
+                    e->sig_proof.len, SIG_PROOF_MAX);
+    if ((e->sig_proof.len || e->sig_count) && !e->signature.len)
+        return fail(reason, SP_ESCHEMA, "sig_proof, sig_count: without signature");
     return validate_payload(e, reason);
 }
 
@@ -693,7 +711,7 @@ int sp_envelope_canonical(const uint8_t *raw, size_t len, uint8_t *out, size_t *
         default: /* groups (3, 4) are not in proto3, 6 and 7 do not exist */
             return SP_EDECODE;
         }
-        if ((key >> 3) == SIG_FIELD)
+        if ((key >> 3) >= SIG_FIELD_FIRST && (key >> 3) <= SIG_FIELD_LAST)
             continue;
         memcpy(out + n, start, (size_t)(p - start));
         n += (size_t)(p - start);

@@ -1,8 +1,12 @@
-/* Ed25519 keys, keyring and signed envelopes (sign.h), OpenSSL 3.
+/* Ed25519 keys, keyring, batch signatures and signed envelopes (sign.h), OpenSSL 3.
  *
  * Verification builds no EVP_PKEY per message: each keyring entry keeps its own, made once
  * at load. An EVP_MD_CTX per call keeps sp_keyring_verify thread-safe (OpenSSL allows one
  * EVP_PKEY to be used by many threads at once for verification).
+ *
+ * Batches: Ed25519 verification costs ~180 us on the 2-core VM this was measured on, SHA-256
+ * of an envelope ~1 us; one signature per batch of envelopes, each member proving its way to
+ * the root with log2(n) hashes, makes the event log's cost per event mostly hashing.
  */
 #include "sign.h"
 
@@ -11,6 +15,7 @@
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +24,7 @@
 
 #include "contract.h"
 #include "error.h"
+#include "hash.h"
 #include "ids.h"
 #include "xmalloc.h"
 
@@ -31,6 +37,7 @@ struct sp_sign_key {
 typedef struct {
     char name[SP_IDENTITY_MAX + 1];
     EVP_PKEY *pkey;
+    uint8_t pub[SP_PUBKEY_LEN]; /* raw, for the signature cache's key */
     char **tenants;
     size_t n_tenants;
 } kr_entry_t;
@@ -242,6 +249,8 @@ static void entry_dispose(kr_entry_t *e)
 
 static int add_pkey(sp_keyring_t *kr, const char *identity, EVP_PKEY *pkey)
 {
+    uint8_t pub[SP_PUBKEY_LEN];
+    size_t publen = SP_PUBKEY_LEN;
     sp_identity_t id;
     kr_entry_t *e;
 
@@ -249,10 +258,15 @@ static int add_pkey(sp_keyring_t *kr, const char *identity, EVP_PKEY *pkey)
         EVP_PKEY_free(pkey);
         return -EINVAL;
     }
+    if (EVP_PKEY_get_raw_public_key(pkey, pub, &publen) != 1 || publen != SP_PUBKEY_LEN) {
+        EVP_PKEY_free(pkey);
+        return SP_ECONFIG;
+    }
     e = find(kr, identity);
     if (e) {
         EVP_PKEY_free(e->pkey);
         e->pkey = pkey;
+        memcpy(e->pub, pub, SP_PUBKEY_LEN);
         return 0;
     }
     kr->e = sp_xreallocarray(kr->e, kr->n + 1, sizeof(*kr->e));
@@ -260,6 +274,7 @@ static int add_pkey(sp_keyring_t *kr, const char *identity, EVP_PKEY *pkey)
     memset(e, 0, sizeof(*e));
     memcpy(e->name, id.name, strlen(id.name) + 1);
     e->pkey = pkey;
+    memcpy(e->pub, pub, SP_PUBKEY_LEN);
     qsort(kr->e, kr->n, sizeof(*kr->e), entry_cmp);
     return 0;
 }
@@ -412,40 +427,368 @@ int sp_keyring_load(const char *dir, sp_keyring_t **ret_kr)
     return 0;
 }
 
+/* ---- batch signatures ---- */
+
+static const uint8_t sig_domain[15] = "SPACE-C sig v1"; /* and its NUL */
+
+static void node_hash(const uint8_t left[SP_SIG_HASH_LEN], const uint8_t right[SP_SIG_HASH_LEN],
+                      uint8_t out[SP_SIG_HASH_LEN])
+{
+    uint8_t b[1 + 2 * SP_SIG_HASH_LEN];
+    b[0] = 0x01;
+    memcpy(b + 1, left, SP_SIG_HASH_LEN);
+    memcpy(b + 1 + SP_SIG_HASH_LEN, right, SP_SIG_HASH_LEN);
+    sp_sha256(b, sizeof(b), out);
+}
+
+void sp_sig_leaf(const uint8_t *canonical, size_t len, uint8_t leaf[SP_SIG_HASH_LEN])
+{
+    sp_sha256_ctx_t *c = sp_sha256_new();
+    const uint8_t zero = 0x00;
+    sp_sha256_update(c, &zero, 1);
+    sp_sha256_update(c, canonical, len);
+    sp_sha256_final(c, leaf);
+}
+
+/* RFC 9162 2.1.3.2, verifying an inclusion proof: fn walks the leaf's index up the tree, sn
+ * the last index; a level where the node is the last and has no right sibling (RFC 6962's
+ * unbalanced right edge) consumes no proof hash. */
+int sp_sig_proof_root(const uint8_t leaf[SP_SIG_HASH_LEN], uint32_t index, uint32_t count,
+                      const uint8_t *proof, size_t plen, uint8_t root[SP_SIG_HASH_LEN])
+{
+    uint8_t r[SP_SIG_HASH_LEN];
+    uint32_t fn = index, sn;
+
+    if (count == 0 || count > SP_SIG_BATCH_MAX || index >= count || plen > SP_SIG_PROOF_MAX ||
+        plen % SP_SIG_HASH_LEN != 0 || (!proof && plen))
+        return SP_ESIGNATURE;
+    sn = count - 1;
+    memcpy(r, leaf, SP_SIG_HASH_LEN);
+    for (size_t off = 0; off < plen; off += SP_SIG_HASH_LEN) {
+        const uint8_t *p = proof + off;
+        if (sn == 0)
+            return SP_ESIGNATURE; /* proof longer than the path */
+        if ((fn & 1) || fn == sn) {
+            node_hash(p, r, r);
+            while (!(fn & 1) && fn != 0) {
+                fn >>= 1;
+                sn >>= 1;
+            }
+        } else {
+            node_hash(r, p, r);
+        }
+        fn >>= 1;
+        sn >>= 1;
+    }
+    if (sn != 0)
+        return SP_ESIGNATURE; /* proof shorter than the path */
+    memcpy(root, r, SP_SIG_HASH_LEN);
+    return 0;
+}
+
+void sp_sig_message(uint32_t count, const uint8_t root[SP_SIG_HASH_LEN],
+                    uint8_t msg[SP_SIG_MSG_LEN])
+{
+    memcpy(msg, sig_domain, sizeof(sig_domain));
+    msg[15] = (uint8_t)(count >> 24);
+    msg[16] = (uint8_t)(count >> 16);
+    msg[17] = (uint8_t)(count >> 8);
+    msg[18] = (uint8_t)count;
+    memcpy(msg + 19, root, SP_SIG_HASH_LEN);
+}
+
+/* The tree, level by level: level 0 the leaves; a level's last node without a right sibling
+ * moves up unchanged, which gives RFC 6962's Merkle Tree Hash (split at the largest power of
+ * two below n) without recursion. */
+typedef struct {
+    uint8_t (*node)[SP_SIG_HASH_LEN]; /* all levels, level 0 first */
+    size_t off[14], len[14];
+    size_t levels;
+} tree_t;
+
+static void tree_build(tree_t *t, const uint8_t (*leaves)[SP_SIG_HASH_LEN], size_t n)
+{
+    size_t total = 0, m = n;
+
+    t->levels = 0;
+    for (;;) {
+        t->off[t->levels] = total;
+        t->len[t->levels] = m;
+        t->levels++;
+        total += m;
+        if (m == 1)
+            break;
+        m = (m + 1) / 2;
+    }
+    t->node = sp_xcalloc(total, SP_SIG_HASH_LEN);
+    memcpy(t->node, leaves, n * SP_SIG_HASH_LEN);
+    for (size_t l = 1; l < t->levels; l++) {
+        uint8_t(*below)[SP_SIG_HASH_LEN] = t->node + t->off[l - 1];
+        uint8_t(*here)[SP_SIG_HASH_LEN] = t->node + t->off[l];
+        for (size_t j = 0; j < t->len[l]; j++) {
+            if (2 * j + 1 < t->len[l - 1])
+                node_hash(below[2 * j], below[2 * j + 1], here[j]);
+            else
+                memcpy(here[j], below[2 * j], SP_SIG_HASH_LEN);
+        }
+    }
+}
+
+/* The inclusion path of leaf i (RFC 9162 2.1.3.1): the sibling at each level that has one. */
+static size_t tree_proof(const tree_t *t, size_t i, uint8_t *out)
+{
+    size_t n = 0;
+    for (size_t l = 0; l + 1 < t->levels; l++, i >>= 1) {
+        size_t sib = i ^ 1;
+        if (sib < t->len[l]) {
+            memcpy(out + n, t->node[t->off[l] + sib], SP_SIG_HASH_LEN);
+            n += SP_SIG_HASH_LEN;
+        }
+    }
+    return n;
+}
+
+static const uint8_t *tree_root(const tree_t *t)
+{
+    return t->node[t->off[t->levels - 1]];
+}
+
+/* ---- signature cache ---- */
+
+typedef struct {
+    uint8_t key[SP_SHA256_LEN];
+    bool used;
+} cache_slot_t;
+
+struct sp_sigcache {
+    pthread_mutex_t mu;
+    cache_slot_t *slot;
+    size_t n;
+    uint64_t hits, verified;
+};
+
+int sp_sigcache_new(size_t slots, sp_sigcache_t **ret_cache)
+{
+    sp_sigcache_t *c;
+
+    if (slots == 0 || slots > 65536 || !ret_cache)
+        return -EINVAL;
+    c = sp_xcalloc(1, sizeof(*c));
+    c->slot = sp_xcalloc(slots, sizeof(*c->slot));
+    c->n = slots;
+    pthread_mutex_init(&c->mu, NULL);
+    *ret_cache = c;
+    return 0;
+}
+
+void sp_sigcache_free(sp_sigcache_t *c)
+{
+    if (!c)
+        return;
+    pthread_mutex_destroy(&c->mu);
+    free(c->slot);
+    free(c);
+}
+
+void sp_sigcache_stats(const sp_sigcache_t *c, uint64_t *ret_hits, uint64_t *ret_verified)
+{
+    /* Read without the lock: counters for logs, a torn read is harmless. */
+    if (ret_hits)
+        *ret_hits = c ? c->hits : 0;
+    if (ret_verified)
+        *ret_verified = c ? c->verified : 0;
+}
+
+/* The entry's key: one hash over everything the verification depended on. */
+static void cache_key(const uint8_t pub[SP_PUBKEY_LEN], const uint8_t msg[SP_SIG_MSG_LEN],
+                      const uint8_t sig[SP_SIG_LEN], uint8_t key[SP_SHA256_LEN])
+{
+    uint8_t b[SP_PUBKEY_LEN + SP_SIG_MSG_LEN + SP_SIG_LEN];
+    memcpy(b, pub, SP_PUBKEY_LEN);
+    memcpy(b + SP_PUBKEY_LEN, msg, SP_SIG_MSG_LEN);
+    memcpy(b + SP_PUBKEY_LEN + SP_SIG_MSG_LEN, sig, SP_SIG_LEN);
+    sp_sha256(b, sizeof(b), key);
+}
+
+static size_t cache_index(const sp_sigcache_t *c, const uint8_t key[SP_SHA256_LEN])
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = (v << 8) | key[i];
+    return (size_t)(v % c->n);
+}
+
+static bool cache_lookup(sp_sigcache_t *c, const uint8_t key[SP_SHA256_LEN])
+{
+    const cache_slot_t *s = &c->slot[cache_index(c, key)];
+    bool hit;
+
+    pthread_mutex_lock(&c->mu);
+    hit = s->used && memcmp(s->key, key, SP_SHA256_LEN) == 0;
+    if (hit)
+        c->hits++;
+    pthread_mutex_unlock(&c->mu);
+    return hit;
+}
+
+static void cache_insert(sp_sigcache_t *c, const uint8_t key[SP_SHA256_LEN])
+{
+    cache_slot_t *s = &c->slot[cache_index(c, key)];
+
+    pthread_mutex_lock(&c->mu);
+    memcpy(s->key, key, SP_SHA256_LEN);
+    s->used = true;
+    c->verified++;
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* ---- envelopes ---- */
+
+static size_t put_varint(uint8_t *p, uint64_t v)
+{
+    size_t n = 0;
+    while (v >= 0x80) {
+        p[n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    p[n++] = (uint8_t)v;
+    return n;
+}
+
+int sp_envelope_encode_signed_batch(sp_envelope_t *const *envs, size_t n, const char *signer,
+                                    const sp_sign_key_t *key, uint8_t **ret_bufs, size_t *ret_lens)
+{
+    uint8_t(*leaves)[SP_SIG_HASH_LEN] = NULL;
+    uint8_t msg[SP_SIG_MSG_LEN], sig[SP_SIG_LEN], proof[SP_SIG_PROOF_MAX];
+    uint8_t **bufs = NULL;
+    size_t *lens = NULL;
+    tree_t tree = {0};
+    int rc = 0;
+
+    if (!envs || n == 0 || n > SP_SIG_BATCH_MAX || !signer || !key || !ret_bufs || !ret_lens)
+        return -EINVAL;
+    bufs = sp_xcalloc(n, sizeof(*bufs));
+    lens = sp_xcalloc(n, sizeof(*lens));
+    leaves = sp_xcalloc(n, sizeof(*leaves));
+    for (size_t i = 0; i < n; i++) {
+        sp_envelope_t *env = envs[i];
+        if (!env) {
+            rc = -EINVAL;
+            goto out;
+        }
+        /* The generated struct has no const; the envelope never writes through it. */
+        env->signer = (char *)signer;
+        env->signature.data = NULL;
+        env->signature.len = 0;
+        env->sig_proof.data = NULL;
+        env->sig_proof.len = 0;
+        env->sig_index = 0;
+        env->sig_count = 0;
+        if ((rc = sp_envelope_encode(env, &bufs[i], &lens[i])) < 0)
+            goto out;
+        if (lens[i] + (n == 1 ? SP_SIG_FIELD_LEN : SP_SIG_TRAILER_MAX) > SP_ENVELOPE_MAX) {
+            rc = SP_ETOOBIG;
+            goto out;
+        }
+        /* The encoding is the canonical bytes: nothing of fields 11-14 is in it. */
+        sp_sig_leaf(bufs[i], lens[i], leaves[i]);
+    }
+    tree_build(&tree, (const uint8_t(*)[SP_SIG_HASH_LEN])leaves, n);
+    sp_sig_message((uint32_t)n, tree_root(&tree), msg);
+    if ((rc = sp_sign(key, msg, sizeof(msg), sig)) < 0)
+        goto out;
+
+    /* Fields 11-14 go last (protobuf allows any order), so the bytes before them are exactly
+     * the canonical bytes. */
+    for (size_t i = 0; i < n; i++) {
+        size_t plen = tree_proof(&tree, i, proof), k = lens[i];
+        uint8_t *b = sp_xrealloc(bufs[i], k + SP_SIG_TRAILER_MAX);
+
+        b[k++] = (11 << 3) | 2;
+        b[k++] = SP_SIG_LEN;
+        memcpy(b + k, sig, SP_SIG_LEN);
+        k += SP_SIG_LEN;
+        if (n > 1) {
+            b[k++] = (12 << 3) | 2;
+            k += put_varint(b + k, plen);
+            memcpy(b + k, proof, plen);
+            k += plen;
+            if (i > 0) {
+                b[k++] = (13 << 3) | 0;
+                k += put_varint(b + k, i);
+            }
+            b[k++] = (14 << 3) | 0;
+            k += put_varint(b + k, n);
+        }
+        bufs[i] = b;
+        lens[i] = k;
+    }
+    for (size_t i = 0; i < n; i++) {
+        ret_bufs[i] = bufs[i];
+        ret_lens[i] = lens[i];
+    }
+    n = 0; /* handed over */
+out:
+    for (size_t i = 0; i < n; i++)
+        free(bufs[i]);
+    free(bufs);
+    free(lens);
+    free(leaves);
+    free(tree.node);
+    return rc;
+}
 
 int sp_envelope_encode_signed(sp_envelope_t *env, const char *signer, const sp_sign_key_t *key,
                               uint8_t **ret_buf, size_t *ret_len)
 {
-    uint8_t *buf = NULL, sig[SP_SIG_LEN];
-    size_t len = 0;
+    if (!env || !ret_buf || !ret_len)
+        return -EINVAL;
+    return sp_envelope_encode_signed_batch(&env, 1, signer, key, ret_buf, ret_len);
+}
+
+int sp_envelope_verify(const sp_keyring_t *kr, sp_sigcache_t *cache, const sp_envelope_t *env,
+                       const uint8_t *raw, size_t len)
+{
+    uint8_t leaf[SP_SIG_HASH_LEN], root[SP_SIG_HASH_LEN], msg[SP_SIG_MSG_LEN];
+    uint8_t ckey[SP_SHA256_LEN];
+    const kr_entry_t *e;
+    uint8_t *canon;
+    size_t clen;
+    uint32_t count;
     int rc;
 
-    if (!env || !signer || !key || !ret_buf || !ret_len)
+    if (!env || (!raw && len))
         return -EINVAL;
-    /* The generated struct has no const; the envelope never writes through it. */
-    env->signer = (char *)signer;
-    env->signature.data = NULL;
-    env->signature.len = 0;
-    rc = sp_envelope_encode(env, &buf, &len);
-    if (rc < 0)
-        return rc;
-    if (len + SP_SIG_FIELD_LEN > SP_ENVELOPE_MAX) {
-        free(buf);
+    if (!env->signer || !env->signer[0] || env->signature.len == 0)
+        return SP_EUNSIGNED;
+    if (!(e = find(kr, env->signer)))
+        return SP_ESIGNER;
+    if (env->signature.len != SP_SIG_LEN)
+        return SP_ESIGNATURE;
+    if (len > SP_ENVELOPE_MAX)
         return SP_ETOOBIG;
+    /* The leaf's 0x00 prefix goes in front of the canonical bytes: one hash call. */
+    canon = sp_xmalloc(len + 1);
+    canon[0] = 0x00;
+    rc = sp_envelope_canonical(raw, len, canon + 1, &clen);
+    if (rc == 0)
+        sp_sha256(canon, clen + 1, leaf);
+    free(canon);
+    if (rc < 0)
+        return SP_EDECODE;
+    count = env->sig_count ? env->sig_count : 1;
+    if (sp_sig_proof_root(leaf, env->sig_index, count, env->sig_proof.data, env->sig_proof.len,
+                          root) < 0)
+        return SP_ESIGNATURE;
+    sp_sig_message(count, root, msg);
+    if (cache) {
+        cache_key(e->pub, msg, env->signature.data, ckey);
+        if (cache_lookup(cache, ckey))
+            return 0;
     }
-    rc = sp_sign(key, buf, len, sig);
-    if (rc < 0) {
-        free(buf);
-        return rc;
-    }
-    /* Field 11, wire type 2 (length-delimited): protobuf allows fields in any order, so the
-     * signature goes last and the bytes before it are exactly the canonical bytes. */
-    buf = sp_xrealloc(buf, len + SP_SIG_FIELD_LEN);
-    buf[len] = (11 << 3) | 2;
-    buf[len + 1] = SP_SIG_LEN;
-    memcpy(buf + len + 2, sig, SP_SIG_LEN);
-    *ret_buf = buf;
-    *ret_len = len + SP_SIG_FIELD_LEN;
+    if ((rc = verify_pkey(e->pkey, msg, sizeof(msg), env->signature.data)) < 0)
+        return rc == -ENOMEM ? rc : SP_ESIGNATURE;
+    if (cache)
+        cache_insert(cache, ckey);
     return 0;
 }

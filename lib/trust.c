@@ -1,5 +1,6 @@
 /* The trust check (trust.h). Order: cheap refusals first (unsigned, unknown signer), then the
- * signature (the only costly step, ~20 us), then what the contract lets the signer say. */
+ * signature (the only costly step: ~180 us of Ed25519 on the measured VM, unless the batch's
+ * root is already in the cache), then what the contract lets the signer say. */
 #include "trust.h"
 
 #include <stdarg.h>
@@ -8,7 +9,6 @@
 #include <string.h>
 
 #include "error.h"
-#include "xmalloc.h"
 
 static int refuse(char reason[SP_REASON_MAX], int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -71,38 +71,51 @@ static int check_placed(const sp_trust_t *t, const sp_envelope_t *env, const cha
     return 0;
 }
 
+int sp_trust_verify(const sp_trust_t *t, const sp_envelope_t *env, const uint8_t *raw,
+                    size_t raw_len, char reason[SP_REASON_MAX])
+{
+    int rc;
+
+    if (!t || !env || !raw)
+        return refuse(reason, SP_ESCHEMA, "missing argument");
+    rc = sp_envelope_verify(t->keyring, t->cache, env, raw, raw_len);
+    switch (rc) {
+    case 0:
+        return 0;
+    case SP_EUNSIGNED:
+        return refuse(reason, rc, "%s %s carries no %s", env->type, env->event_id,
+                      env->signer[0] ? "signature" : "signer");
+    case SP_ESIGNER:
+        return refuse(reason, rc, "%.80s is not a known identity", env->signer);
+    case SP_ETOOBIG:
+        return refuse(reason, rc, "envelope of %zu bytes", raw_len);
+    case SP_EDECODE:
+        return refuse(reason, rc, "not a protobuf encoding");
+    default:
+        return refuse(reason, SP_ESIGNATURE, "%s %s does not verify for %s", env->type,
+                      env->event_id, env->signer);
+    }
+}
+
 int sp_trust_check(const sp_trust_t *t, const sp_envelope_t *env, const uint8_t *raw,
                    size_t raw_len, const char *subject, char reason[SP_REASON_MAX])
+{
+    int rc = sp_trust_verify(t, env, raw, raw_len, reason);
+    return rc < 0 ? rc : sp_trust_authorize(t, env, subject, reason);
+}
+
+int sp_trust_authorize(const sp_trust_t *t, const sp_envelope_t *env, const char *subject,
+                       char reason[SP_REASON_MAX])
 {
     char subj_worker[SP_INSTANCE_MAX + 1] = "";
     sp_identity_t id;
     sp_subject_id_t sid;
-    uint8_t *canon;
-    size_t clen;
     int rc;
 
-    if (!t || !env || !raw || !subject)
+    if (!t || !env || !subject)
         return refuse(reason, SP_ESCHEMA, "missing argument");
-    if (!env->signer[0] || env->signature.len == 0)
-        return refuse(reason, SP_EUNSIGNED, "%s %s carries no %s", env->type, env->event_id,
-                      env->signer[0] ? "signature" : "signer");
-    if (sp_identity_parse(env->signer, &id) < 0 || !sp_keyring_has(t->keyring, env->signer))
+    if (sp_identity_parse(env->signer, &id) < 0)
         return refuse(reason, SP_ESIGNER, "%.80s is not a known identity", env->signer);
-    if (env->signature.len != SP_SIG_LEN)
-        return refuse(reason, SP_ESIGNATURE, "signature of %zu bytes", env->signature.len);
-    if (raw_len > SP_ENVELOPE_MAX)
-        return refuse(reason, SP_ETOOBIG, "envelope of %zu bytes", raw_len);
-
-    canon = sp_xmalloc(raw_len ? raw_len : 1);
-    rc = sp_envelope_canonical(raw, raw_len, canon, &clen);
-    if (rc == 0)
-        rc = sp_keyring_verify(t->keyring, env->signer, canon, clen, env->signature.data);
-    free(canon);
-    if (rc == SP_EDECODE)
-        return refuse(reason, SP_EDECODE, "not a protobuf encoding");
-    if (rc < 0)
-        return refuse(reason, SP_ESIGNATURE, "%s %s does not verify for %s", env->type,
-                      env->event_id, env->signer);
 
     /* The bytes are the signer's: now what it said, and where. */
     rc = sp_envelope_check_subject(env, subject, reason);

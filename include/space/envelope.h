@@ -67,7 +67,8 @@ int sp_envelope_check_subject(const sp_envelope_t *env, const char *subject,
                               char reason[SP_REASON_MAX]);
 
 /* The canonical bytes of an encoded envelope, which its signature covers: raw exactly as
- * received, with every record of field 11 (signature) removed and every other record, unknown
+ * received, with every record of fields 11-14 (signature, sig_proof, sig_index, sig_count: what
+ * signing adds, sign.h) removed and every other record, unknown
  * ones included, kept in place. Verifying over the received bytes rather than a re-encoding
  * means that fields this build does not know (added by a newer producer) stay signed, and
  * that nothing depends on protobuf-c packing the same way as the signer's (it drops unknown

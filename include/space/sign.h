@@ -65,13 +65,72 @@ int sp_keyring_verify(const sp_keyring_t *kr, const char *identity, const void *
 size_t sp_keyring_size(const sp_keyring_t *kr);
 void sp_keyring_free(sp_keyring_t *kr);
 
+/* ---- batch signatures (docs/trust.md, "Batch signatures") ----
+ *
+ * A producer signs one Merkle root over a batch of envelopes; each member carries everything
+ * needed to verify it alone (a consumer may see only some members):
+ *   leaf_i  = SHA-256(0x00 || canonical bytes of member i)            (RFC 6962 2.1)
+ *   node    = SHA-256(0x01 || left || right)
+ *   root    = RFC 6962 Merkle Tree Hash of leaf_0..leaf_{n-1}; a batch of one: root = leaf_0
+ *   signed  = Ed25519 over "SPACE-C sig v1\0" || n (uint32 big-endian) || root  (51 bytes)
+ *   member i: signature (11) = that signature, sig_proof (12) = its inclusion path (RFC 9162
+ *             2.1.3.1, sibling hashes leaf level first), sig_index (13) = i, sig_count (14) = n;
+ *             12-14 are absent when n = 1, so a batch of one is a plain per-envelope signature.
+ * The domain string keeps an envelope key's signatures from meaning anything else. */
+
+#define SP_SIG_BATCH_MAX 4096
+#define SP_SIG_PROOF_MAX (12 * 32) /* ceil(log2(SP_SIG_BATCH_MAX)) hashes */
+#define SP_SIG_HASH_LEN  32
+#define SP_SIG_MSG_LEN   (15 + 4 + SP_SIG_HASH_LEN)
+/* Most that signing adds to an encoded envelope: fields 11-14 with their keys and lengths. */
+#define SP_SIG_TRAILER_MAX (SP_SIG_FIELD_LEN + 3 + SP_SIG_PROOF_MAX + 2 * (1 + 5))
+
+/* leaf = SHA-256(0x00 || canonical). */
+void sp_sig_leaf(const uint8_t *canonical, size_t len, uint8_t leaf[SP_SIG_HASH_LEN]);
+/* The root that leaf at index of a count-member batch leads to through proof (plen bytes).
+ * SP_ESIGNATURE when the proof does not have exactly the length and shape of an inclusion path
+ * for (index, count), or when count is 0, above SP_SIG_BATCH_MAX or not above index. */
+int sp_sig_proof_root(const uint8_t leaf[SP_SIG_HASH_LEN], uint32_t index, uint32_t count,
+                      const uint8_t *proof, size_t plen, uint8_t root[SP_SIG_HASH_LEN]);
+/* The bytes Ed25519 signs for a batch of count members with this root. */
+void sp_sig_message(uint32_t count, const uint8_t root[SP_SIG_HASH_LEN],
+                    uint8_t msg[SP_SIG_MSG_LEN]);
+
+/* A cache of batch signatures already verified, so that the members of one batch cost one
+ * Ed25519 verification between them. An entry is (signer's public key, count, root,
+ * signature): a member with the same root but another signature is verified again. Only
+ * successes are cached; a fixed number of slots, a newer entry replaces an older one in its
+ * slot. Thread-safe (one mutex; a lookup is a hash and a compare). */
+typedef struct sp_sigcache sp_sigcache_t;
+/* slots: 1..65536. */
+int sp_sigcache_new(size_t slots, sp_sigcache_t **ret_cache);
+void sp_sigcache_free(sp_sigcache_t *c);
+/* Hits and Ed25519 verifications (misses) so far. */
+void sp_sigcache_stats(const sp_sigcache_t *c, uint64_t *ret_hits, uint64_t *ret_verified);
+
 /* ---- envelopes ---- */
 
-/* Encodes env signed by signer: sets env->signer (borrowing signer), clears env->signature,
- * encodes as sp_envelope_encode does (same errors; SP_ETOOBIG also when the signature would
- * not fit under SP_ENVELOPE_MAX), signs those bytes and appends the signature field (11).
- * The result's canonical bytes (sp_envelope_canonical) are exactly what was signed. */
+/* Encodes env signed by signer, as a batch of one: sets env->signer (borrowing signer), clears
+ * the signature fields, encodes as sp_envelope_encode does (same errors; SP_ETOOBIG also when
+ * the signature would not fit under SP_ENVELOPE_MAX), signs and appends the signature field
+ * (11). The result's canonical bytes (sp_envelope_canonical) are exactly the bytes before it. */
 int sp_envelope_encode_signed(sp_envelope_t *env, const char *signer, const sp_sign_key_t *key,
                               uint8_t **ret_buf, size_t *ret_len);
+
+/* Encodes n (1..SP_SIG_BATCH_MAX) envelopes signed by signer with one signature over their
+ * Merkle root: for each, what sp_envelope_encode_signed does (env->signer set, signature fields
+ * cleared), then appends fields 11-14. ret_bufs[i] (heap, caller frees each) and ret_lens[i]
+ * are written only on success; on failure nothing is allocated. -EINVAL for n out of range;
+ * an envelope that does not encode fails the whole batch (SP_ESCHEMA, SP_ETOOBIG). */
+int sp_envelope_encode_signed_batch(sp_envelope_t *const *envs, size_t n, const char *signer,
+                                    const sp_sign_key_t *key, uint8_t **ret_bufs, size_t *ret_lens);
+
+/* Verifies the signature of env, decoded (and schema-valid) from raw: canonical bytes -> leaf
+ * -> root through the proof -> Ed25519 over the root with the signer's key from kr, looked up
+ * in and added to cache (NULL: no cache). 0 when it verifies; SP_EUNSIGNED (no signer or no
+ * signature), SP_ESIGNER (signer not in kr), SP_ESIGNATURE, SP_EDECODE (raw is not protobuf),
+ * SP_ETOOBIG (raw over SP_ENVELOPE_MAX). Thread-safe. */
+int sp_envelope_verify(const sp_keyring_t *kr, sp_sigcache_t *cache, const sp_envelope_t *env,
+                       const uint8_t *raw, size_t len);
 
 #endif

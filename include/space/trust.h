@@ -39,11 +39,28 @@ typedef struct {
     const sp_keyring_t *keyring;     /* borrowed */
     sp_trust_placement_fn placement; /* NULL: worker and egressd sandbox events are refused */
     void *placement_arg;
+    /* Batch signatures already verified (sign.h), borrowed; NULL: every envelope costs one
+     * Ed25519 verification. */
+    sp_sigcache_t *cache;
 } sp_trust_t;
 
 /* env is the decoded (and schema-valid) envelope of raw, which arrived on subject. 0 when the
- * message may be acted on; otherwise a refusal code and reason (SP_REASON_MAX bytes). */
+ * message may be acted on; otherwise a refusal code and reason (SP_REASON_MAX bytes).
+ * sp_trust_verify then sp_trust_authorize. */
 int sp_trust_check(const sp_trust_t *t, const sp_envelope_t *env, const uint8_t *raw,
                    size_t raw_len, const char *subject, char reason[SP_REASON_MAX]);
+
+/* The two halves, for a consumer that verifies a whole batch of messages before it applies
+ * them in order (the event log: signatures on the fetched batch, then the contract inside the
+ * storing transaction, where placements made earlier in the batch are visible).
+ * sp_trust_verify: signed, known signer, signature (through the proof) verifies: 0 or
+ * SP_EUNSIGNED, SP_ESIGNER, SP_ESIGNATURE, SP_EDECODE, SP_ETOOBIG. Uses no placement hook;
+ * thread-safe when the keyring and cache are (they are).
+ * sp_trust_authorize: what the contract lets the (verified) signer say on subject; calls the
+ * placement hook on the caller's thread. */
+int sp_trust_verify(const sp_trust_t *t, const sp_envelope_t *env, const uint8_t *raw,
+                    size_t raw_len, char reason[SP_REASON_MAX]);
+int sp_trust_authorize(const sp_trust_t *t, const sp_envelope_t *env, const char *subject,
+                       char reason[SP_REASON_MAX]);
 
 #endif

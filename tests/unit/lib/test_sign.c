@@ -37,6 +37,25 @@ static char *path(const char *name)
     return sp_xasprintf("%s/%s", dir, name);
 }
 
+/* What a batch of one signs (sign.h): the domain, count 1 and the leaf of the canonical bytes. */
+static int verify_single(const uint8_t pub[SP_PUBKEY_LEN], const uint8_t *canon, size_t clen,
+                         const uint8_t sig[SP_SIG_LEN])
+{
+    uint8_t leaf[SP_SIG_HASH_LEN], msg[SP_SIG_MSG_LEN];
+    sp_sig_leaf(canon, clen, leaf);
+    sp_sig_message(1, leaf, msg);
+    return sp_verify_raw(pub, msg, sizeof(msg), sig);
+}
+
+static void sign_single(const sp_sign_key_t *k, const uint8_t *canon, size_t clen,
+                        uint8_t sig[SP_SIG_LEN])
+{
+    uint8_t leaf[SP_SIG_HASH_LEN], msg[SP_SIG_MSG_LEN];
+    sp_sig_leaf(canon, clen, leaf);
+    sp_sig_message(1, leaf, msg);
+    assert_int_equal(sp_sign(k, msg, sizeof(msg), sig), 0);
+}
+
 typedef struct {
     sp_envelope_t env;
     Space__V1__Aggregate agg;
@@ -179,7 +198,7 @@ static void test_envelope_signed(void **state)
     assert_int_equal(sp_envelope_canonical(buf, len, canon, &clen), 0);
     assert_int_equal(clen, len - SP_SIG_FIELD_LEN);
     assert_memory_equal(canon, buf, clen);
-    assert_int_equal(sp_verify_raw(pub, canon, clen, e->signature.data), 0);
+    assert_int_equal(verify_single(pub, canon, clen, e->signature.data), 0);
 
     /* Decode -> re-encode (protobuf-c packs in field-number order, so the signature moves
      * before the payload) -> canonical: the same bytes. */
@@ -201,7 +220,7 @@ static void test_envelope_signed(void **state)
         memcpy(t, buf, len);
         t[i] ^= 0x20;
         if (sp_envelope_canonical(t, len, tc, &tl) == 0)
-            assert_int_equal(sp_verify_raw(pub, tc, tl, e->signature.data), SP_ESIGNATURE);
+            assert_int_equal(verify_single(pub, tc, tl, e->signature.data), SP_ESIGNATURE);
         free(t);
         free(tc);
     }
@@ -212,7 +231,7 @@ static void test_envelope_signed(void **state)
 }
 
 /* A field this build does not know, placed where a newer producer packing in field-number
- * order puts it (field 12, before the payload), stays covered by the signature: canonical
+ * order puts it (field 50, before the payload), stays covered by the signature: canonical
  * bytes are the received bytes minus the signature. A re-encoding would not do: protobuf-c
  * packs unknown fields after the known ones, so the re-packed bytes differ from the signed. */
 static void test_canonical_keeps_unknown_fields(void **state)
@@ -236,17 +255,18 @@ static void test_canonical_keeps_unknown_fields(void **state)
     assert_true(hlen < flen);
     assert_memory_equal(head, full, hlen);
 
-    buf = sp_xmalloc(flen + 3 + SP_SIG_FIELD_LEN);
+    buf = sp_xmalloc(flen + 4 + SP_SIG_FIELD_LEN);
     memcpy(buf, head, hlen);
     len = hlen;
-    buf[len++] = (12 << 3) | 0; /* field 12, varint 300 */
+    buf[len++] = 0x90; /* key: field 50, varint (400 as a two-byte varint) */
+    buf[len++] = 0x03;
     buf[len++] = 0xac;
     buf[len++] = 0x02;
     memcpy(buf + len, full + hlen, flen - hlen);
     len += flen - hlen;
     assert_int_equal(sp_sign_key_from_raw(seed, &k), 0);
     assert_int_equal(sp_sign_key_public(k, pub), 0);
-    assert_int_equal(sp_sign(k, buf, len, sig), 0);
+    sign_single(k, buf, len, sig);
     size_t signed_len = len;
     buf[len++] = (11 << 3) | 2;
     buf[len++] = SP_SIG_LEN;
@@ -258,7 +278,7 @@ static void test_canonical_keeps_unknown_fields(void **state)
     size_t clen;
     assert_int_equal(sp_envelope_canonical(buf, len, canon, &clen), 0);
     assert_int_equal(clen, signed_len);
-    assert_int_equal(sp_verify_raw(pub, canon, clen, e->signature.data), 0);
+    assert_int_equal(verify_single(pub, canon, clen, e->signature.data), 0);
 
     /* What a verifier that re-encoded would check: not the signed bytes. */
     size_t rlen = space__v1__envelope__get_packed_size(e);
@@ -268,7 +288,7 @@ static void test_canonical_keeps_unknown_fields(void **state)
     assert_int_equal(sp_envelope_canonical(re, rlen, rc, &rclen), 0);
     assert_int_equal(rclen, clen);
     assert_memory_not_equal(rc, canon, clen);
-    assert_int_equal(sp_verify_raw(pub, rc, rclen, e->signature.data), SP_ESIGNATURE);
+    assert_int_equal(verify_single(pub, rc, rclen, e->signature.data), SP_ESIGNATURE);
 
     free(re);
     free(rc);
