@@ -12,6 +12,7 @@
 #include "error.h"
 #include "eventlog.h"
 #include "log.h"
+#include "trust.h"
 #include "xmalloc.h"
 
 #define REJECTS_LOGGED_PER_BATCH 10
@@ -24,6 +25,7 @@ typedef struct {
     disposition_t disp;
     int duplicate;
     int quarantine; /* store as rejected without decoding (the database refused it) */
+    int refused;    /* by the trust check */
     char reason[SP_REASON_MAX];
 } item_t;
 
@@ -189,6 +191,22 @@ static int same_bytes(const item_t *a, const uint8_t *data, size_t len)
     return a->msg->len == len && (len == 0 || memcmp(a->msg->data, data, len) == 0);
 }
 
+/* An exact copy of an accepted event: unsigned logs skip it (a publisher's retry beyond
+ * JetStream's duplicate window); a verifying log stores it rejected, because a validly signed
+ * message sent again is a replay to record, and it cannot be told from a retry. */
+static void mark_copy(const el_store_t *st, item_t *it, const char *stored_id)
+{
+    it->duplicate = 1;
+    if (st->verify != EL_VERIFY_ON) {
+        it->disp = M_SKIP;
+        return;
+    }
+    it->disp = M_REJECT;
+    it->refused = 1;
+    snprintf(it->reason, sizeof(it->reason), "replayed: event_id %s is already %s",
+             it->env->event_id, stored_id ? "accepted" : "in this batch");
+}
+
 /* Marks duplicates: within the batch (a later copy of an earlier message) and against accepted
  * rows already stored. A different message reusing a stored event_id is rejected, not
  * deduplicated: the id is the event's identity, and two contents cannot share it. */
@@ -212,8 +230,7 @@ static int find_duplicates(el_store_t *st, item_t *items, size_t n)
             continue;
         }
         if (same_bytes(first, cur->msg->data, cur->msg->len)) {
-            cur->disp = M_SKIP;
-            cur->duplicate = 1;
+            mark_copy(st, cur, NULL);
         } else {
             cur->disp = M_REJECT;
             snprintf(cur->reason, sizeof(cur->reason), "event_id %s reused with other content",
@@ -252,8 +269,7 @@ static int find_duplicates(el_store_t *st, item_t *items, size_t n)
             if (it->disp != M_ACCEPT || strcmp(it->env->event_id, id) != 0)
                 continue;
             if (same_bytes(it, payload, plen)) {
-                it->disp = M_SKIP;
-                it->duplicate = 1;
+                mark_copy(st, it, id);
             } else {
                 it->disp = M_REJECT;
                 snprintf(it->reason, sizeof(it->reason), "event_id %s reused with other content",
@@ -266,6 +282,68 @@ out:
     sp_buf_dispose(&arr);
     free(by_id);
     return rc;
+}
+
+/* The trust check's placement lookup: the projection as this batch has changed it so far,
+ * so a SandboxPlaced stored earlier in the same batch places the sandbox. */
+static int placement_from_projection(void *arg, const char *tenant, const char *sandbox,
+                                     char worker[SP_INSTANCE_MAX + 1])
+{
+    const sp_sandbox_t *s = sp_projection_sandbox(arg, sandbox);
+
+    if (!s || !s->worker[0] || strcmp(s->tenant, tenant) != 0)
+        return 0;
+    snprintf(worker, SP_INSTANCE_MAX + 1, "%s", s->worker);
+    return 1;
+}
+
+static void refused(const el_store_t *st, item_t *it, const char *reason)
+{
+    if (st->verify == EL_VERIFY_ON) {
+        it->disp = M_REJECT;
+        it->refused = 1;
+        snprintf(it->reason, sizeof(it->reason), "%s", reason);
+        return;
+    }
+    /* Log mode: what on would have refused, and the event is stored as before. */
+    it->refused = 1;
+    sp_log(SP_LOG_WARN, "event would be refused (verify-signatures=log)",
+           SP_KU("seq", it->msg->stream_seq), SP_KS("event_id", it->env->event_id),
+           SP_KS("reason", reason), SP_KS("corr", it->env->correlation_id));
+}
+
+/* Signatures of the whole fetched batch, outside the storing transaction: the costly part
+ * (Ed25519) runs once per distinct batch root through the signature cache. */
+static void verify_signatures(const el_store_t *st, item_t *items, size_t n)
+{
+    char reason[SP_REASON_MAX];
+    size_t logged = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        item_t *it = &items[i];
+        if (it->disp != M_ACCEPT)
+            continue;
+        if (sp_trust_verify(&st->trust, it->env, it->msg->data, it->msg->len, reason) < 0) {
+            if (st->verify == EL_VERIFY_LOG && logged++ >= REJECTS_LOGGED_PER_BATCH)
+                it->refused = 1;
+            else
+                refused(st, it, reason);
+        }
+    }
+}
+
+/* What the contract lets the verified signer say, in stream order inside the transaction. */
+static void authorize(el_store_t *st, item_t *it)
+{
+    char reason[SP_REASON_MAX];
+    sp_trust_t t = st->trust;
+
+    if (it->refused)
+        return; /* log mode: already reported */
+    t.placement = placement_from_projection;
+    t.placement_arg = st->proj;
+    if (sp_trust_authorize(&t, it->env, it->msg->subject, reason) < 0)
+        refused(st, it, reason);
 }
 
 static int load_rows(el_store_t *st, item_t *items, size_t n)
@@ -348,6 +426,8 @@ static int store_items(el_store_t *st, const sp_bus_msg_t *const *msgs, size_t n
         }
         it->disp = M_ACCEPT;
     }
+    if (st->verify != EL_VERIFY_OFF)
+        verify_signatures(st, items, n);
 
     if ((rc = sp_db_exec(st->db, "BEGIN")) < 0) {
         remember_error(st, "begin");
@@ -366,6 +446,8 @@ static int store_items(el_store_t *st, const sp_bus_msg_t *const *msgs, size_t n
             counts.duplicates += it->duplicate;
             continue;
         }
+        if (it->disp == M_ACCEPT && st->verify != EL_VERIFY_OFF)
+            authorize(st, it);
         if (it->disp == M_ACCEPT &&
             sp_projection_apply(st->proj, it->env, it->msg->stream_seq, it->reason) < 0)
             it->disp = M_REJECT;
@@ -376,6 +458,7 @@ static int store_items(el_store_t *st, const sp_bus_msg_t *const *msgs, size_t n
             counts.accepted++;
         else
             counts.rejected++;
+        counts.refused += (unsigned)it->refused;
     }
     if (n > 0 && msgs[n - 1]->stream_seq > head.seq)
         head.seq = msgs[n - 1]->stream_seq;
@@ -410,6 +493,7 @@ static int store_items(el_store_t *st, const sp_bus_msg_t *const *msgs, size_t n
     st->counts.rejected += counts.rejected;
     st->counts.duplicates += counts.duplicates;
     st->counts.skipped += counts.skipped;
+    st->counts.refused += counts.refused;
     /* Every rejection is in the table; the log names the first few of a batch and counts the
      * rest, so a flood of bad messages cannot flood the log. */
     size_t logged = 0;

@@ -6,7 +6,12 @@
  * At start, and after any failure, the durable consumer is recreated to start right after that
  * position, so messages arrive in stream order with nothing pending; a message at or below it
  * (a redelivery) is acknowledged and skipped. One writer at a time: a session advisory lock;
- * a second instance waits as a hot standby. */
+ * a second instance waits as a hot standby.
+ *
+ * Trust (docs/trust.md): with verify-signatures on, every message passes sp_trust_check against
+ * the keyring of keyring-dir before it becomes an accepted row; refused ones are stored
+ * rejected with the refusal's name. The default, auto, is on only when keyring-dir exists, so
+ * a stack whose producers do not sign yet keeps working: the start line says which it is. */
 #include <errno.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -14,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "bus.h"
@@ -24,6 +30,8 @@
 #include "eventlog.h"
 #include "ids.h"
 #include "log.h"
+#include "sign.h"
+#include "xmalloc.h"
 
 /* pg_advisory_lock key held by the active writer: "SPACELOG" as an int8. */
 #define WRITER_LOCK_KEY "6003360185432762183"
@@ -40,6 +48,9 @@ typedef struct {
     int64_t stats_interval_s;
     char *log_level;
     char *log_format;
+    char *keyring_dir;
+    char *verify_signatures;
+    int64_t sig_cache_slots;
 } el_config_t;
 
 static const sp_cfg_opt_t options[] = {
@@ -59,6 +70,12 @@ static const sp_cfg_opt_t options[] = {
                    "seconds between counter log lines (0: never)"),
     SP_CFG_STR_OPT("log-level", el_config_t, log_level, "info", "debug|info|warn|error"),
     SP_CFG_STR_OPT("log-format", el_config_t, log_format, "kv", "kv|json"),
+    SP_CFG_STR_OPT("keyring-dir", el_config_t, keyring_dir, NULL,
+                   "directory of the identities' <identity>.pub (default $SPACE_HOME/creds)"),
+    SP_CFG_STR_OPT("verify-signatures", el_config_t, verify_signatures, "auto",
+                   "on|off|log|auto (auto: on when keyring-dir exists, else off)"),
+    SP_CFG_INT_OPT("sig-cache-slots", el_config_t, sig_cache_slots, 1, 65536, "4096",
+                   "verified batch signatures remembered"),
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -108,9 +125,65 @@ static int open_db(const el_config_t *cfg, PGconn **ret_db)
 
 static void log_stats(const el_store_t *st, const char *msg)
 {
+    uint64_t hits = 0, verified = 0;
+    sp_sigcache_stats(st->trust.cache, &hits, &verified);
     sp_log(SP_LOG_INFO, msg, SP_KU("head_seq", st->head.seq),
            SP_KU("accepted", st->counts.accepted), SP_KU("rejected", st->counts.rejected),
-           SP_KU("duplicates", st->counts.duplicates), SP_KU("redelivered", st->counts.skipped));
+           SP_KU("refused", st->counts.refused), SP_KU("duplicates", st->counts.duplicates),
+           SP_KU("redelivered", st->counts.skipped), SP_KU("sig_verified", verified),
+           SP_KU("sig_cache_hits", hits));
+}
+
+/* verify-signatures and keyring-dir into st; the keyring into *ret_kr. Logs, once, loudly
+ * when nothing is verified. */
+static int setup_trust(const el_config_t *cfg, el_store_t *st, sp_keyring_t **ret_kr,
+                       sp_sigcache_t **ret_cache)
+{
+    const char *home = getenv("SPACE_HOME");
+    char *dir = cfg->keyring_dir[0] ? sp_xstrdup(cfg->keyring_dir)
+                                    : sp_xasprintf("%s/creds", home && home[0] ? home : ".");
+    const char *mode = cfg->verify_signatures;
+    struct stat sb;
+    bool exists = stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode);
+    int rc = 0;
+
+    if (strcmp(mode, "auto") == 0)
+        st->verify = exists ? EL_VERIFY_ON : EL_VERIFY_OFF;
+    else if (strcmp(mode, "on") == 0)
+        st->verify = EL_VERIFY_ON;
+    else if (strcmp(mode, "log") == 0)
+        st->verify = EL_VERIFY_LOG;
+    else if (strcmp(mode, "off") == 0)
+        st->verify = EL_VERIFY_OFF;
+    else {
+        sp_log(SP_LOG_ERROR, "verify-signatures: on, off, log or auto", SP_KS("value", mode));
+        rc = -EINVAL;
+        goto out;
+    }
+    if (st->verify == EL_VERIFY_OFF) {
+        sp_log(SP_LOG_WARN,
+               "SIGNATURES NOT VERIFIED: every well-formed event is accepted whoever sent it",
+               SP_KS("verify_signatures", mode), SP_KS("keyring_dir", dir),
+               SP_KS("why", strcmp(mode, "off") == 0 ? "verify-signatures=off"
+                                                     : "keyring-dir does not exist"));
+        goto out;
+    }
+    if ((rc = sp_keyring_load(dir, ret_kr)) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot load the keyring", SP_KS("keyring_dir", dir),
+               SP_KS("error", sp_strerror(rc)));
+        goto out;
+    }
+    sp_sigcache_new((size_t)cfg->sig_cache_slots, ret_cache);
+    st->trust.keyring = *ret_kr;
+    st->trust.cache = *ret_cache;
+    sp_log(st->verify == EL_VERIFY_ON ? SP_LOG_INFO : SP_LOG_WARN,
+           st->verify == EL_VERIFY_ON ? "verifying signatures: refused events are stored rejected"
+                                      : "verifying signatures, LOG ONLY: refused events are "
+                                        "still accepted",
+           SP_KS("keyring_dir", dir), SP_KU("identities", sp_keyring_size(*ret_kr)));
+out:
+    free(dir);
+    return rc;
 }
 
 /* Consumes until stopped or until something fails that needs a fresh start from the head. */
@@ -178,6 +251,8 @@ int main(int argc, char **argv)
     el_store_t st = {0};
     sp_log_level_t level;
     sp_log_format_t format;
+    sp_keyring_t *keyring = NULL;
+    sp_sigcache_t *sigcache = NULL;
 
     if (rc < 0) {
         fprintf(stderr, "space-eventlog: %s\n", err ? err : sp_strerror(rc));
@@ -214,6 +289,8 @@ int main(int argc, char **argv)
         goto out;
     }
     st.proj = sp_projection_new("public");
+    if (setup_trust(&cfg, &st, &keyring, &sigcache) < 0)
+        goto out;
 
     int failures = 0;
     while (!sp_daemon_stopping) {
@@ -244,6 +321,8 @@ int main(int argc, char **argv)
     exit_code = 0;
 out:
     sp_projection_free(st.proj);
+    sp_sigcache_free(sigcache);
+    sp_keyring_free(keyring);
     PQfinish(st.db);
     sp_bus_free(bus);
     sp_config_dispose(options, N_OPTIONS, &cfg);

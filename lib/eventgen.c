@@ -7,7 +7,9 @@
 
 #include <errno.h>
 
+#include "contract.h"
 #include "error.h"
+#include "xmalloc.h"
 
 const sp_event_type_t sp_eventgen_lifecycle[5] = {
     SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED,
@@ -139,4 +141,65 @@ void sp_eventgen_msg_dispose(sp_eventgen_msg_t *m)
     free(m->data);
     m->data = NULL;
     m->len = 0;
+}
+
+int sp_eventgen_sign(sp_eventgen_msg_t *const *msgs, size_t n, const char *signer,
+                     const sp_sign_key_t *key)
+{
+    sp_envelope_t **envs;
+    uint8_t **bufs;
+    size_t *lens, decoded = 0;
+    char reason[SP_REASON_MAX];
+    int rc = 0;
+
+    if (!msgs || n == 0 || n > SP_SIG_BATCH_MAX)
+        return -EINVAL;
+    envs = sp_xcalloc(n, sizeof(sp_envelope_t *));
+    bufs = sp_xcalloc(n, sizeof(*bufs));
+    lens = sp_xcalloc(n, sizeof(*lens));
+    for (; decoded < n; decoded++)
+        if ((rc = sp_envelope_decode(msgs[decoded]->data, msgs[decoded]->len, &envs[decoded],
+                                     reason)) < 0)
+            goto out;
+    /* Signing points the decoded envelopes' signature fields elsewhere; keep what the
+     * unpacker allocated so that it frees its own. */
+    sp_envelope_t *saved = sp_xcalloc(n, sizeof(*saved));
+    for (size_t i = 0; i < n; i++)
+        saved[i] = *envs[i];
+    rc = sp_envelope_encode_signed_batch(envs, n, signer, key, bufs, lens);
+    for (size_t i = 0; i < n; i++) {
+        envs[i]->signer = saved[i].signer;
+        envs[i]->signature = saved[i].signature;
+        envs[i]->sig_proof = saved[i].sig_proof;
+        envs[i]->sig_index = saved[i].sig_index;
+        envs[i]->sig_count = saved[i].sig_count;
+    }
+    free(saved);
+    if (rc < 0)
+        goto out;
+    for (size_t i = 0; i < n; i++) {
+        free(msgs[i]->data);
+        msgs[i]->data = bufs[i];
+        msgs[i]->len = lens[i];
+    }
+out:
+    for (size_t i = 0; i < decoded; i++)
+        sp_envelope_free(envs[i]);
+    free(envs);
+    free(bufs);
+    free(lens);
+    return rc;
+}
+
+const char *sp_eventgen_signer(sp_event_type_t type, const char *worker, char *buf, size_t len)
+{
+    unsigned who = sp_event_emitters(type);
+
+    if (who & SP_KIND_BIT(SP_KIND_WORKER))
+        snprintf(buf, len, "worker-%s", worker && worker[0] ? worker : "w1");
+    else if (who & SP_KIND_BIT(SP_KIND_GATEWAY))
+        snprintf(buf, len, "gateway");
+    else
+        snprintf(buf, len, "scheduler");
+    return buf;
 }

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "envelope.h"
+#include "sign.h"
 
 typedef struct {
     uint8_t *data; /* encoded envelope, heap */
@@ -24,6 +25,14 @@ int sp_eventgen_sandbox(sp_event_type_t type, const char *tenant, const char *sa
 int sp_eventgen_heartbeat(const char *worker, const char *const *templates, size_t n_templates,
                           uint32_t running, uint32_t interval_ms, sp_eventgen_msg_t *out);
 void sp_eventgen_msg_dispose(sp_eventgen_msg_t *m);
+
+/* Re-encodes msgs[0..n) (1..SP_SIG_BATCH_MAX) in place as one batch signed by signer (sign.h),
+ * as a producer publishing a burst would. On failure the messages are unchanged. */
+int sp_eventgen_sign(sp_eventgen_msg_t *const *msgs, size_t n, const char *signer,
+                     const sp_sign_key_t *key);
+/* The identity a single-instance stack would have sign this event type: "gateway" for intents,
+ * "scheduler" for what only the scheduler emits, "worker-<worker>" for worker facts. */
+const char *sp_eventgen_signer(sp_event_type_t type, const char *worker, char *buf, size_t len);
 
 /* The five events of a short life: create, placed, started, paused, deleted. */
 extern const sp_event_type_t sp_eventgen_lifecycle[5];

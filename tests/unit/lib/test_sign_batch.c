@@ -60,7 +60,7 @@ static void batch_make(batch_t *b, size_t n, const char *tag, const sp_sign_key_
 {
     b->n = n;
     b->m = sp_xcalloc(n, sizeof(*b->m));
-    b->envs = sp_xcalloc(n, sizeof(*b->envs));
+    b->envs = sp_xcalloc(n, sizeof(sp_envelope_t *));
     b->bufs = sp_xcalloc(n, sizeof(*b->bufs));
     b->lens = sp_xcalloc(n, sizeof(*b->lens));
     for (size_t i = 0; i < n; i++) {
