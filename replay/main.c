@@ -1,6 +1,7 @@
 /* space-replay: the security team's view of the event log.
  *
- *   space-replay verify                  walk the hash chain, report the first broken link
+ *   space-replay verify                  walk the hash chain, report the first broken link;
+ *                                        re-verify every accepted event's signature
  *   space-replay timeline --sandbox ID   what happened to one sandbox, and the state after
  *                                        each event (--json: one JSON object per line)
  *   space-replay export                  the log as JSON Lines, every stored row in stream
@@ -47,6 +48,8 @@ static const sp_cfg_opt_t options[] = {
                    "rebuild: scratch schema (default replay_<pid>)"),
     SP_CFG_BOOL_OPT("keep", replay_config_t, keep, "false",
                     "rebuild: keep the scratch schema instead of dropping it"),
+    SP_CFG_STR_OPT("keyring-dir", replay_config_t, keyring_dir, NULL,
+                   "verify: the identities' <identity>.pub (default $SPACE_HOME/creds)"),
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -91,6 +94,8 @@ static const char *unused_option(const char *cmd, const replay_config_t *c)
         return c->at[0] ? "at" : c->at_seq ? "at-seq" : "all";
     if ((c->schema[0] || c->keep) && strcmp(cmd, "rebuild") != 0)
         return c->schema[0] ? "schema" : "keep";
+    if (c->keyring_dir[0] && strcmp(cmd, "verify") != 0)
+        return "keyring-dir";
     return NULL;
 }
 

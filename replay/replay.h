@@ -3,8 +3,9 @@
  * Exit codes, for every subcommand:
  *   0  done: the chain is intact (verify), the projections match the log (rebuild)
  *   1  usage or database error (a message on stderr)
- *   2  the log disagrees with itself: a broken chain (verify), an accepted event that does
- *      not decode or that the reducers now refuse (timeline, state)
+ *   2  the log disagrees with itself: a broken chain or an accepted event whose signature
+ *      does not verify (verify), an accepted event that does not decode or that the reducers
+ *      now refuse (timeline, state)
  *   3  rebuild: the rebuilt projections differ from the live ones (each difference printed)
  */
 #ifndef SPACE_REPLAY_H
@@ -40,6 +41,8 @@ typedef struct {
     /* rebuild */
     char *schema;
     bool keep;
+    /* verify: the identities' public keys (default $SPACE_HOME/creds) */
+    char *keyring_dir;
 } replay_config_t;
 
 /* The checks of a subcommand's options, run before connecting: 0, or REPLAY_EUSAGE after
