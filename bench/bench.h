@@ -13,6 +13,7 @@ typedef struct {
     PGconn *db;
     unsigned runs;
     size_t events;
+    size_t sign_batch; /* eventlog: most events a producer signs under one root */
     unsigned rate;
     unsigned seconds;
     /* create */

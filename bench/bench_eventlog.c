@@ -12,20 +12,34 @@
  * being written (stored_at, clock_timestamp() inside the storing transaction; its commit
  * follows within the same batch). Both clocks are this machine's.
  *
+ * Signing (issue 14, docs/trust.md), in the same invocation: the eventlog is restarted with
+ * verify-signatures=off for the unsigned runs and =on (a keyring of the bench's own gateway,
+ * scheduler and worker-w1 keys under $SPACE_HOME/bench-keyring) for the signed ones, whose
+ * events the publisher pre-signs the way bursting producers would: each producer's next
+ * --sign-batch events under one Merkle root, and the worst case, every event signed alone.
+ * Signing happens before the clock starts (its cost per event is printed apart); verification
+ * is inside the measured time. Each run does all three modes back to back.
+ *
  * Every number is a distribution over several runs (p50/p90/p99 and the spread), printed as a
  * table and as one JSON line for machines. */
 #include <inttypes.h>
+#include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bench.h"
+#include "contract.h"
 #include "db.h"
 #include "error.h"
 #include "eventgen.h"
 #include "ids.h"
+#include "sign.h"
 #include "xmalloc.h"
 
 static int cmp_double(const void *a, const void *b)
@@ -66,6 +80,148 @@ static void free_events(sp_eventgen_msg_t *m, size_t n)
     free(m);
 }
 
+/* ---- signing modes ---- */
+
+enum { MODE_OFF, MODE_BATCH, MODE_SINGLE, N_MODES };
+static const char *const mode_name[N_MODES] = {"unsigned, verify off", "signed, batches",
+                                               "signed, batch of 1"};
+
+typedef struct {
+    char dir[4096];
+    const char *identity[3];
+    sp_sign_key_t *key[3];
+} bench_keys_t;
+
+static int keys_make(bench_ctx_t *c, bench_keys_t *k)
+{
+    static const char *const ids[3] = {"gateway", "scheduler", "worker-w1"};
+    snprintf(k->dir, sizeof(k->dir), "%s/bench-keyring", c->home);
+    if (mkdir(k->dir, 0700) < 0 && errno != EEXIST)
+        return -errno;
+    for (int i = 0; i < 3; i++) {
+        char *priv = sp_xasprintf("%s/%s.key", k->dir, ids[i]);
+        char *pub = sp_xasprintf("%s/%s.pub", k->dir, ids[i]);
+        int rc = sp_sign_keygen(priv, pub);
+        if (rc == -EEXIST)
+            rc = 0;
+        if (rc == 0)
+            rc = sp_sign_key_load(priv, &k->key[i]);
+        free(priv);
+        free(pub);
+        if (rc < 0)
+            return rc;
+        k->identity[i] = ids[i];
+    }
+    return 0;
+}
+
+static void keys_free(bench_keys_t *k)
+{
+    for (int i = 0; i < 3; i++)
+        sp_sign_key_free(k->key[i]);
+}
+
+/* Which of the three producers emits an event type. */
+static int producer_of(sp_event_type_t t)
+{
+    unsigned who = sp_event_emitters(t);
+    if (who & SP_KIND_BIT(SP_KIND_WORKER))
+        return 2;
+    return (who & SP_KIND_BIT(SP_KIND_GATEWAY)) ? 0 : 1;
+}
+
+/* Signs m[0..n) as three producers would: each one's events in publish order, batch at a
+ * time. Returns the seconds it took. */
+static double sign_events(const bench_keys_t *k, sp_eventgen_msg_t *m, size_t n, size_t batch)
+{
+    sp_eventgen_msg_t **pending[3];
+    size_t np[3] = {0};
+    int64_t t0 = sp_mono_ns();
+
+    for (int p = 0; p < 3; p++)
+        pending[p] = sp_xcalloc(batch, sizeof(sp_eventgen_msg_t *));
+    for (size_t i = 0; i <= n; i++) {
+        for (int p = 0; p < 3; p++) {
+            if (np[p] == 0 || (np[p] < batch && i < n))
+                continue;
+            if (sp_eventgen_sign(pending[p], np[p], k->identity[p], k->key[p]) < 0) {
+                fprintf(stderr, "space-bench: cannot sign\n");
+                exit(1);
+            }
+            np[p] = 0;
+        }
+        if (i == n)
+            break;
+        char reason[SP_REASON_MAX];
+        sp_envelope_t *e = NULL;
+        if (sp_envelope_decode(m[i].data, m[i].len, &e, reason) < 0)
+            exit(1);
+        int p = producer_of(e->payload_case);
+        sp_envelope_free(e);
+        pending[p][np[p]++] = &m[i];
+    }
+    for (int p = 0; p < 3; p++)
+        free(pending[p]);
+    return (double)(sp_mono_ns() - t0) / 1e9;
+}
+
+static long long scalar(PGconn *db, const char *sql);
+static int64_t wait_stored(PGconn *db, uint64_t seq, int timeout_s);
+
+/* Restarts the eventlog in $SPACE_HOME with verify-signatures=mode (on/off) and the bench's
+ * keyring, and waits until it stores again (one probe event). */
+static void restart_eventlog(bench_ctx_t *c, const bench_keys_t *k, const char *mode)
+{
+    char path[4096], exe[4096], line[32];
+    ssize_t el;
+    FILE *f;
+    int pid = 0;
+
+    snprintf(path, sizeof(path), "%s/run/space-eventlog.pid", c->home);
+    if ((f = fopen(path, "re"))) {
+        if (fgets(line, sizeof(line), f))
+            pid = (int)strtol(line, NULL, 10);
+        fclose(f);
+    }
+    if (pid > 0 && kill(pid, SIGTERM) == 0)
+        for (int i = 0; i < 3000 && kill(pid, 0) == 0; i++) {
+            char st = 'Z';
+            snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+            if ((f = fopen(path, "re"))) {
+                if (fscanf(f, "%*d %*s %c", &st) != 1)
+                    st = 'Z';
+                fclose(f);
+            }
+            if (st == 'Z')
+                break;
+            nanosleep(&(struct timespec){.tv_nsec = 10000000}, NULL);
+        }
+    setenv("SPACE_VERIFY_SIGNATURES", mode, 1);
+    setenv("SPACE_KEYRING_DIR", k->dir, 1);
+    setenv("SPACE_HOME", c->home, 1);
+    el = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    exe[el > 0 ? el : 0] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash)
+        *slash = '\0';
+    char *cmd = sp_xasprintf("'%s/space' up >/dev/null", exe);
+    int rc = system(cmd); /* NOLINT(cert-env33-c): the stack's own CLI */
+    free(cmd);
+    sp_eventgen_msg_t probe;
+    uint64_t last = 0, msgs = 0;
+    if (rc != 0 ||
+        sp_eventgen_sandbox(SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED, "bench",
+                            "sbx_probe", NULL, &probe) < 0 ||
+        sp_bus_publish_async(c->bus, probe.subject, probe.data, probe.len, probe.event_id) < 0 ||
+        sp_bus_publish_async_complete(c->bus, 30000) != 0 ||
+        sp_bus_stream_info(c->bus, &last, &msgs) < 0 || wait_stored(c->db, last, 60) < 0) {
+        fprintf(stderr, "space-bench: the eventlog did not come back (verify-signatures=%s)\n",
+                mode);
+        exit(1);
+    }
+    sp_eventgen_msg_dispose(&probe);
+}
+
 static long long scalar(PGconn *db, const char *sql)
 {
     PGresult *r = PQexec(db, sql);
@@ -103,10 +259,42 @@ static int publish_all(sp_bus_t *bus, sp_eventgen_msg_t *m, size_t n, uint64_t *
     return 0;
 }
 
-static double run_eventlog(bench_ctx_t *c, size_t n, unsigned run, double *ret_publish_eps)
+/* How a run's events are signed: keys NULL for unsigned. sign_s accumulates the producers'
+ * signing time, n_signed the events signed. */
+typedef struct {
+    const bench_keys_t *keys;
+    size_t batch;
+    double sign_s;
+    size_t n_signed;
+    uint64_t rejected; /* rows of the measured events the log rejected (should be 0) */
+} signing_t;
+
+static void maybe_sign(signing_t *sg, sp_eventgen_msg_t *m, size_t n)
+{
+    if (!sg->keys)
+        return;
+    sg->sign_s += sign_events(sg->keys, m, n, sg->batch);
+    sg->n_signed += n;
+}
+
+static void count_rejected(bench_ctx_t *c, signing_t *sg, uint64_t first, uint64_t last)
+{
+    char sql[192];
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM events WHERE status = 'rejected' AND stream_seq > %" PRIu64
+             " AND stream_seq <= %" PRIu64,
+             first, last);
+    long long r = scalar(c->db, sql);
+    sg->rejected += r > 0 ? (uint64_t)r : 0;
+}
+
+static double run_eventlog(bench_ctx_t *c, size_t n, unsigned run, signing_t *sg,
+                           double *ret_publish_eps)
 {
     sp_eventgen_msg_t *m = make_events(n, run);
-    uint64_t last = 0;
+    uint64_t first = 0, msgs = 0, last = 0;
+    maybe_sign(sg, m, n);
+    sp_bus_stream_info(c->bus, &first, &msgs);
     int64_t t0 = sp_mono_ns();
     if (publish_all(c->bus, m, n, &last) < 0) {
         fprintf(stderr, "space-bench: publish failed\n");
@@ -119,6 +307,7 @@ static double run_eventlog(bench_ctx_t *c, size_t n, unsigned run, double *ret_p
         fprintf(stderr, "space-bench: the event log did not catch up within 300 s\n");
         exit(1);
     }
+    count_rejected(c, sg, first, last);
     *ret_publish_eps = (double)n / ((double)(t_pub - t0) / 1e9);
     return (double)n / ((double)(t_end - t0) / 1e9);
 }
@@ -152,11 +341,12 @@ static double run_insert_baseline(bench_ctx_t *c, size_t n, unsigned run)
 
 /* Publishes at rate events/s for seconds, then reads the per-row lag from the log. */
 static size_t run_latency(bench_ctx_t *c, unsigned rate, unsigned seconds, unsigned run,
-                          double **ret_ms)
+                          signing_t *sg, double **ret_ms)
 {
     size_t n = (size_t)rate * seconds;
     sp_eventgen_msg_t *m = make_events(n, run + 2000);
     uint64_t first = 0, msgs = 0, last = 0;
+    maybe_sign(sg, m, n);
     sp_bus_stream_info(c->bus, &first, &msgs);
     int64_t period = 1000000000LL / rate;
     struct timespec next;
@@ -179,6 +369,7 @@ static size_t run_latency(bench_ctx_t *c, unsigned rate, unsigned seconds, unsig
         exit(1);
     }
     free_events(m, n);
+    count_rejected(c, sg, first, last);
 
     char sql[256];
     snprintf(sql, sizeof(sql),
@@ -204,58 +395,118 @@ static void print_row(const char *what, const char *unit, double *v, size_t n, d
     printf("\n");
 }
 
+typedef struct {
+    double *log_eps, *pub_eps, *lat;
+    size_t nl;
+    signing_t sg;
+} mode_result_t;
+
 int bench_eventlog(bench_ctx_t *c)
 {
     unsigned runs = c->runs;
     size_t n = c->events;
-    double *log_eps = sp_xcalloc(runs, sizeof(double));
-    double *pub_eps = sp_xcalloc(runs, sizeof(double));
     double *ins_eps = sp_xcalloc(runs, sizeof(double));
     size_t ins_n = n / 10 > 0 ? n / 10 : 1; /* per-row INSERT is slow: a tenth is enough */
+    mode_result_t res[N_MODES];
+    bench_keys_t keys;
+    static const char *const verify_mode[N_MODES] = {"off", "on", "on"};
 
-    printf("eventlog throughput: %u runs of %zu events (baseline: %zu per-row inserts)\n", runs, n,
-           ins_n);
+    memset(res, 0, sizeof(res));
+    memset(&keys, 0, sizeof(keys));
+    if (keys_make(c, &keys) < 0) {
+        fprintf(stderr, "space-bench: cannot make the bench keyring under %s\n", c->home);
+        return 1;
+    }
+    for (int md = 0; md < N_MODES; md++) {
+        res[md].log_eps = sp_xcalloc(runs, sizeof(double));
+        res[md].pub_eps = sp_xcalloc(runs, sizeof(double));
+        res[md].sg.keys = md == MODE_OFF ? NULL : &keys;
+        res[md].sg.batch = md == MODE_BATCH ? c->sign_batch : 1;
+    }
+    printf("eventlog throughput: %u runs of %zu events per mode (baseline: %zu per-row "
+           "inserts); signed modes: producers sign batches of up to %zu, or 1\n",
+           runs, n, ins_n, c->sign_batch);
     for (unsigned r = 0; r < runs; r++) {
-        log_eps[r] = run_eventlog(c, n, r, &pub_eps[r]);
+        for (int md = 0; md < N_MODES; md++) {
+            restart_eventlog(c, &keys, verify_mode[md]);
+            res[md].log_eps[r] =
+                run_eventlog(c, n, r + 100 * (unsigned)md, &res[md].sg, &res[md].pub_eps[r]);
+            printf("  run %u %-22s eventlog %.0f ev/s, publish-only %.0f ev/s\n", r + 1,
+                   mode_name[md], res[md].log_eps[r], res[md].pub_eps[r]);
+        }
         ins_eps[r] = run_insert_baseline(c, ins_n, r);
-        printf("  run %u: eventlog %.0f ev/s, publish-only %.0f ev/s, insert-per-event %.0f "
-               "ev/s\n",
-               r + 1, log_eps[r], pub_eps[r], ins_eps[r]);
+        printf("  run %u insert-per-event %.0f ev/s\n", r + 1, ins_eps[r]);
     }
-    double ins_p50 = bench_pct(ins_eps, runs, 50);
-    double pub_p50 = bench_pct(pub_eps, runs, 50);
-    double log_p50 = bench_pct(log_eps, runs, 50);
-    printf("\n  %-34s %10s %10s %10s  %-9s %s\n", "throughput (over runs)", "p50", "p90", "p99",
-           "unit", "vs insert-per-event");
-    print_row("space-eventlog (stored, chained)", "ev/s", log_eps, runs, ins_p50);
-    print_row("jetstream publish only", "ev/s", pub_eps, runs, ins_p50);
-    print_row("insert per event (baseline)", "ev/s", ins_eps, runs, ins_p50);
-
-    double *lat = NULL;
-    size_t nl = 0;
     for (unsigned r = 0; r < runs; r++) {
-        double *ms = NULL;
-        size_t k = run_latency(c, c->rate, c->seconds, r, &ms);
-        lat = sp_xreallocarray(lat, nl + k, sizeof(double));
-        memcpy(lat + nl, ms, k * sizeof(double));
-        nl += k;
-        free(ms);
+        for (int md = 0; md < N_MODES; md++) {
+            double *ms = NULL;
+            restart_eventlog(c, &keys, verify_mode[md]);
+            size_t k = run_latency(c, c->rate, c->seconds, r + 100 * (unsigned)md, &res[md].sg,
+                                   &ms);
+            res[md].lat = sp_xreallocarray(res[md].lat, res[md].nl + k, sizeof(double));
+            memcpy(res[md].lat + res[md].nl, ms, k * sizeof(double));
+            res[md].nl += k;
+            free(ms);
+        }
     }
-    double l50 = bench_pct(lat, nl, 50), l90 = bench_pct(lat, nl, 90), l99 = bench_pct(lat, nl, 99),
-           lmax = nl ? lat[nl - 1] : NAN;
-    printf("\n  publish-to-persisted lag at %u ev/s, %zu events: p50 %.2f ms, p90 %.2f ms, "
-           "p99 %.2f ms, max %.2f ms\n",
-           c->rate, nl, l50, l90, l99, lmax);
+    /* Leave the stack as the bench found it: verification as configured by its default. */
+    unsetenv("SPACE_VERIFY_SIGNATURES");
+    unsetenv("SPACE_KEYRING_DIR");
+    restart_eventlog(c, &keys, "auto");
+
+    double ins_p50 = bench_pct(ins_eps, runs, 50);
+    double base_eps = bench_pct(res[MODE_OFF].log_eps, runs, 50);
+    printf("\n  %-34s %10s %10s %10s  %-9s %s\n", "throughput (over runs)", "p50", "p90", "p99",
+           "unit", "vs unsigned");
+    for (int md = 0; md < N_MODES; md++) {
+        char what[64];
+        snprintf(what, sizeof(what), "eventlog, %s", mode_name[md]);
+        print_row(what, "ev/s", res[md].log_eps, runs, base_eps);
+    }
+    print_row("jetstream publish only (unsigned)", "ev/s", res[MODE_OFF].pub_eps, runs, base_eps);
+    print_row("insert per event (baseline)", "ev/s", ins_eps, runs, base_eps);
+
+    printf("\n  publish-to-persisted lag at %u ev/s   %8s %8s %8s %8s   %s\n", c->rate, "p50",
+           "p90", "p99", "max", "p50/p99 vs unsigned");
+    double l[N_MODES][4];
+    for (int md = 0; md < N_MODES; md++) {
+        mode_result_t *m = &res[md];
+        l[md][0] = bench_pct(m->lat, m->nl, 50);
+        l[md][1] = bench_pct(m->lat, m->nl, 90);
+        l[md][2] = bench_pct(m->lat, m->nl, 99);
+        l[md][3] = m->nl ? m->lat[m->nl - 1] : NAN;
+        printf("  %-36s %6.2fms %6.2fms %6.2fms %6.2fms   x%.2f / x%.2f\n", mode_name[md],
+               l[md][0], l[md][1], l[md][2], l[md][3], l[md][0] / l[MODE_OFF][0],
+               l[md][2] / l[MODE_OFF][2]);
+    }
+    printf("\n  producer signing (before the clock): batches %.2f us/event, batch of 1 %.2f "
+           "us/event\n",
+           res[MODE_BATCH].sg.sign_s / (double)res[MODE_BATCH].sg.n_signed * 1e6,
+           res[MODE_SINGLE].sg.sign_s / (double)res[MODE_SINGLE].sg.n_signed * 1e6);
+    printf("  rejected rows among the measured events: unsigned %" PRIu64 ", batches %" PRIu64
+           ", batch of 1 %" PRIu64 "\n",
+           res[MODE_OFF].sg.rejected, res[MODE_BATCH].sg.rejected, res[MODE_SINGLE].sg.rejected);
+
     printf("\nJSON {\"bench\":\"eventlog\",\"events_per_run\":%zu,\"runs\":%u,"
-           "\"eventlog_eps_p50\":%.0f,\"publish_only_eps_p50\":%.0f,"
-           "\"insert_per_event_eps_p50\":%.0f,\"ratio_vs_insert\":%.2f,"
-           "\"ratio_vs_publish_only\":%.2f,\"lag_rate\":%u,\"lag_ms_p50\":%.3f,"
-           "\"lag_ms_p90\":%.3f,\"lag_ms_p99\":%.3f,\"lag_ms_max\":%.3f}\n",
-           n, runs, log_p50, pub_p50, ins_p50, log_p50 / ins_p50, log_p50 / pub_p50, c->rate, l50,
-           l90, l99, lmax);
-    free(log_eps);
-    free(pub_eps);
+           "\"sign_batch\":%zu,\"eventlog_eps_p50\":%.0f,\"signed_batch_eps_p50\":%.0f,"
+           "\"signed_single_eps_p50\":%.0f,\"ratio_batch\":%.3f,\"ratio_single\":%.3f,"
+           "\"publish_only_eps_p50\":%.0f,\"insert_per_event_eps_p50\":%.0f,"
+           "\"lag_rate\":%u,\"lag_ms\":{\"unsigned\":[%.3f,%.3f,%.3f],"
+           "\"batch\":[%.3f,%.3f,%.3f],\"single\":[%.3f,%.3f,%.3f]},"
+           "\"rejected\":[%" PRIu64 ",%" PRIu64 ",%" PRIu64 "]}\n",
+           n, runs, c->sign_batch, base_eps, bench_pct(res[MODE_BATCH].log_eps, runs, 50),
+           bench_pct(res[MODE_SINGLE].log_eps, runs, 50),
+           bench_pct(res[MODE_BATCH].log_eps, runs, 50) / base_eps,
+           bench_pct(res[MODE_SINGLE].log_eps, runs, 50) / base_eps,
+           bench_pct(res[MODE_OFF].pub_eps, runs, 50), ins_p50, c->rate, l[0][0], l[0][1], l[0][2],
+           l[1][0], l[1][1], l[1][2], l[2][0], l[2][1], l[2][2], res[MODE_OFF].sg.rejected,
+           res[MODE_BATCH].sg.rejected, res[MODE_SINGLE].sg.rejected);
+    for (int md = 0; md < N_MODES; md++) {
+        free(res[md].log_eps);
+        free(res[md].pub_eps);
+        free(res[md].lat);
+    }
     free(ins_eps);
-    free(lat);
+    keys_free(&keys);
     return 0;
 }

@@ -17,6 +17,7 @@ typedef struct {
     char *pg_url;
     int64_t runs;
     int64_t events;
+    int64_t sign_batch;
     int64_t rate;
     int64_t seconds;
     int64_t creates;
@@ -33,6 +34,8 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_INT_OPT("runs", bench_config_t, runs, 1, 100, "5", "repetitions of each measurement"),
     SP_CFG_INT_OPT("events", bench_config_t, events, 100, 10000000, "20000",
                    "events per throughput run"),
+    SP_CFG_INT_OPT("sign-batch", bench_config_t, sign_batch, 1, 4096, "256",
+                   "eventlog: most events a producer signs under one Merkle root"),
     SP_CFG_INT_OPT("rate", bench_config_t, rate, 1, 100000, "1000",
                    "events/s for the latency runs"),
     SP_CFG_INT_OPT("seconds", bench_config_t, seconds, 1, 3600, "5", "length of a latency run"),
@@ -91,6 +94,7 @@ int main(int argc, char **argv)
     c.runs = (unsigned)cfg.runs;
     c.events = (size_t)cfg.events;
     c.rate = (unsigned)cfg.rate;
+    c.sign_batch = (size_t)cfg.sign_batch;
     c.seconds = (unsigned)cfg.seconds;
     c.creates = (size_t)cfg.creates;
     c.execs = (size_t)cfg.execs;
