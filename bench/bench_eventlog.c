@@ -441,8 +441,8 @@ int bench_eventlog(bench_ctx_t *c)
         for (int md = 0; md < N_MODES; md++) {
             double *ms = NULL;
             restart_eventlog(c, &keys, verify_mode[md]);
-            size_t k = run_latency(c, c->rate, c->seconds, r + 100 * (unsigned)md, &res[md].sg,
-                                   &ms);
+            size_t k =
+                run_latency(c, c->rate, c->seconds, r + 100 * (unsigned)md, &res[md].sg, &ms);
             res[md].lat = sp_xreallocarray(res[md].lat, res[md].nl + k, sizeof(double));
             memcpy(res[md].lat + res[md].nl, ms, k * sizeof(double));
             res[md].nl += k;
@@ -475,9 +475,8 @@ int bench_eventlog(bench_ctx_t *c)
         l[md][1] = bench_pct(m->lat, m->nl, 90);
         l[md][2] = bench_pct(m->lat, m->nl, 99);
         l[md][3] = m->nl ? m->lat[m->nl - 1] : NAN;
-        printf("  %-36s %6.2fms %6.2fms %6.2fms %6.2fms   x%.2f / x%.2f\n", mode_name[md],
-               l[md][0], l[md][1], l[md][2], l[md][3], l[md][0] / l[MODE_OFF][0],
-               l[md][2] / l[MODE_OFF][2]);
+        printf("  %-36s %6.2fms %6.2fms %6.2fms %6.2fms   x%.2f / x%.2f\n", mode_name[md], l[md][0],
+               l[md][1], l[md][2], l[md][3], l[md][0] / l[MODE_OFF][0], l[md][2] / l[MODE_OFF][2]);
     }
     printf("\n  producer signing (before the clock): batches %.2f us/event, batch of 1 %.2f "
            "us/event\n",
