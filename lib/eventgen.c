@@ -8,6 +8,7 @@
 #include <errno.h>
 
 #include "error.h"
+#include "publish.h"
 
 const sp_event_type_t sp_eventgen_lifecycle[5] = {
     SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED,
@@ -23,7 +24,7 @@ static int finish(sp_envelope_t *env, const char *worker, sp_eventgen_msg_t *out
     int rc = sp_envelope_subject(env, worker, out->subject, sizeof(out->subject));
     if (rc < 0)
         return rc;
-    return sp_envelope_encode(env, &out->data, &out->len);
+    return sp_publish_pack(env, &out->data, &out->len);
 }
 
 int sp_eventgen_sandbox(sp_event_type_t type, const char *tenant, const char *sandbox,

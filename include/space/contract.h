@@ -117,6 +117,12 @@ typedef struct {
 /* The durables of the contract; *ret_n gets their number. */
 const sp_consumer_def_t *sp_contract_consumers(size_t *ret_n);
 
+/* The JetStream object store bucket of the workers' snapshots (objstore.h; the worker's
+ * --snapshot-bucket default): stream "OBJ_" SP_SNAPSHOT_BUCKET, subjects $O.<bucket>.>. Workers
+ * read, write and purge it; only the operator creates it (a worker allowed to create streams
+ * could capture any subject, the data plane included). */
+#define SP_SNAPSHOT_BUCKET "space-snapshots"
+
 /* ---- event types ---- */
 
 /* The stream subject an event type is published on (SP_SUBJ_EV_SBX, _IO, _WKR, _EGRESS);
