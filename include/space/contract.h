@@ -111,7 +111,8 @@ typedef struct {
     const char *durable; /* "{worker}" is the reading identity's instance */
     const char *filter;
     sp_kind_t kind;
-    bool recreated; /* sp_bus_consumer_open (deleted and created on start) vs _bind */
+    bool recreated;  /* sp_bus_consumer_open (deleted and created on start) vs _bind */
+    int ack_wait_ms; /* the reader's default --ack-wait-ms, for the operator's creation */
 } sp_consumer_def_t;
 
 /* The durables of the contract; *ret_n gets their number. */
