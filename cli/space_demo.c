@@ -167,8 +167,7 @@ int sp_stack_demo(const sp_stack_config_t *cfg, const char *bin)
      * (no daemon's permissions would let another tenant's fact through). Unsigned: the forged
      * event carries no signer at all. */
     char iderr[SP_BUSID_ERR_MAX];
-    if ((rc = sp_busid_setup(getenv("SPACE_CREDS_DIR"), "operator", NULL, &busid, &bo, iderr)) <
-        0) {
+    if (sp_busid_setup(getenv("SPACE_CREDS_DIR"), "operator", NULL, &busid, &bo, iderr) < 0) {
         fprintf(stderr, "space demo: identity: %s\n", iderr);
         goto out;
     }

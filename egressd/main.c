@@ -255,7 +255,7 @@ int main(int argc, char **argv)
     uint64_t msgs = 0;
     char def_id[SP_IDENTITY_MAX + 1], iderr[SP_BUSID_ERR_MAX];
     snprintf(def_id, sizeof(def_id), "egressd-%s", cfg.worker_id);
-    if ((rc = sp_busid_setup(cfg.creds_dir, cfg.identity, def_id, &busid, &bo, iderr)) < 0) {
+    if (sp_busid_setup(cfg.creds_dir, cfg.identity, def_id, &busid, &bo, iderr) < 0) {
         sp_log(SP_LOG_ERROR, "bad identity", SP_KS("error", iderr));
         goto out;
     }

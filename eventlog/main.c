@@ -211,7 +211,7 @@ int main(int argc, char **argv)
                         .password = cfg.nats_password[0] ? cfg.nats_password : NULL,
                         .timeout_ms = 30000};
     char iderr[SP_BUSID_ERR_MAX];
-    if ((rc = sp_busid_setup(cfg.creds_dir, cfg.identity, "eventlog", &busid, &bo, iderr)) < 0) {
+    if (sp_busid_setup(cfg.creds_dir, cfg.identity, "eventlog", &busid, &bo, iderr) < 0) {
         sp_log(SP_LOG_ERROR, "bad identity", SP_KS("error", iderr));
         goto out;
     }

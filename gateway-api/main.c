@@ -313,7 +313,7 @@ int main(int argc, char **argv)
                         /* Requests to workers and the intents are on the API's latency. */
                         .send_asap = true};
     char iderr[SP_BUSID_ERR_MAX];
-    if ((rc = sp_busid_setup(cfg.creds_dir, cfg.identity, "gateway", &busid, &bo, iderr)) < 0) {
+    if (sp_busid_setup(cfg.creds_dir, cfg.identity, "gateway", &busid, &bo, iderr) < 0) {
         sp_log(SP_LOG_ERROR, "bad identity", SP_KS("error", iderr));
         goto out;
     }

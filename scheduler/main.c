@@ -120,7 +120,7 @@ int main(int argc, char **argv)
 
     sp_bus_opts_t bo = {.url = cfg.nats_url, .name = "space-scheduler", .timeout_ms = 30000};
     char iderr[SP_BUSID_ERR_MAX];
-    if ((rc = sp_busid_setup(cfg.creds_dir, cfg.identity, "scheduler", &busid, &bo, iderr)) < 0) {
+    if (sp_busid_setup(cfg.creds_dir, cfg.identity, "scheduler", &busid, &bo, iderr) < 0) {
         sp_log(SP_LOG_ERROR, "bad identity", SP_KS("error", iderr));
         goto out;
     }

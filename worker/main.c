@@ -276,7 +276,7 @@ int main(int argc, char **argv)
         .url = cfg.nats_url, .name = "space-worker", .timeout_ms = 30000, .send_asap = true};
     char def_id[SP_IDENTITY_MAX + 1], iderr[SP_BUSID_ERR_MAX];
     snprintf(def_id, sizeof(def_id), "worker-%s", cfg.id);
-    if ((rc = sp_busid_setup(cfg.creds_dir, cfg.identity, def_id, &busid, &bo, iderr)) < 0) {
+    if (sp_busid_setup(cfg.creds_dir, cfg.identity, def_id, &busid, &bo, iderr) < 0) {
         sp_log(SP_LOG_ERROR, "bad identity", SP_KS("error", iderr));
         goto out;
     }
