@@ -71,6 +71,11 @@ static void snapshot_sizes(bench_ctx_t *c, const char *id, double *image, double
 
 static pid_t w2_start(bench_ctx_t *c)
 {
+    /* Its own identity on the bus (docs/trust.md): credentials, nats.conf reloaded, durable. */
+    char *space = sp_xasprintf("%s/space", getenv("SPACE_BIN_DIR"));
+    char *add[] = {space, "identity", "add", "worker", W2_ID, NULL};
+    bench_run_quiet(add);
+    free(space);
     char *bin = sp_xasprintf("%s/space-worker", getenv("SPACE_BIN_DIR"));
     char *state = sp_xasprintf("%s/worker2", c->home);
     char *log = sp_xasprintf("%s/log/space-worker-2.log", c->home);

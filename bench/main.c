@@ -6,14 +6,18 @@
 #include <string.h>
 
 #include "bench.h"
+#include "busid.h"
 #include "config.h"
 #include "db.h"
 #include "error.h"
 #include "httpc.h"
 #include "log.h"
+#include "publish.h"
 
 typedef struct {
     char *nats_url;
+    char *identity;
+    char *creds_dir;
     char *pg_url;
     int64_t runs;
     int64_t events;
@@ -30,6 +34,8 @@ typedef struct {
 
 static const sp_cfg_opt_t options[] = {
     SP_CFG_STR_OPT("nats-url", bench_config_t, nats_url, "nats://127.0.0.1:4222", "NATS URL"),
+    /* Empty identity: the operator, the only one that may publish every producer's events. */
+    SP_BUSID_CFG_OPTS(bench_config_t, identity, creds_dir),
     SP_CFG_STR_OPT("pg-url", bench_config_t, pg_url, "postgresql:///space", "PostgreSQL URI"),
     SP_CFG_INT_OPT("runs", bench_config_t, runs, 1, 100, "5", "repetitions of each measurement"),
     SP_CFG_INT_OPT("events", bench_config_t, events, 100, 10000000, "20000",
@@ -49,6 +55,8 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_STR_OPT("home", bench_config_t, home, "./var", "SPACE_HOME of the stack"),
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
+
+static sp_busid_t busid;
 
 int main(int argc, char **argv)
 {
@@ -80,7 +88,16 @@ int main(int argc, char **argv)
         goto out;
     }
     sp_bus_opts_t bo = {.url = cfg.nats_url, .name = "space-bench", .timeout_ms = 10000};
-    int rc = sp_bus_connect(&bo, &c.bus);
+    char iderr[SP_BUSID_ERR_MAX];
+    int rc = sp_busid_setup(cfg.creds_dir, cfg.identity, "operator", &busid, &bo, iderr);
+    if (rc < 0) {
+        fprintf(stderr, "space-bench: identity: %s\n", iderr);
+        goto out;
+    }
+    /* The synthetic events go out unsigned, as before: the eventlog bench measures the log,
+     * and the cost of signing is bench sign's. */
+    sp_publish_signer_set(NULL, NULL);
+    rc = sp_bus_connect(&bo, &c.bus);
     if (rc >= 0)
         rc = sp_bus_ensure_stream(c.bus);
     if (rc < 0) {
@@ -115,6 +132,7 @@ int main(int argc, char **argv)
 out:
     PQfinish(c.db);
     sp_bus_free(c.bus);
+    sp_busid_dispose(&busid);
     sp_config_dispose(options, N_OPTIONS, &cfg);
     free(err);
     return code;

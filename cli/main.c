@@ -41,6 +41,9 @@ static const sp_cfg_opt_t options[] = {
                    "which SPACE daemons `up` starts (comma-separated)"),
     SP_CFG_INT_OPT("api-port", sp_stack_config_t, api_port, 0, 65535, "8080",
                    "port of the HTTP API (space-gateway, on 127.0.0.1); 0: any free port"),
+    SP_CFG_STR_OPT("id", sp_stack_config_t, worker_id, "worker-1",
+                   "id of the worker and egressd `up` runs (their --id): names their identities "
+                   "worker-<id>, egressd-<id>"),
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -63,6 +66,11 @@ static void usage(FILE *out)
             "  cp LOCAL ID:PATH           copy a file into a sandbox (streamed)\n"
             "  cp ID:PATH LOCAL           copy a file out of a sandbox (streamed)\n"
             "  events [--follow] [ID]     the event log (of one sandbox), one line per event\n"
+            "  identity add KIND [INSTANCE]  credentials of an identity on the bus under\n"
+            "                  $SPACE_HOME/creds (kept if they exist); with this home's\n"
+            "                  nats-server running, nats.conf is reloaded with it\n"
+            "  identity ls     the identities that have credentials\n"
+            "  identity conf   nats.conf's authorization block for them (for a cluster)\n"
             "\n");
     sp_config_usage(out, "space <command>", options, N_OPTIONS);
 }
@@ -86,7 +94,8 @@ int main(int argc, char **argv)
     }
     bool client = strcmp(cmd, "create") == 0 || strcmp(cmd, "ls") == 0 || strcmp(cmd, "rm") == 0 ||
                   strcmp(cmd, "exec") == 0 || strcmp(cmd, "cp") == 0 || strcmp(cmd, "events") == 0;
-    if (!client && strcmp(cmd, "up") != 0 && strcmp(cmd, "down") != 0 &&
+    bool identity = strcmp(cmd, "identity") == 0;
+    if (!client && !identity && strcmp(cmd, "up") != 0 && strcmp(cmd, "down") != 0 &&
         strcmp(cmd, "status") != 0 && strcmp(cmd, "env") != 0 && strcmp(cmd, "demo") != 0) {
         fprintf(stderr, "space: unknown command '%s' (see space --help)\n", cmd);
         return SP_STACK_EXIT_USAGE;
@@ -113,6 +122,10 @@ int main(int argc, char **argv)
     }
     if (argi < 0) {
         r = SP_STACK_EXIT_OK; /* --help was printed */
+        goto out;
+    }
+    if (identity) {
+        r = sp_stack_identity(&cfg, nargs - argi, args + argi);
         goto out;
     }
     if (client) {

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "bus.h"
+#include "busid.h"
 #include "config.h"
 #include "db.h"
 #include "error.h"
@@ -19,6 +20,7 @@
 #include "httpc.h"
 #include "ids.h"
 #include "json.h"
+#include "publish.h"
 #include "space_stack.h"
 #include "xmalloc.h"
 
@@ -120,6 +122,7 @@ int sp_stack_demo(const sp_stack_config_t *cfg, const char *bin)
 {
     char home[PATH_MAX], *env_path = NULL, *created = NULL;
     sp_bus_t *bus = NULL;
+    sp_busid_t busid = {0};
     PGconn *db = NULL;
     char sbx[65] = "", path[128];
     sp_json_doc_t *doc = NULL;
@@ -160,6 +163,15 @@ int sp_stack_demo(const sp_stack_config_t *cfg, const char *bin)
         goto out;
 
     sp_bus_opts_t bo = {.url = getenv("SPACE_NATS_URL"), .name = "space-demo", .timeout_ms = 5000};
+    /* The forger needs a NATS user: the operator's, the only one that may publish any event
+     * (no daemon's permissions would let another tenant's fact through). Unsigned: the forged
+     * event carries no signer at all. */
+    char iderr[SP_BUSID_ERR_MAX];
+    if (sp_busid_setup(getenv("SPACE_CREDS_DIR"), "operator", NULL, &busid, &bo, iderr) < 0) {
+        fprintf(stderr, "space demo: identity: %s\n", iderr);
+        goto out;
+    }
+    sp_publish_signer_set(NULL, NULL);
     if ((rc = sp_bus_connect(&bo, &bus)) < 0 || (rc = sp_bus_ensure_stream(bus)) < 0) {
         fprintf(stderr, "space demo: NATS: %s\n", sp_strerror(rc));
         goto out;
@@ -216,6 +228,7 @@ out:
     free(created);
     PQfinish(db);
     sp_bus_free(bus);
+    sp_busid_dispose(&busid);
     free(env_path);
     return code;
 }

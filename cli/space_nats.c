@@ -127,13 +127,21 @@ static void remove_stale_ports_files(const sp_stack_t *st)
     closedir(d);
 }
 
-static int write_config(const sp_stack_t *st, const char *conf, const char *store)
+/* port: the configured one (-1: any free port) at start; the one it listens on for a reload,
+ * which cannot move a listener. The authorization block holds every identity with
+ * credentials in $SPACE_HOME/creds (space_identity.c): no user is anonymous, so an anonymous
+ * connection is refused. */
+static int write_config(const sp_stack_t *st, const char *conf, const char *store, int port)
 {
-    const sp_stack_config_t *cfg = st->cfg;
     char *log = sp__stack_path(st, "log/nats.log"), *tmp = sp_xasprintf("%s.tmp", conf);
+    char *creds = sp__identity_dir(st->home);
+    sp_buf_t auth;
     FILE *f;
     int r = 0;
 
+    sp_buf_init(&auth);
+    if ((r = sp__identity_conf(creds, &auth)) < 0)
+        goto out;
     f = fopen(tmp, "we");
     if (!f) {
         r = -errno;
@@ -150,8 +158,8 @@ static int write_config(const sp_stack_t *st, const char *conf, const char *stor
             "jetstream {\n"
             "  store_dir: \"%s\"\n"
             "}\n",
-            cfg->nats_host, cfg->nats_port == 0 ? -1 : (int)cfg->nats_port, log, st->run_dir,
-            store);
+            st->cfg->nats_host, port, log, st->run_dir, store);
+    fputs(auth.data, f);
     if (ferror(f) | (fclose(f) != 0)) {
         r = -EIO;
         unlink(tmp);
@@ -162,9 +170,16 @@ static int write_config(const sp_stack_t *st, const char *conf, const char *stor
         unlink(tmp);
     }
 out:
+    sp_buf_dispose(&auth);
+    free(creds);
     free(log);
     free(tmp);
     return r;
+}
+
+static int configured_port(const sp_stack_t *st)
+{
+    return st->cfg->nats_port == 0 ? -1 : (int)st->cfg->nats_port;
 }
 
 /* Waits until nats-server has written its ports file and accepts a TCP connection. child is
@@ -230,6 +245,16 @@ int sp__nats_up(const sp_stack_t *st, sp_stack_part_t *ret_part)
         port = wait_ready(st, pid, false);
         if (port < 0)
             goto out;
+        /* Identities made since it started (space identity add, a new SPACE_ID) join. */
+        if ((e = write_config(st, conf, dir, port)) < 0) {
+            fprintf(stderr, "space: cannot write %s: %s\n", conf, strerror(-e));
+            goto out;
+        }
+        if (kill(pid, SIGHUP) < 0) {
+            fprintf(stderr, "space: cannot reload nats-server (pid %d): %s\n", (int)pid,
+                    strerror(errno));
+            goto out;
+        }
     } else {
         char *argv[] = {NATS_COMM, "-c", conf, NULL};
         sp_proc_spec_t spec = {.argv = argv, .cwd = dir, .log_path = log, .detach = true};
@@ -242,7 +267,8 @@ int sp__nats_up(const sp_stack_t *st, sp_stack_part_t *ret_part)
                     st->cfg->nats_server);
             goto out;
         }
-        if ((e = sp__stack_mkdir(dir, 0750)) < 0 || (e = write_config(st, conf, dir)) < 0) {
+        if ((e = sp__stack_mkdir(dir, 0750)) < 0 ||
+            (e = write_config(st, conf, dir, configured_port(st))) < 0) {
             fprintf(stderr, "space: cannot write %s: %s\n", conf, strerror(-e));
             goto out;
         }
@@ -275,6 +301,36 @@ out:
     free(log);
     free(pidfile);
     free(prog);
+    return r;
+}
+
+int sp__nats_reload(const sp_stack_t *st)
+{
+    char *dir = sp__stack_path(st, "nats"), *conf = sp__stack_path(st, "nats/nats.conf");
+    sp_stack_part_t part = {0};
+    int r = -1, e;
+
+    sp__nats_probe(st, &part);
+    if (!part.pid || !part.port) {
+        r = 1;
+        goto out;
+    }
+    if ((e = write_config(st, conf, dir, part.port)) < 0) {
+        fprintf(stderr, "space: cannot write %s: %s\n", conf, strerror(-e));
+        goto out;
+    }
+    if (kill(part.pid, SIGHUP) < 0) {
+        fprintf(stderr, "space: cannot reload nats-server (pid %d): %s\n", (int)part.pid,
+                strerror(errno));
+        goto out;
+    }
+    printf("%-*s reloaded pid %d (nats.conf has every identity of %s/creds)\n", SP_STACK_PART_WIDTH,
+           "nats-server", (int)part.pid, st->home);
+    r = 0;
+out:
+    sp__stack_part_dispose(&part);
+    free(dir);
+    free(conf);
     return r;
 }
 

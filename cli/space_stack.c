@@ -19,6 +19,8 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "contract.h"
+#include "error.h"
 #include "log.h"
 #include "space_proc.h"
 #include "tlsca.h"
@@ -36,18 +38,20 @@ extern char **environ;
  * and PostgreSQL. Each is a program in the bin directory; its name is also its process name,
  * pid file (run/<name>.pid) and log (log/<name>.log). One line per daemon: gateway, scheduler
  * and worker go here when they exist. A program that is not built is skipped. */
-/* In start order (stopped in reverse). Each gets SPACE_NATS_URL, SPACE_PG_URL, SPACE_HOME and
- * SPACE_LOG_FORMAT in its environment, plus the arguments daemon_args gives it. */
+/* In start order (stopped in reverse). Each gets SPACE_NATS_URL, SPACE_PG_URL, SPACE_HOME,
+ * SPACE_LOG_FORMAT, SPACE_CREDS_DIR and its SPACE_IDENTITY (its kind; worker and egressd with
+ * the worker id) in its environment, plus the arguments daemon_args gives it. */
 static const struct daemon_def {
     const char *name;
+    sp_kind_t kind;
 } daemons[] = {
-    {"space-eventlog"},
-    {"space-scheduler"},
-    {"space-worker"},
+    {"space-eventlog", SP_KIND_EVENTLOG},
+    {"space-scheduler", SP_KIND_SCHEDULER},
+    {"space-worker", SP_KIND_WORKER},
     /* Its ports and upstream resolver come from SPACE_EGRESS_PROXY_PORT,
      * SPACE_EGRESS_DNS_PORT (read by the worker too, so both agree) and SPACE_UPSTREAM_DNS. */
-    {"space-egressd"},
-    {"space-gateway"},
+    {"space-egressd", SP_KIND_EGRESSD},
+    {"space-gateway", SP_KIND_GATEWAY},
 };
 #define N_DAEMONS (sizeof(daemons) / sizeof(daemons[0]))
 
@@ -343,9 +347,14 @@ static int write_env_file(const sp_stack_t *st, const char *nats_url, const char
     char *api = api_url && api_key
                     ? sp_xasprintf("SPACE_API_URL='%s'\nSPACE_API_KEY='%s'\n", api_url, api_key)
                     : sp_xstrdup("");
+    char *creds = sp__identity_dir(st->home);
+    /* SPACE_CREDS_DIR: where tools find their identity's credentials (busid.h); which identity
+     * a tool is, is its own business (space-replay: reader, tests: SPACE_TEST_IDENTITY). */
     char *text = sp_xasprintf("# Written by `space up`. In a shell: set -a; . %s; set +a\n"
-                              "SPACE_HOME='%s'\nSPACE_NATS_URL='%s'\nSPACE_PG_URL='%s'\n%s",
-                              path, st->home, nats_url, pg_url, api);
+                              "SPACE_HOME='%s'\nSPACE_NATS_URL='%s'\nSPACE_PG_URL='%s'\n"
+                              "SPACE_CREDS_DIR='%s'\n%s",
+                              path, st->home, nats_url, pg_url, creds, api);
+    free(creds);
     explicit_bzero(api, strlen(api));
     free(api);
     size_t len = strlen(text);
@@ -401,22 +410,27 @@ char *sp_stack_bin_dir(const sp_stack_config_t *cfg)
     return sp_xstrdup(exe[0] ? exe : "/");
 }
 
-/* The caller's environment with the stack's variables set (replacing any inherited ones).
- * The array and its four new strings are heap; free with free_env. */
-static char **daemon_env(const sp_stack_t *st, const char *nats_url, const char *pg_url)
+#define DAEMON_ENV_OURS 6
+
+/* The caller's environment with the stack's variables set (replacing any inherited ones),
+ * identity included. The array and its DAEMON_ENV_OURS new strings are heap; free with
+ * free_env. */
+static char **daemon_env(const sp_stack_t *st, const char *nats_url, const char *pg_url,
+                         const char *identity)
 {
-    static const char *const ours[] = {
-        "SPACE_HOME=", "SPACE_NATS_URL=", "SPACE_PG_URL=", "SPACE_LOG_FORMAT="};
+    static const char *const ours[DAEMON_ENV_OURS] = {
+        "SPACE_HOME=",       "SPACE_NATS_URL=",  "SPACE_PG_URL=",
+        "SPACE_LOG_FORMAT=", "SPACE_CREDS_DIR=", "SPACE_IDENTITY="};
     size_t n = 0, k = 0;
-    char **env;
+    char **env, *creds = sp__identity_dir(st->home);
 
     while (environ[n])
         n++;
-    env = sp_xcalloc(n + 5, sizeof(*env));
+    env = sp_xcalloc(n + DAEMON_ENV_OURS + 1, sizeof(*env));
     for (size_t i = 0; i < n; i++) {
         bool skip = false;
 
-        for (size_t j = 0; j < 4; j++)
+        for (size_t j = 0; j < DAEMON_ENV_OURS; j++)
             skip = skip || strncmp(environ[i], ours[j], strlen(ours[j])) == 0;
         if (!skip)
             env[k++] = environ[i];
@@ -425,7 +439,10 @@ static char **daemon_env(const sp_stack_t *st, const char *nats_url, const char 
     env[k++] = sp_xasprintf("SPACE_NATS_URL=%s", nats_url);
     env[k++] = sp_xasprintf("SPACE_PG_URL=%s", pg_url);
     env[k++] = sp_xasprintf("SPACE_LOG_FORMAT=%s", st->cfg->log_format);
+    env[k++] = sp_xasprintf("SPACE_CREDS_DIR=%s", creds);
+    env[k++] = sp_xasprintf("SPACE_IDENTITY=%s", identity);
     env[k] = NULL;
+    free(creds);
     return env;
 }
 
@@ -435,7 +452,7 @@ static void free_env(char **env)
 
     while (env[n])
         n++;
-    for (size_t i = n - 4; i < n; i++)
+    for (size_t i = n - DAEMON_ENV_OURS; i < n; i++)
         free(env[i]);
     free(env);
 }
@@ -535,7 +552,7 @@ static int ca_up(const sp_stack_t *st)
 static int daemons_up(const sp_stack_t *st, const char *nats_url, const char *pg_url, bool restart)
 {
     pid_t started[N_DAEMONS] = {0};
-    char *dir = sp_stack_bin_dir(st->cfg), **env = daemon_env(st, nats_url, pg_url);
+    char *dir = sp_stack_bin_dir(st->cfg);
     bool any = false;
     int r = 0, e, status;
 
@@ -545,6 +562,11 @@ static int daemons_up(const sp_stack_t *st, const char *nats_url, const char *pg
         char *pidfile = sp_xasprintf("%s/%s.pid", st->run_dir, name);
         char *log = sp_xasprintf("%s/%s.log", st->log_dir, name);
         char **argv = daemon_args(st, name);
+        bool per_worker = daemons[i].kind == SP_KIND_WORKER || daemons[i].kind == SP_KIND_EGRESSD;
+        sp_identity_t id;
+        /* sp__identity_up made these names: they parse. */
+        (void)sp_identity_format(daemons[i].kind, per_worker ? st->cfg->worker_id : NULL, &id);
+        char **env = daemon_env(st, nats_url, pg_url, id.name);
         sp_proc_spec_t spec = {.path = prog,
                                .argv = argv,
                                .envp = env,
@@ -558,6 +580,7 @@ static int daemons_up(const sp_stack_t *st, const char *nats_url, const char *pg
             free(pidfile);
             free(log);
             free_args(argv);
+            free_env(env);
             continue;
         }
         if (restart && sp_proc_pidfile_check(pidfile, name, &part.pid) == 1) {
@@ -582,6 +605,7 @@ static int daemons_up(const sp_stack_t *st, const char *nats_url, const char *pg
         free(pidfile);
         free(log);
         free_args(argv);
+        free_env(env);
     }
 
     /* One settle period for all of them: a daemon that cannot reach NATS or PostgreSQL, or
@@ -615,7 +639,6 @@ static int daemons_up(const sp_stack_t *st, const char *nats_url, const char *pg
         sp__stack_report(name, "started", &part);
     }
     free(dir);
-    free_env(env);
     return r;
 }
 
@@ -637,7 +660,12 @@ int sp_stack_up(const sp_stack_config_t *cfg)
         goto out;
     printf("space up: %s\n", st.home);
     fflush(stdout);
-    if (sp__pg_preflight(&st) < 0 || sp__nats_up(&st, &nats) < 0 || sp__pg_up(&st, &pg) < 0)
+    /* Credentials first: nats.conf lists their users, and no connection is anonymous. */
+    if (sp__pg_preflight(&st) < 0 || sp__identity_up(&st, cfg->worker_id) < 0 ||
+        sp__nats_up(&st, &nats) < 0 || sp__pg_up(&st, &pg) < 0)
+        goto fail;
+    /* What only the operator may create, before any daemon binds to it. */
+    if (sp__identity_js_up(&st, nats.url, NULL) < 0)
         goto fail;
     moved = env_file_differs(&st, "SPACE_NATS_URL", nats.url) ||
             env_file_differs(&st, "SPACE_PG_URL", pg.url);
@@ -864,6 +892,93 @@ int sp_stack_env(const sp_stack_config_t *cfg)
     fclose(f);
 out:
     free(path);
+    stack_dispose(&st);
+    return r;
+}
+
+/* `space identity add KIND [INSTANCE] | ls | conf` (docs/trust.md). add makes the credentials
+ * under $SPACE_HOME/creds (kept when they exist); when this home's nats-server runs, it also
+ * rewrites nats.conf, has the server reload it, creates the identity's durables as operator
+ * and checks that the identity connects. conf prints the authorization block of every
+ * identity in creds/, for the nats.conf of servers `space up` does not run (a cluster). */
+int sp_stack_identity(const sp_stack_config_t *cfg, int argc, char **argv)
+{
+    const char *sub = argc > 0 ? argv[0] : "";
+    char name[SP_IDENTITY_MAX + 1];
+    int r = SP_STACK_EXIT_FAIL, lock = -1, exists;
+    sp_stack_t st = {0};
+
+    if (validate(cfg) < 0)
+        return SP_STACK_EXIT_USAGE;
+    if (!((strcmp(sub, "add") == 0 && (argc == 2 || argc == 3)) ||
+          ((strcmp(sub, "ls") == 0 || strcmp(sub, "conf") == 0) && argc == 1))) {
+        fprintf(stderr, "usage: space identity add KIND [INSTANCE] | ls | conf\n");
+        return SP_STACK_EXIT_USAGE;
+    }
+    exists = stack_open(cfg, strcmp(sub, "add") == 0, &st);
+    if (exists < 0)
+        return SP_STACK_EXIT_FAIL;
+    if (exists == 0) {
+        fprintf(stderr, "space identity: nothing at %s\n", st.home);
+        goto out;
+    }
+    lock = stack_lock(&st);
+    if (lock < 0)
+        goto out;
+    if (strcmp(sub, "ls") == 0) {
+        r = sp__identity_list(&st) < 0 ? SP_STACK_EXIT_FAIL : SP_STACK_EXIT_OK;
+        goto out;
+    }
+    if (strcmp(sub, "conf") == 0) {
+        char *dir = sp__identity_dir(st.home);
+        sp_buf_t b;
+        int e;
+
+        sp_buf_init(&b);
+        if ((e = sp__identity_conf(dir, &b)) < 0)
+            fprintf(stderr, "space identity: cannot read %s: %s\n", dir, sp_strerror(e));
+        else
+            fputs(b.data, stdout);
+        sp_buf_dispose(&b);
+        free(dir);
+        r = e < 0 ? SP_STACK_EXIT_FAIL : SP_STACK_EXIT_OK;
+        goto out;
+    }
+    if (sp__identity_add(&st, argv[1], argc == 3 ? argv[2] : NULL, name) < 0) {
+        r = SP_STACK_EXIT_USAGE;
+        goto out;
+    }
+    int rl = sp__nats_reload(&st);
+    if (rl < 0)
+        goto out;
+    if (rl == 0) {
+        sp_stack_part_t nats = {0};
+        int e;
+
+        sp__nats_probe(&st, &nats);
+        /* The new identity connecting shows the reload took effect. */
+        e = nats.url ? sp__identity_check(&st, nats.url, name) : -ENOTCONN;
+        if (e >= 0 && sp__identity_js_up(&st, nats.url, name) < 0) {
+            sp__stack_part_dispose(&nats);
+            goto out;
+        }
+        if (e < 0)
+            fprintf(stderr, "space identity: %s cannot connect to %s: %s\n", name, nats.url,
+                    sp_strerror(e));
+        else
+            printf("%s connects to %s\n", name, nats.url);
+        sp__stack_part_dispose(&nats);
+        if (e < 0)
+            goto out;
+    } else {
+        printf("no nats-server of %s runs: add the output of `space identity conf` to the "
+               "cluster's nats.conf and reload it (docs/trust.md)\n",
+               st.home);
+    }
+    r = SP_STACK_EXIT_OK;
+out:
+    if (lock >= 0)
+        close(lock);
     stack_dispose(&st);
     return r;
 }

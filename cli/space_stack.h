@@ -18,6 +18,9 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "buf.h"
+#include "contract.h"
+
 enum {
     SP_STACK_EXIT_OK = 0,
     SP_STACK_EXIT_FAIL = 1,    /* something could not be started, stopped or read */
@@ -40,6 +43,7 @@ typedef struct {
     char *log_format;
     char *daemons;    /* comma-separated names `up` starts; `down` stops every one */
     int64_t api_port; /* space-gateway's port; 0: any free one, read back from its port file */
+    char *worker_id;  /* SPACE_ID: the id of the worker (and egressd) `up` runs */
 } sp_stack_config_t;
 
 #define SP_STACK_GATEWAY_PORT_FILE "space-gateway.port"
@@ -104,6 +108,34 @@ void sp__nats_probe(const sp_stack_t *st, sp_stack_part_t *ret_part);
  * it cannot use fails up front; does nothing when it runs already. */
 int sp__pg_preflight(const sp_stack_t *st);
 int sp__pg_up(const sp_stack_t *st, sp_stack_part_t *ret_part);
+
+/* Identities (space_identity.c, docs/trust.md). */
+/* home/creds (heap). */
+char *sp__identity_dir(const char *home);
+/* Makes the credentials of every identity the stack runs (operator, eventlog, scheduler,
+ * gateway, worker-<worker_id>, egressd-<worker_id>, reader) that are not there yet; existing
+ * ones are kept. 0, or -1 after printing why. */
+int sp__identity_up(const sp_stack_t *st, const char *worker_id);
+/* Appends nats.conf's authorization block for every identity with credentials in dir.
+ * Negative errno / SP_ECONFIG (a malformed .nkpub). */
+int sp__identity_conf(const char *dir, sp_buf_t *out);
+/* As the operator: the stream (deny_delete, deny_purge), the snapshot bucket and the durables
+ * of the contract of every identity in the creds directory (only that one when only is not
+ * NULL). Existing ones are kept. 0, or -1 after printing why. */
+int sp__identity_js_up(const sp_stack_t *st, const char *nats_url, const char *only);
+/* Whether identity name can connect (retried for a few seconds: a reload takes a moment). */
+int sp__identity_check(const sp_stack_t *st, const char *nats_url, const char *name);
+/* `space identity add KIND [INSTANCE]`: makes (or keeps) its credentials; its name into
+ * ret_name. 0, or -1 after printing why. */
+int sp__identity_add(const sp_stack_t *st, const char *kind, const char *instance,
+                     char ret_name[SP_IDENTITY_MAX + 1]);
+/* Prints the identities that have credentials, one a line. */
+int sp__identity_list(const sp_stack_t *st);
+/* `space identity add|ls|conf` (space_stack.c). */
+int sp_stack_identity(const sp_stack_config_t *cfg, int argc, char **argv);
+/* Rewrites nats.conf of a running nats-server (with its current port) and has it reload
+ * (SIGHUP). 0 when it runs and was told, 1 when none runs, -1 after printing why. */
+int sp__nats_reload(const sp_stack_t *st);
 int sp__pg_down(const sp_stack_t *st);
 void sp__pg_probe(const sp_stack_t *st, sp_stack_part_t *ret_part);
 

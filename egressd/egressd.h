@@ -27,6 +27,8 @@
 typedef struct {
     char *worker_id; /* the worker whose sandboxes this egressd serves (space.ev.sbx.<id>.>) */
     char *nats_url;
+    char *identity; /* busid.h */
+    char *creds_dir;
     char *listen_host;
     int64_t proxy_port;
     int64_t dns_port;

@@ -12,6 +12,7 @@
 #include "egressd.h"
 #include "error.h"
 #include "log.h"
+#include "publish.h"
 #include "xmalloc.h"
 
 typedef struct {
@@ -128,7 +129,7 @@ void eg_audit_flush(eg_t *eg)
         sp_envelope_stamp(&env, id);
         int rc = sp_envelope_subject(&env, NULL, subject, sizeof(subject));
         if (rc >= 0)
-            rc = sp_envelope_encode(&env, &data, &len);
+            rc = sp_publish_pack(&env, &data, &len);
         if (rc >= 0)
             rc = sp_bus_publish_async(eg->bus, subject, data, len, id);
         free(data);

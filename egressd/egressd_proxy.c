@@ -48,6 +48,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 
+#include "contract.h"
 #include "daemon.h"
 #include "dataplane.pb-c.h"
 #include "egress_parse.h"
@@ -1515,7 +1516,10 @@ static void on_reset_request(void *arg, const char *subject, const char *reply, 
 int eg_reset_start(eg_t *eg)
 {
     char subject[128];
-    snprintf(subject, sizeof(subject), "space.io.egress.%s.reset", eg->cfg->worker_id);
+    int rc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_EGRESS_RST, eg->cfg->worker_id,
+                              NULL, NULL);
+    if (rc < 0)
+        return rc;
     return sp_bus_subscribe(eg->bus, subject, NULL, on_reset_request, eg, &eg->reset_sub);
 }
 

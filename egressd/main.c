@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "busid.h"
 #include "config.h"
 #include "daemon.h"
 #include "egressd.h"
@@ -19,6 +20,7 @@
 static const sp_cfg_opt_t options[] = {
     SP_CFG_STR_OPT("id", eg_config_t, worker_id, "worker-1",
                    "the worker whose sandboxes this egressd serves (its --id)"),
+    SP_BUSID_CFG_OPTS(eg_config_t, identity, creds_dir),
     SP_CFG_STR_OPT("nats-url", eg_config_t, nats_url, "nats://127.0.0.1:4222", "NATS URL(s)"),
     SP_CFG_STR_OPT("listen-host", eg_config_t, listen_host, "0.0.0.0",
                    "address of the proxy and DNS sockets (the worker's redirect lands on the "
@@ -77,6 +79,9 @@ static const sp_cfg_opt_t options[] = {
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
+/* The process's identity on the bus: lives as long as the process publishes. */
+static sp_busid_t busid;
+
 /* ---- events: bus thread -> loop ---- */
 
 typedef struct {
@@ -90,11 +95,17 @@ static void *events_main(void *arg)
     events_t *et = arg;
     eg_t *eg = et->eg;
     char filter[128], durable[128];
-    snprintf(filter, sizeof(filter), "space.ev.sbx.%s.>", eg->cfg->worker_id);
+    /* Its durable of the contract (contract.c): egressd may delete it and create it again with
+     * its own filter only (the filtered create, bus.c), so it starts from the stream's first
+     * message every time: the policies live in memory only. */
     snprintf(durable, sizeof(durable), "egressd-%s", eg->cfg->worker_id);
+    if (sp_subject_build(filter, sizeof(filter), SP_SUBJ_EV_SBX, eg->cfg->worker_id, NULL, NULL) <
+        0) {
+        sp_log(SP_LOG_ERROR, "bad worker id", SP_KS("worker", eg->cfg->worker_id));
+        return NULL;
+    }
     sp_bus_consumer_t *c = NULL;
     while (!sp_daemon_stopping && !c) {
-        /* From the start of the stream every time: the policies live in memory only. */
         if (sp_bus_consumer_open(eg->bus, durable, filter, 0, 30000, &c) < 0) {
             c = NULL;
             sp_daemon_sleep_ms(500);
@@ -242,6 +253,12 @@ int main(int argc, char **argv)
 
     sp_bus_opts_t bo = {.url = cfg.nats_url, .name = "space-egressd", .timeout_ms = 30000};
     uint64_t msgs = 0;
+    char def_id[SP_IDENTITY_MAX + 1], iderr[SP_BUSID_ERR_MAX];
+    snprintf(def_id, sizeof(def_id), "egressd-%s", cfg.worker_id);
+    if (sp_busid_setup(cfg.creds_dir, cfg.identity, def_id, &busid, &bo, iderr) < 0) {
+        sp_log(SP_LOG_ERROR, "bad identity", SP_KS("error", iderr));
+        goto out;
+    }
     if ((rc = sp_bus_connect(&bo, &eg.bus)) < 0 || (rc = sp_bus_ensure_stream(eg.bus)) < 0 ||
         (rc = sp_bus_stream_info(eg.bus, &eg.live_from_seq, &msgs)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot reach NATS", SP_KS("error", sp_strerror(rc)));
@@ -288,6 +305,7 @@ int main(int argc, char **argv)
     eg_addr_dispose(&eg);
 out:
     sp_bus_free(eg.bus);
+    sp_busid_dispose(&busid);
     pthread_mutex_destroy(&eg.q_mu);
     sp_config_dispose(options, N_OPTIONS, &cfg);
     free(err);

@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "bus.h"
+#include "busid.h"
 #include "config.h"
 #include "daemon.h"
 #include "db.h"
@@ -40,6 +41,8 @@ typedef struct {
     char *nats_url;
     char *nats_user;
     char *nats_password;
+    char *identity;
+    char *creds_dir;
     char *pg_url;
     char *durable;
     int64_t batch_max;
@@ -58,6 +61,7 @@ static const sp_cfg_opt_t options[] = {
                    "NATS server URL(s)"),
     SP_CFG_STR_OPT("nats-user", el_config_t, nats_user, NULL, "NATS user"),
     SP_CFG_STR_OPT("nats-password", el_config_t, nats_password, NULL, "NATS password"),
+    SP_BUSID_CFG_OPTS(el_config_t, identity, creds_dir),
     SP_CFG_STR_OPT("pg-url", el_config_t, pg_url, "postgresql:///space", "PostgreSQL URI"),
     SP_CFG_STR_OPT("durable", el_config_t, durable, "eventlog", "JetStream durable name"),
     SP_CFG_INT_OPT("batch-max", el_config_t, batch_max, 1, 10000, "1000",
@@ -248,6 +252,7 @@ int main(int argc, char **argv)
     int rc = sp_config_load(options, N_OPTIONS, &cfg, argc, argv, &argi, &err);
     int exit_code = 1;
     sp_bus_t *bus = NULL;
+    sp_busid_t busid = {0};
     el_store_t st = {0};
     sp_log_level_t level;
     sp_log_format_t format;
@@ -280,6 +285,11 @@ int main(int argc, char **argv)
                         .user = cfg.nats_user[0] ? cfg.nats_user : NULL,
                         .password = cfg.nats_password[0] ? cfg.nats_password : NULL,
                         .timeout_ms = 30000};
+    char iderr[SP_BUSID_ERR_MAX];
+    if (sp_busid_setup(cfg.creds_dir, cfg.identity, "eventlog", &busid, &bo, iderr) < 0) {
+        sp_log(SP_LOG_ERROR, "bad identity", SP_KS("error", iderr));
+        goto out;
+    }
     if ((rc = sp_bus_connect(&bo, &bus)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot connect to NATS", SP_KS("error", sp_strerror(rc)));
         goto out;
@@ -325,6 +335,7 @@ out:
     sp_keyring_free(keyring);
     PQfinish(st.db);
     sp_bus_free(bus);
+    sp_busid_dispose(&busid);
     sp_config_dispose(options, N_OPTIONS, &cfg);
     free(err);
     return exit_code;

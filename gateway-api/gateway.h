@@ -45,6 +45,8 @@ typedef struct {
     int64_t port;
     char *port_file;
     char *nats_url;
+    char *identity; /* busid.h */
+    char *creds_dir;
     char *nats_user;
     char *nats_password;
     char *pg_url;

@@ -3,6 +3,7 @@
  * sandbox runs (a pool job), then one CtlRequest to that worker on space.io.wkr.<worker>.ctl
  * (a bus job), then the answer. Stdin bytes travel only in the request to the worker: they are
  * not logged and not recorded as events (the command's intent said stdin_open). */
+#include "contract.h"
 #include "gateway.h"
 
 #include <errno.h>
@@ -294,8 +295,10 @@ static void ctl_request(ctl_t *x, op_t op)
     size_t len = space__io__v1__ctl_request__get_packed_size(&q);
     uint8_t *buf = sp_xmalloc(len ? len : 1);
     space__io__v1__ctl_request__pack(&q, buf);
-    snprintf(subject, sizeof(subject), "space.io.wkr.%s.ctl", x->loc.worker);
-    x->rc = sp_bus_request(x->rq->gw->bus, subject, buf, len, CTL_TIMEOUT_MS, &reply, &reply_len);
+    x->rc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_CTL, x->loc.worker, NULL, NULL);
+    if (x->rc >= 0)
+        x->rc =
+            sp_bus_request(x->rq->gw->bus, subject, buf, len, CTL_TIMEOUT_MS, &reply, &reply_len);
     explicit_bzero(buf, len);
     free(buf);
     if (x->rc == 0) {

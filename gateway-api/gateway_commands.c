@@ -31,6 +31,7 @@
  * running, and the exit event still comes. JSON keeps at most 16 MiB per stream, queue
  * included. A client that goes away is not followed further: the command keeps running (no
  * kill in this version). */
+#include "contract.h"
 #include "gateway.h"
 
 #include <errno.h>
@@ -916,10 +917,11 @@ static int attach_request(gw_cmd_t *c)
     size_t len = space__io__v1__ctl_request__get_packed_size(&q);
     req = sp_xmalloc(len);
     space__io__v1__ctl_request__pack(&q, req);
-    snprintf(subject, sizeof(subject), "space.io.wkr.%s.ctl", c->worker);
     c->bus_step = "request";
     int64_t t0 = sp_mono_ns();
-    int rc = sp_bus_request(c->gw->bus, subject, req, len, EXEC_TIMEOUT_MS, &reply, &reply_len);
+    int rc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_CTL, c->worker, NULL, NULL);
+    if (rc >= 0)
+        rc = sp_bus_request(c->gw->bus, subject, req, len, EXEC_TIMEOUT_MS, &reply, &reply_len);
     c->exec_s = (double)(sp_mono_ns() - t0) / 1e9;
     free(req);
     if (rc == SP_ENOTFOUND || rc == SP_ETIMEOUT) {
@@ -997,9 +999,12 @@ static void setup_run(gw_cmd_t *c)
     c->exec_s = -1;
     c->outcome = GW_CMD_BUS_ERROR;
     if (!c->spec.background || c->connect) {
-        snprintf(subject, sizeof(subject), "%s>", c->prefix);
         c->bus_step = "subscribe";
-        if ((rc = sp_bus_subscribe(bus, subject, NULL, on_msg, c, &c->sub)) < 0)
+        /* The filter of the command's output subjects, space.io.cmd.<cmd_id>.> (contract.h);
+         * -EINVAL for a command id that is no subject token. */
+        if ((rc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_CMD, c->cmd_id, NULL,
+                                   NULL)) < 0 ||
+            (rc = sp_bus_subscribe(bus, subject, NULL, on_msg, c, &c->sub)) < 0)
             goto out;
         /* The server knows the subscription before anything can cause output on it: it handles
          * one connection's messages in order, so the acknowledged publish of the intent below
@@ -1020,9 +1025,10 @@ static void setup_run(gw_cmd_t *c)
     if ((rc = gw_cmd_exec_pack(&c->spec, c->sandbox, c->tenant, c->cmd_id, c->event_id,
                                c->request_id, &req, &req_len)) < 0)
         goto out;
-    snprintf(subject, sizeof(subject), "space.io.wkr.%s.exec", c->worker);
     int64_t t0 = sp_mono_ns();
-    rc = sp_bus_request(bus, subject, req, req_len, EXEC_TIMEOUT_MS, &reply, &reply_len);
+    rc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_EXEC, c->worker, NULL, NULL);
+    if (rc >= 0)
+        rc = sp_bus_request(bus, subject, req, req_len, EXEC_TIMEOUT_MS, &reply, &reply_len);
     c->exec_s = (double)(sp_mono_ns() - t0) / 1e9;
     explicit_bzero(req, req_len);
     free(req);
@@ -1268,7 +1274,10 @@ static void cmd_start(gw_req_t *rq, const char *cmd_id, gw_cmd_spec_t *spec, boo
     snprintf(c->tenant, sizeof(c->tenant), "%s", rq->tenant);
     snprintf(c->actor, sizeof(c->actor), "%s", rq->key_id);
     snprintf(c->request_id, sizeof(c->request_id), "%s", rq->request_id);
-    snprintf(c->prefix, sizeof(c->prefix), "space.io.cmd.%s.", cmd_id);
+    /* What the output subjects start with: the filter space.io.cmd.<cmd_id>.> without its ">"
+     * (empty for an id that is no subject token: the subscription then fails). */
+    int plen = sp_subject_build(c->prefix, sizeof(c->prefix), SP_SUBJ_IO_CMD, cmd_id, NULL, NULL);
+    c->prefix[plen > 0 ? plen - 1 : 0] = '\0';
     c->next_seq = 1;
     gw_sse_init(&c->sse);
     for (int i = 0; i < 3; i++)

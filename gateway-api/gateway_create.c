@@ -19,6 +19,7 @@
 #include "error.h"
 #include "ids.h"
 #include "json.h"
+#include "publish.h"
 #include "xmalloc.h"
 
 #define TIMEOUT_MAX_S      2592000 /* 30 days, as lib/envelope.c */
@@ -254,7 +255,7 @@ int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char
         goto out;
     }
     if ((rc = sp_envelope_subject(&env, NULL, ret_subject, 192)) < 0 ||
-        (rc = sp_envelope_encode(&env, ret_buf, ret_len)) < 0) {
+        (rc = sp_publish_pack(&env, ret_buf, ret_len)) < 0) {
         rc = gw_bad(&e, "invalid_field", "the request does not fit in an event (%s)",
                     sp_strerror(rc));
         goto out;

@@ -22,6 +22,7 @@
  *
  * The tenant check is the commands route's: the sandbox must be the key's tenant's and
  * running; its worker comes from the projection. */
+#include "contract.h"
 #include "gateway.h"
 
 #include <errno.h>
@@ -179,8 +180,9 @@ static void job_work(gw_bus_job_t *job)
     size_t len = space__io__v1__file_call__get_packed_size(&f->call);
     uint8_t *buf = sp_xmalloc(len ? len : 1);
     space__io__v1__file_call__pack(&f->call, buf);
-    snprintf(subject, sizeof(subject), "space.io.wkr.%s.file", f->worker);
-    f->job_rc = sp_bus_request(f->gw->bus, subject, buf, len, CALL_TIMEOUT, &rep, &rep_len);
+    f->job_rc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_FILE, f->worker, NULL, NULL);
+    if (f->job_rc >= 0)
+        f->job_rc = sp_bus_request(f->gw->bus, subject, buf, len, CALL_TIMEOUT, &rep, &rep_len);
     free(buf);
     if (f->job_rc < 0)
         return;

@@ -24,6 +24,7 @@
 #include "error.h"
 #include "ids.h"
 #include "log.h"
+#include "publish.h"
 #include "xmalloc.h"
 
 typedef enum { OP_PAUSE = 0, OP_RESUME, OP_SUSPEND, OP_TIMEOUT, OP_DELETE } op_t;
@@ -140,7 +141,7 @@ static void lc_run(gw_job_t *job, PGconn *db)
     int rc = sp_envelope_subject(&env, to_scheduler || !worker[0] ? NULL : worker, subject,
                                  sizeof(subject));
     if (rc >= 0)
-        rc = sp_envelope_encode(&env, &data, &len);
+        rc = sp_publish_pack(&env, &data, &len);
     if (rc >= 0)
         rc = sp_bus_publish(job->gw->bus, subject, data, len, l->event_id, NULL, NULL);
     free(data);

@@ -28,6 +28,7 @@
 #include "json.h"
 #include "log.h"
 #include "netpolicy.h"
+#include "publish.h"
 #include "xmalloc.h"
 
 #define APPLY_TIMEOUT_MS 10000
@@ -211,7 +212,7 @@ static void net_run(gw_job_t *job, PGconn *db)
     size_t len = 0;
     int rc = sp_envelope_subject(&env, worker, subject, sizeof(subject));
     if (rc >= 0)
-        rc = sp_envelope_encode(&env, &data, &len);
+        rc = sp_publish_pack(&env, &data, &len);
     if (rc >= 0)
         rc = sp_bus_publish(job->gw->bus, subject, data, len, n->event_id, NULL, NULL);
     free(data);

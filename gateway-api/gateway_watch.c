@@ -33,6 +33,7 @@
  * when nobody polled it for watcher-idle-s (the tick), or when the gateway stops; when the
  * worker ends it, the next poll still gets what was buffered, the one after that the error,
  * and then the id is unknown (not_found). */
+#include "contract.h"
 #include "gateway.h"
 
 #include <errno.h>
@@ -197,9 +198,10 @@ static void call(gw_watch_t *x, const char *op, int timeout_ms)
     size_t len = space__io__v1__watch_call__get_packed_size(&q);
     uint8_t *buf = sp_xmalloc(len ? len : 1);
     space__io__v1__watch_call__pack(&q, buf);
-    snprintf(subject, sizeof(subject), "space.io.wkr.%s.watch", x->worker);
     x->reply_error[0] = x->reply_detail[0] = '\0';
-    x->bus_rc = sp_bus_request(x->gw->bus, subject, buf, len, timeout_ms, &rep, &rep_len);
+    x->bus_rc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_WATCH, x->worker, NULL, NULL);
+    if (x->bus_rc >= 0)
+        x->bus_rc = sp_bus_request(x->gw->bus, subject, buf, len, timeout_ms, &rep, &rep_len);
     free(buf);
     if (x->bus_rc < 0)
         return;
@@ -571,8 +573,9 @@ static void on_msg(void *arg, const char *subject, const char *reply, const uint
 static void start_run(gw_watch_t *x)
 {
     char subject[128];
-    snprintf(subject, sizeof(subject), "%s>", x->prefix);
-    x->bus_rc = sp_bus_subscribe(x->gw->bus, subject, NULL, on_msg, x, &x->sub);
+    x->bus_rc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_WATCH_EV, x->id, NULL, NULL);
+    if (x->bus_rc >= 0)
+        x->bus_rc = sp_bus_subscribe(x->gw->bus, subject, NULL, on_msg, x, &x->sub);
     if (x->bus_rc == 0)
         x->bus_rc = sp_bus_flush(x->gw->bus, FLUSH_TIMEOUT_MS);
     if (x->bus_rc == 0) {
@@ -799,7 +802,10 @@ static void watch_new(gw_req_t *rq, const char *path, const char *user, bool rec
     snprintf(x->tenant, sizeof(x->tenant), "%s", rq->tenant);
     snprintf(x->request_id, sizeof(x->request_id), "%s", rq->request_id);
     snprintf(x->path, sizeof(x->path), "%s", resolved);
-    snprintf(x->prefix, sizeof(x->prefix), "space.io.watch.%s.", x->id);
+    /* The filter space.io.watch.<id>.> without its ">" (the id is ours: always a token). */
+    int plen =
+        sp_subject_build(x->prefix, sizeof(x->prefix), SP_SUBJ_IO_WATCH_EV, x->id, NULL, NULL);
+    x->prefix[plen > 0 ? plen - 1 : 0] = '\0';
     gw_sse_init(&x->sse);
     pthread_mutex_init(&x->mu, NULL);
     uv_async_init(gw->loop, &x->async, on_async);

@@ -33,6 +33,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "busid.h"
 #include "config.h"
 #include "error.h"
 #include "gateway.h"
@@ -47,6 +48,7 @@ static const sp_cfg_opt_t options[] = {
                    "TCP port; 0 picks a free one (see --port-file)"),
     SP_CFG_STR_OPT("port-file", gw_config_t, port_file, NULL,
                    "write the bound port here (decimal), e.g. $SPACE_HOME/run/space-gateway.port"),
+    SP_BUSID_CFG_OPTS(gw_config_t, identity, creds_dir),
     SP_CFG_STR_OPT("nats-url", gw_config_t, nats_url, "nats://127.0.0.1:4222",
                    "NATS server URL(s)"),
     SP_CFG_STR_OPT("nats-user", gw_config_t, nats_user, NULL, "NATS user"),
@@ -97,6 +99,9 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_STR_OPT("log-format", gw_config_t, log_format, "kv", "kv|json"),
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
+
+/* The process's identity on the bus: lives as long as the process publishes. */
+static sp_busid_t busid;
 
 #define TICK_MS          1000
 #define STOP_TICK_MS     100
@@ -307,6 +312,11 @@ int main(int argc, char **argv)
                         .timeout_ms = 5000,
                         /* Requests to workers and the intents are on the API's latency. */
                         .send_asap = true};
+    char iderr[SP_BUSID_ERR_MAX];
+    if (sp_busid_setup(cfg.creds_dir, cfg.identity, "gateway", &busid, &bo, iderr) < 0) {
+        sp_log(SP_LOG_ERROR, "bad identity", SP_KS("error", iderr));
+        goto out;
+    }
     if ((rc = sp_bus_connect(&bo, &gw.bus)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot connect to NATS", SP_KS("error", sp_strerror(rc)));
         goto out;
@@ -366,6 +376,7 @@ out:
         unlink(cfg.port_file);
     gw_pool_close(&gw.pool);
     sp_bus_free(gw.bus);
+    sp_busid_dispose(&busid);
     sp_config_dispose(options, N_OPTIONS, &cfg);
     free(err);
     return exit_code;

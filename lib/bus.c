@@ -554,22 +554,54 @@ int sp_bus_consumer_delete(sp_bus_t *bus, const char *durable)
     return sp__bus_status(s, jerr, "js_DeleteConsumer");
 }
 
-static void consumer_config(jsConsumerConfig *cfg, const char *durable, const char *filter,
-                            uint64_t start_seq, int ack_wait_ms)
+/* Creates the durable through $JS.API.CONSUMER.CREATE.<stream>.<durable>.<filter>, the form
+ * nats-server (2.9) checks against the request: the config's filter must be the subject's, so
+ * a NATS permission on that subject (natsauth.c) lets an identity create its own durable and
+ * no other one. cnats 3.4.1's js_AddConsumer sends $JS.API.CONSUMER.DURABLE.CREATE.<stream>.
+ * <durable>, which carries no filter and is therefore granted to nobody but the event log and
+ * the operator. The server accepts an identical configuration twice. */
+static int consumer_create(sp_bus_t *bus, const char *durable, const char *filter,
+                           uint64_t start_seq, int ack_wait_ms)
 {
-    jsConsumerConfig_Init(cfg);
-    cfg->Durable = durable;
-    cfg->FilterSubject = filter;
-    if (start_seq > 0) {
-        cfg->DeliverPolicy = js_DeliverByStartSequence;
-        cfg->OptStartSeq = start_seq;
-    } else {
-        cfg->DeliverPolicy = js_DeliverAll;
+    char subject[512], *req, deliver[96] = "\"deliver_policy\":\"all\"";
+    natsMsg *reply = NULL;
+    natsStatus s;
+    int rc = 0;
+
+    /* Both come from the contract (contract.c) or the caller's configuration: no quote,
+     * backslash or space, which would break the JSON below or the subject. */
+    if (strpbrk(durable, "\"\\ .*>") || strpbrk(filter, "\"\\ "))
+        return -EINVAL;
+    if ((size_t)snprintf(subject, sizeof(subject), "$JS.API.CONSUMER.CREATE.%s.%s.%s",
+                         SP_BUS_STREAM, durable, filter) >= sizeof(subject))
+        return -EINVAL;
+    if (start_seq > 0)
+        snprintf(deliver, sizeof(deliver),
+                 "\"deliver_policy\":\"by_start_sequence\",\"opt_start_seq\":%llu",
+                 (unsigned long long)start_seq);
+    req = sp_xasprintf("{\"stream_name\":\"%s\",\"config\":{\"durable_name\":\"%s\","
+                       "\"name\":\"%s\",\"filter_subject\":\"%s\",%s,"
+                       "\"ack_policy\":\"explicit\",\"ack_wait\":%lld,"
+                       "\"max_ack_pending\":%d,\"replay_policy\":\"instant\"}}",
+                       SP_BUS_STREAM, durable, durable, filter, deliver,
+                       (long long)(ack_wait_ms > 0 ? ack_wait_ms : DEFAULT_ACK_WAIT_MS) * 1000000,
+                       MAX_ACK_PENDING);
+    s = natsConnection_Request(&reply, bus->nc, subject, req, (int)strlen(req),
+                               (int64_t)bus->timeout_ms);
+    free(req);
+    if (s != NATS_OK)
+        return sp__bus_status(s, 0, "consumer create");
+    /* {"type":"...consumer_create_response", "error":{"code":..,"err_code":..,...}} on failure;
+     * a permission violation comes as an -ERR to the connection and a timeout here. */
+    const char *data = natsMsg_GetData(reply);
+    int n = natsMsg_GetDataLength(reply);
+    if (!data || n <= 0 || memmem(data, (size_t)n, "\"error\"", 7)) {
+        sp_log(SP_LOG_DEBUG, "consumer create refused", SP_KS("durable", durable),
+               SP_KS("reply", data ? data : ""));
+        rc = SP_EBUS;
     }
-    cfg->AckPolicy = js_AckExplicit;
-    cfg->AckWait = (int64_t)(ack_wait_ms > 0 ? ack_wait_ms : DEFAULT_ACK_WAIT_MS) * 1000000;
-    cfg->MaxAckPending = MAX_ACK_PENDING;
-    cfg->ReplayPolicy = js_ReplayInstant;
+    natsMsg_Destroy(reply);
+    return rc;
 }
 
 /* A pull subscription bound to the existing durable: cnats neither creates nor, on
@@ -603,10 +635,6 @@ static int subscribe_bound(sp_bus_t *bus, const char *durable, const char *filte
 int sp_bus_consumer_open(sp_bus_t *bus, const char *durable, const char *filter, uint64_t start_seq,
                          int ack_wait_ms, sp_bus_consumer_t **ret_consumer)
 {
-    jsConsumerInfo *ci = NULL;
-    jsConsumerConfig cfg;
-    jsErrCode jerr = 0;
-    natsStatus s;
     int rc;
 
     if (!durable || !*durable || !ret_consumer || ack_wait_ms < 0)
@@ -620,11 +648,8 @@ int sp_bus_consumer_open(sp_bus_t *bus, const char *durable, const char *filter,
     if (rc < 0 && rc != SP_ENOTFOUND)
         return rc;
 
-    consumer_config(&cfg, durable, filter, start_seq, ack_wait_ms);
-    s = js_AddConsumer(&ci, bus->js, SP_BUS_STREAM, &cfg, NULL, &jerr);
-    jsConsumerInfo_Destroy(ci);
-    if (s != NATS_OK)
-        return sp__bus_status(s, jerr, "js_AddConsumer");
+    if ((rc = consumer_create(bus, durable, filter, start_seq, ack_wait_ms)) < 0)
+        return rc;
     return subscribe_bound(bus, durable, filter, ret_consumer);
 }
 
@@ -632,7 +657,6 @@ int sp_bus_consumer_bind(sp_bus_t *bus, const char *durable, const char *filter,
                          sp_bus_consumer_t **ret_consumer)
 {
     jsConsumerInfo *ci = NULL;
-    jsConsumerConfig cfg;
     jsErrCode jerr = 0;
     natsStatus s;
 
@@ -652,15 +676,11 @@ int sp_bus_consumer_bind(sp_bus_t *bus, const char *durable, const char *filter,
     }
     if (sp__bus_status(s, jerr, "js_GetConsumerInfo") != SP_ENOTFOUND)
         return sp__bus_status(s, jerr, "js_GetConsumerInfo");
-    consumer_config(&cfg, durable, filter, 0, ack_wait_ms);
-    ci = NULL;
-    jerr = 0;
     /* Another instance may create it at the same moment: the server accepts an identical
      * configuration twice, so both then bind to the one consumer. */
-    s = js_AddConsumer(&ci, bus->js, SP_BUS_STREAM, &cfg, NULL, &jerr);
-    jsConsumerInfo_Destroy(ci);
-    if (s != NATS_OK)
-        return sp__bus_status(s, jerr, "js_AddConsumer");
+    int rc = consumer_create(bus, durable, filter, 0, ack_wait_ms);
+    if (rc < 0)
+        return rc;
     return subscribe_bound(bus, durable, filter, ret_consumer);
 }
 

@@ -239,10 +239,10 @@ bool sp_subject_match(sp_subject_id_t id, const char *subject, char worker[SP_IN
 
 /* ---- durables ---- */
 static const sp_consumer_def_t consumers[] = {
-    {"eventlog", "space.ev.>", SP_KIND_EVENTLOG, true},
-    {"scheduler", "space.ev.sbx._.>", SP_KIND_SCHEDULER, false},
-    {"worker-{worker}", "space.ev.sbx.{worker}.>", SP_KIND_WORKER, false},
-    {"egressd-{worker}", "space.ev.sbx.{worker}.>", SP_KIND_EGRESSD, true},
+    {"eventlog", "space.ev.>", SP_KIND_EVENTLOG, true, 30000},
+    {"scheduler", "space.ev.sbx._.>", SP_KIND_SCHEDULER, false, 10000},
+    {"worker-{worker}", "space.ev.sbx.{worker}.>", SP_KIND_WORKER, false, 120000},
+    {"egressd-{worker}", "space.ev.sbx.{worker}.>", SP_KIND_EGRESSD, true, 30000},
 };
 
 const sp_consumer_def_t *sp_contract_consumers(size_t *ret_n)

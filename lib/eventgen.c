@@ -9,6 +9,7 @@
 
 #include "contract.h"
 #include "error.h"
+#include "publish.h"
 #include "xmalloc.h"
 
 const sp_event_type_t sp_eventgen_lifecycle[5] = {
@@ -25,7 +26,7 @@ static int finish(sp_envelope_t *env, const char *worker, sp_eventgen_msg_t *out
     int rc = sp_envelope_subject(env, worker, out->subject, sizeof(out->subject));
     if (rc < 0)
         return rc;
-    return sp_envelope_encode(env, &out->data, &out->len);
+    return sp_publish_pack(env, &out->data, &out->len);
 }
 
 int sp_eventgen_sandbox(sp_event_type_t type, const char *tenant, const char *sandbox,

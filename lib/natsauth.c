@@ -383,10 +383,28 @@ static void perms_for(const sp_identity_t *id, rules_t *pub, rules_t *sub, rules
         add(pub, "$JS.API.DIRECT.GET.%s", SP_BUS_STREAM);
         add(pub, "$JS.API.DIRECT.GET.%s.>", SP_BUS_STREAM);
     }
+    /* Snapshots (worker_snapstore.c): the shared bucket, which the operator creates. Chunks of
+     * a replaced or deleted object are purged by subject, so workers need the bucket's purge,
+     * which the deny list below must then leave out for them. */
+    if (id->kind == SP_KIND_WORKER) {
+        add(pub, "$O.%s.>", SP_SNAPSHOT_BUCKET);
+        add(pub, "$JS.API.STREAM.INFO.OBJ_%s", SP_SNAPSHOT_BUCKET);
+        add(pub, "$JS.API.STREAM.PURGE.OBJ_%s", SP_SNAPSHOT_BUCKET);
+        add(pub, "$JS.API.STREAM.MSG.GET.OBJ_%s", SP_SNAPSHOT_BUCKET);
+        add(pub, "$JS.API.DIRECT.GET.OBJ_%s", SP_SNAPSHOT_BUCKET);
+        add(pub, "$JS.API.DIRECT.GET.OBJ_%s.>", SP_SNAPSHOT_BUCKET);
+    }
     static const char *const mgmt[] = {"CREATE",     "UPDATE",   "DELETE", "PURGE",
                                        "MSG.DELETE", "SNAPSHOT", "RESTORE"};
-    for (size_t i = 0; i < sizeof(mgmt) / sizeof(mgmt[0]); i++)
-        add(deny, "$JS.API.STREAM.%s.>", mgmt[i]);
+    for (size_t i = 0; i < sizeof(mgmt) / sizeof(mgmt[0]); i++) {
+        /* A worker's deny list names the event stream (and its other management calls are
+         * refused anyway: nothing in its allow list grants them); everyone else's names all
+         * streams. */
+        if (id->kind == SP_KIND_WORKER && strcmp(mgmt[i], "PURGE") == 0)
+            add(deny, "$JS.API.STREAM.%s.%s", mgmt[i], SP_BUS_STREAM);
+        else
+            add(deny, "$JS.API.STREAM.%s.>", mgmt[i]);
+    }
 }
 
 static void put_list(sp_buf_t *b, const char *name, const rules_t *rs)

@@ -5,6 +5,28 @@
 
 #include "error.h"
 
+/* Set once at startup, before publishing threads exist (publish.h). */
+static const char *signer_name;
+static const sp_sign_key_t *signer_key;
+
+void sp_publish_signer_set(const char *identity, const sp_sign_key_t *key)
+{
+    signer_name = key ? identity : NULL;
+    signer_key = key;
+}
+
+const char *sp_publish_signer(void)
+{
+    return signer_name;
+}
+
+int sp_publish_pack(sp_envelope_t *env, uint8_t **ret_buf, size_t *ret_len)
+{
+    if (signer_key)
+        return sp_envelope_encode_signed(env, signer_name, signer_key, ret_buf, ret_len);
+    return sp_envelope_encode(env, ret_buf, ret_len);
+}
+
 int sp_publish_encode(sp_envelope_t *env, char id_buf[37], const char *worker,
                       char subject[SP_PUBLISH_SUBJECT_MAX], uint8_t **ret_buf, size_t *ret_len)
 {
@@ -13,7 +35,7 @@ int sp_publish_encode(sp_envelope_t *env, char id_buf[37], const char *worker,
     sp_envelope_stamp(env, id_buf);
     if ((rc = sp_envelope_subject(env, worker, subject, SP_PUBLISH_SUBJECT_MAX)) < 0)
         return rc;
-    return sp_envelope_encode(env, ret_buf, ret_len);
+    return sp_publish_pack(env, ret_buf, ret_len);
 }
 
 int sp_publish_event(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const char *worker,

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "busid.h"
 #include "config.h"
 #include "daemon.h"
 #include "db.h"
@@ -19,6 +20,7 @@
 #include "scheduler.h"
 
 static const sp_cfg_opt_t options[] = {
+    SP_BUSID_CFG_OPTS(sched_config_t, identity, creds_dir),
     SP_CFG_STR_OPT("nats-url", sched_config_t, nats_url, "nats://127.0.0.1:4222", "NATS URL(s)"),
     SP_CFG_STR_OPT("pg-url", sched_config_t, pg_url, "postgresql:///space", "PostgreSQL URI"),
     SP_CFG_STR_OPT("name", sched_config_t, name, "scheduler", "this instance's name (an id)"),
@@ -42,11 +44,17 @@ static const sp_cfg_opt_t options[] = {
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
+/* The process's identity on the bus: lives as long as the process publishes. */
+static sp_busid_t busid;
+
 static int run(sched_t *s)
 {
     sp_bus_consumer_t *c = NULL;
-    int rc = sp_bus_consumer_bind(s->bus, s->cfg->durable, "space.ev.sbx._.>",
-                                  (int)s->cfg->ack_wait_ms, &c);
+    char filter[64];
+    /* The unplaced subjects, space.ev.sbx._.>; the durable is the operator's (`space up`). */
+    int rc = sp_subject_build(filter, sizeof(filter), SP_SUBJ_EV_SBX, "_", NULL, NULL);
+    if (rc >= 0)
+        rc = sp_bus_consumer_bind(s->bus, s->cfg->durable, filter, (int)s->cfg->ack_wait_ms, &c);
     if (rc < 0) {
         sp_log(SP_LOG_ERROR, "cannot bind the consumer", SP_KS("error", sp_strerror(rc)));
         return rc;
@@ -111,6 +119,11 @@ int main(int argc, char **argv)
     sp_daemon_signals();
 
     sp_bus_opts_t bo = {.url = cfg.nats_url, .name = "space-scheduler", .timeout_ms = 30000};
+    char iderr[SP_BUSID_ERR_MAX];
+    if (sp_busid_setup(cfg.creds_dir, cfg.identity, "scheduler", &busid, &bo, iderr) < 0) {
+        sp_log(SP_LOG_ERROR, "bad identity", SP_KS("error", iderr));
+        goto out;
+    }
     if ((rc = sp_bus_connect(&bo, &s.bus)) < 0 || (rc = sp_bus_ensure_stream(s.bus)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot reach NATS", SP_KS("error", sp_strerror(rc)));
         goto out;
@@ -130,6 +143,7 @@ out:
     free(s.recent);
     PQfinish(s.db);
     sp_bus_free(s.bus);
+    sp_busid_dispose(&busid);
     sp_config_dispose(options, N_OPTIONS, &cfg);
     free(err);
     return code;

@@ -11,6 +11,8 @@
 
 typedef struct {
     char *nats_url;
+    char *identity; /* busid.h */
+    char *creds_dir;
     char *pg_url;
     char *name;
     char *durable;

@@ -259,7 +259,9 @@ static int delete_unplaced(sched_t *s, const sp_envelope_t *intent)
         return 0;
     if (owner[0]) {
         /* Placed meanwhile: hand the same request to its owner (the event log sees identical
-         * bytes twice and stores them once). */
+         * bytes twice and stores them once). Not sp_publish_pack: the request stays the
+         * gateway's, signer and signature included; re-encoding the decoded envelope keeps its
+         * canonical bytes (sign.h), so the signature still verifies. */
         snprintf(msg_id, sizeof(msg_id), "forward:%s", intent->event_id);
         char subject[256];
         uint8_t *buf = NULL;

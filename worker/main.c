@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "busid.h"
 #include "config.h"
 #include "daemon.h"
 #include "db.h"
@@ -22,6 +23,7 @@
 
 static const sp_cfg_opt_t options[] = {
     SP_CFG_STR_OPT("id", wk_config_t, id, "worker-1", "this worker's id (unique per host)"),
+    SP_BUSID_CFG_OPTS(wk_config_t, identity, creds_dir),
     SP_CFG_STR_OPT("nats-url", wk_config_t, nats_url, "nats://127.0.0.1:4222", "NATS URL(s)"),
     SP_CFG_STR_OPT("pg-url", wk_config_t, pg_url, "postgresql:///space", "PostgreSQL URI"),
     SP_CFG_STR_OPT("state-dir", wk_config_t, state_dir, "./var/worker",
@@ -75,6 +77,9 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_STR_OPT("log-format", wk_config_t, log_format, "kv", "kv|json"),
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
+
+/* The process's identity on the bus: lives as long as the process publishes. */
+static sp_busid_t busid;
 
 static void *heartbeat_main(void *arg)
 {
@@ -269,6 +274,12 @@ int main(int argc, char **argv)
      * IoExit). */
     sp_bus_opts_t bo = {
         .url = cfg.nats_url, .name = "space-worker", .timeout_ms = 30000, .send_asap = true};
+    char def_id[SP_IDENTITY_MAX + 1], iderr[SP_BUSID_ERR_MAX];
+    snprintf(def_id, sizeof(def_id), "worker-%s", cfg.id);
+    if (sp_busid_setup(cfg.creds_dir, cfg.identity, def_id, &busid, &bo, iderr) < 0) {
+        sp_log(SP_LOG_ERROR, "bad identity", SP_KS("error", iderr));
+        goto out;
+    }
     if ((rc = sp_bus_connect(&bo, &w.bus)) < 0 || (rc = sp_bus_ensure_stream(w.bus)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot reach NATS", SP_KS("error", sp_strerror(rc)));
         goto out;
@@ -317,6 +328,7 @@ out:
         usleep(10 * 1000);
     wk_factq_free(w.facts);
     sp_bus_free(w.bus);
+    sp_busid_dispose(&busid);
     wk_host_close(w.host);
     wk_strv_free(w.templates, w.n_templates);
     free(w.owned);

@@ -17,6 +17,8 @@
 typedef struct {
     char *id;
     char *nats_url;
+    char *identity; /* busid.h */
+    char *creds_dir;
     char *pg_url;
     char *state_dir;
     char *volume_dir;

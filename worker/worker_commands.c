@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "contract.h"
 #include "dataplane.pb-c.h"
 #include "error.h"
 #include "hash.h"
@@ -206,8 +207,9 @@ static void publish_io(wk_box_t *b, const char *cmd_id, const char *kind, const 
     size_t len = protobuf_c_message_get_packed_size(m);
     uint8_t *buf = sp_xmalloc(len ? len : 1);
     protobuf_c_message_pack(m, buf);
-    snprintf(subject, sizeof(subject), "space.io.cmd.%s.%s", cmd_id, kind);
-    int rc = sp_bus_publish_core(b->w->bus, subject, buf, len);
+    int rc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_CMD, cmd_id, kind, NULL);
+    if (rc >= 0)
+        rc = sp_bus_publish_core(b->w->bus, subject, buf, len);
     if (rc < 0)
         sp_log(SP_LOG_WARN, "data plane publish failed", SP_KS("cmd", cmd_id),
                SP_KS("error", sp_strerror(rc)));
@@ -1048,14 +1050,16 @@ static void on_ctl_request(void *arg, const char *subject, const char *reply_to,
 int wk_commands_start(wk_t *w)
 {
     char subject[128];
-    snprintf(subject, sizeof(subject), "space.io.wkr.%s.exec", w->cfg->id);
-    int rc = sp_bus_subscribe(w->bus, subject, NULL, on_exec_request, w, &w->exec_sub);
+    int rc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_EXEC, w->cfg->id, NULL, NULL);
+    if (rc >= 0)
+        rc = sp_bus_subscribe(w->bus, subject, NULL, on_exec_request, w, &w->exec_sub);
     if (rc < 0) {
         sp_log(SP_LOG_ERROR, "cannot subscribe to exec requests", SP_KS("error", sp_strerror(rc)));
         return rc;
     }
-    snprintf(subject, sizeof(subject), "space.io.wkr.%s.ctl", w->cfg->id);
-    rc = sp_bus_subscribe(w->bus, subject, NULL, on_ctl_request, w, &w->ctl_sub);
+    rc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_CTL, w->cfg->id, NULL, NULL);
+    if (rc >= 0)
+        rc = sp_bus_subscribe(w->bus, subject, NULL, on_ctl_request, w, &w->ctl_sub);
     if (rc < 0)
         sp_log(SP_LOG_ERROR, "cannot subscribe to control requests",
                SP_KS("error", sp_strerror(rc)));

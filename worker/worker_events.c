@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "contract.h"
 #include "daemon.h"
 #include "db.h"
 #include "error.h"
@@ -445,9 +446,11 @@ int wk_serve(wk_t *w)
     sp_bus_consumer_t *c = NULL;
     char durable[96];
 
-    snprintf(filter, sizeof(filter), "space.ev.sbx.%s.>", w->cfg->id);
+    /* The durable of the contract (contract.c), created by the operator (`space up`). */
     snprintf(durable, sizeof(durable), "worker-%s", w->cfg->id);
-    int rc = sp_bus_consumer_bind(w->bus, durable, filter, (int)w->cfg->ack_wait_ms, &c);
+    int rc = sp_subject_build(filter, sizeof(filter), SP_SUBJ_EV_SBX, w->cfg->id, NULL, NULL);
+    if (rc >= 0)
+        rc = sp_bus_consumer_bind(w->bus, durable, filter, (int)w->cfg->ack_wait_ms, &c);
     if (rc < 0) {
         sp_log(SP_LOG_ERROR, "cannot bind the consumer", SP_KS("error", sp_strerror(rc)));
         return rc;

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "contract.h"
 #include "dataplane.pb-c.h"
 #include "error.h"
 #include "fspath.h"
@@ -887,7 +888,9 @@ static void *reaper_main(void *arg)
 int wk_files_start(wk_t *w)
 {
     char subject[128];
-    snprintf(subject, sizeof(subject), "space.io.wkr.%s.file", w->cfg->id);
+    int brc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_FILE, w->cfg->id, NULL, NULL);
+    if (brc < 0)
+        return brc;
     for (int i = 0; i < WK_FILE_SUBS; i++) {
         int rc = sp_bus_subscribe(w->bus, subject, "files", on_file_call, w, &w->file_subs[i]);
         if (rc < 0) {

@@ -27,6 +27,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "contract.h"
 #include "dataplane.pb-c.h"
 #include "db.h"
 #include "error.h"
@@ -192,12 +193,14 @@ static uint32_t egress_reset(wk_t *w, const char *sbx, uint32_t *time_wait_ms)
 {
     *time_wait_ms = 0;
     char subject[128];
-    snprintf(subject, sizeof(subject), "space.io.egress.%s.reset", w->cfg->id);
     Space__Io__V1__EgressReset req = SPACE__IO__V1__EGRESS_RESET__INIT;
     req.sandbox = (char *)sbx;
     uint8_t buf[128], *reply = NULL;
     size_t len = space__io__v1__egress_reset__pack(&req, buf), reply_len = 0;
-    int rc = sp_bus_request(w->bus, subject, buf, len, EGRESS_RESET_MS, &reply, &reply_len);
+    int rc =
+        sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_EGRESS_RST, w->cfg->id, NULL, NULL);
+    if (rc >= 0)
+        rc = sp_bus_request(w->bus, subject, buf, len, EGRESS_RESET_MS, &reply, &reply_len);
     uint32_t n = 0;
     if (rc == 0) {
         Space__Io__V1__EgressResetReply *r =

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "contract.h"
 #include "dataplane.pb-c.h"
 #include "error.h"
 #include "fspath.h"
@@ -117,8 +118,9 @@ static void publish(wk_t *w, const char *id, const char *kind, const ProtobufCMe
     size_t len = protobuf_c_message_get_packed_size(m);
     uint8_t *buf = sp_xmalloc(len ? len : 1);
     protobuf_c_message_pack(m, buf);
-    snprintf(subject, sizeof(subject), "space.io.watch.%s.%s", id, kind);
-    int rc = sp_bus_publish_core(w->bus, subject, buf, len);
+    int rc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_WATCH_EV, id, kind, NULL);
+    if (rc >= 0)
+        rc = sp_bus_publish_core(w->bus, subject, buf, len);
     if (rc < 0)
         sp_log(SP_LOG_WARN, "data plane publish failed", SP_KS("watch", id),
                SP_KS("error", sp_strerror(rc)));
@@ -524,8 +526,9 @@ static void on_watch_call(void *arg, const char *subject, const char *reply_to, 
 int wk_watches_start(wk_t *w)
 {
     char subject[128];
-    snprintf(subject, sizeof(subject), "space.io.wkr.%s.watch", w->cfg->id);
-    int rc = sp_bus_subscribe(w->bus, subject, NULL, on_watch_call, w, &w->watch_sub);
+    int rc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_WATCH, w->cfg->id, NULL, NULL);
+    if (rc >= 0)
+        rc = sp_bus_subscribe(w->bus, subject, NULL, on_watch_call, w, &w->watch_sub);
     if (rc < 0)
         sp_log(SP_LOG_ERROR, "cannot subscribe to watch calls", SP_KS("error", sp_strerror(rc)));
     return rc;

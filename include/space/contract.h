@@ -111,11 +111,18 @@ typedef struct {
     const char *durable; /* "{worker}" is the reading identity's instance */
     const char *filter;
     sp_kind_t kind;
-    bool recreated; /* sp_bus_consumer_open (deleted and created on start) vs _bind */
+    bool recreated;  /* sp_bus_consumer_open (deleted and created on start) vs _bind */
+    int ack_wait_ms; /* the reader's default --ack-wait-ms, for the operator's creation */
 } sp_consumer_def_t;
 
 /* The durables of the contract; *ret_n gets their number. */
 const sp_consumer_def_t *sp_contract_consumers(size_t *ret_n);
+
+/* The JetStream object store bucket of the workers' snapshots (objstore.h; the worker's
+ * --snapshot-bucket default): stream "OBJ_" SP_SNAPSHOT_BUCKET, subjects $O.<bucket>.>. Workers
+ * read, write and purge it; only the operator creates it (a worker allowed to create streams
+ * could capture any subject, the data plane included). */
+#define SP_SNAPSHOT_BUCKET "space-snapshots"
 
 /* ---- event types ---- */
 

@@ -1,5 +1,11 @@
-/* Publishing events: stamp, validate, encode, pick the subject, publish with a message id.
- * The one way daemons put facts and intents on the bus. */
+/* Publishing events: stamp, validate, encode (signed), pick the subject, publish with a message
+ * id. The one way daemons put facts and intents on the bus.
+ *
+ * Signing (docs/trust.md): a process that has an identity (busid.h) registers its name and
+ * signing key once at startup with sp_publish_signer_set; from then on every envelope encoded
+ * here (sp_publish_pack, and through it sp_publish_encode, sp_publish_event and eventgen.h)
+ * carries signer = that name and its Ed25519 signature. Without a signer envelopes go out
+ * unsigned (a process without credentials, tests that forge events on purpose). */
 #ifndef SPACE_PUBLISH_H
 #define SPACE_PUBLISH_H
 
@@ -24,6 +30,20 @@ int sp_publish_event(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const c
 #define SP_PUBLISH_SUBJECT_MAX 256
 int sp_publish_encode(sp_envelope_t *env, char id_buf[37], const char *worker,
                       char subject[SP_PUBLISH_SUBJECT_MAX], uint8_t **ret_buf, size_t *ret_len);
+
+#include "sign.h"
+
+/* Registers the process's identity and signing key (both borrowed: they must live until the
+ * process stops publishing; NULL key: unsigned again). Call before any thread publishes: the
+ * signer is read without a lock. */
+void sp_publish_signer_set(const char *identity, const sp_sign_key_t *key);
+/* The registered identity, or NULL. */
+const char *sp_publish_signer(void);
+
+/* Encodes env for the bus: sp_envelope_encode_signed with the registered signer, else
+ * sp_envelope_encode (same errors). env must be stamped already. The one place an envelope
+ * bound for the bus is encoded. */
+int sp_publish_pack(sp_envelope_t *env, uint8_t **ret_buf, size_t *ret_len);
 
 /* Starts an envelope that answers cause (same tenant, aggregate and correlation; causation =
  * cause's event id) as actor. The caller sets payload_case and the payload. Borrowed strings:

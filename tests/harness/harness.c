@@ -13,9 +13,11 @@
 
 #include <cmocka.h>
 
+#include "busid.h"
 #include "config.h"
 #include "db.h"
 #include "error.h"
+#include "publish.h"
 #include "xmalloc.h"
 
 void sp_test_stack_load(void)
@@ -44,9 +46,25 @@ const char *sp_test_env(const char *name)
 
 sp_bus_t *sp_test_bus(void)
 {
+    /* The identity the fixture gives tests (SPACE_TEST_IDENTITY, tests/CMakeLists.txt): they
+     * publish hostile events onto any subject, so it is the operator. Not registered as a
+     * signer: what tests forge goes out unsigned. */
+    static sp_busid_t id;
     sp_bus_t *bus = NULL;
     sp_bus_opts_t o = {
         .url = sp_test_env("SPACE_NATS_URL"), .name = "space-test", .timeout_ms = 10000};
+    char err[SP_BUSID_ERR_MAX];
+    if (!id.name[0]) {
+        int rc = sp_busid_setup(sp_test_env("SPACE_CREDS_DIR"), sp_test_env("SPACE_TEST_IDENTITY"),
+                                NULL, &id, &o, err);
+        if (rc < 0)
+            fail_msg("test identity: %s", err);
+        sp_publish_signer_set(NULL, NULL);
+    } else {
+        o.nkey = id.nkey;
+        o.nkey_seed_file = id.seed_file;
+        o.inbox_prefix = id.inbox;
+    }
     int rc = sp_bus_connect(&o, &bus);
     if (rc < 0)
         fail_msg("cannot connect to NATS at %s: %s", o.url, sp_strerror(rc));

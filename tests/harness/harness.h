@@ -15,7 +15,9 @@
 /* Fails the test (cmocka fail_msg) when the stack is not there. */
 void sp_test_stack_load(void);
 const char *sp_test_env(const char *name);
-/* Connections to the stack; fail the test on error. */
+/* Connections to the stack; fail the test on error. The bus connection is the identity
+ * SPACE_TEST_IDENTITY (the fixture sets it: operator) with the credentials in SPACE_CREDS_DIR
+ * (space.env), publishing unsigned. */
 sp_bus_t *sp_test_bus(void);
 PGconn *sp_test_db(void);
 /* Runs `space <args>` (the CLI next to the test binaries, $SPACE_BIN_DIR/space) and returns

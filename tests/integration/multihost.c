@@ -147,6 +147,11 @@ static int setup(void **state)
     snprintf(w2_dir, sizeof(w2_dir), "%s/worker2", home);
     db = sp_test_db();
     bus = sp_test_bus();
+    /* The second worker is an identity of its own, worker-<w2>: credentials, a line in
+     * nats.conf (reloaded) and its durable, as on a host added to a deployment. */
+    char add[128];
+    snprintf(add, sizeof(add), "identity add worker %s >/dev/null", w2);
+    assert_int_equal(sp_test_space(add), 0);
     w2_pid = w2_spawn(NULL);
     wait_live(w1, true);
     wait_live(w2, true);
