@@ -35,6 +35,10 @@ typedef struct {
     /* keyring and signature cache (borrowed); placement is the store's own, from the
      * projection including the batch in progress. */
     sp_trust_t trust;
+    /* Where the keyring comes from: re-read when a signer it does not know has a public key
+     * there, so an identity added to a running deployment (space identity add) is known
+     * without a restart. trust.keyring is owned by the store. */
+    const char *keyring_dir;
     el_head_t head;
     el_counts_t counts;
     char last_error[256]; /* the database's message for the last failed store */

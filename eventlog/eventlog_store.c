@@ -4,9 +4,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "buf.h"
+#include "contract.h"
 #include "db.h"
 #include "envelope.h"
 #include "error.h"
@@ -312,12 +314,46 @@ static void refused(const el_store_t *st, item_t *it, const char *reason)
            SP_KS("reason", reason), SP_KS("corr", it->env->correlation_id));
 }
 
+/* A signer the keyring does not know but whose public key is now in the keyring directory
+ * (an identity added while the log runs: space identity add): the directory is read again.
+ * A made-up signer costs one failed stat, so a flood of them costs no directory reads. */
+static void refresh_keyring(el_store_t *st, const item_t *items, size_t n)
+{
+    bool reload = false;
+    for (size_t i = 0; i < n && !reload && st->keyring_dir; i++) {
+        const sp_envelope_t *e = items[i].env;
+        sp_identity_t id;
+        if (items[i].disp != M_ACCEPT || !e || !e->signer || !e->signer[0] ||
+            sp_keyring_has(st->trust.keyring, e->signer) || sp_identity_parse(e->signer, &id) < 0)
+            continue;
+        char path[4096];
+        struct stat sb;
+        snprintf(path, sizeof(path), "%s/%s.pub", st->keyring_dir, id.name);
+        reload = stat(path, &sb) == 0;
+    }
+    if (!reload)
+        return;
+    sp_keyring_t *kr = NULL;
+    int rc = sp_keyring_load(st->keyring_dir, &kr);
+    if (rc < 0) {
+        sp_log(SP_LOG_WARN, "cannot read the keyring again", SP_KS("keyring_dir", st->keyring_dir),
+               SP_KS("error", sp_strerror(rc)));
+        return;
+    }
+    sp_log(SP_LOG_INFO, "keyring read again: a new identity", SP_KS("keyring_dir", st->keyring_dir),
+           SP_KU("identities", sp_keyring_size(kr)));
+    sp_keyring_free((sp_keyring_t *)st->trust.keyring);
+    st->trust.keyring = kr;
+}
+
 /* Signatures of the whole fetched batch, outside the storing transaction: the costly part
  * (Ed25519) runs once per distinct batch root through the signature cache. */
-static void verify_signatures(const el_store_t *st, item_t *items, size_t n)
+static void verify_signatures(el_store_t *st, item_t *items, size_t n)
 {
     char reason[SP_REASON_MAX];
     size_t logged = 0;
+
+    refresh_keyring(st, items, n);
 
     for (size_t i = 0; i < n; i++) {
         item_t *it = &items[i];

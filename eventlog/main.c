@@ -179,12 +179,16 @@ static int setup_trust(const el_config_t *cfg, el_store_t *st, sp_keyring_t **re
     }
     sp_sigcache_new((size_t)cfg->sig_cache_slots, ret_cache);
     st->trust.keyring = *ret_kr;
+    *ret_kr = NULL; /* the store's now: it may replace it (el_store_t.keyring_dir) */
+    st->keyring_dir = dir;
+    dir = NULL;
     st->trust.cache = *ret_cache;
     sp_log(st->verify == EL_VERIFY_ON ? SP_LOG_INFO : SP_LOG_WARN,
            st->verify == EL_VERIFY_ON ? "verifying signatures: refused events are stored rejected"
                                       : "verifying signatures, LOG ONLY: refused events are "
                                         "still accepted",
-           SP_KS("keyring_dir", dir), SP_KU("identities", sp_keyring_size(*ret_kr)));
+           SP_KS("keyring_dir", st->keyring_dir),
+           SP_KU("identities", sp_keyring_size(st->trust.keyring)));
 out:
     free(dir);
     return rc;
@@ -333,6 +337,8 @@ out:
     sp_projection_free(st.proj);
     sp_sigcache_free(sigcache);
     sp_keyring_free(keyring);
+    sp_keyring_free((sp_keyring_t *)st.trust.keyring);
+    free((char *)st.keyring_dir);
     PQfinish(st.db);
     sp_bus_free(bus);
     sp_busid_dispose(&busid);

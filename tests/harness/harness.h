@@ -19,6 +19,13 @@ const char *sp_test_env(const char *name);
  * SPACE_TEST_IDENTITY (the fixture sets it: operator) with the credentials in SPACE_CREDS_DIR
  * (space.env), publishing unsigned. */
 sp_bus_t *sp_test_bus(void);
+/* The test plays the daemon whose role it is to emit the envelope in *data (the rule of
+ * sp_eventgen_signer: the worker of its subject for worker facts, else the gateway or the
+ * scheduler): *data is replaced by the same envelope signed with that identity's key in
+ * SPACE_CREDS_DIR, made there when the stack has none (the event log reads new keys when an
+ * unknown signer appears). -EINVAL, *data untouched, when it is no envelope: hostile bytes go
+ * out as they are. */
+int sp_test_sign(const char *subject, uint8_t **data, size_t *len);
 PGconn *sp_test_db(void);
 /* Runs `space <args>` (the CLI next to the test binaries, $SPACE_BIN_DIR/space) and returns
  * its exit status. */

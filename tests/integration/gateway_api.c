@@ -66,8 +66,10 @@ static void publish_fact(const sp_envelope_t *intent, sp_envelope_t *env)
     env->correlation_id = intent->correlation_id;
     env->causation_id = intent->event_id;
     sp_envelope_stamp(env, id);
-    if (sp_envelope_subject(env, WORKER, subject, sizeof(subject)) < 0 ||
-        sp_envelope_encode(env, &data, &len) < 0 ||
+    /* A refusal of an unplaced sandbox is the scheduler's, on the unplaced subject. */
+    bool refusal = env->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_REQUEST_REJECTED;
+    if (sp_envelope_subject(env, refusal ? NULL : WORKER, subject, sizeof(subject)) < 0 ||
+        sp_envelope_encode(env, &data, &len) < 0 || sp_test_sign(subject, &data, &len) < 0 ||
         sp_bus_publish(bus, subject, data, len, id, NULL, NULL) < 0)
         fprintf(stderr, "fake owner: cannot publish %s for %s\n", env->type, agg.id);
     free(data);
@@ -622,9 +624,11 @@ static void test_lifecycle(void **state)
     const char *const tmpl_a[] = {"base", "tiny"}, *const tmpl_b[] = {"base", "py312"};
     sp_eventgen_msg_t m;
     assert_int_equal(sp_eventgen_heartbeat("w-tmpl-a", tmpl_a, 2, 0, 60000, &m), 0);
+    assert_int_equal(sp_test_sign(m.subject, &m.data, &m.len), 0);
     assert_int_equal(sp_bus_publish(bus, m.subject, m.data, m.len, m.event_id, NULL, NULL), 0);
     sp_eventgen_msg_dispose(&m);
     assert_int_equal(sp_eventgen_heartbeat("w-tmpl-b", tmpl_b, 2, 0, 60000, &m), 0);
+    assert_int_equal(sp_test_sign(m.subject, &m.data, &m.len), 0);
     assert_int_equal(sp_bus_publish(bus, m.subject, m.data, m.len, m.event_id, NULL, NULL), 0);
     sp_eventgen_msg_dispose(&m);
     assert_int_equal(sp_test_db_wait_scalar(db,

@@ -253,6 +253,7 @@ static void publish_gen(sp_event_type_t type, const char *tenant, const char *sb
 {
     sp_eventgen_msg_t m;
     assert_int_equal(sp_eventgen_sandbox(type, tenant, sbx, worker, &m), 0);
+    assert_int_equal(sp_test_sign(m.subject, &m.data, &m.len), 0);
     assert_int_equal(sp_bus_publish(bus, m.subject, m.data, m.len, m.event_id, NULL, NULL), 0);
     sp_eventgen_msg_dispose(&m);
 }

@@ -25,6 +25,7 @@ static void heartbeat(const char *worker, const char *const *tmpl, size_t n)
 {
     sp_eventgen_msg_t m;
     assert_int_equal(sp_eventgen_heartbeat(worker, tmpl, n, 0, 60000, &m), 0);
+    assert_int_equal(sp_test_sign(m.subject, &m.data, &m.len), 0);
     assert_int_equal(sp_bus_publish(bus, m.subject, m.data, m.len, m.event_id, NULL, NULL), 0);
     sp_eventgen_msg_dispose(&m);
 }
@@ -48,6 +49,7 @@ static void create(const char *sbx, const char *tmpl)
         e->sandbox_create_requested->template_ = old;
         sp_envelope_free(e);
     }
+    assert_int_equal(sp_test_sign(m.subject, &m.data, &m.len), 0);
     assert_int_equal(sp_bus_publish(bus, m.subject, m.data, m.len, m.event_id, NULL, NULL), 0);
     sp_eventgen_msg_dispose(&m);
 }
@@ -115,6 +117,7 @@ static void test_placement(void **state)
     assert_int_equal(sp_eventgen_sandbox(SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED,
                                          "t1", "sbx_nope", NULL, &del),
                      0);
+    assert_int_equal(sp_test_sign(del.subject, &del.data, &del.len), 0);
     assert_int_equal(sp_bus_publish(bus, del.subject, del.data, del.len, del.event_id, NULL, NULL),
                      0);
     sp_eventgen_msg_dispose(&del);
