@@ -37,7 +37,8 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_STR_OPT("log-format", sp_stack_config_t, log_format, "kv",
                    "log format handed to the daemons: kv or json"),
     SP_CFG_STR_OPT("daemons", sp_stack_config_t, daemons,
-                   "space-eventlog,space-scheduler,space-worker,space-egressd,space-gateway",
+                   "space-eventlog,space-scheduler,space-worker,space-credstore,space-egressd,"
+                   "space-gateway",
                    "which SPACE daemons `up` starts (comma-separated)"),
     SP_CFG_INT_OPT("api-port", sp_stack_config_t, api_port, 0, 65535, "8080",
                    "port of the HTTP API (space-gateway, on 127.0.0.1); 0: any free port"),
