@@ -665,8 +665,7 @@ int sp_stack_up(const sp_stack_config_t *cfg)
             env_file_differs(&st, "SPACE_PG_URL", pg.url);
     if (write_env_file(&st, nats.url, pg.url, NULL, NULL) < 0)
         goto fail;
-    if (ca_up(&st) < 0 || credstore_key_up(&st) < 0 ||
-        daemons_up(&st, nats.url, pg.url, moved) < 0)
+    if (ca_up(&st) < 0 || credstore_key_up(&st) < 0 || daemons_up(&st, nats.url, pg.url, moved) < 0)
         goto fail;
     if (sp__api_up(&st, pg.url, &api_url, &api_key) < 0 ||
         write_env_file(&st, nats.url, pg.url, api_url, api_key) < 0)

@@ -80,8 +80,8 @@ static void bus_run(gw_bus_job_t *job)
     space__cred__v1__cred_admin_request__pack(q, buf);
     uint8_t *reply = NULL;
     size_t reply_len = 0;
-    x->rc = sp_bus_request(x->rq->gw->bus, SP_CRED_SUBJECT_ADMIN, buf, len, CRED_TIMEOUT_MS,
-                           &reply, &reply_len);
+    x->rc = sp_bus_request(x->rq->gw->bus, SP_CRED_SUBJECT_ADMIN, buf, len, CRED_TIMEOUT_MS, &reply,
+                           &reply_len);
     explicit_bzero(buf, len);
     free(buf);
     if (x->value) {

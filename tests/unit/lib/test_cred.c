@@ -145,8 +145,8 @@ static const char *rewrite(const char *head, const sp_head_edit_t *e, size_t ne,
     sp_http_head_t hh;
     const char *why = NULL;
     assert_int_equal(sp_http_request_head((const uint8_t *)head, strlen(head), &hh, &why), 0);
-    long n = sp_http_head_rewrite((const uint8_t *)head, &hh, e, ne, s, ns, (uint8_t *)out, 4,
-                                  used, &why);
+    long n = sp_http_head_rewrite((const uint8_t *)head, &hh, e, ne, s, ns, (uint8_t *)out, 4, used,
+                                  &why);
     if (n < 0) {
         assert_string_equal(why, "credential_scope");
         return NULL;
@@ -201,12 +201,12 @@ static void test_rewrite(void **state)
                         s, 2, &used));
     assert_null(rewrite("GET / HTTP/1.1\r\nHost: api.test\r\nX: SPACE-CRED:gh\r\n\r\n", NULL, 0, s,
                         2, &used));
-    assert_null(rewrite("GET /space-cred:gh HTTP/1.1\r\nHost: api.test\r\n\r\n", NULL, 0, s, 2,
-                        &used));
-    assert_null(rewrite("GET /?a=SPACE-CRED%3Agh HTTP/1.1\r\nHost: api.test\r\n\r\n", NULL, 0,
-                        NULL, 0, &used));
-    assert_null(rewrite("GET / HTTP/1.1\r\nHost: api.test\r\nCookie: a=space-cred:gh\r\n\r\n",
-                        NULL, 0, NULL, 0, &used));
+    assert_null(
+        rewrite("GET /space-cred:gh HTTP/1.1\r\nHost: api.test\r\n\r\n", NULL, 0, s, 2, &used));
+    assert_null(rewrite("GET /?a=SPACE-CRED%3Agh HTTP/1.1\r\nHost: api.test\r\n\r\n", NULL, 0, NULL,
+                        0, &used));
+    assert_null(rewrite("GET / HTTP/1.1\r\nHost: api.test\r\nCookie: a=space-cred:gh\r\n\r\n", NULL,
+                        0, NULL, 0, &used));
     assert_true(sp_http_head_has_placeholder((const uint8_t *)"X: Space-Cred%3Ax", 17));
     assert_false(sp_http_head_has_placeholder((const uint8_t *)"X: space-cred", 13));
     /* Nothing to do: the head as it came. */
