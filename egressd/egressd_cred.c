@@ -347,6 +347,35 @@ static bool rules_allow(const Space__Cred__V1__CredGrant *g, const char *method,
     return false;
 }
 
+/* Whether two grants inject into the same place: a header of the same name in any case
+ * (bearer and basic: Authorization), or the same query parameter. */
+static void target_key(const Space__Cred__V1__CredGrant *g, char *out, size_t cap)
+{
+    sp_cred_inject_t t = sp_cred_inject_parse(g->inject_type);
+    if (t == SP_CRED_BEARER || t == SP_CRED_BASIC)
+        snprintf(out, cap, "h:authorization");
+    else
+        snprintf(out, cap, "%c:%s", t == SP_CRED_QUERY ? 'q' : 'h', g->inject_name);
+    if (t != SP_CRED_QUERY)
+        for (char *p = out; *p; p++)
+            *p = (char)(*p >= 'A' && *p <= 'Z' ? *p + 32 : *p);
+}
+
+static bool same_target(const Space__Cred__V1__CredGrant *a, const Space__Cred__V1__CredGrant *b)
+{
+    char ka[80], kb[80];
+    target_key(a, ka, sizeof(ka));
+    target_key(b, kb, sizeof(kb));
+    return strcmp(ka, kb) == 0;
+}
+
+/* a before b: the nearer scope (sandbox, project, tenant), then the smaller name. */
+static bool grant_better(const Space__Cred__V1__CredGrant *a, const Space__Cred__V1__CredGrant *b)
+{
+    int ra = sp_cred_scope_rank(a->scope_kind), rb = sp_cred_scope_rank(b->scope_kind);
+    return ra != rb ? ra < rb : strcmp(a->name, b->name) < 0;
+}
+
 int eg_cred_rewrite(eg_t *eg, const eg_sbx_t *s, const char *host, const uint8_t *head,
                     const sp_http_head_t *hh, uint8_t **ret_out, size_t *ret_len, int *ret_status,
                     const char **ret_reason)
@@ -379,12 +408,21 @@ int eg_cred_rewrite(eg_t *eg, const eg_sbx_t *s, const char *host, const uint8_t
     int64_t now_us = wall_us();
     int rc = 0;
     *ret_out = NULL;
-    for (size_t i = 0; r && i < r->n_grants && ns < SP_HEAD_SUBST_MAX; i++) {
-        const Space__Cred__V1__CredGrant *g = r->grants[i];
-        if (!rules_allow(g, hh->method, t, path_len))
-            continue; /* another method or path: not for this request */
+    /* The grants for this method and path; per injection target the nearest scope, then the
+     * smaller name, is injected (credstore's inject flag judged the host alone). */
+    const Space__Cred__V1__CredGrant *ok[SP_HEAD_SUBST_MAX];
+    size_t nok = 0;
+    for (size_t i = 0; r && i < r->n_grants && nok < SP_HEAD_SUBST_MAX; i++)
+        if (rules_allow(r->grants[i], hh->method, t, path_len))
+            ok[nok++] = r->grants[i];
+    for (size_t i = 0; i < nok; i++) {
+        const Space__Cred__V1__CredGrant *g = ok[i];
+        bool wins = true;
+        for (size_t j = 0; j < nok && wins; j++)
+            if (j != i && same_target(g, ok[j]) && grant_better(ok[j], g))
+                wins = false;
         bool expired = !g->value.len || (g->expires_at_us && g->expires_at_us <= now_us);
-        if (expired && g->inject) {
+        if (expired && wins) {
             record(eg, s, false, g->id, g->name, g->version, host, hh->method, t, path_len,
                    "expired");
             *ret_status = 403;
@@ -394,10 +432,10 @@ int eg_cred_rewrite(eg_t *eg, const eg_sbx_t *s, const char *host, const uint8_t
         }
         if (expired)
             continue; /* its placeholder stays, and refuses the request if it is used */
-        subst[ns] =
-            (sp_head_subst_t){.name = g->name, .value = g->value.data, .value_len = g->value.len};
+        subst[ns] = (sp_head_subst_t){
+            .name = g->name, .value = g->value.data, .value_len = g->value.len};
         gs[ns++] = g;
-        if (!g->inject)
+        if (!wins)
             continue;
         sp_cred_inject_t type = sp_cred_inject_parse(g->inject_type);
         sp_head_edit_t *e = &edits[ne];

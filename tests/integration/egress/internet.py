@@ -69,10 +69,25 @@ def bump(fn):
         os.replace(tmp, STATS_PATH)
 
 
+def echo_headers(handler):
+    """GET /headers...: the request line and every header as received (credentials tests)."""
+    body = ("target:%s\n" % handler.path + "".join(
+        "hdr:%s: %s\n" % (k, v) for k, v in handler.headers.items())).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.send_header("Connection", "close")
+    handler.close_connection = True
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 class Http(BaseHTTPRequestHandler):
     def do_GET(self):
         me = self.connection.getsockname()[0]
         bump(lambda s: s["http"].__setitem__(me, s["http"].get(me, 0) + 1))
+        if self.path.startswith("/headers"):
+            echo_headers(self)
+            return
         site = {NET + ".1.10": "allowed", NET + ".1.20": "forbidden"}.get(
             me, "metadata" if me == "169.254.169.254" else "private")
         body = ("site:%s host:%s target:%s\n" % (site, self.headers.get("Host", ""),
@@ -180,6 +195,9 @@ class Https(BaseHTTPRequestHandler):
         sni = getattr(self.connection, "sni", None) or ""
         bump(lambda s: (s["https"].__setitem__(me, s["https"].get(me, 0) + 1),
                         s["https_hosts"].append("%s %s %s" % (me, sni, host))))
+        if self.path.startswith("/headers"):
+            echo_headers(self)
+            return
         if self.path == "/ws" and self.headers.get("Upgrade", "").lower() == "websocket":
             self.websocket()
             return
