@@ -280,7 +280,8 @@ static void on_admin(void *arg, const char *subject, const char *reply, const ui
     }
     rep_t rep = SPACE__CRED__V1__CRED_ADMIN_REPLY__INIT;
     char detail[256] = "";
-    if (!cs_caller_allowed(cs, CS_CALLER_GATEWAY, subject, reply)) {
+    bool allowed = cs_caller_allowed(cs, CS_CALLER_GATEWAY, subject, reply);
+    if (!allowed) {
         rep.error = "forbidden";
         rep.detail = "not a caller of the admin subject";
     }
@@ -288,7 +289,7 @@ static void on_admin(void *arg, const char *subject, const char *reply, const ui
     size_t cap = cs->n_creds + 1;
     Space__Cred__V1__CredMeta **metas = sp_xcalloc(cap, sizeof(*metas));
     Space__Cred__V1__CredMeta *store = sp_xcalloc(cap, sizeof(*store));
-    if (!rep.error)
+    if (allowed)
         handle(cs, q, &rep, metas, store, detail, sizeof(detail));
     size_t n = space__cred__v1__cred_admin_reply__get_packed_size(&rep);
     uint8_t *buf = sp_xmalloc(n ? n : 1);
