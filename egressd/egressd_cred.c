@@ -513,13 +513,14 @@ int eg_cred_rewrite(eg_t *eg, const eg_sbx_t *s, const char *host, const uint8_t
     for (size_t i = 0; i < ns; i++) {
         if (!(used & (1u << i)))
             continue;
-        bool dup = false;
-        for (size_t j = 0; j < nc && !dup; j++)
-            dup = carried[j] == gs[i];
-        if (!dup) {
-            carried[nc] = gs[i];
-            how[nc++] = "placeholder";
-        }
+        size_t j = 0;
+        while (j < nc && carried[j] != gs[i])
+            j++;
+        /* Injected and named by a placeholder too: one use, recorded as the placeholder's. */
+        carried[j] = gs[i];
+        how[j] = "placeholder";
+        if (j == nc)
+            nc++;
     }
     for (size_t i = 0; i < nc; i++) {
         const Space__Cred__V1__CredGrant *g = carried[i];

@@ -186,7 +186,7 @@ static void bus_done(gw_bus_job_t *job)
             sp_buf_puts(&b, "]}");
             gw_respond_json(rq, 200, &b);
         } else if (strcmp(x->op, "delete") == 0) {
-            gw_respond(rq, 204, NULL, "", 0);
+            gw_respond(rq, 204, "application/json", NULL, 0);
         } else if (r->n_creds == 1) {
             meta_json(&b, r->creds[0]);
             gw_respond_json(rq, x->created ? 201 : 200, &b);
