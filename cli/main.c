@@ -64,6 +64,8 @@ static void usage(FILE *out)
             "  cp LOCAL ID:PATH           copy a file into a sandbox (streamed)\n"
             "  cp ID:PATH LOCAL           copy a file out of a sandbox (streamed)\n"
             "  events [--follow] [ID]     the event log (of one sandbox), one line per event\n"
+            "  creds add|ls|rm|rotate     credentials injected by egressd (value on stdin;\n"
+            "                             `space creds` for the syntax)\n"
             "\n");
     sp_config_usage(out, "space <command>", options, N_OPTIONS);
 }
@@ -86,7 +88,8 @@ int main(int argc, char **argv)
         return SP_STACK_EXIT_OK;
     }
     bool client = strcmp(cmd, "create") == 0 || strcmp(cmd, "ls") == 0 || strcmp(cmd, "rm") == 0 ||
-                  strcmp(cmd, "exec") == 0 || strcmp(cmd, "cp") == 0 || strcmp(cmd, "events") == 0;
+                  strcmp(cmd, "exec") == 0 || strcmp(cmd, "cp") == 0 ||
+                  strcmp(cmd, "events") == 0 || strcmp(cmd, "creds") == 0;
     if (!client && strcmp(cmd, "up") != 0 && strcmp(cmd, "down") != 0 &&
         strcmp(cmd, "status") != 0 && strcmp(cmd, "env") != 0 && strcmp(cmd, "demo") != 0) {
         fprintf(stderr, "space: unknown command '%s' (see space --help)\n", cmd);

@@ -54,8 +54,7 @@ static char certs_dir[256];
 
 /* a, b: project p1; c: no project. All may reach allowed.test and *.wild.test. */
 static char sa[64], sb[64], sc[64];
-static const char *POLICY =
-    "{\"mode\":\"allowlist\",\"allow\":[\"allowed.test\",\"*.wild.test\"]}";
+static const char *POLICY = "{\"mode\":\"allowlist\",\"allow\":[\"allowed.test\",\"*.wild.test\"]}";
 /* This run's secret: every value contains it. */
 static char R[40];
 static char V[8][64];
@@ -231,8 +230,6 @@ static sp_json_doc_t *body_json(const sp_test_http_resp_t *r)
     return doc;
 }
 
-
-
 /* Runs cmd (sh -c) as root in sandbox id; stdout+stderr into out. Returns the exit code. */
 static int run(const char *id, char *out, size_t len, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -265,9 +262,6 @@ static int run(const char *id, char *out, size_t len, const char *fmt, ...)
     sp_test_http_free(&r);
     return (int)code;
 }
-
-
-
 
 /* egress-probe into /root/probe of sandbox id, through the files API. */
 static void put_probe(const char *id)
@@ -309,10 +303,11 @@ static int https_get(const char *id, char *out, size_t len, const char *path, co
     char h[256] = "";
     if (header)
         snprintf(h, sizeof(h), "--header '%s'", header);
-    return run(id, out, len,
-               "nslookup allowed.test >/dev/null; /root/probe --sni allowed.test --path '%s' %s "
-               ALLOWED " 443",
-               path, h);
+    return run(
+        id, out, len,
+        "nslookup allowed.test >/dev/null; /root/probe --sni allowed.test --path '%s' %s " ALLOWED
+        " 443",
+        path, h);
 }
 
 /* POST /v1/credentials: the status, and the id into id (may be NULL). */
@@ -379,6 +374,7 @@ static int setup(void **state)
     snprintf(body, sizeof(body), "{\"template\":\"tiny\",\"network\":%s}", POLICY);
     sp_test_create_sandbox_body(port, key, body, sc);
     put_probe(sa);
+    put_probe(sc);
 
     char b[1024];
 #define MK(idv, fmt, ...)                                                                          \
@@ -684,6 +680,44 @@ static void test_rotate_delete(void **state)
     sp_test_http_free(&r);
 }
 
+/* The added latency of an injected request over a plain allowed one (the same host, the same
+ * kept-alive HTTPS connection shape, the cache warm): p50/p90 printed, alternating rounds. The
+ * target is under 1 ms at p50; the assertion is loose (a shared 2-core VM). */
+static double field(const char *out, const char *name)
+{
+    const char *p = strstr(out, name);
+    return p ? atof(p + strlen(name)) : -1;
+}
+
+static void test_bench_injection(void **state)
+{
+    NEED_ROOT();
+    char out[8192], id[64], b[512];
+    snprintf(b, sizeof(b),
+             "{\"name\":\"bench\",\"hosts\":[\"allowed.test/bench/\"],"
+             "\"inject\":{\"type\":\"bearer\",\"value\":\"sv%s-bench\"}}",
+             R);
+    must_create(b, id);
+    double p50[2] = {0}, p90[2] = {0};
+    for (int round = 0; round < 2; round++) {
+        for (int inj = 0; inj < 2; inj++) {
+            run(sc, out, sizeof(out),
+                "nslookup allowed.test >/dev/null; /root/probe --sni allowed.test --bench 500 "
+                "--path %s " ALLOWED " 443",
+                inj ? "/bench/x" : "/plain/x");
+            if (!strstr(out, "bench: n=500"))
+                fail_msg("bench: %s", out);
+            p50[inj] += field(out, "p50_us=") / 2;
+            p90[inj] += field(out, "p90_us=") / 2;
+        }
+    }
+    fprintf(stderr,
+            "credstore bench (kept-alive HTTPS, 2 x 500 requests each): plain p50 %.0f us p90 "
+            "%.0f us; injected p50 %.0f us p90 %.0f us; added p50 %.0f us p90 %.0f us\n",
+            p50[0], p90[0], p50[1], p90[1], p50[1] - p50[0], p90[1] - p90[0]);
+    assert_true(p50[1] - p50[0] < 1000);
+}
+
 static void expect_event(PGconn *db, const char *type, const char *needle)
 {
     char sql[512];
@@ -780,16 +814,27 @@ static void test_guest_never_holds_a_value(void **state)
     NEED_ROOT();
     char out[16384], path[512], esc[256];
     const char *home = sp_test_env("SPACE_HOME");
-    /* Suspend sa (after it used every credential): the snapshot's artifacts. */
+    /* sb (project p1, the placeholder in its environment) uses credentials over plain HTTP,
+     * then is suspended: the snapshot's artifacts. (sa's TLS connections from egress-probe
+     * can leave a guest TCP endpoint runsc cannot checkpoint, docs/egress.md.) */
+    run(sb, out, sizeof(out),
+        "nslookup allowed.test >/dev/null; printf \"GET /headers/ph HTTP/1.1\\r\\n"
+        "Host: allowed.test\\r\\nX-Custom: $GH_TOKEN\\r\\nConnection: close\\r\\n\\r\\n\" "
+        "| nc -w 5 " ALLOWED " 80");
+    char want[128];
+    snprintf(want, sizeof(want), "hdr:X-Custom: %s", V[V_PH]);
+    expect_in(out, want, "sb's placeholder");
     int st = 0;
-    for (int i = 0; i < 10; i++) {
-        st = sp_test_lifecycle(port, key, sa, "suspend", "", out, sizeof(out));
-        if (st == 200)
+    for (int i = 0; i < 70; i++) {
+        st = sp_test_lifecycle(port, key, sb, "suspend", "", out, sizeof(out));
+        if (st == 200 || !strstr(out, "tcp_time_wait"))
             break;
         sleep(1);
     }
-    if (st != 200)
-        fail_msg("suspend: %d", st);
+    if (st != 200) {
+        sh("grep -h suspend %s/log/space-worker.log | tail -5 >&2", home);
+        fail_msg("suspend: %d %s", st, out);
+    }
     snprintf(path, sizeof(path), "%s/worker/snapshots", home);
     for (int v = 0; v < 8; v++)
         if (host_grep(path, V[v]))
@@ -814,8 +859,7 @@ static void test_guest_never_holds_a_value(void **state)
         char b64[256];
         b64_of(V[v], b64, sizeof(b64));
         snprintf(sql, sizeof(sql),
-                 "SELECT count(*) FROM events e WHERE position('%s'::bytea in e.payload) > 0",
-                 b64);
+                 "SELECT count(*) FROM events e WHERE position('%s'::bytea in e.payload) > 0", b64);
         assert_int_equal(sp_test_db_scalar(db, sql), 0);
     }
     /* At rest: only ciphertext. */
@@ -826,19 +870,21 @@ static void test_guest_never_holds_a_value(void **state)
     assert_int_equal(sp_test_db_scalar(db, sql), 0);
     PQfinish(db);
     /* Resumed: the guest's files, every process' environment. */
-    st = sp_test_lifecycle(port, key, sa, "resume", "", out, sizeof(out));
+    st = sp_test_lifecycle(port, key, sb, "resume", "", out, sizeof(out));
     if (st != 200)
         fail_msg("resume: %d", st);
-    run(sa, out, sizeof(out), "cat /proc/*/environ | tr '\\0' '\\n' | grep GH_TOKEN");
+    run(sb, out, sizeof(out), "cat /proc/*/environ | tr '\\0' '\\n' | grep GH_TOKEN");
     expect_in(out, "GH_TOKEN=space-cred:ph", "environ holds the placeholder");
     hex_escape(R, esc, sizeof(esc));
-    run(sa, out, sizeof(out),
-        "P=$(printf '%s'); cat /proc/[0-9]*/environ | grep -caF \"$P\"; "
-        "grep -rlaF \"$P\" /bin /etc /root /tmp /usr /var /home /dev/shm 2>/dev/null | "
-        "grep -v '^/proc' | head; echo done",
-        esc);
-    if (strncmp(out, "0\n", 2) != 0 || !strstr(out, "done") || strstr(out, "/"))
-        fail_msg("the secret is in the guest: %s", out);
+    for (int i = 0; i < 2; i++) {
+        run(i ? sa : sb, out, sizeof(out),
+            "P=$(printf '%s'); cat /proc/[0-9]*/environ | grep -caF \"$P\"; "
+            "grep -rlaF \"$P\" /bin /etc /root /tmp /usr /var /home /dev/shm 2>/dev/null | "
+            "grep -v '^/proc' | head; echo done",
+            esc);
+        if (strncmp(out, "0\n", 2) != 0 || !strstr(out, "done") || strstr(out, "/"))
+            fail_msg("the secret is in the guest: %s", out);
+    }
     /* API answers. */
     sp_test_http_resp_t r;
     const char *paths[] = {"/v1/credentials", "/v1/events", NULL};
@@ -847,7 +893,7 @@ static void test_guest_never_holds_a_value(void **state)
         expect_not_in(r.body ? r.body : "", R, paths[i]);
         sp_test_http_free(&r);
     }
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s", sa);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", sb);
     sp_test_http(port, "GET", path, key, NULL, NULL, 0, &r);
     expect_not_in(r.body ? r.body : "", R, "sandbox");
     sp_test_http_free(&r);
@@ -856,15 +902,11 @@ static void test_guest_never_holds_a_value(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_inject_methods),
-        cmocka_unit_test(test_nearest_scope),
-        cmocka_unit_test(test_placeholders),
-        cmocka_unit_test(test_rate_and_expiry),
-        cmocka_unit_test(test_rotate_delete),
-        cmocka_unit_test(test_events),
-        cmocka_unit_test(test_credstore_down),
-        cmocka_unit_test(test_guest_never_holds_a_value),
+        cmocka_unit_test(test_bad_input),       cmocka_unit_test(test_inject_methods),
+        cmocka_unit_test(test_nearest_scope),   cmocka_unit_test(test_placeholders),
+        cmocka_unit_test(test_rate_and_expiry), cmocka_unit_test(test_rotate_delete),
+        cmocka_unit_test(test_events),          cmocka_unit_test(test_bench_injection),
+        cmocka_unit_test(test_credstore_down),  cmocka_unit_test(test_guest_never_holds_a_value),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
