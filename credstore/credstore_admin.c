@@ -287,7 +287,7 @@ static void on_admin(void *arg, const char *subject, const char *reply, const ui
     }
     pthread_mutex_lock(&cs->mu);
     size_t cap = cs->n_creds + 1;
-    Space__Cred__V1__CredMeta **metas = sp_xcalloc(cap, sizeof(*metas));
+    Space__Cred__V1__CredMeta **metas = sp_xcalloc(cap, sizeof(Space__Cred__V1__CredMeta *));
     Space__Cred__V1__CredMeta *store = sp_xcalloc(cap, sizeof(*store));
     if (allowed)
         handle(cs, q, &rep, metas, store, detail, sizeof(detail));

@@ -58,7 +58,7 @@ static void table_add(cs_t *cs, cs_cred_t *c)
 {
     if (cs->n_creds == cs->cap_creds) {
         cs->cap_creds = cs->cap_creds ? cs->cap_creds * 2 : 64;
-        cs->creds = sp_xreallocarray(cs->creds, cs->cap_creds, sizeof(*cs->creds));
+        cs->creds = sp_xreallocarray(cs->creds, cs->cap_creds, sizeof(cs_cred_t *));
     }
     cs->creds[cs->n_creds++] = c;
 }

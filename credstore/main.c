@@ -100,10 +100,11 @@ int main(int argc, char **argv)
     }
     sp_log_init("space-credstore", level, format);
     sp_daemon_signals();
+    const char *home = getenv("SPACE_HOME");
     if (cfg.master_key_file[0]) {
         key_path = sp_xstrdup(cfg.master_key_file);
-    } else if (getenv("SPACE_HOME") && getenv("SPACE_HOME")[0]) {
-        key_path = sp_xasprintf("%s/credstore/master.key", getenv("SPACE_HOME"));
+    } else if (home && home[0]) {
+        key_path = sp_xasprintf("%s/credstore/master.key", home);
     } else {
         sp_log(SP_LOG_ERROR, "no master key: give --master-key-file or set SPACE_HOME");
         goto out;

@@ -133,7 +133,7 @@ static void record(eg_t *eg, const eg_sbx_t *s, bool used, const char *cred, con
     size_t pl = path_len < sizeof(p) - 1 ? path_len : sizeof(p) - 1;
     /* The path as text the event can carry (the guest chose it): visible ASCII only. */
     for (size_t i = 0; i < pl; i++)
-        p[i] = path[i] > 0x20 && path[i] < 0x7f ? (char)path[i] : '?';
+        p[i] = (char)(path[i] > 0x20 && path[i] < 0x7f ? path[i] : '?');
     p[pl] = '\0';
     int64_t now = wall_us();
     for (size_t i = 0; i < cr->n_uses; i++) {
@@ -432,8 +432,8 @@ int eg_cred_rewrite(eg_t *eg, const eg_sbx_t *s, const char *host, const uint8_t
         }
         if (expired)
             continue; /* its placeholder stays, and refuses the request if it is used */
-        subst[ns] = (sp_head_subst_t){
-            .name = g->name, .value = g->value.data, .value_len = g->value.len};
+        subst[ns] =
+            (sp_head_subst_t){.name = g->name, .value = g->value.data, .value_len = g->value.len};
         gs[ns++] = g;
         if (!wins)
             continue;
@@ -501,6 +501,12 @@ int eg_cred_rewrite(eg_t *eg, const eg_sbx_t *s, const char *host, const uint8_t
         free(*ret_out);
         *ret_out = NULL;
         cap = (size_t)n;
+    }
+    if (!*ret_out) {
+        *ret_status = 403;
+        *ret_reason = "head_too_large";
+        rc = -E2BIG;
+        goto out;
     }
     /* Rate limits of everything the request carries, then their tokens. */
     const Space__Cred__V1__CredGrant *carried[2 * SP_HEAD_SUBST_MAX];
