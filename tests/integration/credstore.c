@@ -196,7 +196,7 @@ static long long stat_of(const char *what)
     FILE *f = fopen(stats_path, "r");
     if (!f)
         fail_msg("no stats");
-    char buf[65536];
+    static char buf[8 << 20];
     size_t n = fread(buf, 1, sizeof(buf) - 1, f);
     fclose(f);
     sp_json_doc_t *doc = NULL;
@@ -218,6 +218,35 @@ static long long stat_of(const char *what)
         sp_json_int(v, 0, INT64_MAX, &x);
     sp_json_doc_free(doc);
     return x;
+}
+
+/* What the site recorded for the newest request whose target starts with path ("target:...",
+ * "hdr:Name: value" lines), into out; "" when none. The site never echoes it to the guest. */
+static void seen(const char *path, char *out, size_t len)
+{
+    static char buf[8 << 20];
+    out[0] = '\0';
+    FILE *f = fopen(stats_path, "r");
+    if (!f)
+        fail_msg("no stats");
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    sp_json_doc_t *doc = NULL;
+    char err[SP_JSON_ERR_MAX];
+    sp_json_limits_t lim = {.max_bytes = sizeof(buf), .max_nodes = 1u << 20};
+    if (sp_json_parse(buf, n, &lim, &doc, err) < 0)
+        fail_msg("stats: %s", err);
+    const sp_json_t *a = sp_json_get(sp_json_root(doc), "seen");
+    char want[300];
+    snprintf(want, sizeof(want), "target:%s", path);
+    for (size_t i = sp_json_len(a); i-- > 0;) {
+        const char *t = sp_json_str(sp_json_at(a, i), NULL);
+        if (t && strncmp(t, want, strlen(want)) == 0) {
+            snprintf(out, len, "%s", t);
+            break;
+        }
+    }
+    sp_json_doc_free(doc);
 }
 
 static sp_json_doc_t *body_json(const sp_test_http_resp_t *r)
@@ -551,36 +580,44 @@ static void get_either(int tls, char *out, size_t len, const char *path, const c
 static void test_inject_methods(void **state)
 {
     NEED_ROOT();
-    char out[8192], want[400], b64[256], up[128];
+    char out[8192], sn[8192], want[400], b64[256], up[128];
     for (int tls = 0; tls < 2; tls++) {
         const char *how = tls ? "https" : "http";
-#define GET(path, extra) get_either(tls, out, sizeof(out), path, extra)
+#define GET(path, extra)                                                                           \
+    do {                                                                                           \
+        get_either(tls, out, sizeof(out), path, extra);                                            \
+        expect_in(out, "seen ", how);                                                              \
+        expect_not_in(out, R, "the guest's answer");                                               \
+        seen(path, sn, sizeof(sn));                                                                \
+    } while (0)
         GET("/headers/hdr", "X-Api-Key: guest-supplied");
         snprintf(want, sizeof(want), "hdr:X-Api-Key: %s", V[V_HDR]);
-        expect_in(out, want, how);
-        expect_not_in(out, "guest-supplied", how);
+        expect_in(sn, want, how);
+        expect_not_in(sn, "guest-supplied", how);
         GET("/headers/bearer", "Authorization: Bearer guest-token");
         snprintf(want, sizeof(want), "hdr:Authorization: Bearer %s", V[V_BEARER]);
-        expect_in(out, want, how);
-        expect_not_in(out, "guest-token", how);
+        expect_in(sn, want, how);
+        expect_not_in(sn, "guest-token", how);
         GET("/headers/basic", NULL);
         snprintf(up, sizeof(up), "alice:%s", V[V_BASIC]);
         b64_of(up, b64, sizeof(b64));
         snprintf(want, sizeof(want), "hdr:Authorization: Basic %s", b64);
-        expect_in(out, want, how);
+        expect_in(sn, want, how);
         GET("/headers/q?x=1&api_key=guest", NULL);
+        seen("/headers/q?x=1", sn, sizeof(sn));
         snprintf(want, sizeof(want), "target:/headers/q?x=1&api_key=%s", V[V_QUERY]);
-        expect_in(out, want, how);
+        expect_in(sn, want, how);
         /* Another allowed host on the same server gets nothing. */
         if (!tls) {
-            http_get(sa, out, sizeof(out), "www.wild.test", "/headers/hdr", NULL);
-            expect_in(out, "target:/headers/hdr", "wild");
-            expect_not_in(out, R, "another allowed host");
+            http_get(sa, out, sizeof(out), "www.wild.test", "/headers/wild", NULL);
+            seen("/headers/wild", sn, sizeof(sn));
+            expect_in(sn, "hdr:Host: www.wild.test", "wild");
+            expect_not_in(sn, R, "another allowed host");
         }
         /* Another path of the same host neither. */
         GET("/headers/other", NULL);
-        expect_in(out, "target:/headers/other", how);
-        expect_not_in(out, R, "another path");
+        expect_in(sn, "target:/headers/other", how);
+        expect_not_in(sn, R, "another path");
 #undef GET
     }
 }
@@ -588,16 +625,19 @@ static void test_inject_methods(void **state)
 static void test_nearest_scope(void **state)
 {
     NEED_ROOT();
-    char out[8192], want[128];
+    char out[8192], sn[8192], want[128];
     http_get(sa, out, sizeof(out), "allowed.test", "/headers/scope", NULL);
+    seen("/headers/scope", sn, sizeof(sn));
     snprintf(want, sizeof(want), "hdr:X-SCOPE: %s", V[V_SCOPE_S]);
-    expect_in(out, want, "sandbox scope wins");
-    expect_not_in(out, "project-level", "sandbox scope wins");
+    expect_in(sn, want, "sandbox scope wins");
+    expect_not_in(sn, "project-level", "sandbox scope wins");
     http_get(sb, out, sizeof(out), "allowed.test", "/headers/scope", NULL);
-    expect_in(out, "hdr:x-scope: project-level", "project scope wins over tenant");
-    expect_not_in(out, "tenant-level", "project scope wins");
+    seen("/headers/scope", sn, sizeof(sn));
+    expect_in(sn, "hdr:x-scope: project-level", "project scope wins over tenant");
+    expect_not_in(sn, "tenant-level", "project scope wins");
     http_get(sc, out, sizeof(out), "allowed.test", "/headers/scope", NULL);
-    expect_in(out, "hdr:X-Scope: tenant-level", "tenant scope");
+    seen("/headers/scope", sn, sizeof(sn));
+    expect_in(sn, "hdr:X-Scope: tenant-level", "tenant scope");
 }
 
 static void test_placeholders(void **state)
@@ -612,10 +652,13 @@ static void test_placeholders(void **state)
         "nslookup allowed.test >/dev/null; printf \"GET /headers/ph?t=$GH_TOKEN HTTP/1.1\\r\\n"
         "Host: allowed.test\\r\\nX-Custom: token $GH_TOKEN\\r\\nConnection: close\\r\\n\\r\\n\" "
         "| nc -w 5 " ALLOWED " 80");
+    expect_not_in(out, R, "the guest's answer");
+    char sn[8192];
+    seen("/headers/ph", sn, sizeof(sn));
     snprintf(want, sizeof(want), "hdr:X-Custom: token %s", V[V_PH]);
-    expect_in(out, want, "placeholder in a header");
+    expect_in(sn, want, "placeholder in a header");
     snprintf(want, sizeof(want), "target:/headers/ph?t=%s", V[V_PH]);
-    expect_in(out, want, "placeholder in the query");
+    expect_in(sn, want, "placeholder in the query");
     /* The placeholder for a host (here: a path) its credential does not allow: refused. */
     before = stat_of("http." ALLOWED);
     http_get(sa, out, sizeof(out), "www.wild.test", "/headers/x", "X-T: space-cred:ph\\r\\n");
@@ -634,9 +677,14 @@ static void test_rate_and_expiry(void **state)
 {
     NEED_ROOT();
     char out[8192];
+    char sn[8192], want[128];
+    snprintf(want, sizeof(want), "hdr:X-RL: %s", V[V_RL]);
     for (int i = 0; i < 3; i++) {
-        http_get(sc, out, sizeof(out), "allowed.test", "/headers/rl", NULL);
-        expect_in(out, "hdr:X-RL:", "within the rate");
+        char path[64];
+        snprintf(path, sizeof(path), "/headers/rl%d", i);
+        http_get(sc, out, sizeof(out), "allowed.test", path, NULL);
+        seen(path, sn, sizeof(sn));
+        expect_in(sn, want, "within the rate");
     }
     http_get(sc, out, sizeof(out), "allowed.test", "/headers/rl", NULL);
     expect_in(out, "429", "over the rate");
@@ -651,9 +699,11 @@ static void test_rotate_delete(void **state)
 {
     NEED_ROOT();
     char out[8192], want[128], path[128], body[256], nv[64];
-    http_get(sc, out, sizeof(out), "allowed.test", "/headers/rot", NULL);
+    char sn[8192];
+    http_get(sc, out, sizeof(out), "allowed.test", "/headers/rot1", NULL);
+    seen("/headers/rot1", sn, sizeof(sn));
     snprintf(want, sizeof(want), "hdr:X-Rot: %s", V[V_ROT]);
-    expect_in(out, want, "before rotation");
+    expect_in(sn, want, "before rotation");
     snprintf(nv, sizeof(nv), "sv%s-rot2", R);
     snprintf(path, sizeof(path), "/v1/credentials/%s", id_rot);
     snprintf(body, sizeof(body), "{\"value\":\"%s\"}", nv);
@@ -665,14 +715,17 @@ static void test_rotate_delete(void **state)
     expect_not_in(r.body, R, "rotate answer");
     sp_test_http_free(&r);
     int64_t t0 = sp_mono_ns();
-    http_get(sc, out, sizeof(out), "allowed.test", "/headers/rot", NULL);
+    http_get(sc, out, sizeof(out), "allowed.test", "/headers/rot2", NULL);
+    seen("/headers/rot2", sn, sizeof(sn));
     snprintf(want, sizeof(want), "hdr:X-Rot: %s", nv);
-    expect_in(out, want, "the next request after rotation");
+    expect_in(sn, want, "the next request after rotation");
     sp_test_http(port, "DELETE", path, key, NULL, NULL, 0, &r);
     assert_int_equal(r.status, 204);
     sp_test_http_free(&r);
-    http_get(sc, out, sizeof(out), "allowed.test", "/headers/rot", NULL);
-    expect_not_in(out, "X-Rot", "the next request after delete");
+    http_get(sc, out, sizeof(out), "allowed.test", "/headers/rot3", NULL);
+    seen("/headers/rot3", sn, sizeof(sn));
+    expect_in(sn, "target:/headers/rot3", "after delete");
+    expect_not_in(sn, "X-Rot", "the next request after delete");
     fprintf(stderr, "credstore: rotate + delete observed in %.0f ms\n",
             (double)(sp_mono_ns() - t0) / 1e6);
     sp_test_http(port, "GET", path, key, NULL, NULL, 0, &r);
@@ -782,13 +835,15 @@ static void test_credstore_down(void **state)
     assert_int_equal(sh("grep -q 'chmod 600' %s.out", kf), 0);
     /* Back up (space up starts what is not running). */
     assert_int_equal(sp_test_space("up"), 0);
+    char sn[8192];
     for (int i = 0; i < 50; i++) {
-        http_get(sc, out, sizeof(out), "allowed.test", "/headers/hdr", NULL);
-        if (strstr(out, "X-Api-Key"))
+        http_get(sc, out, sizeof(out), "allowed.test", "/headers/hdr-back", NULL);
+        seen("/headers/hdr-back", sn, sizeof(sn));
+        if (strstr(sn, "X-Api-Key"))
             break;
         usleep(200 * 1000);
     }
-    expect_in(out, "hdr:X-Api-Key:", "credstore back");
+    expect_in(sn, "hdr:X-Api-Key:", "credstore back");
 }
 
 /* grep -F for s (and its base64) in what the host can read: 0 when absent. */
@@ -821,9 +876,10 @@ static void test_guest_never_holds_a_value(void **state)
         "nslookup allowed.test >/dev/null; printf \"GET /headers/ph HTTP/1.1\\r\\n"
         "Host: allowed.test\\r\\nX-Custom: $GH_TOKEN\\r\\nConnection: close\\r\\n\\r\\n\" "
         "| nc -w 5 " ALLOWED " 80");
-    char want[128];
+    char want[128], sn[8192];
+    seen("/headers/ph", sn, sizeof(sn));
     snprintf(want, sizeof(want), "hdr:X-Custom: %s", V[V_PH]);
-    expect_in(out, want, "sb's placeholder");
+    expect_in(sn, want, "sb's placeholder");
     int st = 0;
     for (int i = 0; i < 70; i++) {
         st = sp_test_lifecycle(port, key, sb, "suspend", "", out, sizeof(out));
@@ -835,7 +891,7 @@ static void test_guest_never_holds_a_value(void **state)
         sh("grep -h suspend %s/log/space-worker.log | tail -5 >&2", home);
         fail_msg("suspend: %d %s", st, out);
     }
-    snprintf(path, sizeof(path), "%s/worker/snapshots", home);
+    snprintf(path, sizeof(path), "%s/snapshots", home);
     for (int v = 0; v < 8; v++)
         if (host_grep(path, V[v]))
             fail_msg("a value is in the snapshot store %s", path);

@@ -70,9 +70,13 @@ def bump(fn):
 
 
 def echo_headers(handler):
-    """GET /headers...: the request line and every header as received (credentials tests)."""
-    body = ("target:%s\n" % handler.path + "".join(
-        "hdr:%s: %s\n" % (k, v) for k, v in handler.headers.items())).encode()
+    """GET /headers...: records the request target and every header as received into the stats
+    ("seen", read by the test on the host) and answers without them: what the site got must
+    not travel back into the guest (credentials tests: the guest must never see a value)."""
+    text = "target:%s\n" % handler.path + "".join(
+        "hdr:%s: %s\n" % (k, v) for k, v in handler.headers.items())
+    bump(lambda s: s.setdefault("seen", []).append(text))
+    body = ("seen %d bytes\n" % len(text)).encode()
     handler.send_response(200)
     handler.send_header("Content-Length", str(len(body)))
     handler.send_header("Connection", "close")
