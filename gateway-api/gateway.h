@@ -94,8 +94,8 @@ typedef enum {
     GW_R_SANDBOX_LIFECYCLE,
     GW_R_CREDENTIALS, /* /v1/credentials[/{id}] (gateway_credentials.c) */
     GW_R_E2B_API,     /* the E2B control plane (gateway_e2b.c) */
-    GW_R_E2B_ENVD, /* the E2B in-sandbox API: Connect RPC, /files, /health */
-    GW_R_OTHER,    /* unknown routes and responses h2o itself produced (413 while reading a body) */
+    GW_R_E2B_ENVD,    /* the E2B in-sandbox API: Connect RPC, /files, /health */
+    GW_R_OTHER, /* unknown routes and responses h2o itself produced (413 while reading a body) */
     GW_R_COUNT
 } gw_route_t;
 
