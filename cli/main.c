@@ -37,7 +37,8 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_STR_OPT("log-format", sp_stack_config_t, log_format, "kv",
                    "log format handed to the daemons: kv or json"),
     SP_CFG_STR_OPT("daemons", sp_stack_config_t, daemons,
-                   "space-eventlog,space-scheduler,space-worker,space-egressd,space-gateway",
+                   "space-eventlog,space-scheduler,space-worker,space-credstore,space-egressd,"
+                   "space-gateway",
                    "which SPACE daemons `up` starts (comma-separated)"),
     SP_CFG_INT_OPT("api-port", sp_stack_config_t, api_port, 0, 65535, "8080",
                    "port of the HTTP API (space-gateway, on 127.0.0.1); 0: any free port"),
@@ -71,6 +72,8 @@ static void usage(FILE *out)
             "                  nats-server running, nats.conf is reloaded with it\n"
             "  identity ls     the identities that have credentials\n"
             "  identity conf   nats.conf's authorization block for them (for a cluster)\n"
+            "  creds add|ls|rm|rotate     credentials injected by egressd (value on stdin;\n"
+            "                             `space creds` for the syntax)\n"
             "\n");
     sp_config_usage(out, "space <command>", options, N_OPTIONS);
 }
@@ -93,7 +96,8 @@ int main(int argc, char **argv)
         return SP_STACK_EXIT_OK;
     }
     bool client = strcmp(cmd, "create") == 0 || strcmp(cmd, "ls") == 0 || strcmp(cmd, "rm") == 0 ||
-                  strcmp(cmd, "exec") == 0 || strcmp(cmd, "cp") == 0 || strcmp(cmd, "events") == 0;
+                  strcmp(cmd, "exec") == 0 || strcmp(cmd, "cp") == 0 || strcmp(cmd, "events") == 0 ||
+                  strcmp(cmd, "creds") == 0;
     bool identity = strcmp(cmd, "identity") == 0;
     if (!client && !identity && strcmp(cmd, "up") != 0 && strcmp(cmd, "down") != 0 &&
         strcmp(cmd, "status") != 0 && strcmp(cmd, "env") != 0 && strcmp(cmd, "demo") != 0) {

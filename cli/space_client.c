@@ -293,5 +293,7 @@ int sp_client_main(const sp_stack_config_t *cfg, const char *cmd, int argc, char
         return sp__client_cp(api.host, api.port, api.key, argc, argv);
     if (strcmp(cmd, "events") == 0)
         return sp__client_events(api.host, api.port, api.key, argc, argv);
+    if (strcmp(cmd, "creds") == 0)
+        return sp__client_creds(api.host, api.port, api.key, argc, argv);
     return cmd_exec(&api, argc, argv);
 }

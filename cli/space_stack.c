@@ -23,6 +23,7 @@
 #include "error.h"
 #include "log.h"
 #include "space_proc.h"
+#include "cred.h"
 #include "tlsca.h"
 #include "xmalloc.h"
 
@@ -50,6 +51,9 @@ static const struct daemon_def {
     {"space-worker", SP_KIND_WORKER},
     /* Its ports and upstream resolver come from SPACE_EGRESS_PROXY_PORT,
      * SPACE_EGRESS_DNS_PORT (read by the worker too, so both agree) and SPACE_UPSTREAM_DNS. */
+    /* Before egressd, which asks it for credentials (fail closed until it answers). Its master
+     * key is $SPACE_HOME/credstore/master.key (credstore_key_up). */
+    {"space-credstore", SP_KIND_CREDSTORE},
     {"space-egressd", SP_KIND_EGRESSD},
     {"space-gateway", SP_KIND_GATEWAY},
 };
@@ -546,6 +550,24 @@ static int ca_up(const sp_stack_t *st)
     return r < 0 ? -1 : 0;
 }
 
+/* space-credstore's master key (docs/credentials.md): 32 random bytes, mode 0600, made on the
+ * first `up` and kept afterwards (the credentials are sealed under it). */
+static int credstore_key_up(const sp_stack_t *st)
+{
+    char *dir = sp__stack_path(st, "credstore"), *path = sp__stack_path(st, "credstore/master.key");
+    int r = sp__stack_mkdir(dir, 0700);
+    if (r == 0) {
+        r = sp_cred_key_create(path);
+        if (r == -EEXIST)
+            r = 0;
+    }
+    if (r < 0)
+        fprintf(stderr, "space: credstore master key %s: %s\n", path, strerror(-r));
+    free(dir);
+    free(path);
+    return r < 0 ? -1 : 0;
+}
+
 /* Starts the daemons that are not running. restart: the NATS or PostgreSQL URL changed (a
  * server was restarted on another ephemeral port), so running daemons are stopped first and
  * started again with the new environment. */
@@ -671,7 +693,7 @@ int sp_stack_up(const sp_stack_config_t *cfg)
             env_file_differs(&st, "SPACE_PG_URL", pg.url);
     if (write_env_file(&st, nats.url, pg.url, NULL, NULL) < 0)
         goto fail;
-    if (ca_up(&st) < 0 || daemons_up(&st, nats.url, pg.url, moved) < 0)
+    if (ca_up(&st) < 0 || credstore_key_up(&st) < 0 || daemons_up(&st, nats.url, pg.url, moved) < 0)
         goto fail;
     if (sp__api_up(&st, pg.url, &api_url, &api_key) < 0 ||
         write_env_file(&st, nats.url, pg.url, api_url, api_key) < 0)

@@ -61,6 +61,8 @@ int sp_client_main(const sp_stack_config_t *cfg, const char *cmd, int argc, char
 int sp__client_cp(const char *host, int port, const char *key, int argc, char **argv);
 /* `space events [--follow] [ID]` (space_events.c). */
 int sp__client_events(const char *host, int port, const char *key, int argc, char **argv);
+/* `space creds add|ls|rm|rotate` (space_creds.c): values from stdin, never argv. */
+int sp__client_creds(const char *host, int port, const char *key, int argc, char **argv);
 /* The directory of the SPACE programs: cfg->bin_dir, else that of the running program (heap). */
 char *sp_stack_bin_dir(const sp_stack_config_t *cfg);
 

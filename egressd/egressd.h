@@ -10,6 +10,8 @@
  *                     its own upstream connection, splicing
  *   egressd_audit.c   EgressAllowed / EgressDenied, aggregated per second
  *   egressd_rate.c    per-sandbox bandwidth: a token bucket each way
+ *   egressd_cred.c    credentials: asked of space-credstore, cached for a second, injected
+ *                     into request heads; rate limits; CredentialUsed / CredentialDenied
  */
 #ifndef SPACE_EGRESSD_H
 #define SPACE_EGRESSD_H
@@ -50,7 +52,10 @@ typedef struct {
     int64_t leaf_cache_max;
     int64_t up_bytes_per_s; /* a sandbox's default limit each way; 0 = unlimited */
     int64_t down_bytes_per_s;
-    char *net_prefix; /* the worker's sandbox address pool: <net_prefix>.0.0/16 */
+    char *net_prefix;        /* the worker's sandbox address pool: <net_prefix>.0.0/16 */
+    bool credentials;        /* ask space-credstore before forwarding a request (fail closed) */
+    int64_t cred_timeout_ms; /* a lookup's bus round trip, at most */
+    int64_t cred_cache_ms;   /* how long a lookup's answer is used (revocation: at most this) */
     char *log_level;
     char *log_format;
 } eg_config_t;
@@ -73,6 +78,7 @@ typedef struct {
 typedef struct {
     char id[65];
     char tenant[65];
+    char project[65]; /* from its create request: credentials of that project apply */
     uint32_t addr_be; /* 0 until SandboxStarted says where it lives */
     sp_netmode_t mode;
     char **allow_text, **deny_text; /* the entries as written (for rule names in audits) */
@@ -114,6 +120,7 @@ struct eg_reset {
 };
 
 typedef struct eg_audit eg_audit_t;
+typedef struct eg_cred eg_cred_t;
 typedef struct eg_dns eg_dns_t;
 typedef struct eg_tls eg_tls_t;
 
@@ -136,6 +143,7 @@ typedef struct {
     uv_tcp_t listener;
     struct conn *conns; /* live proxy connections (egressd_proxy.c), closed at stop */
     eg_audit_t *audit;
+    eg_cred_t *cred;
     eg_tls_t *tls;
     uv_timer_t tick; /* shutdown check, DNS and attribution expiry */
     uint64_t conns_total, conns_denied;
@@ -222,6 +230,22 @@ uint64_t eg_rate_of(const eg_t *eg, const eg_sbx_t *s, int dir);
  * returns how long, in ns, whoever takes from it must wait (0: not at all). The bucket goes
  * into debt rather than refusing, so a read is never split: the wait pays the debt. */
 uint64_t eg_bucket_take(eg_bucket_t *b, uint64_t rate, uint64_t now_ns, size_t n);
+
+/* ---- credentials (egressd_cred.c) ---- */
+#include "egress_parse.h"
+int eg_cred_start(eg_t *eg);
+void eg_cred_stop(eg_t *eg);
+/* The head (head, hh) of an allowed request of sandbox s to host, as it must be forwarded:
+ * the credentials credstore grants injected and placeholders replaced (sp_http_head_rewrite).
+ * 0: *ret_out (heap, the caller wipes and frees it) holds *ret_len bytes. < 0: refused, with
+ * *ret_status (403, 429, 503) and *ret_reason (static): credential_scope, credential_expired,
+ * rate_limited, credstore_unavailable; the refusal is a CredentialDenied. A cache miss asks
+ * credstore on the bus and waits (at most cred_timeout_ms): the loop blocks meanwhile. */
+int eg_cred_rewrite(eg_t *eg, const eg_sbx_t *s, const char *host, const uint8_t *head,
+                    const sp_http_head_t *hh, uint8_t **ret_out, size_t *ret_len, int *ret_status,
+                    const char **ret_reason);
+/* Publishes the uses and refusals recorded since the last flush (with the audit's timer). */
+void eg_cred_flush(eg_t *eg);
 
 /* ---- audit (egressd_audit.c) ---- */
 int eg_audit_start(eg_t *eg);

@@ -147,6 +147,7 @@ void eg_audit_flush(eg_t *eg)
 static void on_flush(uv_timer_t *t)
 {
     eg_audit_flush(t->data);
+    eg_cred_flush(t->data);
 }
 
 int eg_audit_start(eg_t *eg)

@@ -178,8 +178,10 @@ void eg_apply_event(eg_t *eg, const sp_envelope_t *ev, uint64_t seq)
             return;
         s = sbx_get_or_add(eg, id, ev->tenant);
         /* A placement for resume has no request: the policy it had stays. */
-        if (ev->sandbox_placed->request)
+        if (ev->sandbox_placed->request) {
             policy_set(s, ev->sandbox_placed->request->network);
+            snprintf(s->project, sizeof(s->project), "%s", ev->sandbox_placed->request->project);
+        }
         break;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED:
         set_address(eg, ev, ev->sandbox_started->address);

@@ -137,6 +137,7 @@ typedef struct {
     uv_write_t req;
     side_t *from; /* whose reading resumes once the peer's queue drains */
     char *data;
+    size_t wipe; /* bytes of data to wipe before it is freed (a head carrying a credential) */
 } wreq_t;
 
 static void *memdup(const void *p, size_t n)
@@ -160,6 +161,8 @@ static void on_close(uv_handle_t *h)
         SSL_free(c->client.ssl); /* frees its BIOs too */
         SSL_free(c->up.ssl);
         free(c->first);
+        if (c->pending)
+            explicit_bzero(c->pending, c->pending_len); /* may carry a credential */
         free(c->pending);
         free(c->resp);
         free(c);
@@ -380,6 +383,8 @@ static void on_written(uv_write_t *req, int status)
     wreq_t *w = (wreq_t *)req;
     side_t *from = w->from;
     conn_t *c = from->c;
+    if (w->wipe)
+        explicit_bzero(w->data, w->wipe);
     free(w->data);
     free(w);
     if (c->state == C_CLOSING)
@@ -392,16 +397,20 @@ static void on_written(uv_write_t *req, int status)
         start_reading(from);
 }
 
-/* Writes data (taken) to the socket of to; reading from its peer stops while to lags. */
-static int tcp_write(side_t *to, char *data, size_t len)
+/* Writes data (taken) to the socket of to; reading from its peer stops while to lags. wipe:
+ * data holds a secret, wiped once written. */
+static int tcp_write_wipe(side_t *to, char *data, size_t len, bool wipe)
 {
     side_t *from = peer(to);
     wreq_t *w = sp_xmalloc(sizeof(*w));
     w->from = from;
     w->data = data;
+    w->wipe = wipe ? len : 0;
     uv_buf_t b = uv_buf_init(data, (unsigned)len);
     int rc = uv_write(&w->req, (uv_stream_t *)&to->tcp, &b, 1, on_written);
     if (rc < 0) {
+        if (wipe)
+            explicit_bzero(data, len);
         free(data);
         free(w);
         return rc;
@@ -409,6 +418,11 @@ static int tcp_write(side_t *to, char *data, size_t len)
     if (to->tcp.write_queue_size > WRITE_HIGH_WATER)
         stop_reading(from);
     return 0;
+}
+
+static int tcp_write(side_t *to, char *data, size_t len)
+{
+    return tcp_write_wipe(to, data, len, false);
 }
 
 /* What the SSL of s has written into its output BIO goes to the socket of s. */
@@ -444,6 +458,15 @@ static int send_to(side_t *to, const void *data, size_t len)
         return -EIO;
     }
     return BIO_ctrl_pending(to->out) >= FLUSH_AT ? flush_tls(to) : 0;
+}
+
+/* A head carrying a credential to the upstream: its plaintext copy is wiped once written
+ * (inside TLS, OpenSSL encrypts it at once). */
+static int send_secret(side_t *to, const uint8_t *data, size_t len)
+{
+    if (len == 0 || to->ssl)
+        return send_to(to, data, len);
+    return tcp_write_wipe(to, memdup(data, len), len, true);
 }
 
 /* What either SSL has written and not yet sent: at the end of every libuv callback that may
@@ -510,7 +533,16 @@ static void input_ended(side_t *s, bool clean)
     }
 }
 
+static void deny_status(conn_t *c, eg_sbx_t *s, const char *proto, const char *name,
+                        const char *reason, int status);
+
 static void deny(conn_t *c, eg_sbx_t *s, const char *proto, const char *name, const char *reason)
+{
+    deny_status(c, s, proto, name, reason, 403);
+}
+
+static void deny_status(conn_t *c, eg_sbx_t *s, const char *proto, const char *name,
+                        const char *reason, int status)
 {
     c->eg->conns_denied++;
     if (s)
@@ -530,10 +562,14 @@ static void deny(conn_t *c, eg_sbx_t *s, const char *proto, const char *name, co
         c->deny_held = true;
     }
     if (answer) {
-        char *body = sp_xasprintf("HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\n"
-                                  "Connection: close\r\nContent-Length: %zu\r\n\r\n"
-                                  "egress denied: %s\n",
-                                  strlen("egress denied: \n") + strlen(reason), reason);
+        const char *text = status == 429   ? "Too Many Requests"
+                           : status == 503 ? "Service Unavailable"
+                                           : "Forbidden";
+        char *body =
+            sp_xasprintf("HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\n"
+                         "Connection: close\r\nContent-Length: %zu\r\n\r\n"
+                         "egress denied: %s\n",
+                         status, text, strlen("egress denied: \n") + strlen(reason), reason);
         /* Sent as if from the upstream; the connection closes once it is out. */
         c->state = C_SPLICE;
         stop_reading(&c->client);
@@ -664,15 +700,23 @@ static ssize_t body_bytes(conn_t *c, const uint8_t *b, size_t have)
     return (ssize_t)n;
 }
 
-/* An allowed request's head (at the start of first) to the upstream, in origin-form. */
-static int send_head(conn_t *c, const sp_http_head_t *hh)
+/* An allowed request's head (at the start of first) to the upstream, in origin-form, with its
+ * credentials (egressd_cred.c). -1: refused (a response may be in flight: the connection just
+ * ends, audited); -2: the upstream write failed. */
+static int send_head(conn_t *c, eg_sbx_t *s, const sp_http_head_t *hh)
 {
-    if (hh->target_form != SP_TARGET_ABSOLUTE)
-        return send_to(&c->up, c->first, hh->head_len);
-    uint8_t *out = sp_xmalloc(hh->head_len + 1);
-    int rc = send_to(&c->up, out, sp_http_head_forward(c->first, hh, out));
+    uint8_t *out = NULL;
+    size_t len = 0;
+    int status = 0;
+    const char *reason = NULL;
+    if (eg_cred_rewrite(c->eg, s, c->name, c->first, hh, &out, &len, &status, &reason) < 0) {
+        refuse_later(c, c->name, reason, NULL);
+        return -1;
+    }
+    int rc = send_secret(&c->up, out, len);
+    explicit_bzero(out, len);
     free(out);
-    return rc;
+    return rc < 0 ? -2 : 0;
 }
 
 /* Decrypted (K_TLS) or plain (K_HTTP) bytes from the guest while splicing: request heads are
@@ -742,8 +786,10 @@ static void from_guest(conn_t *c, const uint8_t *data, size_t len)
             return;
         }
         begin_request(c, s, &hh);
-        if (send_head(c, &hh) < 0) {
-            conn_close(c);
+        int sent = send_head(c, s, &hh);
+        if (sent < 0) {
+            if (sent == -2)
+                conn_close(c);
             return;
         }
         memmove(c->first, c->first + hh.head_len, c->first_len - hh.head_len);
@@ -792,14 +838,21 @@ static void from_upstream(conn_t *c, const uint8_t *data, size_t len)
 static void connect_up(conn_t *c);
 static void up_tls_drive(conn_t *c);
 
-/* The first request's head goes to the upstream once it is connected; what came with it (its
- * body, maybe more requests) stays in first, read by from_guest once splicing starts. */
-static void take_first_head(conn_t *c, const sp_http_head_t *hh)
+/* The first request's head, with its credentials (egressd_cred.c), goes to the upstream once
+ * it is connected; what came with it (its body, maybe more requests) stays in first, read by
+ * from_guest once splicing starts. < 0: refused and answered (403, 429, 503). */
+static int take_first_head(conn_t *c, eg_sbx_t *s, const char *proto, const sp_http_head_t *hh)
 {
-    c->pending = sp_xmalloc(hh->head_len + 1);
-    c->pending_len = sp_http_head_forward(c->first, hh, c->pending);
+    int status = 0;
+    const char *reason = NULL;
+    if (eg_cred_rewrite(c->eg, s, c->name, c->first, hh, &c->pending, &c->pending_len, &status,
+                        &reason) < 0) {
+        deny_status(c, s, proto, c->name, reason, status);
+        return -1;
+    }
     memmove(c->first, c->first + hh->head_len, c->first_len - hh->head_len);
     c->first_len -= hh->head_len;
+    return 0;
 }
 
 /* The guest's TLS: handshake, then decrypted bytes. */
@@ -876,7 +929,8 @@ static void client_tls_drive(conn_t *c)
             return;
         }
         begin_request(c, s, &hh);
-        take_first_head(c, &hh);
+        if (take_first_head(c, s, "https", &hh) < 0)
+            return;
         connect_up(c);
         return;
     }
@@ -893,7 +947,8 @@ static void start_splice(conn_t *c)
         size_t n = c->pending_len;
         c->pending = NULL;
         c->pending_len = 0;
-        int rc = send_to(&c->up, p, n);
+        int rc = send_secret(&c->up, p, n);
+        explicit_bzero(p, n);
         free(p);
         if (rc < 0) {
             conn_close(c);
@@ -1177,7 +1232,8 @@ static void proxy_go(conn_t *c, eg_sbx_t *s)
     }
     c->kind = K_HTTP;
     begin_request(c, s, &hh);
-    take_first_head(c, &hh);
+    if (take_first_head(c, s, "http", &hh) < 0)
+        return;
     connect_up(c);
 }
 
@@ -1379,7 +1435,8 @@ static void decide_first(conn_t *c)
         return;
     c->kind = K_HTTP;
     begin_request(c, s, &hh);
-    take_first_head(c, &hh);
+    if (take_first_head(c, s, "http", &hh) < 0)
+        return;
     connect_up(c);
 }
 

@@ -74,6 +74,14 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_STR_OPT("net-prefix", eg_config_t, net_prefix, "10.200",
                    "first two octets of the worker's sandbox address pool (its --net-prefix): "
                    "never a destination"),
+    SP_CFG_BOOL_OPT("credentials", eg_config_t, credentials, "true",
+                    "ask space-credstore for the credentials of every allowed request "
+                    "(docs/credentials.md); false: none are injected and a placeholder is "
+                    "refused"),
+    SP_CFG_INT_OPT("cred-timeout-ms", eg_config_t, cred_timeout_ms, 10, 10000, "250",
+                   "how long a credential lookup may take before the request is refused"),
+    SP_CFG_INT_OPT("cred-cache-ms", eg_config_t, cred_cache_ms, 0, 1000, "1000",
+                   "how long a lookup's answer is used: a revocation takes effect within it"),
     SP_CFG_STR_OPT("log-level", eg_config_t, log_level, "info", "debug|info|warn|error"),
     SP_CFG_STR_OPT("log-format", eg_config_t, log_format, "kv", "kv|json"),
 };
@@ -273,8 +281,9 @@ int main(int argc, char **argv)
     uv_timer_start(&eg.tick, on_tick, 100, 100);
     if (eg_tls_start(&eg) < 0) {
         /* logged; a configured CA that does not load is an operator's error, not no_ca */
-    } else if ((rc = eg_audit_start(&eg)) < 0 || (rc = eg_dns_start(&eg)) < 0 ||
-               (rc = eg_proxy_start(&eg)) < 0 || (rc = eg_reset_start(&eg)) < 0) {
+    } else if ((rc = eg_audit_start(&eg)) < 0 || (rc = eg_cred_start(&eg)) < 0 ||
+               (rc = eg_dns_start(&eg)) < 0 || (rc = eg_proxy_start(&eg)) < 0 ||
+               (rc = eg_reset_start(&eg)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot listen",
                SP_KS("error", rc < -1000 ? uv_strerror(rc) : sp_strerror(rc)));
     } else if (pthread_create(&et.thread, NULL, events_main, &et) == 0) {
@@ -293,6 +302,7 @@ int main(int argc, char **argv)
         pthread_join(et.thread, NULL);
     eg_reset_stop(&eg);
     on_events(&eg.q_async); /* frees what the thread queued last */
+    eg_cred_stop(&eg);
     eg_audit_stop(&eg);
     sp_bus_publish_async_complete(eg.bus, 2000);
     eg_proxy_stop(&eg); /* first: a connection waiting on a DNS answer cancels it */

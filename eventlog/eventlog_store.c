@@ -388,7 +388,7 @@ static int load_rows(el_store_t *st, item_t *items, size_t n)
     const char **wkr = sp_xcalloc(n ? n : 1, sizeof(char *));
     size_t ns = 0, nw = 0;
     for (size_t i = 0; i < n; i++) {
-        if (items[i].disp != M_ACCEPT)
+        if (items[i].disp != M_ACCEPT || sp_event_is_cred(items[i].env->payload_case))
             continue;
         if (sp_event_is_worker(items[i].env->payload_case))
             wkr[nw++] = items[i].env->aggregate->id;

@@ -94,9 +94,10 @@ typedef enum {
     GW_R_SANDBOX_FILES,
     GW_R_SANDBOX_NETWORK,
     GW_R_SANDBOX_LIFECYCLE,
-    GW_R_E2B_API,  /* the E2B control plane (gateway_e2b.c) */
-    GW_R_E2B_ENVD, /* the E2B in-sandbox API: Connect RPC, /files, /health */
-    GW_R_OTHER,    /* unknown routes and responses h2o itself produced (413 while reading a body) */
+    GW_R_CREDENTIALS, /* /v1/credentials[/{id}] (gateway_credentials.c) */
+    GW_R_E2B_API,     /* the E2B control plane (gateway_e2b.c) */
+    GW_R_E2B_ENVD,    /* the E2B in-sandbox API: Connect RPC, /files, /health */
+    GW_R_OTHER, /* unknown routes and responses h2o itself produced (413 while reading a body) */
     GW_R_COUNT
 } gw_route_t;
 
@@ -351,6 +352,12 @@ void gw_sandbox_lifecycle(gw_req_t *rq);
 /* The timeout route without a body to read: a new deadline timeout_s (1..2592000) from now. */
 void gw_sandbox_set_timeout(gw_req_t *rq, uint32_t timeout_s);
 void gw_templates(gw_req_t *rq);
+
+/* ---- credentials (gateway_credentials.c) ---- */
+
+/* POST/GET /v1/credentials, GET/PUT/DELETE /v1/credentials/{id} (rq->path_id): answered by
+ * space-credstore over the bus; a value is never in an answer. */
+void gw_credentials(gw_req_t *rq);
 
 /* ---- network policies (gateway_network.c) ---- */
 

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "envelope.h"
+#include "cred.h"
 #include "error.h"
 #include "ids.h"
 #include "json.h"
@@ -64,6 +65,7 @@ typedef struct {
     const char *template_;
     uint32_t timeout_s, vcpu, memory_mb, idle_suspend_s;
     const char *on_timeout;
+    const char *project; /* credentials scoped to it apply (docs/credentials.md) */
     size_t n_metadata, n_env;
     Space__V1__KeyValue kv[GW_METADATA_MAX];
     Space__V1__KeyValue *kvp[GW_METADATA_MAX];
@@ -173,6 +175,12 @@ static int parse_body(const sp_json_t *root, spec_t *s, gw_verr_t *e)
             rc = get_uint(v, "timeout_s", 0, TIMEOUT_MAX_S, &s->timeout_s, e);
         } else if (strcmp(k, "idle_suspend_s") == 0) {
             rc = get_uint(v, "idle_suspend_s", 0, TIMEOUT_MAX_S, &s->idle_suspend_s, e);
+        } else if (strcmp(k, "project") == 0) {
+            s->project = sp_json_str(v, NULL);
+            if (!s->project || !sp_cred_name_valid(s->project, strlen(s->project)))
+                rc = gw_bad(e, "invalid_field",
+                            "project must be 1..64 of [A-Za-z0-9_.-], starting with a letter or "
+                            "digit");
         } else if (strcmp(k, "on_timeout") == 0) {
             s->on_timeout = sp_json_str(v, NULL);
             if (!s->on_timeout ||
@@ -232,6 +240,7 @@ int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char
     create.timeout_s = s->timeout_s;
     create.on_timeout = (char *)(s->on_timeout ? s->on_timeout : "delete");
     create.idle_suspend_s = s->idle_suspend_s;
+    create.project = (char *)(s->project ? s->project : "");
     create.metadata = s->kvp;
     create.n_metadata = s->n_metadata;
     create.env_names = s->env_names;

@@ -736,6 +736,21 @@ static void route(gw_req_t *rq)
             return;
         }
     }
+    if (h2o_memis(path, len, H2O_STRLIT("/v1/credentials")) ||
+        (len > 16 && memcmp(path, "/v1/credentials/", 16) == 0)) {
+        rq->route = GW_R_CREDENTIALS;
+        if (len > 16) {
+            size_t idlen = len - 16;
+            if (idlen > SP_ID_MAX || memchr(path + 16, '/', idlen)) {
+                gw_respond_error(rq, 404, "not_found", NULL, "no such credential");
+                return;
+            }
+            memcpy(rq->path_id, path + 16, idlen);
+            rq->path_id[idlen] = '\0';
+        }
+        with_auth(rq, gw_credentials);
+        return;
+    }
     if (match_sandbox_path(rq, path, len, rq->path_id, &sub)) {
         if (sub >= SUB_FILES) {
             route_files(rq, sub);

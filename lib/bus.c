@@ -537,6 +537,10 @@ int sp_bus_request(sp_bus_t *bus, const char *subject, const void *data, size_t 
     uint8_t *copy = sp_xmalloc(n ? n : 1);
     if (n)
         memcpy(copy, natsMsg_GetData(reply), n);
+    /* A reply may carry a secret (space-credstore's lookup): cnats' copy is wiped; the
+     * caller wipes its own. */
+    if (n)
+        explicit_bzero((void *)natsMsg_GetData(reply), n);
     natsMsg_Destroy(reply);
     *ret_data = copy;
     *ret_len = n;

@@ -12,6 +12,8 @@
  */
 #include "contract.h"
 
+#include "cred.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -112,7 +114,7 @@ static const sp_subject_t subjects[SP_SUBJ__COUNT] = {
     S(SP_SUBJ_EV_EGRESS, "ev.egress", "space.ev.egress.{sandbox}.{type}", true, false, 0, 0, 0, 0,
       "egressd facts: NetworkPolicyChanged, EgressAllowed, EgressDenied"),
     S(SP_SUBJ_EV_CRED, "ev.cred", "space.ev.cred.{tenant}.{type}", true, false, 0, 0, 0, 0,
-      "credential audit events (credstore: next)"),
+      "credential events: Created/Rotated/Deleted (credstore), Used/Denied (egressd)"),
     S(SP_SUBJ_IO_EXEC, "io.exec", "space.io.wkr.{worker}.exec", false, true, K(GATEWAY), 0, 0,
       K(WORKER), "ExecRequest -> ExecReply"),
     S(SP_SUBJ_IO_CTL, "io.ctl", "space.io.wkr.{worker}.ctl", false, true, K(GATEWAY), 0, 0,
@@ -127,8 +129,12 @@ static const sp_subject_t subjects[SP_SUBJ__COUNT] = {
       0, K(GATEWAY), 0, "WatchBatch, WatchEnd of a directory watch"),
     S(SP_SUBJ_IO_EGRESS_RST, "io.egress.reset", "space.io.egress.{worker}.reset", false, true, 0,
       K(WORKER), 0, K(EGRESSD), "EgressReset -> EgressResetReply, worker to its egressd"),
-    S(SP_SUBJ_IO_CRED, "io.cred", "space.io.cred.{worker}.get", false, true, 0, K(EGRESSD),
-      K(CREDSTORE), 0, "credential lookup (credstore: next)"),
+    S(SP_SUBJ_IO_CRED_ADMIN, "io.cred.admin", SP_CRED_SUBJECT_ADMIN, false, true, K(GATEWAY), 0,
+      K(CREDSTORE), 0, "CredAdmin -> CredAdminReply (docs/credentials.md)"),
+    S(SP_SUBJ_IO_CRED_LOOKUP, "io.cred.lookup", SP_CRED_SUBJECT_LOOKUP, false, true, K(EGRESSD), 0,
+      K(CREDSTORE), 0, "CredLookup -> CredLookupReply: values, on the asker's inbox only"),
+    S(SP_SUBJ_IO_CRED_CHANGED, "io.cred.changed", SP_CRED_SUBJECT_CHANGED, false, false,
+      K(CREDSTORE), 0, K(EGRESSD), 0, "a credential rotated or deleted: caches emptied"),
 };
 #undef S
 
@@ -298,7 +304,14 @@ static unsigned emitters(sp_event_type_t t)
     case SPACE__V1__ENVELOPE__PAYLOAD_NETWORK_POLICY_CHANGED:
     case SPACE__V1__ENVELOPE__PAYLOAD_EGRESS_ALLOWED:
     case SPACE__V1__ENVELOPE__PAYLOAD_EGRESS_DENIED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_CREDENTIAL_USED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_CREDENTIAL_DENIED:
         return K(EGRESSD);
+
+    case SPACE__V1__ENVELOPE__PAYLOAD_CREDENTIAL_CREATED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_CREDENTIAL_ROTATED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_CREDENTIAL_DELETED:
+        return K(CREDSTORE);
 
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_REQUEST_REJECTED:
         return K(SCHEDULER) | K(WORKER);
@@ -325,6 +338,8 @@ sp_subject_id_t sp_event_subject_id(sp_event_type_t t)
         return SP_SUBJ_EV_EGRESS;
     if (sp_event_is_io(t))
         return SP_SUBJ_EV_IO;
+    if (sp_event_is_cred(t))
+        return SP_SUBJ_EV_CRED;
     return SP_SUBJ_EV_SBX;
 }
 

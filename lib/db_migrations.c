@@ -109,10 +109,45 @@ static const char m4_sandbox_env[] =
     "  created_at timestamptz NOT NULL DEFAULT now()"
     ");";
 
+static const char m5_credentials[] =
+    /* space-credstore's credentials (docs/credentials.md): the value only sealed (AES-256-GCM
+     * under the master key named by key_id; the additional data binds id and version). A
+     * deleted credential keeps its row (deleted_at) and loses its ciphertext. */
+    "CREATE TABLE credentials ("
+    "  id              text PRIMARY KEY,"
+    "  tenant          text NOT NULL,"
+    "  name            text NOT NULL,"
+    "  scope_kind      text NOT NULL CHECK (scope_kind IN ('tenant', 'project', 'sandbox')),"
+    "  scope_id        text NOT NULL DEFAULT '',"
+    "  hosts           jsonb NOT NULL,"
+    "  inject_type     text NOT NULL CHECK (inject_type IN ('header', 'bearer', 'basic', 'query')),"
+    "  inject_name     text NOT NULL DEFAULT '',"
+    "  inject_user     text NOT NULL DEFAULT '',"
+    "  rate_per_minute integer NOT NULL DEFAULT 0,"
+    "  expires_at      timestamptz,"
+    "  version         integer NOT NULL,"
+    "  key_id          text NOT NULL,"
+    "  nonce           bytea CHECK (nonce IS NULL OR length(nonce) = 12),"
+    "  ciphertext      bytea,"
+    "  created_at      timestamptz NOT NULL DEFAULT now(),"
+    "  rotated_at      timestamptz,"
+    "  deleted_at      timestamptz"
+    ");"
+    /* One live credential per name and scope of a tenant. */
+    "CREATE UNIQUE INDEX credentials_live_name ON credentials (tenant, scope_kind, scope_id, name)"
+    "  WHERE deleted_at IS NULL;"
+    /* A canary per master key: a known text sealed under it, so a wrong key is found at start
+     * instead of at the first request. */
+    "CREATE TABLE credstore_keys ("
+    "  key_id     text PRIMARY KEY,"
+    "  nonce      bytea NOT NULL,"
+    "  canary     bytea NOT NULL,"
+    "  created_at timestamptz NOT NULL DEFAULT now()"
+    ");";
+
 const sp_db_migration_t sp_db_migrations[] = {
-    {1, "events, sandboxes, workers", m1_events},
-    {2, "api_keys, idempotency_keys", m2_keys},
-    {3, "sandbox timeouts and idleness", m3_timeouts},
-    {4, "sandbox_env", m4_sandbox_env},
+    {1, "events, sandboxes, workers", m1_events},       {2, "api_keys, idempotency_keys", m2_keys},
+    {3, "sandbox timeouts and idleness", m3_timeouts},  {4, "sandbox_env", m4_sandbox_env},
+    {5, "credentials, credstore_keys", m5_credentials},
 };
 const size_t sp_db_n_migrations = sizeof(sp_db_migrations) / sizeof(sp_db_migrations[0]);

@@ -380,6 +380,205 @@ size_t sp_http_head_forward(const uint8_t *head, const sp_http_head_t *hh, uint8
     return n + hh->head_len - rest;
 }
 
+/* ---- credential injection (docs/credentials.md) ---- */
+
+#define PH         "space-cred:"
+#define PH_LEN     11
+#define PH_ENC     "space-cred%3a" /* the colon percent-encoded, as a query string may carry it */
+#define PH_ENC_LEN 13
+
+typedef struct {
+    uint8_t *out;
+    size_t cap, len;
+} wr_t;
+
+static void wr_put(wr_t *w, const void *p, size_t n)
+{
+    if (w->len + n <= w->cap && n)
+        memcpy(w->out + w->len, p, n);
+    w->len += n;
+}
+
+static bool ph_char(uint8_t c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '.' || c == '-';
+}
+
+/* Where a placeholder starts in p[0..n) (any case, either spelling), or n. *ret_plen gets the
+ * length of its prefix. */
+static size_t ph_find(const uint8_t *p, size_t n, bool enc, size_t *ret_plen)
+{
+    for (size_t i = 0; i + PH_LEN <= n; i++) {
+        if (strncasecmp((const char *)p + i, PH, PH_LEN) == 0) {
+            *ret_plen = PH_LEN;
+            return i;
+        }
+        if (enc && i + PH_ENC_LEN <= n &&
+            strncasecmp((const char *)p + i, PH_ENC, PH_ENC_LEN) == 0) {
+            *ret_plen = PH_ENC_LEN;
+            return i;
+        }
+    }
+    return n;
+}
+
+bool sp_http_head_has_placeholder(const uint8_t *head, size_t head_len)
+{
+    size_t pl;
+    return ph_find(head, head_len, true, &pl) < head_len;
+}
+
+static void put_pct(wr_t *w, const uint8_t *v, size_t n)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = v[i];
+        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+            c == '-' || c == '.' || c == '_' || c == '~') {
+            wr_put(w, &c, 1);
+        } else {
+            char e[3] = {'%', hex[c >> 4], hex[c & 15]};
+            wr_put(w, e, 3);
+        }
+    }
+}
+
+/* Copies p[0..n), replacing placeholders that have a substitution; -1 when one stays (wrong
+ * case, unknown name, or the path, where nothing is substituted: subst NULL). */
+static int put_subst(wr_t *w, const uint8_t *p, size_t n, bool query, const sp_head_subst_t *subst,
+                     size_t n_subst, uint32_t *used)
+{
+    while (n) {
+        size_t plen = 0, at = ph_find(p, n, query, &plen);
+        wr_put(w, p, at);
+        if (at == n)
+            return 0;
+        /* Exactly "space-cred:" or "space-cred%3A"/"%3a"; the name follows. */
+        bool exact = plen == PH_LEN ? memcmp(p + at, PH, PH_LEN) == 0
+                                    : memcmp(p + at, "space-cred%3", 12) == 0 &&
+                                          (p[at + 12] == 'A' || p[at + 12] == 'a');
+        size_t ns = at + plen, ne = ns;
+        while (ne < n && ph_char(p[ne]))
+            ne++;
+        const sp_head_subst_t *hit = NULL;
+        for (size_t i = 0; exact && subst && i < n_subst && !hit; i++)
+            if (strlen(subst[i].name) == ne - ns && memcmp(subst[i].name, p + ns, ne - ns) == 0) {
+                hit = &subst[i];
+                if (i < 32)
+                    *used |= 1u << i;
+            }
+        if (!hit)
+            return -1;
+        if (query)
+            put_pct(w, hit->value, hit->value_len);
+        else
+            wr_put(w, hit->value, hit->value_len);
+        p += ne;
+        n -= ne;
+    }
+    return 0;
+}
+
+static bool param_named(const uint8_t *p, size_t n, const char *name)
+{
+    size_t nl = strlen(name);
+    const uint8_t *eq = memchr(p, '=', n);
+    size_t kl = eq ? (size_t)(eq - p) : n;
+    return kl == nl && memcmp(p, name, nl) == 0;
+}
+
+long sp_http_head_rewrite(const uint8_t *head, const sp_http_head_t *hh,
+                          const sp_head_edit_t *edits, size_t n_edits, const sp_head_subst_t *subst,
+                          size_t n_subst, uint8_t *out, size_t cap, uint32_t *ret_used,
+                          const char **why)
+{
+    wr_t w = {.out = out, .cap = cap, .len = 0};
+    uint32_t used = 0;
+    *why = "credential_scope";
+    /* The request line up to the target, then the target in origin-form. */
+    wr_put(&w, head, hh->target_off);
+    const uint8_t *t = head + hh->target_off;
+    size_t tl = hh->target_len;
+    if (hh->target_form == SP_TARGET_ABSOLUTE) {
+        t += hh->path_off;
+        tl -= hh->path_off;
+        if (tl == 0 || t[0] != '/')
+            wr_put(&w, "/", 1);
+    }
+    const uint8_t *q = memchr(t, '?', tl);
+    size_t pathl = q ? (size_t)(q - t) : tl;
+    if (put_subst(&w, t, pathl, false, NULL, 0, &used) < 0)
+        return -EACCES;
+    bool any_param = false;
+    if (q) {
+        const uint8_t *p = q + 1, *end = t + tl;
+        while (p <= end) {
+            const uint8_t *amp = memchr(p, '&', (size_t)(end - p));
+            size_t n = amp ? (size_t)(amp - p) : (size_t)(end - p);
+            bool drop = false;
+            for (size_t i = 0; i < n_edits && !drop; i++)
+                drop = edits[i].param && param_named(p, n, edits[i].param);
+            if (!drop && n) {
+                wr_put(&w, any_param ? "&" : "?", 1);
+                any_param = true;
+                if (put_subst(&w, p, n, true, subst, n_subst, &used) < 0)
+                    return -EACCES;
+            }
+            if (!amp)
+                break;
+            p = amp + 1;
+        }
+    }
+    for (size_t i = 0; i < n_edits; i++) {
+        if (!edits[i].param)
+            continue;
+        wr_put(&w, any_param ? "&" : "?", 1);
+        any_param = true;
+        wr_put(&w, edits[i].param, strlen(edits[i].param));
+        wr_put(&w, "=", 1);
+        put_pct(&w, edits[i].value, edits[i].value_len);
+    }
+    /* The rest of the request line, then the fields. */
+    size_t at = hh->target_off + hh->target_len;
+    const uint8_t *eol = memchr(head + at, '\n', hh->head_len - at);
+    size_t line_end = (size_t)(eol - head) + 1;
+    wr_put(&w, head + at, line_end - at);
+    at = line_end;
+    while (at < hh->head_len) {
+        const uint8_t *lf = memchr(head + at, '\n', hh->head_len - at);
+        size_t next = (size_t)(lf - head) + 1;
+        if (next - at == 2)
+            break; /* the empty line */
+        const uint8_t *line = head + at;
+        const uint8_t *colon = memchr(line, ':', next - at);
+        size_t nl = (size_t)(colon - line);
+        bool drop = false;
+        for (size_t i = 0; i < n_edits && !drop; i++)
+            drop = edits[i].header && strlen(edits[i].header) == nl &&
+                   strncasecmp((const char *)line, edits[i].header, nl) == 0;
+        if (!drop) {
+            wr_put(&w, line, nl + 1);
+            if (put_subst(&w, colon + 1, next - at - nl - 1, false, subst, n_subst, &used) < 0)
+                return -EACCES;
+        }
+        at = next;
+    }
+    for (size_t i = 0; i < n_edits; i++) {
+        if (!edits[i].header)
+            continue;
+        wr_put(&w, edits[i].header, strlen(edits[i].header));
+        wr_put(&w, ": ", 2);
+        wr_put(&w, edits[i].value, edits[i].value_len);
+        wr_put(&w, "\r\n", 2);
+    }
+    wr_put(&w, "\r\n", 2);
+    if (ret_used)
+        *ret_used = used;
+    *why = NULL;
+    return (long)w.len;
+}
+
 /* ---- chunked bodies (RFC 9112 7.1) ---- */
 
 enum {

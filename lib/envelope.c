@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "contract.h"
+#include "cred.h"
 #include "error.h"
 #include "fspath.h"
 #include "ids.h"
@@ -91,6 +92,15 @@ int sp_event_is_egress(sp_event_type_t t)
     return t == SPACE__V1__ENVELOPE__PAYLOAD_NETWORK_POLICY_CHANGED ||
            t == SPACE__V1__ENVELOPE__PAYLOAD_EGRESS_ALLOWED ||
            t == SPACE__V1__ENVELOPE__PAYLOAD_EGRESS_DENIED;
+}
+
+int sp_event_is_cred(sp_event_type_t t)
+{
+    return t == SPACE__V1__ENVELOPE__PAYLOAD_CREDENTIAL_CREATED ||
+           t == SPACE__V1__ENVELOPE__PAYLOAD_CREDENTIAL_ROTATED ||
+           t == SPACE__V1__ENVELOPE__PAYLOAD_CREDENTIAL_DELETED ||
+           t == SPACE__V1__ENVELOPE__PAYLOAD_CREDENTIAL_USED ||
+           t == SPACE__V1__ENVELOPE__PAYLOAD_CREDENTIAL_DENIED;
 }
 
 int sp_event_is_io(sp_event_type_t t)
@@ -219,6 +229,8 @@ static int validate_create(const Space__V1__SandboxCreateRequested *p, char reas
         return fail(reason, SP_ESCHEMA, "on_timeout: delete or suspend");
     if (p->idle_suspend_s > 30 * 24 * 3600)
         return fail(reason, SP_ESCHEMA, "idle_suspend_s: %u is over 30 days", p->idle_suspend_s);
+    if (p->project[0] && !sp_cred_name_valid(p->project, strlen(p->project)))
+        return fail(reason, SP_ESCHEMA, "project: 1..64 of [A-Za-z0-9_.-]");
     return validate_network(p->network, reason);
 }
 
@@ -263,6 +275,43 @@ static int validate_decision(const Space__V1__EgressDecision *d, char reason[SP_
     CHECK_TEXT(d->reason, ID_MAX, "decision.reason");
     if (d->count == 0)
         return fail(reason, SP_ESCHEMA, "decision.count: at least 1");
+    return 0;
+}
+
+static int validate_cred_use(const Space__V1__CredentialUse *u, char reason[SP_REASON_MAX])
+{
+    if (!u)
+        return fail(reason, SP_ESCHEMA, "use: missing");
+    CHECK_ID(u->sandbox, "use.sandbox");
+    CHECK_TEXT(u->host, TEXT_MAX, "use.host");
+    CHECK_TEXT(u->method, 16, "use.method");
+    CHECK_TEXT(u->path, TEXT_MAX, "use.path");
+    CHECK_ID(u->reason, "use.reason");
+    CHECK_TEXT(u->name, SP_CRED_NAME_MAX, "use.name");
+    if (u->count == 0)
+        return fail(reason, SP_ESCHEMA, "use.count: at least 1");
+    return 0;
+}
+
+static int validate_cred_created(const Space__V1__CredentialCreated *p, char reason[SP_REASON_MAX])
+{
+    if (!sp_cred_name_valid(p->name, strlen(p->name)))
+        return fail(reason, SP_ESCHEMA, "name: 1..64 of [A-Za-z0-9_.-]");
+    if (!p->scope || sp_cred_scope_rank(p->scope->kind) < 0)
+        return fail(reason, SP_ESCHEMA, "scope.kind: tenant, project or sandbox");
+    CHECK_TEXT(p->scope->id, ID_MAX, "scope.id");
+    if (p->n_hosts == 0 || p->n_hosts > SP_CRED_HOSTS_MAX)
+        return fail(reason, SP_ESCHEMA, "hosts: 1..%d", SP_CRED_HOSTS_MAX);
+    for (size_t i = 0; i < p->n_hosts; i++) {
+        sp_cred_host_t h;
+        if (sp_cred_host_parse(p->hosts[i], &h) < 0)
+            return fail(reason, SP_ESCHEMA, "hosts[%zu]: not a host entry", i);
+    }
+    if (!sp_cred_inject_parse(p->inject_type))
+        return fail(reason, SP_ESCHEMA, "inject_type: header, bearer, basic or query");
+    CHECK_TEXT(p->inject_name, ID_MAX, "inject_name");
+    CHECK_TEXT(p->inject_user, TEXT_MAX, "inject_user");
+    CHECK_TEXT(p->key_id, ID_MAX, "key_id");
     return 0;
 }
 
@@ -337,6 +386,20 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
         return validate_decision(e->egress_allowed->decision, reason);
     case SPACE__V1__ENVELOPE__PAYLOAD_EGRESS_DENIED:
         return validate_decision(e->egress_denied->decision, reason);
+    case SPACE__V1__ENVELOPE__PAYLOAD_CREDENTIAL_CREATED:
+        return validate_cred_created(e->credential_created, reason);
+    case SPACE__V1__ENVELOPE__PAYLOAD_CREDENTIAL_ROTATED:
+        if (e->credential_rotated->version < 2)
+            return fail(reason, SP_ESCHEMA, "version: a rotation makes version 2 or later");
+        CHECK_TEXT(e->credential_rotated->key_id, ID_MAX, "key_id");
+        return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_CREDENTIAL_DELETED:
+        CHECK_TEXT(e->credential_deleted->reason, TEXT_MAX, "reason");
+        return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_CREDENTIAL_USED:
+        return validate_cred_use(e->credential_used->use, reason);
+    case SPACE__V1__ENVELOPE__PAYLOAD_CREDENTIAL_DENIED:
+        return validate_cred_use(e->credential_denied->use, reason);
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED:
         CHECK_ID(e->sandbox_started->worker, "worker");
         CHECK_OPT_ID(e->sandbox_started->runtime, "runtime");
@@ -517,7 +580,9 @@ int sp_envelope_validate(const sp_envelope_t *e, char reason[SP_REASON_MAX])
         return fail(reason, SP_ETYPE, "type %s does not match payload %s", e->type, want);
     if (!e->aggregate)
         return fail(reason, SP_ESCHEMA, "aggregate: missing");
-    const char *kind = sp_event_is_worker(e->payload_case) ? "worker" : "sandbox";
+    const char *kind = sp_event_is_worker(e->payload_case) ? "worker"
+                       : sp_event_is_cred(e->payload_case) ? "credential"
+                                                           : "sandbox";
     if (strcmp(e->aggregate->kind, kind) != 0)
         return fail(reason, SP_ESCHEMA, "aggregate.kind: %s events are about a %s", e->type, kind);
     CHECK_ID(e->aggregate->id, "aggregate.id");
@@ -612,6 +677,10 @@ int sp_envelope_subject(const sp_envelope_t *env, const char *worker, char *buf,
         n = snprintf(buf, len, "space.ev.wkr.%s.%s", env->aggregate->id, env->type);
     } else if (sp_event_is_egress(env->payload_case)) {
         n = snprintf(buf, len, "space.ev.egress.%s.%s", env->aggregate->id, env->type);
+    } else if (sp_event_is_cred(env->payload_case)) {
+        if (!sp_id_valid(env->tenant))
+            return SP_ESCHEMA;
+        n = snprintf(buf, len, "space.ev.cred.%s.%s", env->tenant, env->type);
     } else {
         if (worker && worker[0] && !sp_id_valid(worker))
             return SP_ESCHEMA;

@@ -184,6 +184,8 @@ int sp_projection_apply(sp_projection_t *p, const sp_envelope_t *env, uint64_t s
                         char reason[SP_REASON_MAX])
 {
     int rc;
+    if (sp_event_is_cred(env->payload_case))
+        return 0; /* no projection: the log keeps them (docs/credentials.md) */
     if (sp_event_is_worker(env->payload_case)) {
         wkr_entry_t *e = wkr_get(p, env->aggregate->id, 1);
         sp_worker_t next;

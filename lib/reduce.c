@@ -177,7 +177,7 @@ int sp_reduce_sandbox(sp_sandbox_t *s, const sp_envelope_t *env, uint64_t seq,
 {
     sp_event_type_t t = env->payload_case;
 
-    if (sp_event_is_worker(t))
+    if (sp_event_is_worker(t) || sp_event_is_cred(t))
         return refuse(reason, "%s is not a sandbox event", env->type);
     if (strcmp(s->id, env->aggregate->id) != 0)
         return refuse(reason, "event for %s applied to %s", env->aggregate->id, s->id);

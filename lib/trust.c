@@ -50,24 +50,37 @@ static const char *payload_worker(const sp_envelope_t *e)
     }
 }
 
+/* The sandbox an event is about: its aggregate, or for egressd's credential uses (whose
+ * aggregate is the credential) the sandbox that made the request. */
+static const char *sandbox_of(const sp_envelope_t *env)
+{
+    const Space__V1__CredentialUse *u = NULL;
+    if (env->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_CREDENTIAL_USED)
+        u = env->credential_used->use;
+    else if (env->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_CREDENTIAL_DENIED)
+        u = env->credential_denied->use;
+    else
+        return env->aggregate->id;
+    return u && u->sandbox ? u->sandbox : "";
+}
+
 /* The sandbox must be placed on worker (the signer's own, or its host's for egressd). */
 static int check_placed(const sp_trust_t *t, const sp_envelope_t *env, const char *signer,
                         const char *worker, char reason[SP_REASON_MAX])
 {
     char placed[SP_INSTANCE_MAX + 1] = "";
+    const char *sbx = sandbox_of(env);
     int rc;
 
     if (!t->placement)
-        return refuse(reason, SP_ENOTOWN, "%s: no placement lookup for sandbox %s", signer,
-                      env->aggregate->id);
-    rc = t->placement(t->placement_arg, env->tenant, env->aggregate->id, placed);
+        return refuse(reason, SP_ENOTOWN, "%s: no placement lookup for sandbox %s", signer, sbx);
+    rc = sbx[0] ? t->placement(t->placement_arg, env->tenant, sbx, placed) : 0;
     if (rc <= 0)
         return refuse(reason, SP_ENOTOWN, "%s: sandbox %s is not placed on any worker", signer,
-                      env->aggregate->id);
+                      sbx);
     placed[SP_INSTANCE_MAX] = '\0';
     if (strcmp(placed, worker) != 0)
-        return refuse(reason, SP_ENOTOWN, "%s: sandbox %s is placed on %s", signer,
-                      env->aggregate->id, placed);
+        return refuse(reason, SP_ENOTOWN, "%s: sandbox %s is placed on %s", signer, sbx, placed);
     return 0;
 }
 

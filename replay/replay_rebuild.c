@@ -74,7 +74,7 @@ static int replay_page(replay_event_t *evs, size_t n, void *arg)
 
     /* As the eventlog does for a batch: load the rows the page touches, apply, write back. */
     for (size_t i = 0; i < n; i++) {
-        if (!evs[i].env)
+        if (!evs[i].env || sp_event_is_cred(evs[i].env->payload_case))
             continue;
         if (sp_event_is_worker(evs[i].env->payload_case))
             wkr[nw++] = evs[i].env->aggregate->id;

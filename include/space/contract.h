@@ -60,19 +60,21 @@ int sp_identity_format(sp_kind_t kind, const char *instance, sp_identity_t *ret)
 /* ---- subjects ---- */
 
 typedef enum {
-    SP_SUBJ_EV_SBX,        /* space.ev.sbx.{worker}.{sandbox}.{type} */
-    SP_SUBJ_EV_IO,         /* space.ev.io.{worker}.{sandbox}.{type} */
-    SP_SUBJ_EV_WKR,        /* space.ev.wkr.{worker}.{type} */
-    SP_SUBJ_EV_EGRESS,     /* space.ev.egress.{sandbox}.{type} */
-    SP_SUBJ_EV_CRED,       /* space.ev.cred.{tenant}.{type} (credstore, not built yet) */
-    SP_SUBJ_IO_EXEC,       /* space.io.wkr.{worker}.exec */
-    SP_SUBJ_IO_CTL,        /* space.io.wkr.{worker}.ctl */
-    SP_SUBJ_IO_FILE,       /* space.io.wkr.{worker}.file */
-    SP_SUBJ_IO_WATCH,      /* space.io.wkr.{worker}.watch */
-    SP_SUBJ_IO_CMD,        /* space.io.cmd.{cmd}.{part}: start, out, exit */
-    SP_SUBJ_IO_WATCH_EV,   /* space.io.watch.{watch}.{part}: ev, end */
-    SP_SUBJ_IO_EGRESS_RST, /* space.io.egress.{worker}.reset */
-    SP_SUBJ_IO_CRED,       /* space.io.cred.{worker}.get (credstore, not built yet) */
+    SP_SUBJ_EV_SBX,          /* space.ev.sbx.{worker}.{sandbox}.{type} */
+    SP_SUBJ_EV_IO,           /* space.ev.io.{worker}.{sandbox}.{type} */
+    SP_SUBJ_EV_WKR,          /* space.ev.wkr.{worker}.{type} */
+    SP_SUBJ_EV_EGRESS,       /* space.ev.egress.{sandbox}.{type} */
+    SP_SUBJ_EV_CRED,         /* space.ev.cred.{tenant}.{type} */
+    SP_SUBJ_IO_EXEC,         /* space.io.wkr.{worker}.exec */
+    SP_SUBJ_IO_CTL,          /* space.io.wkr.{worker}.ctl */
+    SP_SUBJ_IO_FILE,         /* space.io.wkr.{worker}.file */
+    SP_SUBJ_IO_WATCH,        /* space.io.wkr.{worker}.watch */
+    SP_SUBJ_IO_CMD,          /* space.io.cmd.{cmd}.{part}: start, out, exit */
+    SP_SUBJ_IO_WATCH_EV,     /* space.io.watch.{watch}.{part}: ev, end */
+    SP_SUBJ_IO_EGRESS_RST,   /* space.io.egress.{worker}.reset */
+    SP_SUBJ_IO_CRED_ADMIN,   /* space.io.cred.admin: the gateway's credential calls */
+    SP_SUBJ_IO_CRED_LOOKUP,  /* space.io.cred.lookup: egressd asks for a request's credentials */
+    SP_SUBJ_IO_CRED_CHANGED, /* space.io.cred.changed: caches emptied at once */
     SP_SUBJ__COUNT
 } sp_subject_id_t;
 

@@ -94,6 +94,44 @@ const char *sp_http_target_refusal(const sp_http_head_t *hh, bool https, uint16_
  * hh->head_len + 1 bytes into out; returns how many. */
 size_t sp_http_head_forward(const uint8_t *head, const sp_http_head_t *hh, uint8_t *out);
 
+/* Credential injection (docs/credentials.md): the head of an allowed request rewritten as it
+ * is forwarded. Edits set a header (every field of that name the guest sent, in any case, is
+ * dropped first) or a query parameter (every parameter of that name dropped first, the new one
+ * appended, its value percent-encoded). Substitutions replace each placeholder
+ * "space-cred:<name>" in a header value (by the value as it is) and in the query string (also
+ * when written "space-cred%3A<name>"; by the value percent-encoded). Values must be valid
+ * (sp_cred_value_valid: no CR, LF or NUL). An absolute-form target becomes origin-form as
+ * with sp_http_head_forward.
+ *
+ * Writes at most cap bytes into out and returns the length of the whole rewritten head
+ * (larger than cap: call again with a buffer that large; out then holds nothing useful), or
+ * -EACCES with *why "credential_scope" when a placeholder (any case, either spelling) is left
+ * anywhere in the target or a header value: one for a name no substitution has, which must
+ * not leave the host. *ret_used (optional) gets a bit per substitution that was used. */
+typedef struct {
+    const char *header; /* the header's name, or NULL ... */
+    const char *param;  /* ... the query parameter's name */
+    const uint8_t *value;
+    size_t value_len;
+} sp_head_edit_t;
+
+typedef struct {
+    const char *name; /* what follows "space-cred:" */
+    const uint8_t *value;
+    size_t value_len;
+} sp_head_subst_t;
+
+#define SP_HEAD_SUBST_MAX 32
+
+long sp_http_head_rewrite(const uint8_t *head, const sp_http_head_t *hh,
+                          const sp_head_edit_t *edits, size_t n_edits, const sp_head_subst_t *subst,
+                          size_t n_subst, uint8_t *out, size_t cap, uint32_t *ret_used,
+                          const char **why);
+
+/* Whether the head holds a placeholder at all (any case, either spelling), in its target or
+ * a header value: a cheap test before asking for credentials. */
+bool sp_http_head_has_placeholder(const uint8_t *head, size_t head_len);
+
 /* A chunked request body (RFC 9112 7.1) parsed as it flows through, so that the proxy knows
  * exactly where it ends and where the next request head begins (no smuggling past the
  * per-request check). Strict: chunk-size is 1 to SP_CHUNK_SIZE_DIGITS hex digits (leading

@@ -32,6 +32,10 @@ int sp_event_is_worker(sp_event_type_t t);
 /* egressd's facts (NetworkPolicyChanged, EgressAllowed, EgressDenied): about a sandbox, on
  * space.ev.egress.<sandbox>.<type>, so no worker's consumer has to skip them. */
 int sp_event_is_egress(sp_event_type_t t);
+/* Credentials (CredentialCreated, ...Rotated, ...Deleted, ...Used, ...Denied): aggregate kind
+ * "credential", on space.ev.cred.<tenant>.<type>; no projection follows them (the log keeps
+ * them). */
+int sp_event_is_cred(sp_event_type_t t);
 /* What happens inside a running sandbox (Command*, File*, DirCreated): on
  * space.ev.io.<worker|_>.<sandbox>.<type>, so that the consumers of a worker's sandbox
  * subjects (the worker, its egressd) do not receive and acknowledge four events per command

@@ -11,6 +11,7 @@
  *                       SSL_CERT_FILE; in a sandbox that is the deployment CA)
  *     --alpn P[,P...]   offer these ALPN protocols (default http/1.1)
  *     --path P          request target (default /)
+ *     --header H        one more header line of each GET request ("Name: value")
  *     --next-path P     request target of the second and later requests (default: --path)
  *     --bench N         N requests, each timed; prints p50/p90/p99 in microseconds
  *     --new-conn        with --bench: a new connection (and handshake) per request
@@ -47,7 +48,7 @@
 #include <unistd.h>
 
 typedef struct {
-    const char *addr, *sni, *hosts, *ca, *alpn, *path, *next_path, *connect_to, *ws;
+    const char *addr, *sni, *hosts, *ca, *alpn, *path, *next_path, *connect_to, *ws, *header;
     int port, bench, timeout_ms, pause_ms, post, chunk;
     int tls, new_conn;
 } opts_t;
@@ -247,8 +248,9 @@ static int request(link_t *l, const char *host, int last, int print, long long *
     char req[1024];
     int n;
     if (o.post < 0)
-        n = snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: %s\r\n\r\n",
-                     path, host, last ? "close" : "keep-alive");
+        n = snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: %s\r\n%s%s\r\n",
+                     path, host, last ? "close" : "keep-alive", o.header ? o.header : "",
+                     o.header ? "\r\n" : "");
     else if (o.chunk > 0)
         n = snprintf(req, sizeof(req),
                      "POST %s HTTP/1.1\r\nHost: %s\r\nConnection: %s\r\n"
@@ -461,6 +463,8 @@ int main(int argc, char **argv)
             o.alpn = v, i++;
         } else if (strcmp(a, "--path") == 0) {
             o.path = v, i++;
+        } else if (strcmp(a, "--header") == 0) {
+            o.header = v, i++;
         } else if (strcmp(a, "--next-path") == 0) {
             o.next_path = v, i++;
         } else if (strcmp(a, "--bench") == 0) {

@@ -69,10 +69,29 @@ def bump(fn):
         os.replace(tmp, STATS_PATH)
 
 
+def echo_headers(handler):
+    """GET /headers...: records the request target and every header as received into the stats
+    ("seen", read by the test on the host) and answers without them: what the site got must
+    not travel back into the guest (credentials tests: the guest must never see a value)."""
+    text = "target:%s\n" % handler.path + "".join(
+        "hdr:%s: %s\n" % (k, v) for k, v in handler.headers.items())
+    bump(lambda s: s.setdefault("seen", []).append(text))
+    body = ("seen %d bytes\n" % len(text)).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.send_header("Connection", "close")
+    handler.close_connection = True
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 class Http(BaseHTTPRequestHandler):
     def do_GET(self):
         me = self.connection.getsockname()[0]
         bump(lambda s: s["http"].__setitem__(me, s["http"].get(me, 0) + 1))
+        if self.path.startswith("/headers"):
+            echo_headers(self)
+            return
         site = {NET + ".1.10": "allowed", NET + ".1.20": "forbidden"}.get(
             me, "metadata" if me == "169.254.169.254" else "private")
         body = ("site:%s host:%s target:%s\n" % (site, self.headers.get("Host", ""),
@@ -180,6 +199,9 @@ class Https(BaseHTTPRequestHandler):
         sni = getattr(self.connection, "sni", None) or ""
         bump(lambda s: (s["https"].__setitem__(me, s["https"].get(me, 0) + 1),
                         s["https_hosts"].append("%s %s %s" % (me, sni, host))))
+        if self.path.startswith("/headers"):
+            echo_headers(self)
+            return
         if self.path == "/ws" and self.headers.get("Upgrade", "").lower() == "websocket":
             self.websocket()
             return

@@ -165,9 +165,12 @@ static void test_every_event_type_has_owners(void **state)
         char subject[256];
         Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
         sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
-        agg.kind = sp_event_is_worker(t) ? "worker" : "sandbox";
-        agg.id = sp_event_is_worker(t) ? "w1" : "sbx_1";
+        agg.kind = sp_event_is_worker(t) ? "worker"
+                   : sp_event_is_cred(t) ? "credential"
+                                         : "sandbox";
+        agg.id = sp_event_is_worker(t) ? "w1" : sp_event_is_cred(t) ? "cred_1" : "sbx_1";
         env.aggregate = &agg;
+        env.tenant = "t1";
         env.payload_case = t;
         env.type = (char *)name;
         assert_true(sp_envelope_subject(&env, "w1", subject, sizeof(subject)) > 0);

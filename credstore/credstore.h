@@ -1,0 +1,108 @@
+/* space-credstore internals (docs/credentials.md).
+ *
+ *   main.c               config, master key, start and stop
+ *   credstore_store.c    the credentials: PostgreSQL rows, the in-memory table, sealing
+ *   credstore_admin.c    space.io.cred.admin: create, list, get, rotate, delete (gateway)
+ *   credstore_lookup.c   space.io.cred.lookup: what a request may carry (egressd), and the
+ *                        one function that decides who may ask (cs_caller_allowed)
+ *
+ * Threads: the two subscriptions' callbacks run on cnats threads (one message at a time per
+ * subscription); the table and the database connection are shared under cs_t.mu. There is
+ * no loop: the main thread waits for a stop. One credstore instance owns the table (a second
+ * one would not see the first one's writes until it restarts). */
+#ifndef SPACE_CREDSTORE_H
+#define SPACE_CREDSTORE_H
+
+#include <libpq-fe.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "bus.h"
+#include "cred.h"
+#include "credstore.pb-c.h"
+#include "envelope.h"
+
+#ifndef SP_ID_MAX
+#define SP_ID_MAX 64
+#endif
+
+typedef struct {
+    char *nats_url;
+    char *identity; /* busid.h */
+    char *creds_dir;
+    char *pg_url;
+    char *master_key_file;
+    char *previous_master_key_file;
+    char *log_level;
+    char *log_format;
+} cs_config_t;
+
+typedef struct {
+    char id[SP_ID_MAX + 1];
+    char tenant[SP_ID_MAX + 1];
+    char name[SP_CRED_NAME_MAX + 1];
+    char scope_kind[8];
+    char scope_id[SP_ID_MAX + 1];
+    char **hosts;
+    sp_cred_host_t *parsed;
+    size_t n_hosts;
+    sp_cred_inject_t inject;
+    char inject_name[65];
+    char inject_user[257];
+    uint32_t rate_per_minute;
+    int64_t expires_at_us; /* 0: never */
+    uint32_t version;
+    char key_id[SP_CRED_KEY_ID_LEN + 1];
+    uint8_t nonce[SP_CRED_NONCE_LEN];
+    uint8_t *ct;
+    size_t ct_len;
+    int64_t created_at_us, rotated_at_us;
+} cs_cred_t;
+
+typedef struct {
+    const cs_config_t *cfg;
+    sp_bus_t *bus;
+    PGconn *db;
+    sp_cred_key_t key;
+    pthread_mutex_t mu; /* the table, db */
+    cs_cred_t **creds;
+    size_t n_creds, cap_creds;
+    sp_bus_sub_t *admin_sub, *lookup_sub;
+    uint64_t lookups, denied_callers;
+} cs_t;
+
+/* ---- store (credstore_store.c); callers hold mu ---- */
+/* Checks the master key against its canary (made on first start), then re-wraps every row
+ * sealed under the previous key (previous may be NULL) and loads the live credentials.
+ * < 0 with *why a message for the operator (never a value). */
+int cs_store_open(cs_t *cs, const sp_cred_key_t *previous, const char **why);
+void cs_store_close(cs_t *cs);
+cs_cred_t *cs_store_find(cs_t *cs, const char *tenant, const char *id);
+/* Inserts c (its id, version 1, key and times are set here) with value sealed: 0, -EEXIST
+ * (a live credential of that name and scope), SP_EDB. On success the table owns c. */
+int cs_store_create(cs_t *cs, cs_cred_t *c, const uint8_t *value, size_t len);
+/* A new value, version + 1. */
+int cs_store_rotate(cs_t *cs, cs_cred_t *c, const uint8_t *value, size_t len);
+/* Marks deleted (its ciphertext dropped) and removes it from the table (freed). */
+int cs_store_delete(cs_t *cs, cs_cred_t *c);
+/* The value, opened into out (SP_CRED_VALUE_MAX bytes): its length, or -EBADMSG. */
+int cs_store_open_value(cs_t *cs, const cs_cred_t *c, uint8_t *out);
+void cs_cred_free(cs_cred_t *c);
+void cs_cred_meta(const cs_cred_t *c, Space__Cred__V1__CredMeta *m);
+
+/* ---- admin (credstore_admin.c) and lookup (credstore_lookup.c) ---- */
+int cs_admin_start(cs_t *cs);
+int cs_lookup_start(cs_t *cs);
+
+typedef enum { CS_CALLER_GATEWAY = 1, CS_CALLER_EGRESSD } cs_caller_t;
+/* Whether the sender of a request on subject may ask for what, as kind. Today every client of
+ * the bus is believed (the bus has no identities yet); once issue 14 gives each daemon its own
+ * NATS user and signed envelopes, this is the one place that checks the signer. */
+bool cs_caller_allowed(cs_t *cs, cs_caller_t kind, const char *subject, const char *reply);
+
+/* Publishes a credential event (payload set by the caller) on space.ev.cred.<tenant>.<type>. */
+int cs_publish(cs_t *cs, Space__V1__Envelope *env, const char *tenant, const char *cred_id,
+               const char *actor, const char *correlation_id);
+
+#endif

@@ -1,0 +1,199 @@
+/* space.io.cred.lookup: egressd asks which credentials a request of sandbox (tenant, project)
+ * to host may carry (docs/credentials.md). Of the live credentials whose scope covers the
+ * sandbox (its tenant, its project, itself) and one of whose host entries covers the host:
+ * per name the nearest scope (sandbox, then project, then tenant); among those, per injection
+ * target (a header name in any case, Authorization for bearer and basic, a query parameter)
+ * the nearest scope again, then the smaller name, is injected without a placeholder. Every
+ * grant carries its value, so a placeholder may name any of them. An expired credential is
+ * answered without its value. The reply goes to the asker's inbox only, and its buffers are
+ * wiped once sent. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "credstore.h"
+#include "envelope.h"
+#include "error.h"
+#include "ids.h"
+#include "log.h"
+#include "xmalloc.h"
+
+#define LOOKUP_MAX 4096
+#define GRANTS_MAX 64
+
+bool cs_caller_allowed(cs_t *cs, cs_caller_t kind, const char *subject, const char *reply)
+{
+    /* No identities on the bus yet (issue 14): every caller is believed. Then: the signer of
+     * the request must be the gateway (admin) or an egressd (lookup), and a lookup's sandbox
+     * must live on that egressd's worker. */
+    (void)cs;
+    (void)kind;
+    (void)subject;
+    (void)reply;
+    return true;
+}
+
+static bool applies(const cs_cred_t *c, const Space__Cred__V1__CredLookupRequest *q)
+{
+    if (strcmp(c->tenant, q->tenant) != 0)
+        return false;
+    switch (sp_cred_scope_rank(c->scope_kind)) {
+    case 2:
+        return true;
+    case 1:
+        return q->project[0] && strcmp(c->scope_id, q->project) == 0;
+    case 0:
+        return strcmp(c->scope_id, q->sandbox) == 0;
+    default:
+        return false;
+    }
+}
+
+static void target_of(const cs_cred_t *c, char *out, size_t cap)
+{
+    if (c->inject == SP_CRED_BEARER || c->inject == SP_CRED_BASIC)
+        snprintf(out, cap, "h:authorization");
+    else if (c->inject == SP_CRED_HEADER) {
+        snprintf(out, cap, "h:%s", c->inject_name);
+        for (char *p = out; *p; p++)
+            *p = (char)((*p >= 'A' && *p <= 'Z') ? *p + 32 : *p);
+    } else
+        snprintf(out, cap, "q:%s", c->inject_name);
+}
+
+/* a before b: nearer scope, then the smaller name. */
+static bool better(const cs_cred_t *a, const cs_cred_t *b)
+{
+    int ra = sp_cred_scope_rank(a->scope_kind), rb = sp_cred_scope_rank(b->scope_kind);
+    return ra != rb ? ra < rb : strcmp(a->name, b->name) < 0;
+}
+
+static void on_lookup(void *arg, const char *subject, const char *reply, const uint8_t *data,
+                      size_t len)
+{
+    cs_t *cs = arg;
+    Space__Cred__V1__CredLookupRequest *q =
+        len <= LOOKUP_MAX ? space__cred__v1__cred_lookup_request__unpack(NULL, len, data) : NULL;
+    if (!q || !reply) {
+        sp_log(SP_LOG_WARN, "ignoring a bad lookup", SP_KS("subject", subject));
+        if (q)
+            space__cred__v1__cred_lookup_request__free_unpacked(q, NULL);
+        return;
+    }
+    Space__Cred__V1__CredLookupReply rep = SPACE__CRED__V1__CRED_LOOKUP_REPLY__INIT;
+    Space__Cred__V1__CredGrant grant_store[GRANTS_MAX];
+    Space__Cred__V1__CredGrant *grants[GRANTS_MAX];
+    const cs_cred_t *picked[GRANTS_MAX];
+    char *rules[GRANTS_MAX][SP_CRED_HOSTS_MAX];
+    uint8_t *values[GRANTS_MAX] = {0};
+    size_t n = 0;
+    if (!cs_caller_allowed(cs, CS_CALLER_EGRESSD, subject, reply)) {
+        rep.error = "forbidden";
+        goto send;
+    }
+    if (!sp_id_valid(q->tenant) || !sp_id_valid(q->sandbox) || !q->host[0]) {
+        rep.error = "invalid";
+        goto send;
+    }
+    pthread_mutex_lock(&cs->mu);
+    cs->lookups++;
+    for (size_t i = 0; i < cs->n_creds; i++) {
+        const cs_cred_t *c = cs->creds[i];
+        if (!applies(c, q))
+            continue;
+        bool covers = false;
+        for (size_t h = 0; h < c->n_hosts && !covers; h++)
+            covers = sp_cred_host_covers(&c->parsed[h], q->host);
+        if (!covers)
+            continue;
+        /* Per name, the nearest scope. */
+        size_t j = 0;
+        while (j < n && strcmp(picked[j]->name, c->name) != 0)
+            j++;
+        if (j < n) {
+            if (better(c, picked[j]))
+                picked[j] = c;
+            continue;
+        }
+        if (n < GRANTS_MAX)
+            picked[n++] = c;
+    }
+    int64_t now = sp_now_us();
+    for (size_t i = 0; i < n; i++) {
+        const cs_cred_t *c = picked[i];
+        Space__Cred__V1__CredGrant *g = &grant_store[i];
+        Space__Cred__V1__CredGrant init = SPACE__CRED__V1__CRED_GRANT__INIT;
+        *g = init;
+        grants[i] = g;
+        g->id = (char *)c->id;
+        g->name = (char *)c->name;
+        g->version = c->version;
+        g->scope_kind = (char *)c->scope_kind;
+        g->inject_type = (char *)sp_cred_inject_name(c->inject);
+        g->inject_name = (char *)c->inject_name;
+        g->inject_user = (char *)c->inject_user;
+        g->rate_per_minute = c->rate_per_minute;
+        g->expires_at_us = c->expires_at_us;
+        size_t nr = 0;
+        for (size_t h = 0; h < c->n_hosts; h++)
+            if (sp_cred_host_covers(&c->parsed[h], q->host))
+                rules[i][nr++] = c->hosts[h];
+        g->rules = rules[i];
+        g->n_rules = nr;
+        char ti[80], tj[80];
+        target_of(c, ti, sizeof(ti));
+        g->inject = true;
+        for (size_t j = 0; j < n && g->inject; j++) {
+            if (j == i)
+                continue;
+            target_of(picked[j], tj, sizeof(tj));
+            if (strcasecmp(ti, tj) == 0 && better(picked[j], c))
+                g->inject = false;
+        }
+        if (c->expires_at_us && c->expires_at_us <= now)
+            continue; /* no value for an expired credential */
+        values[i] = sp_xmalloc(SP_CRED_VALUE_MAX);
+        int vl = cs_store_open_value(cs, c, values[i]);
+        if (vl < 0) {
+            sp_log(SP_LOG_ERROR, "a credential does not open", SP_KS("credential", c->id));
+            continue;
+        }
+        g->value.data = values[i];
+        g->value.len = (size_t)vl;
+    }
+    rep.grants = grants;
+    rep.n_grants = n;
+    rep.ok = true;
+    {
+        size_t plen = space__cred__v1__cred_lookup_reply__get_packed_size(&rep);
+        uint8_t *buf = sp_xmalloc(plen ? plen : 1);
+        space__cred__v1__cred_lookup_reply__pack(&rep, buf);
+        pthread_mutex_unlock(&cs->mu);
+        (void)sp_bus_publish_core(cs->bus, reply, buf, plen);
+        explicit_bzero(buf, plen);
+        free(buf);
+        for (size_t i = 0; i < n; i++) {
+            if (values[i])
+                explicit_bzero(values[i], SP_CRED_VALUE_MAX);
+            free(values[i]);
+        }
+    }
+    space__cred__v1__cred_lookup_request__free_unpacked(q, NULL);
+    return;
+send : {
+    size_t plen = space__cred__v1__cred_lookup_reply__get_packed_size(&rep);
+    uint8_t buf[128];
+    if (plen <= sizeof(buf)) {
+        space__cred__v1__cred_lookup_reply__pack(&rep, buf);
+        (void)sp_bus_publish_core(cs->bus, reply, buf, plen);
+    }
+}
+    space__cred__v1__cred_lookup_request__free_unpacked(q, NULL);
+}
+
+int cs_lookup_start(cs_t *cs)
+{
+    return sp_bus_subscribe(cs->bus, SP_CRED_SUBJECT_LOOKUP, SP_CRED_QUEUE, on_lookup, cs,
+                            &cs->lookup_sub);
+}
