@@ -128,9 +128,9 @@ out:
 int sp__identity_up(const sp_stack_t *st, const char *worker_id)
 {
     char *dir = sp__identity_dir(st->home);
-    static const sp_kind_t kinds[] = {SP_KIND_OPERATOR, SP_KIND_EVENTLOG, SP_KIND_SCHEDULER,
-                                      SP_KIND_GATEWAY,  SP_KIND_WORKER,   SP_KIND_EGRESSD,
-                                      SP_KIND_READER};
+    static const sp_kind_t kinds[] = {SP_KIND_OPERATOR,  SP_KIND_EVENTLOG, SP_KIND_SCHEDULER,
+                                      SP_KIND_GATEWAY,   SP_KIND_WORKER,   SP_KIND_EGRESSD,
+                                      SP_KIND_CREDSTORE, SP_KIND_READER};
     int made = 0, r = -1;
 
     if (creds_dir_make(dir) < 0)

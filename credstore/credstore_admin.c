@@ -2,7 +2,7 @@
  * A value arrives in a create or a rotate, is sealed, and is wiped from every buffer this
  * process held it in (the request as decoded and the message as received); no reply, log line
  * or event ever carries it. Everything in a request is checked here again: the gateway is a
- * client like any other until issue 14 signs its messages. */
+ * client like any other (the bus only proves it is a gateway identity). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -24,14 +24,17 @@
 
 bool cs_caller_allowed(cs_t *cs, cs_caller_t kind, const char *subject, const char *reply)
 {
-    /* No identities on the bus yet (issue 14): every caller is believed. Then: the signer of
-     * the request must be the gateway (admin) or an egressd (lookup), and a lookup's sandbox
-     * must live on that egressd's worker. */
-    (void)cs;
-    (void)kind;
+    /* The NATS permissions (docs/trust.md) let only gateways publish admin requests and only
+     * egressd lookups, and each identity reads only its own inbox, _INBOX.<identity>. Behind
+     * that wall: an answer (values, for a lookup) goes only to an inbox of the kind that may
+     * ask. A deployment without identities (no creds-dir) has no wall and no inbox names:
+     * every caller is believed, as the log line at start says. Not checked: that a lookup's
+     * sandbox lives on the asking egressd's host. */
     (void)subject;
-    (void)reply;
-    return true;
+    if (!cs->cfg->creds_dir || !cs->cfg->creds_dir[0])
+        return true;
+    const char *want = kind == CS_CALLER_GATEWAY ? "_INBOX.gateway" : "_INBOX.egressd-";
+    return reply && strncmp(reply, want, strlen(want)) == 0;
 }
 
 static bool applies(const cs_cred_t *c, const Space__Cred__V1__CredLookupRequest *q)

@@ -293,8 +293,10 @@ static int placement_from_projection(void *arg, const char *tenant, const char *
 {
     const sp_sandbox_t *s = sp_projection_sandbox(arg, sandbox);
 
-    if (!s || !s->worker[0] || strcmp(s->tenant, tenant) != 0)
+    if (!s || strcmp(s->tenant, tenant) != 0)
         return 0;
+    if (!s->worker[0])
+        return s->state == SP_SBX_REQUESTED ? 0 : 2; /* placed once, on none now */
     snprintf(worker, SP_INSTANCE_MAX + 1, "%s", s->worker);
     return 1;
 }
@@ -388,12 +390,16 @@ static int load_rows(el_store_t *st, item_t *items, size_t n)
     const char **wkr = sp_xcalloc(n ? n : 1, sizeof(char *));
     size_t ns = 0, nw = 0;
     for (size_t i = 0; i < n; i++) {
-        if (items[i].disp != M_ACCEPT || sp_event_is_cred(items[i].env->payload_case))
+        const sp_envelope_t *e = items[i].env;
+        if (items[i].disp != M_ACCEPT)
             continue;
-        if (sp_event_is_worker(items[i].env->payload_case))
-            wkr[nw++] = items[i].env->aggregate->id;
-        else
-            sbx[ns++] = items[i].env->aggregate->id;
+        /* A credential event changes no projection; egressd's uses name the sandbox whose
+         * placement the trust check asks about. */
+        const char *sb = sp_trust_sandbox_of(e);
+        if (sp_event_is_worker(e->payload_case))
+            wkr[nw++] = e->aggregate->id;
+        else if (!sp_event_is_cred(e->payload_case) || (sb[0] && sb != e->aggregate->id))
+            sbx[ns++] = sb;
     }
     int rc = sp_projection_load_sandboxes(st->proj, st->db, sbx, ns);
     if (rc >= 0)

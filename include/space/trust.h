@@ -30,7 +30,9 @@
 #include "sign.h"
 
 /* Which worker the sandbox is placed on, from the caller's own state: 1 and the worker id in
- * worker, 0 if the sandbox is not placed (or unknown), < 0 on failure (refused as not own).
+ * worker, 0 if the sandbox is unknown (or not placed), 2 if it is known to this tenant and
+ * placed on no worker right now (suspended, deleted, lost with its host), < 0 on failure
+ * (refused as not own).
  * Runs on the caller's thread, inside sp_trust_check. */
 typedef int (*sp_trust_placement_fn)(void *arg, const char *tenant, const char *sandbox,
                                      char worker[SP_INSTANCE_MAX + 1]);
@@ -62,5 +64,11 @@ int sp_trust_verify(const sp_trust_t *t, const sp_envelope_t *env, const uint8_t
                     size_t raw_len, char reason[SP_REASON_MAX]);
 int sp_trust_authorize(const sp_trust_t *t, const sp_envelope_t *env, const char *subject,
                        char reason[SP_REASON_MAX]);
+
+/* The sandbox whose placement decides whether a worker or egressd may emit env: its aggregate,
+ * or for egressd's CredentialUsed/Denied (aggregate: the credential) the sandbox that made the
+ * request ("" when it names none). Borrowed from env. A consumer that preloads placements
+ * (the event log's projection) loads this one. */
+const char *sp_trust_sandbox_of(const sp_envelope_t *env);
 
 #endif
