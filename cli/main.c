@@ -96,8 +96,8 @@ int main(int argc, char **argv)
         return SP_STACK_EXIT_OK;
     }
     bool client = strcmp(cmd, "create") == 0 || strcmp(cmd, "ls") == 0 || strcmp(cmd, "rm") == 0 ||
-                  strcmp(cmd, "exec") == 0 || strcmp(cmd, "cp") == 0 || strcmp(cmd, "events") == 0 ||
-                  strcmp(cmd, "creds") == 0;
+                  strcmp(cmd, "exec") == 0 || strcmp(cmd, "cp") == 0 ||
+                  strcmp(cmd, "events") == 0 || strcmp(cmd, "creds") == 0;
     bool identity = strcmp(cmd, "identity") == 0;
     if (!client && !identity && strcmp(cmd, "up") != 0 && strcmp(cmd, "down") != 0 &&
         strcmp(cmd, "status") != 0 && strcmp(cmd, "env") != 0 && strcmp(cmd, "demo") != 0) {
