@@ -647,7 +647,6 @@ static void test_placeholders(void **state)
     /* The sandbox holds the placeholder, not the value. */
     run(sa, out, sizeof(out), "echo \"$GH_TOKEN\"");
     expect_in(out, "space-cred:ph", "env");
-    long long before = stat_of("http." ALLOWED);
     run(sa, out, sizeof(out),
         "nslookup allowed.test >/dev/null; printf \"GET /headers/ph?t=$GH_TOKEN HTTP/1.1\\r\\n"
         "Host: allowed.test\\r\\nX-Custom: token $GH_TOKEN\\r\\nConnection: close\\r\\n\\r\\n\" "
@@ -660,7 +659,7 @@ static void test_placeholders(void **state)
     snprintf(want, sizeof(want), "target:/headers/ph?t=%s", V[V_PH]);
     expect_in(sn, want, "placeholder in the query");
     /* The placeholder for a host (here: a path) its credential does not allow: refused. */
-    before = stat_of("http." ALLOWED);
+    long long before = stat_of("http." ALLOWED);
     http_get(sa, out, sizeof(out), "www.wild.test", "/headers/x", "X-T: space-cred:ph\\r\\n");
     expect_in(out, "403", "placeholder elsewhere");
     expect_in(out, "credential_scope", "placeholder elsewhere");
@@ -735,11 +734,11 @@ static void test_rotate_delete(void **state)
 
 /* The added latency of an injected request over a plain allowed one (the same host, the same
  * kept-alive HTTPS connection shape, the cache warm): p50/p90 printed, alternating rounds. The
- * target is under 1 ms at p50; the assertion is loose (a shared 2-core VM). */
+ * target is under 1 ms at p50; printed, not asserted (a timing is no test on a shared VM). */
 static double field(const char *out, const char *name)
 {
     const char *p = strstr(out, name);
-    return p ? atof(p + strlen(name)) : -1;
+    return p ? strtod(p + strlen(name), NULL) : -1;
 }
 
 static void test_bench_injection(void **state)
