@@ -22,35 +22,32 @@
 #include <unistd.h>
 
 #include <cmocka.h>
-#include <openssl/pem.h>
 #include <sys/stat.h>
 
 #include "b64.h"
 #include "buf.h"
 #include "envelope.h"
+#include "egress/test_internet.h"
 #include "harness.h"
 #include "ids.h"
 #include "json.h"
-#include "tlsca.h"
 #include "xmalloc.h"
 
 #define NS        "cst-inet"
 #define VETH      "cst-h"
-#define META      "169.254.169.254"
-#define ALLOWED   "198.18.1.10"
-#define FORBIDDEN "198.18.1.20"
-#define ECHO_IP   "198.18.1.30"
-#define RESOLVER  "198.18.53.53"
-static const char *const PRIVATE[] = {"10.99.0.10", "172.16.99.10", "192.168.99.10",
-                                      "100.64.99.10"};
-#define N_PRIVATE (sizeof(PRIVATE) / sizeof(PRIVATE[0]))
+#define META      SP_INET_META
+#define ALLOWED   SP_INET_ALLOWED
+#define FORBIDDEN SP_INET_FORBIDDEN
+#define ECHO_IP   SP_INET_ECHO
+#define RESOLVER  SP_INET_RESOLVER
+#define PRIVATE   sp_inet_private
+#define N_PRIVATE SP_INET_N_PRIVATE
+/* The stack's API, as root in a sandbox (test_internet.h). */
+#define run(id, out, len, ...) sp_inet_run(port, key, (id), (out), (len), __VA_ARGS__)
+#define put_probe(id)          sp_inet_put_probe(port, key, (id))
 
 static int port;
 static const char *key;
-static char stats_path[128];
-static pid_t inet_pid;
-static bool meta_route_added;
-static char certs_dir[256];
 
 /* a, b: project p1; c: no project. All may reach allowed.test and *.wild.test. */
 static char sa[64], sb[64], sc[64];
@@ -60,173 +57,13 @@ static char R[40];
 static char V[8][64];
 enum { V_HDR, V_BEARER, V_BASIC, V_QUERY, V_PH, V_SCOPE_S, V_RL, V_ROT };
 
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    int st = system(cmd); /* NOLINT(cert-env33-c): ip(8) builds the test internet */
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-static void internet_down(void)
-{
-    if (inet_pid > 0) {
-        kill(inet_pid, SIGKILL);
-        waitpid(inet_pid, NULL, 0);
-        inet_pid = 0;
-    }
-    if (meta_route_added) {
-        sh("ip route del " META "/32 via 198.18.0.2 dev " VETH " 2>/dev/null");
-        for (size_t i = 0; i < N_PRIVATE; i++)
-            sh("ip route del %s/32 via 198.18.0.2 dev " VETH " 2>/dev/null", PRIVATE[i]);
-    }
-    meta_route_added = false;
-    sh("ip link del " VETH " 2>/dev/null; ip netns del " NS " 2>/dev/null");
-}
-
-/* The namespace, its addresses, the host routes into it, then the servers. */
-static void internet_up(void)
-{
-    internet_down();
-    if (sh("set -e; ip netns add " NS "; ip link add " VETH " type veth peer name eth0 netns " NS
-           "; ip addr add 198.18.0.1/24 dev " VETH "; ip link set " VETH " up;"
-           "ip -n " NS " link set lo up; ip -n " NS " addr add 198.18.0.2/24 dev eth0;"
-           "for a in " ALLOWED " " FORBIDDEN " " ECHO_IP " " RESOLVER " " META "; do ip -n " NS
-           " addr add $a/32 dev eth0; done;"
-           /* No default route inside: the namespace answers 198.18.0.1 (the host end, where
-            * egressd's connections come from) and nothing else. */
-           "ip -n " NS " link set eth0 up;"
-           "ip route add 198.18.1.0/24 via 198.18.0.2 dev " VETH ";"
-           "ip route add 198.18.53.0/24 via 198.18.0.2 dev " VETH) != 0)
-        fail_msg("cannot build the test internet");
-    if (sh("ip route add " META "/32 via 198.18.0.2 dev " VETH) != 0)
-        fail_msg("cannot route " META " into the test namespace: refusing to probe it");
-    meta_route_added = true;
-    for (size_t i = 0; i < N_PRIVATE; i++)
-        if (sh("ip -n " NS
-               " addr add %s/32 dev eth0 && ip route add %s/32 via 198.18.0.2 dev " VETH,
-               PRIVATE[i], PRIVATE[i]) != 0)
-            fail_msg("cannot route %s into the test namespace: refusing to probe it", PRIVATE[i]);
-    /* Belt and braces: what the host would do with each probed address now. */
-    const char *probe[] = {ALLOWED, FORBIDDEN, ECHO_IP, RESOLVER, META};
-    for (size_t i = 0; i < 5 + N_PRIVATE; i++) {
-        const char *a = i < 5 ? probe[i] : PRIVATE[i - 5];
-        if (sh("ip route get %s | grep -q 'dev " VETH "'", a) != 0)
-            fail_msg("%s is not routed into the test namespace", a);
-    }
-    setenv("EGRESS_PRIVATE", "1", 1); /* internet.py serves the private sites */
-
-    snprintf(stats_path, sizeof(stats_path), "/tmp/credstore-it-stats-%d.json", (int)getpid());
-    unlink(stats_path);
-    char log[160];
-    snprintf(log, sizeof(log), "%s.log", stats_path);
-    const char *script = sp_test_env("SPACE_EGRESS_INTERNET");
-    inet_pid = fork();
-    if (inet_pid == 0) {
-        FILE *lf = freopen(log, "w", stderr);
-        (void)lf;
-        execl("/usr/sbin/ip", "ip", "netns", "exec", NS, "/usr/bin/python3", script, stats_path,
-              certs_dir, (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 100 && access(stats_path, F_OK) != 0; i++)
-        usleep(50 * 1000);
-    if (access(stats_path, F_OK) != 0) {
-        int st = 0;
-        pid_t w = waitpid(inet_pid, &st, WNOHANG);
-        fprintf(stderr, "internet.py: pid %d waited %d status 0x%x\n", (int)inet_pid, (int)w, st);
-        sh("cat %s >&2", log);
-        fail_msg("the test internet did not start (log above)");
-    }
-}
-
-/* Writes a leaf for name, signed by the CA in dir, as out/<name>.crt and .key. */
-static void mint_to(const char *ca_dir, const char *name, const char *out)
-{
-    char err[SP_CA_ERR_MAX] = "", crt[512], kpath[512];
-    snprintf(crt, sizeof(crt), "%s/" SP_CA_CERT_FILE, ca_dir);
-    snprintf(kpath, sizeof(kpath), "%s/" SP_CA_KEY_FILE, ca_dir);
-    sp_ca_t *ca = NULL;
-    X509 *cert = NULL;
-    EVP_PKEY *pk = NULL;
-    if (sp_ca_load(crt, kpath, &ca, err) < 0 || sp_ca_mint(ca, name, 30, &cert, &pk, err) < 0)
-        fail_msg("mint %s: %s", name, err);
-    snprintf(crt, sizeof(crt), "%s/%s.crt", out, name);
-    snprintf(kpath, sizeof(kpath), "%s/%s.key", out, name);
-    FILE *f = fopen(crt, "w");
-    FILE *g = fopen(kpath, "w");
-    if (!f || !g || !PEM_write_X509(f, cert) ||
-        !PEM_write_PrivateKey(g, pk, NULL, NULL, 0, NULL, NULL))
-        fail_msg("write %s", crt);
-    fclose(f);
-    fclose(g);
-    X509_free(cert);
-    EVP_PKEY_free(pk);
-    sp_ca_free(ca);
-}
-
-/* The test's "public" CA (the file egressd trusts for upstreams: SPACE_UPSTREAM_CA_FILE) and
- * its leaves for the test sites; a rogue CA and its leaf for allowed.test. */
-static void make_certs(void)
-{
-    const char *ca_file = sp_test_env("SPACE_UPSTREAM_CA_FILE");
-    const char *slash = strrchr(ca_file, '/');
-    if (!slash)
-        fail_msg("SPACE_UPSTREAM_CA_FILE is not a path: %s", ca_file);
-    snprintf(certs_dir, sizeof(certs_dir), "%.*s", (int)(slash - ca_file), ca_file);
-    char err[SP_CA_ERR_MAX] = "", rogue[300];
-    if (sp_ca_ensure(certs_dir, "SPACE test public CA", err) < 0)
-        fail_msg("test public CA: %s", err);
-    snprintf(rogue, sizeof(rogue), "%s/rogue", certs_dir);
-    if (sp_ca_ensure(rogue, "SPACE test rogue CA", err) < 0)
-        fail_msg("rogue CA: %s", err);
-    const char *names[] = {"allowed.test", "www.wild.test", "forbidden.test"};
-    for (size_t i = 0; i < 3; i++)
-        mint_to(certs_dir, names[i], certs_dir);
-    mint_to(rogue, "allowed.test", rogue);
-}
-
-/* A counter from the internet's stats: "dns", "udp", "http.<addr>", "echo.<port>". */
-static long long stat_of(const char *what)
-{
-    FILE *f = fopen(stats_path, "r");
-    if (!f)
-        fail_msg("no stats");
-    static char buf[8 << 20];
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    sp_json_doc_t *doc = NULL;
-    char err[SP_JSON_ERR_MAX];
-    if (sp_json_parse(buf, n, NULL, &doc, err) < 0)
-        fail_msg("stats: %s", err);
-    const sp_json_t *v = sp_json_root(doc);
-    char path[64];
-    snprintf(path, sizeof(path), "%s", what);
-    char *dot = strchr(path, '.');
-    if (dot) {
-        *dot = '\0';
-        v = sp_json_get(sp_json_get(v, path), dot + 1);
-    } else {
-        v = sp_json_get(v, path);
-    }
-    int64_t x = 0;
-    if (v)
-        sp_json_int(v, 0, INT64_MAX, &x);
-    sp_json_doc_free(doc);
-    return x;
-}
-
 /* What the site recorded for the newest request whose target starts with path ("target:...",
  * "hdr:Name: value" lines), into out; "" when none. The site never echoes it to the guest. */
 static void seen(const char *path, char *out, size_t len)
 {
     static char buf[8 << 20];
     out[0] = '\0';
-    FILE *f = fopen(stats_path, "r");
+    FILE *f = fopen(sp_inet_stats_path(), "r");
     if (!f)
         fail_msg("no stats");
     size_t n = fread(buf, 1, sizeof(buf) - 1, f);
@@ -247,73 +84,6 @@ static void seen(const char *path, char *out, size_t len)
         }
     }
     sp_json_doc_free(doc);
-}
-
-static sp_json_doc_t *body_json(const sp_test_http_resp_t *r)
-{
-    sp_json_doc_t *doc = NULL;
-    char err[SP_JSON_ERR_MAX];
-    sp_json_limits_t lim = {.max_bytes = 64u << 20, .max_string = 32u << 20};
-    if (sp_json_parse(r->body, r->body_len, &lim, &doc, err) < 0)
-        fail_msg("not JSON (%s): %.300s", err, r->body);
-    return doc;
-}
-
-/* Runs cmd (sh -c) as root in sandbox id; stdout+stderr into out. Returns the exit code. */
-static int run(const char *id, char *out, size_t len, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int run(const char *id, char *out, size_t len, const char *fmt, ...)
-{
-    char cmd[1024], path[128];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    sp_buf_t b;
-    sp_buf_init(&b);
-    sp_buf_printf(&b, "{\"cmd\":");
-    char *full = sp_xasprintf("(%s) 2>&1", cmd);
-    sp_buf_json_str(&b, full);
-    free(full);
-    sp_buf_printf(&b, ",\"user\":\"root\",\"timeout_s\":30}");
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s/commands", id);
-    sp_test_http_resp_t r;
-    sp_test_http(port, "POST", path, key, "Accept: application/json\r\n", b.data, b.len, &r);
-    sp_buf_dispose(&b);
-    if (r.status != 200)
-        fail_msg("command in %s: %d %s", id, r.status, r.body);
-    sp_json_doc_t *doc = body_json(&r);
-    const char *s = sp_json_str(sp_json_get(sp_json_root(doc), "stdout"), NULL);
-    snprintf(out, len, "%s", s ? s : "");
-    int64_t code = -1;
-    sp_json_int(sp_json_get(sp_json_root(doc), "exit_code"), -1000, 1000, &code);
-    sp_json_doc_free(doc);
-    sp_test_http_free(&r);
-    return (int)code;
-}
-
-/* egress-probe into /root/probe of sandbox id, through the files API. */
-static void put_probe(const char *id)
-{
-    char path[512], url[160];
-    snprintf(path, sizeof(path), "%s/egress-probe", sp_test_env("SPACE_BIN_DIR"));
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        fail_msg("no %s", path);
-    struct stat st;
-    fstat(fileno(f), &st);
-    char *bin = sp_xmalloc((size_t)st.st_size);
-    if (fread(bin, 1, (size_t)st.st_size, f) != (size_t)st.st_size)
-        fail_msg("read %s", path);
-    fclose(f);
-    snprintf(url, sizeof(url), "/v1/sandboxes/%s/files?path=/root/probe&mode=0755", id);
-    sp_test_http_resp_t r;
-    sp_test_http(port, "PUT", url, key, "Content-Type: application/octet-stream\r\n", bin,
-                 (size_t)st.st_size, &r);
-    free(bin);
-    if (r.status != 200 && r.status != 201)
-        fail_msg("PUT probe: %d %s", r.status, r.body);
-    sp_test_http_free(&r);
 }
 
 /* A plain request from sandbox id to allowed.test (or name) with extra header lines. */
@@ -387,8 +157,8 @@ static int setup(void **state)
     sp_test_stack_load();
     port = sp_test_api_port();
     key = sp_test_env("SPACE_API_KEY");
-    make_certs();
-    internet_up();
+    sp_inet_make_certs();
+    sp_inet_up(NS, VETH, "credstore");
     random_hex(R, 12);
     const char *what[] = {"hdr", "bearer", "basic", "query", "ph", "scope", "rl", "rot"};
     for (int i = 0; i < 8; i++)
@@ -462,13 +232,7 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-    internet_down();
-    if (stats_path[0]) {
-        char log[160];
-        snprintf(log, sizeof(log), "%s.log", stats_path);
-        unlink(stats_path);
-        unlink(log);
-    }
+    sp_inet_down();
     return 0;
 }
 
@@ -659,7 +423,7 @@ static void test_placeholders(void **state)
     snprintf(want, sizeof(want), "target:/headers/ph?t=%s", V[V_PH]);
     expect_in(sn, want, "placeholder in the query");
     /* The placeholder for a host (here: a path) its credential does not allow: refused. */
-    long long before = stat_of("http." ALLOWED);
+    long long before = sp_inet_stat("http." ALLOWED);
     http_get(sa, out, sizeof(out), "www.wild.test", "/headers/x", "X-T: space-cred:ph\\r\\n");
     expect_in(out, "403", "placeholder elsewhere");
     expect_in(out, "credential_scope", "placeholder elsewhere");
@@ -669,7 +433,7 @@ static void test_placeholders(void **state)
     expect_in(out, "credential_scope", "placeholder in another case");
     https_get(sa, out, sizeof(out), "/headers/x", "X-T: space-cred:ph");
     expect_in(out, "credential_scope", "placeholder elsewhere (https)");
-    assert_int_equal(stat_of("http." ALLOWED), before);
+    assert_int_equal(sp_inet_stat("http." ALLOWED), before);
 }
 
 static void test_rate_and_expiry(void **state)
@@ -816,13 +580,13 @@ static void test_credstore_down(void **state)
 {
     NEED_ROOT();
     char out[8192];
-    long long before = stat_of("http." ALLOWED);
+    long long before = sp_inet_stat("http." ALLOWED);
     sp_test_daemon_stop("space-credstore", SIGTERM);
     usleep(1200 * 1000); /* the cached answers expire */
     http_get(sc, out, sizeof(out), "allowed.test", "/headers/hdr", NULL);
     expect_in(out, "503", "credstore down");
     expect_in(out, "credstore_unavailable", "credstore down");
-    assert_int_equal(stat_of("http." ALLOWED), before);
+    assert_int_equal(sp_inet_stat("http." ALLOWED), before);
     PGconn *db = sp_test_db();
     expect_event(db, "CredentialDenied", "credstore_unavailable");
     PQfinish(db);
@@ -830,19 +594,19 @@ static void test_credstore_down(void **state)
     char kf[256], cmd[1024];
     snprintf(kf, sizeof(kf), "%s/wrong.key", sp_test_env("SPACE_HOME"));
     unlink(kf);
-    if (sh("head -c 32 /dev/urandom > %s && chmod 600 %s", kf, kf) != 0)
+    if (sp_inet_sh("head -c 32 /dev/urandom > %s && chmod 600 %s", kf, kf) != 0)
         fail_msg("wrong key");
     snprintf(cmd, sizeof(cmd),
              "%s/space-credstore --master-key-file %s --pg-url '%s' --nats-url '%s' > %s.out 2>&1",
              sp_test_env("SPACE_BIN_DIR"), kf, sp_test_env("SPACE_PG_URL"),
              sp_test_env("SPACE_NATS_URL"), kf);
-    assert_int_not_equal(sh("%s", cmd), 0);
-    assert_int_equal(sh("grep -q 'wrong master key' %s.out", kf), 0);
-    sh("chmod 644 %s", kf);
+    assert_int_not_equal(sp_inet_sh("%s", cmd), 0);
+    assert_int_equal(sp_inet_sh("grep -q 'wrong master key' %s.out", kf), 0);
+    sp_inet_sh("chmod 644 %s", kf);
     snprintf(cmd, sizeof(cmd), "%s/space-credstore --master-key-file %s > %s.out 2>&1",
              sp_test_env("SPACE_BIN_DIR"), kf, kf);
-    assert_int_not_equal(sh("%s", cmd), 0);
-    assert_int_equal(sh("grep -q 'chmod 600' %s.out", kf), 0);
+    assert_int_not_equal(sp_inet_sh("%s", cmd), 0);
+    assert_int_equal(sp_inet_sh("grep -q 'chmod 600' %s.out", kf), 0);
     /* Back up (space up starts what is not running). */
     assert_int_equal(sp_test_space("up"), 0);
     char sn[8192];
@@ -861,7 +625,7 @@ static int host_grep(const char *what, const char *s)
 {
     char b64[256];
     b64_of(s, b64, sizeof(b64));
-    int a = sh("grep -rqaF -e '%s' -e '%s' %s 2>/dev/null", s, b64, what);
+    int a = sp_inet_sh("grep -rqaF -e '%s' -e '%s' %s 2>/dev/null", s, b64, what);
     return a == 0 ? 1 : 0;
 }
 
@@ -898,7 +662,7 @@ static void test_guest_never_holds_a_value(void **state)
         sleep(1);
     }
     if (st != 200) {
-        sh("grep -h suspend %s/log/space-worker.log | tail -5 >&2", home);
+        sp_inet_sh("grep -h suspend %s/log/space-worker.log | tail -5 >&2", home);
         fail_msg("suspend: %d %s", st, out);
     }
     snprintf(path, sizeof(path), "%s/snapshots", home);
@@ -906,10 +670,10 @@ static void test_guest_never_holds_a_value(void **state)
         if (host_grep(path, V[v]))
             fail_msg("a value is in the snapshot store %s", path);
     /* R itself (every value holds it) in the store, the logs, the events. */
-    if (sh("grep -rqaF '%s' %s", R, path) == 0)
+    if (sp_inet_sh("grep -rqaF '%s' %s", R, path) == 0)
         fail_msg("the secret is in the snapshot store");
     snprintf(path, sizeof(path), "%s/log", home);
-    if (sh("grep -rqaF '%s' %s", R, path) == 0)
+    if (sp_inet_sh("grep -rqaF '%s' %s", R, path) == 0)
         fail_msg("the secret is in a daemon log under %s", path);
     for (int v = 0; v < 8; v++)
         if (host_grep(path, V[v]))

@@ -27,211 +27,37 @@
 #include <unistd.h>
 
 #include <cmocka.h>
-#include <openssl/pem.h>
 #include <sys/stat.h>
 
 #include "buf.h"
 #include "envelope.h"
+#include "egress/test_internet.h"
 #include "harness.h"
 #include "json.h"
-#include "tlsca.h"
 #include "xmalloc.h"
 
 #define NS        "egt-inet"
 #define VETH      "egt-h"
-#define META      "169.254.169.254"
-#define ALLOWED   "198.18.1.10"
-#define FORBIDDEN "198.18.1.20"
-#define ECHO_IP   "198.18.1.30"
-#define RESOLVER  "198.18.53.53"
-/* Private-range test sites (RFC 1918 and CGNAT), routed into the namespace like the rest. */
-static const char *const PRIVATE[] = {"10.99.0.10", "172.16.99.10", "192.168.99.10",
-                                      "100.64.99.10"};
-#define N_PRIVATE (sizeof(PRIVATE) / sizeof(PRIVATE[0]))
+#define META      SP_INET_META
+#define ALLOWED   SP_INET_ALLOWED
+#define FORBIDDEN SP_INET_FORBIDDEN
+#define ECHO_IP   SP_INET_ECHO
+#define RESOLVER  SP_INET_RESOLVER
+#define PRIVATE   sp_inet_private
+#define N_PRIVATE SP_INET_N_PRIVATE
+/* The stack's API, as root in a sandbox (test_internet.h). */
+#define run(id, out, len, ...) sp_inet_run(port, key, (id), (out), (len), __VA_ARGS__)
+#define put_probe(id)          sp_inet_put_probe(port, key, (id))
 
 static int port;
 static const char *key;
-static char stats_path[128];
-static pid_t inet_pid;
-static bool meta_route_added;
 /* a: allowlist; b: deny_all (the default); c: allowlist, never resolves anything */
 static char sa[64], sb[64], sc[64];
 static char gw_a[16], addr_b[16], gw_c[16];
 
-static char certs_dir[256];
 static const char *POLICY_A =
     "{\"mode\":\"allowlist\",\"allow\":[\"allowed.test\",\"*.wild.test\",\"mismatch.test\","
     "\"198.18.1.30/32:7777\"],\"deny\":[\"forbidden.test\"]}";
-
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    int st = system(cmd); /* NOLINT(cert-env33-c): ip(8) builds the test internet */
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-static void internet_down(void)
-{
-    if (inet_pid > 0) {
-        kill(inet_pid, SIGKILL);
-        waitpid(inet_pid, NULL, 0);
-        inet_pid = 0;
-    }
-    if (meta_route_added) {
-        sh("ip route del " META "/32 via 198.18.0.2 dev " VETH " 2>/dev/null");
-        for (size_t i = 0; i < N_PRIVATE; i++)
-            sh("ip route del %s/32 via 198.18.0.2 dev " VETH " 2>/dev/null", PRIVATE[i]);
-    }
-    meta_route_added = false;
-    sh("ip link del " VETH " 2>/dev/null; ip netns del " NS " 2>/dev/null");
-}
-
-/* The namespace, its addresses, the host routes into it, then the servers. */
-static void internet_up(void)
-{
-    internet_down();
-    if (sh("set -e; ip netns add " NS "; ip link add " VETH " type veth peer name eth0 netns " NS
-           "; ip addr add 198.18.0.1/24 dev " VETH "; ip link set " VETH " up;"
-           "ip -n " NS " link set lo up; ip -n " NS " addr add 198.18.0.2/24 dev eth0;"
-           "for a in " ALLOWED " " FORBIDDEN " " ECHO_IP " " RESOLVER " " META "; do ip -n " NS
-           " addr add $a/32 dev eth0; done;"
-           /* No default route inside: the namespace answers 198.18.0.1 (the host end, where
-            * egressd's connections come from) and nothing else. */
-           "ip -n " NS " link set eth0 up;"
-           "ip route add 198.18.1.0/24 via 198.18.0.2 dev " VETH ";"
-           "ip route add 198.18.53.0/24 via 198.18.0.2 dev " VETH) != 0)
-        fail_msg("cannot build the test internet");
-    if (sh("ip route add " META "/32 via 198.18.0.2 dev " VETH) != 0)
-        fail_msg("cannot route " META " into the test namespace: refusing to probe it");
-    meta_route_added = true;
-    for (size_t i = 0; i < N_PRIVATE; i++)
-        if (sh("ip -n " NS
-               " addr add %s/32 dev eth0 && ip route add %s/32 via 198.18.0.2 dev " VETH,
-               PRIVATE[i], PRIVATE[i]) != 0)
-            fail_msg("cannot route %s into the test namespace: refusing to probe it", PRIVATE[i]);
-    /* Belt and braces: what the host would do with each probed address now. */
-    const char *probe[] = {ALLOWED, FORBIDDEN, ECHO_IP, RESOLVER, META};
-    for (size_t i = 0; i < 5 + N_PRIVATE; i++) {
-        const char *a = i < 5 ? probe[i] : PRIVATE[i - 5];
-        if (sh("ip route get %s | grep -q 'dev " VETH "'", a) != 0)
-            fail_msg("%s is not routed into the test namespace", a);
-    }
-    setenv("EGRESS_PRIVATE", "1", 1); /* internet.py serves the private sites */
-
-    snprintf(stats_path, sizeof(stats_path), "/tmp/egress-it-stats-%d.json", (int)getpid());
-    unlink(stats_path);
-    char log[160];
-    snprintf(log, sizeof(log), "%s.log", stats_path);
-    const char *script = sp_test_env("SPACE_EGRESS_INTERNET");
-    inet_pid = fork();
-    if (inet_pid == 0) {
-        FILE *lf = freopen(log, "w", stderr);
-        (void)lf;
-        execl("/usr/sbin/ip", "ip", "netns", "exec", NS, "/usr/bin/python3", script, stats_path,
-              certs_dir, (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 100 && access(stats_path, F_OK) != 0; i++)
-        usleep(50 * 1000);
-    if (access(stats_path, F_OK) != 0) {
-        int st = 0;
-        pid_t w = waitpid(inet_pid, &st, WNOHANG);
-        fprintf(stderr, "internet.py: pid %d waited %d status 0x%x\n", (int)inet_pid, (int)w, st);
-        sh("cat %s >&2", log);
-        fail_msg("the test internet did not start (log above)");
-    }
-}
-
-/* Writes a leaf for name, signed by the CA in dir, as out/<name>.crt and .key. */
-static void mint_to(const char *ca_dir, const char *name, const char *out)
-{
-    char err[SP_CA_ERR_MAX] = "", crt[512], kpath[512];
-    snprintf(crt, sizeof(crt), "%s/" SP_CA_CERT_FILE, ca_dir);
-    snprintf(kpath, sizeof(kpath), "%s/" SP_CA_KEY_FILE, ca_dir);
-    sp_ca_t *ca = NULL;
-    X509 *cert = NULL;
-    EVP_PKEY *pk = NULL;
-    if (sp_ca_load(crt, kpath, &ca, err) < 0 || sp_ca_mint(ca, name, 30, &cert, &pk, err) < 0)
-        fail_msg("mint %s: %s", name, err);
-    snprintf(crt, sizeof(crt), "%s/%s.crt", out, name);
-    snprintf(kpath, sizeof(kpath), "%s/%s.key", out, name);
-    FILE *f = fopen(crt, "w");
-    FILE *g = fopen(kpath, "w");
-    if (!f || !g || !PEM_write_X509(f, cert) ||
-        !PEM_write_PrivateKey(g, pk, NULL, NULL, 0, NULL, NULL))
-        fail_msg("write %s", crt);
-    fclose(f);
-    fclose(g);
-    X509_free(cert);
-    EVP_PKEY_free(pk);
-    sp_ca_free(ca);
-}
-
-/* The test's "public" CA (the file egressd trusts for upstreams: SPACE_UPSTREAM_CA_FILE) and
- * its leaves for the test sites; a rogue CA and its leaf for allowed.test. */
-static void make_certs(void)
-{
-    const char *ca_file = sp_test_env("SPACE_UPSTREAM_CA_FILE");
-    const char *slash = strrchr(ca_file, '/');
-    if (!slash)
-        fail_msg("SPACE_UPSTREAM_CA_FILE is not a path: %s", ca_file);
-    snprintf(certs_dir, sizeof(certs_dir), "%.*s", (int)(slash - ca_file), ca_file);
-    char err[SP_CA_ERR_MAX] = "", rogue[300];
-    if (sp_ca_ensure(certs_dir, "SPACE test public CA", err) < 0)
-        fail_msg("test public CA: %s", err);
-    snprintf(rogue, sizeof(rogue), "%s/rogue", certs_dir);
-    if (sp_ca_ensure(rogue, "SPACE test rogue CA", err) < 0)
-        fail_msg("rogue CA: %s", err);
-    const char *names[] = {"allowed.test", "www.wild.test", "forbidden.test"};
-    for (size_t i = 0; i < 3; i++)
-        mint_to(certs_dir, names[i], certs_dir);
-    mint_to(rogue, "allowed.test", rogue);
-}
-
-/* A counter from the internet's stats: "dns", "udp", "http.<addr>", "echo.<port>". */
-static long long stat_of(const char *what)
-{
-    FILE *f = fopen(stats_path, "r");
-    if (!f)
-        fail_msg("no stats");
-    char buf[65536];
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    sp_json_doc_t *doc = NULL;
-    char err[SP_JSON_ERR_MAX];
-    if (sp_json_parse(buf, n, NULL, &doc, err) < 0)
-        fail_msg("stats: %s", err);
-    const sp_json_t *v = sp_json_root(doc);
-    char path[64];
-    snprintf(path, sizeof(path), "%s", what);
-    char *dot = strchr(path, '.');
-    if (dot) {
-        *dot = '\0';
-        v = sp_json_get(sp_json_get(v, path), dot + 1);
-    } else {
-        v = sp_json_get(v, path);
-    }
-    int64_t x = 0;
-    if (v)
-        sp_json_int(v, 0, INT64_MAX, &x);
-    sp_json_doc_free(doc);
-    return x;
-}
-
-static sp_json_doc_t *body_json(const sp_test_http_resp_t *r)
-{
-    sp_json_doc_t *doc = NULL;
-    char err[SP_JSON_ERR_MAX];
-    sp_json_limits_t lim = {.max_bytes = 64u << 20, .max_string = 32u << 20};
-    if (sp_json_parse(r->body, r->body_len, &lim, &doc, err) < 0)
-        fail_msg("not JSON (%s): %.300s", err, r->body);
-    return doc;
-}
 
 static void create(char out[64], const char *network)
 {
@@ -252,39 +78,6 @@ static void delete_sandbox(const char *id)
     if (r.status != 204)
         fail_msg("delete %s: %d %s", id, r.status, r.body);
     sp_test_http_free(&r);
-}
-
-/* Runs cmd (sh -c) as root in sandbox id; stdout+stderr into out. Returns the exit code. */
-static int run(const char *id, char *out, size_t len, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int run(const char *id, char *out, size_t len, const char *fmt, ...)
-{
-    char cmd[1024], path[128];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    sp_buf_t b;
-    sp_buf_init(&b);
-    sp_buf_printf(&b, "{\"cmd\":");
-    char *full = sp_xasprintf("(%s) 2>&1", cmd);
-    sp_buf_json_str(&b, full);
-    free(full);
-    sp_buf_printf(&b, ",\"user\":\"root\",\"timeout_s\":30}");
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s/commands", id);
-    sp_test_http_resp_t r;
-    sp_test_http(port, "POST", path, key, "Accept: application/json\r\n", b.data, b.len, &r);
-    sp_buf_dispose(&b);
-    if (r.status != 200)
-        fail_msg("command in %s: %d %s", id, r.status, r.body);
-    sp_json_doc_t *doc = body_json(&r);
-    const char *s = sp_json_str(sp_json_get(sp_json_root(doc), "stdout"), NULL);
-    snprintf(out, len, "%s", s ? s : "");
-    int64_t code = -1;
-    sp_json_int(sp_json_get(sp_json_root(doc), "exit_code"), -1000, 1000, &code);
-    sp_json_doc_free(doc);
-    sp_test_http_free(&r);
-    return (int)code;
 }
 
 /* busybox wget in the tiny template crashes (static glibc, see docs/machine-notes.md): HTTP
@@ -314,30 +107,6 @@ static void gateway_of(const char *id, char out[16])
         fail_msg("no gateway in %s: %s", id, buf);
 }
 
-/* egress-probe into /root/probe of sandbox id, through the files API. */
-static void put_probe(const char *id)
-{
-    char path[512], url[160];
-    snprintf(path, sizeof(path), "%s/egress-probe", sp_test_env("SPACE_BIN_DIR"));
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        fail_msg("no %s", path);
-    struct stat st;
-    fstat(fileno(f), &st);
-    char *bin = sp_xmalloc((size_t)st.st_size);
-    if (fread(bin, 1, (size_t)st.st_size, f) != (size_t)st.st_size)
-        fail_msg("read %s", path);
-    fclose(f);
-    snprintf(url, sizeof(url), "/v1/sandboxes/%s/files?path=/root/probe&mode=0755", id);
-    sp_test_http_resp_t r;
-    sp_test_http(port, "PUT", url, key, "Content-Type: application/octet-stream\r\n", bin,
-                 (size_t)st.st_size, &r);
-    free(bin);
-    if (r.status != 200 && r.status != 201)
-        fail_msg("PUT probe: %d %s", r.status, r.body);
-    sp_test_http_free(&r);
-}
-
 static int setup(void **state)
 {
     if (geteuid() != 0) {
@@ -347,8 +116,8 @@ static int setup(void **state)
     sp_test_stack_load();
     port = sp_test_api_port();
     key = sp_test_env("SPACE_API_KEY");
-    make_certs();
-    internet_up();
+    sp_inet_make_certs();
+    sp_inet_up(NS, VETH, "egress");
     create(sa, POLICY_A);
     create(sb, NULL);
     create(sc, POLICY_A);
@@ -367,14 +136,8 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-    internet_down();
-    sh("nft delete table inet sp_it_egress_cross 2>/dev/null");
-    if (stats_path[0]) {
-        char log[160];
-        snprintf(log, sizeof(log), "%s.log", stats_path);
-        unlink(stats_path);
-        unlink(log);
-    }
+    sp_inet_down();
+    sp_inet_sh("nft delete table inet sp_it_egress_cross 2>/dev/null");
     return 0;
 }
 
@@ -388,11 +151,11 @@ static void test_allowed_path(void **state)
 {
     NEED_ROOT();
     char out[4096];
-    long long dns0 = stat_of("dns");
+    long long dns0 = sp_inet_stat("dns");
     run(sa, out, sizeof(out), "nslookup allowed.test");
     if (!strstr(out, ALLOWED))
         fail_msg("nslookup allowed.test: %s", out);
-    assert_true(stat_of("dns") > dns0);
+    assert_true(sp_inet_stat("dns") > dns0);
     run(sa, out, sizeof(out), HTTP_GET("allowed.test", ALLOWED));
     if (!strstr(out, "site:allowed host:allowed.test"))
         fail_msg("GET allowed.test: %s", out);
@@ -407,14 +170,14 @@ static void test_allowed_path(void **state)
         fail_msg("nc " ECHO_IP ":7777: %s", out);
     run(sa, out, sizeof(out), "echo hi | nc -w 3 " ECHO_IP " 7778");
     assert_null(strstr(out, "echo:"));
-    assert_int_equal(stat_of("echo.7778"), 0);
+    assert_int_equal(sp_inet_stat("echo.7778"), 0);
 }
 
 static void test_dns_denied_without_upstream_query(void **state)
 {
     NEED_ROOT();
     char out[4096];
-    long long dns0 = stat_of("dns");
+    long long dns0 = sp_inet_stat("dns");
     run(sa, out, sizeof(out),
         "nslookup forbidden.test; nslookup example.com; "
         "nslookup aGVsbG8gd29ybGQ.tunnel.example.org");
@@ -422,19 +185,20 @@ static void test_dns_denied_without_upstream_query(void **state)
     run(sb, out, sizeof(out), "nslookup allowed.test");
     assert_null(strstr(out, ALLOWED));
     /* Not one of these reached the resolver. */
-    assert_int_equal(stat_of("dns"), dns0);
+    assert_int_equal(sp_inet_stat("dns"), dns0);
     /* A resolver of the guest's choosing (the test internet's own): the query goes to egressd
      * all the same, which refuses the name. */
     run(sa, out, sizeof(out), "nslookup forbidden.test " RESOLVER);
     assert_null(strstr(out, FORBIDDEN));
-    assert_int_equal(stat_of("dns"), dns0);
+    assert_int_equal(sp_inet_stat("dns"), dns0);
 }
 
 static void test_bypasses_denied(void **state)
 {
     NEED_ROOT();
     char out[4096];
-    long long http_allowed = stat_of("http." ALLOWED), http_forbidden = stat_of("http." FORBIDDEN);
+    long long http_allowed = sp_inet_stat("http." ALLOWED),
+              http_forbidden = sp_inet_stat("http." FORBIDDEN);
     /* c never resolved anything: the allowed site's address, straight, with the right Host. */
     run(sc, out, sizeof(out), HTTP_GET("allowed.test", ALLOWED));
     if (strstr(out, "site:") || !strstr(out, "not_attributed"))
@@ -458,8 +222,8 @@ static void test_bypasses_denied(void **state)
         "printf 'GET / HTTP/1.1\\r\\nHost: allowed.test\\r\\nHost: "
         "forbidden.test\\r\\n\\r\\n' | nc -w 3 " ALLOWED " 80");
     assert_null(strstr(out, "site:"));
-    assert_int_equal(stat_of("http." FORBIDDEN), http_forbidden);
-    assert_int_equal(stat_of("http." ALLOWED), http_allowed);
+    assert_int_equal(sp_inet_stat("http." FORBIDDEN), http_forbidden);
+    assert_int_equal(sp_inet_stat("http." ALLOWED), http_allowed);
 
     /* The host's services through the gateway, another sandbox, the metadata address. */
     const char *nats = sp_test_env("SPACE_NATS_URL");
@@ -476,12 +240,12 @@ static void test_bypasses_denied(void **state)
     assert_null(strstr(out, "site:"));
     run(sa, out, sizeof(out), HTTP_GET("metadata.google.internal", META));
     assert_null(strstr(out, "site:"));
-    assert_int_equal(stat_of("http." META), 0);
+    assert_int_equal(sp_inet_stat("http." META), 0);
 
     /* UDP other than DNS to the gateway: never leaves. */
     run(sa, out, sizeof(out), "echo x | nc -u -w 2 " ALLOWED " 9999; echo x | nc -u -w 2 %s 9999",
         gw_a);
-    assert_int_equal(stat_of("udp"), 0);
+    assert_int_equal(sp_inet_stat("udp"), 0);
 
     /* No raw sockets in gVisor: no ICMP tunnel, no forged source from a real guest (the
      * nftables anti-spoofing rule is exercised by tests/integration/worker_runtime.c). */
@@ -513,8 +277,8 @@ static void test_request_targets(void **state)
 {
     NEED_ROOT();
     char out[8192];
-    long long h80 = stat_of("http." ALLOWED), h443 = stat_of("https." ALLOWED ":443"),
-              h8080 = stat_of("https." ALLOWED ":8080");
+    long long h80 = sp_inet_stat("http." ALLOWED), h443 = sp_inet_stat("https." ALLOWED ":443"),
+              h8080 = sp_inet_stat("https." ALLOWED ":8080");
     run(sa, out, sizeof(out), "nslookup allowed.test >/dev/null");
     const struct {
         const char *line, *why;
@@ -558,9 +322,9 @@ static void test_request_targets(void **state)
     if (strstr(out, "site:") || !strstr(out, "target_host_mismatch"))
         fail_msg("absolute-form in a CONNECT tunnel: %d %s", rc, out);
     usleep(300 * 1000);
-    assert_int_equal(stat_of("http." ALLOWED), h80);
-    assert_int_equal(stat_of("https." ALLOWED ":443"), h443 + 1);
-    assert_int_equal(stat_of("https." ALLOWED ":8080"), h8080 + 1);
+    assert_int_equal(sp_inet_stat("http." ALLOWED), h80);
+    assert_int_equal(sp_inet_stat("https." ALLOWED ":443"), h443 + 1);
+    assert_int_equal(sp_inet_stat("https." ALLOWED ":8080"), h8080 + 1);
 
     /* Allowed absolute-form, rewritten to origin-form: a proxy-style client (the request curl
      * -x sends) to its "proxy" on the gateway, from c, which never resolved anything (egressd
@@ -667,11 +431,11 @@ static void test_allow_all_stays_outside(void **state)
         fail_msg("allow_all to the host, the metadata address or another sandbox: %s", out);
     usleep(200 * 1000);
     assert_int_equal(accepted(lfd), 0);
-    assert_int_equal(stat_of("http." META), 0);
+    assert_int_equal(sp_inet_stat("http." META), 0);
     for (size_t i = 0; i < N_PRIVATE; i++) {
         char k[64];
         snprintf(k, sizeof(k), "http.%s", PRIVATE[i]);
-        assert_int_equal(stat_of(k), 0);
+        assert_int_equal(sp_inet_stat(k), 0);
     }
 
     /* A CIDR entry inside the private range opens exactly that; 0.0.0.0/0 opens none. */
@@ -685,7 +449,7 @@ static void test_allow_all_stays_outside(void **state)
         fail_msg("allowlist with 10.99.0.10/32:80 and 0.0.0.0/0: %s", out);
     usleep(200 * 1000);
     assert_int_equal(accepted(lfd), 0);
-    assert_int_equal(stat_of("http.172.16.99.10"), 0);
+    assert_int_equal(sp_inet_stat("http.172.16.99.10"), 0);
     close(lfd);
 
     PGconn *db = sp_test_db();
@@ -704,14 +468,14 @@ static void test_denials_do_not_starve(void **state)
 {
     NEED_ROOT();
     char out[8192];
-    long long h80 = stat_of("http." ALLOWED);
+    long long h80 = sp_inet_stat("http." ALLOWED);
     run(sa, out, sizeof(out),
         "nslookup allowed.test >/dev/null; /root/probe --bench 1000 --new-conn --host "
         "forbidden.test " ALLOWED " 80; echo rc=$?; " HTTP_GET("allowed.test", ALLOWED));
     if (!strstr(out, "bench: n=1000") || !strstr(out, "rc=0") || !strstr(out, "site:allowed"))
         fail_msg("1000 refusals, then an allowed request: %s", out);
     usleep(200 * 1000);
-    assert_int_equal(stat_of("http." ALLOWED), h80 + 1);
+    assert_int_equal(sp_inet_stat("http." ALLOWED), h80 + 1);
 }
 
 /* A TLS ClientHello record as \xHH escapes for printf: SNI name (none when NULL), and an ECH
@@ -769,7 +533,8 @@ static void test_tls_sni(void **state)
 {
     NEED_ROOT();
     char out[4096], hello[2048];
-    long long up_a = stat_of("https." ALLOWED ":443"), up_f = stat_of("https." FORBIDDEN ":443");
+    long long up_a = sp_inet_stat("https." ALLOWED ":443"),
+              up_f = sp_inet_stat("https." FORBIDDEN ":443");
     /* A forbidden SNI on the allowed address; the allowed SNI on the forbidden address; no
      * SNI; ECH; plain text on 443. */
     client_hello(hello, sizeof(hello), "forbidden.test", false);
@@ -788,8 +553,8 @@ static void test_tls_sni(void **state)
     if (rc != 2 || strstr(out, "site:"))
         fail_msg("SNI forbidden + Host allowed: %d %s", rc, out);
     usleep(300 * 1000);
-    assert_int_equal(stat_of("https." ALLOWED ":443"), up_a);
-    assert_int_equal(stat_of("https." FORBIDDEN ":443"), up_f);
+    assert_int_equal(sp_inet_stat("https." ALLOWED ":443"), up_a);
+    assert_int_equal(sp_inet_stat("https." FORBIDDEN ":443"), up_f);
 
     PGconn *db = sp_test_db();
     const char *reasons[] = {"no_sni", "ech", "not_tls"};
@@ -811,7 +576,7 @@ static void test_tls_terminated(void **state)
 {
     NEED_ROOT();
     char out[8192];
-    long long up_a = stat_of("https." ALLOWED ":443");
+    long long up_a = sp_inet_stat("https." ALLOWED ":443");
     /* The trust the worker installed: the bundle, the CA file, the profile script; no key. */
     run(sa, out, sizeof(out),
         "grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt; "
@@ -833,16 +598,16 @@ static void test_tls_terminated(void **state)
         !strstr(out, "site:allowed host:allowed.test sni:allowed.test port:443"))
         fail_msg("HTTPS to allowed.test: %d %s", rc, out);
     /* Three requests (one, then two on one kept-alive connection) reached the site. */
-    for (int i = 0; i < 40 && stat_of("https." ALLOWED ":443") < up_a + 3; i++)
+    for (int i = 0; i < 40 && sp_inet_stat("https." ALLOWED ":443") < up_a + 3; i++)
         usleep(50 * 1000);
-    assert_int_equal(stat_of("https." ALLOWED ":443"), up_a + 3);
+    assert_int_equal(sp_inet_stat("https." ALLOWED ":443"), up_a + 3);
     /* A wildcard entry gets its own leaf. */
     rc = run(sa, out, sizeof(out),
              "nslookup www.wild.test >/dev/null; /root/probe --sni www.wild.test " ALLOWED " 443");
     if (rc != 0 || !strstr(out, "subject=/CN=www.wild.test") ||
         !strstr(out, "site:allowed host:www.wild.test sni:www.wild.test"))
         fail_msg("HTTPS to www.wild.test: %d %s", rc, out);
-    up_a = stat_of("https." ALLOWED ":443");
+    up_a = sp_inet_stat("https." ALLOWED ":443");
 
     /* The red team's shared address: SNI allowed, Host forbidden, inside the TLS. */
     rc = run(sa, out, sizeof(out),
@@ -859,10 +624,10 @@ static void test_tls_terminated(void **state)
     rc = run(sa, out, sizeof(out), "/root/probe --alpn h2 --sni allowed.test " ALLOWED " 443");
     if (rc != 2)
         fail_msg("ALPN h2 only: %d %s", rc, out);
-    for (int i = 0; i < 20 && stat_of("https." ALLOWED ":443") < up_a + 1; i++)
+    for (int i = 0; i < 20 && sp_inet_stat("https." ALLOWED ":443") < up_a + 1; i++)
         usleep(50 * 1000);
     usleep(200 * 1000);
-    assert_int_equal(stat_of("https." ALLOWED ":443"), up_a + 1);
+    assert_int_equal(sp_inet_stat("https." ALLOWED ":443"), up_a + 1);
 
     /* Upstream verification: a certificate from a CA egressd does not trust (port 8443), and
      * a name the site's certificate does not carry (mismatch.test on the allowed site). */
@@ -873,7 +638,7 @@ static void test_tls_terminated(void **state)
              "nslookup mismatch.test >/dev/null; /root/probe --sni mismatch.test " ALLOWED " 443");
     if (rc != 0 || strstr(out, "site:") || !strstr(out, "upstream_cert_invalid"))
         fail_msg("upstream certificate for another name: %s", out);
-    assert_int_equal(stat_of("https." ALLOWED ":8443"), 0);
+    assert_int_equal(sp_inet_stat("https." ALLOWED ":8443"), 0);
 
     PGconn *db = sp_test_db();
     /* tls_handshake_failed is a "tls" decision (before termination), the others "https". */
@@ -904,14 +669,14 @@ static void test_connect(void **state)
 {
     NEED_ROOT();
     char out[8192];
-    long long dns0 = stat_of("dns"), up_a = stat_of("https." ALLOWED ":443");
+    long long dns0 = sp_inet_stat("dns"), up_a = sp_inet_stat("https." ALLOWED ":443");
     int rc = run(sc, out, sizeof(out),
                  "/root/probe --connect allowed.test:443 --sni allowed.test %s 3128", gw_c);
     if (rc != 0 || !strstr(out, "connect: HTTP/1.1 200") || !strstr(out, "verify: ok") ||
         !strstr(out, "issuer=/CN=SPACE deployment CA") ||
         !strstr(out, "site:allowed host:allowed.test sni:allowed.test port:443"))
         fail_msg("CONNECT allowed.test:443: %d %s", rc, out);
-    assert_true(stat_of("dns") > dns0);
+    assert_true(sp_inet_stat("dns") > dns0);
     /* A forbidden name, an unlisted one, a port the name is not allowed on is fine (no port
      * in the entry), a Host that names another authority, another SNI in the tunnel, Host
      * forbidden inside it, plain text inside it. */
@@ -946,7 +711,7 @@ static void test_connect(void **state)
     if (strstr(out, "site:"))
         fail_msg("CONNECT allowed.test, plain HTTP inside: %d %s", rc, out);
     usleep(300 * 1000);
-    assert_int_equal(stat_of("https." ALLOWED ":443"), up_a + 1);
+    assert_int_equal(sp_inet_stat("https." ALLOWED ":443"), up_a + 1);
 
     PGconn *db = sp_test_db();
     const char *reasons[] = {"sni_connect_mismatch", "host_connect_mismatch"};
@@ -970,11 +735,11 @@ static void test_policy_change(void **state)
     /* A kept-alive HTTPS connection opened before the change: its next request is decided
      * by the new policy (every request is). The probe runs in the background in the sandbox,
      * two requests 3 s apart; the policy turns to deny_all in between. */
-    long long up_a = stat_of("https." ALLOWED ":443");
+    long long up_a = sp_inet_stat("https." ALLOWED ":443");
     run(sa, out, sizeof(out),
         "nslookup allowed.test >/dev/null; (/root/probe --sni allowed.test --host "
         "allowed.test,allowed.test --pause-ms 3000 " ALLOWED " 443 >/tmp/keep.out 2>&1 &)");
-    for (int i = 0; i < 40 && stat_of("https." ALLOWED ":443") < up_a + 1; i++)
+    for (int i = 0; i < 40 && sp_inet_stat("https." ALLOWED ":443") < up_a + 1; i++)
         usleep(50 * 1000);
     put_network(sa, "{\"mode\":\"deny_all\"}", 200);
     usleep(4000 * 1000);
@@ -983,7 +748,7 @@ static void test_policy_change(void **state)
     if (!strstr(out, "site:allowed") || strstr(strstr(out, "site:allowed") + 1, "site:allowed") ||
         !strstr(out, "response: none"))
         fail_msg("kept-alive connection across a policy change: %s", out);
-    assert_int_equal(stat_of("https." ALLOWED ":443"), up_a + 1);
+    assert_int_equal(sp_inet_stat("https." ALLOWED ":443"), up_a + 1);
 
     put_network(sa, "{\"mode\":\"deny_all\"}", 200);
     run(sa, out, sizeof(out), "nslookup allowed.test; " HTTP_GET("allowed.test", ALLOWED));
@@ -1066,7 +831,7 @@ static void test_chunked_body(void **state)
 {
     NEED_ROOT();
     char out[8192];
-    long long up8080 = stat_of("https." ALLOWED ":8080");
+    long long up8080 = sp_inet_stat("https." ALLOWED ":8080");
     int rc = run(sa, out, sizeof(out),
                  "nslookup allowed.test >/dev/null; /root/probe --host allowed.test --post 300000 "
                  "--chunk 70000 --path /up " ALLOWED " 8080");
@@ -1085,7 +850,7 @@ static void test_chunked_body(void **state)
     if (rc != 0)
         fail_msg("POST with Content-Length: %d %s", rc, out);
     assert_posted(out, "100000", "allowed.test");
-    long long up = stat_of("https." ALLOWED ":8080");
+    long long up = sp_inet_stat("https." ALLOWED ":8080");
     assert_int_equal(up, up8080 + 2);
 
 #define CHUNKED_POST                                                                               \
@@ -1117,8 +882,8 @@ static void test_chunked_body(void **state)
     if (!strstr(out, "posted:4 ") || strstr(out, "posted:3 "))
         fail_msg("request after a zero chunk and an answer: %s", out);
     usleep(300 * 1000);
-    assert_int_equal(stat_of("post_hosts.forbidden.test"), 0);
-    assert_in_range(stat_of("https." ALLOWED ":8080"), up + 1, up + 2);
+    assert_int_equal(sp_inet_stat("post_hosts.forbidden.test"), 0);
+    assert_in_range(sp_inet_stat("https." ALLOWED ":8080"), up + 1, up + 2);
     assert_denied(sa, "bad_chunked_body");
     assert_denied(sa, "host_changed");
 }
@@ -1129,7 +894,7 @@ static void test_websocket(void **state)
 {
     NEED_ROOT();
     char out[8192];
-    long long ws0 = stat_of("ws");
+    long long ws0 = sp_inet_stat("ws");
     int rc = run(sa, out, sizeof(out),
                  "nslookup allowed.test >/dev/null; /root/probe --host allowed.test --ws hello "
                  "--path /ws " ALLOWED " 8080");
@@ -1139,16 +904,16 @@ static void test_websocket(void **state)
              "/root/probe --sni allowed.test --ws hello-tls --path /ws " ALLOWED " 443");
     if (rc != 0 || !strstr(out, "ws: HTTP/1.1 101") || !strstr(out, "ws: got echo:hello-tls"))
         fail_msg("WebSocket over HTTPS: %d %s", rc, out);
-    assert_int_equal(stat_of("ws"), ws0 + 2);
+    assert_int_equal(sp_inet_stat("ws"), ws0 + 2);
     /* A 200 to the handshake: HTTP goes on, and the next request (another Host) is refused. */
-    long long up = stat_of("https." ALLOWED ":8080");
+    long long up = sp_inet_stat("https." ALLOWED ":8080");
     rc = run(sa, out, sizeof(out),
              "/root/probe --host allowed.test,forbidden.test --ws x --path /nows " ALLOWED " 8080");
     if (!strstr(out, "ws: HTTP/1.1 200") || !strstr(out, "site:allowed host:allowed.test") ||
         strstr(out, "host:forbidden.test") || !strstr(out, "response: none"))
         fail_msg("handshake answered 200, then another Host: %d %s", rc, out);
     usleep(300 * 1000);
-    assert_int_equal(stat_of("https." ALLOWED ":8080"), up + 1);
+    assert_int_equal(sp_inet_stat("https." ALLOWED ":8080"), up + 1);
     /* h2c (and any other upgrade): refused; a handshake after a first request: refused. */
     run(sa, out, sizeof(out),
         "printf 'GET / HTTP/1.1\\r\\nHost: allowed.test\\r\\nUpgrade: h2c\\r\\nConnection: "
@@ -1163,7 +928,7 @@ static void test_websocket(void **state)
         " 8080");
     if (strstr(out, " 101 "))
         fail_msg("handshake as a second request: %s", out);
-    assert_int_equal(stat_of("ws"), ws0 + 2);
+    assert_int_equal(sp_inet_stat("ws"), ws0 + 2);
     assert_denied(sa, "upgrade_unsupported");
     assert_denied(sa, "upgrade_not_first");
 }
@@ -1406,14 +1171,15 @@ static void test_suspend_refused_for_time_wait(void **state)
     veth[strcspn(veth, "\n")] = '\0';
     if (!veth[0])
         fail_msg("no host interface carries %s", gw);
-    sh("nft delete table inet " CROSS_TABLE " 2>/dev/null");
-    if (sh("nft add table inet " CROSS_TABLE " && nft add chain inet " CROSS_TABLE
-           " out '{ type filter hook output priority 0; }' && nft add rule inet " CROSS_TABLE
-           " out oifname %s 'tcp flags & (fin | rst) != 0' drop",
-           veth) != 0)
+    sp_inet_sh("nft delete table inet " CROSS_TABLE " 2>/dev/null");
+    if (sp_inet_sh(
+            "nft add table inet " CROSS_TABLE " && nft add chain inet " CROSS_TABLE
+            " out '{ type filter hook output priority 0; }' && nft add rule inet " CROSS_TABLE
+            " out oifname %s 'tcp flags & (fin | rst) != 0' drop",
+            veth) != 0)
         fail_msg("cannot add the drop rule on %s", veth);
     run(sd, out, sizeof(out), "(echo now; sleep 0.5) | timeout 2 nc " ECHO_IP " 7777; echo done");
-    sh("nft delete table inet " CROSS_TABLE);
+    sp_inet_sh("nft delete table inet " CROSS_TABLE);
     /* A connection open during the refused suspend is left alone (nc ends on a reset). */
     run(sd, out, sizeof(out),
         "(sleep 1000 | nc " ECHO_IP " 7777 > /dev/null 2>&1 &) ; sleep 0.5; echo ok");
@@ -1435,7 +1201,7 @@ static void test_suspend_refused_for_time_wait(void **state)
 /* Whether an interface of this host holds addr (a sandbox's gateway: its veth's host end). */
 static bool host_holds(const char *addr)
 {
-    return sh("ip -4 -o addr show | grep -q ' inet %s/'", addr) == 0;
+    return sp_inet_sh("ip -4 -o addr show | grep -q ' inet %s/'", addr) == 0;
 }
 
 static void lifecycle_op(const char *id, const char *op)
@@ -1469,11 +1235,11 @@ static void test_dns_out_of_the_box(void **state)
     snprintf(want, sizeof(want), "\nnameserver %s\n", gw0);
     if (!strstr(out, want))
         fail_msg("resolv.conf at create does not name the gateway %s: %s", gw0, out);
-    long long dns0 = stat_of("dns");
+    long long dns0 = sp_inet_stat("dns");
     run(sd, out, sizeof(out), "nslookup allowed.test");
     if (!strstr(out, "Address: " ALLOWED))
         fail_msg("nslookup allowed.test in a fresh sandbox: %s", out);
-    assert_true(stat_of("dns") > dns0);
+    assert_true(sp_inet_stat("dns") > dns0);
 
     /* (ii) Another resolver named: still egressd's answers and refusals. */
     run(sd, out, sizeof(out),
@@ -1481,12 +1247,12 @@ static void test_dns_out_of_the_box(void **state)
         " > /etc/resolv.conf && nslookup allowed.test");
     if (!strstr(out, "Address: " ALLOWED))
         fail_msg("nslookup allowed.test with nameserver " RESOLVER ": %s", out);
-    dns0 = stat_of("dns");
+    dns0 = sp_inet_stat("dns");
     run(sd, out, sizeof(out), "nslookup forbidden.test; nslookup forbidden.test " RESOLVER);
     if (strstr(out, FORBIDDEN))
         fail_msg("forbidden.test resolved through " RESOLVER ": %s", out);
     usleep(300 * 1000);
-    assert_int_equal(stat_of("dns"), dns0);
+    assert_int_equal(sp_inet_stat("dns"), dns0);
     assert_denied(sd, "denied_by_rule"); /* egressd decided: the query reached it */
     run(sd, out, sizeof(out), "cp /root/resolv.conf.create /etc/resolv.conf && echo ok");
     if (!strstr(out, "ok"))
