@@ -207,16 +207,8 @@ void eg_cred_flush(eg_t *eg)
             env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_CREDENTIAL_DENIED;
             env.credential_denied = &no;
         }
-        char id[37], subject[192];
-        uint8_t *data = NULL;
-        size_t len = 0;
-        sp_envelope_stamp(&env, id);
-        int rc = sp_envelope_subject(&env, NULL, subject, sizeof(subject));
-        if (rc >= 0)
-            rc = sp_publish_pack(&env, &data, &len);
-        if (rc >= 0)
-            rc = sp_bus_publish_async(eg->bus, subject, data, len, id);
-        free(data);
+        char id[37];
+        int rc = sp_publish_event_async(eg->bus, &env, id, NULL);
         if (rc < 0)
             sp_log(SP_LOG_WARN, "credential event not published", SP_KS("sandbox", u->sandbox),
                    SP_KS("error", sp_strerror(rc)));

@@ -53,6 +53,20 @@ int sp_publish_event(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const c
     return rc;
 }
 
+int sp_publish_event_async(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const char *worker)
+{
+    char subject[SP_PUBLISH_SUBJECT_MAX];
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int rc;
+
+    if ((rc = sp_publish_encode(env, id_buf, worker, subject, &buf, &len)) < 0)
+        return rc;
+    rc = sp_bus_publish_async(bus, subject, buf, len, env->event_id);
+    free(buf);
+    return rc;
+}
+
 void sp_envelope_answer(sp_envelope_t *env, Space__V1__Aggregate *agg, const sp_envelope_t *cause,
                         const char *actor)
 {

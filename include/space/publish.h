@@ -23,6 +23,10 @@
 int sp_publish_event(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const char *worker,
                      const char *msg_id, uint64_t *ret_seq);
 
+/* sp_publish_event without waiting for the stream's ack (sp_bus_publish_async; the message id
+ * is the event id): for facts a daemon emits in bursts (egressd's audits). */
+int sp_publish_event_async(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const char *worker);
+
 /* The first half of sp_publish_event, for a caller that publishes later (in order, from a
  * thread of its own): stamps env as sp_publish_event does (occurred_at is now), writes its
  * subject and encodes it into a heap buffer (caller frees). SP_ESCHEMA if it does not
