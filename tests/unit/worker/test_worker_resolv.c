@@ -82,17 +82,17 @@ static void rootfs_free(const char *dir)
 static void test_has_nameserver(void **state)
 {
     (void)state;
-    const char *yes[] = {"nameserver 8.8.8.8", "search x\nnameserver\t1.2.3.4\n",
+    const char *yes[] = {"nameserver 192.0.2.53", "search x\nnameserver\t1.2.3.4\n",
                          "# c\nnameserver 10.0.0.1\r\n"};
     const char *no[] = {"",
                         "\n\n",
-                        "# nameserver 8.8.8.8\n",
-                        "; nameserver 8.8.8.8\n",
-                        " nameserver 8.8.8.8\n",
+                        "# nameserver 192.0.2.53\n",
+                        "; nameserver 192.0.2.53\n",
+                        " nameserver 192.0.2.53\n",
                         "nameserver\n",
                         "nameserver   \n",
                         "nameservers 1.2.3.4\n",
-                        "search example.com\noptions ndots:2\n"};
+                        "search example.test\noptions ndots:2\n"};
     for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++)
         assert_true(wk__resolv_has_nameserver(yes[i], strlen(yes[i])));
     for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++)
@@ -103,7 +103,7 @@ static void test_has_nameserver(void **state)
 static void test_written_when_none(void **state)
 {
     (void)state;
-    const char *before[] = {NULL, "", "# nameserver 8.8.8.8\n"};
+    const char *before[] = {NULL, "", "# nameserver 192.0.2.53\n"};
     for (size_t i = 0; i < 3; i++) {
         char dir[64], path[128], err[WK_ERR_MAX] = "";
         rootfs_new(dir, false);
@@ -133,7 +133,7 @@ static void test_template_nameserver_kept(void **state)
     char dir[64], path[128], err[WK_ERR_MAX] = "";
     rootfs_new(dir, false);
     snprintf(path, sizeof(path), "%s/etc/resolv.conf", dir);
-    const char *own = "search corp.example\nnameserver 8.8.8.8\noptions ndots:1\n";
+    const char *own = "search corp.example.test\nnameserver 192.0.2.53\noptions ndots:1\n";
     write_text(path, own);
     assert_int_equal(wk__resolv_install(dir, gw(), err), 0);
     assert_string_equal(read_text(path), own);
@@ -147,10 +147,10 @@ static void test_other_lines_kept(void **state)
     char dir[64], path[128], err[WK_ERR_MAX] = "";
     rootfs_new(dir, false);
     snprintf(path, sizeof(path), "%s/etc/resolv.conf", dir);
-    write_text(path, "search corp.example\noptions ndots:1\n");
+    write_text(path, "search corp.example.test\noptions ndots:1\n");
     assert_int_equal(wk__resolv_install(dir, gw(), err), 1);
     const char *text = read_text(path);
-    const char *ns = strstr(text, GW_TEXT), *search = strstr(text, "search corp.example\n");
+    const char *ns = strstr(text, GW_TEXT), *search = strstr(text, "search corp.example.test\n");
     assert_non_null(ns);
     assert_non_null(search);
     assert_true(ns < search);
