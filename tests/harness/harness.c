@@ -126,6 +126,27 @@ int sp_test_sign(const char *subject, uint8_t **data, size_t *len)
     return 0;
 }
 
+void sp_test_expect_row(PGconn *db, uint64_t seq, const char *status, const char *needle,
+                        bool prefix)
+{
+    char sql[256];
+    snprintf(sql, sizeof(sql), "SELECT count(*) FROM events WHERE stream_seq = %llu",
+             (unsigned long long)seq);
+    assert_int_equal(sp_test_db_wait_scalar(db, sql, 1, 20000), 1);
+    snprintf(sql, sizeof(sql),
+             "SELECT status, coalesce(reject_reason, '') FROM events WHERE stream_seq = %llu",
+             (unsigned long long)seq);
+    PGresult *r = PQexec(db, sql);
+    assert_int_equal(PQntuples(r), 1);
+    const char *got = PQgetvalue(r, 0, 1);
+    bool ok = prefix ? strncmp(got, needle, strlen(needle)) == 0 : strstr(got, needle) != NULL;
+    if (strcmp(PQgetvalue(r, 0, 0), status) != 0 || !ok)
+        fail_msg("seq %llu: status %s reason '%s'; expected %s with '%s'", (unsigned long long)seq,
+                 PQgetvalue(r, 0, 0), got, status, needle);
+    print_message("seq %llu %s: %s\n", (unsigned long long)seq, status, got);
+    PQclear(r);
+}
+
 PGconn *sp_test_db(void)
 {
     PGconn *db = NULL;

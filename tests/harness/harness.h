@@ -26,6 +26,11 @@ sp_bus_t *sp_test_bus(void);
  * unknown signer appears). -EINVAL, *data untouched, when it is no envelope: hostile bytes go
  * out as they are. */
 int sp_test_sign(const char *subject, uint8_t **data, size_t *len);
+/* Waits (20 s at most) for the events row of stream sequence seq and checks its status, and
+ * that its reject reason starts with needle (prefix) or contains it; fails the test with both
+ * otherwise. */
+void sp_test_expect_row(PGconn *db, uint64_t seq, const char *status, const char *needle,
+                        bool prefix);
 PGconn *sp_test_db(void);
 /* Runs `space <args>` (the CLI next to the test binaries, $SPACE_BIN_DIR/space) and returns
  * its exit status. */

@@ -37,24 +37,7 @@ static uint64_t publish(const char *subject, const void *data, size_t len)
     return seq;
 }
 
-/* Waits for the row of seq and checks its status and that the reason mentions needle. */
-static void expect_row(uint64_t seq, const char *status, const char *needle)
-{
-    char sql[256];
-    snprintf(sql, sizeof(sql), "SELECT count(*) FROM events WHERE stream_seq = %llu",
-             (unsigned long long)seq);
-    assert_int_equal(sp_test_db_wait_scalar(db, sql, 1, 20000), 1);
-    snprintf(sql, sizeof(sql),
-             "SELECT status, coalesce(reject_reason, '') FROM events WHERE stream_seq = %llu",
-             (unsigned long long)seq);
-    PGresult *r = PQexec(db, sql);
-    assert_int_equal(PQntuples(r), 1);
-    if (strcmp(PQgetvalue(r, 0, 0), status) != 0 || !strstr(PQgetvalue(r, 0, 1), needle))
-        fail_msg("seq %llu: status %s reason '%s'; expected %s with '%s'", (unsigned long long)seq,
-                 PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1), status, needle);
-    print_message("seq %llu %s: %s\n", (unsigned long long)seq, status, PQgetvalue(r, 0, 1));
-    PQclear(r);
-}
+#define expect_row(seq, status, needle) sp_test_expect_row(db, (seq), (status), (needle), false)
 
 /* Packs an envelope without the encoder's validation, as a careless or hostile publisher. */
 static uint8_t *pack_raw(sp_envelope_t *env, size_t *len)
