@@ -18,6 +18,7 @@ typedef struct {
     unsigned seconds;
     /* create */
     size_t creates;
+    size_t pool_size; /* create: the warm pool of the pooled part */
     size_t execs;
     size_t rounds;    /* lifecycle */
     const char *home; /* SPACE_HOME: the worker's template rootfs for the baseline */

@@ -18,7 +18,20 @@
  * events the publisher pre-signs the way bursting producers would: each producer's next
  * --sign-batch events under one Merkle root, and the worst case, every event signed alone.
  * Signing happens before the clock starts (its cost per event is printed apart); verification
- * is inside the measured time. Each run does all three modes back to back.
+ * is inside the measured time. Each run does all three modes back to back, in an order that
+ * rotates from run to run; the ratios to unsigned are given both as the ratio of the p50s and
+ * as the p50 of each run's own ratio (the machine's load changes less within a run).
+ *
+ * Checkpoints (issue 16, docs/audit.md): on in those three modes (the default), and off in a
+ * fourth, the batch mode again with checkpoint-events=0 and checkpoint-ms=0, so that the cost
+ * of anchoring is the ratio of two modes of the same invocation.
+ *
+ * Sealed output (issue 16 part 2, docs/audit.md), in the same invocation: CommandOutput events
+ * of 1 KiB, as the worker records them, plaintext or redacted and sealed under a data key
+ * (AES-256-GCM), each with checkpoints on and off, verify-signatures off: four modes whose
+ * ratios to "plaintext, checkpoints off" are what encryption and anchoring cost the log. The
+ * producer's redaction and sealing happen before the clock (their cost per event is printed
+ * apart), as the worker does them on its own threads.
  *
  * Every number is a distribution over several runs (p50/p90/p99 and the spread), printed as a
  * table and as one JSON line for machines. */
@@ -26,6 +39,7 @@
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +49,7 @@
 
 #include "bench.h"
 #include "contract.h"
+#include "datakey.h"
 #include "db.h"
 #include "error.h"
 #include "eventgen.h"
@@ -82,9 +97,11 @@ static void free_events(sp_eventgen_msg_t *m, size_t n)
 
 /* ---- signing modes ---- */
 
-enum { MODE_OFF, MODE_BATCH, MODE_SINGLE, N_MODES };
+/* Checkpoints (docs/audit.md) are on in every mode but the last, which is the batch mode with
+ * them off: its ratio to the batch mode is what the anchoring costs. */
+enum { MODE_OFF, MODE_BATCH, MODE_SINGLE, MODE_NOCKPT, N_MODES };
 static const char *const mode_name[N_MODES] = {"unsigned, verify off", "signed, batches",
-                                               "signed, batch of 1"};
+                                               "signed, batch of 1", "signed, batches, no ckpt"};
 
 typedef struct {
     char dir[4096];
@@ -168,9 +185,10 @@ static double sign_events(const bench_keys_t *k, sp_eventgen_msg_t *m, size_t n,
 static long long scalar(PGconn *db, const char *sql);
 static int64_t wait_stored(PGconn *db, uint64_t seq, int timeout_s);
 
-/* Restarts the eventlog in $SPACE_HOME with verify-signatures=mode (on/off) and the bench's
- * keyring, and waits until it stores again (one probe event). */
-static void restart_eventlog(bench_ctx_t *c, const bench_keys_t *k, const char *mode)
+/* Restarts the eventlog in $SPACE_HOME with verify-signatures=mode (on/off), the bench's
+ * keyring and checkpoints on or off, and waits until it stores again (one probe event). */
+static void restart_eventlog(bench_ctx_t *c, const bench_keys_t *k, const char *mode,
+                             bool checkpoints)
 {
     char path[4096], exe[4096], line[32];
     ssize_t el;
@@ -198,6 +216,13 @@ static void restart_eventlog(bench_ctx_t *c, const bench_keys_t *k, const char *
         }
     setenv("SPACE_VERIFY_SIGNATURES", mode, 1);
     setenv("SPACE_KEYRING_DIR", k->dir, 1);
+    if (checkpoints) {
+        unsetenv("SPACE_CHECKPOINT_EVENTS");
+        unsetenv("SPACE_CHECKPOINT_MS");
+    } else {
+        setenv("SPACE_CHECKPOINT_EVENTS", "0", 1);
+        setenv("SPACE_CHECKPOINT_MS", "0", 1);
+    }
     setenv("SPACE_HOME", c->home, 1);
     el = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     exe[el > 0 ? el : 0] = '\0';
@@ -386,13 +411,40 @@ static size_t run_latency(bench_ctx_t *c, unsigned rate, unsigned seconds, unsig
     return rows;
 }
 
-static void print_row(const char *what, const char *unit, double *v, size_t n, double base)
+/* ratio: the p50 of this row's per-run ratios to the unsigned run of the same run (< 0: none).
+ * Modes of one run ran back to back, so a per-run ratio sees the same machine load. */
+static void print_row(const char *what, const char *unit, double *v, size_t n, double base,
+                      double ratio)
 {
     double p50 = bench_pct(v, n, 50), p90 = bench_pct(v, n, 90), p99 = bench_pct(v, n, 99);
     printf("  %-34s %10.0f %10.0f %10.0f  %-9s", what, p50, p90, p99, unit);
     if (base > 0)
         printf(" x%.2f", p50 / base);
+    if (ratio >= 0)
+        printf("       x%.2f", ratio);
     printf("\n");
+}
+
+/* The p50 over runs of mode's throughput divided by the unsigned one of the same run. */
+static double run_ratio_p50(const double *mode, const double *unsigned_eps, unsigned runs)
+{
+    double *r = sp_xcalloc(runs ? runs : 1, sizeof(double));
+    for (unsigned i = 0; i < runs; i++)
+        r[i] = mode[i] / unsigned_eps[i];
+    double p = bench_pct(r, runs, 50);
+    free(r);
+    return p;
+}
+
+/* The k-th mode of run r. A plain rotation keeps each mode's predecessor the same in every run
+ * (the batch mode would always follow the unsigned one, the fastest, and the batch mode
+ * without checkpoints always the slowest): the two batch modes, whose ratio is the cost of
+ * checkpoints, swap places every run, behind a rotation of the other two. */
+static int mode_at(unsigned r, int k)
+{
+    static const int order[2][N_MODES] = {{MODE_OFF, MODE_SINGLE, MODE_BATCH, MODE_NOCKPT},
+                                          {MODE_SINGLE, MODE_OFF, MODE_NOCKPT, MODE_BATCH}};
+    return order[r % 2][k];
 }
 
 typedef struct {
@@ -400,6 +452,155 @@ typedef struct {
     size_t nl;
     signing_t sg;
 } mode_result_t;
+
+/* ---- sealed output ---- */
+
+#define OUT_MODES 4
+static const char *const out_mode_name[OUT_MODES] = {
+    "plaintext, checkpoints off", "plaintext, checkpoints on", "sealed, checkpoints off",
+    "sealed, checkpoints on"};
+
+/* n CommandOutput events of 1 KiB each (a secret value in each, redacted first when sealed);
+ * *ret_prep_s: the producer's redaction and sealing time. */
+static sp_eventgen_msg_t *make_output_events(size_t n, unsigned run, bool sealed,
+                                             double *ret_prep_s)
+{
+    static const char secret[] = "bench-secret-value-0123456789";
+    sp_eventgen_msg_t *m = sp_xcalloc(n, sizeof(*m));
+    uint8_t chunk[1024];
+    for (size_t i = 0; i < sizeof(chunk); i++)
+        chunk[i] = (uint8_t)('a' + i % 26);
+    memcpy(chunk + 100, secret, sizeof(secret) - 1);
+    sp_cred_key_t dk;
+    if (sp_datakey_generate(&dk) < 0)
+        exit(1);
+    char sbx[64], cmd[64];
+    snprintf(sbx, sizeof(sbx), "bench-out-%u", run);
+    snprintf(cmd, sizeof(cmd), "cmd-%u", run);
+    double prep = 0;
+    sp_buf_t red;
+    sp_buf_init(&red);
+    for (size_t i = 0; i < n; i++) {
+        int64_t t0 = sp_mono_ns();
+        const uint8_t *data = chunk;
+        size_t len = sizeof(chunk);
+        if (sealed) {
+            sp_redactor_t *r = sp_redactor_new();
+            (void)sp_redactor_add(r, "API_SECRET", secret, sizeof(secret) - 1);
+            sp_buf_reset(&red);
+            sp_redactor_feed(r, chunk, sizeof(chunk), &red);
+            sp_redactor_flush(r, &red);
+            sp_redactor_free(r);
+            data = (const uint8_t *)red.data;
+            len = red.len;
+        }
+        if (sp_eventgen_output("bench", sbx, "w1", cmd, (uint64_t)i * sizeof(chunk), data, len,
+                               sealed ? &dk : NULL, &m[i]) < 0) {
+            fprintf(stderr, "space-bench: cannot make an output event\n");
+            exit(1);
+        }
+        prep += (double)(sp_mono_ns() - t0) / 1e9;
+    }
+    sp_buf_dispose(&red);
+    sp_cred_key_wipe(&dk);
+    *ret_prep_s = prep;
+    return m;
+}
+
+static double run_output(bench_ctx_t *c, size_t n, unsigned run, bool sealed, double *prep_s,
+                         uint64_t *rejected)
+{
+    double prep = 0;
+    /* The sandbox the output belongs to exists first (the log refuses output of an unknown
+     * one), outside the measured window. */
+    char sbx[64];
+    snprintf(sbx, sizeof(sbx), "bench-out-%u", run);
+    sp_eventgen_msg_t life[3];
+    for (int i = 0; i < 3; i++)
+        if (sp_eventgen_sandbox(sp_eventgen_lifecycle[i], "bench", sbx, "w1", &life[i]) < 0)
+            exit(1);
+    uint64_t first = 0, msgs = 0, last = 0;
+    if (publish_all(c->bus, life, 3, &last) < 0 || wait_stored(c->db, last, 60) < 0) {
+        fprintf(stderr, "space-bench: cannot create the output's sandbox\n");
+        exit(1);
+    }
+    for (int i = 0; i < 3; i++)
+        sp_eventgen_msg_dispose(&life[i]);
+    sp_eventgen_msg_t *m = make_output_events(n, run, sealed, &prep);
+    *prep_s += prep;
+    sp_bus_stream_info(c->bus, &first, &msgs);
+    int64_t t0 = sp_mono_ns();
+    if (publish_all(c->bus, m, n, &last) < 0) {
+        fprintf(stderr, "space-bench: publish failed\n");
+        exit(1);
+    }
+    int64_t t_end = wait_stored(c->db, last, 300);
+    free_events(m, n);
+    if (t_end < 0) {
+        fprintf(stderr, "space-bench: the event log did not catch up within 300 s\n");
+        exit(1);
+    }
+    signing_t sg = {0};
+    count_rejected(c, &sg, first, last);
+    if (sg.rejected && !*rejected) {
+        /* Rejected rows measure another path: say why, once. */
+        PGresult *q = PQexec(c->db, "SELECT reject_reason FROM events WHERE status = 'rejected' "
+                                    "ORDER BY stream_seq DESC LIMIT 1");
+        if (PQresultStatus(q) == PGRES_TUPLES_OK && PQntuples(q) == 1)
+            fprintf(stderr, "space-bench: output events rejected: %s\n", PQgetvalue(q, 0, 0));
+        PQclear(q);
+    }
+    *rejected += sg.rejected;
+    return (double)n / ((double)(t_end - t0) / 1e9);
+}
+
+static void bench_output(bench_ctx_t *c, const bench_keys_t *keys)
+{
+    unsigned runs = c->runs;
+    size_t n = c->events;
+    double *eps[OUT_MODES], prep[OUT_MODES] = {0};
+    uint64_t rejected[OUT_MODES] = {0};
+    for (int md = 0; md < OUT_MODES; md++)
+        eps[md] = sp_xcalloc(runs, sizeof(double));
+    printf("\nsealed output: %u runs of %zu CommandOutput events of 1 KiB per mode\n", runs, n);
+    for (unsigned r = 0; r < runs; r++) {
+        for (int k = 0; k < OUT_MODES; k++) {
+            int md = (k + (int)r) % OUT_MODES; /* the order rotates from run to run */
+            restart_eventlog(c, keys, "off", md & 1);
+            eps[md][r] =
+                run_output(c, n, r * 10 + (unsigned)md + 5000, md >= 2, &prep[md], &rejected[md]);
+        }
+        for (int md = 0; md < OUT_MODES; md++)
+            printf("  run %u %-28s %.0f ev/s (x%.2f)\n", r + 1, out_mode_name[md], eps[md][r],
+                   eps[md][r] / eps[0][r]);
+        fflush(stdout);
+    }
+    double run_ratio[OUT_MODES];
+    for (int md = 0; md < OUT_MODES; md++)
+        run_ratio[md] = run_ratio_p50(eps[md], eps[0], runs);
+    double base = bench_pct(eps[0], runs, 50);
+    printf("\n  %-34s %10s %10s %10s  %-9s %s\n", "output throughput (over runs)", "p50", "p90",
+           "p99", "unit", "vs plaintext, ckpt off: p50s, per-run p50");
+    double p50[OUT_MODES];
+    for (int md = 0; md < OUT_MODES; md++) {
+        p50[md] = bench_pct(eps[md], runs, 50);
+        print_row(out_mode_name[md], "ev/s", eps[md], runs, base, run_ratio[md]);
+    }
+    printf("  producer redaction + sealing (before the clock): %.2f us/event (plaintext "
+           "event making %.2f us/event)\n",
+           prep[2] / (double)(runs * n) * 1e6, prep[0] / (double)(runs * n) * 1e6);
+    printf("  rejected rows among the measured events: %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64
+           "\n",
+           rejected[0], rejected[1], rejected[2], rejected[3]);
+    printf("\nJSON {\"bench\":\"eventlog-output\",\"events_per_run\":%zu,\"runs\":%u,"
+           "\"eps_p50\":{\"plain\":%.0f,\"plain_ckpt\":%.0f,\"sealed\":%.0f,"
+           "\"sealed_ckpt\":%.0f},\"run_ratio_p50\":{\"plain_ckpt\":%.3f,\"sealed\":%.3f,"
+           "\"sealed_ckpt\":%.3f},\"seal_us_per_event\":%.3f}\n",
+           n, runs, p50[0], p50[1], p50[2], p50[3], run_ratio[1], run_ratio[2], run_ratio[3],
+           prep[2] / (double)(runs * n) * 1e6);
+    for (int md = 0; md < OUT_MODES; md++)
+        free(eps[md]);
+}
 
 int bench_eventlog(bench_ctx_t *c)
 {
@@ -409,7 +610,7 @@ int bench_eventlog(bench_ctx_t *c)
     size_t ins_n = n / 10 > 0 ? n / 10 : 1; /* per-row INSERT is slow: a tenth is enough */
     mode_result_t res[N_MODES];
     bench_keys_t keys;
-    static const char *const verify_mode[N_MODES] = {"off", "on", "on"};
+    static const char *const verify_mode[N_MODES] = {"off", "on", "on", "on"};
 
     memset(res, 0, sizeof(res));
     memset(&keys, 0, sizeof(keys));
@@ -421,50 +622,68 @@ int bench_eventlog(bench_ctx_t *c)
         res[md].log_eps = sp_xcalloc(runs, sizeof(double));
         res[md].pub_eps = sp_xcalloc(runs, sizeof(double));
         res[md].sg.keys = md == MODE_OFF ? NULL : &keys;
-        res[md].sg.batch = md == MODE_BATCH ? c->sign_batch : 1;
+        res[md].sg.batch = md == MODE_BATCH || md == MODE_NOCKPT ? c->sign_batch : 1;
     }
     printf("eventlog throughput: %u runs of %zu events per mode (baseline: %zu per-row "
            "inserts); signed modes: producers sign batches of up to %zu, or 1\n",
            runs, n, ins_n, c->sign_batch);
+    /* The modes' order changes from run to run (mode_at): no mode always comes right after the
+     * previous run's insert baseline, or after the same other mode (whose rows may set off a
+     * PostgreSQL checkpoint or an autovacuum inside the next one's window). */
     for (unsigned r = 0; r < runs; r++) {
-        for (int md = 0; md < N_MODES; md++) {
-            restart_eventlog(c, &keys, verify_mode[md]);
+        for (int k = 0; k < N_MODES; k++) {
+            int md = mode_at(r, k);
+            restart_eventlog(c, &keys, verify_mode[md], md != MODE_NOCKPT);
             res[md].log_eps[r] =
                 run_eventlog(c, n, r + 100 * (unsigned)md, &res[md].sg, &res[md].pub_eps[r]);
-            printf("  run %u %-22s eventlog %.0f ev/s, publish-only %.0f ev/s\n", r + 1,
-                   mode_name[md], res[md].log_eps[r], res[md].pub_eps[r]);
         }
+        for (int md = 0; md < N_MODES; md++)
+            printf("  run %u %-22s eventlog %.0f ev/s (x%.2f), publish-only %.0f ev/s\n", r + 1,
+                   mode_name[md], res[md].log_eps[r], res[md].log_eps[r] / res[MODE_OFF].log_eps[r],
+                   res[md].pub_eps[r]);
         ins_eps[r] = run_insert_baseline(c, ins_n, r);
         printf("  run %u insert-per-event %.0f ev/s\n", r + 1, ins_eps[r]);
+        fflush(stdout);
     }
     for (unsigned r = 0; r < runs; r++) {
-        for (int md = 0; md < N_MODES; md++) {
+        for (int k = 0; k < N_MODES; k++) {
+            int md = mode_at(r, k);
             double *ms = NULL;
-            restart_eventlog(c, &keys, verify_mode[md]);
-            size_t k =
+            restart_eventlog(c, &keys, verify_mode[md], md != MODE_NOCKPT);
+            size_t got =
                 run_latency(c, c->rate, c->seconds, r + 100 * (unsigned)md, &res[md].sg, &ms);
-            res[md].lat = sp_xreallocarray(res[md].lat, res[md].nl + k, sizeof(double));
-            memcpy(res[md].lat + res[md].nl, ms, k * sizeof(double));
-            res[md].nl += k;
+            res[md].lat = sp_xreallocarray(res[md].lat, res[md].nl + got, sizeof(double));
+            memcpy(res[md].lat + res[md].nl, ms, got * sizeof(double));
+            res[md].nl += got;
             free(ms);
         }
     }
+    bench_output(c, &keys);
     /* Leave the stack as the bench found it: verification as configured by its default. */
     unsetenv("SPACE_VERIFY_SIGNATURES");
     unsetenv("SPACE_KEYRING_DIR");
-    restart_eventlog(c, &keys, "auto");
+    restart_eventlog(c, &keys, "auto", true);
 
+    double run_ratio[N_MODES];
+    for (int md = 0; md < N_MODES; md++)
+        run_ratio[md] = run_ratio_p50(res[md].log_eps, res[MODE_OFF].log_eps, runs);
+    /* What anchoring costs: the batch mode with checkpoints against the same without, run by
+     * run (before bench_pct sorts the arrays in place). */
+    double ckpt_run_ratio = run_ratio_p50(res[MODE_BATCH].log_eps, res[MODE_NOCKPT].log_eps, runs);
+    double ckpt_ratio = bench_pct(res[MODE_BATCH].log_eps, runs, 50) /
+                        bench_pct(res[MODE_NOCKPT].log_eps, runs, 50);
     double ins_p50 = bench_pct(ins_eps, runs, 50);
     double base_eps = bench_pct(res[MODE_OFF].log_eps, runs, 50);
     printf("\n  %-34s %10s %10s %10s  %-9s %s\n", "throughput (over runs)", "p50", "p90", "p99",
-           "unit", "vs unsigned");
+           "unit", "vs unsigned: p50s, per-run p50");
     for (int md = 0; md < N_MODES; md++) {
         char what[64];
         snprintf(what, sizeof(what), "eventlog, %s", mode_name[md]);
-        print_row(what, "ev/s", res[md].log_eps, runs, base_eps);
+        print_row(what, "ev/s", res[md].log_eps, runs, base_eps, run_ratio[md]);
     }
-    print_row("jetstream publish only (unsigned)", "ev/s", res[MODE_OFF].pub_eps, runs, base_eps);
-    print_row("insert per event (baseline)", "ev/s", ins_eps, runs, base_eps);
+    print_row("jetstream publish only (unsigned)", "ev/s", res[MODE_OFF].pub_eps, runs, base_eps,
+              -1);
+    print_row("insert per event (baseline)", "ev/s", ins_eps, runs, base_eps, -1);
 
     printf("\n  publish-to-persisted lag at %u ev/s   %8s %8s %8s %8s   %s\n", c->rate, "p50",
            "p90", "p99", "max", "p50/p99 vs unsigned");
@@ -483,23 +702,33 @@ int bench_eventlog(bench_ctx_t *c)
            res[MODE_BATCH].sg.sign_s / (double)res[MODE_BATCH].sg.n_signed * 1e6,
            res[MODE_SINGLE].sg.sign_s / (double)res[MODE_SINGLE].sg.n_signed * 1e6);
     printf("  rejected rows among the measured events: unsigned %" PRIu64 ", batches %" PRIu64
-           ", batch of 1 %" PRIu64 "\n",
-           res[MODE_OFF].sg.rejected, res[MODE_BATCH].sg.rejected, res[MODE_SINGLE].sg.rejected);
+           ", batch of 1 %" PRIu64 ", no ckpt %" PRIu64 "\n",
+           res[MODE_OFF].sg.rejected, res[MODE_BATCH].sg.rejected, res[MODE_SINGLE].sg.rejected,
+           res[MODE_NOCKPT].sg.rejected);
+    printf("  checkpoints on vs off (signed, batches): throughput x%.3f (p50s), x%.3f (per-run "
+           "p50); lag p50 x%.2f, p99 x%.2f\n",
+           ckpt_ratio, ckpt_run_ratio, l[MODE_BATCH][0] / l[MODE_NOCKPT][0],
+           l[MODE_BATCH][2] / l[MODE_NOCKPT][2]);
 
     printf("\nJSON {\"bench\":\"eventlog\",\"events_per_run\":%zu,\"runs\":%u,"
            "\"sign_batch\":%zu,\"eventlog_eps_p50\":%.0f,\"signed_batch_eps_p50\":%.0f,"
            "\"signed_single_eps_p50\":%.0f,\"ratio_batch\":%.3f,\"ratio_single\":%.3f,"
+           "\"run_ratio_batch_p50\":%.3f,\"run_ratio_single_p50\":%.3f,"
            "\"publish_only_eps_p50\":%.0f,\"insert_per_event_eps_p50\":%.0f,"
            "\"lag_rate\":%u,\"lag_ms\":{\"unsigned\":[%.3f,%.3f,%.3f],"
-           "\"batch\":[%.3f,%.3f,%.3f],\"single\":[%.3f,%.3f,%.3f]},"
+           "\"batch\":[%.3f,%.3f,%.3f],\"single\":[%.3f,%.3f,%.3f],"
+           "\"batch_no_ckpt\":[%.3f,%.3f,%.3f]},\"no_ckpt_eps_p50\":%.0f,"
+           "\"ratio_ckpt\":%.3f,\"run_ratio_ckpt_p50\":%.3f,"
            "\"rejected\":[%" PRIu64 ",%" PRIu64 ",%" PRIu64 "]}\n",
            n, runs, c->sign_batch, base_eps, bench_pct(res[MODE_BATCH].log_eps, runs, 50),
            bench_pct(res[MODE_SINGLE].log_eps, runs, 50),
            bench_pct(res[MODE_BATCH].log_eps, runs, 50) / base_eps,
-           bench_pct(res[MODE_SINGLE].log_eps, runs, 50) / base_eps,
-           bench_pct(res[MODE_OFF].pub_eps, runs, 50), ins_p50, c->rate, l[0][0], l[0][1], l[0][2],
-           l[1][0], l[1][1], l[1][2], l[2][0], l[2][1], l[2][2], res[MODE_OFF].sg.rejected,
-           res[MODE_BATCH].sg.rejected, res[MODE_SINGLE].sg.rejected);
+           bench_pct(res[MODE_SINGLE].log_eps, runs, 50) / base_eps, run_ratio[MODE_BATCH],
+           run_ratio[MODE_SINGLE], bench_pct(res[MODE_OFF].pub_eps, runs, 50), ins_p50, c->rate,
+           l[0][0], l[0][1], l[0][2], l[1][0], l[1][1], l[1][2], l[2][0], l[2][1], l[2][2], l[3][0],
+           l[3][1], l[3][2], bench_pct(res[MODE_NOCKPT].log_eps, runs, 50), ckpt_ratio,
+           ckpt_run_ratio, res[MODE_OFF].sg.rejected, res[MODE_BATCH].sg.rejected,
+           res[MODE_SINGLE].sg.rejected);
     for (int md = 0; md < N_MODES; md++) {
         free(res[md].log_eps);
         free(res[md].pub_eps);

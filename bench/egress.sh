@@ -14,7 +14,8 @@
 #             new verified TLS to the server
 # each as: small requests on one kept-alive connection (p50/p90/p99 per request), small requests
 # on a new connection each (p50/p90/p99, handshakes included), and one large download (MB/s).
-# Then, once: a 20 MB upload through the proxy, and the same download and upload with the
+# Then the credential rows (an injected request against a plain one, below: `bench/run.sh cred`
+# runs only those), a 20 MB upload through the proxy, and the same download and upload with the
 # sandbox's policy limiting it to LIMIT bytes per second each way (the measured rate should be
 # the limit).
 # The client is egress-probe (static), the same binary on the host and in the sandbox.
@@ -115,7 +116,69 @@ probe_sbx() { run "nslookup allowed.test >/dev/null; /root/probe $*"; }
 line() { # label, then the probe's bench line
   printf '%-34s %s\n' "$1" "$(echo "$2" | grep '^bench:' | sed 's/^bench: //')"
 }
+# ---- credentials: an injected request against a plain allowed one ----
+# A bearer credential for allowed.test/inj/ (created through the API, the value random per
+# run); /plain/ of the same host carries none. Both go through egressd's credential path (a
+# cached lookup per sandbox and host, the head rewritten or not), on one kept-alive connection
+# per run, the cache warm (the first request of each run warms it; a run is N requests).
+# ABBA order per round cancels the drift of a machine that is shared.
+cred_rows() {
+  local value
+  value="bench-$(openssl rand -hex 16)"
+  curl -sf -H "$auth" -H 'Content-Type: application/json' \
+    -d "{\"name\":\"bench\",\"hosts\":[\"allowed.test/inj/\"],\"inject\":{\"type\":\"bearer\",\"value\":\"$value\"}}" \
+    "$api/v1/credentials" >/dev/null
+  local -A p50 p90 p99
+  local r k kind out s
+  for kind in http https; do for s in plain inj; do p50[$kind$s]=; p90[$kind$s]=; p99[$kind$s]=; done; done
+  for r in $(seq "$ROUNDS"); do
+    for k in 0 1; do
+      for kind in http https; do
+        if [ $(((r + k) % 2)) = 0 ]; then s=plain; else s=inj; fi
+        if [ "$kind" = http ]; then
+          out=$(probe_sbx --host allowed.test --path "/$s/x" --bench "$N" "$A" 8080)
+        else
+          out=$(probe_sbx --sni allowed.test --path "/$s/x" --bench "$N" "$A" 443)
+        fi
+        line "cred   $kind $(printf %-5s $s) keep-alive" "$out"
+        p50[$kind$s]+=" $(echo "$out" | sed -n 's/.*p50_us=\([0-9]*\).*/\1/p')"
+        p90[$kind$s]+=" $(echo "$out" | sed -n 's/.*p90_us=\([0-9]*\).*/\1/p')"
+        p99[$kind$s]+=" $(echo "$out" | sed -n 's/.*p99_us=\([0-9]*\).*/\1/p')"
+      done
+    done
+  done
+  # The injected rows were injected: egressd recorded uses of the credential on /inj/x (an
+  # aggregate per second, so at least one event; a refusal would be a CredentialDenied).
+  local used
+  for _ in $(seq 30); do
+    used=$(psql "$SPACE_PG_URL" -Atc "SELECT count(*) FROM events WHERE type = 'CredentialUsed' AND status = 'accepted' AND position('/inj/x'::bytea in payload) > 0" 2>/dev/null || echo 0)
+    [ "${used:-0}" -gt 0 ] && break
+    sleep 0.2
+  done
+  [ "${used:-0}" -gt 0 ] || { echo "bench: no CredentialUsed for /inj/x: the injected rows carried nothing" >&2; exit 1; }
+  # Per row the median over its runs (one per round), then injected minus plain.
+  med() {
+    tr ' ' '\n' | grep . | sort -n |
+      awk '{a[NR]=$1} END {print NR % 2 ? a[(NR+1)/2] : int((a[NR/2]+a[NR/2+1])/2)}'
+  }
+  echo "-- credentials: per row the median of $ROUNDS runs of $N requests (us)"
+  printf '%-6s %-9s %8s %8s %8s\n' "" "" p50 p90 p99
+  for kind in http https; do
+    local a50 a90 a99 b50 b90 b99
+    a50=$(echo "${p50[${kind}plain]}" | med); a90=$(echo "${p90[${kind}plain]}" | med); a99=$(echo "${p99[${kind}plain]}" | med)
+    b50=$(echo "${p50[${kind}inj]}" | med); b90=$(echo "${p90[${kind}inj]}" | med); b99=$(echo "${p99[${kind}inj]}" | med)
+    printf '%-6s %-9s %8s %8s %8s\n' "$kind" plain "$a50" "$a90" "$a99"
+    printf '%-6s %-9s %8s %8s %8s\n' "$kind" injected "$b50" "$b90" "$b99"
+    printf '%-6s %-9s %+8d %+8d %+8d\n' "$kind" added $((b50 - a50)) $((b90 - a90)) $((b99 - a99))
+  done
+}
+
 echo "egress bench: N=$N keep-alive, NC=$NC new connections, download $((BIG >> 20)) MiB; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ "${1:-}" = cred ]; then
+  cred_rows
+  curl -sf -X DELETE -H "$auth" "$api/v1/sandboxes/$id" >/dev/null || true
+  exit 0
+fi
 for round in $(seq "$ROUNDS"); do
   echo "-- round $round"
   line "direct http  keep-alive"  "$(probe_host --host allowed.test --bench "$N" "$A" 8080)"
@@ -137,6 +200,7 @@ for round in $(seq "$ROUNDS"); do
   line "direct https download"    "$(probe_host --sni allowed.test --path "/big?n=$BIG" --bench 1 "$A" 443)"
   line "proxy  https download"    "$(probe_sbx --sni allowed.test --path "'/big?n=$BIG'" --bench 1 "$A" 443)"
 done
+cred_rows
 echo "-- bandwidth limit: $LIMIT bytes/s each way (the sandbox's policy)"
 line "proxy  http  upload"        "$(probe_sbx --host allowed.test --post 20000000 --bench 1 "$A" 8080)"
 curl -sf -X PUT -H "$auth" -H 'Content-Type: application/json' \

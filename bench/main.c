@@ -12,6 +12,7 @@
 #include "error.h"
 #include "httpc.h"
 #include "log.h"
+#include "sign.h"
 #include "publish.h"
 
 typedef struct {
@@ -25,12 +26,16 @@ typedef struct {
     int64_t rate;
     int64_t seconds;
     int64_t creates;
+    int64_t pool_size;
     int64_t execs;
     int64_t rounds;
     char *api_url;
     char *api_key;
     char *home;
 } bench_config_t;
+
+#define STR_(x) #x
+#define STR(x)  STR_(x)
 
 static const sp_cfg_opt_t options[] = {
     SP_CFG_STR_OPT("nats-url", bench_config_t, nats_url, "nats://127.0.0.1:4222", "NATS URL"),
@@ -40,11 +45,14 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_INT_OPT("runs", bench_config_t, runs, 1, 100, "5", "repetitions of each measurement"),
     SP_CFG_INT_OPT("events", bench_config_t, events, 100, 10000000, "20000",
                    "events per throughput run"),
-    SP_CFG_INT_OPT("sign-batch", bench_config_t, sign_batch, 1, 4096, "256",
+    /* The producers' default, SP_SIG_BATCH_DEFAULT (sign.h). */
+    SP_CFG_INT_OPT("sign-batch", bench_config_t, sign_batch, 1, 4096, STR(SP_SIG_BATCH_DEFAULT),
                    "eventlog: most events a producer signs under one Merkle root"),
     SP_CFG_INT_OPT("rate", bench_config_t, rate, 1, 100000, "1000",
                    "events/s for the latency runs"),
     SP_CFG_INT_OPT("seconds", bench_config_t, seconds, 1, 3600, "5", "length of a latency run"),
+    SP_CFG_INT_OPT("warm-pool", bench_config_t, pool_size, 1, 64, "2",
+                   "create bench: the worker's pool-size in its pooled part and burst"),
     SP_CFG_INT_OPT("creates", bench_config_t, creates, 1, 100000, "200",
                    "sandboxes created (create bench)"),
     SP_CFG_INT_OPT("execs", bench_config_t, execs, 1, 1000000, "1000", "commands run (exec bench)"),
@@ -58,6 +66,19 @@ static const sp_cfg_opt_t options[] = {
 
 static sp_busid_t busid;
 
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: space-bench [options] COMMAND\n"
+                 "commands:\n"
+                 "  eventlog   events published to the stream until the log stored them\n"
+                 "  create     sandbox creates through the API (--api-url, --api-key)\n"
+                 "  exec       commands through the API in one sandbox\n"
+                 "  lifecycle  pause/resume/suspend/resume rounds\n"
+                 "  sign       event signing and verifying, CPU only\n"
+                 "exit: 0 done, 1 the bench failed, 2 bad usage\n\n");
+    sp_config_usage(out, "space-bench", options, N_OPTIONS);
+}
+
 int main(int argc, char **argv)
 {
     bench_config_t cfg = {0};
@@ -65,8 +86,14 @@ int main(int argc, char **argv)
     int argi = 0, code = 1;
     bench_ctx_t c = {0};
 
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout); /* the commands too, not the options alone */
+            return 0;
+        }
     if (sp_config_load(options, N_OPTIONS, &cfg, argc, argv, &argi, &err) < 0) {
         fprintf(stderr, "space-bench: %s\n", err ? err : "bad options");
+        code = 2;
         goto out;
     }
     if (argi < 0) {
@@ -77,7 +104,10 @@ int main(int argc, char **argv)
         (strcmp(argv[argi], "eventlog") != 0 && strcmp(argv[argi], "create") != 0 &&
          strcmp(argv[argi], "exec") != 0 && strcmp(argv[argi], "lifecycle") != 0 &&
          strcmp(argv[argi], "sign") != 0)) {
-        fprintf(stderr, "usage: space-bench [options] eventlog|create|exec|lifecycle|sign\n");
+        if (argi < argc)
+            fprintf(stderr, "space-bench: unknown command '%s'\n", argv[argi]);
+        usage(stderr);
+        code = 2;
         goto out;
     }
     sp_log_init("space-bench", SP_LOG_WARN, SP_LOG_KV);
@@ -114,6 +144,7 @@ int main(int argc, char **argv)
     c.sign_batch = (size_t)cfg.sign_batch;
     c.seconds = (unsigned)cfg.seconds;
     c.creates = (size_t)cfg.creates;
+    c.pool_size = (size_t)cfg.pool_size;
     c.execs = (size_t)cfg.execs;
     c.rounds = (size_t)cfg.rounds;
     c.home = cfg.home;

@@ -3,6 +3,7 @@
 # Usage: bench/run.sh eventlog|create|exec|lifecycle|lifecycle-nats [space-bench options]
 #        (build first: see README.md; lifecycle-nats: snapshots in the NATS object store)
 #        bench/run.sh egress   (bench/egress.sh: root, a test internet in a network namespace)
+#        bench/run.sh cred     (egress.sh's credential rows only: injected against plain)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${SPACE_BIN_DIR:-$here/build/bin}
@@ -20,6 +21,15 @@ if [ "$what" = lifecycle-nats ]; then
 fi
 if [ "$what" = eventlog ]; then
   export SPACE_DAEMONS=space-eventlog # heartbeats would mix into the measured events
+fi
+if [ "$what" = create ]; then
+  # Its cold part runs with warm pools off; space-bench restarts the worker with a pool
+  # (--warm-pool, default 2) for the pooled part and the burst (bench/bench_create.c).
+  export SPACE_POOL_SIZE=0
+fi
+if [ "$what" = cred ]; then
+  what=egress
+  set -- cred "$@"
 fi
 if [ "$what" = egress ]; then
   # Ports of its own, the bench internet's resolver (inside the namespace egress.sh makes) and

@@ -45,6 +45,19 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_STR_OPT("id", sp_stack_config_t, worker_id, "worker-1",
                    "id of the worker and egressd `up` runs (their --id): names their identities "
                    "worker-<id>, egressd-<id>"),
+    SP_CFG_INT_OPT("stream-max-age-s", sp_stack_config_t, stream_max_age_s, -1, 315360000,
+                   "3024000",
+                   "SPACE_EVENTS keeps messages this long (-1: no limit; docs/audit.md, Bounds)"),
+    SP_CFG_INT_OPT("stream-max-bytes", sp_stack_config_t, stream_max_bytes, -1, INT64_MAX,
+                   "4294967296",
+                   "and at most this many bytes, the oldest dropped first (-1: no "
+                   "limit)"),
+    SP_CFG_INT_OPT("nats-nodes", sp_stack_config_t, nats_nodes, 1, 5, "1",
+                   "nats-server nodes `up` runs, as one JetStream cluster when more than 1 "
+                   "(docs/operations.md)"),
+    SP_CFG_INT_OPT("stream-replicas", sp_stack_config_t, stream_replicas, 0, 5, "0",
+                   "copies of each stream on the cluster (0: min(3, nats-nodes)); for servers "
+                   "`up` does not run, the cluster's size or less"),
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -60,20 +73,39 @@ static void usage(FILE *out)
             "  status          one line per component; exit 0 if all run, 3 otherwise\n"
             "  env             print $SPACE_HOME/space.env (SPACE_NATS_URL, SPACE_PG_URL)\n"
             "  demo            a sandbox through the API, a forged event, the log's timeline\n"
-            "  create [TEMPLATE]          create a sandbox (default tiny), print its id\n"
-            "  ls                         list your sandboxes\n"
+            "  create [TEMPLATE] [opts]   create a sandbox, print its id (--template, --timeout,\n"
+            "                             --metadata K=V, --env K=V, --allow, --deny, --json)\n"
+            "  ls [--json]                list your sandboxes (aligned columns)\n"
             "  rm ID...                   delete sandboxes\n"
-            "  exec ID [--] CMD [ARG...]  run a command, print its output, exit with its code\n"
-            "  cp LOCAL ID:PATH           copy a file into a sandbox (streamed)\n"
-            "  cp ID:PATH LOCAL           copy a file out of a sandbox (streamed)\n"
+            "  exec ID [opts] [--] CMD [ARG...]  run a command, stream its output, exit with its\n"
+            "                             code; stdin forwarded (--env, --cwd, --user, --timeout,\n"
+            "                             -t for a pty, -n)\n"
+            "  cp [-r] LOCAL ID:PATH      copy a file (-r: a directory) into a sandbox\n"
+            "  cp [-r] ID:PATH LOCAL      copy a file (-r: a directory) out of a sandbox\n"
             "  events [--follow] [ID]     the event log (of one sandbox), one line per event\n"
             "  identity add KIND [INSTANCE]  credentials of an identity on the bus under\n"
             "                  $SPACE_HOME/creds (kept if they exist); with this home's\n"
             "                  nats-server running, nats.conf is reloaded with it\n"
-            "  identity ls     the identities that have credentials\n"
+            "  identity ls [--json]  the identities that have credentials\n"
             "  identity conf   nats.conf's authorization block for them (for a cluster)\n"
+            "  platform add NAME --tenants T1,T2  an internal platform: identity\n"
+            "                  platform-NAME and the tenants it may act for\n"
+            "  platform ls [--json]  the platforms and their tenants\n"
+            "  platform publish NAME --tenant T create TEMPLATE [--timeout S] | delete ID\n"
+            "                  [--wait-s N]: a signed intent as the platform, then its outcome\n"
+            "                  (docs/platforms.md)\n"
             "  creds add|ls|rm|rotate     credentials injected by egressd (value on stdin;\n"
             "                             `space creds` for the syntax)\n"
+            "  creds rotate-master        a new master key, credentials re-wrapped while\n"
+            "                             credstore serves\n"
+            "  keys create --tenant T [--name N] [--admin]  a new API key (printed once)\n"
+            "  keys ls [--tenant T]       the keys: id, tenant, role, times (never a key)\n"
+            "  keys revoke ID             revoke a key (refused everywhere within a second)\n"
+            "                             (keys: with the admin key of space.env)\n"
+            "\n"
+            "`space <command> --help` (or `space help <command>`) prints that command's usage.\n"
+            "The client commands (create ... keys) take --home and read SPACE_API_URL,\n"
+            "SPACE_API_KEY, else $SPACE_HOME/space.env. Options of up, down, status, env, demo:\n"
             "\n");
     sp_config_usage(out, "space <command>", options, N_OPTIONS);
 }
@@ -84,38 +116,77 @@ int main(int argc, char **argv)
     const char *cmd;
     char **args, *err = NULL, *prog;
     int nargs = 0, argi = 0, r;
-    bool purge = false, follow = false;
+    bool purge = false;
 
     if (argc < 2) {
         usage(stderr);
         return SP_STACK_EXIT_USAGE;
     }
     cmd = argv[1];
+    if (strcmp(cmd, "help") == 0 && argc == 3) {
+        if (sp_client_usage(argv[2], stdout))
+            return SP_STACK_EXIT_OK;
+        fprintf(stderr, "space help: '%s' has no usage of its own (see space --help)\n", argv[2]);
+        return SP_STACK_EXIT_USAGE;
+    }
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         usage(stdout);
         return SP_STACK_EXIT_OK;
     }
     bool client = strcmp(cmd, "create") == 0 || strcmp(cmd, "ls") == 0 || strcmp(cmd, "rm") == 0 ||
                   strcmp(cmd, "exec") == 0 || strcmp(cmd, "cp") == 0 ||
-                  strcmp(cmd, "events") == 0 || strcmp(cmd, "creds") == 0;
-    bool identity = strcmp(cmd, "identity") == 0;
-    if (!client && !identity && strcmp(cmd, "up") != 0 && strcmp(cmd, "down") != 0 &&
+                  strcmp(cmd, "events") == 0 || strcmp(cmd, "creds") == 0 ||
+                  strcmp(cmd, "keys") == 0;
+    bool identity = strcmp(cmd, "identity") == 0, platform = strcmp(cmd, "platform") == 0;
+    if (!client && !identity && !platform && strcmp(cmd, "up") != 0 && strcmp(cmd, "down") != 0 &&
         strcmp(cmd, "status") != 0 && strcmp(cmd, "env") != 0 && strcmp(cmd, "demo") != 0) {
         fprintf(stderr, "space: unknown command '%s' (see space --help)\n", cmd);
         return SP_STACK_EXIT_USAGE;
     }
 
+    if (identity || platform) {
+        for (int i = 2; i < argc; i++)
+            if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+                fputs(identity ? SP_STACK_IDENTITY_USAGE : SP_STACK_PLATFORM_USAGE, stdout);
+                return SP_STACK_EXIT_OK;
+            }
+    }
     /* The command plays argv[0] for the option parser. --purge is taken out here rather than
      * put in the table, so that no environment variable or config file can ask for a purge. */
     prog = sp_xasprintf("space %s", cmd);
     args = sp_xcalloc((size_t)argc, sizeof(*args));
     args[nargs++] = prog;
+    if (client) {
+        /* A client command parses its own options (and prints its own --help); of the stack's
+         * options it takes --home only (where space.env is). */
+        char **rest = sp_xcalloc((size_t)argc + 1, sizeof(*rest));
+        int nrest = 0;
+        bool dashdash = false;
+        for (int i = 2; i < argc; i++) {
+            /* After "--" and, for exec, from its id on (`space exec [--home H] ID ...`): what
+             * follows may be the command's own arguments, whatever they hold. */
+            if (strcmp(argv[i], "--") == 0 || (argv[i][0] != '-' && strcmp(cmd, "exec") == 0))
+                dashdash = true;
+            if (!dashdash && strncmp(argv[i], "--home=", 7) == 0)
+                args[nargs++] = argv[i];
+            else if (!dashdash && strcmp(argv[i], "--home") == 0 && i + 1 < argc) {
+                args[nargs++] = argv[i];
+                args[nargs++] = argv[++i];
+            } else
+                rest[nrest++] = argv[i];
+        }
+        if (sp_config_load(options, N_OPTIONS, &cfg, nargs, args, &argi, &err) < 0) {
+            fprintf(stderr, "space %s: %s\n", cmd, err ? err : "bad configuration");
+            r = SP_STACK_EXIT_USAGE;
+        } else {
+            r = sp_client_main(&cfg, cmd, nrest, rest);
+        }
+        free(rest);
+        goto out;
+    }
     for (int i = 2; i < argc; i++) {
         if (strcmp(cmd, "down") == 0 && strcmp(argv[i], "--purge") == 0)
             purge = true;
-        else if (strcmp(cmd, "events") == 0 &&
-                 (strcmp(argv[i], "--follow") == 0 || strcmp(argv[i], "-f") == 0))
-            follow = true; /* not a configuration option: handed to the command */
         else
             args[nargs++] = argv[i];
     }
@@ -132,11 +203,8 @@ int main(int argc, char **argv)
         r = sp_stack_identity(&cfg, nargs - argi, args + argi);
         goto out;
     }
-    if (client) {
-        /* Positional arguments follow the options: ID, the command line of exec. */
-        if (follow)
-            args[nargs++] = "--follow"; /* after the positional arguments: ID [--follow] */
-        r = sp_client_main(&cfg, cmd, nargs - argi, args + argi);
+    if (platform) {
+        r = sp_stack_platform(&cfg, nargs - argi, args + argi);
         goto out;
     }
     if (argi < nargs) {

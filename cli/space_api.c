@@ -1,4 +1,12 @@
-/* The API's door in `space up`: the gateway's URL and a first API key in space.env. */
+/* The API's door in `space up`: the gateway's URL and the operator's API key in space.env.
+ *
+ * That key is the deployment's admin key (apikey.h: it manages every tenant's keys through
+ * /v1/keys and `space keys`), of tenant SP_STACK_TENANT. `space up` keeps the key space.env
+ * holds as long as it is live, so running it again mints nothing; a live key of space.env that
+ * is not an admin key (made before keys had roles) is made one. A new key is minted only when
+ * space.env has none or it was revoked: the way back for an operator who revoked the last admin
+ * key. This is the one place keys are made without the API: it runs where PostgreSQL is, as
+ * its superuser. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,8 +51,9 @@ static int read_port(const sp_stack_t *st, int timeout_ms)
 
 int sp__api_up(const sp_stack_t *st, const char *pg_url, char **ret_api_url, char **ret_api_key)
 {
-    char *env_path = sp__stack_path(st, "space.env"), *old = NULL, *tenant = NULL;
+    char *env_path = sp__stack_path(st, "space.env"), *old = NULL;
     char id[SP_APIKEY_ID_LEN + 1];
+    sp_apikey_t k;
     PGconn *db = NULL;
     int r = -1, rc;
 
@@ -61,17 +70,23 @@ int sp__api_up(const sp_stack_t *st, const char *pg_url, char **ret_api_url, cha
         goto out;
     }
     if (sp_env_file_get(env_path, "SPACE_API_KEY", &old) == 0 &&
-        sp_apikey_verify(db, old, &tenant, id) == 0) {
+        sp_apikey_check(db, old, &k) == 0) {
+        if (!k.admin && (rc = sp_apikey_set_admin(db, k.id)) < 0) {
+            fprintf(stderr, "space: cannot make key %s an admin key: %s\n", k.id, sp_strerror(rc));
+            goto out;
+        }
+        printf("%-*s %s  key %s for tenant %s (admin)\n", SP_STACK_PART_WIDTH, "api key",
+               k.admin ? "kept   " : "admin  ", k.id, k.tenant);
         *ret_api_key = old;
         old = NULL;
         r = 0;
         goto out;
     }
-    if ((rc = sp_apikey_create(db, SP_STACK_TENANT, "space up", ret_api_key, id)) < 0) {
+    if ((rc = sp_apikey_mint(db, SP_STACK_TENANT, "space up", true, ret_api_key, id)) < 0) {
         fprintf(stderr, "space: cannot create an API key: %s\n", sp_strerror(rc));
         goto out;
     }
-    printf("%-*s created  key %s for tenant %s\n", SP_STACK_PART_WIDTH, "api key", id,
+    printf("%-*s created  key %s for tenant %s (admin)\n", SP_STACK_PART_WIDTH, "api key", id,
            SP_STACK_TENANT);
     r = 0;
 out:
@@ -79,7 +94,6 @@ out:
         explicit_bzero(old, strlen(old));
         free(old);
     }
-    free(tenant);
     free(env_path);
     PQfinish(db);
     return r;

@@ -1,9 +1,16 @@
 /* `space creds add|ls|rm|rotate`: credentials through the API (docs/credentials.md). A value
  * is read from stdin (first line), never from the command line: argv is visible to every local
- * user (/proc/<pid>/cmdline) and kept in shell history. */
+ * user (/proc/<pid>/cmdline) and kept in shell history. `space creds rotate-master`: a new
+ * master key for this home's credstore, which re-wraps every credential under it while it
+ * serves (no API: the key never leaves the host's files). */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "cred.h"
 
 #include "buf.h"
 #include "error.h"
@@ -22,15 +29,11 @@ static int read_value(char *out, size_t cap)
 
 static int usage(void)
 {
-    fprintf(stderr,
-            "usage: space creds add NAME HOST[,HOST...] TYPE [project=P|sandbox=ID] [rate=N] "
-            "[expires=YYYY-MM-DDTHH:MM:SSZ]   (the value on stdin)\n"
-            "         TYPE: header:NAME | bearer | basic:USER | query:PARAM\n"
-            "       space creds ls | rm ID... | rotate ID   (rotate: the new value on stdin)\n");
+    sp_client_usage("creds", stderr);
     return SP_STACK_EXIT_USAGE;
 }
 
-int sp__client_creds(const char *host, int port, const char *key, int argc, char **argv)
+int sp__client_creds(const sp_api_t *api, int argc, char **argv)
 {
     if (argc < 1)
         return usage();
@@ -41,7 +44,8 @@ int sp__client_creds(const char *host, int port, const char *key, int argc, char
     const char *method = "GET";
     char *path = NULL;
     int want = 200;
-    if (strcmp(sub, "ls") == 0) {
+    /* ls prints the API's JSON as it is, so --json changes nothing. */
+    if (strcmp(sub, "ls") == 0 && (argc == 1 || (argc == 2 && strcmp(argv[1], "--json") == 0))) {
         path = sp_xstrdup("/v1/credentials");
     } else if (strcmp(sub, "rm") == 0 && argc == 2) {
         path = sp_xasprintf("/v1/credentials/%s", argv[1]);
@@ -110,31 +114,85 @@ int sp__client_creds(const char *host, int port, const char *key, int argc, char
         return usage();
     }
     explicit_bzero(value, sizeof(value));
-    sp_httpc_req_t req = {.host = host,
-                          .port = port,
-                          .method = method,
-                          .path = path,
-                          .key = key,
-                          .body = b.len ? b.data : NULL,
-                          .body_len = b.len,
-                          .timeout_ms = 30000};
     sp_httpc_resp_t r;
-    int rc = sp_httpc_do(&req, &r);
+    int rc = sp__api_call(api, method, path, NULL, b.len ? b.data : NULL, b.len, 30000, &r);
     if (b.data)
         explicit_bzero(b.data, b.len);
     sp_buf_dispose(&b);
     free(path);
-    if (rc < 0) {
-        fprintf(stderr, "space creds: %s\n", sp_strerror(rc));
+    if (rc < 0)
         return SP_STACK_EXIT_FAIL;
-    }
     int code = SP_STACK_EXIT_OK;
     if (r.status != want) {
-        fprintf(stderr, "space: HTTP %d: %s\n", r.status, r.body);
-        code = SP_STACK_EXIT_FAIL;
+        code = sp__api_error("space creds", &r);
     } else if (r.body_len) {
         printf("%.*s\n", (int)r.body_len, r.body);
     }
     sp_httpc_resp_free(&r);
     return code;
+}
+
+/* The new key goes to <key>.next (written as .next.tmp, then renamed: credstore never reads a
+ * part of it); credstore, polling every 500 ms, re-wraps every row under it and renames it over
+ * the key file. Done when the key file holds the new key. */
+int sp__creds_rotate_master(const char *home)
+{
+    char *path = sp_xasprintf("%s/credstore/master.key", home);
+    char *next = sp_xasprintf("%s.next", path), *tmp = sp_xasprintf("%s.next.tmp", path);
+    sp_cred_key_t cur, nk;
+    int r = SP_STACK_EXIT_FAIL, rc;
+    memset(&nk, 0, sizeof(nk));
+    if ((rc = sp_cred_key_load(path, &cur)) < 0) {
+        fprintf(stderr, "space creds rotate-master: %s: %s\n", path, sp_strerror(rc));
+        goto out;
+    }
+    if (access(next, F_OK) == 0) {
+        fprintf(stderr,
+                "space creds rotate-master: a rotation is not finished (%s exists): credstore "
+                "completes it while running or at its next start\n",
+                next);
+        goto out;
+    }
+    (void)unlink(tmp);
+    if ((rc = sp_cred_key_create(tmp)) < 0 || (rc = sp_cred_key_load(tmp, &nk)) < 0 ||
+        (rename(tmp, next) < 0 && (rc = -errno) < 0)) {
+        fprintf(stderr, "space creds rotate-master: %s: %s\n", next, sp_strerror(rc));
+        (void)unlink(tmp);
+        goto out;
+    }
+    char *dir = sp_xasprintf("%s/credstore", home);
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        (void)fsync(dfd); /* the rename survives a crash */
+        close(dfd);
+    }
+    free(dir);
+    printf("master key %s -> %s: credstore re-wraps the credentials while serving\n", cur.id,
+           nk.id);
+    fflush(stdout);
+    for (int i = 0; i < 300; i++) {
+        sp_cred_key_t now;
+        if (access(next, F_OK) < 0 && sp_cred_key_load(path, &now) == 0) {
+            bool done = strcmp(now.id, nk.id) == 0;
+            sp_cred_key_wipe(&now);
+            if (done) {
+                printf("master key rotated: %s (the previous key is gone)\n", nk.id);
+                r = SP_STACK_EXIT_OK;
+                goto out;
+            }
+        }
+        usleep(100 * 1000);
+    }
+    fprintf(stderr,
+            "space creds rotate-master: credstore has not taken the new key within 30 s (is it "
+            "running? `space up` starts it, and its start completes the rotation; the log says "
+            "why): %s stays\n",
+            next);
+out:
+    sp_cred_key_wipe(&cur);
+    sp_cred_key_wipe(&nk);
+    free(path);
+    free(next);
+    free(tmp);
+    return r;
 }

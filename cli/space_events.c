@@ -2,7 +2,8 @@
  * GET /v1/events, or /v1/sandboxes/{id}/events), one line per event: sequence, time, type,
  * sandbox, and the log's verdict when it refused the event. From the first event; without
  * --follow it stops once the history is out (a second without a new event), with --follow it
- * goes on (keepalives keep the connection up) until interrupted. */
+ * goes on (keepalives keep the connection up) until interrupted. --json: each event as the API
+ * sent it (JSON lines), for jq. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -21,11 +22,18 @@
 
 typedef struct {
     unsigned long long n;
+    bool json; /* each event's JSON (the SSE data) on a line of its own */
 } events_t;
 
 static int on_event(void *arg, const sp_sse_event_t *ev)
 {
     events_t *e = arg;
+    if (e->json) {
+        printf("%.*s\n", (int)ev->data_len, ev->data);
+        fflush(stdout);
+        e->n++;
+        return 0;
+    }
     sp_json_doc_t *doc = NULL;
     char err[SP_JSON_ERR_MAX];
     sp_json_limits_t lim = {.max_bytes = ev->data_len + 1, .max_string = ev->data_len + 1};
@@ -56,45 +64,31 @@ static int on_event(void *arg, const sp_sse_event_t *ev)
     return 0;
 }
 
-static int on_data(void *arg, const char *data, size_t len)
+int sp__client_events(const sp_api_t *api, int argc, char **argv)
 {
-    return sp_sse_feed(arg, data, len);
-}
-
-int sp__client_events(const char *host, int port, const char *key, int argc, char **argv)
-{
-    bool follow = false;
+    bool follow = false, json = false;
     const char *id = NULL;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--follow") == 0 || strcmp(argv[i], "-f") == 0)
             follow = true;
+        else if (strcmp(argv[i], "--json") == 0)
+            json = true;
         else if (!id && argv[i][0] != '-')
             id = argv[i];
         else {
-            fprintf(stderr, "usage: space events [--follow] [ID]\n");
+            sp_client_usage("events", stderr);
             return SP_STACK_EXIT_USAGE;
         }
     }
     char *path =
         id ? sp_xasprintf("/v1/sandboxes/%s/events?from=0", id) : sp_xstrdup("/v1/events?from=0");
-    events_t e = {0};
-    sp_sse_reader_t sse;
-    sp_sse_init(&sse, on_event, &e);
-    sp_httpc_req_t req = {.host = host,
-                          .port = port,
-                          .method = "GET",
-                          .path = path,
-                          .key = key,
-                          .extra_headers = "Accept: text/event-stream\r\n",
-                          .timeout_ms = follow ? 0 : IDLE_MS};
+    events_t e = {.json = json};
     sp_httpc_resp_t r;
-    int rc = sp_httpc_stream(&req, &r, on_data, &sse);
-    sp_sse_dispose(&sse);
+    int rc = sp__api_sse(api, "GET", path, NULL, 0, follow ? 0 : IDLE_MS, on_event, &e, &r);
     free(path);
     int code = SP_STACK_EXIT_OK;
     if (r.headers && (r.status < 200 || r.status > 299)) {
-        fprintf(stderr, "space: HTTP %d: %s\n", r.status, r.body ? r.body : "");
-        code = SP_STACK_EXIT_FAIL;
+        code = sp__api_error("space events", &r);
     } else if (rc < 0 && !(rc == SP_ETIMEOUT && !follow && r.headers)) {
         fprintf(stderr, "space events: %s\n", sp_strerror(rc));
         code = SP_STACK_EXIT_FAIL;

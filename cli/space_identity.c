@@ -60,9 +60,7 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* The identities that have credentials in dir (<name>.nkpub), sorted; heap array of heap
- * strings (free with free_names). -errno when dir cannot be read. */
-static int list_names(const char *dir, char ***ret_names, size_t *ret_n)
+int sp__identity_names(const char *dir, char ***ret_names, size_t *ret_n)
 {
     char **names = NULL;
     size_t n = 0;
@@ -93,7 +91,7 @@ static int list_names(const char *dir, char ***ret_names, size_t *ret_n)
     return 0;
 }
 
-static void free_names(char **names, size_t n)
+void sp__identity_names_free(char **names, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         free(names[i]);
@@ -107,7 +105,7 @@ int sp__identity_conf(const char *dir, sp_buf_t *out)
     size_t n = 0;
     int r;
 
-    if ((r = list_names(dir, &names, &n)) < 0)
+    if ((r = sp__identity_names(dir, &names, &n)) < 0)
         return r;
     users = sp_xcalloc(n ? n : 1, sizeof(*users));
     keys = sp_xcalloc(n ? n : 1, sizeof(*keys));
@@ -121,7 +119,7 @@ int sp__identity_conf(const char *dir, sp_buf_t *out)
 out:
     free(users);
     free(keys);
-    free_names(names, n);
+    sp__identity_names_free(names, n);
     return r;
 }
 
@@ -203,10 +201,15 @@ static int durables_for(sp_bus_t *op, const char *name)
 /* Connects as identity name of dir, for the operator's work and for checks. Right after a
  * reload (SIGHUP) nats-server may refuse connections for a moment while it swaps its users,
  * so refusals are retried for a few seconds. */
-static int connect_as(const char *dir, const char *name, const char *url, sp_busid_t *busid,
-                      sp_bus_t **ret_bus)
+static int connect_as(const char *dir, const char *name, const char *url,
+                      const sp_stack_config_t *cfg, sp_busid_t *busid, sp_bus_t **ret_bus)
 {
-    sp_bus_opts_t bo = {.url = url, .name = "space", .timeout_ms = 2000};
+    sp_bus_opts_t bo = {.url = url,
+                        .name = "space",
+                        .timeout_ms = 2000,
+                        .stream_max_age_s = cfg ? cfg->stream_max_age_s : 0,
+                        .stream_max_bytes = cfg ? cfg->stream_max_bytes : 0,
+                        .stream_replicas = cfg ? sp__stack_replicas(cfg) : 0};
     char err[SP_BUSID_ERR_MAX];
     int r;
 
@@ -234,17 +237,28 @@ int sp__identity_js_up(const sp_stack_t *st, const char *nats_url, const char *o
     size_t n = 0;
     int r = -1, e;
 
-    if ((e = connect_as(dir, "operator", nats_url, &busid, &op)) < 0) {
+    if ((e = connect_as(dir, "operator", nats_url, st->cfg, &busid, &op)) < 0) {
         fprintf(stderr, "space: cannot connect to NATS as operator: %s\n", sp_strerror(e));
         goto out;
     }
-    if ((e = sp_bus_ensure_stream(op)) < 0 ||
+    /* The event log's checkpoints have a stream of their own (docs/audit.md): the operator
+     * creates it, the event log only publishes there. */
+    if ((e = sp_bus_ensure_stream(op)) < 0 || (e = sp_bus_ensure_ckpt_stream(op)) < 0 ||
         (e = sp_obj_bucket_ensure(op, SP_SNAPSHOT_BUCKET)) < 0) {
-        fprintf(stderr, "space: cannot create the stream or the snapshot bucket as operator: %s\n",
+        fprintf(stderr, "space: cannot create the streams or the snapshot bucket as operator: %s\n",
                 sp_strerror(e));
         goto out;
     }
-    if ((e = list_names(dir, &names, &n)) < 0) {
+    /* A stream made before the limits (or with others) gets the configured ones. */
+    int changed = 0;
+    if (st->cfg && (e = sp_bus_apply_stream_limits(op, &changed)) < 0) {
+        fprintf(stderr, "space: cannot set the limits of %s: %s\n", SP_BUS_STREAM, sp_strerror(e));
+        goto out;
+    }
+    if (changed)
+        printf("%-*s limits   max age %llds, max bytes %lld\n", SP_STACK_PART_WIDTH, SP_BUS_STREAM,
+               (long long)st->cfg->stream_max_age_s, (long long)st->cfg->stream_max_bytes);
+    if ((e = sp__identity_names(dir, &names, &n)) < 0) {
         fprintf(stderr, "space: cannot read %s: %s\n", dir, strerror(-e));
         goto out;
     }
@@ -253,7 +267,7 @@ int sp__identity_js_up(const sp_stack_t *st, const char *nats_url, const char *o
             goto out;
     r = 0;
 out:
-    free_names(names, n);
+    sp__identity_names_free(names, n);
     sp_bus_free(op);
     sp_busid_dispose(&busid);
     free(dir);
@@ -267,7 +281,7 @@ int sp__identity_check(const sp_stack_t *st, const char *nats_url, const char *n
     sp_bus_t *bus = NULL;
     int r;
 
-    r = connect_as(dir, name, nats_url, &busid, &bus);
+    r = connect_as(dir, name, nats_url, st->cfg, &busid, &bus);
     sp_bus_free(bus);
     sp_busid_dispose(&busid);
     free(dir);
@@ -312,17 +326,30 @@ out:
     return r;
 }
 
-int sp__identity_list(const sp_stack_t *st)
+int sp__identity_list(const sp_stack_t *st, bool json)
 {
     char *dir = sp__identity_dir(st->home), **names = NULL;
     size_t n = 0;
-    int r = list_names(dir, &names, &n);
+    int r = sp__identity_names(dir, &names, &n);
 
     if (r < 0)
         fprintf(stderr, "space identity: cannot read %s: %s\n", dir, strerror(-r));
-    for (size_t i = 0; i < n; i++)
+    if (json && r >= 0) {
+        sp_buf_t b;
+        sp_buf_init(&b);
+        sp_buf_puts(&b, "{\"identities\":[");
+        for (size_t i = 0; i < n; i++) {
+            if (i)
+                sp_buf_putc(&b, ',');
+            sp_buf_json_str(&b, names[i]);
+        }
+        sp_buf_puts(&b, "]}");
+        printf("%s\n", b.data);
+        sp_buf_dispose(&b);
+    }
+    for (size_t i = 0; !json && i < n; i++)
         printf("%s\n", names[i]);
-    free_names(names, n);
+    sp__identity_names_free(names, n);
     free(dir);
     return r < 0 ? -1 : 0;
 }

@@ -19,9 +19,11 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "checkpoint.h"
 #include "contract.h"
 #include "error.h"
 #include "log.h"
+#include "reduce.h" /* SP_ID_MAX */
 #include "space_proc.h"
 #include "cred.h"
 #include "tlsca.h"
@@ -75,6 +77,13 @@ int sp__stack_mkdir(const char *dir, mode_t mode)
     if (stat(dir, &sb) < 0)
         return -errno;
     return S_ISDIR(sb.st_mode) ? 0 : -ENOTDIR;
+}
+
+int sp__stack_replicas(const sp_stack_config_t *cfg)
+{
+    if (cfg->stream_replicas > 0)
+        return (int)cfg->stream_replicas;
+    return cfg->nats_nodes >= 3 ? 3 : cfg->nats_nodes > 1 ? (int)cfg->nats_nodes : 1;
 }
 
 void sp__stack_report(const char *name, const char *state, const sp_stack_part_t *part)
@@ -160,6 +169,13 @@ static int validate(const sp_stack_config_t *cfg)
     if (!host_ok(cfg->nats_host)) {
         fprintf(stderr, "space: SPACE_NATS_HOST '%s' is not a host name or address\n",
                 cfg->nats_host);
+        return -1;
+    }
+    if (cfg->stream_replicas > cfg->nats_nodes) {
+        fprintf(stderr,
+                "space: SPACE_STREAM_REPLICAS %lld needs as many nats-server nodes "
+                "(SPACE_NATS_NODES is %lld)\n",
+                (long long)cfg->stream_replicas, (long long)cfg->nats_nodes);
         return -1;
     }
     if (!pg_name_ok(cfg->pg_user) || !pg_name_ok(cfg->pg_db)) {
@@ -500,6 +516,11 @@ static char **daemon_args(const sp_stack_t *st, const char *name)
         a[n++] = sp_xasprintf("%s/tmp", gwdir);
         (void)mkdir_p(a[n - 1], 0700);
         free(gwdir);
+    } else if (strcmp(name, "space-eventlog") == 0) {
+        /* The witness copy of the checkpoints (docs/audit.md); space-replay verify reads it
+         * there by default. */
+        a[n++] = sp_xstrdup("--checkpoint-file");
+        a[n++] = sp_xasprintf("%s/" SP_CKPT_FILE_DEFAULT, st->home);
     } else if (strcmp(name, "space-worker") == 0) {
         a[n++] = sp_xstrdup("--state-dir");
         a[n++] = sp_xasprintf("%s/worker", st->home);
@@ -522,6 +543,16 @@ static bool requested(const sp_stack_config_t *cfg, const char *name)
         p += *p == ',';
     }
     return false;
+}
+
+/* Whether the worker program exists (`up` skips a daemon that is not built). */
+static bool worker_built(const sp_stack_t *st)
+{
+    char *dir = sp_stack_bin_dir(st->cfg), *prog = sp_xasprintf("%s/space-worker", dir);
+    bool ok = access(prog, X_OK) == 0;
+    free(prog);
+    free(dir);
+    return ok;
 }
 
 static void free_args(char **a)
@@ -578,6 +609,11 @@ static int daemons_up(const sp_stack_t *st, const char *nats_url, const char *pg
     bool any = false;
     int r = 0, e, status;
 
+    /* With a credstore to hold the data keys, the worker seals captured output (docs/audit.md,
+     * Sealing) unless SPACE_SEAL_OUTPUT says otherwise. */
+    if (requested(st->cfg, "space-credstore"))
+        (void)setenv("SPACE_SEAL_OUTPUT", "true", 0);
+
     for (size_t i = 0; i < N_DAEMONS; i++) {
         const char *name = daemons[i].name;
         char *prog = sp_xasprintf("%s/%s", dir, name);
@@ -605,9 +641,17 @@ static int daemons_up(const sp_stack_t *st, const char *nats_url, const char *pg
             free_env(env);
             continue;
         }
+        char failed[SP_ID_MAX + 1];
         if (restart && sp_proc_pidfile_check(pidfile, name, &part.pid) == 1) {
             printf("%-*s restart  (the NATS or PostgreSQL URL changed)\n", SP_STACK_PART_WIDTH,
                    name);
+            if (daemon_down(st, name) < 0)
+                r = -1;
+        } else if (daemons[i].kind == SP_KIND_WORKER &&
+                   sp__templates_failed(st, failed, sizeof(failed))) {
+            /* Its templates are made at its start: a new one tries the failed one again. */
+            printf("%-*s restart  (template %s failed: made again)\n", SP_STACK_PART_WIDTH, name,
+                   failed);
             if (daemon_down(st, name) < 0)
                 r = -1;
         }
@@ -669,6 +713,7 @@ int sp_stack_up(const sp_stack_config_t *cfg)
     sp_stack_part_t nats = {0}, pg = {0};
     long long t0 = sp_proc_now_ms();
     char *env_path = NULL, *api_url = NULL, *api_key = NULL;
+    char *old_api_url = NULL, *old_api_key = NULL;
     int r = SP_STACK_EXIT_FAIL, lock = -1;
     bool moved;
     sp_stack_t st;
@@ -691,7 +736,17 @@ int sp_stack_up(const sp_stack_config_t *cfg)
         goto fail;
     moved = env_file_differs(&st, "SPACE_NATS_URL", nats.url) ||
             env_file_differs(&st, "SPACE_PG_URL", pg.url);
-    if (write_env_file(&st, nats.url, pg.url, NULL, NULL) < 0)
+    /* The new URLs now (the daemons read them from here), the API lines kept as they are:
+     * whoever reads space.env while `up` runs finds SPACE_API_URL and SPACE_API_KEY in it
+     * (each write is a whole new file renamed over the old one), and sp__api_up finds the key
+     * to keep. */
+    env_path = sp__stack_path(&st, ENV_FILE);
+    if (sp_env_file_get(env_path, "SPACE_API_URL", &old_api_url) < 0 ||
+        sp_env_file_get(env_path, "SPACE_API_KEY", &old_api_key) < 0) {
+        free(old_api_url);
+        old_api_url = NULL;
+    }
+    if (write_env_file(&st, nats.url, pg.url, old_api_url, old_api_key) < 0)
         goto fail;
     if (ca_up(&st) < 0 || credstore_key_up(&st) < 0 || daemons_up(&st, nats.url, pg.url, moved) < 0)
         goto fail;
@@ -700,8 +755,12 @@ int sp_stack_up(const sp_stack_config_t *cfg)
         goto fail;
     if (api_url)
         printf("SPACE_API_URL='%s'\nSPACE_API_KEY is in %s/space.env\n", api_url, st.home);
+    fflush(stdout);
+    /* Ready means a create of any configured template can be placed. */
+    if (requested(cfg, "space-worker") && worker_built(&st) &&
+        sp__templates_wait(&st, api_url, api_key) < 0)
+        goto fail;
 
-    env_path = sp__stack_path(&st, ENV_FILE);
     printf("space up: ready in %.2f s\n"
            "SPACE_NATS_URL='%s'\n"
            "SPACE_PG_URL='%s'\n"
@@ -719,9 +778,14 @@ out:
         close(lock);
     free(env_path);
     free(api_url);
+    free(old_api_url);
     if (api_key) {
         explicit_bzero(api_key, strlen(api_key));
         free(api_key);
+    }
+    if (old_api_key) {
+        explicit_bzero(old_api_key, strlen(old_api_key));
+        free(old_api_key);
     }
     sp__stack_part_dispose(&nats);
     sp__stack_part_dispose(&pg);
@@ -843,7 +907,7 @@ out:
 
 int sp_stack_status(const sp_stack_config_t *cfg)
 {
-    sp_stack_part_t nats = {0}, pg = {0};
+    sp_stack_part_t pg = {0};
     bool all = true;
     char *dir = NULL;
     sp_stack_t st;
@@ -854,13 +918,11 @@ int sp_stack_status(const sp_stack_config_t *cfg)
     exists = stack_open(cfg, false, &st);
     if (exists < 0)
         return SP_STACK_EXIT_FAIL;
-    if (exists == 1) {
-        sp__nats_probe(&st, &nats);
+    if (exists == 1)
         sp__pg_probe(&st, &pg);
-    }
-    sp__stack_report("nats-server", nats.pid ? "running" : "stopped", &nats);
+    all = sp__nats_status(&st, exists == 1);
     sp__stack_report("postgres", pg.pid ? "running" : "stopped", &pg);
-    all = nats.pid && pg.pid;
+    all = all && pg.pid;
 
     dir = sp_stack_bin_dir(cfg);
     for (size_t i = 0; i < N_DAEMONS; i++) {
@@ -882,7 +944,8 @@ int sp_stack_status(const sp_stack_config_t *cfg)
         free(prog);
     }
     free(dir);
-    sp__stack_part_dispose(&nats);
+    if (exists == 1)
+        sp__templates_report(&st);
     sp__stack_part_dispose(&pg);
     stack_dispose(&st);
     return all ? SP_STACK_EXIT_OK : SP_STACK_EXIT_NOT_ALL;
@@ -923,6 +986,38 @@ out:
  * rewrites nats.conf, has the server reload it, creates the identity's durables as operator
  * and checks that the identity connects. conf prints the authorization block of every
  * identity in creds/, for the nats.conf of servers `space up` does not run (a cluster). */
+/* After an identity's credentials are made: with this home's nats-server running, nats.conf
+ * is rewritten and reloaded, the identity must connect, and its durables are made. 0, or -1
+ * after printing why. */
+static int identity_activate(sp_stack_t *st, const char *name)
+{
+    sp_stack_part_t nats = {0};
+    int rl = sp__nats_reload(st), e;
+
+    if (rl < 0)
+        return -1;
+    if (rl != 0) {
+        printf("no nats-server of %s runs: add the output of `space identity conf` to the "
+               "cluster's nats.conf and reload it (docs/trust.md)\n",
+               st->home);
+        return 0;
+    }
+    sp__nats_probe(st, &nats);
+    /* The new identity connecting shows the reload took effect. */
+    e = nats.url ? sp__identity_check(st, nats.url, name) : -ENOTCONN;
+    if (e >= 0 && sp__identity_js_up(st, nats.url, name) < 0) {
+        sp__stack_part_dispose(&nats);
+        return -1;
+    }
+    if (e < 0)
+        fprintf(stderr, "space identity: %s cannot connect to %s: %s\n", name, nats.url,
+                sp_strerror(e));
+    else
+        printf("%s connects to %s\n", name, nats.url);
+    sp__stack_part_dispose(&nats);
+    return e < 0 ? -1 : 0;
+}
+
 int sp_stack_identity(const sp_stack_config_t *cfg, int argc, char **argv)
 {
     const char *sub = argc > 0 ? argv[0] : "";
@@ -933,8 +1028,9 @@ int sp_stack_identity(const sp_stack_config_t *cfg, int argc, char **argv)
     if (validate(cfg) < 0)
         return SP_STACK_EXIT_USAGE;
     if (!((strcmp(sub, "add") == 0 && (argc == 2 || argc == 3)) ||
-          ((strcmp(sub, "ls") == 0 || strcmp(sub, "conf") == 0) && argc == 1))) {
-        fprintf(stderr, "usage: space identity add KIND [INSTANCE] | ls | conf\n");
+          ((strcmp(sub, "ls") == 0 || strcmp(sub, "conf") == 0) && argc == 1) ||
+          (strcmp(sub, "ls") == 0 && argc == 2 && strcmp(argv[1], "--json") == 0))) {
+        fputs(SP_STACK_IDENTITY_USAGE, stderr);
         return SP_STACK_EXIT_USAGE;
     }
     exists = stack_open(cfg, strcmp(sub, "add") == 0, &st);
@@ -948,7 +1044,7 @@ int sp_stack_identity(const sp_stack_config_t *cfg, int argc, char **argv)
     if (lock < 0)
         goto out;
     if (strcmp(sub, "ls") == 0) {
-        r = sp__identity_list(&st) < 0 ? SP_STACK_EXIT_FAIL : SP_STACK_EXIT_OK;
+        r = sp__identity_list(&st, argc == 2) < 0 ? SP_STACK_EXIT_FAIL : SP_STACK_EXIT_OK;
         goto out;
     }
     if (strcmp(sub, "conf") == 0) {
@@ -970,37 +1066,93 @@ int sp_stack_identity(const sp_stack_config_t *cfg, int argc, char **argv)
         r = SP_STACK_EXIT_USAGE;
         goto out;
     }
-    int rl = sp__nats_reload(&st);
-    if (rl < 0)
+    if (identity_activate(&st, name) < 0)
         goto out;
-    if (rl == 0) {
-        sp_stack_part_t nats = {0};
-        int e;
-
-        sp__nats_probe(&st, &nats);
-        /* The new identity connecting shows the reload took effect. */
-        e = nats.url ? sp__identity_check(&st, nats.url, name) : -ENOTCONN;
-        if (e >= 0 && sp__identity_js_up(&st, nats.url, name) < 0) {
-            sp__stack_part_dispose(&nats);
-            goto out;
-        }
-        if (e < 0)
-            fprintf(stderr, "space identity: %s cannot connect to %s: %s\n", name, nats.url,
-                    sp_strerror(e));
-        else
-            printf("%s connects to %s\n", name, nats.url);
-        sp__stack_part_dispose(&nats);
-        if (e < 0)
-            goto out;
-    } else {
-        printf("no nats-server of %s runs: add the output of `space identity conf` to the "
-               "cluster's nats.conf and reload it (docs/trust.md)\n",
-               st.home);
-    }
     r = SP_STACK_EXIT_OK;
 out:
     if (lock >= 0)
         close(lock);
+    stack_dispose(&st);
+    return r;
+}
+
+/* `space platform add|ls|publish` (space_platform.c does the work). add is `space identity add
+ * platform NAME` plus the tenants file; publish takes no stack lock (it may wait for an
+ * outcome for a while, and changes nothing of the stack). */
+int sp_stack_platform(const sp_stack_config_t *cfg, int argc, char **argv)
+{
+    const char *sub = argc > 0 ? argv[0] : "";
+    char name[SP_IDENTITY_MAX + 1], **tenants = NULL, *dir = NULL;
+    const char *list = NULL;
+    size_t n_tenants = 0;
+    int r = SP_STACK_EXIT_FAIL, lock = -1, exists;
+    sp_stack_t st = {0};
+
+    if (validate(cfg) < 0)
+        return SP_STACK_EXIT_USAGE;
+    if (strcmp(sub, "add") == 0 && argc >= 3) {
+        for (int i = 2; i < argc; i++) {
+            if (strncmp(argv[i], "--tenants=", 10) == 0)
+                list = argv[i] + 10;
+            else if (strcmp(argv[i], "--tenants") == 0 && i + 1 < argc)
+                list = argv[++i];
+            else
+                list = NULL, i = argc; /* anything else: usage */
+        }
+    }
+    bool json = strcmp(sub, "ls") == 0 && argc == 2 && strcmp(argv[1], "--json") == 0;
+    if (!((strcmp(sub, "add") == 0 && list) || (strcmp(sub, "ls") == 0 && argc == 1) || json ||
+          (strcmp(sub, "publish") == 0 && argc >= 2))) {
+        fputs(SP_STACK_PLATFORM_USAGE, stderr);
+        return SP_STACK_EXIT_USAGE;
+    }
+    if (list && sp__platform_tenants_parse(list, &tenants, &n_tenants) < 0)
+        return SP_STACK_EXIT_USAGE;
+    exists = stack_open(cfg, false, &st);
+    if (exists < 0)
+        goto out;
+    if (exists == 0) {
+        fprintf(stderr, "space platform: nothing at %s (space up first)\n", st.home);
+        goto out;
+    }
+    dir = sp__identity_dir(st.home);
+    if (strcmp(sub, "publish") == 0) {
+        sp_stack_part_t nats = {0}, pg = {0};
+        sp__nats_probe(&st, &nats);
+        sp__pg_probe(&st, &pg);
+        if (!nats.url)
+            fprintf(stderr, "space platform: the nats-server of %s does not run\n", st.home);
+        else
+            r = sp__platform_publish(dir, nats.url, pg.url, argv[1], argc - 2, argv + 2);
+        sp__stack_part_dispose(&nats);
+        sp__stack_part_dispose(&pg);
+        goto out;
+    }
+    lock = stack_lock(&st);
+    if (lock < 0)
+        goto out;
+    if (strcmp(sub, "ls") == 0) {
+        r = sp__platform_list(dir, json) < 0 ? SP_STACK_EXIT_FAIL : SP_STACK_EXIT_OK;
+        goto out;
+    }
+    /* The identity first (its .pub is what the keyring needs to know the platform at all),
+     * then its tenants, then nats.conf: from the reload on, it can publish. */
+    if (sp__identity_add(&st, "platform", argv[1], name) < 0) {
+        r = SP_STACK_EXIT_USAGE;
+        goto out;
+    }
+    if (sp__platform_tenants_write(dir, name, tenants, n_tenants) < 0 ||
+        identity_activate(&st, name) < 0)
+        goto out;
+    printf("give the platform %s/%s.{nk,nkpub} (its NATS login) and %s/%s.key (its signing "
+           "key); docs/platforms.md\n",
+           dir, name, dir, name);
+    r = SP_STACK_EXIT_OK;
+out:
+    if (lock >= 0)
+        close(lock);
+    sp__platform_tenants_free(tenants, n_tenants);
+    free(dir);
     stack_dispose(&st);
     return r;
 }

@@ -3,6 +3,7 @@
  *   main.c               config, master key, start and stop
  *   credstore_store.c    the credentials: PostgreSQL rows, the in-memory table, sealing
  *   credstore_admin.c    space.io.cred.admin: create, list, get, rotate, delete (gateway)
+ *   credstore_datakey.c  space.io.cred.datakey: a sandbox's data key (worker, docs/audit.md)
  *   credstore_lookup.c   space.io.cred.lookup: what a request may carry (egressd), and the
  *                        one function that decides who may ask (cs_caller_allowed)
  *
@@ -22,6 +23,8 @@
 #include "cred.h"
 #include "credstore.pb-c.h"
 #include "envelope.h"
+#include "request.h"
+#include "verifier.h"
 
 #ifndef SP_ID_MAX
 #define SP_ID_MAX 64
@@ -31,6 +34,8 @@ typedef struct {
     char *nats_url;
     char *identity; /* busid.h */
     char *creds_dir;
+    char *verify_signatures; /* verifier.h */
+    char *keyring_dir;
     char *pg_url;
     char *master_key_file;
     char *previous_master_key_file;
@@ -64,12 +69,17 @@ typedef struct {
     const cs_config_t *cfg;
     sp_bus_t *bus;
     PGconn *db;
-    sp_cred_key_t key;
-    pthread_mutex_t mu; /* the table, db */
+    sp_cred_key_t key;      /* what seals; rows name theirs by key_id */
+    sp_cred_key_t previous; /* while a live re-wrap runs (have_previous): opens the rest */
+    bool have_previous;
+    pthread_mutex_t mu; /* the table, db, key, previous */
     cs_cred_t **creds;
     size_t n_creds, cap_creds;
-    sp_bus_sub_t *admin_sub, *lookup_sub;
+    sp_bus_sub_t *admin_sub, *lookup_sub, *datakey_sub;
     uint64_t lookups, denied_callers;
+    /* Requests are signed (request.h): who asks is proven, not inferred. */
+    sp_verifier_t *verifier;
+    sp_request_guard_t *guard;
 } cs_t;
 
 /* ---- store (credstore_store.c); callers hold mu ---- */
@@ -78,6 +88,14 @@ typedef struct {
  * < 0 with *why a message for the operator (never a value). */
 int cs_store_open(cs_t *cs, const sp_cred_key_t *previous, const char **why);
 void cs_store_close(cs_t *cs);
+/* The master key rotated while serving: next seals from now on (its canary stored first),
+ * the current key becomes previous and opens what is still sealed under it; then every row
+ * is re-wrapped under next, one at a time under mu (lookups and admin requests go on in
+ * between), written back, and previous's canary dropped and previous wiped. Called WITHOUT
+ * mu, from the main thread. The number of rows re-wrapped, or < 0 with *why (rows already
+ * re-wrapped stay so; both keys stay in memory and a restart with the next key file present
+ * completes it). */
+int cs_store_rewrap_live(cs_t *cs, const sp_cred_key_t *next, const char **why);
 cs_cred_t *cs_store_find(cs_t *cs, const char *tenant, const char *id);
 /* Inserts c (its id, version 1, key and times are set here) with value sealed: 0, -EEXIST
  * (a live credential of that name and scope), SP_EDB. On success the table owns c. */
@@ -86,7 +104,8 @@ int cs_store_create(cs_t *cs, cs_cred_t *c, const uint8_t *value, size_t len);
 int cs_store_rotate(cs_t *cs, cs_cred_t *c, const uint8_t *value, size_t len);
 /* Marks deleted (its ciphertext dropped) and removes it from the table (freed). */
 int cs_store_delete(cs_t *cs, cs_cred_t *c);
-/* The value, opened into out (SP_CRED_VALUE_MAX bytes): its length, or -EBADMSG. */
+/* The value, opened into out (SP_CRED_VALUE_MAX bytes) with the key its row names (key or,
+ * during a live re-wrap, previous): its length, or -EBADMSG. */
 int cs_store_open_value(cs_t *cs, const cs_cred_t *c, uint8_t *out);
 void cs_cred_free(cs_cred_t *c);
 void cs_cred_meta(const cs_cred_t *c, Space__Cred__V1__CredMeta *m);
@@ -94,12 +113,23 @@ void cs_cred_meta(const cs_cred_t *c, Space__Cred__V1__CredMeta *m);
 /* ---- admin (credstore_admin.c) and lookup (credstore_lookup.c) ---- */
 int cs_admin_start(cs_t *cs);
 int cs_lookup_start(cs_t *cs);
+/* space.io.cred.datakey (credstore_datakey.c): a sandbox's data key, to its worker. */
+int cs_datakey_start(cs_t *cs);
+/* Re-wraps every live data key wrapped by from under to (a master key rotation: keys of
+ * forgotten sandboxes stay tombstones). lock: take cs->mu per batch (while serving). The count,
+ * or < 0 (the rows re-wrapped so far stay so; asked again, it goes on). */
+int cs_datakeys_rewrap(cs_t *cs, const sp_cred_key_t *from, const sp_cred_key_t *to, bool lock);
 
-typedef enum { CS_CALLER_GATEWAY = 1, CS_CALLER_EGRESSD } cs_caller_t;
-/* Whether the sender of a request on subject may ask for what, as kind. Today every client of
- * the bus is believed (the bus has no identities yet); once issue 14 gives each daemon its own
- * NATS user and signed envelopes, this is the one place that checks the signer. */
-bool cs_caller_allowed(cs_t *cs, cs_caller_t kind, const char *subject, const char *reply);
+typedef enum { CS_CALLER_GATEWAY = 1, CS_CALLER_EGRESSD, CS_CALLER_WORKER } cs_caller_t;
+/* Whether the answer to a request signed by signer (sp_request_open checked that its kind may
+ * send on the subject) may go to reply, for a caller of kind: only to the signer's own inbox,
+ * _INBOX.<signer>. (which NATS lets only that identity read). Without verification (no
+ * creds-dir, verify-signatures=off) every caller is believed, as the log line at start says. */
+bool cs_caller_allowed(cs_t *cs, cs_caller_t kind, const char *signer, const char *reply);
+/* Opens a signed request (sp_request_open) for on_admin/on_lookup: true when it may be acted
+ * on; a refusal is logged and answered (RequestRefused). Dispose rq in every case. */
+bool cs_request_open(cs_t *cs, const char *subject, const char *reply, const uint8_t *data,
+                     size_t len, sp_request_t *rq);
 
 /* Publishes a credential event (payload set by the caller) on space.ev.cred.<tenant>.<type>. */
 int cs_publish(cs_t *cs, Space__V1__Envelope *env, const char *tenant, const char *cred_id,

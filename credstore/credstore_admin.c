@@ -154,6 +154,9 @@ static void do_create(cs_t *cs, const req_t *q, rep_t *rep, Space__Cred__V1__Cre
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_CREDENTIAL_CREATED;
     env.credential_created = &ev;
     (void)cs_publish(cs, &env, c->tenant, c->id, q->actor, q->correlation_id);
+    /* Cached answers from before it existed (egressd keeps them up to a second) are dropped
+     * too: a new credential applies from the next request, as a rotation or a delete does. */
+    changed(cs, c->tenant, c->id);
     sp_log(SP_LOG_INFO, "credential created", SP_KS("credential", c->id),
            SP_KS("tenant", c->tenant), SP_KS("name", c->name), SP_KS("scope", c->scope_kind),
            SP_KS("corr", q->correlation_id));
@@ -262,10 +265,9 @@ static void handle(cs_t *cs, const req_t *q, rep_t *rep, Space__Cred__V1__CredMe
     rep->ok = true;
 }
 
-static void on_admin(void *arg, const char *subject, const char *reply, const uint8_t *data,
-                     size_t len)
+static void admin(cs_t *cs, const char *subject, const char *reply, const uint8_t *data, size_t len,
+                  const char *signer)
 {
-    cs_t *cs = arg;
     req_t *q =
         len <= ADMIN_MAX ? space__cred__v1__cred_admin_request__unpack(NULL, len, data) : NULL;
     /* The message as received may hold a value: wiped once decoded (cnats lends it for the
@@ -280,7 +282,7 @@ static void on_admin(void *arg, const char *subject, const char *reply, const ui
     }
     rep_t rep = SPACE__CRED__V1__CRED_ADMIN_REPLY__INIT;
     char detail[256] = "";
-    bool allowed = cs_caller_allowed(cs, CS_CALLER_GATEWAY, subject, reply);
+    bool allowed = cs_caller_allowed(cs, CS_CALLER_GATEWAY, signer, reply);
     if (!allowed) {
         rep.error = "forbidden";
         rep.detail = "not a caller of the admin subject";
@@ -302,6 +304,18 @@ static void on_admin(void *arg, const char *subject, const char *reply, const ui
     if (q->value.len)
         explicit_bzero(q->value.data, q->value.len);
     space__cred__v1__cred_admin_request__free_unpacked(q, NULL);
+}
+
+static void on_admin(void *arg, const char *subject, const char *reply, const uint8_t *data,
+                     size_t len)
+{
+    sp_request_t rq;
+    if (cs_request_open(arg, subject, reply, data, len, &rq))
+        admin(arg, subject, reply, rq.body, rq.len, rq.signer);
+    sp_request_dispose(&rq); /* wipes the body: it may hold a value */
+    /* The message as received holds it too: wiped (cnats lends it for the call). */
+    if (len)
+        explicit_bzero((void *)data, len);
 }
 
 int cs_admin_start(cs_t *cs)

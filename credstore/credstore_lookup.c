@@ -13,6 +13,7 @@
 #include <strings.h>
 
 #include "credstore.h"
+#include "natsauth.h"
 #include "envelope.h"
 #include "error.h"
 #include "ids.h"
@@ -22,19 +23,40 @@
 #define LOOKUP_MAX 4096
 #define GRANTS_MAX 64
 
-bool cs_caller_allowed(cs_t *cs, cs_caller_t kind, const char *subject, const char *reply)
+bool cs_caller_allowed(cs_t *cs, cs_caller_t kind, const char *signer, const char *reply)
 {
-    /* The NATS permissions (docs/trust.md) let only gateways publish admin requests and only
-     * egressd lookups, and each identity reads only its own inbox, _INBOX.<identity>. Behind
-     * that wall: an answer (values, for a lookup) goes only to an inbox of the kind that may
-     * ask. A deployment without identities (no creds-dir) has no wall and no inbox names:
-     * every caller is believed, as the log line at start says. Not checked: that a lookup's
+    /* Behind the NATS permissions (only gateways publish admin requests, only egressd
+     * lookups; each identity reads only its own inbox) and the signed request: the answer
+     * (values, for a lookup) goes only to the signer's own inbox. Not checked: that a lookup's
      * sandbox lives on the asking egressd's host. */
-    (void)subject;
-    if (!cs->cfg->creds_dir || !cs->cfg->creds_dir[0])
+    if (sp_verifier_mode(cs->verifier) == SP_VERIFY_OFF)
         return true;
-    const char *want = kind == CS_CALLER_GATEWAY ? "_INBOX.gateway" : "_INBOX.egressd-";
+    sp_identity_t id;
+    char want[SP_INBOX_MAX + 2];
+    if (!signer || sp_identity_parse(signer, &id) < 0 ||
+        id.kind != (kind == CS_CALLER_GATEWAY  ? SP_KIND_GATEWAY
+                    : kind == CS_CALLER_WORKER ? SP_KIND_WORKER
+                                               : SP_KIND_EGRESSD))
+        return false;
+    snprintf(want, sizeof(want), "_INBOX.%s.", id.name);
     return reply && strncmp(reply, want, strlen(want)) == 0;
+}
+
+bool cs_request_open(cs_t *cs, const char *subject, const char *reply, const uint8_t *data,
+                     size_t len, sp_request_t *rq)
+{
+    char reason[SP_REASON_MAX];
+    int rc = sp_request_take(cs->guard, cs->bus, subject, reply, data, len, rq, reason);
+    if (rc != 0)
+        sp_log(rc < 0 ? SP_LOG_WARN : SP_LOG_INFO,
+               rc < 0 ? "request refused" : "request would be refused (verify-signatures=log)",
+               SP_KS("subject", subject), SP_KS("signer", rq->signer), SP_KS("reason", reason));
+    if (rc < 0) {
+        pthread_mutex_lock(&cs->mu);
+        cs->denied_callers++;
+        pthread_mutex_unlock(&cs->mu);
+    }
+    return rc >= 0;
 }
 
 static bool applies(const cs_cred_t *c, const Space__Cred__V1__CredLookupRequest *q)
@@ -72,10 +94,9 @@ static bool better(const cs_cred_t *a, const cs_cred_t *b)
     return ra != rb ? ra < rb : strcmp(a->name, b->name) < 0;
 }
 
-static void on_lookup(void *arg, const char *subject, const char *reply, const uint8_t *data,
-                      size_t len)
+static void lookup(cs_t *cs, const char *subject, const char *reply, const uint8_t *data,
+                   size_t len, const char *signer)
 {
-    cs_t *cs = arg;
     Space__Cred__V1__CredLookupRequest *q =
         len <= LOOKUP_MAX ? space__cred__v1__cred_lookup_request__unpack(NULL, len, data) : NULL;
     if (!q || !reply) {
@@ -91,7 +112,7 @@ static void on_lookup(void *arg, const char *subject, const char *reply, const u
     char *rules[GRANTS_MAX][SP_CRED_HOSTS_MAX];
     uint8_t *values[GRANTS_MAX] = {0};
     size_t n = 0;
-    if (!cs_caller_allowed(cs, CS_CALLER_EGRESSD, subject, reply)) {
+    if (!cs_caller_allowed(cs, CS_CALLER_EGRESSD, signer, reply)) {
         rep.error = "forbidden";
         goto send;
     }
@@ -193,6 +214,15 @@ send : {
     }
 }
     space__cred__v1__cred_lookup_request__free_unpacked(q, NULL);
+}
+
+static void on_lookup(void *arg, const char *subject, const char *reply, const uint8_t *data,
+                      size_t len)
+{
+    sp_request_t rq;
+    if (cs_request_open(arg, subject, reply, data, len, &rq))
+        lookup(arg, subject, reply, rq.body, rq.len, rq.signer);
+    sp_request_dispose(&rq);
 }
 
 int cs_lookup_start(cs_t *cs)

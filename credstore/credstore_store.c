@@ -102,6 +102,8 @@ static int open_with(const sp_cred_key_t *key, const cs_cred_t *c, uint8_t *out)
 
 int cs_store_open_value(cs_t *cs, const cs_cred_t *c, uint8_t *out)
 {
+    if (cs->have_previous && strcmp(c->key_id, cs->previous.id) == 0)
+        return open_with(&cs->previous, c, out);
     return open_with(&cs->key, c, out);
 }
 
@@ -201,6 +203,131 @@ static int check_canary(cs_t *cs, const sp_cred_key_t *key, bool create, const c
 out:
     PQclear(r);
     return rc;
+}
+
+/* key's canary, unless it has one. */
+static int store_canary(cs_t *cs, const sp_cred_key_t *key)
+{
+    uint8_t nonce[SP_CRED_NONCE_LEN], ct[CANARY_LEN + SP_CRED_TAG_LEN];
+    int rc = sp_cred_seal(key, (const uint8_t *)key->id, strlen(key->id), (const uint8_t *)CANARY,
+                          CANARY_LEN, nonce, ct);
+    if (rc < 0)
+        return rc;
+    const char *v[3] = {key->id, (const char *)nonce, (const char *)ct};
+    int lens[3] = {0, SP_CRED_NONCE_LEN, (int)sizeof(ct)};
+    int fmts[3] = {0, 1, 1};
+    PGresult *r = PQexecParams(cs->db,
+                               "INSERT INTO credstore_keys (key_id, nonce, canary) "
+                               "VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                               3, NULL, v, lens, fmts, 0);
+    rc = sp_db_check(r, PGRES_COMMAND_OK);
+    PQclear(r);
+    return rc;
+}
+
+/* c's value opened with from and sealed under to (same id and version: the additional data
+ * does not change), written back; c changes only once the row did. */
+static int rewrap_one(cs_t *cs, cs_cred_t *c, const sp_cred_key_t *from, const sp_cred_key_t *to)
+{
+    uint8_t pt[SP_CRED_VALUE_MAX];
+    int n = open_with(from, c, pt);
+    if (n < 0)
+        return n;
+    cs_cred_t next = *c;
+    next.ct = NULL;
+    int rc = seal(to, &next, pt, (size_t)n);
+    explicit_bzero(pt, sizeof(pt));
+    if (rc < 0)
+        return rc;
+    const char *v[4] = {c->id, next.key_id, (const char *)next.nonce, (const char *)next.ct};
+    int lens[4] = {0, 0, SP_CRED_NONCE_LEN, (int)next.ct_len};
+    int fmts[4] = {0, 0, 1, 1};
+    PGresult *u = PQexecParams(cs->db,
+                               "UPDATE credentials SET key_id = $2, nonce = $3, ciphertext = $4 "
+                               "WHERE id = $1",
+                               4, NULL, v, lens, fmts, 0);
+    rc = sp_db_check(u, PGRES_COMMAND_OK);
+    PQclear(u);
+    if (rc < 0) {
+        explicit_bzero(next.ct, next.ct_len);
+        free(next.ct);
+        return rc;
+    }
+    explicit_bzero(c->ct, c->ct_len);
+    free(c->ct);
+    *c = next;
+    return 0;
+}
+
+int cs_store_rewrap_live(cs_t *cs, const sp_cred_key_t *next, const char **why)
+{
+    pthread_mutex_lock(&cs->mu);
+    if (cs->have_previous && strcmp(next->id, cs->key.id) != 0) {
+        pthread_mutex_unlock(&cs->mu);
+        *why = "a re-wrap under another key is not finished (restart credstore)";
+        return -EBUSY;
+    }
+    if (!cs->have_previous) {
+        if (strcmp(next->id, cs->key.id) == 0) {
+            pthread_mutex_unlock(&cs->mu);
+            *why = "the next key is the current one";
+            return -EINVAL;
+        }
+        if (store_canary(cs, next) < 0) {
+            pthread_mutex_unlock(&cs->mu);
+            *why = "cannot store the next key's canary";
+            return SP_EDB;
+        }
+        cs->previous = cs->key;
+        cs->key = *next;
+        cs->have_previous = true;
+    }
+    pthread_mutex_unlock(&cs->mu);
+    int count = 0, rc = 0;
+    for (;;) {
+        /* One row per hold of mu: a lookup waits for one UPDATE at most. */
+        pthread_mutex_lock(&cs->mu);
+        cs_cred_t *c = NULL;
+        for (size_t i = 0; i < cs->n_creds && !c; i++)
+            if (strcmp(cs->creds[i]->key_id, cs->key.id) != 0)
+                c = cs->creds[i];
+        if (c) {
+            rc = strcmp(c->key_id, cs->previous.id) == 0
+                     ? rewrap_one(cs, c, &cs->previous, &cs->key)
+                     : -EKEYREJECTED;
+            if (rc < 0) {
+                sp_log(SP_LOG_ERROR, "a credential cannot be re-wrapped",
+                       SP_KS("credential", c->id), SP_KS("key_id", c->key_id),
+                       SP_KS("error", sp_strerror(rc)));
+                *why = "a credential could not be re-wrapped (see the log)";
+            }
+        }
+        pthread_mutex_unlock(&cs->mu);
+        if (!c || rc < 0)
+            break;
+        count++;
+    }
+    if (rc < 0)
+        return rc;
+    /* The data keys of captured output too (docs/audit.md): one left under the previous key
+     * would not open once it is gone. previous and key change only here, under mu. */
+    sp_cred_key_t from = cs->previous, to = cs->key;
+    rc = cs_datakeys_rewrap(cs, &from, &to, true);
+    sp_cred_key_wipe(&from);
+    sp_cred_key_wipe(&to);
+    if (rc < 0) {
+        *why = "a data key could not be re-wrapped (see the log)";
+        return rc;
+    }
+    pthread_mutex_lock(&cs->mu);
+    const char *p[1] = {cs->previous.id};
+    PGresult *r = PQexecParams(cs->db, "DELETE FROM credstore_keys WHERE key_id = $1", 1, NULL, p,
+                               NULL, NULL, 0);
+    PQclear(r);
+    sp_cred_key_wipe(&cs->previous);
+    cs->have_previous = false;
+    pthread_mutex_unlock(&cs->mu);
+    return count;
 }
 
 static int load(cs_t *cs, const sp_cred_key_t *previous, const char **why)
@@ -307,24 +434,19 @@ int cs_store_open(cs_t *cs, const sp_cred_key_t *previous, const char **why)
             return rc;
         }
         /* Our key's canary first, even though rows still name the previous key. */
-        const char *p[1] = {cs->key.id};
-        uint8_t nonce[SP_CRED_NONCE_LEN], ct[CANARY_LEN + SP_CRED_TAG_LEN];
-        if (sp_cred_seal(&cs->key, (const uint8_t *)cs->key.id, strlen(cs->key.id),
-                         (const uint8_t *)CANARY, CANARY_LEN, nonce, ct) == 0) {
-            const char *v[3] = {p[0], (const char *)nonce, (const char *)ct};
-            int lens[3] = {0, SP_CRED_NONCE_LEN, (int)sizeof(ct)};
-            int fmts[3] = {0, 1, 1};
-            PGresult *r = PQexecParams(cs->db,
-                                       "INSERT INTO credstore_keys (key_id, nonce, canary) "
-                                       "VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-                                       3, NULL, v, lens, fmts, 0);
-            PQclear(r);
-        }
+        (void)store_canary(cs, &cs->key);
     }
     int rc = check_canary(cs, &cs->key, true, why);
     if (rc < 0)
         return rc;
     rc = load(cs, previous, why);
+    if (rc == 0 && previous) {
+        int n = cs_datakeys_rewrap(cs, previous, &cs->key, false);
+        if (n < 0) {
+            *why = "a data key could not be re-wrapped (see the log)";
+            rc = n;
+        }
+    }
     if (rc == 0 && previous) {
         const char *p[1] = {previous->id};
         PGresult *r = PQexecParams(cs->db, "DELETE FROM credstore_keys WHERE key_id = $1", 1, NULL,

@@ -4,6 +4,7 @@
  * CredentialCreated / Rotated / Deleted on space.ev.cred.<tenant>.<type>. A wrong master key
  * stops it at start with a message; a value is never logged. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@ static sp_busid_t busid;
 static const sp_cfg_opt_t options[] = {
     SP_CFG_STR_OPT("nats-url", cs_config_t, nats_url, "nats://127.0.0.1:4222", "NATS URL(s)"),
     SP_BUSID_CFG_OPTS(cs_config_t, identity, creds_dir),
+    SP_VERIFIER_CFG_OPTS(cs_config_t, verify_signatures, keyring_dir),
     SP_CFG_STR_OPT("pg-url", cs_config_t, pg_url, "postgresql:///space", "PostgreSQL URI"),
     SP_CFG_STR_OPT("master-key-file", cs_config_t, master_key_file, NULL,
                    "32 random bytes, mode 0600 (default: $SPACE_HOME/credstore/master.key, "
@@ -79,13 +81,60 @@ static const char *key_error(int rc)
     }
 }
 
+/* The directory entry of path made durable (a rename in it). */
+static int fsync_dir_of(const char *path)
+{
+    char *dir = sp_xstrdup(path), *slash = strrchr(dir, '/');
+    if (slash)
+        *(slash == dir ? slash + 1 : slash) = '\0';
+    int fd = open(slash ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int rc = fd < 0 || fsync(fd) < 0 ? -errno : 0;
+    if (fd >= 0)
+        close(fd);
+    free(dir);
+    return rc;
+}
+
+/* `space creds rotate-master` put the next key beside the current one (<key>.next, 32 random
+ * bytes, mode 0600): re-wrapped under it while serving, then it becomes the key file (an atomic
+ * rename). 0: nothing to do or done; < 0: tried again on the next call (the rows re-wrapped so
+ * far stay so; a restart with the file present completes it). */
+static int rotate_live(cs_t *cs, const char *key_path, const char *next_path, unsigned *failures)
+{
+    sp_cred_key_t next;
+    char old_id[SP_CRED_KEY_ID_LEN + 1];
+    const char *why = NULL;
+    int rc = sp_cred_key_load(next_path, &next);
+    if (rc == -ENOENT)
+        return 0;
+    snprintf(old_id, sizeof(old_id), "%s", cs->have_previous ? cs->previous.id : cs->key.id);
+    if (rc < 0)
+        why = key_error(rc);
+    else if ((rc = cs_store_rewrap_live(cs, &next, &why)) >= 0) {
+        int count = rc;
+        rc = rename(next_path, key_path) < 0 ? -errno : fsync_dir_of(key_path);
+        if (rc < 0)
+            why = "the next key file could not replace the key file";
+        else
+            sp_log(SP_LOG_INFO, "master key rotated while serving", SP_KS("from", old_id),
+                   SP_KS("key_id", next.id), SP_KI("rewrapped", count), SP_KS("path", key_path));
+    }
+    sp_cred_key_wipe(&next);
+    if (rc < 0 && (*failures)++ % 60 == 0)
+        sp_log(SP_LOG_ERROR, "cannot rotate the master key (tried again every 500 ms)",
+               SP_KS("path", next_path), SP_KS("why", why ? why : sp_strerror(rc)));
+    if (rc >= 0)
+        *failures = 0;
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     cs_config_t cfg = {0};
     cs_t cs = {.cfg = &cfg};
     sp_cred_key_t previous;
     bool have_previous = false;
-    char *err = NULL, *key_path = NULL;
+    char *err = NULL, *key_path = NULL, *next_path = NULL;
     int argi = 0, code = 1, rc;
     sp_log_level_t level;
     sp_log_format_t format;
@@ -120,7 +169,27 @@ int main(int argc, char **argv)
                SP_KS("why", key_error(rc)));
         goto out;
     }
-    if (cfg.previous_master_key_file[0]) {
+    /* A rotation that did not finish (credstore stopped meanwhile): the next key seals, the
+     * key file's key is the previous one, and the start re-wraps the rest. */
+    next_path = sp_xasprintf("%s.next", key_path);
+    if (access(next_path, F_OK) == 0) {
+        if (cfg.previous_master_key_file[0]) {
+            sp_log(SP_LOG_ERROR, "refusing to start",
+                   SP_KS("why", "a rotation is not finished (the next key file exists) and "
+                                "--previous-master-key-file is given: give one or the other"),
+                   SP_KS("path", next_path));
+            goto out;
+        }
+        previous = cs.key;
+        have_previous = true;
+        if ((rc = sp_cred_key_load(next_path, &cs.key)) < 0) {
+            sp_log(SP_LOG_ERROR, "cannot use the next master key file", SP_KS("path", next_path),
+                   SP_KS("why", key_error(rc)));
+            goto out;
+        }
+        sp_log(SP_LOG_INFO, "finishing a rotation of the master key", SP_KS("from", previous.id),
+               SP_KS("key_id", cs.key.id));
+    } else if (cfg.previous_master_key_file[0]) {
         if ((rc = sp_cred_key_load(cfg.previous_master_key_file, &previous)) < 0) {
             sp_log(SP_LOG_ERROR, "cannot use the previous master key file",
                    SP_KS("path", cfg.previous_master_key_file), SP_KS("why", key_error(rc)));
@@ -135,6 +204,15 @@ int main(int argc, char **argv)
         sp_log(SP_LOG_ERROR, "bad identity", SP_KS("error", iderr));
         goto out;
     }
+    char verr[SP_VERIFIER_ERR_MAX];
+    if (sp_verifier_new(cfg.verify_signatures, cfg.keyring_dir, cfg.creds_dir, 0, &cs.verifier,
+                        verr) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot check signatures", SP_KS("error", verr));
+        goto out;
+    }
+    sp_log(sp_verifier_mode(cs.verifier) == SP_VERIFY_ON ? SP_LOG_INFO : SP_LOG_WARN,
+           sp_verifier_summary(cs.verifier), SP_KS("keyring_dir", sp_verifier_dir(cs.verifier)));
+    sp_request_guard_new(cs.verifier, &cs.guard);
     if ((rc = sp_bus_connect(&bo, &cs.bus)) < 0 || (rc = sp_bus_ensure_stream(cs.bus)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot reach NATS", SP_KS("error", sp_strerror(rc)));
         goto out;
@@ -153,30 +231,49 @@ int main(int argc, char **argv)
                SP_KS("key_id", cs.key.id), SP_KS("path", key_path));
         goto out;
     }
-    if ((rc = cs_admin_start(&cs)) < 0 || (rc = cs_lookup_start(&cs)) < 0) {
+    if (have_previous && access(next_path, F_OK) == 0) {
+        rc = rename(next_path, key_path) < 0 ? -errno : fsync_dir_of(key_path);
+        if (rc < 0) {
+            sp_log(SP_LOG_ERROR, "refusing to start",
+                   SP_KS("why", "the next key file could not replace the key file"),
+                   SP_KS("error", sp_strerror(rc)), SP_KS("path", key_path));
+            goto out;
+        }
+    }
+    if ((rc = cs_admin_start(&cs)) < 0 || (rc = cs_lookup_start(&cs)) < 0 ||
+        (rc = cs_datakey_start(&cs)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot subscribe", SP_KS("error", sp_strerror(rc)));
         goto out;
     }
     sp_log(SP_LOG_INFO, "serving", SP_KU("credentials", cs.n_creds), SP_KS("key_id", cs.key.id),
            SP_KS("admin", SP_CRED_SUBJECT_ADMIN), SP_KS("lookup", SP_CRED_SUBJECT_LOOKUP));
-    while (!sp_daemon_stopping)
+    unsigned failures = 0;
+    while (!sp_daemon_stopping) {
         sp_daemon_sleep_ms(500);
+        (void)rotate_live(&cs, key_path, next_path, &failures);
+    }
     code = 0;
 out:
     sp_bus_unsubscribe(cs.admin_sub);
     sp_bus_unsubscribe(cs.lookup_sub);
+    sp_bus_unsubscribe(cs.datakey_sub);
     pthread_mutex_lock(&cs.mu);
     cs_store_close(&cs);
     pthread_mutex_unlock(&cs.mu);
     PQfinish(cs.db);
     sp_bus_free(cs.bus);
+    sp_request_guard_free(cs.guard);
+    sp_verifier_free(cs.verifier);
     sp_busid_dispose(&busid);
     sp_cred_key_wipe(&cs.key);
     if (have_previous)
         sp_cred_key_wipe(&previous);
+    if (cs.have_previous)
+        sp_cred_key_wipe(&cs.previous);
     pthread_mutex_destroy(&cs.mu);
     sp_config_dispose(options, N_OPTIONS, &cfg);
     free(key_path);
+    free(next_path);
     free(err);
     return code;
 }

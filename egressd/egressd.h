@@ -25,12 +25,16 @@
 #include "bus.h"
 #include "envelope.h"
 #include "netpolicy.h"
+#include "request.h"
+#include "verifier.h"
 
 typedef struct {
     char *worker_id; /* the worker whose sandboxes this egressd serves (space.ev.sbx.<id>.>) */
     char *nats_url;
     char *identity; /* busid.h */
     char *creds_dir;
+    char *verify_signatures; /* verifier.h */
+    char *keyring_dir;
     char *listen_host;
     int64_t proxy_port;
     int64_t dns_port;
@@ -96,6 +100,10 @@ typedef struct {
     /* A close from both ends at once left the guest's endpoint in TIME_WAIT (egressd_proxy.c,
      * input_ended): runsc cannot checkpoint the sandbox before then. */
     int64_t time_wait_until_ms;
+    /* The scheduler placed it on this egressd's worker (SandboxPlaced) and it has not been
+     * suspended, deleted or failed since: only then are the worker's facts about it taken
+     * (eg_placement). */
+    bool placed_here;
 } eg_sbx_t;
 
 typedef struct {
@@ -107,6 +115,7 @@ typedef struct {
 typedef struct eg_event eg_event_t;
 struct eg_event {
     sp_envelope_t *env;
+    char *subject; /* for the contract check on the loop (eg_placement's state is there) */
     uint64_t seq;
     eg_event_t *next;
 };
@@ -138,6 +147,10 @@ typedef struct {
     eg_reset_t *resets; /* under q_mu, like the events; the same async wakes the loop */
     uv_async_t q_async;
     sp_bus_sub_t *reset_sub;
+    /* What egressd acts on is checked first (docs/trust.md): events (signature on the events
+     * thread, contract on the loop) and reset requests. */
+    sp_verifier_t *verifier;
+    sp_request_guard_t *guard;
 
     eg_dns_t *dns;
     uv_tcp_t listener;
@@ -157,6 +170,11 @@ int64_t eg_now_ms(void);
 
 /* ---- policy (egressd_policy.c) ---- */
 eg_sbx_t *eg_sbx_by_id(eg_t *eg, const char *id);
+/* The placement hook of the trust check (trust.h) from the policies: 1 (and this egressd's
+ * worker) for a sandbox of tenant placed here, 2 for one known here but placed nowhere now,
+ * 0 otherwise. On the loop. */
+int eg_placement(void *arg, const char *tenant, const char *sandbox,
+                 char worker[SP_INSTANCE_MAX + 1]);
 eg_sbx_t *eg_sbx_by_addr(eg_t *eg, uint32_t addr_be);
 /* Applies one event from the bus (owned by the caller). */
 void eg_apply_event(eg_t *eg, const sp_envelope_t *env, uint64_t seq);
@@ -194,6 +212,9 @@ void eg_reset_drain(eg_t *eg);
 /* ---- DNS (egressd_dns.c) ---- */
 int eg_dns_start(eg_t *eg);
 void eg_dns_tick(eg_t *eg);
+/* Queries held for a source address no event had named yet: answered now that it is known,
+ * dropped once their wait is over (after every batch of events, and every tick). */
+void eg_dns_retry_held(eg_t *eg);
 /* egressd's own A lookup of name for sandbox s (HTTP CONNECT names what to reach; the guest
  * resolved nothing): the answer is attributed to (s, name) as a guest query's would be, then
  * cb gets the address egressd will use (eg_resolved_addr), or 0 on failure or timeout. Never

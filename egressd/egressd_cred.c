@@ -26,6 +26,7 @@
 
 #include "b64.h"
 #include "buf.h"
+#include "request.h"
 #include "cred.h"
 #include "credstore.pb-c.h"
 #include "egressd.h"
@@ -174,8 +175,10 @@ static void record(eg_t *eg, const eg_sbx_t *s, bool used, const char *cred, con
 void eg_cred_flush(eg_t *eg)
 {
     eg_cred_t *cr = eg->cred;
+    sp_burst_t burst;
     if (!cr)
         return;
+    sp_burst_init(&burst);
     for (size_t i = 0; i < cr->n_uses; i++) {
         use_t *u = &cr->uses[i];
         sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
@@ -207,12 +210,17 @@ void eg_cred_flush(eg_t *eg)
             env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_CREDENTIAL_DENIED;
             env.credential_denied = &no;
         }
-        char id[37];
-        int rc = sp_publish_event_async(eg->bus, &env, id, NULL);
+        int rc = sp_burst_add(&burst, &env, NULL);
         if (rc < 0)
             sp_log(SP_LOG_WARN, "credential event not published", SP_KS("sandbox", u->sandbox),
                    SP_KS("error", sp_strerror(rc)));
     }
+    /* One signed batch for the whole flush (sign.h): one Ed25519 signature, not one each. */
+    int brc = sp_burst_publish_async(eg->bus, &burst);
+    if (brc < 0)
+        sp_log(SP_LOG_WARN, "credential events not all published",
+               SP_KS("error", sp_strerror(brc)));
+    sp_burst_dispose(&burst);
     if (cr->uses_dropped)
         sp_log(SP_LOG_WARN, "credential uses over the per-interval limit",
                SP_KU("dropped", cr->uses_dropped));
@@ -267,8 +275,8 @@ static const Space__Cred__V1__CredLookupReply *lookup(eg_t *eg, const eg_sbx_t *
     space__cred__v1__cred_lookup_request__pack(&q, buf);
     uint8_t *data = NULL;
     size_t dlen = 0;
-    int rc = sp_bus_request(eg->bus, SP_CRED_SUBJECT_LOOKUP, buf, len,
-                            (int)eg->cfg->cred_timeout_ms, &data, &dlen);
+    int rc = sp_request_send(eg->bus, SP_CRED_SUBJECT_LOOKUP, buf, len,
+                             (int)eg->cfg->cred_timeout_ms, &data, &dlen);
     Space__Cred__V1__CredLookupReply *r = NULL;
     if (rc == 0 && dlen <= LOOKUP_MAX)
         r = space__cred__v1__cred_lookup_reply__unpack(NULL, dlen, data);

@@ -24,6 +24,19 @@
 #define PENDING_MAX     1024
 #define PENDING_PER_SBX 64
 #define ANSWERS_MAX     16
+/* Queries from an address of the worker's pool that no event has named yet (a sandbox that
+ * just started, or was just claimed from a warm pool: docs/pools.md) wait this long for it,
+ * at most HELD_MAX of them, looked at again after every batch of events and every tick. */
+#define HELD_MAX     64
+#define HELD_WAIT_MS 1000
+
+typedef struct {
+    bool used;
+    struct sockaddr_in from;
+    int64_t deadline_ms;
+    size_t len;
+    uint8_t msg[SP_DNS_MSG_MAX];
+} held_t;
 
 typedef struct {
     bool used;
@@ -44,6 +57,8 @@ struct eg_dns {
     struct sockaddr_in upstream_addr;
     pending_t pending[PENDING_MAX];
     size_t n_pending;
+    held_t held[HELD_MAX];
+    size_t n_held;
     uint8_t rbuf[2][SP_DNS_MSG_MAX * 2];
 };
 
@@ -189,6 +204,9 @@ static void finish_lookup(eg_t *eg, pending_t *p, uint32_t addr_be)
     cb(eg, arg, addr_be);
 }
 
+static void handle_query(eg_t *eg, eg_sbx_t *s, const struct sockaddr_in *from, const uint8_t *msg,
+                         size_t nread);
+
 static void on_query(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf, const struct sockaddr *addr,
                      unsigned flags)
 {
@@ -197,13 +215,56 @@ static void on_query(uv_udp_t *h, ssize_t nread, const uv_buf_t *buf, const stru
         return;
     const struct sockaddr_in *from = (const struct sockaddr_in *)addr;
     eg_sbx_t *s = eg_sbx_by_addr(eg, from->sin_addr.s_addr);
-    if (!s)
-        return; /* not a sandbox of ours: no answer, no reflection */
-    const uint8_t *msg = (const uint8_t *)buf->base;
+    if (!s) {
+        eg_dns_t *d = eg->dns;
+        if ((ntohl(from->sin_addr.s_addr) & eg->pool.mask) != eg->pool.net ||
+            d->n_held >= HELD_MAX || (size_t)nread > SP_DNS_MSG_MAX)
+            return; /* not a sandbox of ours: no answer, no reflection */
+        for (size_t i = 0; i < HELD_MAX; i++) {
+            held_t *hq = &d->held[i];
+            if (hq->used)
+                continue;
+            hq->used = true;
+            hq->from = *from;
+            hq->deadline_ms = eg_now_ms() + HELD_WAIT_MS;
+            hq->len = (size_t)nread;
+            memcpy(hq->msg, buf->base, (size_t)nread);
+            d->n_held++;
+            break;
+        }
+        return;
+    }
+    handle_query(eg, s, from, (const uint8_t *)buf->base, (size_t)nread);
+}
+
+void eg_dns_retry_held(eg_t *eg)
+{
+    eg_dns_t *d = eg->dns;
+    if (!d || d->n_held == 0)
+        return;
+    int64_t now = eg_now_ms();
+    for (size_t i = 0; i < HELD_MAX; i++) {
+        held_t *hq = &d->held[i];
+        if (!hq->used)
+            continue;
+        eg_sbx_t *s = eg_sbx_by_addr(eg, hq->from.sin_addr.s_addr);
+        if (!s && hq->deadline_ms > now)
+            continue;
+        hq->used = false;
+        d->n_held--;
+        if (s)
+            handle_query(eg, s, &hq->from, hq->msg, hq->len);
+    }
+}
+
+/* A query of sandbox s. */
+static void handle_query(eg_t *eg, eg_sbx_t *s, const struct sockaddr_in *from, const uint8_t *msg,
+                         size_t nread)
+{
     sp_dns_query_t q;
-    if (sp_dns_parse_query(msg, (size_t)nread, &q) < 0) {
+    if (sp_dns_parse_query(msg, nread, &q) < 0) {
         eg_audit(eg, s, false, "dns", "", 0, 53, "parser", "malformed_query");
-        formerr(eg, from, msg, (size_t)nread);
+        formerr(eg, from, msg, nread);
         return;
     }
     if (q.qclass != SP_DNS_CLASS_IN) {
@@ -277,6 +338,7 @@ void eg_dns_tick(eg_t *eg)
     eg_dns_t *d = eg->dns;
     if (!d)
         return;
+    eg_dns_retry_held(eg);
     int64_t now = eg_now_ms();
     for (size_t i = 0; i < PENDING_MAX; i++) {
         pending_t *p = &d->pending[i];

@@ -168,6 +168,19 @@ static void set_address(eg_t *eg, const sp_envelope_t *ev, const char *address)
            SP_KS("address", address), SP_KS("mode", sp_netmode_name(s->mode)));
 }
 
+int eg_placement(void *arg, const char *tenant, const char *sandbox,
+                 char worker[SP_INSTANCE_MAX + 1])
+{
+    eg_t *eg = arg;
+    eg_sbx_t *s = eg_sbx_by_id(eg, sandbox);
+    if (!s || strcmp(s->tenant, tenant) != 0)
+        return 0;
+    if (!s->placed_here)
+        return 2;
+    snprintf(worker, SP_INSTANCE_MAX + 1, "%s", eg->cfg->worker_id);
+    return 1;
+}
+
 void eg_apply_event(eg_t *eg, const sp_envelope_t *ev, uint64_t seq)
 {
     const char *id = ev->aggregate->id;
@@ -177,6 +190,7 @@ void eg_apply_event(eg_t *eg, const sp_envelope_t *ev, uint64_t seq)
         if (strcmp(ev->sandbox_placed->worker, eg->cfg->worker_id) != 0)
             return;
         s = sbx_get_or_add(eg, id, ev->tenant);
+        s->placed_here = true;
         /* A placement for resume has no request: the policy it had stays. */
         if (ev->sandbox_placed->request) {
             policy_set(s, ev->sandbox_placed->request->network);
@@ -205,6 +219,7 @@ void eg_apply_event(eg_t *eg, const sp_envelope_t *ev, uint64_t seq)
         if ((s = eg_sbx_by_id(eg, id))) {
             s->addr_be = 0;
             s->time_wait_until_ms = 0;
+            s->placed_here = false; /* its resume is placed again, maybe elsewhere */
         }
         break;
     case SPACE__V1__ENVELOPE__PAYLOAD_NETWORK_POLICY_UPDATE_REQUESTED:

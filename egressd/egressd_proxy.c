@@ -94,9 +94,10 @@ typedef struct {
     uv_timer_t rate_timer; /* resumes reading once the sandbox's bucket has paid its debt */
     conn_t *c;
     bool reading, eof, shut;
-    bool want_read; /* reading wanted by the state and back-pressure ... */
-    bool throttled; /* ... but paused by the bandwidth limit */
-    SSL *ssl;       /* TLS on this side (K_TLS), with its memory BIOs */
+    uint64_t shut_ns; /* when its half-close was done (uv_hrtime); 0: asked for, not done yet */
+    bool want_read;   /* reading wanted by the state and back-pressure ... */
+    bool throttled;   /* ... but paused by the bandwidth limit */
+    SSL *ssl;         /* TLS on this side (K_TLS), with its memory BIOs */
     BIO *in, *out;
 } side_t;
 
@@ -130,6 +131,8 @@ struct conn {
                            * resolves the name itself, as for a CONNECT */
     bool deny_held;       /* refused, its 403 on the way out: counted in s->denied_held */
     bool guest_fin_first; /* the upstream ended after the guest's FIN reached this host */
+    uint32_t peer_be;     /* the guest's address */
+    uint64_t held_since;  /* loop ms when the accept began waiting for the address (UNKNOWN_*) */
     conn_t *prev, *next;  /* eg->conns */
 };
 
@@ -245,6 +248,23 @@ static void closes_crossed(conn_t *c)
         s->time_wait_until_ms = eg_now_ms() + GUEST_TIME_WAIT_MS;
     sp_log(SP_LOG_INFO, "both ends closed at once: the guest's end stays in TIME_WAIT",
            SP_KS("sandbox", c->sandbox), SP_KU("seconds", GUEST_TIME_WAIT_MS / 1000));
+}
+
+/* The guest's end came after egressd asked for its own FIN to the guest: did the two cross?
+ * Certainly when this host's socket is in CLOSING. But it leaves CLOSING as soon as the
+ * guest's ACK of our FIN arrives, which can be before egressd reads the guest's end; and a
+ * guest that had closed before our FIN reached it may send its FIN only after acknowledging
+ * ours. So, conservatively, also when our FIN was not out yet (the half-close still queued)
+ * or went out less than CROSS_WINDOW_NS ago: a guest that reacts to our FIN needs longer than
+ * that to get its own out (gVisor's syscalls), and the cost of a false alarm is one suspend
+ * refused with tcp_time_wait within the next minute, never a lost sandbox. */
+#define CROSS_WINDOW_NS (2ull * 1000 * 1000)
+
+static bool fins_may_have_crossed(conn_t *c)
+{
+    if (tcp_state(&c->client) == TCP_CLOSING || c->client.shut_ns == 0)
+        return true;
+    return uv_hrtime() - c->client.shut_ns < CROSS_WINDOW_NS;
 }
 
 /* The guest's side is reset when the guest has closed its own already (see above). */
@@ -481,6 +501,9 @@ static void flush_both(conn_t *c)
 
 static void on_shutdown(uv_shutdown_t *req, int status)
 {
+    side_t *s = req->data;
+    if (status == 0)
+        s->shut_ns = uv_hrtime();
     free(req);
 }
 
@@ -497,6 +520,7 @@ static void end_output(side_t *s, bool notify)
         (void)flush_tls(s);
     }
     uv_shutdown_t *req = sp_xmalloc(sizeof(*req));
+    req->data = s;
     if (uv_shutdown(req, (uv_stream_t *)&s->tcp, on_shutdown) < 0)
         free(req);
 }
@@ -522,7 +546,7 @@ static void input_ended(side_t *s, bool clean)
             close_after_drain(c);
         return;
     }
-    if (s == &c->client && c->client.shut && tcp_state(&c->client) == TCP_CLOSING)
+    if (s == &c->client && c->client.shut && fins_may_have_crossed(c))
         closes_crossed(c);
     end_output(peer(s), clean);
     if (peer(s)->eof) {
@@ -1440,6 +1464,14 @@ static void decide_first(conn_t *c)
     connect_up(c);
 }
 
+/* A connection from an address of the pool that no sandbox has (yet) is held this long, its
+ * source looked up again every UNKNOWN_POLL_MS (on_accept). */
+#define UNKNOWN_HOLD_MS 1000
+#define UNKNOWN_POLL_MS 5
+
+static void accept_as(conn_t *c, eg_sbx_t *s);
+static void on_held(uv_timer_t *t);
+
 static void on_accept(uv_stream_t *server, int status)
 {
     eg_t *eg = server->data;
@@ -1475,7 +1507,39 @@ static void on_accept(uv_stream_t *server, int status)
         conn_close(c);
         return;
     }
-    eg_sbx_t *s = eg_sbx_by_addr(eg, peer_addr.sin_addr.s_addr);
+    c->peer_be = peer_addr.sin_addr.s_addr;
+    c->dst_be = orig.sin_addr.s_addr;
+    c->dst_port = ntohs(orig.sin_port);
+    eg_sbx_t *s = eg_sbx_by_addr(eg, c->peer_be);
+    if (!s && (ntohl(c->peer_be) & eg->pool.mask) == eg->pool.net) {
+        /* An address of the worker's pool that no event has named yet: a sandbox started (or
+         * claimed from a warm pool, docs/pools.md) a moment ago whose SandboxStarted this
+         * egressd is about to read. Held, not refused, for a bounded while: its policy then
+         * decides (until then nothing of it went anywhere). */
+        c->held_since = uv_now(eg->loop);
+        uv_timer_start(&c->timer, on_held, UNKNOWN_POLL_MS, UNKNOWN_POLL_MS);
+        return;
+    }
+    accept_as(c, s);
+}
+
+/* Re-checks a held connection's source until the address is known or UNKNOWN_HOLD_MS passed. */
+static void on_held(uv_timer_t *t)
+{
+    conn_t *c = t->data;
+    if (c->state == C_CLOSING)
+        return;
+    eg_sbx_t *s = eg_sbx_by_addr(c->eg, c->peer_be);
+    if (!s && uv_now(c->eg->loop) - c->held_since < UNKNOWN_HOLD_MS)
+        return;
+    uv_timer_stop(&c->timer);
+    accept_as(c, s);
+}
+
+/* An accepted connection of sandbox s (NULL: no sandbox of ours: closed). */
+static void accept_as(conn_t *c, eg_sbx_t *s)
+{
+    eg_t *eg = c->eg;
     if (!s) {
         conn_close(c); /* not one of our sandboxes */
         return;
@@ -1485,8 +1549,6 @@ static void on_accept(uv_stream_t *server, int status)
         return;
     }
     snprintf(c->sandbox, sizeof(c->sandbox), "%s", s->id);
-    c->dst_be = orig.sin_addr.s_addr;
-    c->dst_port = ntohs(orig.sin_port);
     uv_tcp_nodelay(&c->client.tcp, 1);
     uv_tcp_nodelay(&c->up.tcp, 1);
     if (s->conns >= eg->cfg->max_conns) {
@@ -1551,8 +1613,21 @@ static void on_reset_request(void *arg, const char *subject, const char *reply, 
                              size_t len)
 {
     eg_t *eg = arg;
+    sp_request_t rq;
+    char why[SP_REASON_MAX];
+    int rc = sp_request_open(eg->guard, subject, data, len, &rq, why);
+    if (rc != 0)
+        sp_log(rc < 0 ? SP_LOG_WARN : SP_LOG_INFO,
+               rc < 0 ? "reset request refused" : "reset request would be refused (log mode)",
+               SP_KS("subject", subject), SP_KS("signer", rq.signer), SP_KS("reason", why));
+    /* No answer to a refused one: EgressResetReply has no (ok, error, detail) to carry it, and
+     * the worker's bounded wait treats silence as a failed reset. */
     Space__Io__V1__EgressReset *req =
-        len <= 1024 ? space__io__v1__egress_reset__unpack(NULL, len, data) : NULL;
+        rc >= 0 && rq.len <= 1024 ? space__io__v1__egress_reset__unpack(NULL, rq.len, rq.body)
+                                  : NULL;
+    sp_request_dispose(&rq);
+    if (rc < 0)
+        return;
     if (!req || !reply || !sp_id_valid(req->sandbox)) {
         sp_log(SP_LOG_WARN, "ignoring a bad reset request", SP_KS("subject", subject));
         if (req)

@@ -21,6 +21,7 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_STR_OPT("id", eg_config_t, worker_id, "worker-1",
                    "the worker whose sandboxes this egressd serves (its --id)"),
     SP_BUSID_CFG_OPTS(eg_config_t, identity, creds_dir),
+    SP_VERIFIER_CFG_OPTS(eg_config_t, verify_signatures, keyring_dir),
     SP_CFG_STR_OPT("nats-url", eg_config_t, nats_url, "nats://127.0.0.1:4222", "NATS URL(s)"),
     SP_CFG_STR_OPT("listen-host", eg_config_t, listen_host, "0.0.0.0",
                    "address of the proxy and DNS sockets (the worker's redirect lands on the "
@@ -98,6 +99,16 @@ typedef struct {
     bool started;
 } events_t;
 
+/* Logs a trust refusal (rc < 0) or what log mode lets through (rc > 0); true when refused. */
+static bool refused(const sp_envelope_t *env, uint64_t seq, int rc, const char *reason)
+{
+    sp_log(rc < 0 ? SP_LOG_WARN : SP_LOG_INFO,
+           rc < 0 ? "refused: not acted on" : "would be refused (verify-signatures=log)",
+           SP_KU("seq", seq), SP_KS("type", env->type), SP_KS("sandbox", env->aggregate->id),
+           SP_KS("signer", env->signer), SP_KS("reason", reason));
+    return rc < 0;
+}
+
 static void *events_main(void *arg)
 {
     events_t *et = arg;
@@ -137,8 +148,22 @@ static void *events_main(void *arg)
                 sp_envelope_free(env);
                 continue;
             }
+            /* The signature here (the costly half, off the loop); the contract on the loop. */
+            int vr = sp_verifier_verify(eg->verifier, env, m->data, m->len, reason);
+            /* Replays: egressd reads its subjects from the stream's start at every start, so
+             * an original always comes before its copies and no log lookup is needed. */
+            if (vr >= 0) {
+                int once = sp_verifier_once(eg->verifier, env, m->stream_seq, NULL, NULL,
+                                            vr ? NULL : reason);
+                vr = once < 0 ? once : (vr | once);
+            }
+            if (vr != 0 && refused(env, m->stream_seq, vr, reason)) {
+                sp_envelope_free(env);
+                continue;
+            }
             eg_event_t *e = sp_xcalloc(1, sizeof(*e));
             e->env = env;
+            e->subject = sp_xstrdup(m->subject);
             e->seq = m->stream_seq;
             pthread_mutex_lock(&eg->q_mu);
             if (eg->q_tail)
@@ -167,12 +192,17 @@ static void on_events(uv_async_t *a)
     pthread_mutex_unlock(&eg->q_mu);
     while (e) {
         eg_event_t *next = e->next;
-        eg_apply_event(eg, e->env, e->seq);
+        char reason[SP_REASON_MAX];
+        int rc = sp_verifier_authorize(eg->verifier, e->env, e->subject, eg_placement, eg, reason);
+        if (rc == 0 || !refused(e->env, e->seq, rc, reason))
+            eg_apply_event(eg, e->env, e->seq);
         sp_envelope_free(e->env);
+        free(e->subject);
         free(e);
         e = next;
     }
     eg_reset_drain(eg); /* after the events: a sandbox's address is known by then */
+    eg_dns_retry_held(eg);
 }
 
 static void on_tick(uv_timer_t *t)
@@ -267,6 +297,15 @@ int main(int argc, char **argv)
         sp_log(SP_LOG_ERROR, "bad identity", SP_KS("error", iderr));
         goto out;
     }
+    char verr[SP_VERIFIER_ERR_MAX];
+    if (sp_verifier_new(cfg.verify_signatures, cfg.keyring_dir, cfg.creds_dir, 0, &eg.verifier,
+                        verr) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot check signatures", SP_KS("error", verr));
+        goto out;
+    }
+    sp_log(sp_verifier_mode(eg.verifier) == SP_VERIFY_ON ? SP_LOG_INFO : SP_LOG_WARN,
+           sp_verifier_summary(eg.verifier), SP_KS("keyring_dir", sp_verifier_dir(eg.verifier)));
+    sp_request_guard_new(eg.verifier, &eg.guard);
     if ((rc = sp_bus_connect(&bo, &eg.bus)) < 0 || (rc = sp_bus_ensure_stream(eg.bus)) < 0 ||
         (rc = sp_bus_stream_info(eg.bus, &eg.live_from_seq, &msgs)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot reach NATS", SP_KS("error", sp_strerror(rc)));
@@ -315,6 +354,8 @@ int main(int argc, char **argv)
     eg_addr_dispose(&eg);
 out:
     sp_bus_free(eg.bus);
+    sp_request_guard_free(eg.guard);
+    sp_verifier_free(eg.verifier);
     sp_busid_dispose(&busid);
     pthread_mutex_destroy(&eg.q_mu);
     sp_config_dispose(options, N_OPTIONS, &cfg);

@@ -8,6 +8,7 @@
 #include "bus.h"
 #include "hash.h"
 #include "projection.h"
+#include "sign.h"
 #include "trust.h"
 
 /* What the log does with envelope signatures (config verify-signatures, docs/trust.md). */
@@ -26,6 +27,8 @@ typedef struct {
 typedef struct {
     uint64_t accepted, rejected, duplicates, skipped;
     uint64_t refused; /* of rejected: by the trust check (or, in log mode, only logged) */
+    uint64_t lost;    /* stream sequences the stream no longer held (SP_CHAIN_LOST_PREFIX) */
+    uint64_t rows;    /* rows written */
 } el_counts_t;
 
 typedef struct {
@@ -40,27 +43,101 @@ typedef struct {
      * without a restart. trust.keyring is owned by the store. */
     const char *keyring_dir;
     el_head_t head;
+    uint64_t rows;        /* rows of events up to head (the checkpoints' row count) */
+    uint64_t verify_from; /* the first seq this process stored verifying signatures; 0: none */
+    struct el_ckpt *ckpt; /* the checkpointer (NULL: no checkpoints) */
     el_counts_t counts;
     char last_error[256]; /* the database's message for the last failed store */
 } el_store_t;
 
+/* One fetched message as the verifier pool prepared it (eventlog_verify.c), before any
+ * transaction: decoded, its subject checked and, with verification on, its signature
+ * verified. Read-only for the store, which may try a batch more than once. */
+typedef struct {
+    const sp_bus_msg_t *msg;
+    sp_envelope_t *env; /* NULL when undecodable or invalid (rc < 0) */
+    int rc;             /* decode or subject check: 0, or < 0 and reason says why */
+    int sig_rc;         /* sp_trust_verify's result (0 when verification is off) */
+    char reason[SP_REASON_MAX];
+} el_prep_t;
+
+/* A fetched batch and what the pool made of it. Owned by the consuming thread. */
+typedef struct {
+    sp_bus_batch_t *batch;
+    el_prep_t *items;
+    size_t n;
+} el_batch_t;
+
+/* Takes a fetched batch (*batch is set to NULL); nothing prepared yet. */
+el_batch_t *el_batch_new(sp_bus_batch_t **batch);
+/* Frees the envelopes and the bus batch (unacknowledged messages are redelivered). NULL ok. */
+void el_batch_free(el_batch_t *b);
+
+/* The verifier pool: threads that prepare the next fetched batch while the consuming thread
+ * stores the current one in PostgreSQL (the contract check stays in the storing transaction,
+ * in stream order). One job at a time; every call is from the consuming thread. */
+typedef struct el_pool el_pool_t;
+/* threads: 1..64. */
+int el_pool_new(size_t threads, el_pool_t **ret_pool);
+/* Stops the threads; a job in progress is finished first. NULL ok. */
+void el_pool_free(el_pool_t *p);
+/* Starts preparing b's messages on the pool and returns at once. trust NULL: signatures are
+ * not verified. trust (its keyring and cache) and b must stay valid and unchanged until
+ * el_pool_wait returns. */
+void el_pool_start(el_pool_t *p, el_batch_t *b, const sp_trust_t *trust);
+/* Helps with the job and returns once every message of it is prepared. */
+void el_pool_wait(el_pool_t *p);
+/* Prepares one message on the calling thread: what a pool thread does for each. */
+void el_prep_one(el_prep_t *it, const sp_trust_t *trust);
+
+/* After el_pool_wait, on the consuming thread: a signer the keyring did not know but whose
+ * public key is now in keyring_dir makes the store read the directory again and verify
+ * those messages once more. */
+void el_store_recheck_signers(el_store_t *st, el_batch_t *b);
+
 /* Reads the head from the events table. */
 int el_store_load_head(el_store_t *st);
 
-/* Stores messages (in stream order) in one transaction: every message with a sequence past
- * the head becomes one events row (accepted, or rejected with a reason) chained to the
- * previous one, except exact duplicates of an accepted event (same event_id, same bytes),
- * which are counted and skipped; with verification on they are stored rejected as replayed.
- * With verification on, signatures of the whole batch are checked before the transaction
- * starts (each distinct batch root once) and what the contract allows inside it, in stream
- * order, so a SandboxPlaced earlier in the batch counts for the worker facts after it. Projections
- * are updated in the same transaction. On success the head moves to the last sequence; on failure
- * nothing is stored, the head is unchanged and st->last_error says why. */
-int el_store_msgs(el_store_t *st, const sp_bus_msg_t *const *msgs, size_t n);
+/* Stores prepared messages (in stream order) in one transaction: every message with a sequence
+ * past the head becomes one events row (accepted, or rejected with a reason) chained to the
+ * previous one (chain v2, hash.h); exact duplicates of an accepted event (same event_id, same
+ * bytes) are counted and stored rejected (as replayed when verification is on). Sequences the
+ * stream skipped (its limits dropped them before the log asked) get one "lost" row.
+ * Signatures were verified by the pool (each distinct batch root once); what the contract
+ * allows is checked here, inside the transaction and in stream order, so a SandboxPlaced
+ * earlier in the batch counts for the worker facts after it. Projections are updated in the
+ * same transaction. On success the head moves to the last sequence; on failure nothing is
+ * stored, the head is unchanged and st->last_error says why. */
+int el_store_msgs(el_store_t *st, const el_prep_t *items, size_t n);
 
-/* Stores the whole batch; if the database refuses it while the connection is fine (a message
- * it cannot take), stores the messages one at a time and records each one the database still
- * refuses as rejected ("not storable: ..."), so one bad message can never stall the log. */
-int el_store_batch(el_store_t *st, const sp_bus_batch_t *batch);
+/* Stores the whole prepared batch; if the database refuses it while the connection is fine (a
+ * message it cannot take), stores the messages one at a time and records each one the
+ * database still refuses as rejected ("not storable: ..."), so one bad message can never
+ * stall the log. */
+int el_store_batch(el_store_t *st, const el_batch_t *b);
+
+/* The checkpointer (eventlog_ckpt.c, docs/audit.md): a thread that signs the committed head
+ * every every_events rows or interval_ms (whichever comes first, only when the head moved)
+ * and publishes it to SP_CKPT_STREAM, then appends it to file. */
+typedef struct el_ckpt el_ckpt_t;
+typedef struct {
+    int64_t every_events;     /* 0: not by count */
+    int64_t interval_ms;      /* 0: not by time */
+    const char *file;         /* NULL or "": no file */
+    const char *signer;       /* the eventlog's identity (borrowed) */
+    const sp_sign_key_t *key; /* its signing key (borrowed) */
+    sp_bus_t *bus;            /* borrowed; published from the checkpointer's thread */
+} el_ckpt_opts_t;
+/* Starts the thread; the file is opened (made, with its directory) here: a negative errno when
+ * it cannot be. */
+int el_ckpt_new(const el_ckpt_opts_t *o, el_ckpt_t **ret);
+/* On the consuming thread, after a commit: the head now (NULL k: nothing). */
+void el_ckpt_note(el_ckpt_t *k, uint64_t seq, uint64_t rows, const uint8_t head[SP_SHA256_LEN],
+                  uint64_t verify_from);
+/* Checkpoints published so far. */
+uint64_t el_ckpt_made(el_ckpt_t *k);
+/* Publishes a checkpoint of the last head noted if none covers it (one try), stops the thread
+ * and closes the file. NULL ok. */
+void el_ckpt_free(el_ckpt_t *k);
 
 #endif

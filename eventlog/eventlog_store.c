@@ -1,4 +1,4 @@
-/* The event log's write path: decode and validate each message, drop exact duplicates, apply
+/* The event log's write path: decode and validate each message, mark exact duplicates, apply
  * the reducers, extend the hash chain, COPY the rows and upsert the projections, all in one
  * transaction so the events and the state derived from them never disagree. */
 #include <stdio.h>
@@ -11,6 +11,7 @@
 #include "contract.h"
 #include "db.h"
 #include "envelope.h"
+#include "ids.h"
 #include "error.h"
 #include "eventlog.h"
 #include "log.h"
@@ -21,9 +22,12 @@
 
 typedef enum { M_SKIP = 0, M_ACCEPT, M_REJECT } disposition_t;
 
+/* One message in one attempt to store a batch; what the pool found (prep) is not changed, so a
+ * batch the database refused can be tried again message by message. */
 typedef struct {
     const sp_bus_msg_t *msg;
-    sp_envelope_t *env; /* NULL when undecodable or invalid */
+    const sp_envelope_t *env; /* borrowed from prep; NULL when undecodable or invalid */
+    const el_prep_t *prep;
     disposition_t disp;
     int duplicate;
     int quarantine; /* store as rejected without decoding (the database refused it) */
@@ -40,17 +44,19 @@ static void remember_error(el_store_t *st, const char *what)
 
 int el_store_load_head(el_store_t *st)
 {
-    PGresult *r = PQexec(st->db, "SELECT stream_seq, hash FROM events ORDER BY stream_seq DESC "
-                                 "LIMIT 1");
+    PGresult *r = PQexec(st->db, "SELECT stream_seq, hash, (SELECT count(*) FROM events) FROM "
+                                 "events ORDER BY stream_seq DESC LIMIT 1");
     int rc = sp_db_check(r, PGRES_TUPLES_OK);
     if (rc < 0)
         goto out;
     if (PQntuples(r) == 0) {
         st->head.seq = 0;
+        st->rows = 0;
         memcpy(st->head.hash, SP_CHAIN_GENESIS, SP_SHA256_LEN);
         goto out;
     }
     st->head.seq = strtoull(PQgetvalue(r, 0, 0), NULL, 10);
+    st->rows = strtoull(PQgetvalue(r, 0, 2), NULL, 10);
     /* bytea in text form: \x + 64 hex digits */
     const char *h = PQgetvalue(r, 0, 1);
     if (strncmp(h, "\\x", 2) != 0 || sp_hex_decode(h + 2, st->head.hash, SP_SHA256_LEN) < 0)
@@ -115,28 +121,55 @@ static void copy_opt(sp_buf_t *b, const char *s)
     copy_text(b, s && s[0] ? s : NULL);
 }
 
-/* Bytes that came from the network (the subject, a reason quoting it) are stored as safe
- * text: invalid UTF-8 would make PostgreSQL refuse the whole COPY. */
-static void copy_safe(sp_buf_t *b, const char *s, size_t max)
-{
-    sp_buf_t t;
-    sp_buf_init(&t);
-    sp_buf_safe_text(&t, s, max);
-    copy_text(b, t.data ? t.data : "");
-    sp_buf_dispose(&t);
-}
+/* One row as the chain sees it (hash.h, chain v2). */
+typedef struct {
+    uint64_t seq;
+    const char *subject;
+    const sp_envelope_t *env; /* the columns' source; NULL: none (undecodable, lost) */
+    int64_t published_us;
+    int accepted;
+    const char *reason; /* rejected rows only */
+    const uint8_t *data;
+    size_t len;
+} row_t;
 
-static void copy_row(sp_buf_t *b, const item_t *it, const uint8_t prev[SP_SHA256_LEN],
-                     const uint8_t hash[SP_SHA256_LEN])
+/* Appends the row and moves head (the previous row's hash) to its hash. Bytes that came from
+ * the network (the subject, a reason quoting it) are stored as safe text, since invalid UTF-8
+ * would make PostgreSQL refuse the whole COPY; the chain covers them as stored. A rejected
+ * message over SP_CHAIN_PAYLOAD_KEEP keeps its first that many bytes, with its size and
+ * SHA-256: hostile input cannot make a row hold more. */
+static void copy_row(sp_buf_t *b, sp_buf_t *tmp, const row_t *row, uint8_t head[SP_SHA256_LEN])
 {
-    const sp_bus_msg_t *m = it->msg;
-    const sp_envelope_t *e = it->env;
+    const sp_envelope_t *e = row->env;
+    uint8_t digest[SP_SHA256_LEN];
+    size_t subject_len, keep = row->len;
+    bool cut = !row->accepted && row->len > SP_CHAIN_PAYLOAD_KEEP;
 
-    sp_buf_printf(b, "%llu", (unsigned long long)m->stream_seq);
+    sp_buf_reset(tmp);
+    sp_buf_safe_text(tmp, row->subject, 1024);
+    subject_len = tmp->len;
+    sp_buf_putc(tmp, '\0');
+    if (!row->accepted)
+        sp_buf_safe_text(tmp, row->reason, SP_REASON_MAX);
+    const char *subject = tmp->data ? tmp->data : "";
+    const char *reason = row->accepted ? NULL : tmp->data + subject_len + 1;
+    sp_sha256(row->data, row->len, digest);
+    sp_chain_row_t cr = {.seq = row->seq,
+                         .subject = subject,
+                         .subject_len = subject_len,
+                         .payload_size = row->len,
+                         .payload_sha256 = digest,
+                         .accepted = row->accepted,
+                         .reason = reason,
+                         .reason_len = reason ? strlen(reason) : 0};
+    if (cut)
+        keep = SP_CHAIN_PAYLOAD_KEEP;
+
+    sp_buf_printf(b, "%llu", (unsigned long long)row->seq);
     copy_sep(b);
     copy_opt(b, e ? e->event_id : NULL);
     copy_sep(b);
-    copy_safe(b, m->subject, 1024);
+    copy_text(b, subject);
     copy_sep(b);
     copy_opt(b, e ? e->type : NULL);
     copy_sep(b);
@@ -153,7 +186,7 @@ static void copy_row(sp_buf_t *b, const item_t *it, const uint8_t prev[SP_SHA256
     else
         copy_text(b, NULL);
     copy_sep(b);
-    copy_ts_us(b, m->published_ns / 1000);
+    copy_ts_us(b, row->published_us);
     copy_sep(b);
     copy_text(b, e ? e->correlation_id : NULL);
     copy_sep(b);
@@ -164,19 +197,43 @@ static void copy_row(sp_buf_t *b, const item_t *it, const uint8_t prev[SP_SHA256
     else
         copy_text(b, NULL);
     copy_sep(b);
-    sp_buf_puts(b, it->disp == M_ACCEPT ? "accepted" : "rejected");
+    sp_buf_puts(b, row->accepted ? "accepted" : "rejected");
     copy_sep(b);
-    if (it->disp == M_ACCEPT)
+    copy_text(b, reason);
+    copy_sep(b);
+    copy_bytea(b, row->data, keep);
+    copy_sep(b);
+    copy_bytea(b, head, SP_SHA256_LEN);
+    copy_sep(b);
+    sp_chain2_next(head, &cr, head);
+    copy_bytea(b, head, SP_SHA256_LEN);
+    copy_sep(b);
+    sp_buf_printf(b, "%d", SP_CHAIN_V2);
+    copy_sep(b);
+    if (cut) {
+        sp_buf_printf(b, "%llu", (unsigned long long)row->len);
+        copy_sep(b);
+        copy_bytea(b, digest, SP_SHA256_LEN);
+    } else {
         copy_text(b, NULL);
-    else
-        copy_safe(b, it->reason, SP_REASON_MAX);
-    copy_sep(b);
-    copy_bytea(b, m->data, m->len);
-    copy_sep(b);
-    copy_bytea(b, prev, SP_SHA256_LEN);
-    copy_sep(b);
-    copy_bytea(b, hash, SP_SHA256_LEN);
+        copy_sep(b);
+        copy_text(b, NULL);
+    }
     sp_buf_putc(b, '\n');
+}
+
+/* The row standing for stream sequences from..to that the stream no longer held when the log
+ * asked for them: dropped by the stream's limits (max age, max bytes; docs/audit.md) before
+ * the log stored them. Nothing else can remove a message (deny_delete, deny_purge), so the log
+ * says so in the chain instead of leaving a gap that would read as a deletion. */
+static void copy_lost_row(sp_buf_t *b, sp_buf_t *tmp, uint64_t from, uint64_t to,
+                          uint8_t head[SP_SHA256_LEN])
+{
+    char reason[SP_REASON_MAX];
+    snprintf(reason, sizeof(reason), SP_CHAIN_LOST_PREFIX "%llu-%llu %s", (unsigned long long)from,
+             (unsigned long long)to, "dropped by the stream's limits before the log stored them");
+    row_t row = {.seq = from, .subject = "", .published_us = sp_now_us(), .reason = reason};
+    copy_row(b, tmp, &row, head);
 }
 
 static int cmp_item_id(const void *a, const void *b)
@@ -193,17 +250,19 @@ static int same_bytes(const item_t *a, const uint8_t *data, size_t len)
     return a->msg->len == len && (len == 0 || memcmp(a->msg->data, data, len) == 0);
 }
 
-/* An exact copy of an accepted event: unsigned logs skip it (a publisher's retry beyond
- * JetStream's duplicate window); a verifying log stores it rejected, because a validly signed
- * message sent again is a replay to record, and it cannot be told from a retry. */
+/* An exact copy of an accepted event (a publisher's retry past JetStream's duplicate window,
+ * or a replay: a verifying log cannot tell them apart) is stored rejected, so that every
+ * stream sequence has its row and a gap in stream_seq can only mean a deletion. A verifying
+ * log names it a replay (a validly signed message sent again is one to record). */
 static void mark_copy(const el_store_t *st, item_t *it, const char *stored_id)
 {
     it->duplicate = 1;
+    it->disp = M_REJECT;
     if (st->verify != EL_VERIFY_ON) {
-        it->disp = M_SKIP;
+        snprintf(it->reason, sizeof(it->reason), "duplicate: event_id %s is already %s",
+                 it->env->event_id, stored_id ? "accepted" : "in this batch");
         return;
     }
-    it->disp = M_REJECT;
     it->refused = 1;
     snprintf(it->reason, sizeof(it->reason), "replayed: event_id %s is already %s",
              it->env->event_id, stored_id ? "accepted" : "in this batch");
@@ -317,22 +376,32 @@ static void refused(const el_store_t *st, item_t *it, const char *reason)
 }
 
 /* A signer the keyring does not know but whose public key is now in the keyring directory
- * (an identity added while the log runs: space identity add): the directory is read again.
- * A made-up signer costs one failed stat, so a flood of them costs no directory reads. */
-static void refresh_keyring(el_store_t *st, const item_t *items, size_t n)
+ * (an identity added while the log runs: space identity add), or a platform whose tenants file
+ * changed (space platform add NAME --tenants ...; checked only for a batch with a platform's
+ * message, one stat per platform): the directory is read again and the messages whose signer
+ * was unknown are verified once more. A made-up signer costs one failed stat, so a flood of
+ * them costs no directory reads. Runs while no pool job is in flight: the keyring it replaces
+ * is not in use. */
+void el_store_recheck_signers(el_store_t *st, el_batch_t *b)
 {
-    bool reload = false;
-    for (size_t i = 0; i < n && !reload && st->keyring_dir; i++) {
-        const sp_envelope_t *e = items[i].env;
+    bool reload = false, platform = false;
+    if (st->verify == EL_VERIFY_OFF)
+        return;
+    for (size_t i = 0; i < b->n && !reload && st->keyring_dir; i++) {
+        const sp_envelope_t *e = b->items[i].env;
         sp_identity_t id;
-        if (items[i].disp != M_ACCEPT || !e || !e->signer || !e->signer[0] ||
-            sp_keyring_has(st->trust.keyring, e->signer) || sp_identity_parse(e->signer, &id) < 0)
+        if (!e || !e->signer || !e->signer[0] || sp_identity_parse(e->signer, &id) < 0)
+            continue;
+        platform = platform || id.kind == SP_KIND_PLATFORM;
+        if (b->items[i].sig_rc != SP_ESIGNER || sp_keyring_has(st->trust.keyring, e->signer))
             continue;
         char path[4096];
         struct stat sb;
         snprintf(path, sizeof(path), "%s/%s.pub", st->keyring_dir, id.name);
         reload = stat(path, &sb) == 0;
     }
+    if (!reload && platform)
+        reload = sp_keyring_stale(st->trust.keyring);
     if (!reload)
         return;
     sp_keyring_t *kr = NULL;
@@ -342,31 +411,32 @@ static void refresh_keyring(el_store_t *st, const item_t *items, size_t n)
                SP_KS("error", sp_strerror(rc)));
         return;
     }
-    sp_log(SP_LOG_INFO, "keyring read again: a new identity", SP_KS("keyring_dir", st->keyring_dir),
-           SP_KU("identities", sp_keyring_size(kr)));
+    sp_log(SP_LOG_INFO, "keyring read again: a new identity or tenants",
+           SP_KS("keyring_dir", st->keyring_dir), SP_KU("identities", sp_keyring_size(kr)));
     sp_keyring_free((sp_keyring_t *)st->trust.keyring);
     st->trust.keyring = kr;
+    for (size_t i = 0; i < b->n; i++) {
+        el_prep_t *it = &b->items[i];
+        if (it->sig_rc == SP_ESIGNER)
+            it->sig_rc =
+                sp_trust_verify(&st->trust, it->env, it->msg->data, it->msg->len, it->reason);
+    }
 }
 
-/* Signatures of the whole fetched batch, outside the storing transaction: the costly part
- * (Ed25519) runs once per distinct batch root through the signature cache. */
-static void verify_signatures(el_store_t *st, item_t *items, size_t n)
+/* The pool's verdicts on the signatures (verified outside the transaction, each distinct batch
+ * root once through the signature cache), in stream order. */
+static void apply_signatures(const el_store_t *st, item_t *items, size_t n)
 {
-    char reason[SP_REASON_MAX];
     size_t logged = 0;
-
-    refresh_keyring(st, items, n);
 
     for (size_t i = 0; i < n; i++) {
         item_t *it = &items[i];
-        if (it->disp != M_ACCEPT)
+        if (it->disp != M_ACCEPT || it->prep->sig_rc == 0)
             continue;
-        if (sp_trust_verify(&st->trust, it->env, it->msg->data, it->msg->len, reason) < 0) {
-            if (st->verify == EL_VERIFY_LOG && logged++ >= REJECTS_LOGGED_PER_BATCH)
-                it->refused = 1;
-            else
-                refused(st, it, reason);
-        }
+        if (st->verify == EL_VERIFY_LOG && logged++ >= REJECTS_LOGGED_PER_BATCH)
+            it->refused = 1;
+        else
+            refused(st, it, it->prep->reason);
     }
 }
 
@@ -416,7 +486,8 @@ static int copy_in(PGconn *db, const sp_buf_t *rows)
     PGresult *r = PQexec(db, "COPY events (stream_seq, event_id, subject, type, aggregate_kind,"
                              " aggregate_id, tenant, actor, occurred_at, published_at,"
                              " correlation_id, causation_id, schema_version, status,"
-                             " reject_reason, payload, prev_hash, hash) FROM STDIN");
+                             " reject_reason, payload, prev_hash, hash, chain_v, payload_size,"
+                             " payload_sha256) FROM STDIN");
     int ok = r && PQresultStatus(r) == PGRES_COPY_IN;
     PQclear(r);
     if (!ok)
@@ -432,20 +503,22 @@ static int copy_in(PGconn *db, const sp_buf_t *rows)
     return rc;
 }
 
-static int store_items(el_store_t *st, const sp_bus_msg_t *const *msgs, size_t n, int quarantine,
+static int store_items(el_store_t *st, const el_prep_t *prep, size_t n, int quarantine,
                        const char *why)
 {
     item_t *items = sp_xcalloc(n ? n : 1, sizeof(*items));
     el_counts_t counts = {0};
     el_head_t head = st->head;
-    sp_buf_t rows;
+    sp_buf_t rows, tmp;
     int rc = 0;
     int in_tx = 0;
 
     sp_buf_init(&rows);
+    sp_buf_init(&tmp);
     for (size_t i = 0; i < n; i++) {
         item_t *it = &items[i];
-        it->msg = msgs[i];
+        it->prep = &prep[i];
+        it->msg = prep[i].msg;
         /* Redelivered after a crash or a lost ack: already stored. */
         if (it->msg->stream_seq <= head.seq) {
             it->disp = M_SKIP;
@@ -458,18 +531,17 @@ static int store_items(el_store_t *st, const sp_bus_msg_t *const *msgs, size_t n
             snprintf(it->reason, sizeof(it->reason), "not storable: %s", why);
             continue;
         }
-        if (sp_envelope_decode(it->msg->data, it->msg->len, &it->env, it->reason) < 0) {
+        /* Decoded and subject-checked by the pool (env NULL when undecodable). */
+        it->env = prep[i].env;
+        if (prep[i].rc < 0) {
             it->disp = M_REJECT;
-            continue;
-        }
-        if (sp_envelope_check_subject(it->env, it->msg->subject, it->reason) < 0) {
-            it->disp = M_REJECT;
+            snprintf(it->reason, sizeof(it->reason), "%s", prep[i].reason);
             continue;
         }
         it->disp = M_ACCEPT;
     }
     if (st->verify != EL_VERIFY_OFF)
-        verify_signatures(st, items, n);
+        apply_signatures(st, items, n);
 
     if ((rc = sp_db_exec(st->db, "BEGIN")) < 0) {
         remember_error(st, "begin");
@@ -483,27 +555,37 @@ static int store_items(el_store_t *st, const sp_bus_msg_t *const *msgs, size_t n
 
     for (size_t i = 0; i < n; i++) {
         item_t *it = &items[i];
-        uint8_t hash[SP_SHA256_LEN];
-        if (it->disp == M_SKIP) {
-            counts.duplicates += it->duplicate;
+        if (it->disp == M_SKIP)
             continue;
+        uint64_t seq = it->msg->stream_seq;
+        /* Sequences the stream skipped: it no longer held them (its limits). */
+        if (seq > head.seq + 1) {
+            copy_lost_row(&rows, &tmp, head.seq + 1, seq - 1, head.hash);
+            counts.lost += seq - 1 - head.seq;
+            counts.rows++;
         }
+        counts.duplicates += it->duplicate;
         if (it->disp == M_ACCEPT && st->verify != EL_VERIFY_OFF)
             authorize(st, it);
-        if (it->disp == M_ACCEPT &&
-            sp_projection_apply(st->proj, it->env, it->msg->stream_seq, it->reason) < 0)
+        if (it->disp == M_ACCEPT && sp_projection_apply(st->proj, it->env, seq, it->reason) < 0)
             it->disp = M_REJECT;
-        sp_chain_next(head.hash, it->msg->data, it->msg->len, hash);
-        copy_row(&rows, it, head.hash, hash);
-        memcpy(head.hash, hash, SP_SHA256_LEN);
+        row_t row = {.seq = seq,
+                     .subject = it->msg->subject,
+                     .env = it->env,
+                     .published_us = it->msg->published_ns / 1000,
+                     .accepted = it->disp == M_ACCEPT,
+                     .reason = it->reason,
+                     .data = it->msg->data,
+                     .len = it->msg->len};
+        copy_row(&rows, &tmp, &row, head.hash);
+        head.seq = seq;
+        counts.rows++;
         if (it->disp == M_ACCEPT)
             counts.accepted++;
         else
             counts.rejected++;
         counts.refused += (unsigned)it->refused;
     }
-    if (n > 0 && msgs[n - 1]->stream_seq > head.seq)
-        head.seq = msgs[n - 1]->stream_seq;
 
     if (rows.len > 0 && (rc = copy_in(st->db, &rows)) < 0) {
         remember_error(st, "COPY events");
@@ -536,6 +618,11 @@ static int store_items(el_store_t *st, const sp_bus_msg_t *const *msgs, size_t n
     st->counts.duplicates += counts.duplicates;
     st->counts.skipped += counts.skipped;
     st->counts.refused += counts.refused;
+    st->counts.lost += counts.lost;
+    st->rows += counts.rows;
+    if (counts.lost)
+        sp_log(SP_LOG_ERROR, "events lost: the stream no longer held them (its limits)",
+               SP_KU("lost", counts.lost), SP_KU("head_seq", head.seq));
     /* Every rejection is in the table; the log names the first few of a batch and counts the
      * rest, so a flood of bad messages cannot flood the log. */
     size_t logged = 0;
@@ -553,26 +640,23 @@ out:
     if (in_tx)
         sp_db_exec(st->db, "ROLLBACK");
     sp_projection_clear(st->proj);
-    for (size_t i = 0; i < n; i++)
-        sp_envelope_free(items[i].env);
     free(items);
     sp_buf_dispose(&rows);
+    sp_buf_dispose(&tmp);
     return rc;
 }
 
-int el_store_msgs(el_store_t *st, const sp_bus_msg_t *const *msgs, size_t n)
+int el_store_msgs(el_store_t *st, const el_prep_t *items, size_t n)
 {
-    return store_items(st, msgs, n, 0, NULL);
+    return store_items(st, items, n, 0, NULL);
 }
 
-int el_store_batch(el_store_t *st, const sp_bus_batch_t *batch)
+int el_store_batch(el_store_t *st, const el_batch_t *b)
 {
-    size_t n = sp_bus_batch_len(batch);
-    const sp_bus_msg_t **msgs = sp_xcalloc(n ? n : 1, sizeof(sp_bus_msg_t *));
+    const el_prep_t *msgs = b->items;
+    size_t n = b->n;
     int rc;
 
-    for (size_t i = 0; i < n; i++)
-        msgs[i] = sp_bus_batch_msg(batch, i);
     rc = el_store_msgs(st, msgs, n);
     if (rc < 0 && PQstatus(st->db) == CONNECTION_OK) {
         sp_log(SP_LOG_WARN, "batch refused; storing its messages one at a time",
@@ -584,11 +668,10 @@ int el_store_batch(el_store_t *st, const sp_bus_batch_t *batch)
                 char why[sizeof(st->last_error)];
                 snprintf(why, sizeof(why), "%s", st->last_error);
                 sp_log(SP_LOG_ERROR, "message not storable; recording it as rejected",
-                       SP_KU("seq", msgs[i]->stream_seq), SP_KS("error", why));
+                       SP_KU("seq", msgs[i].msg->stream_seq), SP_KS("error", why));
                 rc = store_items(st, &msgs[i], 1, 1, why);
             }
         }
     }
-    free(msgs);
     return rc;
 }

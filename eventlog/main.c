@@ -21,9 +21,11 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bus.h"
 #include "busid.h"
+#include "checkpoint.h"
 #include "config.h"
 #include "daemon.h"
 #include "db.h"
@@ -54,6 +56,10 @@ typedef struct {
     char *keyring_dir;
     char *verify_signatures;
     int64_t sig_cache_slots;
+    int64_t verify_threads;
+    int64_t checkpoint_events;
+    int64_t checkpoint_ms;
+    char *checkpoint_file;
 } el_config_t;
 
 static const sp_cfg_opt_t options[] = {
@@ -80,6 +86,17 @@ static const sp_cfg_opt_t options[] = {
                    "on|off|log|auto (auto: on when keyring-dir exists, else off)"),
     SP_CFG_INT_OPT("sig-cache-slots", el_config_t, sig_cache_slots, 1, 65536, "4096",
                    "verified batch signatures remembered"),
+    SP_CFG_INT_OPT("verify-threads", el_config_t, verify_threads, 0, 64, "0",
+                   "threads decoding and verifying the next batch (0: online CPUs, at most 4)"),
+    SP_CFG_INT_OPT("checkpoint-events", el_config_t, checkpoint_events, 0, 10000000, "1000",
+                   "sign a checkpoint of the head every this many rows (0: not by count; "
+                   "docs/audit.md)"),
+    SP_CFG_INT_OPT("checkpoint-ms", el_config_t, checkpoint_ms, 0, 3600000, "5000",
+                   "and at least this often while the head moves (0: not by time; both 0: no "
+                   "checkpoints)"),
+    SP_CFG_STR_OPT("checkpoint-file", el_config_t, checkpoint_file, NULL,
+                   "also append each checkpoint to this file, for a witness to copy (empty: "
+                   "none)"),
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -127,14 +144,15 @@ static int open_db(const el_config_t *cfg, PGconn **ret_db)
     return 0;
 }
 
-static void log_stats(const el_store_t *st, const char *msg)
+static void log_stats(el_store_t *st, const char *msg)
 {
     uint64_t hits = 0, verified = 0;
     sp_sigcache_stats(st->trust.cache, &hits, &verified);
     sp_log(SP_LOG_INFO, msg, SP_KU("head_seq", st->head.seq),
            SP_KU("accepted", st->counts.accepted), SP_KU("rejected", st->counts.rejected),
            SP_KU("refused", st->counts.refused), SP_KU("duplicates", st->counts.duplicates),
-           SP_KU("redelivered", st->counts.skipped), SP_KU("sig_verified", verified),
+           SP_KU("redelivered", st->counts.skipped), SP_KU("lost", st->counts.lost),
+           SP_KU("checkpoints", el_ckpt_made(st->ckpt)), SP_KU("sig_verified", verified),
            SP_KU("sig_cache_hits", hits));
 }
 
@@ -194,8 +212,69 @@ out:
     return rc;
 }
 
-/* Consumes until stopped or until something fails that needs a fresh start from the head. */
-static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st)
+/* The checkpointer (docs/audit.md), with the identity's key: without an identity nothing can
+ * be signed, and the log says so. The checkpoint stream is the operator's to create (`space
+ * up`); without it the checkpoints still go to the file, and the log says that too. */
+static int setup_checkpoints(const el_config_t *cfg, sp_bus_t *bus, const sp_busid_t *busid,
+                             el_store_t *st)
+{
+    if (cfg->checkpoint_events == 0 && cfg->checkpoint_ms == 0) {
+        sp_log(SP_LOG_WARN, "CHECKPOINTS OFF: the log's head is not anchored outside PostgreSQL",
+               SP_KS("why", "checkpoint-events=0 and checkpoint-ms=0"));
+        return 0;
+    }
+    if (!busid->key) {
+        sp_log(SP_LOG_WARN, "CHECKPOINTS OFF: the log's head is not anchored outside PostgreSQL",
+               SP_KS("why", "no identity (creds-dir) to sign them with"));
+        return 0;
+    }
+    int rc = sp_bus_ensure_ckpt_stream(bus);
+    if (rc < 0)
+        sp_log(SP_LOG_ERROR, "no checkpoint stream: checkpoints will not be anchored on the bus",
+               SP_KS("stream", SP_CKPT_STREAM), SP_KS("error", sp_strerror(rc)),
+               SP_KS("fix", "space up (as the operator) creates it"));
+    el_ckpt_opts_t o = {.every_events = cfg->checkpoint_events,
+                        .interval_ms = cfg->checkpoint_ms,
+                        .file = cfg->checkpoint_file,
+                        .signer = busid->name,
+                        .key = busid->key,
+                        .bus = bus};
+    if ((rc = el_ckpt_new(&o, &st->ckpt)) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot start the checkpointer", SP_KS("file", cfg->checkpoint_file),
+               SP_KS("error", sp_strerror(rc)));
+        return rc;
+    }
+    sp_log(SP_LOG_INFO, "checkpoints", SP_KI("every_events", cfg->checkpoint_events),
+           SP_KI("every_ms", cfg->checkpoint_ms), SP_KS("stream", SP_CKPT_STREAM),
+           SP_KS("file", cfg->checkpoint_file[0] ? cfg->checkpoint_file : "(none)"),
+           SP_KS("signer", busid->name));
+    return 0;
+}
+
+/* Stores a prepared batch and acknowledges it; < 0 when nothing of it was stored (it is not
+ * acknowledged, the caller starts over from the head). The checkpointer learns the new head. */
+static int store_and_ack(el_store_t *st, el_batch_t *b)
+{
+    int rc = el_store_batch(st, b);
+    if (rc < 0)
+        return rc;
+    el_ckpt_note(st->ckpt, st->head.seq, st->rows, st->head.hash, st->verify_from);
+    /* Stored: a lost ack only causes a redelivery, which the head filters out. */
+    if (sp_bus_batch_ack(b->batch) < 0)
+        sp_log(SP_LOG_WARN, "ack failed; stored events will be redelivered and skipped");
+    return 0;
+}
+
+/* Consumes until stopped or until something fails that needs a fresh start from the head.
+ *
+ * Pipelined (docs/trust.md, "Cost in the event log"): while the log is behind (the last fetch
+ * was a full batch), the next batch is fetched and handed to the verifier pool before the
+ * current one is stored, so decoding and signature verification overlap PostgreSQL's work.
+ * When it keeps up, a batch is stored as soon as it is prepared: fetching first would add a
+ * fetch's wait to every event's lag. Either way a batch is acknowledged only after its commit,
+ * and a failure drops every batch not yet stored, unacknowledged, to be fetched again from the
+ * head. */
+static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_pool_t *pool)
 {
     sp_bus_consumer_t *c = NULL;
     int rc = el_store_load_head(st);
@@ -203,6 +282,10 @@ static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st)
         sp_log(SP_LOG_ERROR, "cannot read the log head", SP_KS("error", PQerrorMessage(st->db)));
         return rc;
     }
+    /* Rows from here on are stored with this process's verification (the checkpoints say
+     * from where: a row accepted after it passed sp_trust_verify). */
+    if (st->verify == EL_VERIFY_ON && st->verify_from == 0)
+        st->verify_from = st->head.seq + 1;
     rc = sp_bus_consumer_open(bus, cfg->durable, SP_BUS_SUBJECTS, st->head.seq + 1,
                               (int)cfg->ack_wait_ms, &c);
     if (rc < 0) {
@@ -213,39 +296,80 @@ static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st)
            SP_KS("durable", cfg->durable));
 
     int64_t next_stats = sp_mono_ns() + cfg->stats_interval_s * 1000000000LL;
+    const sp_trust_t *trust = st->verify == EL_VERIFY_OFF ? NULL : &st->trust;
+    el_batch_t *ready = NULL; /* prepared, to be stored before the next one */
     int bus_errors = 0;
+    uint64_t reconnects = sp_bus_reconnects(bus);
+    bool again = false;
     while (!sp_daemon_stopping) {
-        sp_bus_batch_t *b = NULL;
-        rc = sp_bus_fetch(c, (size_t)cfg->batch_max, (int)cfg->fetch_timeout_ms, &b);
+        /* Reconnected: what the server sent into the dropped connection would come back only
+         * after the ack wait. Starting over from the head gets it now (sp_bus_reconnects). */
+        if (sp_bus_reconnects(bus) != reconnects) {
+            if (ready && (rc = store_and_ack(st, ready)) < 0)
+                break;
+            sp_log(SP_LOG_INFO, "reconnected to NATS: reading again from the log head");
+            again = true;
+            break;
+        }
+        sp_bus_batch_t *fetched = NULL;
+        el_batch_t *next = NULL;
+        /* With a batch waiting to be stored, do not wait for more: if the backlog ended
+         * exactly at a full batch, that wait would delay its storing by fetch-timeout-ms. */
+        rc = sp_bus_fetch(c, (size_t)cfg->batch_max, ready ? 1 : (int)cfg->fetch_timeout_ms,
+                          &fetched);
         if (rc < 0) {
             sp_log(SP_LOG_WARN, "fetch failed", SP_KS("error", sp_strerror(rc)));
-            sp_bus_batch_free(b);
-            /* cnats reconnects by itself; after repeated failures start over from the head. */
-            if (++bus_errors >= 5)
+            sp_bus_batch_free(fetched);
+            /* What was prepared is stored first: it was fetched fine. */
+            if (ready && (rc = store_and_ack(st, ready)) < 0)
                 break;
+            el_batch_free(ready);
+            ready = NULL;
+            /* cnats reconnects by itself; after repeated failures start over from the head. */
+            if (++bus_errors >= 5) {
+                rc = SP_EBUS;
+                break;
+            }
             sp_daemon_sleep_ms(200 * bus_errors);
             continue;
         }
         bus_errors = 0;
-        if (sp_bus_batch_len(b) > 0) {
-            rc = el_store_batch(st, b);
-            if (rc < 0) {
-                /* Nothing of the batch was stored; do not ack, start over from the head. */
-                sp_bus_batch_free(b);
-                break;
-            }
-            /* Stored: a lost ack only causes a redelivery, which the head filters out. */
-            if (sp_bus_batch_ack(b) < 0)
-                sp_log(SP_LOG_WARN, "ack failed; stored events will be redelivered and skipped");
+        next = el_batch_new(&fetched);
+        if (next->n > 0)
+            el_pool_start(pool, next, trust);
+        if (ready) {
+            rc = store_and_ack(st, ready);
+            el_batch_free(ready);
+            ready = NULL;
         }
-        sp_bus_batch_free(b);
+        if (next->n > 0) {
+            el_pool_wait(pool);
+            el_store_recheck_signers(st, next);
+        }
+        if (rc < 0) {
+            /* Nothing of that batch was stored, so nothing after it may be: start over. */
+            el_batch_free(next);
+            break;
+        }
+        /* Behind (a full batch): fetch the next one before storing this one. */
+        if (next->n >= (size_t)cfg->batch_max) {
+            ready = next;
+        } else {
+            if (next->n > 0)
+                rc = store_and_ack(st, next);
+            el_batch_free(next);
+            if (rc < 0)
+                break;
+        }
         if (cfg->stats_interval_s > 0 && sp_mono_ns() >= next_stats) {
             log_stats(st, "progress");
             next_stats = sp_mono_ns() + cfg->stats_interval_s * 1000000000LL;
         }
     }
+    /* Stopping or failing: a prepared batch not stored is not acknowledged (redelivered). */
+    el_batch_free(ready);
     sp_bus_consumer_free(c);
-    return sp_daemon_stopping ? 0 : (rc < 0 ? rc : SP_EBUS);
+    return sp_daemon_stopping || again ? 0 : (rc < 0 ? rc : SP_EBUS);
 }
 
 int main(int argc, char **argv)
@@ -262,6 +386,7 @@ int main(int argc, char **argv)
     sp_log_format_t format;
     sp_keyring_t *keyring = NULL;
     sp_sigcache_t *sigcache = NULL;
+    el_pool_t *pool = NULL;
 
     if (rc < 0) {
         fprintf(stderr, "space-eventlog: %s\n", err ? err : sp_strerror(rc));
@@ -305,6 +430,18 @@ int main(int argc, char **argv)
     st.proj = sp_projection_new("public");
     if (setup_trust(&cfg, &st, &keyring, &sigcache) < 0)
         goto out;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t threads = cfg.verify_threads > 0 ? (size_t)cfg.verify_threads
+                                            : (size_t)(cpus < 1   ? 1
+                                                       : cpus > 4 ? 4
+                                                                  : cpus);
+    if ((rc = el_pool_new(threads, &pool)) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot start the verifier threads", SP_KS("error", sp_strerror(rc)));
+        goto out;
+    }
+    sp_log(SP_LOG_INFO, "verifier pool", SP_KU("threads", threads));
+    if (setup_checkpoints(&cfg, bus, &busid, &st) < 0)
+        goto out;
 
     int failures = 0;
     while (!sp_daemon_stopping) {
@@ -316,7 +453,7 @@ int main(int argc, char **argv)
                 continue;
             }
         }
-        rc = consume(&cfg, bus, &st);
+        rc = consume(&cfg, bus, &st, pool);
         if (rc < 0 && !sp_daemon_stopping) {
             failures++;
             sp_log(SP_LOG_WARN, "restarting from the log head", SP_KS("error", sp_strerror(rc)),
@@ -332,8 +469,12 @@ int main(int argc, char **argv)
         }
     }
     log_stats(&st, "stopped");
+    el_ckpt_free(st.ckpt);
+    st.ckpt = NULL;
     exit_code = 0;
 out:
+    el_ckpt_free(st.ckpt); /* the last head gets its checkpoint */
+    el_pool_free(pool);
     sp_projection_free(st.proj);
     sp_sigcache_free(sigcache);
     sp_keyring_free(keyring);

@@ -29,8 +29,10 @@
 #include "dataplane.pb-c.h"
 #include "envelope.h"
 #include "hash.h"
+#include "intent.h"
 #include "json.h"
 #include "reduce.h"
+#include "sign.h"
 
 #define GW_DAEMON         "space-gateway"
 #define GW_REQUEST_ID_MAX 64
@@ -95,6 +97,7 @@ typedef enum {
     GW_R_SANDBOX_NETWORK,
     GW_R_SANDBOX_LIFECYCLE,
     GW_R_CREDENTIALS, /* /v1/credentials[/{id}] (gateway_credentials.c) */
+    GW_R_KEYS,        /* /v1/keys[/{id}] (gateway_keys.c) */
     GW_R_E2B_API,     /* the E2B control plane (gateway_e2b.c) */
     GW_R_E2B_ENVD,    /* the E2B in-sandbox API: Connect RPC, /files, /health */
     GW_R_OTHER, /* unknown routes and responses h2o itself produced (413 while reading a body) */
@@ -219,6 +222,9 @@ typedef struct {
     char *url;
     uv_async_t async;
     _Atomic uint64_t head;
+    /* Counts API key revocations heard (SP_APIKEY_CHANNEL) and reconnects, after which the
+     * loop empties the auth cache (gateway_auth.c). */
+    _Atomic uint64_t keys_gen;
     atomic_bool stop;
 } gw_listener_t;
 
@@ -241,6 +247,7 @@ typedef enum {
 } gw_dialect_t;
 
 typedef struct gw_req gw_req_t;
+typedef struct gw_gate gw_gate_t;
 struct gw_req {
     gw_t *gw;
     h2o_req_t *req; /* NULL once h2o disposed the request: then nothing may be sent */
@@ -253,6 +260,7 @@ struct gw_req {
     char request_id[GW_REQUEST_ID_MAX + 1];
     char tenant[SP_ID_MAX + 1];
     char key_id[SP_ID_MAX + 1];
+    bool admin;                      /* the key may manage keys (apikey.h) */
     char path_id[SP_ID_MAX + 1];     /* {id} of /v1/sandboxes/{id}[/events|/commands] */
     char path_sub_id[SP_ID_MAX + 1]; /* {cid} of .../commands/{cid}/{action} */
     char path_action[16];            /* {action}: stream, stdin, signal, resize */
@@ -262,9 +270,18 @@ struct gw_req {
     /* The API key to check instead of Authorization: Bearer (E2B: X-API-KEY, or the key part
      * of an envd access token). Borrowed from the request's headers or pool. */
     h2o_iovec_t auth_key;
+    /* auth_key is an E2B envd access token, valid only for sandbox path_id (gateway_auth.c). */
+    bool auth_token;
     char e2b_template[SP_ID_MAX + 1]; /* E2B create: the answer names the template */
     /* What to do once the API key is verified. */
     void (*after_auth)(gw_req_t *rq);
+    /* The largest body this route takes: max-body-bytes, max-file-bytes for an upload. */
+    int64_t body_limit;
+    /* The connection's gate (gateway_gate.c), NULL once the request ended. head_only: routed
+     * and being authenticated while its body waits unread; an answer now closes the
+     * connection. */
+    gw_gate_t *gate;
+    bool head_only;
 };
 
 void gw_req_ref(gw_req_t *rq);
@@ -328,15 +345,36 @@ int gw_bad(gw_verr_t *e, const char *code, const char *fmt, ...)
 typedef struct {
     struct {
         uint8_t hash[SP_SHA256_LEN];
-        int64_t expires_ns; /* 0 = empty */
+        int64_t expires_ns;        /* 0 = empty */
+        char scope[SP_ID_MAX + 1]; /* an access token's sandbox; "" for an API key */
         char tenant[SP_ID_MAX + 1];
         char key_id[SP_ID_MAX + 1];
+        bool admin;
     } slot[GW_AUTH_CACHE_SLOTS];
+    uint64_t epoch; /* +1 at every flush: a check begun before it is not cached */
 } gw_auth_cache_t;
 
-/* Verifies the request's bearer key, then calls rq->after_auth (maybe before returning), or
- * answers 401/503 itself. */
+/* Verifies the request's bearer key (or, with rq->auth_token, the access token for sandbox
+ * rq->path_id), then calls rq->after_auth (maybe before returning), or answers 401/503 itself.
+ * Sets rq->tenant, rq->key_id and rq->admin. */
 void gw_auth(gw_req_t *rq);
+/* Empties the cache when the LISTEN thread heard of a revocation (or reconnected, and may have
+ * missed one) since the last call. Loop thread; gw_auth calls it first. */
+void gw_auth_sync(gw_t *gw);
+/* Empties the cache now (this gateway revoked a key). Loop thread. */
+void gw_auth_flush(gw_t *gw);
+/* Appends the E2B envd access token of sandbox for the key key_id of tenant (gateway_auth.c).
+ * Any thread. */
+int gw_access_token(const gw_t *gw, const char *sandbox, const char *tenant, const char *key_id,
+                    sp_buf_t *out);
+
+/* ---- API keys through the API (gateway_keys.c) ---- */
+
+/* POST/GET /v1/keys, DELETE /v1/keys/{id} (rq->path_id): admin keys only (403 otherwise). */
+void gw_keys(gw_req_t *rq);
+/* The key is good: rq->after_auth, or, while the body waits (head_only), the gate's check of
+ * the announced length before the body is read (gateway_http.c). */
+void gw__req_authed(gw_req_t *rq);
 
 /* ---- sandboxes (gateway_sandboxes.c, gateway_create.c) ---- */
 
@@ -351,6 +389,10 @@ void gw_sandbox_delete(gw_req_t *rq);
 void gw_sandbox_lifecycle(gw_req_t *rq);
 /* The timeout route without a body to read: a new deadline timeout_s (1..2592000) from now. */
 void gw_sandbox_set_timeout(gw_req_t *rq, uint32_t timeout_s);
+/* E2B's connect {"timeout": timeout_s}: a paused or suspended sandbox resumes (201); a running
+ * one gets the deadline timeout_s from now when that is later than its own (0: unchanged) and
+ * is answered 200 with the sandbox. rq->path_action must be "resume". */
+void gw_sandbox_connect(gw_req_t *rq, uint32_t timeout_s);
 void gw_templates(gw_req_t *rq);
 
 /* ---- credentials (gateway_credentials.c) ---- */
@@ -382,8 +424,8 @@ void gw_health(gw_req_t *rq);
     "env_names::text, failure_reason, (extract(epoch FROM created_at) * 1000000)::int8, "          \
     "(extract(epoch FROM started_at) * 1000000)::int8, "                                           \
     "(extract(epoch FROM timeout_at) * 1000000)::int8, on_timeout, idle_suspend_s, "               \
-    "(extract(epoch FROM last_activity_at) * 1000000)::int8"
-#define GW_SBX_NCOLUMNS 17
+    "(extract(epoch FROM last_activity_at) * 1000000)::int8, disk_mb"
+#define GW_SBX_NCOLUMNS 18
 void gw_sandbox_json(const PGresult *r, int row, sp_buf_t *out);
 
 /* Waiting for the projection to show the outcome of an intent (read-your-writes). */
@@ -420,8 +462,8 @@ void gw_waiters_abort_all(gw_t *gw);
 bool gw_json_content_type(const h2o_iovec_t *ct);
 
 /* Body of POST /v1/sandboxes, validated (gateway_create.c). */
-#define GW_METADATA_MAX  64
-#define GW_ENV_MAX       128
+#define GW_METADATA_MAX  SP_INTENT_METADATA_MAX /* intent.h: the limits of every intent */
+#define GW_ENV_MAX       SP_INTENT_ENV_MAX
 #define GW_ENV_VALUE_MAX (32 * 1024)
 #define GW_ERR_MSG_MAX   256
 /* Validates the body and builds the SandboxCreateRequested intent for sandbox_id: the encoded
@@ -436,8 +478,6 @@ int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char
 /* POST /v1/sandboxes with a body in our shape, already checked for size and type: what the
  * E2B create calls after translating its body (no Idempotency-Key). */
 void gw_sandbox_create_body(gw_req_t *rq, const char *body, size_t len);
-/* POSIX portable environment variable names, as lib/envelope.c accepts them. */
-bool gw_env_name_ok(const char *s);
 
 /* ---- commands (gateway_commands.c, gateway_command_body.c) ---- */
 
@@ -515,8 +555,9 @@ void gw_command_run(gw_req_t *rq);
  * GW_DIALECT_CONNECT_STREAM the output is a Connect stream of E2B ProcessEvents (and a
  * background command streams too). */
 void gw_command_run_body(gw_req_t *rq, const char *body, size_t len);
-/* Follows command cmd_id of rq->path_id from after from_seq (E2B's Process.Connect). */
-void gw_command_attach_from(gw_req_t *rq, const char *cmd_id, uint64_t from_seq);
+/* Follows command cmd_id of rq->path_id from after from_seq (E2B's Process.Connect); pty: the
+ * command runs in a pty, whose output E2B calls "pty". */
+void gw_command_attach_from(gw_req_t *rq, const char *cmd_id, uint64_t from_seq, bool pty);
 /* GET /v1/sandboxes/{id}/commands/{cid}/stream: (re)attach to a command's output (SSE or JSON);
  * Last-Event-ID or ?from_seq= resumes after that seq. */
 void gw_command_attach(gw_req_t *rq);
@@ -686,6 +727,9 @@ bool gw_sse_close(gw_sse_t *w);
 /* Ends the response now, logging why: with a write in flight, by shutting the socket down,
  * which fails the write, and h2o then closes the connection and calls stop. */
 void gw_sse_abort(gw_sse_t *w, const char *why);
+/* Drops the response as a broken connection would, logging why: no clean end of the body
+ * (no last chunk), the connection closed. What is pending is dropped. */
+void gw_sse_cut(gw_sse_t *w, const char *why);
 /* Bytes queued or being written: how far the client lags behind. */
 size_t gw_sse_backlog(const gw_sse_t *w);
 /* Once a second: a write stuck for sse-write-timeout-s aborts the response (counted as closed
@@ -722,6 +766,8 @@ struct gw {
     uint64_t head_seq; /* newest stream_seq the event log announced */
     gw_metrics_t metrics;
     gw_auth_cache_t auth;
+    uint64_t keys_gen;        /* notify.keys_gen the cache was last flushed for */
+    sp_sign_key_t *token_key; /* signs E2B access tokens: the identity's key (borrowed) */
     /* Waiters and the one check job that may be in flight for them. */
     gw_waiter_t *waiters;
     size_t n_waiters;
@@ -733,6 +779,7 @@ struct gw {
     /* Commands: every one from validation to the close of its async handle. */
     gw_cmd_t *commands;
     size_t n_commands;
+    uint64_t bus_reconnects; /* sp_bus_reconnects when the commands last looked */
     /* Bus jobs (blocking NATS calls without a database connection), in two lanes. */
     gw_bus_lane_t bus_lane;  /* commands and their control: bus-threads */
     gw_bus_lane_t file_lane; /* file calls: file-threads */
@@ -744,6 +791,60 @@ struct gw {
     size_t n_watches;
     bool stopping;
 };
+
+/* ---- request heads (gateway_head.c) and the gate (gateway_gate.c) ---- */
+
+#define GW_HEAD_MAX        65536 /* a longer request head is 431 */
+#define GW_HEAD_FIELDS_MAX 100   /* h2o 2.2's H2O_MAX_HEADERS */
+
+/* Where a head ends, found incrementally: zero it for each request, call with all the bytes
+ * so far. 1 when the head is complete (scanned = its length, leading empty lines included),
+ * 0 when more is needed, -EINVAL (*ret_why, a static string) on a bare LF or CR. */
+typedef struct {
+    size_t scanned, line_start, lines;
+} gw_head_scan_t;
+int gw_head_scan(gw_head_scan_t *s, const char *p, size_t n, const char **ret_why);
+
+/* A head read strictly (RFC 9112): one framing at most (one Content-Length of digits, or
+ * Transfer-Encoding: chunked alone, never both), no obs-fold, no whitespace before a colon,
+ * no control characters, exactly one Host in HTTP/1.1, at most GW_HEAD_FIELDS_MAX fields. */
+typedef struct {
+    size_t len;             /* of the head, final CRLF included */
+    int minor;              /* HTTP/1.<minor> */
+    int64_t content_length; /* -1 when absent */
+    bool chunked;
+    bool has_body;
+    bool expect_continue, expect_other;
+    size_t expect_at; /* offset of the Expect field's name, SIZE_MAX when absent */
+    size_t fields;
+    bool too_large; /* refused for its number of fields (431) */
+} gw_head_t;
+/* p[0..n) is a complete head (gw_head_scan). 0, or -EINVAL with *ret_why (static). */
+int gw_head_parse(const char *p, size_t n, gw_head_t *h, const char **ret_why);
+
+/* Puts the gate in front of a connection h2o just accepted; NULL when it cannot (left to
+ * h2o). Freed with gw_gate_free once the connection's handle is closed. */
+gw_gate_t *gw_gate_attach(gw_t *gw, h2o_socket_t *sock);
+void gw_gate_free(gw_gate_t *g);
+/* At exit, before the loop's handles are walked. */
+void gw_gate_dispose(void);
+/* The gate of the connection a request came on, or NULL. */
+gw_gate_t *gw_gate_of(h2o_req_t *req);
+/* h2o dispatches the request: the context made while its body waited, if any (authenticated
+ * and allowed); else NULL, with *ret_bad a reason when the head must be refused. */
+gw_req_t *gw_gate_dispatched(gw_gate_t *g, const char **ret_bad);
+/* The held request's key is good: 413 when the announced length is over rq->body_limit,
+ * else the body is read (after a 100 Continue when one was asked for). */
+void gw_gate_allowed(gw_gate_t *g, gw_req_t *rq);
+/* An answer goes out while the body is unread: the connection closes after it, lingering. */
+void gw_gate_answering(gw_gate_t *g);
+void gw_gate_set_req(gw_gate_t *g, gw_req_t *rq);
+/* The request ended (its pool is cleared): the next one starts at its head. */
+void gw_gate_request_done(gw_gate_t *g);
+/* gateway_http.c, for the gate: h2o's request of the connection on sock, and the routing of
+ * a held request (a context, then the router with head_only set). */
+h2o_req_t *gw__find_req(gw_t *gw, h2o_socket_t *sock);
+void gw__route_head(gw_t *gw, h2o_req_t *req, gw_gate_t *g);
 
 /* A connection's file descriptor, for shutdown(2) when a stream must end now. -1 if unknown. */
 int gw_req_fd(h2o_req_t *req);

@@ -68,9 +68,10 @@ static int parse_env(const sp_json_t *v, gw_cmd_spec_t *s, gw_verr_t *e)
         const char *k = sp_json_key_at(v, i);
         size_t vlen = 0;
         const char *val = sp_json_str(sp_json_at(v, i), &vlen);
-        if (!k || !gw_env_name_ok(k))
+        if (!k || !sp_intent_env_name_ok(k))
             return gw_bad(e, "invalid_field",
-                          "env names must match [A-Za-z_][A-Za-z0-9_]* (at most 128 chars)");
+                          "env names must match [A-Za-z_][A-Za-z0-9_]* (at most %d chars)",
+                          SP_INTENT_ENV_NAME_MAX);
         if (!val)
             return gw_bad(e, "invalid_field", "env.%s must be a string", k);
         if (vlen > GW_ENV_VALUE_MAX)

@@ -4,6 +4,7 @@
  * (a bus job), then the answer. Stdin bytes travel only in the request to the worker: they are
  * not logged and not recorded as events (the command's intent said stdin_open). */
 #include "contract.h"
+#include "request.h"
 #include "gateway.h"
 
 #include <errno.h>
@@ -298,7 +299,7 @@ static void ctl_request(ctl_t *x, op_t op)
     x->rc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_CTL, x->loc.worker, NULL, NULL);
     if (x->rc >= 0)
         x->rc =
-            sp_bus_request(x->rq->gw->bus, subject, buf, len, CTL_TIMEOUT_MS, &reply, &reply_len);
+            sp_request_send(x->rq->gw->bus, subject, buf, len, CTL_TIMEOUT_MS, &reply, &reply_len);
     explicit_bzero(buf, len);
     free(buf);
     if (x->rc == 0) {

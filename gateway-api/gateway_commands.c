@@ -32,6 +32,7 @@
  * included. A client that goes away is not followed further: the command keeps running (no
  * kill in this version). */
 #include "contract.h"
+#include "request.h"
 #include "gateway.h"
 
 #include <errno.h>
@@ -95,6 +96,7 @@ struct gw_cmd {       /* NOLINT(clang-analyzer-optin.performance.Padding) */
     bool skipped;      /* attach: output between from_seq and the oldest kept chunk is gone */
     bool start_sent;   /* SSE: the start record is written */
     bool connect; /* E2B envd: Connect streaming envelopes instead of SSE records (sse is set) */
+    bool pty;     /* runs in a pty: E2B's data.pty (started so, or attached to such a command) */
     phase_t phase;
     gw_cmd_spec_t spec;
     char cmd_id[SP_ID_MAX + 1];
@@ -112,6 +114,11 @@ struct gw_cmd {       /* NOLINT(clang-analyzer-optin.performance.Padding) */
     void (*bus_done)(gw_cmd_t *c);
     bool bus_busy;
     sp_bus_sub_t *sub; /* written by bus jobs, read on the loop after them */
+
+    /* After a NATS reconnection the IoExit may have been lost: the log is asked for the
+     * command's CommandExited at log_check_ns (0: not to be asked), by one job at a time. */
+    int64_t log_check_ns;
+    bool log_busy;
 
     /* What the setup job found. */
     gw_cmd_outcome_t outcome;
@@ -242,7 +249,8 @@ static void on_async_closed(uv_handle_t *h)
 /* Frees once the response is over and no callback can run any more. */
 static void maybe_free(gw_cmd_t *c)
 {
-    if (!c->resp_done || c->sub || c->bus_busy || c->async_closing)
+    /* bus_busy first: c->sub belongs to the bus job while one runs (TSan). */
+    if (!c->resp_done || c->bus_busy || c->log_busy || c->sub || c->async_closing)
         return;
     c->async_closing = true;
     uv_close((uv_handle_t *)&c->async, on_async_closed);
@@ -566,9 +574,9 @@ static void connect_data(gw_cmd_t *c, uint32_t stream, const uint8_t *p, size_t 
     sp_buf_init(&b);
     /* A pty's output is one stream (1): E2B calls it "pty". */
     sp_buf_printf(&b, "{\"event\":{\"data\":{\"%s\":\"",
-                  c->spec.pty_rows ? "pty"
-                  : stream == 2    ? "stderr"
-                                   : "stdout");
+                  c->pty        ? "pty"
+                  : stream == 2 ? "stderr"
+                                : "stdout");
     sp_b64_encode(&b, p, n);
     sp_buf_puts(&b, "\"}}}");
     connect_event(c, b.data, b.len);
@@ -755,7 +763,14 @@ static void conclude(gw_cmd_t *c, gw_cmd_end_t how, const exit_info_t *ex)
            SP_KS("error", ex->error), SP_KI("truncated", truncated), SP_KI("output_lost", lost),
            SP_KS("request_id", c->request_id));
 
-    if (c->connect) {
+    if (c->connect && how == GW_CMD_END_EXIT && ex->exit_code == -1 && !ex->signal &&
+        strcmp(ex->error, SP_CMD_ERROR_SANDBOX_DELETED) == 0) {
+        /* E2B: the sandbox's VM is gone, and with it the connection: no end event, no
+         * end-stream. The SDK then probes /health and raises TimeoutError. */
+        sse_start(c);
+        gw_sse_cut(&c->sse, SP_CMD_ERROR_SANDBOX_DELETED);
+        publish_loop_bytes(c);
+    } else if (c->connect) {
         sse_start(c);
         connect_end(c, ex);
         gw_sse_end(&c->sse);
@@ -921,7 +936,7 @@ static int attach_request(gw_cmd_t *c)
     int64_t t0 = sp_mono_ns();
     int rc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_CTL, c->worker, NULL, NULL);
     if (rc >= 0)
-        rc = sp_bus_request(c->gw->bus, subject, req, len, EXEC_TIMEOUT_MS, &reply, &reply_len);
+        rc = sp_request_send(c->gw->bus, subject, req, len, EXEC_TIMEOUT_MS, &reply, &reply_len);
     c->exec_s = (double)(sp_mono_ns() - t0) / 1e9;
     free(req);
     if (rc == SP_ENOTFOUND || rc == SP_ETIMEOUT) {
@@ -1028,7 +1043,7 @@ static void setup_run(gw_cmd_t *c)
     int64_t t0 = sp_mono_ns();
     rc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_EXEC, c->worker, NULL, NULL);
     if (rc >= 0)
-        rc = sp_bus_request(bus, subject, req, req_len, EXEC_TIMEOUT_MS, &reply, &reply_len);
+        rc = sp_request_send(bus, subject, req, req_len, EXEC_TIMEOUT_MS, &reply, &reply_len);
     c->exec_s = (double)(sp_mono_ns() - t0) / 1e9;
     explicit_bzero(req, req_len);
     free(req);
@@ -1203,7 +1218,7 @@ static void merge_env(gw_cmd_t *c, const char *json)
         bool have = false;
         for (size_t j = 0; j < s->n_env && !have; j++)
             have = strcmp(s->env_names[j], k) == 0;
-        if (!v || have || !gw_env_name_ok(k))
+        if (!v || have || !sp_intent_env_name_ok(k))
             continue;
         s->env_names[s->n_env] = k;
         s->env_values[s->n_env] = v;
@@ -1263,6 +1278,7 @@ static void cmd_start(gw_req_t *rq, const char *cmd_id, gw_cmd_spec_t *spec, boo
     c->rq = rq;
     gw_req_ref(rq);
     c->connect = rq->dialect == GW_DIALECT_CONNECT_STREAM;
+    c->pty = spec->pty_rows != 0;
     c->streaming = c->connect || !wants_json(rq);
     c->attach = attach;
     c->attaching = attach;
@@ -1428,10 +1444,10 @@ void gw_command_attach(gw_req_t *rq)
                          "Last-Event-ID and from_seq must be a decimal sequence number");
         return;
     }
-    gw_command_attach_from(rq, rq->path_sub_id, (uint64_t)from);
+    gw_command_attach_from(rq, rq->path_sub_id, (uint64_t)from, false);
 }
 
-void gw_command_attach_from(gw_req_t *rq, const char *cmd_id, uint64_t from_seq)
+void gw_command_attach_from(gw_req_t *rq, const char *cmd_id, uint64_t from_seq, bool pty)
 {
     if (rq->gw->n_commands >= (size_t)rq->gw->cfg->max_commands) {
         gw_respond_error(rq, 429, "too_many_commands", NULL,
@@ -1441,17 +1457,114 @@ void gw_command_attach_from(gw_req_t *rq, const char *cmd_id, uint64_t from_seq)
     }
     gw_cmd_spec_t none;
     memset(&none, 0, sizeof(none));
+    none.pty_rows = pty ? GW_PTY_DEFAULT_ROWS : 0; /* an attach sends no spec: the name only */
     cmd_start(rq, cmd_id, &none, true, from_seq);
 }
 
 /* ---- driven by the loop ---- */
 
+/* ---- the end from the log, after a reconnection ---- */
+
+#define LOG_CHECK_FIRST_MS 1000 /* after the reconnection: the worker's facts go out first */
+#define LOG_CHECK_EVERY_MS 2000 /* while the log does not have it yet */
+#define LOG_CHECK_LAST     200  /* the sandbox's newest command ends looked through */
+
+typedef struct {
+    gw_job_t job;
+    gw_cmd_t *c;
+    bool found;
+    exit_info_t ex;
+} log_check_t;
+
+static void log_check_run(gw_job_t *job, PGconn *db)
+{
+    log_check_t *l = (log_check_t *)job;
+    const char *params[2] = {l->c->sandbox, l->c->tenant};
+    char limit[16];
+    snprintf(limit, sizeof(limit), "%d", LOG_CHECK_LAST);
+    const char *p3[3] = {params[0], params[1], limit};
+    PGresult *r = PQexecParams(db,
+                               "SELECT payload FROM events WHERE aggregate_kind = 'sandbox' AND "
+                               "aggregate_id = $1 AND tenant = $2 AND type = 'CommandExited' AND "
+                               "status = 'accepted' ORDER BY stream_seq DESC LIMIT $3::int",
+                               3, NULL, p3, NULL, NULL, 1);
+    for (int i = 0; sp_db_check(r, PGRES_TUPLES_OK) == 0 && i < PQntuples(r) && !l->found; i++) {
+        sp_envelope_t *env = NULL;
+        char reason[SP_REASON_MAX];
+        if (sp_envelope_decode((const uint8_t *)PQgetvalue(r, i, 0), (size_t)PQgetlength(r, i, 0),
+                               &env, reason) < 0)
+            continue;
+        const Space__V1__CommandExited *m =
+            env->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED ? env->command_exited
+                                                                             : NULL;
+        if (m && strcmp(m->cmd_id, l->c->cmd_id) == 0) {
+            l->found = true;
+            memset(&l->ex, 0, sizeof(l->ex));
+            l->ex.exit_code = m->exit_code;
+            l->ex.signal = m->signal;
+            l->ex.timed_out = m->timed_out;
+            l->ex.truncated = m->output_truncated;
+            l->ex.bytes[1] = m->stdout_bytes;
+            l->ex.bytes[2] = m->stderr_bytes;
+            snprintf(l->ex.error, sizeof(l->ex.error), "%s", m->error);
+        }
+        sp_envelope_free(env);
+    }
+    PQclear(r);
+}
+
+static void log_check_done(gw_job_t *job)
+{
+    log_check_t *l = (log_check_t *)job;
+    gw_cmd_t *c = l->c;
+    c->log_busy = false;
+    if (c->phase == PH_RUNNING && l->found) {
+        /* The output that went with the lost IoExit may be lost too: whatever did not
+         * arrive of the bytes the worker counted says so. */
+        bool wake;
+        pthread_mutex_lock(&c->mu);
+        uint64_t last = c->last_seq;
+        if (c->seen[1] != l->ex.bytes[1] || c->seen[2] != l->ex.bytes[2])
+            c->lost = true;
+        wake = accept_exit(c, &l->ex, last);
+        pthread_mutex_unlock(&c->mu);
+        if (wake)
+            process_io(c);
+    } else if (c->phase == PH_RUNNING) {
+        c->log_check_ns = sp_mono_ns() + LOG_CHECK_EVERY_MS * 1000000LL;
+    }
+    free(l);
+    maybe_free(c);
+}
+
+static void log_check_start(gw_cmd_t *c)
+{
+    log_check_t *l = sp_xcalloc(1, sizeof(*l));
+    l->c = c;
+    l->job.run = log_check_run;
+    l->job.done = log_check_done;
+    c->log_check_ns = 0;
+    c->log_busy = true;
+    if (gw_job_submit(c->gw, &l->job) < 0) {
+        free(l);
+        c->log_busy = false;
+        c->log_check_ns = sp_mono_ns() + LOG_CHECK_EVERY_MS * 1000000LL;
+    }
+}
+
 void gw_commands_tick(gw_t *gw)
 {
     int64_t now = sp_mono_ns();
+    uint64_t reconnects = sp_bus_reconnects(gw->bus);
+    bool reconnected = reconnects != gw->bus_reconnects;
+    gw->bus_reconnects = reconnects;
 
     /* Nothing is freed synchronously here (uv_close defers it), so the walk is safe. */
     for (gw_cmd_t *c = gw->commands; c; c = c->next) {
+        if (c->phase == PH_RUNNING && reconnected && !c->attach)
+            c->log_check_ns = now + LOG_CHECK_FIRST_MS * 1000000LL;
+        if (c->phase == PH_RUNNING && c->log_check_ns && now >= c->log_check_ns && !c->log_busy)
+            log_check_start(c);
         if (c->phase == PH_RUNNING && now >= c->deadline_ns) {
             process_io(c);
             if (c->phase == PH_RUNNING) {

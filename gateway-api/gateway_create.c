@@ -1,7 +1,8 @@
 /* The body of POST /v1/sandboxes, checked field by field, then turned into the
  * SandboxCreateRequested intent. Everything is validated before anything is published: the
  * JSON parser is strict (json.h), unknown fields and wrong types are refused, the limits are
- * those lib/envelope.c enforces on the bus, and sp_envelope_validate is the final word.
+ * intent.h's, and sp_intent_check, which the scheduler applies to every create on the bus
+ * (an internal platform's too), is the final word.
  *
  * Environment values: only the NAMES go into the event (env_names), because the event log is
  * kept forever and shown to auditors. The values are handed back to the caller, which keeps
@@ -19,33 +20,20 @@
 #include "cred.h"
 #include "error.h"
 #include "ids.h"
+#include "intent.h"
 #include "json.h"
 #include "publish.h"
 #include "xmalloc.h"
 
-#define TIMEOUT_MAX_S      2592000 /* 30 days, as lib/envelope.c */
+#define TIMEOUT_MAX_S      SP_INTENT_TIMEOUT_MAX_S
 #define TIMEOUT_DEFAULT_S  300
-#define METADATA_KEY_MAX   64
-#define METADATA_VALUE_MAX 512
-#define ENV_NAME_MAX       128
-#define VCPU_MAX           64
-#define MEMORY_MB_MAX      (1024 * 1024)
+#define METADATA_KEY_MAX   SP_INTENT_METADATA_KEY_MAX
+#define METADATA_VALUE_MAX SP_INTENT_METADATA_VALUE_MAX
+#define ENV_NAME_MAX       SP_INTENT_ENV_NAME_MAX
+#define VCPU_MAX           SP_INTENT_VCPU_MAX
+#define MEMORY_MB_MAX      SP_INTENT_MEMORY_MB_MAX
 #define VCPU_DEFAULT       1
 #define MEMORY_MB_DEFAULT  512
-
-bool gw_env_name_ok(const char *s)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n > ENV_NAME_MAX || (s[0] >= '0' && s[0] <= '9'))
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-              c == '_'))
-            return false;
-    }
-    return true;
-}
 
 static int get_uint(const sp_json_t *v, const char *name, int64_t min, int64_t max, uint32_t *ret,
                     gw_verr_t *e)
@@ -64,6 +52,7 @@ static int get_uint(const sp_json_t *v, const char *name, int64_t min, int64_t m
 typedef struct {
     const char *template_;
     uint32_t timeout_s, vcpu, memory_mb, idle_suspend_s;
+    uint32_t disk_mb; /* 0: the worker's default (its disk-mb-default) */
     const char *on_timeout;
     const char *project; /* credentials scoped to it apply (docs/credentials.md) */
     size_t n_metadata, n_env;
@@ -116,7 +105,7 @@ static int parse_env(const sp_json_t *v, spec_t *s, gw_verr_t *e)
     for (size_t i = 0; i < n; i++) {
         const char *k = sp_json_key_at(v, i);
         size_t vlen = 0;
-        if (!k || !gw_env_name_ok(k))
+        if (!k || !sp_intent_env_name_ok(k))
             return gw_bad(e, "invalid_field",
                           "env names must match [A-Za-z_][A-Za-z0-9_]* (at most %d chars)",
                           ENV_NAME_MAX);
@@ -144,6 +133,9 @@ static int parse_resources(const sp_json_t *v, spec_t *s, gw_verr_t *e)
             rc = get_uint(x, "resources.vcpu", 1, VCPU_MAX, &s->vcpu, e);
         else if (strcmp(k, "memory_mb") == 0)
             rc = get_uint(x, "resources.memory_mb", 1, MEMORY_MB_MAX, &s->memory_mb, e);
+        else if (strcmp(k, "disk_mb") == 0)
+            rc = get_uint(x, "resources.disk_mb", SP_INTENT_DISK_MB_MIN, SP_INTENT_DISK_MB_MAX,
+                          &s->disk_mb, e);
         else
             rc = gw_bad(e, "unknown_field", "unknown field resources.%s", k);
         if (rc < 0)
@@ -168,7 +160,7 @@ static int parse_body(const sp_json_t *root, spec_t *s, gw_verr_t *e)
             s->template_ = sp_json_str(v, NULL);
             if (!s->template_)
                 rc = gw_bad(e, "invalid_field", "template must be a string");
-            else if (!sp_id_valid(s->template_))
+            else if (!sp_id_valid(s->template_)) /* as sp_intent_check_create */
                 rc = gw_bad(e, "invalid_field",
                             "template must be a template name ([a-z0-9][a-z0-9_-], 1..64 chars)");
         } else if (strcmp(k, "timeout_s") == 0) {
@@ -183,8 +175,7 @@ static int parse_body(const sp_json_t *root, spec_t *s, gw_verr_t *e)
                             "digit");
         } else if (strcmp(k, "on_timeout") == 0) {
             s->on_timeout = sp_json_str(v, NULL);
-            if (!s->on_timeout ||
-                (strcmp(s->on_timeout, "delete") != 0 && strcmp(s->on_timeout, "suspend") != 0))
+            if (!sp_intent_on_timeout_ok(s->on_timeout))
                 rc = gw_bad(e, "invalid_field", "on_timeout must be \"delete\" or \"suspend\"");
         } else if (strcmp(k, "metadata") == 0) {
             rc = parse_metadata(v, s, e);
@@ -247,6 +238,7 @@ int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char
     create.n_env_names = s->n_env;
     res.vcpu = s->vcpu;
     res.memory_mb = s->memory_mb;
+    res.disk_mb = s->disk_mb;
     create.resources = &res;
     create.idempotency_key = (char *)(idempotency_key ? idempotency_key : "");
     if (!s->have_net)
@@ -259,8 +251,10 @@ int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED;
     env.sandbox_create_requested = &create;
     sp_envelope_stamp(&env, ret_event_id);
-    if (sp_envelope_validate(&env, reason) < 0) {
-        rc = gw_bad(&e, "invalid_field", "%s", reason);
+    /* The check the scheduler applies on the bus: one definition of a valid create. */
+    const char *code = NULL;
+    if (sp_intent_check(&env, reason, &code) < 0) {
+        rc = gw_bad(&e, code, "%s", reason);
         goto out;
     }
     if ((rc = sp_envelope_subject(&env, NULL, ret_subject, 192)) < 0 ||

@@ -6,6 +6,7 @@
  * every copy this process made is wiped once it is sent: the body as h2o read it, the parsed
  * document's string, the packed request. No answer, log line or error carries it. */
 #include "gateway.h"
+#include "request.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -18,6 +19,7 @@
 #include "error.h"
 #include "ids.h"
 #include "log.h"
+#include "text.h"
 #include "xmalloc.h"
 
 #define CRED_TIMEOUT_MS 5000
@@ -80,8 +82,8 @@ static void bus_run(gw_bus_job_t *job)
     space__cred__v1__cred_admin_request__pack(q, buf);
     uint8_t *reply = NULL;
     size_t reply_len = 0;
-    x->rc = sp_bus_request(x->rq->gw->bus, SP_CRED_SUBJECT_ADMIN, buf, len, CRED_TIMEOUT_MS, &reply,
-                           &reply_len);
+    x->rc = sp_request_send(x->rq->gw->bus, SP_CRED_SUBJECT_ADMIN, buf, len, CRED_TIMEOUT_MS,
+                            &reply, &reply_len);
     explicit_bzero(buf, len);
     free(buf);
     if (x->value) {
@@ -235,20 +237,6 @@ static void wipe_body(gw_req_t *rq, const sp_json_t *value)
         explicit_bzero((char *)rq->req->entity.base, rq->req->entity.len);
 }
 
-/* "2030-01-02T03:04:05Z" (UTC only). */
-static int parse_time(const char *s, int64_t *ret_us)
-{
-    struct tm tm = {0};
-    const char *end = s ? strptime(s, "%Y-%m-%dT%H:%M:%SZ", &tm) : NULL;
-    if (!end || *end)
-        return -EINVAL;
-    time_t t = timegm(&tm);
-    if (t <= 0)
-        return -EINVAL;
-    *ret_us = (int64_t)t * 1000000;
-    return 0;
-}
-
 static int copy_str(const sp_json_t *v, char *out, size_t cap, const char *what, gw_verr_t *e)
 {
     size_t n = 0;
@@ -332,7 +320,7 @@ static int parse_create(cred_job_t *x, const sp_json_t *root, const sp_json_t **
             x->meta.rate_per_minute = (uint32_t)r;
         } else if (strcmp(k, "expires_at") == 0) {
             const char *s = sp_json_str(v, NULL);
-            if (parse_time(s, &x->meta.expires_at_us) < 0)
+            if (sp_time_parse(s, &x->meta.expires_at_us) < 0)
                 return gw_bad(e, "invalid_field",
                               "expires_at must be a UTC time like \"2030-01-02T03:04:05Z\"");
         } else {

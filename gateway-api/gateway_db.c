@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "apikey.h"
 #include "db.h"
 #include "error.h"
 #include "ids.h"
@@ -156,7 +157,7 @@ static int connect_and_listen(gw_listener_t *l, PGconn **ret_db)
     if (rc < 0)
         return rc;
     /* LISTEN first, then read the head: a commit in between is seen by one or the other. */
-    if ((rc = sp_db_exec(db, "LISTEN " SP_EVENTLOG_CHANNEL)) < 0) {
+    if ((rc = sp_db_exec(db, "LISTEN " SP_EVENTLOG_CHANNEL "; LISTEN " SP_APIKEY_CHANNEL)) < 0) {
         PQfinish(db);
         return rc;
     }
@@ -196,7 +197,9 @@ static void *listen_main(void *arg)
                 sp_log(SP_LOG_INFO, "LISTEN connection restored");
             lost = false;
             backoff_ms = 100;
-            /* Notifications may have been missed while away: waiters re-check now. */
+            /* Notifications may have been missed while away: waiters re-check now, and the
+             * auth cache forgets every key (one may have been revoked meanwhile). */
+            atomic_fetch_add(&l->keys_gen, 1);
             uv_async_send(&l->async);
         }
         struct pollfd fds[2] = {{.fd = PQsocket(db), .events = POLLIN},
@@ -218,6 +221,12 @@ static void *listen_main(void *arg)
         bool any = false;
         PGnotify *nt;
         while ((nt = PQnotifies(db)) != NULL) {
+            if (strcmp(nt->relname, SP_APIKEY_CHANNEL) == 0) {
+                atomic_fetch_add(&l->keys_gen, 1);
+                PQfreemem(nt);
+                any = true;
+                continue;
+            }
             char *end = NULL;
             unsigned long long seq = strtoull(nt->extra ? nt->extra : "", &end, 10);
             if (end && *end == '\0')

@@ -2,7 +2,9 @@
  * official E2B SDKs work unchanged with E2B_API_URL pointing here:
  *
  *   POST /sandboxes, POST /v2/sandboxes            create   -> POST /v1/sandboxes's code path
- *   GET  /sandboxes, GET /v2/sandboxes              list (metadata filter, state, paging)
+ *   GET  /sandboxes, GET /v2/sandboxes              list (metadata, state, template and
+ *                                                   startedAfter filters, order by start:
+ *                                                   newest first unless order=asc, paging)
  *   GET  /sandboxes/{id}                            get
  *   DELETE /sandboxes/{id}                          kill     -> SandboxDeleteRequested
  *   POST /sandboxes/{id}/timeout                    timeout  (validated; see below)
@@ -18,16 +20,18 @@
  * "already paused" (409).
  *
  * Keys: E2B's X-API-KEY is one of our API keys (Authorization: Bearer works too). A sandbox's
- * envdAccessToken is "<sandbox id>.<that key>": the envd routes (gateway_e2b_envd.c) read both
- * the sandbox and the key from it, so one token serves Python's Sandbox.connect (which sends
- * only the token) and authenticates like any other request. It is handed only to a client that
- * presented the key, and is never logged.
+ * envdAccessToken is a token of that sandbox alone, "<sandbox id>.<key id>.<signature>"
+ * (gateway_auth.c): the envd routes (gateway_e2b_envd.c) read the sandbox from it, so one token
+ * serves Python's Sandbox.connect (which sends only the token). It opens that sandbox's envd
+ * routes and nothing else (no create, list, kill, other sandboxes), dies with the key that
+ * asked for it, holds nothing of the key's secret, and is never logged.
  *
  * E2B's states: our running is "running"; paused, suspending, suspended and resuming are
  * "paused" (E2B pause keeps the sandbox restorable with its resources released: our suspend).
  *
- * The timeout: no controller ends sandboxes at their timeout yet, and no event records a new
- * one, so POST .../timeout checks the request and the sandbox and answers 204 without effect. */
+ * The timeout: POST .../timeout is our SandboxTimeoutRequested (a new deadline from now), and
+ * connect {"timeout"} on a running sandbox the same when it moves the deadline later; endAt is
+ * the deadline the log keeps (timeout_at). */
 #include "gateway.h"
 
 #include <errno.h>
@@ -39,41 +43,32 @@
 #include "db.h"
 #include "ids.h"
 #include "log.h"
+#include "text.h"
 #include "xmalloc.h"
 
 #define E2B_ENVD_VERSION "0.5.7" /* the first with closeStdin and octet-stream uploads */
 #define E2B_CLIENT_ID    "space"
-#define E2B_TIMEOUT_MAX  2592000
+#define E2B_TIMEOUT_MAX  SP_INTENT_TIMEOUT_MAX_S
 #define LIST_LIMIT_MAX   1000
 #define LIST_LIMIT_DEF   100
-#define DISK_MB_DEFAULT  0
 
 /* ---- keys and tokens ---- */
 
-/* The key the client presented: X-API-KEY, else Authorization: Bearer. */
-static h2o_iovec_t presented_key(const gw_req_t *rq)
+/* The sandbox's access token for the key that asked (gateway_auth.c): a JSON string. */
+static void json_token(sp_buf_t *b, const gw_t *gw, const char *sandbox, const char *tenant,
+                       const char *key_id)
 {
-    if (rq->auth_key.base)
-        return rq->auth_key;
-    const h2o_iovec_t *h = gw_req_header(rq, "authorization", NULL);
-    if (h && h->len > 7 && strncasecmp(h->base, "bearer ", 7) == 0)
-        return h2o_iovec_init(h->base + 7, h->len - 7);
-    return h2o_iovec_init(NULL, 0);
-}
-
-static void json_token(sp_buf_t *b, h2o_iovec_t k, const char *sandbox)
-{
-    sp_buf_puts(b, "\"");
-    sp_buf_puts(b, sandbox); /* [a-z0-9_-] */
-    sp_buf_putc(b, '.');
-    /* The key passed authentication: printable, but escape it like any string. */
     sp_buf_t t;
     sp_buf_init(&t);
-    sp_buf_json_strn(&t, k.base ? k.base : "", k.len);
-    if (t.len >= 2)
-        sp_buf_append(b, t.data + 1, t.len - 2);
+    if (gw_access_token(gw, sandbox, tenant, key_id, &t) < 0) {
+        sp_buf_puts(b, "null");
+    } else {
+        sp_buf_putc(b, '"');
+        sp_buf_append(b, t.data, t.len); /* [a-zA-Z0-9_.=-] */
+        sp_buf_putc(b, '"');
+        explicit_bzero(t.data, t.len);
+    }
     sp_buf_dispose(&t);
-    sp_buf_puts(b, "\"");
 }
 
 /* ---- JSON ---- */
@@ -92,10 +87,10 @@ void gw_e2b_answer_sandbox(gw_req_t *rq, int status, const char *sandbox_id, con
     sp_buf_json_str(&b, template_);
     sp_buf_puts(&b, ",\"clientID\":\"" E2B_CLIENT_ID "\",\"envdVersion\":\"" E2B_ENVD_VERSION
                     "\",\"envdAccessToken\":");
-    json_token(&b, presented_key(rq), sandbox_id);
+    json_token(&b, rq->gw, sandbox_id, rq->tenant, rq->key_id);
     sp_buf_puts(&b, ",\"trafficAccessToken\":null,\"domain\":null}");
     gw_respond_json(rq, status, &b);
-    explicit_bzero(b.data, b.len); /* the access token holds the key */
+    explicit_bzero(b.data, b.len); /* the access token is a bearer secret */
     sp_buf_dispose(&b);
 }
 
@@ -113,11 +108,12 @@ static int64_t col_i64(const PGresult *r, int row, int col)
 }
 
 /* A row of GW_SBX_COLUMNS as E2B's ListedSandbox, or SandboxDetail with detail. */
-static void sandbox_row(sp_buf_t *b, const PGresult *r, int row, bool detail, h2o_iovec_t key)
+static void sandbox_row(sp_buf_t *b, const PGresult *r, int row, bool detail, const gw_t *gw,
+                        const char *key_id)
 {
     const char *id = PQgetvalue(r, row, 0), *tpl = PQgetvalue(r, row, 2);
     int64_t created = col_i64(r, row, 11), started = col_i64(r, row, 12);
-    int64_t timeout_s = col_i64(r, row, 5);
+    int64_t timeout_s = col_i64(r, row, 5), timeout_at = col_i64(r, row, 13);
     int64_t from = started > 0 ? started : created;
 
     sp_buf_puts(b, "{\"sandboxID\":");
@@ -128,20 +124,23 @@ static void sandbox_row(sp_buf_t *b, const PGresult *r, int row, bool detail, h2
     sp_buf_json_str(b, tpl);
     sp_buf_printf(b,
                   ",\"clientID\":\"" E2B_CLIENT_ID "\",\"cpuCount\":%" PRId64
-                  ",\"memoryMB\":%" PRId64 ",\"diskSizeMB\":%d,\"envdVersion\":\"" E2B_ENVD_VERSION
-                  "\",\"metadata\":",
-                  col_i64(r, row, 6), col_i64(r, row, 7), DISK_MB_DEFAULT);
+                  ",\"memoryMB\":%" PRId64 ",\"diskSizeMB\":%" PRId64
+                  ",\"envdVersion\":\"" E2B_ENVD_VERSION "\",\"metadata\":",
+                  col_i64(r, row, 6), col_i64(r, row, 7), col_i64(r, row, 17));
     /* jsonb's own output of validated event fields. */
     sp_buf_puts(b, PQgetisnull(r, row, 8) ? "{}" : PQgetvalue(r, row, 8));
     sp_buf_puts(b, ",\"startedAt\":");
     gw_json_time(b, from);
     sp_buf_puts(b, ",\"endAt\":");
-    gw_json_time(b, timeout_s > 0 ? from + timeout_s * 1000000 : from + 86400LL * 1000000 * 365);
+    /* The deadline the log keeps (moved by timeout, resume and connect), else the one at start. */
+    gw_json_time(b, timeout_at > 0  ? timeout_at
+                    : timeout_s > 0 ? from + timeout_s * 1000000
+                                    : from + 86400LL * 1000000 * 365);
     sp_buf_puts(b, ",\"state\":");
     sp_buf_json_str(b, e2b_state(PQgetvalue(r, row, 3)));
     if (detail) {
         sp_buf_puts(b, ",\"domain\":null,\"envdAccessToken\":");
-        json_token(b, key, id);
+        json_token(b, gw, id, PQgetvalue(r, row, 1), key_id);
         sp_buf_puts(b, ",\"lifecycle\":{\"onTimeout\":\"kill\",\"autoResume\":false}");
     }
     sp_buf_putc(b, '}');
@@ -160,8 +159,11 @@ typedef struct {
     char *filter; /* list: jsonb containment */
     char *states; /* list: text[] literal */
     char cursor[SP_ID_MAX + 1];
-    char *key; /* get: the presented key, for the access token (pool thread reads it); wiped */
-    size_t key_len;
+    bool ascending;                /* list: by start, oldest first (E2B's default: newest first) */
+    char started_after[24];        /* list: microseconds since the epoch, "" = no bound */
+    char template_[SP_ID_MAX + 1]; /* list: "" = any */
+    char key_id[SP_ID_MAX + 1];    /* get: the key that asks, for the access token */
+    const gw_t *gw;
     int limit;
     bool failed;
     int n;
@@ -176,12 +178,23 @@ static void read_run(gw_job_t *job, PGconn *db)
     if (j->kind == R_LIST) {
         char lim[24];
         snprintf(lim, sizeof(lim), "%d", j->limit + 1);
-        const char *p[5] = {j->tenant, j->filter, j->states, j->cursor, lim};
+        const char *p[7] = {j->tenant, j->filter,        j->states,   j->cursor,
+                            lim,       j->started_after, j->template_};
+        /* Ids sort by creation time (UUIDv7), which is when E2B's startedAt is: the order and
+         * the page cursor are the id's. */
         r = PQexecParams(db,
-                         "SELECT " GW_SBX_COLUMNS " FROM sandboxes WHERE tenant = $1 AND "
-                         "metadata @> $2::jsonb AND state = ANY($3::text[]) AND id > $4 "
-                         "ORDER BY id LIMIT $5",
-                         5, NULL, p, NULL, NULL, 0);
+                         j->ascending
+                             ? "SELECT " GW_SBX_COLUMNS " FROM sandboxes WHERE tenant = $1 AND "
+                               "metadata @> $2::jsonb AND state = ANY($3::text[]) AND id > $4 "
+                               "AND ($6 = '' OR coalesce(started_at, created_at) > "
+                               "to_timestamp($6::float8 / 1e6)) "
+                               "AND ($7 = '' OR template = $7) ORDER BY id LIMIT $5"
+                             : "SELECT " GW_SBX_COLUMNS " FROM sandboxes WHERE tenant = $1 AND "
+                               "metadata @> $2::jsonb AND state = ANY($3::text[]) AND ($4 = '' "
+                               "OR id < $4) AND ($6 = '' OR coalesce(started_at, created_at) > "
+                               "to_timestamp($6::float8 / 1e6)) AND ($7 = '' OR template = $7) "
+                               "ORDER BY id DESC LIMIT $5",
+                         7, NULL, p, NULL, NULL, 0);
     } else {
         const char *p[2] = {j->id, j->tenant};
         r = PQexecParams(db,
@@ -198,14 +211,14 @@ static void read_run(gw_job_t *job, PGconn *db)
     }
     j->n = PQntuples(r);
     if (j->kind == R_GET && j->n == 1) {
-        sandbox_row(&j->out, r, 0, true, h2o_iovec_init(j->key, j->key_len));
+        sandbox_row(&j->out, r, 0, true, j->gw, j->key_id);
     } else if (j->kind == R_LIST) {
         int shown = j->n > j->limit ? j->limit : j->n;
         sp_buf_putc(&j->out, '[');
         for (int i = 0; i < shown; i++) {
             if (i)
                 sp_buf_putc(&j->out, ',');
-            sandbox_row(&j->out, r, i, false, h2o_iovec_init(NULL, 0));
+            sandbox_row(&j->out, r, i, false, NULL, NULL);
         }
         sp_buf_putc(&j->out, ']');
         if (j->n > j->limit)
@@ -216,10 +229,6 @@ static void read_run(gw_job_t *job, PGconn *db)
 
 static void read_free(read_job_t *j)
 {
-    if (j->key) {
-        explicit_bzero(j->key, j->key_len);
-        free(j->key);
-    }
     if (j->out.data)
         explicit_bzero(j->out.data, j->out.len); /* may hold an access token */
     sp_buf_dispose(&j->out);
@@ -257,11 +266,8 @@ static void read_submit(gw_req_t *rq, read_job_t *j)
     snprintf(j->id, sizeof(j->id), "%s", rq->path_id);
     snprintf(j->tenant, sizeof(j->tenant), "%s", rq->tenant);
     sp_buf_init(&j->out);
-    if (j->kind == R_GET) {
-        h2o_iovec_t k = presented_key(rq);
-        j->key = sp_xstrndup(k.base ? k.base : "", k.len);
-        j->key_len = k.len;
-    }
+    j->gw = rq->gw;
+    snprintf(j->key_id, sizeof(j->key_id), "%s", rq->key_id);
     j->job.run = read_run;
     j->job.done = read_done;
     gw_req_ref(rq);
@@ -335,6 +341,8 @@ static void e2b_list(gw_req_t *rq)
     bool running = true, paused = true, state_given = false;
     int64_t limit = LIST_LIMIT_DEF;
     const char *cursor = "";
+    bool ascending = false;
+    char started_after[24] = "", tmpl[SP_ID_MAX + 1] = "";
 
     if (gw_query_parse(rq->req, &q) < 0) {
         gw_respond_error(rq, 400, "invalid_query", NULL, "malformed query string");
@@ -384,6 +392,27 @@ static void e2b_list(gw_req_t *rq)
                 goto out;
             }
             cursor = v;
+        } else if (strcmp(k, "order") == 0) {
+            if (strcmp(v, "asc") != 0 && strcmp(v, "desc") != 0) {
+                gw_respond_error(rq, 400, "invalid_query", NULL, "order must be asc or desc");
+                goto out;
+            }
+            ascending = strcmp(v, "asc") == 0;
+        } else if (strcmp(k, "startedAfter") == 0) {
+            int64_t us;
+            if (sp_time_parse(v, &us) < 0) {
+                gw_respond_error(rq, 400, "invalid_query", NULL,
+                                 "startedAfter must be an RFC 3339 time "
+                                 "(2026-01-02T03:04:05Z, fractions and offsets allowed)");
+                goto out;
+            }
+            snprintf(started_after, sizeof(started_after), "%lld", (long long)us);
+        } else if (strcmp(k, "template") == 0 || strcmp(k, "templateID") == 0) {
+            if (!sp_id_valid(v)) {
+                gw_respond_error(rq, 400, "invalid_query", NULL, "template is not a template id");
+                goto out;
+            }
+            snprintf(tmpl, sizeof(tmpl), "%s", v);
         } else {
             /* Parameters of newer SDKs that do not narrow the answer are ignored. */
         }
@@ -397,6 +426,9 @@ static void e2b_list(gw_req_t *rq)
                              running && paused ? "," : "",
                              paused ? "paused,suspending,suspended,resuming" : "");
     snprintf(j->cursor, sizeof(j->cursor), "%s", cursor);
+    j->ascending = ascending;
+    snprintf(j->started_after, sizeof(j->started_after), "%s", started_after);
+    snprintf(j->template_, sizeof(j->template_), "%s", tmpl);
     read_submit(rq, j);
 out:
     sp_buf_dispose(&filter);
@@ -582,6 +614,11 @@ static void e2b_timeout(gw_req_t *rq)
     size_t len = req->entity.base ? req->entity.len : 0;
     sp_json_limits_t lim = {.max_bytes = 4096, .max_depth = 2, .max_nodes = 16, .max_string = 256};
 
+    if (len > (size_t)rq->gw->cfg->max_body_bytes) {
+        gw_respond_error(rq, 413, "body_too_large", NULL, "the body exceeds %lld bytes",
+                         (long long)rq->gw->cfg->max_body_bytes);
+        return;
+    }
     if (len == 0 || sp_json_parse(req->entity.base, len, &lim, &doc, jerr) < 0 ||
         sp_json_int(member(sp_json_root(doc), "timeout"), 0, E2B_TIMEOUT_MAX, &t) < 0) {
         gw_respond_error(rq, 400, "invalid_field", NULL,
@@ -602,10 +639,36 @@ static void e2b_pause(gw_req_t *rq)
     gw_sandbox_lifecycle(rq);
 }
 
+/* Connect {"timeout": s} (the body and the field optional): resume a paused sandbox, or move
+ * a running one's deadline to s from now when that is later (E2B's "only extends"). */
 static void e2b_connect(gw_req_t *rq)
 {
+    h2o_req_t *req = rq->req;
+    char jerr[SP_JSON_ERR_MAX];
+    sp_json_doc_t *doc = NULL;
+    int64_t t = 0;
+    size_t len = req->entity.base ? req->entity.len : 0;
+    sp_json_limits_t lim = {.max_bytes = 4096, .max_depth = 2, .max_nodes = 16, .max_string = 256};
+
+    if (len > 4096) {
+        gw_respond_error(rq, 413, "body_too_large", NULL, "the body exceeds 4096 bytes");
+        return;
+    }
+    if (len > 0) {
+        const sp_json_t *to = NULL;
+        if (sp_json_parse(req->entity.base, len, &lim, &doc, jerr) < 0 ||
+            sp_json_type(sp_json_root(doc)) != SP_JSON_OBJECT ||
+            ((to = member(sp_json_root(doc), "timeout")) && sp_json_type(to) != SP_JSON_NULL &&
+             sp_json_int(to, 0, E2B_TIMEOUT_MAX, &t) < 0)) {
+            gw_respond_error(rq, 400, "invalid_field", NULL,
+                             "the body must be {\"timeout\": seconds} with 0..%d", E2B_TIMEOUT_MAX);
+            sp_json_doc_free(doc);
+            return;
+        }
+        sp_json_doc_free(doc);
+    }
     snprintf(rq->path_action, sizeof(rq->path_action), "resume");
-    gw_sandbox_lifecycle(rq);
+    gw_sandbox_connect(rq, (uint32_t)t);
 }
 
 /* ---- routing ---- */
@@ -629,8 +692,34 @@ static void not_allowed(gw_req_t *rq)
     gw_respond_error(rq, 405, "method_not_allowed", NULL, "%s is not allowed here", rq->method);
 }
 
+/* E2B's control-plane resources that have no counterpart here (templates are built by the
+ * workers, not through an API; volumes, secrets and snapshots are not served). */
+static bool unserved_resource(const char *path, size_t len, const char **ret_name)
+{
+    static const char *const names[] = {"/snapshots",    "/templates", "/v2/templates",
+                                        "/v3/templates", "/volumes",   "/volumecontent",
+                                        "/secrets"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        size_t n = strlen(names[i]);
+        if (len >= n && memcmp(path, names[i], n) == 0 && (len == n || path[n] == '/')) {
+            *ret_name = names[i];
+            return true;
+        }
+    }
+    return false;
+}
+
 bool gw_e2b_route(gw_req_t *rq, const char *path, size_t len)
 {
+    const char *resource = NULL;
+    if (unserved_resource(path, len, &resource)) {
+        rq->dialect = GW_DIALECT_E2B;
+        rq->route = GW_R_E2B_API;
+        gw_respond_error(rq, 501, "not_implemented", NULL,
+                         "E2B's %s routes are not served by this server (SPACE-C)", resource);
+        return true;
+    }
+
     h2o_req_t *req = rq->req;
     bool v2 = len >= 3 && memcmp(path, "/v2", 3) == 0;
     const char *p = v2 ? path + 3 : path;
@@ -682,6 +771,17 @@ bool gw_e2b_route(gw_req_t *rq, const char *path, size_t len)
     else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("metrics")))
         fn = e2b_metrics, post = false;
     if (!fn) {
+        /* E2B routes this server does not serve: 501, which the SDK reports as it is (a 404
+         * would read as SandboxNotFoundError). */
+        static const char *const unserved[] = {"fork", "snapshots", "network", "refreshes", "logs"};
+        for (size_t i = 0; i < sizeof(unserved) / sizeof(unserved[0]); i++) {
+            if (h2o_memis(action, alen, unserved[i], strlen(unserved[i]))) {
+                gw_respond_error(rq, 501, "not_implemented", NULL,
+                                 "%s/sandboxes/{id}/%s is not served by this server (SPACE-C)",
+                                 v2 ? "/v2" : "", unserved[i]);
+                return true;
+            }
+        }
         gw_respond_error(rq, 404, "not_found", NULL, "no such route");
         return true;
     }

@@ -10,8 +10,8 @@
  *   GET  /health
  *
  * Which sandbox: the E2b-Sandbox-Id header, else the sandbox part of X-Access-Token, else the
- * Host header "<port>-<id>.<domain>". Which key: the key part of X-Access-Token
- * ("<sandbox>.<key>", gateway_e2b.c), else X-API-KEY; it must be a valid API key of the
+ * Host header "<port>-<id>.<domain>". Who asks: X-Access-Token, the sandbox's own access token
+ * (gateway_auth.c; valid for the sandbox it names only), else X-API-KEY, an API key of the
  * sandbox's tenant, like on every other route. A token naming another sandbox than
  * E2b-Sandbox-Id is refused.
  *
@@ -74,7 +74,9 @@ static bool target(gw_req_t *rq)
             return false;
         }
         tok_sbx = h2o_iovec_init(tok->base, (size_t)(dot - tok->base));
-        rq->auth_key = h2o_iovec_init(dot + 1, tok->len - (size_t)(dot - tok->base) - 1);
+        /* The whole token authenticates, for its own sandbox only (gateway_auth.c). */
+        rq->auth_key = *tok;
+        rq->auth_token = true;
     } else if (key) {
         rq->auth_key = *key;
     }
@@ -342,7 +344,7 @@ static void connect_found(gw_req_t *rq, const Space__Io__V1__CtlReply *r, const 
         gw_respond_error(rq, 404, "not_found", NULL, "process with pid %" PRIu32 " not found", pid);
         return;
     }
-    gw_command_attach_from(rq, hit->cmd_id, hit->last_seq);
+    gw_command_attach_from(rq, hit->cmd_id, hit->last_seq, hit->pty);
 }
 
 static void proc_connect(gw_req_t *rq, const sp_json_t *root)
@@ -354,6 +356,15 @@ static void proc_connect(gw_req_t *rq, const sp_json_t *root)
     snprintf(rq->path_sub_id, sizeof(rq->path_sub_id), "%" PRIu32, pid);
     gw_ctl_spec_t spec = {.op = GW_CTL_LIST, .answer = connect_found};
     gw_ctl_run(rq, &spec);
+}
+
+/* Text the worker reports (from the request, but through the guest's channel for a command
+ * followed again): safe UTF-8 as a JSON string; scratch is reused. */
+static void guest_str(sp_buf_t *b, sp_buf_t *scratch, const char *s)
+{
+    sp_buf_reset(scratch);
+    sp_buf_safe_text(scratch, s ? s : "", 4096);
+    sp_buf_json_str(b, scratch->data ? scratch->data : "");
 }
 
 static void list_answer(gw_req_t *rq, const Space__Io__V1__CtlReply *r, const char *unused)
@@ -368,12 +379,23 @@ static void list_answer(gw_req_t *rq, const Space__Io__V1__CtlReply *r, const ch
         const Space__Io__V1__CommandInfo *c = r->commands[i];
         if (!c->running || !c->pid)
             continue;
-        sp_buf_reset(&safe);
-        sp_buf_safe_text(&safe, c->cmd, 1024);
+        /* cmd the program, args its arguments, as Start was given them (the worker's argv;
+         * the command line when it has none, after a reconnection). envs stays empty: env
+         * values may be secrets and are answered nowhere. */
         sp_buf_puts(&b, n++ ? "," : "");
         sp_buf_puts(&b, "{\"config\":{\"cmd\":");
-        sp_buf_json_str(&b, safe.data ? safe.data : "");
-        sp_buf_printf(&b, ",\"args\":[],\"envs\":{}},\"pid\":%" PRIu32 "}", c->pid);
+        guest_str(&b, &safe, c->n_argv ? c->argv[0] : c->cmd);
+        sp_buf_puts(&b, ",\"args\":[");
+        for (size_t k = 1; k < c->n_argv; k++) {
+            sp_buf_puts(&b, k > 1 ? "," : "");
+            guest_str(&b, &safe, c->argv[k]);
+        }
+        sp_buf_puts(&b, "],\"envs\":{}");
+        if (c->cwd && c->cwd[0]) {
+            sp_buf_puts(&b, ",\"cwd\":");
+            guest_str(&b, &safe, c->cwd);
+        }
+        sp_buf_printf(&b, "},\"pid\":%" PRIu32 "}", c->pid);
     }
     sp_buf_puts(&b, "]}");
     gw_respond_json(rq, 200, &b);
@@ -588,14 +610,34 @@ static void entry_json(sp_buf_t *b, const Space__Io__V1__FileInfo *in, const cha
         sp_buf_puts(b, ",\"modifiedTime\":");
         gw_json_time(b, in->mtime_us);
         if (in->target[0]) {
+            /* envd answers the absolute target: a relative one is resolved from the link's
+             * directory (lexically: the guest's own symlinks stay the guest's business). */
+            char dir[SP_FSPATH_MAX + 1], abs_target[SP_FSPATH_MAX + 1];
+            size_t dn = slash ? (size_t)(slash - path) : 0;
+            const char *target = in->target;
+            if (target[0] != '/' && path[0] == '/' && dn < sizeof(dir)) {
+                if (dn == 0)
+                    dn = 1; /* a link in "/" */
+                memcpy(dir, path, dn);
+                dir[dn] = '\0';
+                if (sp_fspath_resolve(target, dir, abs_target) == 0)
+                    target = abs_target;
+            }
             sp_buf_puts(b, ",\"symlinkTarget\":");
             sp_buf_reset(&safe);
-            sp_buf_safe_text(&safe, in->target, SP_FSPATH_MAX * 4);
+            sp_buf_safe_text(&safe, target, SP_FSPATH_MAX * 4);
             sp_buf_json_str(b, safe.data ? safe.data : "");
         }
     }
     sp_buf_putc(b, '}');
     sp_buf_dispose(&safe);
+}
+
+static int by_path(const void *a, const void *b)
+{
+    const Space__Io__V1__FileInfo *x = *(const Space__Io__V1__FileInfo *const *)a;
+    const Space__Io__V1__FileInfo *y = *(const Space__Io__V1__FileInfo *const *)b;
+    return strcmp(x->path, y->path);
 }
 
 void gw_e2b_files_answer(gw_req_t *rq, gw_fop_t op, const Space__Io__V1__FileReply *r,
@@ -609,15 +651,23 @@ void gw_e2b_files_answer(gw_req_t *rq, gw_fop_t op, const Space__Io__V1__FileRep
         entry_json(&b, r->info, path);
         sp_buf_putc(&b, '}');
         break;
-    case GW_FOP_LIST:
+    case GW_FOP_LIST: {
+        /* envd lists in name order (Go's os.ReadDir); the agent in the directory's own. */
+        typedef const Space__Io__V1__FileInfo *entry_ptr_t;
+        entry_ptr_t *sorted = sp_xcalloc(r->n_entries + 1, sizeof(entry_ptr_t));
+        for (size_t i = 0; i < r->n_entries; i++)
+            sorted[i] = r->entries[i];
+        qsort(sorted, r->n_entries, sizeof(entry_ptr_t), by_path);
         sp_buf_puts(&b, "{\"entries\":[");
         for (size_t i = 0; i < r->n_entries; i++) {
             if (i)
                 sp_buf_putc(&b, ',');
-            entry_json(&b, r->entries[i], path);
+            entry_json(&b, sorted[i], path);
         }
         sp_buf_puts(&b, "]}");
+        free(sorted);
         break;
+    }
     case GW_FOP_MKDIR:
         if (r->existed) {
             gw_respond_error(rq, 409, "exists", NULL, "%s already exists", path);
@@ -784,12 +834,28 @@ typedef struct {
     gw_job_t job;
     gw_req_t *rq;
     gw_sandbox_loc_t loc;
+    bool deleting;
 } health_job_t;
 
 static void health_run(gw_job_t *job, PGconn *db)
 {
     health_job_t *h = (health_job_t *)job;
     gw_sandbox_locate(db, h->rq->path_id, h->rq->tenant, &h->loc);
+    if (h->loc.failed || !h->loc.found || strcmp(h->loc.state, "running") != 0)
+        return;
+    /* A sandbox whose delete is in the log is gone for E2B (its VM dies at the kill) even while
+     * the worker still tears it down: the SDK asks right after its stream was cut. */
+    const char *p[2] = {h->rq->path_id, h->rq->tenant};
+    PGresult *r = PQexecParams(db,
+                               "SELECT 1 FROM events WHERE aggregate_kind = 'sandbox' AND "
+                               "aggregate_id = $1 AND tenant = $2 AND type = "
+                               "'SandboxDeleteRequested' AND status = 'accepted' LIMIT 1",
+                               2, NULL, p, NULL, NULL, 0);
+    if (sp_db_check(r, PGRES_TUPLES_OK) < 0)
+        h->loc.failed = true;
+    else if (PQntuples(r) > 0)
+        h->deleting = true;
+    PQclear(r);
 }
 
 static void health_done(gw_job_t *job)
@@ -797,7 +863,7 @@ static void health_done(gw_job_t *job)
     health_job_t *h = (health_job_t *)job;
     if (h->loc.failed)
         gw_respond_error(h->rq, 503, "unavailable", NULL, "the database is not available");
-    else if (h->loc.found && strcmp(h->loc.state, "running") == 0)
+    else if (h->loc.found && strcmp(h->loc.state, "running") == 0 && !h->deleting)
         gw_respond(h->rq, 204, "application/json", NULL, 0);
     else
         gw_respond_error(h->rq, 502, "sandbox_not_running", NULL, "the sandbox is not running");
@@ -903,6 +969,8 @@ bool gw_e2b_envd_route(gw_req_t *rq, const char *path, size_t len)
             gw_respond_error(rq, 405, "method_not_allowed", NULL, "use GET or POST");
             return true;
         }
+        if (is_method(req, "POST"))
+            rq->body_limit = rq->gw->cfg->max_file_bytes;
         routed(rq, files_http);
         return true;
     }

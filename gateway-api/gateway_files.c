@@ -4,7 +4,10 @@
  * (space.io.wkr.<worker>.file, FileCall -> FileReply), each call a blocking NATS request on
  * libuv's thread pool (at most file-threads at once; the rest wait in a FIFO), its answer
  * handled on the loop:
- * - stat, list, mkdir, move, remove: one call, one JSON answer;
+ * - stat, list, mkdir, move, remove: one call, one JSON answer. An operation the agent takes
+ *   long over (a recursive remove of many files) is answered `pending` by the worker within
+ *   its file-call-ms; the gateway asks again (WAIT) until the answer comes, so no request
+ *   outlasts CALL_TIMEOUT however long the operation is (the worker bounds that);
  * - upload (PUT): per file, WRITE_OPEN, then WRITE calls of at most CHUNK bytes taken straight
  *   from the request body, then COMMIT, which answers with the size and SHA-256 the worker
  *   computed. A raw body is one file at ?path=; a multipart/form-data body holds one or more
@@ -23,6 +26,7 @@
  * The tenant check is the commands route's: the sandbox must be the key's tenant's and
  * running; its worker comes from the projection. */
 #include "contract.h"
+#include "request.h"
 #include "gateway.h"
 
 #include <errno.h>
@@ -44,7 +48,7 @@
 #include "xmalloc.h"
 
 #define CHUNK         (256 * 1024) /* data bytes of one WRITE or READ call */
-#define CALL_TIMEOUT  35000        /* ms; the worker fails a stuck call after 30 s */
+#define CALL_TIMEOUT  35000        /* ms; the worker answers within its file-call-ms (<= 25 s) */
 #define REPLY_MAX     (CHUNK + 1024 * 1024)
 #define SPILL_BYTES   (4u << 20)
 #define SCAN_WINDOW   (8u << 20)
@@ -182,7 +186,7 @@ static void job_work(gw_bus_job_t *job)
     space__io__v1__file_call__pack(&f->call, buf);
     f->job_rc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_FILE, f->worker, NULL, NULL);
     if (f->job_rc >= 0)
-        f->job_rc = sp_bus_request(f->gw->bus, subject, buf, len, CALL_TIMEOUT, &rep, &rep_len);
+        f->job_rc = sp_request_send(f->gw->bus, subject, buf, len, CALL_TIMEOUT, &rep, &rep_len);
     free(buf);
     if (f->job_rc < 0)
         return;
@@ -321,6 +325,25 @@ static void json_info(sp_buf_t *b, const Space__Io__V1__FileInfo *in)
 static void single_done(gw_file_t *f)
 {
     sp_buf_t b;
+    if (call_ok(f) && f->reply->pending) {
+        /* Not done yet: ask again, unless the client is gone (the worker still records the
+         * operation's event when the agent finishes). */
+        if (!f->req) {
+            maybe_free(f);
+            return;
+        }
+        f->call.xfer = f->reply->xfer;
+        call(f, SPACE__IO__V1__FILE_CALL_OP__FILE_CALL_WAIT, single_done);
+        return;
+    }
+    if (!call_ok(f) && f->rq->dialect != GW_DIALECT_V1 && f->kind == K_REMOVE && f->job_rc == 0 &&
+        f->reply && strcmp(f->reply->error, "not_found") == 0) {
+        /* envd removes with os.RemoveAll: a missing path is success. */
+        f->answered = true;
+        gw_respond(f->rq, 200, "application/json", "{}", 2);
+        maybe_free(f);
+        return;
+    }
     if (!call_ok(f)) {
         respond_failure(f);
         maybe_free(f);

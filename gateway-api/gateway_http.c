@@ -34,6 +34,7 @@ typedef struct {
 typedef struct {
     uv_tcp_t tcp;
     gw_t *gw;
+    gw_gate_t *gate;
 } gw_conn_t;
 
 static size_t n_connections;
@@ -69,6 +70,10 @@ static const char *reason_phrase(int status)
         return "URI Too Long";
     case 415:
         return "Unsupported Media Type";
+    case 417:
+        return "Expectation Failed";
+    case 431:
+        return "Request Header Fields Too Large";
     case 429:
         return "Too Many Requests";
     case 501:
@@ -190,6 +195,10 @@ static void on_pool_dispose(void *p)
         in_flight_done(rq);
     }
     rq->req = NULL;
+    if (rq->gate) {
+        gw_gate_request_done(rq->gate);
+        rq->gate = NULL;
+    }
     gw_req_unref(rq);
 }
 
@@ -200,6 +209,7 @@ static gw_req_t *req_new(gw_t *gw, h2o_req_t *req)
     rq->req = req;
     rq->refs = 1; /* the pool's */
     rq->route = GW_R_OTHER;
+    rq->body_limit = gw->cfg->max_body_bytes;
     rq->start_ns = sp_mono_ns();
     pick_request_id(req, rq->request_id);
     copy_iovec(rq->method, sizeof(rq->method), req->method);
@@ -248,6 +258,8 @@ void gw_respond(gw_req_t *rq, int status, const char *content_type, const char *
     if (!gw_req_live(rq))
         return;
     h2o_req_t *req = rq->req;
+    if (rq->head_only && rq->gate)
+        gw_gate_answering(rq->gate);
     rq->responded = true;
     rq->status = status;
     req->res.status = status;
@@ -586,6 +598,38 @@ static void with_auth(gw_req_t *rq, void (*fn)(gw_req_t *))
     gw_auth(rq);
 }
 
+/* A collection route: prefix ("/v1/keys") or prefix/<id>, the id (no '/', at most SP_ID_MAX)
+ * into rq->path_id, then fn after authentication. True when path is one (answered: a bad id
+ * is a 404 with missing), false when it is not. */
+static bool route_collection(gw_req_t *rq, const char *path, size_t len, const char *prefix,
+                             gw_route_t route, const char *missing, void (*fn)(gw_req_t *))
+{
+    size_t plen = strlen(prefix);
+    if (len < plen || memcmp(path, prefix, plen) != 0 || (len > plen && path[plen] != '/') ||
+        len == plen + 1)
+        return false;
+    rq->route = route;
+    if (len > plen) {
+        size_t idlen = len - plen - 1;
+        if (idlen > SP_ID_MAX || memchr(path + plen + 1, '/', idlen)) {
+            gw_respond_error(rq, 404, "not_found", NULL, "%s", missing);
+            return true;
+        }
+        memcpy(rq->path_id, path + plen + 1, idlen);
+        rq->path_id[idlen] = '\0';
+    }
+    with_auth(rq, fn);
+    return true;
+}
+
+void gw__req_authed(gw_req_t *rq)
+{
+    if (rq->head_only && rq->gate)
+        gw_gate_allowed(rq->gate, rq);
+    else
+        rq->after_auth(rq);
+}
+
 static void events_all(gw_req_t *rq)
 {
     gw_events_open(rq, false);
@@ -632,6 +676,8 @@ static void route_files(gw_req_t *rq, sub_resource_t sub)
             method_not_allowed(rq, "GET, PUT, DELETE");
             return;
         }
+        if (is_method(req, "PUT"))
+            rq->body_limit = rq->gw->cfg->max_file_bytes;
         with_auth(rq, files_root);
         return;
     case SUB_FILES_STAT:
@@ -736,21 +782,10 @@ static void route(gw_req_t *rq)
             return;
         }
     }
-    if (h2o_memis(path, len, H2O_STRLIT("/v1/credentials")) ||
-        (len > 16 && memcmp(path, "/v1/credentials/", 16) == 0)) {
-        rq->route = GW_R_CREDENTIALS;
-        if (len > 16) {
-            size_t idlen = len - 16;
-            if (idlen > SP_ID_MAX || memchr(path + 16, '/', idlen)) {
-                gw_respond_error(rq, 404, "not_found", NULL, "no such credential");
-                return;
-            }
-            memcpy(rq->path_id, path + 16, idlen);
-            rq->path_id[idlen] = '\0';
-        }
-        with_auth(rq, gw_credentials);
+    if (route_collection(rq, path, len, "/v1/credentials", GW_R_CREDENTIALS, "no such credential",
+                         gw_credentials) ||
+        route_collection(rq, path, len, "/v1/keys", GW_R_KEYS, "no such key", gw_keys))
         return;
-    }
     if (match_sandbox_path(rq, path, len, rq->path_id, &sub)) {
         if (sub >= SUB_FILES) {
             route_files(rq, sub);
@@ -835,15 +870,69 @@ static void route(gw_req_t *rq)
     }
     if (gw_e2b_route(rq, path, len) || gw_e2b_envd_route(rq, path, len))
         return;
+    /* Outside /v1 the clients are E2B's SDKs: their error shape, {"code": 404, "message"}. */
+    if (len < 4 || memcmp(path, "/v1/", 4) != 0)
+        rq->dialect = GW_DIALECT_E2B;
     gw_respond_error(rq, 404, "not_found", NULL, "no such route");
 }
 
 static int on_req(h2o_handler_t *self, h2o_req_t *req)
 {
     gw_t *gw = ((gw_handler_t *)self)->gw;
+    gw_gate_t *g = gw_gate_of(req);
+    const char *bad = NULL;
+    if (g) {
+        gw_req_t *held = gw_gate_dispatched(g, &bad);
+        if (held) {
+            /* Routed and authenticated while its body waited; the body is here now. */
+            held->head_only = false;
+            if (gw_req_live(held))
+                held->after_auth(held);
+            return 0;
+        }
+    }
     gw_req_t *rq = req_new(gw, req);
+    rq->gate = g;
+    if (bad) {
+        req->http1_is_persistent = 0;
+        gw_respond_error(rq, 400, "bad_request", NULL, "%s", bad);
+        return 0;
+    }
     route(rq);
     return 0;
+}
+
+void gw__route_head(gw_t *gw, h2o_req_t *req, gw_gate_t *g)
+{
+    gw_req_t *rq = req_new(gw, req);
+    rq->gate = g;
+    rq->head_only = true;
+    gw_gate_set_req(g, rq);
+    route(rq);
+}
+
+struct find_req {
+    h2o_socket_t *sock;
+    h2o_req_t *found;
+};
+
+static int find_req_cb(h2o_req_t *req, void *arg)
+{
+    struct find_req *f = arg;
+    if (req->conn && req->conn->callbacks->get_socket &&
+        req->conn->callbacks->get_socket(req->conn) == f->sock) {
+        f->found = req;
+        return 1;
+    }
+    return 0;
+}
+
+h2o_req_t *gw__find_req(gw_t *gw, h2o_socket_t *sock)
+{
+    struct find_req f = {sock, NULL};
+    if (gw->h2o_config.http1.callbacks.foreach_request)
+        gw->h2o_config.http1.callbacks.foreach_request(&gw->h2o_ctx, find_req_cb, &f);
+    return f.found;
 }
 
 /* ---- h2o's own error responses ----
@@ -946,6 +1035,7 @@ static void on_conn_close(uv_handle_t *h)
 {
     gw_conn_t *c = (gw_conn_t *)h;
     n_connections--;
+    gw_gate_free(c->gate);
     free(c);
 }
 
@@ -966,6 +1056,14 @@ static void on_accept(uv_stream_t *listener, int status)
     uv_tcp_nodelay(&c->tcp, 1);
     h2o_socket_t *sock = h2o_uv_socket_create((uv_stream_t *)&c->tcp, on_conn_close);
     h2o_accept(&gw->accept_ctx, sock);
+    c->gate = gw_gate_attach(gw, sock);
+    if (!c->gate) {
+        /* Fail closed: no connection is served without its head checked. */
+        sp_log(SP_LOG_ERROR, "cannot check requests on a connection; closing it");
+        int fd = h2o_socket_get_fd(sock);
+        if (fd >= 0)
+            shutdown(fd, SHUT_RDWR);
+    }
 }
 
 static int bind_listener(gw_t *gw)
@@ -1017,12 +1115,13 @@ int gw_http_init(gw_t *gw)
 {
     h2o_config_init(&gw->h2o_config);
     gw->h2o_config.server_name = h2o_iovec_init(H2O_STRLIT(GW_DAEMON));
-    /* One limit for every route in h2o 2.2: the larger of the two. Routes other than the
-     * files upload refuse bodies over max-body-bytes themselves (413), and anything over 4 MiB
-     * waits in a file-backed buffer, not the heap (gw_files_init). */
-    gw->h2o_config.max_request_entity_size =
-        (size_t)(gw->cfg->max_file_bytes > gw->cfg->max_body_bytes ? gw->cfg->max_file_bytes
-                                                                   : gw->cfg->max_body_bytes);
+    /* h2o 2.2 has one body limit for every route, checked before any handler could have
+     * authenticated the request. The gate (gateway_gate.c) holds each body until the route
+     * and the key allow it and applies the route's own limit (max-body-bytes, max-file-bytes
+     * for uploads) to announced and chunked lengths, after the key: h2o's own check would
+     * answer 413 before a 401, so it is out of the way (every connection has its gate, or is
+     * closed). Bodies over 4 MiB wait in a file-backed buffer, not the heap (gw_files_init). */
+    gw->h2o_config.max_request_entity_size = SIZE_MAX / 2;
     /* HTTP/1.1 only: no cleartext h2c upgrade (its streams could end under a running job). */
     gw->h2o_config.http1.upgrade_to_http2 = 0;
     h2o_hostconf_t *host =
@@ -1045,5 +1144,6 @@ int gw_http_init(gw_t *gw)
 
 void gw_http_dispose(gw_t *gw)
 {
+    gw_gate_dispose();
     h2o_context_dispose(&gw->h2o_ctx);
 }

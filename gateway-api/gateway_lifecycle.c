@@ -15,6 +15,7 @@
 #include "gateway.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,7 @@ typedef struct {
     char state[32];
     char template_[SP_ID_MAX + 1];
     uint32_t timeout_s;
+    bool e2b_connect; /* E2B's connect {"timeout"}: a running sandbox's deadline only grows */
     outcome_t outcome;
     int bus_rc;
 } lc_job_t;
@@ -74,12 +76,16 @@ static bool allowed(op_t op, sp_sbx_state_t st, bool *ret_to_scheduler)
 static void lc_run(gw_job_t *job, PGconn *db)
 {
     lc_job_t *l = (lc_job_t *)job;
-    const char *p[2] = {l->id, l->tenant};
+    char secs[16];
+    snprintf(secs, sizeof(secs), "%" PRIu32, l->timeout_s);
+    const char *p[3] = {l->id, l->tenant, secs};
     char worker[SP_ID_MAX + 1];
     PGresult *r = PQexecParams(db,
-                               "SELECT state, coalesce(worker, ''), template FROM sandboxes "
+                               "SELECT state, coalesce(worker, ''), template, "
+                               "timeout_at IS NOT NULL AND timeout_at < now() + "
+                               "make_interval(secs => $3::int) FROM sandboxes "
                                "WHERE id = $1 AND tenant = $2",
-                               2, NULL, p, NULL, NULL, 0);
+                               3, NULL, p, NULL, NULL, 0);
     if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
         sp_log(SP_LOG_WARN, "query failed", SP_KS("query", "lifecycle lookup"),
                SP_KS("error", PQerrorMessage(db)));
@@ -95,7 +101,13 @@ static void lc_run(gw_job_t *job, PGconn *db)
     snprintf(l->state, sizeof(l->state), "%s", PQgetvalue(r, 0, 0));
     snprintf(worker, sizeof(worker), "%s", PQgetvalue(r, 0, 1));
     snprintf(l->template_, sizeof(l->template_), "%s", PQgetvalue(r, 0, 2));
+    bool sooner = strcmp(PQgetvalue(r, 0, 3), "t") == 0;
     PQclear(r);
+    /* E2B's connect to a running sandbox with a timeout: the deadline moves to timeout_s from
+     * now when that is later (SandboxTimeoutRequested), else the answer is the sandbox. */
+    if (l->e2b_connect && l->op == OP_RESUME && l->timeout_s > 0 && sooner &&
+        strcmp(l->state, "running") == 0)
+        l->op = OP_TIMEOUT;
     bool to_scheduler;
     if (!allowed(l->op, sp_sbx_state_from_name(l->state), &to_scheduler)) {
         l->outcome = L_STATE;
@@ -233,6 +245,11 @@ static int parse_timeout(gw_req_t *rq, uint32_t *ret)
                          "send the body as application/json");
         return -EINVAL;
     }
+    if (len > (size_t)rq->gw->cfg->max_body_bytes) {
+        gw_respond_error(rq, 413, "body_too_large", NULL, "the body exceeds %lld bytes",
+                         (long long)rq->gw->cfg->max_body_bytes);
+        return -EINVAL;
+    }
     sp_json_limits_t lim = {.max_bytes = 4096, .max_depth = 2, .max_nodes = 8, .max_string = 64};
     if (len == 0 || len > 4096 || sp_json_parse(req->entity.base, len, &lim, &doc, jerr) < 0 ||
         sp_json_type(sp_json_root(doc)) != SP_JSON_OBJECT) {
@@ -263,7 +280,7 @@ static int parse_timeout(gw_req_t *rq, uint32_t *ret)
     return rc;
 }
 
-static void lc_start(gw_req_t *rq, op_t op, bool wait, uint32_t timeout_s)
+static lc_job_t *lc_start(gw_req_t *rq, op_t op, bool wait, uint32_t timeout_s)
 {
     lc_job_t *l = sp_xcalloc(1, sizeof(*l));
     l->rq = rq;
@@ -276,6 +293,11 @@ static void lc_start(gw_req_t *rq, op_t op, bool wait, uint32_t timeout_s)
     snprintf(l->request_id, sizeof(l->request_id), "%s", rq->request_id);
     l->job.run = lc_run;
     l->job.done = lc_done;
+    return l;
+}
+
+static void lc_submit(gw_req_t *rq, lc_job_t *l)
+{
     gw_req_ref(rq);
     if (gw_job_submit(rq->gw, &l->job) < 0) {
         gw_req_unref(rq);
@@ -290,7 +312,7 @@ void gw_sandbox_delete(gw_req_t *rq)
         gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
         return;
     }
-    lc_start(rq, OP_DELETE, true, 0);
+    lc_submit(rq, lc_start(rq, OP_DELETE, true, 0));
 }
 
 void gw_sandbox_set_timeout(gw_req_t *rq, uint32_t timeout_s)
@@ -299,7 +321,18 @@ void gw_sandbox_set_timeout(gw_req_t *rq, uint32_t timeout_s)
         gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
         return;
     }
-    lc_start(rq, OP_TIMEOUT, true, timeout_s > 2592000 ? 2592000 : timeout_s);
+    lc_submit(rq, lc_start(rq, OP_TIMEOUT, true, timeout_s > 2592000 ? 2592000 : timeout_s));
+}
+
+void gw_sandbox_connect(gw_req_t *rq, uint32_t timeout_s)
+{
+    if (!sp_id_valid(rq->path_id)) {
+        gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
+        return;
+    }
+    lc_job_t *l = lc_start(rq, OP_RESUME, true, timeout_s > 2592000 ? 2592000 : timeout_s);
+    l->e2b_connect = true;
+    lc_submit(rq, l);
 }
 
 void gw_sandbox_lifecycle(gw_req_t *rq)
@@ -338,5 +371,5 @@ void gw_sandbox_lifecycle(gw_req_t *rq)
         }
         wait = strcmp(q.p[i].value, "true") == 0;
     }
-    lc_start(rq, op, wait, timeout_s);
+    lc_submit(rq, lc_start(rq, op, wait, timeout_s));
 }

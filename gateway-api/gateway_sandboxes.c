@@ -112,8 +112,12 @@ void gw_sandbox_json(const PGresult *r, int row, sp_buf_t *b)
     sp_buf_puts(b, PQgetisnull(r, row, 8) ? "{}" : PQgetvalue(r, row, 8));
     sp_buf_puts(b, ",\"env_names\":");
     sp_buf_puts(b, PQgetisnull(r, row, 9) ? "[]" : PQgetvalue(r, row, 9));
-    sp_buf_printf(b, ",\"resources\":{\"vcpu\":%" PRId64 ",\"memory_mb\":%" PRId64 "}",
-                  col_i64(r, row, 6), col_i64(r, row, 7));
+    /* disk_mb: the limit the sandbox got (0 before it started without asking: the worker's
+     * default, not known yet). */
+    sp_buf_printf(b,
+                  ",\"resources\":{\"vcpu\":%" PRId64 ",\"memory_mb\":%" PRId64
+                  ",\"disk_mb\":%" PRId64 "}",
+                  col_i64(r, row, 6), col_i64(r, row, 7), col_i64(r, row, 17));
     sp_buf_puts(b, ",\"failure_reason\":");
     json_opt_str(b, PQgetvalue(r, row, 10));
     sp_buf_puts(b, ",\"network\":null}");
@@ -342,7 +346,10 @@ static bool settle(gw_waiter_t *w, const check_job_t *c)
         for (size_t i = 0; i < c->n_stored; i++) {
             if (strcmp(c->stored[i], w->event_id) != 0)
                 continue;
-            if (c->stored_ok[i] && v && w->rq->dialect == GW_DIALECT_E2B)
+            if (c->stored_ok[i] && v && w->rq->dialect == GW_DIALECT_E2B &&
+                strcmp(w->rq->path_action, "resume") == 0) /* E2B's connect that extended */
+                gw_e2b_answer_sandbox(w->rq, 200, w->sandbox_id, v->template_);
+            else if (c->stored_ok[i] && v && w->rq->dialect == GW_DIALECT_E2B)
                 gw_respond(w->rq, 204, "application/json", NULL, 0); /* E2B's setTimeout */
             else if (c->stored_ok[i] && v)
                 gw_respond(w->rq, 200, "application/json", v->json, strlen(v->json));

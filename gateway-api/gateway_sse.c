@@ -154,6 +154,28 @@ void gw_sse_abort(gw_sse_t *w, const char *why)
         shutdown(fd, SHUT_RDWR);
 }
 
+void gw_sse_cut(gw_sse_t *w, const char *why)
+{
+    if (!w->req)
+        return;
+    sp_log(SP_LOG_INFO, "cutting stream", SP_KS("reason", why),
+           SP_KS("request_id", w->rq->request_id), SP_KS("tenant", w->rq->tenant));
+    w->closing = true;
+    if (w->sending) {
+        /* The write in flight fails; h2o then closes the connection and calls stop. */
+        int fd = gw_req_fd(w->req);
+        if (fd >= 0)
+            shutdown(fd, SHUT_RDWR);
+        return;
+    }
+    /* H2O_SEND_STATE_ERROR: no last chunk, and the connection is not kept alive, so the client
+     * sees the body end early (undici: "terminated"). */
+    h2o_req_t *req = w->req;
+    w->req = NULL;
+    h2o_send(req, NULL, 0, H2O_SEND_STATE_ERROR);
+    closed(w);
+}
+
 size_t gw_sse_backlog(const gw_sse_t *w)
 {
     return w->pending.len + w->inflight.len;

@@ -34,6 +34,7 @@
  * worker ends it, the next poll still gets what was buffered, the one after that the error,
  * and then the id is unknown (not_found). */
 #include "contract.h"
+#include "request.h"
 #include "gateway.h"
 
 #include <errno.h>
@@ -201,7 +202,7 @@ static void call(gw_watch_t *x, const char *op, int timeout_ms)
     x->reply_error[0] = x->reply_detail[0] = '\0';
     x->bus_rc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_WATCH, x->worker, NULL, NULL);
     if (x->bus_rc >= 0)
-        x->bus_rc = sp_bus_request(x->gw->bus, subject, buf, len, timeout_ms, &rep, &rep_len);
+        x->bus_rc = sp_request_send(x->gw->bus, subject, buf, len, timeout_ms, &rep, &rep_len);
     free(buf);
     if (x->bus_rc < 0)
         return;

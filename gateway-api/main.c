@@ -102,6 +102,7 @@ static const sp_cfg_opt_t options[] = {
 
 /* The process's identity on the bus: lives as long as the process publishes. */
 static sp_busid_t busid;
+static sp_sign_key_t *own_token_key;
 
 #define TICK_MS          1000
 #define STOP_TICK_MS     100
@@ -117,6 +118,7 @@ static void on_notify(uv_async_t *a)
 {
     (void)a;
     uint64_t head = atomic_load(&gw.notify.head);
+    gw_auth_sync(&gw);
     if (head > gw.head_seq)
         gw.head_seq = head;
     gw_waiters_check(&gw);
@@ -317,6 +319,23 @@ int main(int argc, char **argv)
         sp_log(SP_LOG_ERROR, "bad identity", SP_KS("error", iderr));
         goto out;
     }
+    /* E2B access tokens are signed with the identity's key, which every gateway of the
+     * deployment shares; without one (no creds-dir) a key of this process's own, so its tokens
+     * end with it. */
+    gw.token_key = busid.key;
+    if (!gw.token_key) {
+        uint8_t raw[32];
+        sp_random_bytes(raw, sizeof(raw));
+        rc = sp_sign_key_from_raw(raw, &own_token_key);
+        explicit_bzero(raw, sizeof(raw));
+        if (rc < 0) {
+            sp_log(SP_LOG_ERROR, "cannot make a token key", SP_KS("error", sp_strerror(rc)));
+            goto out;
+        }
+        gw.token_key = own_token_key;
+        sp_log(SP_LOG_WARN, "no identity: E2B access tokens are valid only while this process "
+                            "runs");
+    }
     if ((rc = sp_bus_connect(&bo, &gw.bus)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot connect to NATS", SP_KS("error", sp_strerror(rc)));
         goto out;
@@ -377,6 +396,7 @@ out:
     gw_pool_close(&gw.pool);
     sp_bus_free(gw.bus);
     sp_busid_dispose(&busid);
+    sp_sign_key_free(own_token_key);
     sp_config_dispose(options, N_OPTIONS, &cfg);
     free(err);
     return exit_code;

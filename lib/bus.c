@@ -15,6 +15,7 @@
  */
 #include "bus.h"
 #include "bus_int.h"
+#include "checkpoint.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -114,6 +115,20 @@ static void on_async_pub_err(jsCtx *js, jsPubAckErr *pae, void *closure)
            SP_KS("error", pae->ErrText));
 }
 
+/* Runs on a cnats thread after each reconnection. */
+static void on_reconnected(natsConnection *nc, void *closure)
+{
+    sp_bus_t *bus = closure;
+
+    (void)nc;
+    atomic_fetch_add(&bus->reconnects, 1);
+}
+
+uint64_t sp_bus_reconnects(sp_bus_t *bus)
+{
+    return bus ? atomic_load(&bus->reconnects) : 0;
+}
+
 /* Signs the server's nonce with the NKey seed through OpenSSL (sign.h), so the seed file is
  * read by one parser of ours, which refuses a file others can read, and is in memory only
  * for the signature. Runs on the connecting thread; cnats frees *ret_sig. */
@@ -179,13 +194,20 @@ int sp_bus_connect(const sp_bus_opts_t *opts, sp_bus_t **ret_bus)
     natsStatus s;
     int rc;
 
-    if (!opts || !opts->url || !ret_bus || opts->timeout_ms < 0 || opts->dup_window_ms < 0)
+    if (!opts || !opts->url || !ret_bus || opts->timeout_ms < 0 || opts->dup_window_ms < 0 ||
+        opts->stream_replicas < 0 || opts->stream_replicas > SP_BUS_REPLICAS_MAX)
         return -EINVAL;
 
     bus = sp_xcalloc(1, sizeof(*bus));
     bus->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : DEFAULT_TIMEOUT_MS;
     bus->dup_window_ms = opts->dup_window_ms > 0 ? opts->dup_window_ms : DEFAULT_DUP_WINDOW_MS;
+    bus->stream_max_age_s =
+        opts->stream_max_age_s != 0 ? opts->stream_max_age_s : SP_BUS_STREAM_MAX_AGE_S;
+    bus->stream_max_bytes =
+        opts->stream_max_bytes != 0 ? opts->stream_max_bytes : SP_BUS_STREAM_MAX_BYTES;
+    bus->stream_replicas = opts->stream_replicas > 0 ? opts->stream_replicas : 1;
     atomic_init(&bus->async_failed, 0);
+    atomic_init(&bus->reconnects, 0);
 
     s = natsOptions_Create(&no);
     if (s == NATS_OK)
@@ -207,6 +229,8 @@ int sp_bus_connect(const sp_bus_opts_t *opts, sp_bus_t **ret_bus)
         s = natsOptions_SetReconnectWait(no, RECONNECT_WAIT_MS);
     if (s == NATS_OK)
         s = natsOptions_SetReconnectBufSize(no, RECONNECT_BUF_BYTES);
+    if (s == NATS_OK)
+        s = natsOptions_SetReconnectedCB(no, on_reconnected, bus);
     if (s == NATS_OK && opts->send_asap)
         s = natsOptions_SetSendAsap(no, true);
     if (s != NATS_OK) {
@@ -299,15 +323,48 @@ void sp_bus_free(sp_bus_t *bus)
     }
 }
 
-static int ensure_stream_once(sp_bus_t *bus)
+/* A stream the platform's integrity rests on: file storage, deny_delete and deny_purge (no
+ * identity, the operator included, can remove a message through the JetStream API), limits as
+ * given (0 / -1: none). */
+typedef struct {
+    const char *name, *subjects;
+    int64_t max_age_s, max_bytes;
+} stream_def_t;
+
+static void stream_config(const sp_bus_t *bus, const stream_def_t *d, const char **subjects,
+                          jsStreamConfig *cfg)
+{
+    jsStreamConfig_Init(cfg);
+    subjects[0] = d->subjects;
+    cfg->Name = d->name;
+    cfg->Subjects = subjects;
+    cfg->SubjectsLen = 1;
+    cfg->Storage = js_FileStorage;
+    cfg->Replicas = bus->stream_replicas;
+    cfg->Retention = js_LimitsPolicy;
+    /* Limits drop the oldest messages, which the event log stored long before (docs/audit.md:
+     * a log behind by more than the limits loses what it had not stored, and records it); a
+     * stream without limits refuses new messages rather than drop any should a server limit
+     * be reached. */
+    cfg->MaxAge = d->max_age_s > 0 ? d->max_age_s * 1000000000LL : 0;
+    cfg->MaxMsgs = -1;
+    cfg->MaxBytes = d->max_bytes > 0 ? d->max_bytes : -1;
+    cfg->Discard = d->max_age_s > 0 || d->max_bytes > 0 ? js_DiscardOld : js_DiscardNew;
+    cfg->MaxMsgSize = SP_BUS_MAX_MSG;
+    cfg->Duplicates = bus->dup_window_ms * 1000000; /* nanoseconds */
+    cfg->DenyDelete = true;
+    cfg->DenyPurge = true;
+}
+
+static int ensure_stream_once(sp_bus_t *bus, const stream_def_t *d)
 {
     jsStreamInfo *si = NULL;
     jsStreamConfig cfg;
     jsErrCode jerr = 0;
-    const char *subjects[] = {SP_BUS_SUBJECTS};
+    const char *subjects[1];
     natsStatus s;
 
-    s = js_GetStreamInfo(&si, bus->js, SP_BUS_STREAM, NULL, &jerr);
+    s = js_GetStreamInfo(&si, bus->js, d->name, NULL, &jerr);
     jsStreamInfo_Destroy(si);
     si = NULL;
     if (s == NATS_OK)
@@ -315,24 +372,7 @@ static int ensure_stream_once(sp_bus_t *bus)
     if (s != NATS_NOT_FOUND && jerr != JSStreamNotFoundErr)
         return sp__bus_status(s, jerr, "js_GetStreamInfo");
 
-    jsStreamConfig_Init(&cfg);
-    cfg.Name = SP_BUS_STREAM;
-    cfg.Subjects = subjects;
-    cfg.SubjectsLen = 1;
-    cfg.Storage = js_FileStorage;
-    cfg.Retention = js_LimitsPolicy;
-    /* The stream is the system of record: no age, count or size limit, and should a server
-     * limit ever be reached, refuse new events rather than drop old ones. */
-    cfg.MaxAge = 0;
-    cfg.MaxMsgs = -1;
-    cfg.MaxBytes = -1;
-    cfg.Discard = js_DiscardNew;
-    cfg.MaxMsgSize = SP_BUS_MAX_MSG;
-    cfg.Duplicates = bus->dup_window_ms * 1000000; /* nanoseconds */
-    /* The log is append-only (DESIGN.md, Trust): no identity, the operator included, can
-     * remove an event through the JetStream API. */
-    cfg.DenyDelete = true;
-    cfg.DenyPurge = true;
+    stream_config(bus, d, subjects, &cfg);
     jerr = 0;
     s = js_AddStream(&si, bus->js, &cfg, NULL, &jerr);
     jsStreamInfo_Destroy(si);
@@ -345,30 +385,97 @@ static int ensure_stream_once(sp_bus_t *bus)
 /* A daemon started together with nats-server can ask before JetStream answers (seen as a bus
  * failure at start-up, once in a few hundred starts here): asked again until the connection's
  * timeout. */
-int sp_bus_ensure_stream(sp_bus_t *bus)
+static int ensure_stream(sp_bus_t *bus, const stream_def_t *d)
 {
     int64_t deadline = mono_ms() + bus->timeout_ms;
     int rc;
-    while ((rc = ensure_stream_once(bus)) < 0 && (rc == SP_EBUS || rc == SP_ETIMEOUT) &&
+    while ((rc = ensure_stream_once(bus, d)) < 0 && (rc == SP_EBUS || rc == SP_ETIMEOUT) &&
            mono_ms() < deadline)
         nanosleep(&(struct timespec){.tv_nsec = 100 * 1000 * 1000}, NULL);
     return rc;
 }
 
-int sp_bus_stream_info(sp_bus_t *bus, uint64_t *ret_last_seq, uint64_t *ret_msgs)
+static stream_def_t events_def(const sp_bus_t *bus)
+{
+    return (stream_def_t){.name = SP_BUS_STREAM,
+                          .subjects = SP_BUS_SUBJECTS,
+                          .max_age_s = bus->stream_max_age_s,
+                          .max_bytes = bus->stream_max_bytes};
+}
+
+int sp_bus_ensure_stream(sp_bus_t *bus)
+{
+    stream_def_t d = events_def(bus);
+    return ensure_stream(bus, &d);
+}
+
+int sp_bus_ensure_ckpt_stream(sp_bus_t *bus)
+{
+    /* The anchor: no limits. One line per checkpoint (~330 bytes, at most one per
+     * checkpoint-ms while the log moves: ~6 MB a day at the 5 s default). */
+    stream_def_t d = {.name = SP_CKPT_STREAM, .subjects = SP_CKPT_SUBJECTS};
+    return ensure_stream(bus, &d);
+}
+
+int sp_bus_apply_stream_limits(sp_bus_t *bus, int *ret_changed)
+{
+    jsStreamInfo *si = NULL, *out = NULL;
+    jsStreamConfig cfg;
+    jsErrCode jerr = 0;
+    const char *subjects[1];
+    stream_def_t d = events_def(bus);
+    natsStatus s;
+
+    *ret_changed = 0;
+    s = js_GetStreamInfo(&si, bus->js, SP_BUS_STREAM, NULL, &jerr);
+    if (s != NATS_OK)
+        return sp__bus_status(s, jerr, "js_GetStreamInfo");
+    stream_config(bus, &d, subjects, &cfg);
+    bool same = si->Config->MaxAge == cfg.MaxAge && si->Config->MaxBytes == cfg.MaxBytes &&
+                si->Config->Discard == cfg.Discard && si->Config->Replicas == cfg.Replicas;
+    /* Keep what the stream was made with but the limits (an update cannot change storage). */
+    cfg.Duplicates = si->Config->Duplicates;
+    cfg.MaxMsgSize = si->Config->MaxMsgSize;
+    jsStreamInfo_Destroy(si);
+    if (same)
+        return 0;
+    jerr = 0;
+    s = js_UpdateStream(&out, bus->js, &cfg, NULL, &jerr);
+    jsStreamInfo_Destroy(out);
+    if (s == NATS_OK)
+        *ret_changed = 1;
+    return sp__bus_status(s, jerr, "js_UpdateStream");
+}
+
+int sp_bus_stream_state(sp_bus_t *bus, const char *stream, sp_bus_stream_state_t *ret)
 {
     jsStreamInfo *si = NULL;
     jsErrCode jerr = 0;
     natsStatus s;
 
-    s = js_GetStreamInfo(&si, bus->js, SP_BUS_STREAM, NULL, &jerr);
+    s = js_GetStreamInfo(&si, bus->js, stream, NULL, &jerr);
     if (s != NATS_OK)
         return sp__bus_status(s, jerr, "js_GetStreamInfo");
-    if (ret_last_seq)
-        *ret_last_seq = si->State.LastSeq;
-    if (ret_msgs)
-        *ret_msgs = si->State.Msgs;
+    ret->first_seq = si->State.FirstSeq;
+    ret->last_seq = si->State.LastSeq;
+    ret->msgs = si->State.Msgs;
+    ret->max_age_s = si->Config->MaxAge / 1000000000LL;
+    ret->max_bytes = si->Config->MaxBytes;
     jsStreamInfo_Destroy(si);
+    return 0;
+}
+
+int sp_bus_stream_info(sp_bus_t *bus, uint64_t *ret_last_seq, uint64_t *ret_msgs)
+{
+    sp_bus_stream_state_t st = {0};
+    int rc = sp_bus_stream_state(bus, SP_BUS_STREAM, &st);
+
+    if (rc < 0)
+        return rc;
+    if (ret_last_seq)
+        *ret_last_seq = st.last_seq;
+    if (ret_msgs)
+        *ret_msgs = st.msgs;
     return 0;
 }
 
@@ -425,6 +532,9 @@ int sp_bus_publish_async(sp_bus_t *bus, const char *subject, const void *data, s
         return rc;
     jsPubOptions_Init(&po);
     po.MsgId = msg_id;
+    /* Its own ack timeout: an ack lost with a dropped connection fails it (the error handler
+     * counts it) instead of staying pending forever. */
+    po.MaxWait = bus->timeout_ms;
     s = js_PublishMsgAsync(bus->js, &msg, &po);
     /* On success cnats owns the message and has set msg to NULL. */
     natsMsg_Destroy(msg);
@@ -439,8 +549,17 @@ int sp_bus_publish_async_complete(sp_bus_t *bus, int timeout_ms)
     jsPubOptions_Init(&po);
     po.MaxWait = timeout_ms > 0 ? timeout_ms : bus->timeout_ms;
     s = js_PublishAsyncComplete(bus->js, &po);
-    if (s != NATS_OK)
+    if (s != NATS_OK) {
+        /* Given up: what is still pending is dropped, so that it cannot hold up the next
+         * wait; the caller publishes it again (with its message id, so the stream keeps one
+         * copy). Before, publishes whose acks were lost in a reconnection stayed pending, and
+         * every later wait timed out: a worker's command facts never reached the log. */
+        natsMsgList pending = {0};
+        if (js_PublishAsyncGetPendingList(&pending, bus->js) == NATS_OK)
+            natsMsgList_Destroy(&pending);
+        (void)atomic_exchange(&bus->async_failed, 0);
         return sp__bus_status(s, 0, "js_PublishAsyncComplete");
+    }
     return atomic_exchange(&bus->async_failed, 0);
 }
 
@@ -831,8 +950,8 @@ void sp_bus_batch_free(sp_bus_batch_t *b)
         consumer_destroy(c);
 }
 
-int sp_bus_get_msg(sp_bus_t *bus, uint64_t seq, char **ret_subject, uint8_t **ret_data,
-                   size_t *ret_len, int64_t *ret_published_ns)
+int sp_bus_get_stream_msg(sp_bus_t *bus, const char *stream, uint64_t seq, char **ret_subject,
+                          uint8_t **ret_data, size_t *ret_len, int64_t *ret_published_ns)
 {
     natsMsg *m = NULL;
     jsErrCode jerr = 0;
@@ -840,7 +959,7 @@ int sp_bus_get_msg(sp_bus_t *bus, uint64_t seq, char **ret_subject, uint8_t **re
 
     if (seq == 0)
         return -EINVAL;
-    s = js_GetMsg(&m, bus->js, SP_BUS_STREAM, seq, NULL, &jerr);
+    s = js_GetMsg(&m, bus->js, stream, seq, NULL, &jerr);
     if (s != NATS_OK)
         return sp__bus_status(s, jerr, "js_GetMsg");
 
@@ -858,4 +977,11 @@ int sp_bus_get_msg(sp_bus_t *bus, uint64_t seq, char **ret_subject, uint8_t **re
         *ret_published_ns = natsMsg_GetTime(m);
     natsMsg_Destroy(m);
     return 0;
+}
+
+int sp_bus_get_msg(sp_bus_t *bus, uint64_t seq, char **ret_subject, uint8_t **ret_data,
+                   size_t *ret_len, int64_t *ret_published_ns)
+{
+    return sp_bus_get_stream_msg(bus, SP_BUS_STREAM, seq, ret_subject, ret_data, ret_len,
+                                 ret_published_ns);
 }

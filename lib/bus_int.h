@@ -15,9 +15,13 @@ struct sp_bus {
     jsCtx *js;
     int64_t timeout_ms;
     int64_t dup_window_ms;
+    int64_t stream_max_age_s, stream_max_bytes; /* SP_BUS_STREAM's limits; <= 0: none */
+    int stream_replicas;                        /* of every stream this connection creates */
     /* Async publishes the server refused since the last sp_bus_publish_async_complete;
      * incremented on a cnats thread. */
     atomic_int async_failed;
+    /* Reconnections so far (sp_bus_reconnects); incremented on a cnats thread. */
+    atomic_uint_fast64_t reconnects;
     /* The NKey seed file, read on each (re)connect to sign the server's nonce; the seed is
      * in memory only for the signature. */
     char *nkey_seed_file;

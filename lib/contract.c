@@ -2,16 +2,17 @@
  *
  * Each table below is the only definition of what it says. The emitters of each event type
  * were taken from the daemons as they are (which one sets which payload case): the gateway
- * only sends intents; the scheduler places (SandboxPlaced), sends the intents of its
- * controllers (delete on timeout, suspend when idle) and the facts of its lost-worker
- * controller (SandboxFailed, SandboxDeleted, SandboxResumeFailed, WorkerStopped) and refuses
- * (SandboxRequestRejected); a worker sends the facts of its sandboxes, its refusals and its
- * worker events; egressd sends egress facts. tests/unit/lib/test_contract.c checks that every
- * payload case of space.proto has emitters, so a new event type cannot be added without
- * saying who may send it.
+ * only sends intents; an internal platform only creates and deletes (below); the scheduler places
+ * (SandboxPlaced), sends the intents of its controllers (delete on timeout, suspend when idle) and
+ * the facts of its lost-worker controller (SandboxFailed, SandboxDeleted, SandboxResumeFailed,
+ * WorkerStopped) and refuses (SandboxRequestRejected); a worker sends the facts of its sandboxes,
+ * its refusals and its worker events; egressd sends egress facts. tests/unit/lib/test_contract.c
+ * checks that every payload case of space.proto has emitters, so a new event type cannot be added
+ * without saying who may send it.
  */
 #include "contract.h"
 
+#include "checkpoint.h"
 #include "cred.h"
 
 #include <errno.h>
@@ -135,6 +136,12 @@ static const sp_subject_t subjects[SP_SUBJ__COUNT] = {
       K(CREDSTORE), 0, "CredLookup -> CredLookupReply: values, on the asker's inbox only"),
     S(SP_SUBJ_IO_CRED_CHANGED, "io.cred.changed", SP_CRED_SUBJECT_CHANGED, false, false,
       K(CREDSTORE), 0, K(EGRESSD), 0, "a credential rotated or deleted: caches emptied"),
+    S(SP_SUBJ_IO_CRED_DATAKEY, "io.cred.datakey", SP_CRED_SUBJECT_DATAKEY, false, true, K(WORKER),
+      0, K(CREDSTORE), 0, "DataKeyRequest -> DataKeyReply: a sandbox's data key, to its worker"),
+    /* Not in SP_BUS_STREAM (stream false) but in a stream of its own, SP_CKPT_STREAM, read by
+     * space-replay through the JetStream API (natsauth.c), never subscribed to. */
+    S(SP_SUBJ_CKPT, "ckpt", SP_CKPT_SUBJECT, false, false, K(EVENTLOG), 0, 0, 0,
+      "the event log's signed checkpoints (docs/audit.md)"),
 };
 #undef S
 
@@ -247,7 +254,9 @@ bool sp_subject_match(sp_subject_id_t id, const char *subject, char worker[SP_IN
 static const sp_consumer_def_t consumers[] = {
     {"eventlog", "space.ev.>", SP_KIND_EVENTLOG, true, 30000},
     {"scheduler", "space.ev.sbx._.>", SP_KIND_SCHEDULER, false, 10000},
-    {"worker-{worker}", "space.ev.sbx.{worker}.>", SP_KIND_WORKER, false, 120000},
+    /* Short: the worker tells a long create "in progress" every third of it
+     * (worker_events.c), and a delivery lost with a connection comes back this soon. */
+    {"worker-{worker}", "space.ev.sbx.{worker}.>", SP_KIND_WORKER, false, 15000},
     {"egressd-{worker}", "space.ev.sbx.{worker}.>", SP_KIND_EGRESSD, true, 30000},
 };
 
@@ -257,23 +266,29 @@ const sp_consumer_def_t *sp_contract_consumers(size_t *ret_n)
     return consumers;
 }
 
-/* ---- event types ---- */
-#define INTENT (K(GATEWAY) | K(PLATFORM))
-
+/* ---- event types ----
+ * Internal platforms (docs/platforms.md) create and delete, nothing else: both go to the
+ * scheduler's subject ("_", natsauth.c gives platforms no other), where the scheduler applies
+ * the trust and intent checks before anything happens. Pause, resume, suspend and timeout go
+ * to the sandbox's worker, and workers do not check signers yet (docs/trust.md), so they stay
+ * the gateway's until they do. Commands and network policy need the data plane, which
+ * platforms do not have. */
 static unsigned emitters(sp_event_type_t t)
 {
     switch (t) {
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED:
+        return K(GATEWAY) | K(PLATFORM);
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSE_REQUESTED:
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUME_REQUESTED:
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_TIMEOUT_REQUESTED:
     case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED:
     case SPACE__V1__ENVELOPE__PAYLOAD_NETWORK_POLICY_UPDATE_REQUESTED:
-        return INTENT;
+        return K(GATEWAY);
     /* The scheduler's controllers: delete when the timeout runs out, suspend when idle. */
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED:
+        return K(GATEWAY) | K(PLATFORM) | K(SCHEDULER);
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_REQUESTED:
-        return INTENT | K(SCHEDULER);
+        return K(GATEWAY) | K(SCHEDULER);
 
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED:
         return K(SCHEDULER);
@@ -363,6 +378,8 @@ const char *sp_trust_refusal_name(int code)
         return "not_own";
     case SP_ETENANT:
         return "tenant_not_allowed";
+    case SP_ESTALE:
+        return "stale_or_replayed";
     default:
         return NULL;
     }

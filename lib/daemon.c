@@ -4,7 +4,7 @@
 #include <errno.h>
 #include <time.h>
 
-volatile sig_atomic_t sp_daemon_stopping;
+atomic_int sp_daemon_stopping;
 
 static void on_stop(int sig)
 {

@@ -1,6 +1,7 @@
 /* PostgreSQL helpers and migrations (db.h). */
 #include "db.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -194,6 +195,25 @@ int sp_db_last_sandbox_event(PGconn *conn, const char *id, const char *type,
         (PQntuples(r) != 1 || sp_envelope_decode((const uint8_t *)PQgetvalue(r, 0, 0),
                                                  (size_t)PQgetlength(r, 0, 0), ret_event, why) < 0))
         rc = SP_ENOTFOUND;
+    PQclear(r);
+    return rc;
+}
+
+int sp_db_accepted_seq(void *conn, const char *event_id, uint64_t *ret_seq)
+{
+    const char *params[1] = {event_id};
+    if (!conn)
+        return -EINVAL;
+    PGresult *r =
+        PQexecParams(conn,
+                     "SELECT stream_seq FROM events WHERE event_id = $1::uuid AND status ="
+                     " 'accepted'",
+                     1, NULL, params, NULL, NULL, 0);
+    int rc = sp_db_check(r, PGRES_TUPLES_OK);
+    if (rc == 0 && PQntuples(r) == 1) {
+        *ret_seq = strtoull(PQgetvalue(r, 0, 0), NULL, 10);
+        rc = 1;
+    }
     PQclear(r);
     return rc;
 }

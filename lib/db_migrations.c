@@ -145,9 +145,79 @@ static const char m5_credentials[] =
     "  created_at timestamptz NOT NULL DEFAULT now()"
     ");";
 
+static const char m6_key_roles[] =
+    /* Key management through the API (apikey.h): an admin key manages the keys of every
+     * tenant. last_used_at is written at most every 10 s per key and gateway (a cache miss of
+     * its auth cache), so it tells "in use lately", not the last request. A revocation is
+     * announced to every gateway (channel space_api_keys = SP_APIKEY_CHANNEL, payload the key id),
+     * which drops the key from its cache at once: the trigger covers every writer, an UPDATE by
+     * hand included. */
+    "ALTER TABLE api_keys ADD COLUMN admin boolean NOT NULL DEFAULT false,"
+    "  ADD COLUMN last_used_at timestamptz;"
+    "CREATE INDEX api_keys_tenant ON api_keys (tenant, created_at);"
+    "CREATE FUNCTION api_keys_notify_revoked() RETURNS trigger LANGUAGE plpgsql AS $$"
+    "BEGIN"
+    "  PERFORM pg_notify('space_api_keys', NEW.id);"
+    "  RETURN NULL;"
+    "END $$;"
+    "CREATE TRIGGER api_keys_revoked AFTER UPDATE OF revoked_at ON api_keys FOR EACH ROW"
+    "  WHEN (NEW.revoked_at IS NOT NULL AND OLD.revoked_at IS NULL)"
+    "  EXECUTE FUNCTION api_keys_notify_revoked();";
+
+static const char m7_chain_v2[] =
+    /* Chain v2 (hash.h, docs/audit.md): rows written from now on hash their stream sequence,
+     * subject, size and digest of the whole message, status and reject reason, so that a status
+     * flipped or a row renumbered breaks the chain by itself. chain_v says which formula a row
+     * used: the rows already stored keep 1 (SHA-256(prev_hash || payload)) and verify as before.
+     * A rejected message larger than 64 KiB keeps its first 64 KiB in payload, its size and its
+     * SHA-256 beside them (NULL when payload is the whole message). */
+    "ALTER TABLE events ADD COLUMN chain_v smallint NOT NULL DEFAULT 1 CHECK (chain_v IN (1, 2)),"
+    "  ADD COLUMN payload_size bigint,"
+    "  ADD COLUMN payload_sha256 bytea CHECK (payload_sha256 IS NULL OR length(payload_sha256) = "
+    "32);";
+
+static const char m8_disk[] =
+    /* Disk-aware placement: the limit each sandbox got, each worker's volume (docs/faults.md). */
+    "ALTER TABLE sandboxes ADD COLUMN disk_mb integer NOT NULL DEFAULT 0;"
+    "ALTER TABLE workers ADD COLUMN disk_mb_total bigint NOT NULL DEFAULT 0,"
+    "  ADD COLUMN disk_mb_free bigint NOT NULL DEFAULT 0,"
+    "  ADD COLUMN disk_mb_reserve bigint NOT NULL DEFAULT 0,"
+    "  ADD COLUMN disk_mb_default integer NOT NULL DEFAULT 0;";
+
+static const char m9_pools[] =
+    /* Warm pools (docs/pools.md): per template, sandboxes a worker has ready to claim, from its
+     * last heartbeat; the scheduler prefers a worker that has one. */
+    "ALTER TABLE workers ADD COLUMN pools jsonb NOT NULL DEFAULT '{}';";
+
+static const char m10_data_keys[] =
+    /* Per-sandbox data keys of captured output (docs/audit.md): the key only wrapped by the
+     * master key named by master_key_id (AES-256-GCM, the additional data names the sandbox).
+     * A mutable table, never an event, so that forgetting is possible: space-replay forget
+     * drops nonce and wrapped and sets forgotten_at; the row stays as a tombstone so that no
+     * new key is ever made for a forgotten sandbox. */
+    "CREATE TABLE data_keys ("
+    "  sandbox_id    text PRIMARY KEY,"
+    "  tenant        text NOT NULL,"
+    "  key_id        text NOT NULL,"
+    "  master_key_id text NOT NULL,"
+    "  nonce         bytea,"
+    "  wrapped       bytea,"
+    "  created_at    timestamptz NOT NULL DEFAULT now(),"
+    "  forgotten_at  timestamptz,"
+    "  CHECK ((forgotten_at IS NULL) = (wrapped IS NOT NULL))"
+    ");"
+    "CREATE INDEX data_keys_tenant ON data_keys (tenant);";
+
 const sp_db_migration_t sp_db_migrations[] = {
-    {1, "events, sandboxes, workers", m1_events},       {2, "api_keys, idempotency_keys", m2_keys},
-    {3, "sandbox timeouts and idleness", m3_timeouts},  {4, "sandbox_env", m4_sandbox_env},
+    {1, "events, sandboxes, workers", m1_events},
+    {2, "api_keys, idempotency_keys", m2_keys},
+    {3, "sandbox timeouts and idleness", m3_timeouts},
+    {4, "sandbox_env", m4_sandbox_env},
     {5, "credentials, credstore_keys", m5_credentials},
+    {6, "api key roles", m6_key_roles},
+    {7, "events chain v2", m7_chain_v2},
+    {8, "disk of sandboxes and workers", m8_disk},
+    {9, "worker pool levels", m9_pools},
+    {10, "data_keys", m10_data_keys},
 };
 const size_t sp_db_n_migrations = sizeof(sp_db_migrations) / sizeof(sp_db_migrations[0]);

@@ -12,6 +12,7 @@
 #include "error.h"
 #include "fspath.h"
 #include "ids.h"
+#include "intent.h"
 #include "netpolicy.h"
 #include "text.h"
 #include "xmalloc.h"
@@ -20,10 +21,10 @@
 #define ACTOR_MAX          128
 #define CORR_MAX           128
 #define TEXT_MAX           256
-#define METADATA_MAX       64
-#define METADATA_KEY_MAX   64
-#define METADATA_VALUE_MAX 512
-#define ENV_NAMES_MAX      128
+#define METADATA_MAX       SP_INTENT_METADATA_MAX
+#define METADATA_KEY_MAX   SP_INTENT_METADATA_KEY_MAX
+#define METADATA_VALUE_MAX SP_INTENT_METADATA_VALUE_MAX
+#define ENV_NAMES_MAX      SP_INTENT_ENV_MAX
 #define LIST_MAX           256
 #define ARTIFACTS_MAX      16
 #define ARGV_MAX           256
@@ -151,16 +152,7 @@ static int script_ok(const char *s, size_t max)
 
 static int env_name_ok(const char *s)
 {
-    size_t n = strlen(s);
-    if (n == 0 || n > 128 || (s[0] >= '0' && s[0] <= '9'))
-        return 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-              c == '_'))
-            return 0;
-    }
-    return 1;
+    return sp_intent_env_name_ok(s);
 }
 
 #define CHECK_TEXT(field, max, name)                                                               \
@@ -196,11 +188,15 @@ static int env_name_ok(const char *s)
     } while (0)
 static int validate_network(const Space__V1__NetworkPolicy *p, char reason[SP_REASON_MAX]);
 
+/* The wire shape of a create: what the event log and the projection need to store it. Its
+ * values (template name, time limits, resources, on_timeout, project) are the intent check's
+ * (intent.h): a well-formed create that asks for what the platform does not give is stored
+ * and then refused by the scheduler as SandboxRequestRejected, visible to whoever sent it. */
 static int validate_create(const Space__V1__SandboxCreateRequested *p, char reason[SP_REASON_MAX])
 {
-    CHECK_ID(p->template_, "template");
-    if (p->timeout_s > 30 * 24 * 3600)
-        return fail(reason, SP_ESCHEMA, "timeout_s: %u is over 30 days", p->timeout_s);
+    if (!p->template_[0])
+        return fail(reason, SP_ESCHEMA, "template: missing");
+    CHECK_TEXT(p->template_, ID_MAX, "template");
     if (p->n_metadata > METADATA_MAX)
         return fail(reason, SP_ESCHEMA, "metadata: %zu entries, at most %d", p->n_metadata,
                     METADATA_MAX);
@@ -216,21 +212,9 @@ static int validate_create(const Space__V1__SandboxCreateRequested *p, char reas
     for (size_t i = 0; i < p->n_env_names; i++)
         if (!env_name_ok(p->env_names[i]))
             return fail(reason, SP_ESCHEMA, "env_names[%zu]: not an environment variable name", i);
-    if (p->resources) {
-        if (p->resources->vcpu > 64)
-            return fail(reason, SP_ESCHEMA, "resources.vcpu: %u is over 64", p->resources->vcpu);
-        if (p->resources->memory_mb > 1024 * 1024)
-            return fail(reason, SP_ESCHEMA, "resources.memory_mb: %u is over 1 TiB",
-                        p->resources->memory_mb);
-    }
     CHECK_TEXT(p->idempotency_key, CORR_MAX, "idempotency_key");
-    if (p->on_timeout[0] && strcmp(p->on_timeout, "delete") != 0 &&
-        strcmp(p->on_timeout, "suspend") != 0)
-        return fail(reason, SP_ESCHEMA, "on_timeout: delete or suspend");
-    if (p->idle_suspend_s > 30 * 24 * 3600)
-        return fail(reason, SP_ESCHEMA, "idle_suspend_s: %u is over 30 days", p->idle_suspend_s);
-    if (p->project[0] && !sp_cred_name_valid(p->project, strlen(p->project)))
-        return fail(reason, SP_ESCHEMA, "project: 1..64 of [A-Za-z0-9_.-]");
+    CHECK_TEXT(p->on_timeout, 16, "on_timeout");
+    CHECK_TEXT(p->project, SP_CRED_NAME_MAX, "project");
     return validate_network(p->network, reason);
 }
 
@@ -372,7 +356,13 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED:
         CHECK_ID(e->sandbox_placed->worker, "worker");
         CHECK_TEXT(e->sandbox_placed->scheduler, ID_MAX, "scheduler");
-        return e->sandbox_placed->request ? validate_create(e->sandbox_placed->request, reason) : 0;
+        /* The worker makes the sandbox from this request: the scheduler placed it only after
+         * the intent check, and a placement that carries anything else is refused here. */
+        if (!e->sandbox_placed->request)
+            return 0;
+        if (validate_create(e->sandbox_placed->request, reason) < 0)
+            return SP_ESCHEMA;
+        return sp_intent_check_create(e->sandbox_placed->request, reason);
     case SPACE__V1__ENVELOPE__PAYLOAD_NETWORK_POLICY_UPDATE_REQUESTED:
         if (!e->network_policy_update_requested->network)
             return fail(reason, SP_ESCHEMA, "network: missing");
@@ -455,6 +445,18 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
         if (p->data.len > SP_COMMAND_OUTPUT_CHUNK_MAX)
             return fail(reason, SP_ESCHEMA, "data: %zu bytes, at most %d", p->data.len,
                         SP_COMMAND_OUTPUT_CHUNK_MAX);
+        /* Sealed output (docs/audit.md): never next to plaintext, a whole nonce and tag. */
+        if (p->ciphertext.len || p->nonce.len || p->key_id[0]) {
+            if (p->data.len)
+                return fail(reason, SP_ESCHEMA, "data: plaintext next to a ciphertext");
+            if (p->nonce.len != 12)
+                return fail(reason, SP_ESCHEMA, "nonce: %zu bytes, want 12", p->nonce.len);
+            if (p->ciphertext.len < 16 || p->ciphertext.len > SP_COMMAND_OUTPUT_CHUNK_MAX + 16)
+                return fail(reason, SP_ESCHEMA, "ciphertext: %zu bytes, want 16..%d",
+                            p->ciphertext.len, SP_COMMAND_OUTPUT_CHUNK_MAX + 16);
+            if (strlen(p->key_id) != 16 || strspn(p->key_id, "0123456789abcdef") != 16)
+                return fail(reason, SP_ESCHEMA, "key_id: want 16 lower-case hex characters");
+        }
         return 0;
     }
     case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED: {
@@ -527,11 +529,24 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
         CHECK_TEXT(p->version, ID_MAX, "version");
         if (p->vcpu_used > p->vcpu_total || p->memory_mb_used > p->memory_mb_total)
             return fail(reason, SP_ESCHEMA, "capacity: used exceeds total");
+        if (p->disk_mb_free > p->disk_mb_total || p->disk_mb_reserve > p->disk_mb_total)
+            return fail(reason, SP_ESCHEMA, "disk: free or reserve exceeds total");
         if (p->interval_ms == 0 || p->interval_ms > 3600 * 1000)
             return fail(reason, SP_ESCHEMA, "interval_ms: %u, want 1..3600000", p->interval_ms);
         int rc = validate_list(p->templates, p->n_templates, "templates", reason);
         if (rc < 0)
             return rc;
+        /* Warm pools (docs/pools.md): one level per template, at most what it is sized for. */
+        if (p->n_pools > LIST_MAX)
+            return fail(reason, SP_ESCHEMA, "pools: %zu entries, at most %d", p->n_pools, LIST_MAX);
+        for (size_t i = 0; i < p->n_pools; i++) {
+            if (!p->pools[i])
+                return fail(reason, SP_ESCHEMA, "pools: empty entry");
+            CHECK_ID(p->pools[i]->template_, "pools.template");
+            if (p->pools[i]->ready > p->pools[i]->size)
+                return fail(reason, SP_ESCHEMA, "pools: %u ready, sized %u", p->pools[i]->ready,
+                            p->pools[i]->size);
+        }
         return validate_list(p->runtimes, p->n_runtimes, "runtimes", reason);
     }
     case SPACE__V1__ENVELOPE__PAYLOAD_WORKER_RECONCILED: {
@@ -653,7 +668,12 @@ int sp_envelope_decode(const uint8_t *buf, size_t len, sp_envelope_t **ret_env,
     sp_envelope_t *e = space__v1__envelope__unpack(NULL, len, buf);
     if (!e)
         return fail(reason, SP_EDECODE, "not a protobuf Envelope (truncated or corrupt)");
-    int rc = sp_envelope_validate(e, reason);
+    /* What protobuf-c lets through but would not give back: a field numbered 0 (accepted
+     * when its key is a non-minimal varint, then packed as a key it refuses) and a string
+     * cut at a NUL byte (what a reader sees would differ from the signed bytes). */
+    int rc = sp_proto_wire_check(e->base.descriptor, buf, len, reason);
+    if (rc == 0)
+        rc = sp_envelope_validate(e, reason);
     if (rc < 0) {
         space__v1__envelope__free_unpacked(e, NULL);
         return rc;
@@ -740,6 +760,77 @@ static int read_varint(const uint8_t **p, const uint8_t *end, uint64_t *ret)
     return -1;
 }
 
+/* Skips the value of a field of wire type wt at *p; on a length-delimited one, *ret_val and
+ * *ret_vlen get its bytes. -1 when truncated or of a wire type proto3 does not have. */
+static int skip_value(const uint8_t **p, const uint8_t *end, unsigned wt, const uint8_t **ret_val,
+                      size_t *ret_vlen)
+{
+    uint64_t v;
+    switch (wt) {
+    case 0: /* varint */
+        return read_varint(p, end, &v);
+    case 1: /* 64-bit */
+        if ((size_t)(end - *p) < 8)
+            return -1;
+        *p += 8;
+        return 0;
+    case 2: /* length-delimited */
+        if (read_varint(p, end, &v) < 0 || v > (uint64_t)(end - *p))
+            return -1;
+        *ret_val = *p;
+        *ret_vlen = (size_t)v;
+        *p += v;
+        return 0;
+    case 5: /* 32-bit */
+        if ((size_t)(end - *p) < 4)
+            return -1;
+        *p += 4;
+        return 0;
+    default: /* groups (3, 4) are not in proto3, 6 and 7 do not exist */
+        return -1;
+    }
+}
+
+#define WIRE_DEPTH_MAX   32
+#define FIELD_NUMBER_MAX 536870911u /* 2^29 - 1 */
+
+static int wire_check(const ProtobufCMessageDescriptor *d, const uint8_t *p, const uint8_t *end,
+                      int depth, char reason[SP_REASON_MAX])
+{
+    if (depth > WIRE_DEPTH_MAX)
+        return fail(reason, SP_EDECODE, "messages nested deeper than %d", WIRE_DEPTH_MAX);
+    while (p < end) {
+        uint64_t key;
+        const uint8_t *val = NULL;
+        size_t vlen = 0;
+        if (read_varint(&p, end, &key) < 0 || skip_value(&p, end, key & 7, &val, &vlen) < 0)
+            return fail(reason, SP_EDECODE, "%s: truncated or corrupt", d->short_name);
+        uint64_t num = key >> 3;
+        if (num == 0 || num > FIELD_NUMBER_MAX)
+            return fail(reason, SP_EDECODE, "%s: field number %llu", d->short_name,
+                        (unsigned long long)num);
+        const ProtobufCFieldDescriptor *f =
+            val ? protobuf_c_message_descriptor_get_field(d, (unsigned)num) : NULL;
+        if (!f)
+            continue;
+        if (f->type == PROTOBUF_C_TYPE_STRING && memchr(val, '\0', vlen))
+            return fail(reason, SP_EDECODE, "%s.%s: a string with a NUL byte", d->short_name,
+                        f->name);
+        if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
+            int rc = wire_check(f->descriptor, val, val + vlen, depth + 1, reason);
+            if (rc < 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+int sp_proto_wire_check(const ProtobufCMessageDescriptor *desc, const uint8_t *buf, size_t len,
+                        char reason[SP_REASON_MAX])
+{
+    return wire_check(desc, buf, buf + len, 0, reason);
+}
+
 int sp_envelope_canonical(const uint8_t *raw, size_t len, uint8_t *out, size_t *ret_len)
 {
     const uint8_t *p = raw, *end = raw + len;
@@ -753,33 +844,12 @@ int sp_envelope_canonical(const uint8_t *raw, size_t len, uint8_t *out, size_t *
     }
     while (p < end) {
         const uint8_t *start = p;
-        uint64_t key, v;
+        uint64_t key;
 
-        if (read_varint(&p, end, &key) < 0)
+        const uint8_t *val;
+        size_t vlen;
+        if (read_varint(&p, end, &key) < 0 || skip_value(&p, end, key & 7, &val, &vlen) < 0)
             return SP_EDECODE;
-        switch (key & 7) {
-        case 0: /* varint */
-            if (read_varint(&p, end, &v) < 0)
-                return SP_EDECODE;
-            break;
-        case 1: /* 64-bit */
-            if ((size_t)(end - p) < 8)
-                return SP_EDECODE;
-            p += 8;
-            break;
-        case 2: /* length-delimited */
-            if (read_varint(&p, end, &v) < 0 || v > (uint64_t)(end - p))
-                return SP_EDECODE;
-            p += v;
-            break;
-        case 5: /* 32-bit */
-            if ((size_t)(end - p) < 4)
-                return SP_EDECODE;
-            p += 4;
-            break;
-        default: /* groups (3, 4) are not in proto3, 6 and 7 do not exist */
-            return SP_EDECODE;
-        }
         if ((key >> 3) >= SIG_FIELD_FIRST && (key >> 3) <= SIG_FIELD_LAST)
             continue;
         memcpy(out + n, start, (size_t)(p - start));

@@ -8,6 +8,7 @@
 #include <errno.h>
 
 #include "contract.h"
+#include "datakey.h"
 #include "error.h"
 #include "publish.h"
 #include "xmalloc.h"
@@ -44,6 +45,7 @@ int sp_eventgen_sandbox(sp_event_type_t type, const char *tenant, const char *sa
     Space__V1__SandboxResumed resumed = SPACE__V1__SANDBOX_RESUMED__INIT;
     Space__V1__SandboxDeleted deleted = SPACE__V1__SANDBOX_DELETED__INIT;
     Space__V1__SandboxDeleteRequested delreq = SPACE__V1__SANDBOX_DELETE_REQUESTED__INIT;
+    Space__V1__SandboxPauseRequested pausereq = SPACE__V1__SANDBOX_PAUSE_REQUESTED__INIT;
     char *w = (char *)(worker ? worker : "");
 
     memset(out, 0, sizeof(*out));
@@ -96,6 +98,10 @@ int sp_eventgen_sandbox(sp_event_type_t type, const char *tenant, const char *sa
         delreq.reason = "api";
         env.sandbox_delete_requested = &delreq;
         break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSE_REQUESTED:
+        env.actor = "key_demo";
+        env.sandbox_pause_requested = &pausereq;
+        break;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETED:
         env.actor = "svc:worker";
         deleted.reason = "api";
@@ -106,6 +112,47 @@ int sp_eventgen_sandbox(sp_event_type_t type, const char *tenant, const char *sa
     }
     env.correlation_id = "eventgen";
     return finish(&env, worker, out);
+}
+
+int sp_eventgen_output(const char *tenant, const char *sandbox, const char *worker,
+                       const char *cmd_id, uint64_t offset, const uint8_t *data, size_t len,
+                       const sp_cred_key_t *dk, sp_eventgen_msg_t *out)
+{
+    sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
+    Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
+    Space__V1__CommandOutput o = SPACE__V1__COMMAND_OUTPUT__INIT;
+    uint8_t nonce[SP_CRED_NONCE_LEN];
+
+    memset(out, 0, sizeof(*out));
+    if (len > SP_COMMAND_OUTPUT_CHUNK_MAX)
+        return -EINVAL;
+    agg.kind = "sandbox";
+    agg.id = (char *)sandbox;
+    env.aggregate = &agg;
+    env.tenant = (char *)tenant;
+    env.actor = "svc:worker";
+    env.correlation_id = "eventgen";
+    o.cmd_id = (char *)cmd_id;
+    o.stream = 1;
+    o.offset = offset;
+    uint8_t *ct = NULL;
+    if (dk) {
+        ct = sp_xmalloc(len + SP_CRED_TAG_LEN);
+        if (sp_output_seal(dk, sandbox, cmd_id, 1, offset, data, len, nonce, ct) < 0) {
+            free(ct);
+            return -EIO;
+        }
+        o.ciphertext = (ProtobufCBinaryData){len + SP_CRED_TAG_LEN, ct};
+        o.nonce = (ProtobufCBinaryData){SP_CRED_NONCE_LEN, nonce};
+        o.key_id = (char *)dk->id;
+    } else {
+        o.data = (ProtobufCBinaryData){len, (uint8_t *)data};
+    }
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT;
+    env.command_output = &o;
+    int rc = finish(&env, worker, out);
+    free(ct);
+    return rc;
 }
 
 int sp_eventgen_heartbeat(const char *worker, const char *const *templates, size_t n_templates,
@@ -147,46 +194,21 @@ void sp_eventgen_msg_dispose(sp_eventgen_msg_t *m)
 int sp_eventgen_sign(sp_eventgen_msg_t *const *msgs, size_t n, const char *signer,
                      const sp_sign_key_t *key)
 {
-    sp_envelope_t **envs;
-    uint8_t **bufs;
-    size_t *lens, decoded = 0;
-    char reason[SP_REASON_MAX];
-    int rc = 0;
-
     if (!msgs || n == 0 || n > SP_SIG_BATCH_MAX)
         return -EINVAL;
-    envs = sp_xcalloc(n, sizeof(sp_envelope_t *));
-    bufs = sp_xcalloc(n, sizeof(*bufs));
-    lens = sp_xcalloc(n, sizeof(*lens));
-    for (; decoded < n; decoded++)
-        if ((rc = sp_envelope_decode(msgs[decoded]->data, msgs[decoded]->len, &envs[decoded],
-                                     reason)) < 0)
-            goto out;
-    /* Signing points the decoded envelopes' signature fields elsewhere; keep what the
-     * unpacker allocated so that it frees its own. */
-    sp_envelope_t *saved = sp_xcalloc(n, sizeof(*saved));
-    for (size_t i = 0; i < n; i++)
-        saved[i] = *envs[i];
-    rc = sp_envelope_encode_signed_batch(envs, n, signer, key, bufs, lens);
+    uint8_t **bufs = sp_xcalloc(n, sizeof(*bufs));
+    size_t *lens = sp_xcalloc(n, sizeof(*lens));
     for (size_t i = 0; i < n; i++) {
-        envs[i]->signer = saved[i].signer;
-        envs[i]->signature = saved[i].signature;
-        envs[i]->sig_proof = saved[i].sig_proof;
-        envs[i]->sig_index = saved[i].sig_index;
-        envs[i]->sig_count = saved[i].sig_count;
+        bufs[i] = msgs[i]->data;
+        lens[i] = msgs[i]->len;
     }
-    free(saved);
-    if (rc < 0)
-        goto out;
-    for (size_t i = 0; i < n; i++) {
-        free(msgs[i]->data);
-        msgs[i]->data = bufs[i];
-        msgs[i]->len = lens[i];
+    int rc = sp_envelope_sign_encoded(bufs, lens, n, signer, key);
+    if (rc == 0) {
+        for (size_t i = 0; i < n; i++) {
+            msgs[i]->data = bufs[i];
+            msgs[i]->len = lens[i];
+        }
     }
-out:
-    for (size_t i = 0; i < decoded; i++)
-        sp_envelope_free(envs[i]);
-    free(envs);
     free(bufs);
     free(lens);
     return rc;

@@ -60,6 +60,45 @@ void sp_chain_next(const uint8_t prev[SP_SHA256_LEN], const void *data, size_t l
     sha256_parts(prev, SP_SHA256_LEN, data, len, out);
 }
 
+static void put_be(uint8_t *p, uint64_t v, int n)
+{
+    for (int i = n - 1; i >= 0; i--, v >>= 8)
+        p[i] = (uint8_t)(v & 0xff);
+}
+
+void sp_chain2_next(const uint8_t prev[SP_SHA256_LEN], const sp_chain_row_t *row,
+                    uint8_t out[SP_SHA256_LEN])
+{
+    static const char domain[] = "SPACE-C chain v2";
+    uint8_t seq[8], slen[4], size[8], flags[2], rlen[4];
+    unsigned int outlen = 0;
+
+    pthread_once(&sha256_once, sha256_fetch);
+    if (!sha256_md)
+        die("EVP_MD_fetch");
+    put_be(seq, row->seq, 8);
+    put_be(slen, row->subject_len, 4);
+    put_be(size, row->payload_size, 8);
+    flags[0] = row->accepted ? 1 : 0;
+    flags[1] = row->reason ? 1 : 0;
+    put_be(rlen, row->reason ? row->reason_len : 0, 4);
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    if (!ctx)
+        die("EVP_MD_CTX_new");
+    int ok =
+        EVP_DigestInit_ex(ctx, sha256_md, NULL) && EVP_DigestUpdate(ctx, domain, sizeof(domain)) &&
+        EVP_DigestUpdate(ctx, prev, SP_SHA256_LEN) && EVP_DigestUpdate(ctx, seq, 8) &&
+        EVP_DigestUpdate(ctx, slen, 4) && EVP_DigestUpdate(ctx, row->subject, row->subject_len) &&
+        EVP_DigestUpdate(ctx, size, 8) &&
+        EVP_DigestUpdate(ctx, row->payload_sha256, SP_SHA256_LEN) &&
+        EVP_DigestUpdate(ctx, flags, 2) && EVP_DigestUpdate(ctx, rlen, 4) &&
+        (!row->reason || EVP_DigestUpdate(ctx, row->reason, row->reason_len)) &&
+        EVP_DigestFinal_ex(ctx, out, &outlen);
+    EVP_MD_CTX_free(ctx);
+    if (!ok || outlen != SP_SHA256_LEN)
+        die("EVP_Digest");
+}
+
 void sp_hex_encode(const uint8_t *in, size_t len, char *out)
 {
     static const char digits[] = "0123456789abcdef";

@@ -585,8 +585,10 @@ static int check_duplicates(struct parser *p, const struct slot *sl, size_t n)
 static int close_container(struct parser *p, const sp_json_t **ret)
 {
     struct frame *f = &p->frames[p->depth - 1];
-    const struct slot *sl = p->slots + f->first_slot;
     size_t n = p->nslots - f->first_slot;
+    /* No slot yet (an empty container first): p->slots is still NULL, and NULL + 0 is
+     * undefined behaviour (found by tests/fuzz/json_fuzz). */
+    const struct slot *sl = n ? p->slots + f->first_slot : NULL;
     sp_json_t *node = f->node;
     int r;
 

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "bus.h"
+#include "checkpoint.h"
 #include "error.h"
 #include "ids.h"
 #include "sign.h"
@@ -334,7 +335,12 @@ static void perms_for(const sp_identity_t *id, rules_t *pub, rules_t *sub, rules
         if (!(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) || !(sp_event_emitters(t) & bit))
             continue;
         sid = sp_event_subject_id(t);
-        fill(s, sizeof(s), sp_subject(sid)->pattern, id->kind == SP_KIND_WORKER ? own : NULL,
+        /* A worker on its own subjects only; a platform only on the scheduler's ("_"), so its
+         * intents meet the scheduler's checks before any worker sees them (contract.c). */
+        fill(s, sizeof(s), sp_subject(sid)->pattern,
+             id->kind == SP_KIND_WORKER     ? own
+             : id->kind == SP_KIND_PLATFORM ? "_"
+                                            : NULL,
              sp_event_type_name(t));
         add(pub, "%s", s);
     }
@@ -377,6 +383,15 @@ static void perms_for(const sp_identity_t *id, rules_t *pub, rules_t *sub, rules
             add(pub, "$JS.API.CONSUMER.DURABLE.CREATE.%s.%s", SP_BUS_STREAM, dur);
         if (cons[i].recreated)
             add(pub, "$JS.API.CONSUMER.DELETE.%s.%s", SP_BUS_STREAM, dur);
+    }
+    /* Checkpoints (docs/audit.md): the event log publishes them (SP_SUBJ_CKPT, above) and
+     * checks their stream exists; readers (space-replay verify) read them back. */
+    if (id->kind == SP_KIND_EVENTLOG || id->kind == SP_KIND_READER)
+        add(pub, "$JS.API.STREAM.INFO.%s", SP_CKPT_STREAM);
+    if (id->kind == SP_KIND_READER) {
+        add(pub, "$JS.API.STREAM.MSG.GET.%s", SP_CKPT_STREAM);
+        add(pub, "$JS.API.DIRECT.GET.%s", SP_CKPT_STREAM);
+        add(pub, "$JS.API.DIRECT.GET.%s.>", SP_CKPT_STREAM);
     }
     if (id->kind == SP_KIND_GATEWAY || id->kind == SP_KIND_READER) {
         add(pub, "$JS.API.STREAM.MSG.GET.%s", SP_BUS_STREAM);

@@ -118,6 +118,7 @@ int sp_obj_bucket_ensure(sp_bus_t *bus, const char *bucket)
     cfg.Subjects = subjects;
     cfg.SubjectsLen = 2;
     cfg.Storage = js_FileStorage;
+    cfg.Replicas = bus->stream_replicas;
     cfg.Discard = js_DiscardNew;
     cfg.AllowRollup = true;
     cfg.AllowDirect = true;

@@ -1,9 +1,12 @@
 /* Publishing events (publish.h). */
 #include "publish.h"
 
+#include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "error.h"
+#include "xmalloc.h"
 
 /* Set once at startup, before publishing threads exist (publish.h). */
 static const char *signer_name;
@@ -18,6 +21,11 @@ void sp_publish_signer_set(const char *identity, const sp_sign_key_t *key)
 const char *sp_publish_signer(void)
 {
     return signer_name;
+}
+
+const sp_sign_key_t *sp_publish_signer_key(void)
+{
+    return signer_key;
 }
 
 int sp_publish_pack(sp_envelope_t *env, uint8_t **ret_buf, size_t *ret_len)
@@ -53,20 +61,6 @@ int sp_publish_event(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const c
     return rc;
 }
 
-int sp_publish_event_async(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const char *worker)
-{
-    char subject[SP_PUBLISH_SUBJECT_MAX];
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    int rc;
-
-    if ((rc = sp_publish_encode(env, id_buf, worker, subject, &buf, &len)) < 0)
-        return rc;
-    rc = sp_bus_publish_async(bus, subject, buf, len, env->event_id);
-    free(buf);
-    return rc;
-}
-
 void sp_envelope_answer(sp_envelope_t *env, Space__V1__Aggregate *agg, const sp_envelope_t *cause,
                         const char *actor)
 {
@@ -79,4 +73,120 @@ void sp_envelope_answer(sp_envelope_t *env, Space__V1__Aggregate *agg, const sp_
     env->actor = (char *)actor;
     env->correlation_id = cause->correlation_id;
     env->causation_id = cause->event_id;
+}
+
+int sp_envelope_sign_encoded(uint8_t **in, size_t *in_lens, size_t n, const char *signer,
+                             const sp_sign_key_t *key)
+{
+    sp_envelope_t **envs;
+    uint8_t **bufs;
+    size_t *lens, decoded = 0;
+    char reason[SP_REASON_MAX];
+    int rc = 0;
+
+    if (!in || !in_lens || n == 0 || n > SP_SIG_BATCH_MAX)
+        return -EINVAL;
+    envs = sp_xcalloc(n, sizeof(sp_envelope_t *));
+    bufs = sp_xcalloc(n, sizeof(*bufs));
+    lens = sp_xcalloc(n, sizeof(*lens));
+    for (; decoded < n; decoded++)
+        if ((rc = sp_envelope_decode(in[decoded], in_lens[decoded], &envs[decoded], reason)) < 0)
+            goto out;
+    /* Signing points the decoded envelopes' signature fields elsewhere; keep what the
+     * unpacker allocated so that it frees its own. */
+    sp_envelope_t *saved = sp_xcalloc(n, sizeof(*saved));
+    for (size_t i = 0; i < n; i++)
+        saved[i] = *envs[i];
+    rc = sp_envelope_encode_signed_batch(envs, n, signer, key, bufs, lens);
+    for (size_t i = 0; i < n; i++) {
+        envs[i]->signer = saved[i].signer;
+        envs[i]->signature = saved[i].signature;
+        envs[i]->sig_proof = saved[i].sig_proof;
+        envs[i]->sig_index = saved[i].sig_index;
+        envs[i]->sig_count = saved[i].sig_count;
+    }
+    free(saved);
+    if (rc < 0)
+        goto out;
+    for (size_t i = 0; i < n; i++) {
+        free(in[i]);
+        in[i] = bufs[i];
+        in_lens[i] = lens[i];
+    }
+out:
+    for (size_t i = 0; i < decoded; i++)
+        sp_envelope_free(envs[i]);
+    free(envs);
+    free(bufs);
+    free(lens);
+    return rc;
+}
+
+int sp_publish_sign_burst(uint8_t **bufs, size_t *lens, size_t n)
+{
+    if (!signer_key)
+        return 0;
+    for (size_t off = 0; off < n; off += SP_SIG_BATCH_DEFAULT) {
+        size_t k = n - off < SP_SIG_BATCH_DEFAULT ? n - off : SP_SIG_BATCH_DEFAULT;
+        int rc = sp_envelope_sign_encoded(bufs + off, lens + off, k, signer_name, signer_key);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+void sp_burst_init(sp_burst_t *b)
+{
+    memset(b, 0, sizeof(*b));
+}
+
+int sp_burst_add(sp_burst_t *b, sp_envelope_t *env, const char *worker)
+{
+    char id[37], subject[SP_PUBLISH_SUBJECT_MAX];
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    sp_envelope_stamp(env, id);
+    int rc = sp_envelope_subject(env, worker, subject, sizeof(subject));
+    if (rc >= 0)
+        rc = sp_envelope_encode(env, &buf, &len);
+    if (rc < 0)
+        return rc;
+    if (b->n == b->cap) {
+        b->cap = b->cap ? b->cap * 2 : 16;
+        b->bufs = sp_xreallocarray(b->bufs, b->cap, sizeof(*b->bufs));
+        b->lens = sp_xreallocarray(b->lens, b->cap, sizeof(*b->lens));
+        b->subjects = sp_xreallocarray(b->subjects, b->cap, sizeof(*b->subjects));
+        b->ids = sp_xreallocarray(b->ids, b->cap, sizeof(*b->ids));
+    }
+    b->bufs[b->n] = buf;
+    b->lens[b->n] = len;
+    memcpy(b->subjects[b->n], subject, sizeof(subject));
+    memcpy(b->ids[b->n], id, sizeof(id));
+    b->n++;
+    return 0;
+}
+
+int sp_burst_publish_async(sp_bus_t *bus, sp_burst_t *b)
+{
+    int first = b->n ? sp_publish_sign_burst(b->bufs, b->lens, b->n) : 0;
+    for (size_t i = 0; i < b->n && first == 0; i++) {
+        int rc = sp_bus_publish_async(bus, b->subjects[i], b->bufs[i], b->lens[i], b->ids[i]);
+        if (rc < 0 && first == 0)
+            first = rc;
+    }
+    for (size_t i = 0; i < b->n; i++)
+        free(b->bufs[i]);
+    b->n = 0;
+    return first;
+}
+
+void sp_burst_dispose(sp_burst_t *b)
+{
+    for (size_t i = 0; i < b->n; i++)
+        free(b->bufs[i]);
+    free(b->bufs);
+    free(b->lens);
+    free(b->subjects);
+    free(b->ids);
+    memset(b, 0, sizeof(*b));
 }

@@ -89,6 +89,22 @@ static char *json_array(char **items, size_t n)
     return sp_buf_take(&b);
 }
 
+/* {"<template>": ready, ...}: a heartbeat's pool levels (docs/pools.md). */
+static char *json_pools(Space__V1__PoolLevel **v, size_t n)
+{
+    sp_buf_t b;
+    sp_buf_init(&b);
+    sp_buf_putc(&b, '{');
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            sp_buf_putc(&b, ',');
+        sp_buf_json_str(&b, v[i]->template_);
+        sp_buf_printf(&b, ":%u", v[i]->ready);
+    }
+    sp_buf_putc(&b, '}');
+    return sp_buf_take(&b);
+}
+
 static char *json_metadata(Space__V1__KeyValue **kv, size_t n)
 {
     sp_buf_t b;
@@ -163,6 +179,7 @@ static void apply_create(sp_sandbox_t *s, const sp_envelope_t *env)
     if (p->resources) {
         s->vcpu = p->resources->vcpu;
         s->memory_mb = p->resources->memory_mb;
+        s->disk_mb = p->resources->disk_mb;
     }
     free(s->metadata_json);
     free(s->env_names_json);
@@ -211,6 +228,8 @@ int sp_reduce_sandbox(sp_sandbox_t *s, const sp_envelope_t *env, uint64_t seq,
         s->state = SP_SBX_RUNNING;
         s->started_at_us = env->occurred_at_us;
         s->last_activity_us = env->occurred_at_us;
+        if (env->sandbox_started->disk_mb)
+            s->disk_mb = env->sandbox_started->disk_mb;
         s->timeout_at_us = s->timeout_s ? env->occurred_at_us + (int64_t)s->timeout_s * 1000000 : 0;
         break;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_FAILED:
@@ -309,8 +328,10 @@ void sp_worker_dispose(sp_worker_t *w)
 {
     free(w->templates_json);
     free(w->runtimes_json);
+    free(w->pools_json);
     w->templates_json = NULL;
     w->runtimes_json = NULL;
+    w->pools_json = NULL;
 }
 
 void sp_worker_copy(sp_worker_t *dst, const sp_worker_t *src)
@@ -318,6 +339,7 @@ void sp_worker_copy(sp_worker_t *dst, const sp_worker_t *src)
     *dst = *src;
     dst->templates_json = src->templates_json ? sp_xstrdup(src->templates_json) : NULL;
     dst->runtimes_json = src->runtimes_json ? sp_xstrdup(src->runtimes_json) : NULL;
+    dst->pools_json = src->pools_json ? sp_xstrdup(src->pools_json) : NULL;
 }
 
 int sp_reduce_worker(sp_worker_t *w, const sp_envelope_t *env, uint64_t seq,
@@ -338,6 +360,10 @@ int sp_reduce_worker(sp_worker_t *w, const sp_envelope_t *env, uint64_t seq,
         w->vcpu_used = p->vcpu_used;
         w->memory_mb_total = p->memory_mb_total;
         w->memory_mb_used = p->memory_mb_used;
+        w->disk_mb_total = p->disk_mb_total;
+        w->disk_mb_free = p->disk_mb_free;
+        w->disk_mb_reserve = p->disk_mb_reserve;
+        w->disk_mb_default = p->disk_mb_default;
         w->sandboxes_running = p->sandboxes_running;
         w->interval_ms = p->interval_ms;
         copy_str(w->version_string, sizeof(w->version_string), p->version);
@@ -345,6 +371,8 @@ int sp_reduce_worker(sp_worker_t *w, const sp_envelope_t *env, uint64_t seq,
         free(w->runtimes_json);
         w->templates_json = json_array(p->templates, p->n_templates);
         w->runtimes_json = json_array(p->runtimes, p->n_runtimes);
+        free(w->pools_json);
+        w->pools_json = json_pools(p->pools, p->n_pools);
         w->last_heartbeat_us = env->occurred_at_us;
         w->up = 1;
     } else if (env->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_WORKER_RECONCILED) {

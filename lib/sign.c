@@ -40,11 +40,15 @@ typedef struct {
     uint8_t pub[SP_PUBKEY_LEN]; /* raw, for the signature cache's key */
     char **tenants;
     size_t n_tenants;
+    /* The .tenants file read (platforms): present, and its stat, for sp_keyring_stale. */
+    bool tenants_file;
+    struct stat tenants_st;
 } kr_entry_t;
 
 struct sp_keyring {
     kr_entry_t *e; /* sorted by name */
     size_t n;
+    char *dir; /* sp_keyring_load's directory, else NULL */
 };
 
 int sp_sign_keygen(const char *priv_path, const char *pub_path)
@@ -340,6 +344,7 @@ void sp_keyring_free(sp_keyring_t *kr)
     for (size_t i = 0; i < kr->n; i++)
         entry_dispose(&kr->e[i]);
     free(kr->e);
+    free(kr->dir);
     free(kr);
 }
 
@@ -351,10 +356,14 @@ static int load_tenants(sp_keyring_t *kr, const char *dir, const char *identity)
     char line[128];
     int rc = 0;
     FILE *f = fopen(path, "re");
+    kr_entry_t *e = find(kr, identity);
 
     free(path);
     if (!f)
         return errno == ENOENT ? 0 : -errno;
+    /* The file as opened: what was read, whatever replaces it meanwhile. */
+    if (e && fstat(fileno(f), &e->tenants_st) == 0)
+        e->tenants_file = true;
     while (fgets(line, sizeof(line), f)) {
         size_t n = strcspn(line, "\r\n");
         if (line[n] == '\0' && !feof(f)) {
@@ -423,8 +432,38 @@ int sp_keyring_load(const char *dir, sp_keyring_t **ret_kr)
         sp_keyring_free(kr);
         return rc;
     }
+    kr->dir = sp_xstrdup(dir);
     *ret_kr = kr;
     return 0;
+}
+
+static bool same_file(const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
+           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}
+
+bool sp_keyring_stale(const sp_keyring_t *kr)
+{
+    if (!kr || !kr->dir)
+        return false;
+    for (size_t i = 0; i < kr->n; i++) {
+        const kr_entry_t *e = &kr->e[i];
+        sp_identity_t id;
+        struct stat st;
+        char path[4096];
+        bool present;
+
+        if (sp_identity_parse(e->name, &id) < 0 || id.kind != SP_KIND_PLATFORM)
+            continue;
+        snprintf(path, sizeof(path), "%s/%s.tenants", kr->dir, e->name);
+        present = stat(path, &st) == 0;
+        if (!present && errno != ENOENT)
+            continue; /* unreadable now: reading it again would fail the same way */
+        if (present != e->tenants_file || (present && !same_file(&st, &e->tenants_st)))
+            return true;
+    }
+    return false;
 }
 
 /* ---- batch signatures ---- */
@@ -450,11 +489,18 @@ void sp_sig_leaf(const uint8_t *canonical, size_t len, uint8_t leaf[SP_SIG_HASH_
     sp_sha256_final(c, leaf);
 }
 
+/* Called after each proof hash with the node reached, the walk's state (fn, sn) and the proof
+ * bytes consumed: what is left of the walk is a function of exactly (node, fn, sn, the rest of
+ * the proof). true stops the walk (the caller knows where that leads). */
+typedef bool (*walk_step_fn)(void *arg, const uint8_t node[SP_SIG_HASH_LEN], uint32_t fn,
+                             uint32_t sn, size_t off);
+
 /* RFC 9162 2.1.3.2, verifying an inclusion proof: fn walks the leaf's index up the tree, sn
  * the last index; a level where the node is the last and has no right sibling (RFC 6962's
- * unbalanced right edge) consumes no proof hash. */
-int sp_sig_proof_root(const uint8_t leaf[SP_SIG_HASH_LEN], uint32_t index, uint32_t count,
-                      const uint8_t *proof, size_t plen, uint8_t root[SP_SIG_HASH_LEN])
+ * unbalanced right edge) consumes no proof hash. 1 when step stopped it (root not written). */
+static int proof_walk(const uint8_t leaf[SP_SIG_HASH_LEN], uint32_t index, uint32_t count,
+                      const uint8_t *proof, size_t plen, uint8_t root[SP_SIG_HASH_LEN],
+                      walk_step_fn step, void *arg)
 {
     uint8_t r[SP_SIG_HASH_LEN];
     uint32_t fn = index, sn;
@@ -479,11 +525,19 @@ int sp_sig_proof_root(const uint8_t leaf[SP_SIG_HASH_LEN], uint32_t index, uint3
         }
         fn >>= 1;
         sn >>= 1;
+        if (step && step(arg, r, fn, sn, off + SP_SIG_HASH_LEN))
+            return 1;
     }
     if (sn != 0)
         return SP_ESIGNATURE; /* proof shorter than the path */
     memcpy(root, r, SP_SIG_HASH_LEN);
     return 0;
+}
+
+int sp_sig_proof_root(const uint8_t leaf[SP_SIG_HASH_LEN], uint32_t index, uint32_t count,
+                      const uint8_t *proof, size_t plen, uint8_t root[SP_SIG_HASH_LEN])
+{
+    return proof_walk(leaf, index, count, proof, plen, root, NULL, NULL);
 }
 
 void sp_sig_message(uint32_t count, const uint8_t root[SP_SIG_HASH_LEN],
@@ -556,14 +610,44 @@ static const uint8_t *tree_root(const tree_t *t)
 /* ---- signature cache ---- */
 
 typedef struct {
-    uint8_t key[SP_SHA256_LEN];
+    uint8_t key[SP_SHA256_LEN]; /* verified */
     bool used;
 } cache_slot_t;
 
+/* Keys being verified by one thread, which the others wait for: a set of their own, not the
+ * slots, so that a signature that fails never evicts one that verified, and two keys of one
+ * slot verified at once are both shared (with one pending key per slot, the second was
+ * verified by every thread that met it: the pool test counted one Ed25519 too many, under
+ * load). Full: a plain miss. */
+#define CACHE_PENDING_MAX 128
+
+/* An interior node a verified member's walk went through (the memo of verified nodes): the
+ * node, the walk's state there, and the rest of that member's proof, under one signer key,
+ * count and signature. Another member of the batch whose walk reaches the same node in the
+ * same state with the same rest of proof would compute the same root, so its walk stops
+ * there: ~2 node hashes per member instead of log2(count), and the acceptance is exactly the
+ * full walk's (a member with any other proof bytes walks on and is judged by its own root). */
+typedef struct {
+    uint8_t node[SP_SIG_HASH_LEN];
+    uint8_t pub[SP_PUBKEY_LEN];
+    uint8_t sig[SP_SIG_LEN];
+    uint32_t count, fn, sn;
+    uint16_t rest_len;
+    uint8_t rest[SP_SIG_PROOF_MAX];
+    bool used;
+} memo_slot_t;
+
+#define MEMO_SLOTS_MAX 4096 /* ~0.5 KB each */
+
 struct sp_sigcache {
     pthread_mutex_t mu;
+    pthread_cond_t settled; /* a pending slot was settled */
     cache_slot_t *slot;
     size_t n;
+    uint8_t pending[CACHE_PENDING_MAX][SP_SHA256_LEN];
+    size_t n_pending;
+    memo_slot_t *memo;
+    size_t n_memo;
     uint64_t hits, verified;
 };
 
@@ -576,7 +660,10 @@ int sp_sigcache_new(size_t slots, sp_sigcache_t **ret_cache)
     c = sp_xcalloc(1, sizeof(*c));
     c->slot = sp_xcalloc(slots, sizeof(*c->slot));
     c->n = slots;
+    c->n_memo = slots < MEMO_SLOTS_MAX ? slots : MEMO_SLOTS_MAX;
+    c->memo = sp_xcalloc(c->n_memo, sizeof(*c->memo));
     pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->settled, NULL);
     *ret_cache = c;
     return 0;
 }
@@ -585,7 +672,9 @@ void sp_sigcache_free(sp_sigcache_t *c)
 {
     if (!c)
         return;
+    pthread_cond_destroy(&c->settled);
     pthread_mutex_destroy(&c->mu);
+    free(c->memo);
     free(c->slot);
     free(c);
 }
@@ -618,28 +707,135 @@ static size_t cache_index(const sp_sigcache_t *c, const uint8_t key[SP_SHA256_LE
     return (size_t)(v % c->n);
 }
 
-static bool cache_lookup(sp_sigcache_t *c, const uint8_t key[SP_SHA256_LEN])
-{
-    const cache_slot_t *s = &c->slot[cache_index(c, key)];
-    bool hit;
+typedef enum { CACHE_HIT, CACHE_CLAIMED, CACHE_MISS } cache_result_t;
 
-    pthread_mutex_lock(&c->mu);
-    hit = s->used && memcmp(s->key, key, SP_SHA256_LEN) == 0;
-    if (hit)
-        c->hits++;
-    pthread_mutex_unlock(&c->mu);
-    return hit;
+/* A hit, or the right to verify key and settle it (CACHE_CLAIMED), or, when the slot is being
+ * verified for another key, a plain miss. A key another thread is verifying is waited for:
+ * the members of one batch verified on several threads at once cost one Ed25519 between
+ * them. When that verification fails, the waiter verifies again itself (and fails too): only
+ * successes are ever shared. */
+/* Under mu: where key is in the pending set, or n_pending. */
+static size_t pending_find(const sp_sigcache_t *c, const uint8_t key[SP_SHA256_LEN])
+{
+    size_t i = 0;
+    while (i < c->n_pending && memcmp(c->pending[i], key, SP_SHA256_LEN) != 0)
+        i++;
+    return i;
 }
 
-static void cache_insert(sp_sigcache_t *c, const uint8_t key[SP_SHA256_LEN])
+static cache_result_t cache_lookup(sp_sigcache_t *c, const uint8_t key[SP_SHA256_LEN])
+{
+    cache_slot_t *s = &c->slot[cache_index(c, key)];
+    cache_result_t r;
+
+    pthread_mutex_lock(&c->mu);
+    while (pending_find(c, key) < c->n_pending)
+        pthread_cond_wait(&c->settled, &c->mu);
+    if (s->used && memcmp(s->key, key, SP_SHA256_LEN) == 0) {
+        c->hits++;
+        r = CACHE_HIT;
+    } else if (c->n_pending == CACHE_PENDING_MAX) {
+        r = CACHE_MISS;
+    } else {
+        memcpy(c->pending[c->n_pending++], key, SP_SHA256_LEN);
+        r = CACHE_CLAIMED;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
+/* The end of a verification of key, claimed (r) or not: a success goes into its slot, and a
+ * claim is released either way. */
+static void cache_settle(sp_sigcache_t *c, const uint8_t key[SP_SHA256_LEN], cache_result_t r,
+                         bool ok)
 {
     cache_slot_t *s = &c->slot[cache_index(c, key)];
 
     pthread_mutex_lock(&c->mu);
-    memcpy(s->key, key, SP_SHA256_LEN);
-    s->used = true;
-    c->verified++;
+    if (ok) {
+        memcpy(s->key, key, SP_SHA256_LEN);
+        s->used = true;
+        c->verified++;
+    }
+    if (r == CACHE_CLAIMED) {
+        size_t i = pending_find(c, key);
+        if (i < c->n_pending && i != --c->n_pending)
+            memcpy(c->pending[i], c->pending[c->n_pending], SP_SHA256_LEN);
+        pthread_cond_broadcast(&c->settled);
+    }
     pthread_mutex_unlock(&c->mu);
+}
+
+/* A member's walk as the memo sees it: the steps it computed, to be remembered once the member
+ * is verified. */
+typedef struct {
+    sp_sigcache_t *c;
+    const uint8_t *pub, *sig, *proof;
+    size_t plen;
+    uint32_t count;
+    size_t n_steps;
+    struct {
+        uint8_t node[SP_SIG_HASH_LEN];
+        uint32_t fn, sn;
+        size_t off;
+    } step[SP_SIG_PROOF_MAX / SP_SIG_HASH_LEN];
+} memo_walk_t;
+
+static memo_slot_t *memo_slot(const sp_sigcache_t *c, const uint8_t node[SP_SIG_HASH_LEN])
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = (v << 8) | node[i];
+    return &c->memo[v % c->n_memo];
+}
+
+static bool memo_step(void *arg, const uint8_t node[SP_SIG_HASH_LEN], uint32_t fn, uint32_t sn,
+                      size_t off)
+{
+    memo_walk_t *w = arg;
+    const memo_slot_t *m = memo_slot(w->c, node);
+    size_t rest = w->plen - off;
+    bool hit;
+
+    pthread_mutex_lock(&w->c->mu);
+    hit = m->used && m->fn == fn && m->sn == sn && m->count == w->count && m->rest_len == rest &&
+          memcmp(m->node, node, SP_SIG_HASH_LEN) == 0 &&
+          memcmp(m->pub, w->pub, SP_PUBKEY_LEN) == 0 && memcmp(m->sig, w->sig, SP_SIG_LEN) == 0 &&
+          memcmp(m->rest, w->proof + off, rest) == 0;
+    if (hit)
+        w->c->hits++;
+    pthread_mutex_unlock(&w->c->mu);
+    if (!hit && w->n_steps < sizeof(w->step) / sizeof(w->step[0])) {
+        memcpy(w->step[w->n_steps].node, node, SP_SIG_HASH_LEN);
+        w->step[w->n_steps].fn = fn;
+        w->step[w->n_steps].sn = sn;
+        w->step[w->n_steps].off = off;
+        w->n_steps++;
+    }
+    return hit;
+}
+
+/* The verified member's steps into the memo. The root itself (sn == 0) is not remembered: a
+ * walk that gets there has no proof left to compare and goes to the signature cache. */
+static void memo_remember(const memo_walk_t *w)
+{
+    pthread_mutex_lock(&w->c->mu);
+    for (size_t i = 0; i < w->n_steps; i++) {
+        memo_slot_t *m = memo_slot(w->c, w->step[i].node);
+        size_t rest = w->plen - w->step[i].off;
+        if (w->step[i].sn == 0)
+            continue;
+        memcpy(m->node, w->step[i].node, SP_SIG_HASH_LEN);
+        memcpy(m->pub, w->pub, SP_PUBKEY_LEN);
+        memcpy(m->sig, w->sig, SP_SIG_LEN);
+        m->count = w->count;
+        m->fn = w->step[i].fn;
+        m->sn = w->step[i].sn;
+        m->rest_len = (uint16_t)rest;
+        memcpy(m->rest, w->proof + w->step[i].off, rest);
+        m->used = true;
+    }
+    pthread_mutex_unlock(&w->c->mu);
 }
 
 /* ---- envelopes ---- */
@@ -752,6 +948,7 @@ int sp_envelope_verify(const sp_keyring_t *kr, sp_sigcache_t *cache, const sp_en
     uint8_t leaf[SP_SIG_HASH_LEN], root[SP_SIG_HASH_LEN], msg[SP_SIG_MSG_LEN];
     uint8_t ckey[SP_SHA256_LEN];
     const kr_entry_t *e;
+    cache_result_t cr = CACHE_MISS;
     uint8_t *canon;
     size_t clen;
     uint32_t count;
@@ -777,18 +974,36 @@ int sp_envelope_verify(const sp_keyring_t *kr, sp_sigcache_t *cache, const sp_en
     if (rc < 0)
         return SP_EDECODE;
     count = env->sig_count ? env->sig_count : 1;
-    if (sp_sig_proof_root(leaf, env->sig_index, count, env->sig_proof.data, env->sig_proof.len,
-                          root) < 0)
+    memo_walk_t w = {.c = cache,
+                     .pub = e->pub,
+                     .sig = env->signature.data,
+                     .proof = env->sig_proof.data,
+                     .plen = env->sig_proof.len,
+                     .count = count};
+    rc = proof_walk(leaf, env->sig_index, count, env->sig_proof.data, env->sig_proof.len, root,
+                    cache && count > 1 ? memo_step : NULL, &w);
+    if (rc < 0)
         return SP_ESIGNATURE;
+    if (rc == 1) {
+        memo_remember(&w); /* the nodes below the one it stopped at */
+        return 0;
+    }
     sp_sig_message(count, root, msg);
     if (cache) {
         cache_key(e->pub, msg, env->signature.data, ckey);
-        if (cache_lookup(cache, ckey))
+        if ((cr = cache_lookup(cache, ckey)) == CACHE_HIT) {
+            if (count > 1)
+                memo_remember(&w);
             return 0;
+        }
     }
-    if ((rc = verify_pkey(e->pkey, msg, sizeof(msg), env->signature.data)) < 0)
-        return rc == -ENOMEM ? rc : SP_ESIGNATURE;
+    /* A claimed slot is settled on every path: other threads may be waiting for it. */
+    rc = verify_pkey(e->pkey, msg, sizeof(msg), env->signature.data);
     if (cache)
-        cache_insert(cache, ckey);
+        cache_settle(cache, ckey, cr, rc == 0);
+    if (rc < 0)
+        return rc == -ENOMEM ? rc : SP_ESIGNATURE;
+    if (cache && count > 1)
+        memo_remember(&w);
     return 0;
 }

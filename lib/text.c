@@ -1,6 +1,9 @@
 /* Text validation (text.h): the one UTF-8 decoder of the project. */
 #include "text.h"
 
+#include <errno.h>
+#include <time.h>
+
 size_t sp_utf8_seq(const uint8_t *p, size_t avail, bool *ret_partial)
 {
     uint8_t c = p[0], lo = 0x80, hi = 0xbf;
@@ -78,4 +81,43 @@ int sp_hex_digit(char c)
     if (c >= 'A' && c <= 'F')
         return c - 'A' + 10;
     return -1;
+}
+
+int sp_time_parse(const char *s, int64_t *ret_us)
+{
+    struct tm tm = {0};
+    const char *p = s ? strptime(s, "%Y-%m-%dT%H:%M:%S", &tm) : NULL;
+    int64_t frac = 0, offset_s = 0;
+    if (!p)
+        return -EINVAL;
+    if (*p == '.') {
+        int digits = 0;
+        for (p++; *p >= '0' && *p <= '9'; p++, digits++)
+            if (digits < 6)
+                frac = frac * 10 + (*p - '0');
+        if (digits == 0)
+            return -EINVAL;
+        for (; digits < 6; digits++)
+            frac *= 10;
+    }
+    if (*p == 'Z' || *p == 'z') {
+        p++;
+    } else if ((*p == '+' || *p == '-') && p[1] >= '0' && p[1] <= '9' && p[2] >= '0' &&
+               p[2] <= '9' && p[3] == ':' && p[4] >= '0' && p[4] <= '9' && p[5] >= '0' &&
+               p[5] <= '9') {
+        int hh = (p[1] - '0') * 10 + (p[2] - '0'), mm = (p[4] - '0') * 10 + (p[5] - '0');
+        if (hh > 23 || mm > 59)
+            return -EINVAL;
+        offset_s = (*p == '-' ? -1 : 1) * (hh * 3600 + mm * 60);
+        p += 6;
+    } else {
+        return -EINVAL;
+    }
+    if (*p)
+        return -EINVAL;
+    time_t t = timegm(&tm);
+    if (t <= 0)
+        return -EINVAL;
+    *ret_us = ((int64_t)t - offset_s) * 1000000 + frac;
+    return 0;
 }

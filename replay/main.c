@@ -1,7 +1,9 @@
 /* space-replay: the security team's view of the event log.
  *
  *   space-replay verify                  walk the hash chain, report the first broken link;
- *                                        re-verify every accepted event's signature
+ *                                        re-verify every accepted event's signature; check
+ *                                        the chain against the event log's signed
+ *                                        checkpoints and the stream (docs/audit.md)
  *   space-replay timeline --sandbox ID   what happened to one sandbox, and the state after
  *                                        each event (--json: one JSON object per line)
  *   space-replay export                  the log as JSON Lines, every stored row in stream
@@ -11,6 +13,9 @@
  *                                        folded by the reducers; --all shows deleted ones
  *   space-replay rebuild                 rebuild the projections from the log into a scratch
  *                                        schema and diff them with the live ones
+ *   space-replay forget --sandbox ID     destroy the data key(s) of a sandbox (or --tenant):
+ *                                        its sealed output unreadable for good, the chain
+ *                                        still verifies (replay_datakey.c)
  *
  * Exit codes are in replay.h.
  */
@@ -19,6 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "busid.h"
+#include "checkpoint.h"
 #include "config.h"
 #include "db.h"
 #include "error.h"
@@ -50,20 +57,39 @@ static const sp_cfg_opt_t options[] = {
                     "rebuild: keep the scratch schema instead of dropping it"),
     SP_CFG_STR_OPT("keyring-dir", replay_config_t, keyring_dir, NULL,
                    "verify: the identities' <identity>.pub (default $SPACE_HOME/creds)"),
+    SP_CFG_STR_OPT("nats-url", replay_config_t, nats_url, NULL,
+                   "verify: the bus, for the checkpoint stream and the event stream's last "
+                   "sequence (empty: the checkpoint file only)"),
+    SP_BUSID_CFG_OPTS(replay_config_t, identity, creds_dir),
+    SP_CFG_STR_OPT("checkpoint-file", replay_config_t, checkpoint_file, NULL,
+                   "verify: the event log's checkpoint file (default "
+                   "$SPACE_HOME/" SP_CKPT_FILE_DEFAULT " when it exists)"),
+    SP_CFG_INT_OPT("wait-s", replay_config_t, wait_s, 0, 3600, "10",
+                   "verify: how long to wait for the log to store what the stream holds"),
+    SP_CFG_BOOL_OPT("decrypt", replay_config_t, decrypt, "false",
+                    "timeline, export: show sealed command output as text (needs the master "
+                    "key, docs/audit.md)"),
+    SP_CFG_STR_OPT("master-key-file", replay_config_t, master_key_file, NULL,
+                   "--decrypt: the master key (default $SPACE_HOME/credstore/master.key)"),
+    SP_CFG_INT_OPT("tail-max", replay_config_t, tail_max, 0, 10000000, "10000",
+                   "verify: rows past the last checkpoint compared with the stream's messages"),
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: space-replay [options] verify [--json]\n"
-                 "       space-replay [options] timeline --sandbox ID [--json]\n"
-                 "       space-replay [options] export [--since SEQ] [--until SEQ] [--tenant T]\n"
-                 "                                     [--sandbox ID] [--type TYPE]\n"
-                 "       space-replay [options] state (--at TIME | --at-seq SEQ) [--tenant T]\n"
-                 "                                    [--sandbox ID] [--all] [--json]\n"
-                 "       space-replay [options] rebuild [--schema NAME] [--keep] [--json]\n"
-                 "exit: 0 ok, 1 usage or database error, 2 the log disagrees with itself,\n"
-                 "      3 rebuild found differences\n\n");
+    fprintf(out,
+            "usage: space-replay [options] verify [--json] [--checkpoint-file F] [--nats-url U]\n"
+            "       space-replay [options] timeline --sandbox ID [--json]\n"
+            "       space-replay [options] export [--since SEQ] [--until SEQ] [--tenant T]\n"
+            "                                     [--sandbox ID] [--type TYPE]\n"
+            "       space-replay [options] state (--at TIME | --at-seq SEQ) [--tenant T]\n"
+            "                                    [--sandbox ID] [--all] [--json]\n"
+            "       space-replay [options] rebuild [--schema NAME] [--keep] [--json]\n"
+            "       space-replay [options] forget (--sandbox ID | --tenant T)\n"
+            "       (timeline and export take --decrypt [--master-key-file F])\n"
+            "exit: 0 ok, 1 usage or database error, 2 the log disagrees with itself,\n"
+            "      3 rebuild found differences\n\n");
     sp_config_usage(out, "space-replay", options, N_OPTIONS);
 }
 
@@ -77,6 +103,7 @@ static const struct {
     {"export", replay_export, replay_check_filters},
     {"state", replay_state, replay_state_check},
     {"rebuild", replay_rebuild, replay_rebuild_check},
+    {"forget", replay_forget, replay_forget_check},
 };
 
 /* The first option given that cmd does not use: silently ignoring --since on state would
@@ -84,10 +111,13 @@ static const struct {
 static const char *unused_option(const char *cmd, const replay_config_t *c)
 {
     int export = strcmp(cmd, "export") == 0, state = strcmp(cmd, "state") == 0;
-    if (c->sandbox[0] && !export && !state && strcmp(cmd, "timeline") != 0)
+    int forget = strcmp(cmd, "forget") == 0, timeline = strcmp(cmd, "timeline") == 0;
+    if (c->sandbox[0] && !export && !state && !timeline && !forget)
         return "sandbox";
-    if (c->tenant[0] && !export && !state)
+    if (c->tenant[0] && !export && !state && !forget)
         return "tenant";
+    if ((c->decrypt || c->master_key_file[0]) && !export && !timeline)
+        return c->decrypt ? "decrypt" : "master-key-file";
     if ((c->since || c->until || c->type[0]) && !export)
         return c->since ? "since" : c->until ? "until" : "type";
     if ((c->at[0] || c->at_seq || c->all) && !state)
@@ -110,6 +140,11 @@ int main(int argc, char **argv)
     int (*run)(PGconn *, const replay_config_t *) = NULL;
     int (*check)(const replay_config_t *) = NULL;
 
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout); /* the subcommands too, not the options alone */
+            return 0;
+        }
     /* Options may stand before and after the subcommand: find it, then parse every other
      * argument as options in one pass. */
     int rc = sp_config_load(options, N_OPTIONS, &cfg, argc, argv, &argi, &err);

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "buf.h"
 #include "envelope.h"
 
 enum {
@@ -43,6 +44,20 @@ typedef struct {
     bool keep;
     /* verify: the identities' public keys (default $SPACE_HOME/creds) */
     char *keyring_dir;
+    /* verify's anchors (docs/audit.md): the bus (empty: the file only) as identity (reader)
+     * with the credentials of creds-dir, the checkpoint file (default
+     * $SPACE_HOME/audit/checkpoints.log when it exists), how long to wait for the log to store
+     * what the stream holds, and how many rows past the last checkpoint to compare with the
+     * stream's messages. */
+    char *nats_url;
+    char *identity;
+    char *creds_dir;
+    char *checkpoint_file;
+    int64_t wait_s;
+    int64_t tail_max;
+    /* timeline, export: open sealed output (replay_datakey.c) */
+    bool decrypt;
+    char *master_key_file;
 } replay_config_t;
 
 /* The checks of a subcommand's options, run before connecting: 0, or REPLAY_EUSAGE after
@@ -58,6 +73,18 @@ int replay_timeline(PGconn *db, const replay_config_t *cfg);
 int replay_export(PGconn *db, const replay_config_t *cfg);
 int replay_state(PGconn *db, const replay_config_t *cfg);
 int replay_rebuild(PGconn *db, const replay_config_t *cfg);
+int replay_forget_check(const replay_config_t *cfg);
+int replay_forget(PGconn *db, const replay_config_t *cfg);
+
+/* Sealed output (replay_datakey.c): the data keys, loaded when cfg->decrypt (else *ret is
+ * NULL): 0, or -1 after saying why on stderr. */
+typedef struct replay_keys replay_keys_t;
+int replay_keys_open(PGconn *db, const replay_config_t *cfg, replay_keys_t **ret);
+void replay_keys_close(replay_keys_t *k);
+/* For a CommandOutput: appends its output as a JSON string (the text; "<encrypted N bytes>"
+ * without keys; "<forgotten: N bytes>", ...) and returns true; false for other events. */
+bool replay_output_text(replay_keys_t *k, const char *sandbox, const sp_envelope_t *e,
+                        sp_buf_t *out);
 
 /* Which stored events a walk visits. Strings are borrowed; NULL or "" = any. */
 typedef struct {
@@ -84,9 +111,13 @@ typedef struct {
     bool has_schema_version;
     int64_t schema_version;
     bool hashes_ok; /* prev_hash and hash are 32 bytes each (else they read as zero) */
-    uint8_t prev_hash[32], hash[32];
+    /* A rejected message cut to its first 64 KiB: its whole size and SHA-256. */
+    bool has_payload_size, has_payload_sha;
+    uint8_t prev_hash[32], hash[32], payload_sha[32];
     const uint8_t *payload;
     size_t payload_len;
+    int64_t payload_size;
+    int64_t chain_v;    /* 1: hash = SHA-256(prev || payload); 2: hash.h's chain v2 */
     sp_envelope_t *env; /* decoded and validated payload, NULL when it is not */
     char decode_error[SP_REASON_MAX];
 } replay_event_t;

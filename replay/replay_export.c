@@ -14,6 +14,7 @@
 typedef struct {
     sp_buf_t line;
     uint64_t n;
+    replay_keys_t *keys; /* --decrypt */
 } export_t;
 
 static void put_str(sp_buf_t *b, const char *key, const char *value)
@@ -60,11 +61,25 @@ static int export_page(replay_event_t *evs, size_t n, void *arg)
         put_time(b, "stored_at", true, ev->stored_at_us);
         put_str(b, "correlation_id", ev->correlation_id);
         put_str(b, "causation_id", ev->causation_id);
+        put_str(b, "subject", ev->subject);
+        /* What the chain covers (docs/audit.md), so that an export can be checked on its own:
+         * the formula, and for a message cut to 64 KiB its whole size and digest. */
+        sp_buf_printf(b, ",\"chain_v\":%" PRId64, ev->chain_v);
+        if (ev->has_payload_size && ev->has_payload_sha) {
+            sp_buf_printf(b, ",\"payload_size\":%" PRId64, ev->payload_size);
+            put_hash(b, "payload_sha256", ev->payload_sha);
+        }
         put_hash(b, "prev_hash", ev->prev_hash);
         put_hash(b, "hash", ev->hash);
         sp_buf_puts(b, ",\"payload\":");
         if (ev->env) {
             sp_envelope_to_json(ev->env, b);
+            /* Command output as text (--decrypt) or "<encrypted N bytes>" (docs/audit.md). */
+            size_t at = b->len;
+            sp_buf_puts(b, ",\"output\":");
+            if (strcmp(ev->aggregate_kind, "sandbox") != 0 ||
+                !replay_output_text(x->keys, ev->aggregate_id, ev->env, b))
+                b->len = at, b->data[at] = 0;
         } else {
             sp_buf_puts(b, "null,\"payload_base64\":\"");
             sp_b64_encode(b, ev->payload, ev->payload_len);
@@ -95,6 +110,10 @@ int replay_export(PGconn *db, const replay_config_t *cfg)
         fprintf(stderr, "space-replay: %s", PQerrorMessage(db));
         return REPLAY_EUSAGE;
     }
+    if (replay_keys_open(db, cfg, &x.keys) < 0) {
+        sp_db_exec(db, "COMMIT");
+        return REPLAY_EUSAGE;
+    }
     sp_buf_init(&x.line);
     int rc = replay_walk(db, &f, cfg->page, export_page, &x);
     if (rc == -1 || fflush(stdout) != 0) {
@@ -105,6 +124,9 @@ int replay_export(PGconn *db, const replay_config_t *cfg)
         code = REPLAY_EUSAGE;
     }
     sp_db_exec(db, "COMMIT");
+    if (x.line.data)
+        explicit_bzero(x.line.data, x.line.cap);
     sp_buf_dispose(&x.line);
+    replay_keys_close(x.keys);
     return code;
 }

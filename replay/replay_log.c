@@ -36,6 +36,9 @@ enum {
     C_STATUS,
     C_SUBJECT,
     C_VERSION,
+    C_CHAIN_V,
+    C_PAYLOAD_SIZE,
+    C_PAYLOAD_SHA,
 };
 
 /* Binary results: integers come back big-endian, text as its bytes, bytea as raw bytes. A
@@ -45,7 +48,8 @@ static const char walk_sql[] =
     " aggregate_kind, aggregate_id, tenant, actor,"
     " (extract(epoch from occurred_at) * 1000000)::bigint,"
     " (extract(epoch from stored_at) * 1000000)::bigint, correlation_id, causation_id::text,"
-    " prev_hash, hash, payload, status, subject, schema_version::bigint FROM events"
+    " prev_hash, hash, payload, status, subject, schema_version::bigint, chain_v::bigint,"
+    " payload_size, payload_sha256 FROM events"
     " WHERE stream_seq > $1::bigint AND stream_seq <= $2::bigint"
     " AND ($3::text IS NULL OR tenant = $3)"
     " AND ($4::text IS NULL OR aggregate_kind = $4)"
@@ -105,6 +109,14 @@ static void fill_event(PGresult *r, int row, replay_event_t *ev)
         hash_col(r, row, C_PREV, ev->prev_hash) == 0 && hash_col(r, row, C_HASH, ev->hash) == 0;
     ev->payload = (const uint8_t *)PQgetvalue(r, row, C_PAYLOAD);
     ev->payload_len = (size_t)PQgetlength(r, row, C_PAYLOAD);
+    ev->chain_v = i64_col(r, row, C_CHAIN_V);
+    ev->has_payload_size = !PQgetisnull(r, row, C_PAYLOAD_SIZE);
+    ev->payload_size = i64_col(r, row, C_PAYLOAD_SIZE);
+    ev->has_payload_sha = !PQgetisnull(r, row, C_PAYLOAD_SHA);
+    if (ev->has_payload_sha && PQgetlength(r, row, C_PAYLOAD_SHA) == 32)
+        memcpy(ev->payload_sha, PQgetvalue(r, row, C_PAYLOAD_SHA), 32);
+    else
+        memset(ev->payload_sha, 0, 32);
     ev->env = NULL;
     ev->decode_error[0] = '\0';
     /* Decoded like any message from the bus: the stored bytes are no more trusted. */

@@ -47,6 +47,9 @@ int replay_timeline(PGconn *db, const replay_config_t *cfg)
         fprintf(stderr, "space-replay: timeline needs --sandbox ID\n");
         return 1;
     }
+    replay_keys_t *keys = NULL;
+    if (replay_keys_open(db, cfg, &keys) < 0)
+        return 1;
     sp_sandbox_init(&s, cfg->sandbox);
     sp_buf_init(&line);
     const char *params[1] = {cfg->sandbox};
@@ -59,6 +62,7 @@ int replay_timeline(PGconn *db, const replay_config_t *cfg)
     if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
         fprintf(stderr, "space-replay: %s", PQerrorMessage(db));
         PQclear(r);
+        replay_keys_close(keys);
         return 1;
     }
     for (int i = 0; i < PQntuples(r); i++) {
@@ -98,6 +102,10 @@ int replay_timeline(PGconn *db, const replay_config_t *cfg)
             sp_buf_json_str(&line, sp_sbx_state_name(s.state));
             sp_buf_puts(&line, ",\"event\":");
             sp_envelope_to_json(e, &line);
+            size_t at = line.len;
+            sp_buf_puts(&line, ",\"output\":");
+            if (!replay_output_text(keys, cfg->sandbox, e, &line))
+                line.len = at, line.data[at] = 0;
             sp_buf_putc(&line, '}');
         } else {
             sp_buf_printf(&line, "%s  seq=%-8" PRIu64 " %-24s state=%-10s actor=%s", when, seq,
@@ -108,6 +116,10 @@ int replay_timeline(PGconn *db, const replay_config_t *cfg)
                 sp_buf_printf(&line, "  REJECTED: %s", stored_reason);
             sp_buf_puts(&line, "  ");
             payload_json(e, &line);
+            size_t at = line.len;
+            sp_buf_puts(&line, "  output=");
+            if (!replay_output_text(keys, cfg->sandbox, e, &line))
+                line.len = at, line.data[at] = 0;
         }
         puts(line.data);
         sp_envelope_free(e);
@@ -119,6 +131,9 @@ int replay_timeline(PGconn *db, const replay_config_t *cfg)
         code = code ? code : 1;
     }
     sp_sandbox_dispose(&s);
+    if (line.data)
+        explicit_bzero(line.data, line.cap);
     sp_buf_dispose(&line);
+    replay_keys_close(keys);
     return code;
 }

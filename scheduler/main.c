@@ -21,6 +21,7 @@
 
 static const sp_cfg_opt_t options[] = {
     SP_BUSID_CFG_OPTS(sched_config_t, identity, creds_dir),
+    SP_VERIFIER_CFG_OPTS(sched_config_t, verify_signatures, keyring_dir),
     SP_CFG_STR_OPT("nats-url", sched_config_t, nats_url, "nats://127.0.0.1:4222", "NATS URL(s)"),
     SP_CFG_STR_OPT("pg-url", sched_config_t, pg_url, "postgresql:///space", "PostgreSQL URI"),
     SP_CFG_STR_OPT("name", sched_config_t, name, "scheduler", "this instance's name (an id)"),
@@ -124,6 +125,14 @@ int main(int argc, char **argv)
         sp_log(SP_LOG_ERROR, "bad identity", SP_KS("error", iderr));
         goto out;
     }
+    char verr[SP_VERIFIER_ERR_MAX];
+    if (sp_verifier_new(cfg.verify_signatures, cfg.keyring_dir, cfg.creds_dir, 0, &s.verifier,
+                        verr) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot check signatures", SP_KS("error", verr));
+        goto out;
+    }
+    sp_log(sp_verifier_mode(s.verifier) == SP_VERIFY_ON ? SP_LOG_INFO : SP_LOG_WARN,
+           sp_verifier_summary(s.verifier), SP_KS("keyring_dir", sp_verifier_dir(s.verifier)));
     if ((rc = sp_bus_connect(&bo, &s.bus)) < 0 || (rc = sp_bus_ensure_stream(s.bus)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot reach NATS", SP_KS("error", sp_strerror(rc)));
         goto out;
@@ -143,6 +152,7 @@ out:
     free(s.recent);
     PQfinish(s.db);
     sp_bus_free(s.bus);
+    sp_verifier_free(s.verifier);
     sp_busid_dispose(&busid);
     sp_config_dispose(options, N_OPTIONS, &cfg);
     free(err);

@@ -8,11 +8,14 @@
 
 #include "bus.h"
 #include "envelope.h"
+#include "verifier.h"
 
 typedef struct {
     char *nats_url;
     char *identity; /* busid.h */
     char *creds_dir;
+    char *verify_signatures; /* verifier.h */
+    char *keyring_dir;
     char *pg_url;
     char *name;
     char *durable;
@@ -38,13 +41,15 @@ typedef struct {
     const sched_config_t *cfg;
     sp_bus_t *bus;
     PGconn *db;
+    sp_verifier_t *verifier; /* intents are acted on only once checked (docs/trust.md) */
     sched_recent_t *recent;
     size_t n_recent;
 } sched_t;
 
 /* Handles one event from space.ev.sbx._.>: 0 = done (ack), < 0 = could not be handled now
- * (the database or the bus failed: redeliver later). Invalid events are done: the event log
- * records them as rejected. */
+ * (the database or the bus failed: redeliver later). Invalid events, and intents the trust
+ * check refuses (unsigned, forged, a signer that may not ask this, a platform outside its
+ * tenants), are done without effect: the event log records them as rejected. */
 int sched_handle(sched_t *s, const sp_bus_msg_t *m);
 
 /* One pass of the timeout and idleness controller (scheduler_timeouts.c). */

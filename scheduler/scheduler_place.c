@@ -1,9 +1,15 @@
-/* Placement: a create intent goes to the least loaded live worker that has the template, or
- * is refused with a reason the API can show. State comes from the projections (PostgreSQL),
+/* Placement: a create intent goes to the least loaded live worker that has the template and
+ * room on its disk for the sandbox's limit beside its reserve, or is refused with a reason the
+ * API can show. State comes from the projections (PostgreSQL),
  * never from memory that a restart would lose, so a restarted or second scheduler decides the
  * same way. The placement's message id is derived from the intent ("placed:<intent id>"):
  * if a scheduler dies between publishing and acking, the redelivered intent is placed again
- * and the stream's duplicate window drops the second placement, so an intent is placed once. */
+ * and the stream's duplicate window drops the second placement, so an intent is placed once.
+ *
+ * Every create and delete passes the intent check first (intent.h), the same the HTTP API
+ * applies before it publishes: an internal platform publishes on the bus directly, and what it
+ * asks is refused here, in the open, with SandboxRequestRejected (reason = the check's code,
+ * detail = which field and why), never silently dropped. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +17,7 @@
 
 #include "db.h"
 #include "error.h"
+#include "intent.h"
 #include "log.h"
 #include "publish.h"
 #include "reduce.h"
@@ -54,13 +61,28 @@ static sched_recent_t *recent_for(sched_t *s, const char *worker, int64_t heartb
     return e;
 }
 
-typedef enum { PICK_OK, PICK_NO_WORKER, PICK_NO_TEMPLATE, PICK_NO_CAPACITY } pick_t;
+typedef enum { PICK_OK, PICK_NO_WORKER, PICK_NO_TEMPLATE, PICK_NO_CAPACITY, PICK_NO_DISK } pick_t;
 
-/* Chooses a worker for template/vcpu; fills worker. prefer (optional): that worker whenever it
- * can take the sandbox at all, whatever the others' load (it has the sandbox's snapshot
- * cached). */
-static int pick_worker(sched_t *s, const char *tmpl, uint32_t vcpu, const char *prefer,
-                       char worker[65], pick_t *ret_pick)
+/* Whether a worker whose heartbeat says free/reserve/default (MiB) has room for a sandbox of
+ * disk_mb (0: the worker's default): the worker's own check at create (worker_runtime.c
+ * disk_room), made here so that a full worker is not chosen while another has room. Limits are
+ * overcommitted: free space now counts, not the sum of the limits. A worker that reports no
+ * disk (total 0) is not judged. */
+static bool disk_fits(uint64_t total, uint64_t free_mb, uint64_t reserve, uint32_t dflt,
+                      uint32_t disk_mb)
+{
+    uint64_t need = disk_mb ? disk_mb : dflt;
+    return total == 0 || free_mb >= need + reserve;
+}
+
+/* Chooses a worker for template/vcpu/disk_mb; fills worker. prefer (optional): that worker
+ * whenever it can take the sandbox at all, whatever the others' load (it has the sandbox's
+ * snapshot cached). Otherwise a worker with a warm-pool sandbox of the template ready
+ * (docs/pools.md: its last heartbeat's level, less what was placed there since) goes before
+ * the others, the least loaded of them first: its create is a claim of milliseconds instead of
+ * a whole one. */
+static int pick_worker(sched_t *s, const char *tmpl, uint32_t vcpu, uint32_t disk_mb,
+                       const char *prefer, char worker[65], pick_t *ret_pick)
 {
     char misses[16];
     const char *params[2] = {tmpl, misses};
@@ -69,7 +91,9 @@ static int pick_worker(sched_t *s, const char *tmpl, uint32_t vcpu, const char *
     PGresult *r =
         PQexecParams(s->db,
                      "SELECT id, templates ? $1, vcpu_total, vcpu_used, sandboxes_running,"
-                     " (extract(epoch from last_heartbeat_at) * 1000000)::bigint"
+                     " (extract(epoch from last_heartbeat_at) * 1000000)::bigint,"
+                     " disk_mb_total, disk_mb_free, disk_mb_reserve, disk_mb_default,"
+                     " COALESCE((pools ->> $1)::int, 0)"
                      " FROM workers WHERE state = 'up' AND last_heartbeat_at >"
                      " now() - interval_ms * $2::int * interval '1 millisecond' ORDER BY id",
                      2, NULL, params, NULL, NULL, 0);
@@ -78,8 +102,9 @@ static int pick_worker(sched_t *s, const char *tmpl, uint32_t vcpu, const char *
         PQclear(r);
         return rc;
     }
-    int best = -1, with_template = 0;
+    int best = -1, with_template = 0, short_of_disk = 0;
     uint32_t best_load = UINT32_MAX;
+    bool best_pooled = false;
     for (int i = 0; i < PQntuples(r); i++) {
         if (strcmp(PQgetvalue(r, i, 1), "t") != 0)
             continue;
@@ -93,15 +118,25 @@ static int pick_worker(sched_t *s, const char *tmpl, uint32_t vcpu, const char *
          * larger than the whole worker. */
         if (vcpu > total)
             continue;
+        if (!disk_fits(strtoull(PQgetvalue(r, i, 6), NULL, 10),
+                       strtoull(PQgetvalue(r, i, 7), NULL, 10),
+                       strtoull(PQgetvalue(r, i, 8), NULL, 10),
+                       (uint32_t)strtoul(PQgetvalue(r, i, 9), NULL, 10), disk_mb)) {
+            short_of_disk++;
+            continue;
+        }
         uint32_t load = running + rec->placed;
+        uint32_t ready = (uint32_t)strtoul(PQgetvalue(r, i, 10), NULL, 10);
+        bool pooled = ready > rec->placed;
         (void)used;
         if (prefer && prefer[0] && strcmp(PQgetvalue(r, i, 0), prefer) == 0) {
             best = i;
             break;
         }
-        if (load < best_load) {
+        if ((pooled && !best_pooled) || (pooled == best_pooled && load < best_load)) {
             best_load = load;
             best = i;
+            best_pooled = pooled;
         }
     }
     if (best >= 0) {
@@ -111,7 +146,9 @@ static int pick_worker(sched_t *s, const char *tmpl, uint32_t vcpu, const char *
     } else if (PQntuples(r) == 0) {
         *ret_pick = PICK_NO_WORKER;
     } else {
-        *ret_pick = with_template ? PICK_NO_CAPACITY : PICK_NO_TEMPLATE;
+        *ret_pick = !with_template  ? PICK_NO_TEMPLATE
+                    : short_of_disk ? PICK_NO_DISK
+                                    : PICK_NO_CAPACITY;
     }
     PQclear(r);
     return 0;
@@ -134,8 +171,21 @@ static int reject(sched_t *s, const sp_envelope_t *intent, const char *reason, c
     int rc = sp_publish_event(s->bus, &env, id, NULL, msg_id, NULL);
     sp_log(SP_LOG_INFO, "intent refused", SP_KS("type", intent->type),
            SP_KS("sandbox", intent->aggregate->id), SP_KS("reason", reason),
+           SP_KS("detail", detail), SP_KS("signer", intent->signer),
            SP_KS("corr", intent->correlation_id));
     return rc;
+}
+
+/* The intent check (intent.h): 1 when it passes, else the refusal is published (0) or could
+ * not be (< 0: redelivered later). */
+static int checked(sched_t *s, const sp_envelope_t *intent)
+{
+    char reason[SP_REASON_MAX];
+    const char *code = SP_INTENT_INVALID;
+
+    if (sp_intent_check(intent, reason, &code) == 0)
+        return 1;
+    return reject(s, intent, code, reason);
 }
 
 static int place(sched_t *s, const sp_envelope_t *intent)
@@ -150,9 +200,13 @@ static int place(sched_t *s, const sp_envelope_t *intent)
         return rc;
     if (state != SP_SBX_NONE && state != SP_SBX_REQUESTED)
         return 0; /* placed or refused before (a redelivery) */
-    uint32_t vcpu = req->resources && req->resources->vcpu ? req->resources->vcpu : 1;
-    if ((rc = pick_worker(s, req->template_, vcpu, NULL, worker, &pick)) < 0)
+    if ((rc = checked(s, intent)) <= 0)
         return rc;
+    uint32_t vcpu = req->resources && req->resources->vcpu ? req->resources->vcpu : 1;
+    uint32_t disk_mb = req->resources ? req->resources->disk_mb : 0;
+    if ((rc = pick_worker(s, req->template_, vcpu, disk_mb, NULL, worker, &pick)) < 0)
+        return rc;
+    char detail[160];
     switch (pick) {
     case PICK_NO_WORKER:
         return reject(s, intent, "no_capacity", "no worker is up");
@@ -160,6 +214,14 @@ static int place(sched_t *s, const sp_envelope_t *intent)
         return reject(s, intent, "unknown_template", "no live worker has this template");
     case PICK_NO_CAPACITY:
         return reject(s, intent, "no_capacity", "no worker can fit the requested resources");
+    case PICK_NO_DISK:
+        if (disk_mb)
+            snprintf(detail, sizeof(detail),
+                     "no worker has %u MiB of disk free for disk_mb beside its reserve", disk_mb);
+        else
+            snprintf(detail, sizeof(detail),
+                     "no worker has its default disk_mb free beside its reserve");
+        return reject(s, intent, "no_capacity", detail);
     case PICK_OK:
         break;
     }
@@ -201,8 +263,8 @@ static int place_resume(sched_t *s, const sp_envelope_t *intent)
 {
     const char *params[1] = {intent->aggregate->id};
     PGresult *r = PQexecParams(s->db,
-                               "SELECT state, coalesce(worker, ''), template, vcpu FROM sandboxes "
-                               "WHERE id = $1",
+                               "SELECT state, coalesce(worker, ''), template, vcpu, disk_mb"
+                               " FROM sandboxes WHERE id = $1",
                                1, NULL, params, NULL, NULL, 0);
     int rc = sp_db_check(r, PGRES_TUPLES_OK);
     if (rc < 0 || PQntuples(r) != 1) {
@@ -214,6 +276,7 @@ static int place_resume(sched_t *s, const sp_envelope_t *intent)
     char tmpl[65], worker[65] = "";
     snprintf(tmpl, sizeof(tmpl), "%s", PQgetvalue(r, 0, 2));
     uint32_t vcpu = (uint32_t)strtoul(PQgetvalue(r, 0, 3), NULL, 10);
+    uint32_t disk_mb = (uint32_t)strtoul(PQgetvalue(r, 0, 4), NULL, 10);
     PQclear(r);
     if (state != SP_SBX_SUSPENDED || placed) {
         if (state == SP_SBX_SUSPENDED || state == SP_SBX_RESUMING || state == SP_SBX_RUNNING)
@@ -224,11 +287,13 @@ static int place_resume(sched_t *s, const sp_envelope_t *intent)
     char cached_on[65] = "";
     suspended_on(s, intent->aggregate->id, cached_on);
     pick_t pick;
-    if ((rc = pick_worker(s, tmpl, vcpu ? vcpu : 1, cached_on, worker, &pick)) < 0)
+    if ((rc = pick_worker(s, tmpl, vcpu ? vcpu : 1, disk_mb, cached_on, worker, &pick)) < 0)
         return rc;
     if (pick != PICK_OK)
         return reject(s, intent, "no_capacity",
                       pick == PICK_NO_TEMPLATE ? "no live worker has the sandbox's template"
+                      : pick == PICK_NO_DISK   ? "no worker has the sandbox's disk_mb free beside "
+                                                 "its reserve"
                                                : "no worker can take the sandbox now");
     sp_envelope_t env;
     Space__V1__Aggregate agg;
@@ -257,21 +322,21 @@ static int delete_unplaced(sched_t *s, const sp_envelope_t *intent)
         return rc;
     if (state == SP_SBX_NONE || state == SP_SBX_DELETED)
         return 0;
-    if (owner[0]) {
-        /* Placed meanwhile: hand the same request to its owner (the event log sees identical
-         * bytes twice and stores them once). Not sp_publish_pack: the request stays the
-         * gateway's, signer and signature included; re-encoding the decoded envelope keeps its
-         * canonical bytes (sign.h), so the signature still verifies. */
-        snprintf(msg_id, sizeof(msg_id), "forward:%s", intent->event_id);
-        char subject[256];
-        uint8_t *buf = NULL;
-        size_t len = 0;
-        if ((rc = sp_envelope_subject(intent, owner, subject, sizeof(subject))) < 0 ||
-            (rc = sp_envelope_encode(intent, &buf, &len)) < 0)
-            return rc;
-        rc = sp_bus_publish(s->bus, subject, buf, len, msg_id, NULL, NULL);
-        free(buf);
+    if ((rc = checked(s, intent)) <= 0)
         return rc;
+    if (owner[0]) {
+        /* Placed meanwhile: the scheduler asks its owner itself, in its own signed intent
+         * caused by the request (not the request's bytes again: a second copy of a signed
+         * event is what a replay looks like, and consumers refuse those, verifier.h). */
+        sp_envelope_t fwd;
+        Space__V1__Aggregate fagg;
+        Space__V1__SandboxDeleteRequested req = SPACE__V1__SANDBOX_DELETE_REQUESTED__INIT;
+        sp_envelope_answer(&fwd, &fagg, intent, intent->actor);
+        req.reason = intent->sandbox_delete_requested->reason;
+        fwd.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED;
+        fwd.sandbox_delete_requested = &req;
+        snprintf(msg_id, sizeof(msg_id), "forward:%s", intent->event_id);
+        return sp_publish_event(s->bus, &fwd, id, owner, msg_id, NULL);
     }
     sp_envelope_t env;
     Space__V1__Aggregate agg;
@@ -296,6 +361,31 @@ int sched_handle(sched_t *s, const sp_bus_msg_t *m)
                SP_KS("reason", reason));
         sp_envelope_free(env);
         return 0;
+    }
+    switch (env->payload_case) {
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUME_REQUESTED:
+        /* Intents only (no worker's fact is acted on here): no placement hook. No
+         * SandboxRequestRejected for a refused one: the log stores the intent rejected with
+         * the reason, and a forged message must not make the platform speak. */
+        rc = sp_verifier_admit(s->verifier, env, m->data, m->len, m->subject, m->stream_seq, NULL,
+                               NULL, sp_db_accepted_seq, s->db, reason);
+        if (rc != 0) {
+            sp_log(rc < 0 ? SP_LOG_WARN : SP_LOG_INFO,
+                   rc < 0 ? "refused: not acted on" : "would be refused (verify-signatures=log)",
+                   SP_KU("seq", m->stream_seq), SP_KS("type", env->type),
+                   SP_KS("sandbox", env->aggregate->id), SP_KS("signer", env->signer),
+                   SP_KS("reason", reason));
+            if (rc < 0) {
+                sp_envelope_free(env);
+                return 0;
+            }
+            rc = 0;
+        }
+        break;
+    default:
+        break;
     }
     switch (env->payload_case) {
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED:

@@ -5,7 +5,7 @@ set -euo pipefail
 
 PKGS=(
   build-essential cmake pkg-config git ca-certificates
-  clang-format clang-tidy
+  clang clang-format clang-tidy
   libnats-dev nats-server
   libprotobuf-c-dev protobuf-c-compiler
   libpq-dev postgresql postgresql-contrib
@@ -15,6 +15,7 @@ PKGS=(
   libbtrfsutil-dev btrfs-progs zstd
   runsc busybox-static debootstrap
   iproute2 procps psmisc curl util-linux python3
+  python3-yaml systemd jq
   libcmocka-dev
 )
 

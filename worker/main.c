@@ -19,11 +19,13 @@
 #include "log.h"
 #include "worker.h"
 #include "tlsca.h"
+#include "tmplstat.h"
 #include "xmalloc.h"
 
 static const sp_cfg_opt_t options[] = {
     SP_CFG_STR_OPT("id", wk_config_t, id, "worker-1", "this worker's id (unique per host)"),
     SP_BUSID_CFG_OPTS(wk_config_t, identity, creds_dir),
+    SP_VERIFIER_CFG_OPTS(wk_config_t, verify_signatures, keyring_dir),
     SP_CFG_STR_OPT("nats-url", wk_config_t, nats_url, "nats://127.0.0.1:4222", "NATS URL(s)"),
     SP_CFG_STR_OPT("pg-url", wk_config_t, pg_url, "postgresql:///space", "PostgreSQL URI"),
     SP_CFG_STR_OPT("state-dir", wk_config_t, state_dir, "./var/worker",
@@ -60,19 +62,60 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_INT_OPT("snapshot-sweep-s", wk_config_t, snapshot_sweep_s, 1, 86400, "300",
                    "how often snapshots of deleted sandboxes (and stale cache) are removed"),
     SP_CFG_STR_OPT("templates", wk_config_t, templates, "tiny",
-                   "templates to prepare at start, comma-separated (base takes minutes)"),
+                   "templates to prepare at start, comma-separated (base takes minutes); their "
+                   "progress is in <state-dir>/templates.status"),
+    SP_CFG_STR_OPT("template-defs", wk_config_t, template_defs, NULL,
+                   "where template definitions <name>.sh are (default: the worker's own)"),
+    SP_CFG_STR_OPT("template-cache", wk_config_t, template_cache, "/var/cache/space/templates",
+                   "the host's template cache, shared by every worker of this host: a template "
+                   "another home made is received from it instead of built (\"\": none)"),
     SP_CFG_INT_OPT("vcpu-total", wk_config_t, vcpu_total, 0, 4096, "0", "0: the host's CPUs"),
     SP_CFG_INT_OPT("memory-mb-total", wk_config_t, memory_mb_total, 0, 1LL << 32, "0",
                    "0: the host's memory"),
+    SP_CFG_INT_OPT("disk-mb-default", wk_config_t, disk_mb_default, 16, 1LL << 30, "2048",
+                   "MiB a sandbox may write beyond its template when its create names no "
+                   "resources.disk_mb (btrfs qgroup limit)"),
+    SP_CFG_INT_OPT("disk-reserve-mb", wk_config_t, disk_reserve_mb, 0, 1LL << 30, "1024",
+                   "MiB of the volume kept free: a create that could leave less (free minus its "
+                   "disk_mb) is refused (no_capacity)"),
+    SP_CFG_BOOL_OPT("disk-quota", wk_config_t, disk_quota, "true",
+                    "btrfs quotas on the volume and a disk_mb limit per sandbox (false: none, "
+                    "sandboxes share the volume; for comparisons)"),
+    SP_CFG_INT_OPT("pids-default", wk_config_t, pids_default, 16, 1 << 22, "1024",
+                   "processes per user id inside a sandbox (RLIMIT_NPROC)"),
+    SP_CFG_INT_OPT("file-call-ms", wk_config_t, file_call_ms, 200, 25000, "10000",
+                   "a file call the agent has not finished within this is answered pending "
+                   "(the gateway asks again): below the gateway's 35 s request timeout"),
+    SP_CFG_INT_OPT("file-op-max-s", wk_config_t, file_op_max_s, 10, 86400, "900",
+                   "a recursive remove or a move the agent has not finished by then fails "
+                   "(agent_error); stat, list and mkdir fail after 30 s"),
     SP_CFG_INT_OPT("heartbeat-ms", wk_config_t, heartbeat_ms, 100, 600000, "2000",
                    "heartbeat interval"),
-    SP_CFG_INT_OPT("ack-wait-ms", wk_config_t, ack_wait_ms, 5000, 3600000, "120000",
+    SP_CFG_INT_OPT("ack-wait-ms", wk_config_t, ack_wait_ms, 3000, 3600000, "15000",
                    "redelivery of an event this worker died handling"),
     SP_CFG_INT_OPT("batch-max", wk_config_t, batch_max, 1, 1000, "64", "events per fetch"),
     SP_CFG_INT_OPT("parallel", wk_config_t, parallel, 1, 256, "16",
                    "sandboxes created or deleted at once"),
+    SP_CFG_INT_OPT("pool-size", wk_config_t, pool_size, 0, 64, "2",
+                   "warm pool: sandboxes of each template created ahead, claimed by a create in "
+                   "milliseconds (0: pools off; docs/pools.md)"),
+    SP_CFG_INT_OPT("pool-refill-ms", wk_config_t, pool_refill_ms, 0, 600000, "250",
+                   "warm pool: pause after each refill create (one at a time), the bound on "
+                   "the refill rate"),
+    SP_CFG_INT_OPT("agent-lost-grace-ms", wk_config_t, agent_lost_grace_ms, 100, 600000, "5000",
+                   "how long the commands of a broken agent channel wait for the agent to "
+                   "connect back before they end as lost"),
+    SP_CFG_INT_OPT("pool-max-age-s", wk_config_t, pool_max_age_s, 1, 30 * 86400, "3600",
+                   "warm pool: a pooled sandbox older than this is destroyed and made again"),
     SP_CFG_BOOL_OPT("teardown", wk_config_t, teardown, "false",
                     "destroy every sandbox of this worker, unmount its volume and exit"),
+    SP_CFG_INT_OPT("audit-cap", wk_config_t, audit_cap, 0, 64 * 1024 * 1024, "1048576",
+                   "bytes of each command's output recorded in the log (CommandOutput); 0: none"),
+    SP_CFG_BOOL_OPT("seal-output", wk_config_t, seal_output, "false",
+                    "seal recorded output under the sandbox's data key from space-credstore; "
+                    "no key, no output recorded (docs/audit.md)"),
+    SP_CFG_INT_OPT("datakey-timeout-ms", wk_config_t, datakey_timeout_ms, 50, 60000, "2000",
+                   "how long an exec waits for space-credstore's data key"),
     SP_CFG_STR_OPT("log-level", wk_config_t, log_level, "info", "debug|info|warn|error"),
     SP_CFG_STR_OPT("log-format", wk_config_t, log_format, "kv", "kv|json"),
 };
@@ -80,6 +123,21 @@ static const sp_cfg_opt_t options[] = {
 
 /* The process's identity on the bus: lives as long as the process publishes. */
 static sp_busid_t busid;
+
+/* Stale qgroups (docs/faults.md, "Limits"): at start with a rescan for those the kernel
+ * refuses, then with every snapshot sweep. */
+static void qgroup_sweep(wk_t *w, bool rescan)
+{
+    char err[WK_ERR_MAX] = "";
+    unsigned removed = 0, left = 0;
+    int64_t t0 = sp_mono_ns();
+    int rc = wk_host_qgroup_sweep(w->host, rescan, &removed, &left, err);
+    if (rc < 0)
+        sp_log(SP_LOG_WARN, "stale qgroups not swept", SP_KS("error", err));
+    else if (removed || left)
+        sp_log(SP_LOG_INFO, "stale qgroups swept", SP_KU("removed", removed), SP_KU("left", left),
+               SP_KF("ms", (double)(sp_mono_ns() - t0) / 1e6));
+}
 
 static void *heartbeat_main(void *arg)
 {
@@ -94,6 +152,7 @@ static void *heartbeat_main(void *arg)
             if (sp_db_connect(w->cfg->pg_url, "space-worker", 5000, &db) == 0)
                 wk_snap_sweep(w, db);
             PQfinish(db);
+            qgroup_sweep(w, false);
             swept_at = sp_mono_ns();
         }
         sp_daemon_sleep_ms((int)w->cfg->heartbeat_ms);
@@ -115,27 +174,139 @@ static char *sibling_program(const char *name)
     return sp_xasprintf("%s/%s", exe, name);
 }
 
+/* The configured templates: those already on the volume are listed at once; the others are
+ * made by their own thread (from the host's cache or built) while the worker serves, each
+ * offered in the heartbeat once ready. A template that fails is logged and not offered; the
+ * worker goes on with the rest. templates.status says how far each is (tmplstat.h). */
+static struct {
+    sp_tmplstat_t t[SP_TMPLSTAT_MAX];
+    size_t n;
+    char *path;
+    pthread_t thread;
+    /* The thread is detached, and says here when it is done: joined only at the stop, a
+     * thread that ended long before looked leaked to TSan in every forked child that exits
+     * (the reapers of runsc calls). */
+    pthread_mutex_t mu;
+    pthread_cond_t done;
+    bool running;
+} prep = {.mu = PTHREAD_MUTEX_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
+
+static int64_t wall_ms(void)
+{
+    return sp_now_us() / 1000;
+}
+
+static void prep_write(void)
+{
+    int rc = sp_tmplstat_write(prep.path, (int)getpid(), prep.t, prep.n);
+    if (rc < 0)
+        sp_log(SP_LOG_WARN, "cannot write the template status", SP_KS("path", prep.path),
+               SP_KS("error", strerror(-rc)));
+}
+
+static void prep_offer(wk_t *w)
+{
+    char **names = NULL;
+    size_t n = 0;
+    if (wk_template_list(w->host, &names, &n) < 0)
+        return;
+    pthread_mutex_lock(&w->mu);
+    wk_strv_free(w->templates, w->n_templates);
+    w->templates = names;
+    w->n_templates = n;
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void *templates_main(void *arg)
+{
+    wk_t *w = arg;
+    for (size_t i = 0; i < prep.n && !sp_daemon_stopping; i++) {
+        sp_tmplstat_t *t = &prep.t[i];
+        if (t->state != SP_TMPL_QUEUED)
+            continue;
+        char err[WK_ERR_MAX] = "";
+        int64_t t0 = sp_mono_ns();
+        t->state = SP_TMPL_BUILDING;
+        t->since_ms = wall_ms();
+        char name[sizeof(t->name)]; /* not t->name itself: gcc -O0's -Wrestrict, one object */
+        memcpy(name, t->name, sizeof(name));
+        snprintf(t->detail, sizeof(t->detail), "log %s/template-%s.log", w->cfg->state_dir, name);
+        prep_write();
+        sp_log(SP_LOG_INFO, "template being made", SP_KS("template", t->name));
+        int rc = wk_template_ensure(w->host, t->name, err);
+        if (rc == -ECANCELED)
+            break;
+        t->took_ms = (sp_mono_ns() - t0) / 1000000;
+        t->since_ms = wall_ms();
+        if (rc < 0) {
+            t->state = SP_TMPL_FAILED;
+            snprintf(t->detail, sizeof(t->detail), "%s", err);
+            sp_log(SP_LOG_ERROR, "template not ready", SP_KS("template", t->name),
+                   SP_KS("error", err));
+        } else {
+            const char *how = rc == WK_TEMPLATE_CACHED  ? "cache"
+                              : rc == WK_TEMPLATE_BUILT ? "built"
+                                                        : "present";
+            t->state = SP_TMPL_READY;
+            snprintf(t->detail, sizeof(t->detail), "%s", how);
+            sp_log(SP_LOG_INFO, "template ready", SP_KS("template", t->name), SP_KS("source", how),
+                   SP_KI("ms", t->took_ms));
+            prep_offer(w);
+        }
+        prep_write();
+    }
+    pthread_mutex_lock(&prep.mu);
+    prep.running = false;
+    pthread_cond_broadcast(&prep.done);
+    pthread_mutex_unlock(&prep.mu);
+    return NULL;
+}
+
 static int prepare_templates(wk_t *w)
 {
     char *list = sp_xstrdup(w->cfg->templates), *save = NULL;
     int rc = 0;
+    bool todo = false;
+    char **names = NULL; /* what the volume has */
+    size_t n_names = 0;
+    prep.path = sp_xasprintf("%s/" SP_TMPLSTAT_FILE, w->cfg->state_dir);
+    if (wk_template_list(w->host, &names, &n_names) < 0)
+        n_names = 0;
     for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        char err[WK_ERR_MAX] = "";
-        int64_t t0 = sp_mono_ns();
-        if ((rc = wk_template_ensure(w->host, t, err)) < 0) {
-            sp_log(SP_LOG_ERROR, "template not ready", SP_KS("template", t), SP_KS("error", err));
+        if (!sp_id_valid(t) || prep.n == SP_TMPLSTAT_MAX) {
+            sp_log(SP_LOG_ERROR, "bad templates option (at most 64 template names)",
+                   SP_KS("template", t));
+            rc = SP_ECONFIG;
             break;
         }
-        sp_log(SP_LOG_INFO, "template ready", SP_KS("template", t),
-               SP_KI("ms", (sp_mono_ns() - t0) / 1000000));
+        sp_tmplstat_t *s = &prep.t[prep.n++];
+        memset(s, 0, sizeof(*s));
+        snprintf(s->name, sizeof(s->name), "%s", t);
+        s->since_ms = wall_ms();
+        s->state = SP_TMPL_QUEUED;
+        for (size_t i = 0; i < n_names; i++) {
+            if (strcmp(names[i], t) == 0) {
+                s->state = SP_TMPL_READY;
+                snprintf(s->detail, sizeof(s->detail), "present");
+            }
+        }
+        todo |= s->state == SP_TMPL_QUEUED;
     }
+    wk_strv_free(names, n_names);
     free(list);
     if (rc < 0)
         return rc;
-    pthread_mutex_lock(&w->mu);
-    rc = wk_template_list(w->host, &w->templates, &w->n_templates);
-    pthread_mutex_unlock(&w->mu);
-    return rc;
+    prep_write();
+    prep_offer(w);
+    if (todo) {
+        prep.running = true;
+        if (pthread_create(&prep.thread, NULL, templates_main, w) != 0) {
+            prep.running = false;
+            return -EAGAIN;
+        }
+        pthread_detach(prep.thread);
+    }
+    return 0;
 }
 
 /* --teardown: releases what every identity recorded in the state directory made (each worker
@@ -258,6 +429,13 @@ int main(int argc, char **argv)
         .egress_proxy_port = (uint16_t)cfg.egress_proxy_port,
         .egress_dns_port = (uint16_t)cfg.egress_dns_port,
         .ca_cert_path = ca_path,
+        .disk_mb_default = (uint32_t)cfg.disk_mb_default,
+        .disk_reserve_mb = (uint32_t)cfg.disk_reserve_mb,
+        .disk_quota_off = !cfg.disk_quota,
+        .pids_default = (uint32_t)cfg.pids_default,
+        .template_defs = cfg.template_defs[0] ? cfg.template_defs : NULL,
+        .template_cache = cfg.template_cache,
+        .cancel = &sp_daemon_stopping,
     };
     if (cfg.teardown) {
         code = teardown(&hc) < 0 ? 1 : 0;
@@ -268,6 +446,7 @@ int main(int argc, char **argv)
                SP_KS("code", sp_strerror(rc)));
         goto out;
     }
+    qgroup_sweep(&w, true);
     if (prepare_templates(&w) < 0)
         goto out;
     /* send_asap: the worker is on the exec path both ways (the ExecRequest's reply, IoChunk and
@@ -280,11 +459,23 @@ int main(int argc, char **argv)
         sp_log(SP_LOG_ERROR, "bad identity", SP_KS("error", iderr));
         goto out;
     }
+    char verr[SP_VERIFIER_ERR_MAX];
+    if (sp_verifier_new(cfg.verify_signatures, cfg.keyring_dir, cfg.creds_dir, 0, &w.verifier,
+                        verr) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot check signatures", SP_KS("error", verr));
+        goto out;
+    }
+    sp_log(sp_verifier_mode(w.verifier) == SP_VERIFY_ON ? SP_LOG_INFO : SP_LOG_WARN,
+           sp_verifier_summary(w.verifier), SP_KS("keyring_dir", sp_verifier_dir(w.verifier)));
+    sp_request_guard_new(w.verifier, &w.guard);
     if ((rc = sp_bus_connect(&bo, &w.bus)) < 0 || (rc = sp_bus_ensure_stream(w.bus)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot reach NATS", SP_KS("error", sp_strerror(rc)));
         goto out;
     }
-    if ((rc = wk_factq_new(w.bus, cfg.id, &w.facts)) < 0) {
+    char *journal = sp_xasprintf("%s/facts.journal", cfg.state_dir);
+    rc = wk_factq_new(w.bus, cfg.id, journal, &w.facts);
+    free(journal);
+    if (rc < 0) {
         sp_log(SP_LOG_ERROR, "cannot start the command facts queue",
                SP_KS("error", sp_strerror(rc)));
         goto out;
@@ -301,9 +492,13 @@ int main(int argc, char **argv)
     if (wk_reconcile(&w, db) < 0)
         goto out;
     wk_snap_sweep(&w, db);
+    if (wk_commands_start(&w) < 0 || wk_files_start(&w) < 0 || wk_watches_start(&w) < 0 ||
+        wk_take_placements(&w, db) < 0)
+        goto out;
     PQfinish(db);
     db = NULL;
-    if (wk_commands_start(&w) < 0 || wk_files_start(&w) < 0 || wk_watches_start(&w) < 0)
+    /* After the reconciliation released a previous process's pooled sandboxes. */
+    if (wk_pool_start(&w) < 0)
         goto out;
     if (pthread_create(&hb, NULL, heartbeat_main, &w) == 0)
         hb_started = 1;
@@ -313,6 +508,12 @@ out:
     sp_daemon_stopping = 1;
     if (hb_started)
         pthread_join(hb, NULL);
+    /* A build in progress is stopped (cancel): wait for its thread to say so. */
+    pthread_mutex_lock(&prep.mu);
+    while (prep.running)
+        pthread_cond_wait(&prep.done, &prep.mu);
+    pthread_mutex_unlock(&prep.mu);
+    wk_pool_stop(&w);
     PQfinish(db);
     wk_files_stop(&w); /* joins the reaper, which may still reply on the bus */
     wk_watches_stop(&w);
@@ -328,6 +529,8 @@ out:
         usleep(10 * 1000);
     wk_factq_free(w.facts);
     sp_bus_free(w.bus);
+    sp_request_guard_free(w.guard);
+    sp_verifier_free(w.verifier);
     sp_busid_dispose(&busid);
     wk_host_close(w.host);
     wk_strv_free(w.templates, w.n_templates);
@@ -335,6 +538,7 @@ out:
     free(volume_dir);
     free(agent_path);
     free(ca_path);
+    free(prep.path);
     pthread_mutex_destroy(&w.mu);
     sp_config_dispose(options, N_OPTIONS, &cfg);
     free(err);

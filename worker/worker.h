@@ -9,8 +9,11 @@
 #include <stdint.h>
 
 #include "bus.h"
+#include "cred.h"
 #include "envelope.h"
 #include "hash.h"
+#include "request.h"
+#include "verifier.h"
 #include "worker_agent.h"
 #include "worker_runtime.h"
 
@@ -19,6 +22,8 @@ typedef struct {
     char *nats_url;
     char *identity; /* busid.h */
     char *creds_dir;
+    char *verify_signatures; /* verifier.h */
+    char *keyring_dir;
     char *pg_url;
     char *state_dir;
     char *volume_dir;
@@ -31,22 +36,39 @@ typedef struct {
     int64_t egress_proxy_port; /* egressd's ports on the host (worker_runtime.h) */
     int64_t egress_dns_port;
     char *templates;          /* comma-separated, prepared at start */
+    char *template_defs;      /* where <name>.sh definitions are ("": the installed ones) */
+    char *template_cache;     /* the host's template cache ("": none) */
     char *snapshot_dir;       /* dir store: the store (shared); nats store: this worker's cache */
     char *snapshot_store;     /* "dir" or "nats" (worker_snapstore.c) */
     char *snapshot_bucket;    /* the nats store's bucket */
     int64_t snapshot_sweep_s; /* wk_snap_sweep's period */
     int64_t vcpu_total;       /* 0: the host's CPUs */
     int64_t memory_mb_total;  /* 0: the host's memory */
+    int64_t disk_mb_default;  /* per-sandbox limits when a create says 0 (docs/faults.md) */
+    int64_t disk_reserve_mb;
+    bool disk_quota;
+    int64_t pids_default;
+    int64_t file_call_ms;  /* a data-plane file call is answered (pending if need be) within */
+    int64_t file_op_max_s; /* a remove or move the agent has not finished by then fails */
     int64_t heartbeat_ms;
     int64_t ack_wait_ms;
     int64_t batch_max;
-    int64_t parallel; /* sandboxes created or deleted at once */
+    int64_t parallel;            /* sandboxes created or deleted at once */
+    int64_t pool_size;           /* warm pool per template (worker_pool.c); 0: pools off */
+    int64_t pool_refill_ms;      /* pause after each refill create */
+    int64_t pool_max_age_s;      /* a pooled sandbox older than this is made again */
+    int64_t agent_lost_grace_ms; /* commands of a broken agent channel wait this long for it */
     bool teardown;
+    int64_t audit_cap; /* bytes of a command's output recorded in the log; 0: none */
+    bool seal_output;  /* seal recorded output under the sandbox's data key (docs/audit.md) */
+    int64_t datakey_timeout_ms;
     char *log_level;
     char *log_format;
 } wk_config_t;
 
 typedef struct wk wk_t;
+typedef struct wk_pool wk_pool_t;
+#define WK_GIVEN_UP_MAX 64
 
 /* Command facts (worker_factq.c): published from a thread of their own, in the order queued,
  * each batch retried whole until the stream has it (message ids make that idempotent). A fact
@@ -61,8 +83,10 @@ typedef struct wk wk_t;
 #define WK_FACT_BYTES      (16 * 1024 * 1024)
 #define WK_FACT_MSG_ID_MAX 160
 typedef struct wk_factq wk_factq_t;
-/* Starts the publisher thread. bus must outlive the queue; worker: the subject's token. */
-int wk_factq_new(sp_bus_t *bus, const char *worker, wk_factq_t **ret);
+/* Starts the publisher thread. bus must outlive the queue; worker: the subject's token;
+ * journal: the file queued facts are kept in until published (NULL: none), whose leftovers
+ * from a previous process are published first (worker_factq.c). */
+int wk_factq_new(sp_bus_t *bus, const char *worker, const char *journal, wk_factq_t **ret);
 /* Stamps env now (occurred_at, event id), validates and encodes it, and queues it to go out
  * within hold_ms; msg_id NULL: the event id. Any thread but the publisher's; blocks while the
  * queue is full. SP_ESCHEMA when env does not validate, -ECANCELED once the queue is
@@ -95,11 +119,13 @@ typedef struct {
     bool agent_lost;
     int64_t lost_at_ns;
     char lost_why[WK_ERR_MAX];
-    bool listening; /* a thread waits for the agent to connect back (worker_chan.c) */
-    bool gone;      /* out of the owned table: being deleted or failed */
-    bool paused;    /* runsc paused (worker_lifecycle.c) */
-    bool restoring; /* runsc restore in progress: not running yet, not dead either */
-    wk_cmd_t *cmds; /* running commands */
+    bool listening;   /* a thread waits for the agent to connect back (worker_chan.c) */
+    bool gone;        /* out of the owned table: being deleted or failed */
+    bool paused;      /* runsc paused (worker_lifecycle.c) */
+    bool restoring;   /* runsc restore in progress: not running yet, not dead either */
+    wk_cmd_t *cmds;   /* running commands */
+    sp_cred_key_t dk; /* the data key of its output (dk_state 1), wiped when released */
+    int dk_state;     /* 0 not asked yet, 1 held, 2 forgotten (space-replay forget) */
     size_t n_cmds;
     wk_cmd_t *done;   /* ended commands, newest first, kept a while for list and attach */
     wk_xfer_t *xfers; /* file operations and transfers (worker_files.c) */
@@ -111,15 +137,24 @@ typedef struct {
 struct wk {
     const wk_config_t *cfg;
     sp_bus_t *bus;
+    /* What the worker acts on is checked first (docs/trust.md): intents and placements on its
+     * durable (worker_events.c), requests on its data-plane subjects (wk_request_open). */
+    sp_verifier_t *verifier;
+    sp_request_guard_t *guard;
     wk_factq_t *facts; /* command facts (worker_factq.c) */
     wk_host_t *host;
     char hostname[256];
     uint32_t vcpu_total;
     uint64_t memory_mb_total;
 
-    pthread_mutex_t mu; /* guards owned, refs and templates */
+    pthread_mutex_t mu; /* guards owned, refs, templates and given_up */
     wk_box_t **owned;
     size_t n_owned, cap_owned;
+    /* The last placements (event ids) this process failed: one taken again (from the log
+     * after a reconnect, or redelivered) before the log has the failure must not create the
+     * sandbox. A new placement of the same sandbox has an id of its own. A ring. */
+    char given_up[WK_GIVEN_UP_MAX][65];
+    unsigned given_up_next;
     char **templates;
     size_t n_templates;
     sp_bus_sub_t *ctl_sub;                 /* space.io.wkr.<id>.ctl */
@@ -129,6 +164,7 @@ struct wk {
     sp_bus_sub_t *watch_sub;               /* space.io.wkr.<id>.watch */
     pthread_t files_reaper;
     bool files_reaper_started;
+    wk_pool_t *pool; /* NULL: pools off (worker_pool.c) */
 };
 
 /* Compares what the log says this worker owns with what the host shows: adopts sandboxes
@@ -137,9 +173,45 @@ struct wk {
  * WorkerReconciled event. */
 int wk_reconcile(wk_t *w, PGconn *db);
 
+/* After wk_reconcile: the sandboxes the log has placed on this worker and not started (it
+ * died while creating them) are created now from their stored SandboxPlaced, instead of
+ * after the placement's ack wait. Their leftovers are released by the create itself. The
+ * redelivery that comes later finds them owned (or failed) and changes nothing. */
+int wk_take_placements(wk_t *w, PGconn *db);
+
 /* Consumes space.ev.sbx.<id>.> until a stop is asked for (daemon.h): creates, deletes,
  * answers with facts. */
 int wk_serve(wk_t *w);
+
+/* Opens a request that arrived on one of the worker's data-plane subjects (request.h): true
+ * when it may be acted on (rq's body is the request; dispose rq in every case). A refusal is
+ * logged and answered on reply_to (RequestRefused). */
+bool wk_request_open(wk_t *w, const char *subject, const char *reply_to, const uint8_t *data,
+                     size_t len, sp_request_t *rq);
+
+/* Warm pools (worker_pool.c, docs/pools.md). The shape every pooled sandbox is made with
+ * (the API's defaults): a create asking for another vcpu or memory_mb is made from scratch,
+ * since the guest kernel sizes itself when it boots. */
+#define WK_POOL_VCPU      1
+#define WK_POOL_MEMORY_MB 512
+/* Starts the refill thread (cfg->pool_size > 0): after the reconciliation. */
+int wk_pool_start(wk_t *w);
+/* Stops it and destroys every unclaimed pooled sandbox. */
+void wk_pool_stop(wk_t *w);
+/* Whether a create of spec (its id the sandbox's) may be served from a pool. */
+bool wk_pool_fits(const wk_t *w, const wk_sandbox_spec_t *spec);
+/* Claims a ready pooled sandbox of spec->template_ for the sandbox spec->id of tenant: the
+ * host map and disk limit (wk_sandbox_claim), the hostname (wk_agent_claim), then the box takes
+ * the identity and joins the owned table. Returns the box with a reference for the caller and
+ * fills ret_info (address, disk limit; no channel fds: the box holds the channel), or NULL when
+ * none is ready or the claim failed (what it took is released: the caller creates from scratch). */
+wk_box_t *wk_pool_claim(wk_t *w, const wk_sandbox_spec_t *spec, const char *tenant,
+                        wk_sandbox_info_t *ret_info);
+/* The pool levels for the heartbeat, into caller arrays of max entries; how many. The
+ * template strings live as long as the pool. */
+#define WK_POOL_LEVELS_MAX 64
+size_t wk_pool_levels(wk_t *w, Space__V1__PoolLevel *levels, Space__V1__PoolLevel **ptrs,
+                      size_t max);
 
 /* Publishes one heartbeat. */
 int wk_heartbeat(wk_t *w);
@@ -151,12 +223,22 @@ int wk_heartbeat(wk_t *w);
 wk_box_t *wk_owned_add(wk_t *w, const char *id, const char *tenant, const char *tmpl, uint32_t vcpu,
                        uint32_t memory_mb);
 wk_box_t *wk_owned_get(wk_t *w, const char *id);
+/* A box outside the table (one reference, the caller's): a warm-pool sandbox's. insert puts
+ * it into the table (taking a reference of the table's); false if the id is owned already. */
+wk_box_t *wk_box_new(wk_t *w, const char *id, const char *tenant, const char *tmpl, uint32_t vcpu,
+                     uint32_t memory_mb);
+bool wk_owned_insert(wk_t *w, wk_box_t *b);
 wk_box_t *wk_owned_remove(wk_t *w, const char *id);
 void wk_box_put(wk_box_t *b);
 int wk_owned_has(wk_t *w, const char *id);
 
 /* Commands (worker_commands.c): serve ExecRequests from the data plane. */
 int wk_commands_start(wk_t *w);
+/* At start, for a sandbox the previous worker had (adopted or lost): every command the log
+ * has without its end gets CommandExited {exit_code -1, error "worker_restarted: ..."}, so
+ * no command, and no answer the gateway gave for it, is left without an end in the log; and
+ * the same IoExit, so a gateway still following it answers at once. */
+int wk_commands_reconcile(wk_t *w, PGconn *db, const char *tenant, const char *sbx);
 void wk_commands_stop(wk_t *w);
 /* Attaches the agent channel of a new sandbox (takes the fds; -1 fds: no channel). */
 int wk_box_attach_agent(wk_box_t *b, int to_fd, int from_fd);
@@ -231,6 +313,10 @@ int wk_publish_fact(wk_t *w, sp_envelope_t *env, const char *prefix, const char 
 /* Publishes a fact about the box's sandbox (aggregate, tenant, actor filled in); msg_id NULL:
  * the event id. Logs a failure. */
 int wk_publish_box_event(wk_box_t *b, sp_envelope_t *env, const char *msg_id);
+/* The data key of b's output (docs/audit.md): held by the box once space-credstore gave it
+ * (space.io.cred.datakey), asked for again while it did not answer. 0, -ENOKEY (forgotten:
+ * never asked again), or < 0 (unavailable). ret is wiped by the caller. */
+int wk_datakey_get(wk_box_t *b, sp_cred_key_t *ret);
 
 /* Files (worker_files.c): serve FileCalls from the data plane, close idle transfers. */
 int wk_files_start(wk_t *w);

@@ -103,7 +103,9 @@ struct wk_agent {
     size_t n_running;
     xfer_t *xfers[WK_AGENT_MAX_XFERS];
     size_t n_xfers;
-    uint64_t next_xfer;      /* the next transfer id to issue; ids below it were issued */
+    uint64_t next_xfer; /* the next transfer id to issue; ids below it were issued */
+    int claim;          /* 0: no Claim sent; 1: sent, Claimed awaited; 2: answered */
+    char claim_error[WHY_MAX];
     uint64_t dropped_frames; /* file frames for finished transfers */
 
     /* The reader thread's own. */
@@ -296,6 +298,46 @@ int wk_agent_exec(wk_agent_t *a, const Space__Agent__V1__Exec *exec)
     return rc;
 }
 
+int wk_agent_claim(wk_agent_t *a, const char *hostname, int timeout_ms, char err[WHY_MAX])
+{
+    err[0] = '\0';
+    if (!a || !hostname)
+        return -EINVAL;
+    Space__Agent__V1__Claim c = SPACE__AGENT__V1__CLAIM__INIT;
+    c.hostname = (char *)hostname;
+    frame_t f = SPACE__AGENT__V1__AGENT_FRAME__INIT;
+    f.msg_case = SPACE__AGENT__V1__AGENT_FRAME__MSG_CLAIM;
+    f.claim = &c;
+    pthread_mutex_lock(&a->mu);
+    int rc = a->claim ? -EALREADY : 0;
+    if (rc == 0)
+        a->claim = 1; /* before the frame: the answer may come before send_frame returns */
+    pthread_mutex_unlock(&a->mu);
+    if (rc < 0)
+        return rc;
+    if ((rc = send_frame(a, &f)) < 0)
+        return rc;
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&a->mu);
+    while (a->claim == 1 && a->state == ST_UP && !a->closing)
+        if (pthread_cond_timedwait(&a->cond, &a->mu, &dl) == ETIMEDOUT)
+            break;
+    if (a->claim == 2)
+        rc = a->claim_error[0] ? -EIO : 0;
+    else
+        rc = a->state == ST_UP ? SP_ETIMEOUT : -EPIPE;
+    snprintf(err, WHY_MAX, "%s", a->claim == 2 ? a->claim_error : a->why);
+    pthread_mutex_unlock(&a->mu);
+    return rc;
+}
+
 /* 0 if cmd_id names a command that has not ended, else < 0. */
 static int cmd_known(wk_agent_t *a, const char *cmd_id)
 {
@@ -462,6 +504,15 @@ static verdict_t handle(wk_agent_t *a, const frame_t *f, char why[WHY_MAX])
             w->pid = r->pid;
             w->pty = r->pty;
             w->stdin_open = r->stdin_open;
+            for (size_t k = 0, at = 0; k < r->n_argv && k < WK_AGENT_ARGV_KEPT_N; k++) {
+                size_t len = strlen(r->argv[k]) + 1;
+                if (at + len > sizeof(w->argv))
+                    break;
+                memcpy(w->argv + at, r->argv[k], len);
+                at += len;
+                w->n_argv++;
+            }
+            snprintf(w->cwd, sizeof(w->cwd), "%s", r->cwd ? r->cwd : "");
             cmd_t *c = sp_xcalloc(1, sizeof(*c));
             snprintf(c->id, sizeof(c->id), "%s", r->cmd_id);
             c->started = true;
@@ -514,6 +565,22 @@ static verdict_t handle(wk_agent_t *a, const frame_t *f, char why[WHY_MAX])
         break;
     case SPACE__AGENT__V1__AGENT_FRAME__MSG_HELLO:
         return violation(why, "second Hello");
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_CLAIMED: {
+        /* Only the answer to our one Claim, once. */
+        if (strlen(f->claimed->error) > MESSAGE_MAX)
+            return violation(why, "Claimed error longer than %d bytes", MESSAGE_MAX);
+        char *m = sanitize(f->claimed->error);
+        pthread_mutex_lock(&a->mu);
+        bool awaited = a->claim == 1;
+        if (awaited) {
+            a->claim = 2;
+            snprintf(a->claim_error, sizeof(a->claim_error), "%s", m);
+            pthread_cond_broadcast(&a->cond);
+        }
+        pthread_mutex_unlock(&a->mu);
+        free(m);
+        return awaited ? FRAME_OK : violation(why, "Claimed without a Claim");
+    }
     default:
         return violation(why, "unexpected frame (case %d)", (int)f->msg_case);
     }

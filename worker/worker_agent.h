@@ -86,10 +86,17 @@ int wk_agent_resize(wk_agent_t *a, const char *cmd_id, uint32_t rows, uint32_t c
 /* The commands the agent's Hello listed as still running (a channel after the agent's first:
  * it reconnected). They are known on this channel (their output and exit are accepted). The
  * array lives until wk_agent_close. */
+#define WK_AGENT_ARGV_KEPT_N     64   /* Running.argv kept: at most so many arguments */
+#define WK_AGENT_ARGV_KEPT_BYTES 4096 /* and bytes (NULs included); the rest is dropped */
 typedef struct {
     char id[65];
     uint32_t pid;
     bool pty, stdin_open;
+    /* What the agent says the command is (the guest's word: text for lists, nothing else):
+     * n_argv NUL-terminated strings in argv, and cwd. */
+    char argv[WK_AGENT_ARGV_KEPT_BYTES];
+    size_t n_argv;
+    char cwd[4097];
 } wk_agent_running_t;
 size_t wk_agent_running(wk_agent_t *a, const wk_agent_running_t **ret);
 /* Files. A transfer id is reserved first (so the caller can register it before any reply
@@ -117,6 +124,12 @@ int wk_agent_file_write(wk_agent_t *a, uint64_t xfer, uint64_t offset, const uin
                         size_t len);
 /* Asks for length (<= WK_AGENT_READ_MAX) bytes at offset; one read at a time per transfer. */
 int wk_agent_file_read(wk_agent_t *a, uint64_t xfer, uint64_t offset, uint32_t length);
+
+/* Gives a warm-pool sandbox its identity (proto/agent.proto Claim, docs/pools.md): its
+ * hostname, after which the agent holds no CAP_SYS_ADMIN. Once per channel (-EALREADY after).
+ * 0 when the agent answered that it did; -EIO with its reason in err when it could not;
+ * SP_ETIMEOUT without an answer in timeout_ms; -EPIPE when the channel is lost. */
+int wk_agent_claim(wk_agent_t *a, const char *hostname, int timeout_ms, char err[256]);
 
 /* Whether the channel is still up. */
 bool wk_agent_alive(wk_agent_t *a);

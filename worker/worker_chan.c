@@ -36,7 +36,6 @@
 #define POLL_MS          200
 #define HELLO_TIMEOUT_MS 2000
 #define LIVENESS_MS      2000
-#define LOST_GRACE_MS    5000 /* commands of a broken channel wait this long for it */
 
 static int listen_on(const char *path)
 {
@@ -70,12 +69,24 @@ static void fail_exited(wk_box_t *b, const char *why)
 {
     wk_t *w = b->w;
     char detail[WK_ERR_MAX + 96], err[WK_ERR_MAX] = "";
-    snprintf(detail, sizeof(detail), "the sandbox's init (space-agent) ended: %s", why);
-    sp_log(SP_LOG_WARN, "sandbox exited", SP_KS("sandbox", b->id), SP_KS("why", why));
+    /* gVisor has no OOM killer of its own: over memory_mb the host's memory cgroup kills the
+     * Sentry, and with it every process and the whole sandbox (docs/faults.md, "Limits").
+     * The cgroup's count says so, and the failure is "oom" rather than "exited". */
+    int ooms = wk_sandbox_oom_kills(w->host, b->id);
+    if (ooms > 0)
+        snprintf(detail, sizeof(detail),
+                 "out of memory: the sandbox used its whole memory_mb (%u MiB) and the host "
+                 "ended it, with every process in it",
+                 b->memory_mb);
+    else
+        snprintf(detail, sizeof(detail), "the sandbox's init (space-agent) ended: %s", why);
+    sp_log(SP_LOG_WARN, ooms > 0 ? "sandbox out of memory" : "sandbox exited",
+           SP_KS("sandbox", b->id), SP_KS("why", why), SP_KI("oom_kills", ooms));
     wk_box_t *owned = wk_owned_remove(w, b->id);
     if (owned) {
-        wk_box_fail_commands(owned, "the sandbox exited");
-        wk_box_fail_files(owned, "the sandbox exited");
+        const char *msg = ooms > 0 ? "the sandbox ran out of memory" : "the sandbox exited";
+        wk_box_fail_commands(owned, msg);
+        wk_box_fail_files(owned, msg);
         wk_box_put(owned);
     }
     if (wk_sandbox_destroy(w->host, b->id, err) < 0)
@@ -83,7 +94,7 @@ static void fail_exited(wk_box_t *b, const char *why)
                SP_KS("error", err));
     sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
     Space__V1__SandboxFailed failed = SPACE__V1__SANDBOX_FAILED__INIT;
-    failed.reason = "exited";
+    failed.reason = ooms > 0 ? "oom" : "exited";
     failed.detail = detail;
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_FAILED;
     env.sandbox_failed = &failed;
@@ -121,7 +132,8 @@ static void *listen_main(void *arg)
         struct pollfd p = {.fd = lfd, .events = POLLIN};
         if (poll(&p, 1, POLL_MS) <= 0) {
             pthread_mutex_lock(&b->mu);
-            bool over = !graced && sp_mono_ns() - b->lost_at_ns > LOST_GRACE_MS * 1000000LL;
+            bool over = !graced &&
+                        sp_mono_ns() - b->lost_at_ns > b->w->cfg->agent_lost_grace_ms * 1000000LL;
             char why[WK_ERR_MAX + 32];
             snprintf(why, sizeof(why), "agent channel lost: %s", b->lost_why);
             pthread_mutex_unlock(&b->mu);

@@ -4,7 +4,10 @@
  * agent then reports becomes, per command:
  *   live output  -> IoChunk on space.io.cmd.<cmd_id>.out (seq 1, 2, ...), up to LIVE_CAP bytes;
  *                   the newest KEEP_CAP bytes of it are also kept, for clients that (re)attach;
- *   audit        -> CommandOutput events in 16 KiB chunks up to AUDIT_CAP bytes, then a marker;
+ *   audit        -> CommandOutput events in 16 KiB chunks up to --audit-cap bytes (0: none),
+ *                   then a marker: the output with the command's environment values replaced
+ *                   by [redacted:NAME] (datakey.h), sealed under the sandbox's data key when
+ *                   --seal-output is on (docs/audit.md); offsets count the redacted bytes;
  *   the end      -> IoExit on space.io.cmd.<cmd_id>.exit and a CommandExited event with the byte
  *                   counts and SHA-256 of everything the command wrote (also beyond the caps).
  * Environment values and stdin exist only in the request and the agent frame: never in an
@@ -27,7 +30,10 @@
 #include <string.h>
 
 #include "contract.h"
+#include "credstore.pb-c.h"
 #include "dataplane.pb-c.h"
+#include "datakey.h"
+#include "db.h"
 #include "error.h"
 #include "hash.h"
 #include "ids.h"
@@ -40,15 +46,19 @@
 #define STDIN_MAX         (1024 * 1024)
 #define DEFAULT_TIMEOUT_S 60
 #define LIVE_CAP          ((uint64_t)1 << 30) /* bytes of live output per command */
-#define AUDIT_CAP         (1024 * 1024)       /* bytes of output recorded in the log */
 #define HELLO_TIMEOUT_MS  10000
 #define USER_UID          1000
 #define KEEP_CAP          (512 * 1024) /* bytes of output kept per command for attaching */
 #define DONE_KEEP         32           /* ended commands kept per sandbox */
 #define DONE_TTL_S        600
 #define CMDLINE_MAX       512
-#define CTL_MAX           (1024 * 1024)
-#define CTL_STDIN_MAX     (512 * 1024)
+/* CommandInfo.argv: what a list shows of a command's argv (E2B's Process.List answers the
+ * program and its arguments); the same bounds as what the agent reports after a reconnection. */
+#define ARGV_KEPT_N     WK_AGENT_ARGV_KEPT_N
+#define ARGV_KEPT_BYTES WK_AGENT_ARGV_KEPT_BYTES
+#define CWD_KEPT_MAX    4096
+#define CTL_MAX         (1024 * 1024)
+#define CTL_STDIN_MAX   (512 * 1024)
 
 typedef struct kept kept_t;
 struct kept {
@@ -64,6 +74,9 @@ struct wk_cmd {
     char intent_id[37];
     char corr[129];
     char cmdline[CMDLINE_MAX + 1];
+    char argv[ARGV_KEPT_BYTES]; /* the argv kept for lists: n_argv strings, NUL-terminated */
+    size_t n_argv;
+    char cwd[CWD_KEPT_MAX + 1];
     int64_t t0_ns, started_at_us, ended_ns;
     uint32_t pid;
     bool background, pty, stdin_open;
@@ -74,6 +87,10 @@ struct wk_cmd {
     sp_sha256_ctx_t *sha[3];
     uint64_t audit_bytes;
     bool audit_truncated;
+    sp_redactor_t *red[3]; /* by stream: the command's environment values */
+    uint64_t audit_off[3]; /* by stream: redacted bytes recorded so far */
+    int seal;              /* 0 plaintext (--seal-output off), 1 sealed under dk, -1 no key */
+    sp_cred_key_t dk;
     bool live_truncated;
     kept_t *kept_head, *kept_tail; /* the newest live chunks, KEEP_CAP bytes at most */
     size_t kept_bytes;
@@ -89,6 +106,9 @@ struct wk_cmd {
 
 static void cmd_free(wk_cmd_t *c)
 {
+    sp_redactor_free(c->red[1]);
+    sp_redactor_free(c->red[2]);
+    sp_cred_key_wipe(&c->dk);
     for (kept_t *k = c->kept_head; k;) {
         kept_t *n = k->next;
         free(k);
@@ -179,6 +199,65 @@ static wk_cmd_t *find_done(wk_box_t *b, const char *cmd_id)
     return NULL;
 }
 
+int wk_datakey_get(wk_box_t *b, sp_cred_key_t *ret)
+{
+    pthread_mutex_lock(&b->mu);
+    int state = b->dk_state;
+    if (state == 1)
+        *ret = b->dk;
+    pthread_mutex_unlock(&b->mu);
+    if (state == 1)
+        return 0;
+    if (state == 2)
+        return -ENOKEY;
+    Space__Cred__V1__DataKeyRequest q = SPACE__CRED__V1__DATA_KEY_REQUEST__INIT;
+    q.tenant = b->tenant;
+    q.sandbox = b->id;
+    q.worker = (char *)b->w->cfg->id;
+    uint8_t buf[256];
+    size_t len = space__cred__v1__data_key_request__get_packed_size(&q);
+    if (len > sizeof(buf))
+        return -EINVAL;
+    space__cred__v1__data_key_request__pack(&q, buf);
+    uint8_t *data = NULL;
+    size_t dlen = 0;
+    int rc = sp_request_send(b->w->bus, SP_CRED_SUBJECT_DATAKEY, buf, len,
+                             (int)b->w->cfg->datakey_timeout_ms, &data, &dlen);
+    Space__Cred__V1__DataKeyReply *r = NULL;
+    if (rc == 0 && dlen <= 1024)
+        r = space__cred__v1__data_key_reply__unpack(NULL, dlen, data);
+    if (data) {
+        explicit_bzero(data, dlen);
+        free(data);
+    }
+    rc = -EIO;
+    if (r && r->ok && r->key.len == SP_CRED_KEY_LEN && strlen(r->key_id) == SP_CRED_KEY_ID_LEN) {
+        memcpy(ret->k, r->key.data, SP_CRED_KEY_LEN);
+        memcpy(ret->id, r->key_id, SP_CRED_KEY_ID_LEN + 1);
+        rc = 0;
+    } else if (r && strcmp(r->error, "forgotten") == 0) {
+        rc = -ENOKEY;
+    }
+    sp_log(rc == 0 ? SP_LOG_DEBUG : SP_LOG_WARN,
+           rc == 0      ? "data key held"
+           : rc == -EIO ? "no data key from space-credstore: output not recorded"
+                        : "sandbox forgotten: output not recorded",
+           SP_KS("sandbox", b->id), SP_KS("error", r ? r->error : "no answer"));
+    if (r) {
+        if (r->key.data)
+            explicit_bzero(r->key.data, r->key.len);
+        space__cred__v1__data_key_reply__free_unpacked(r, NULL);
+    }
+    if (rc == 0 || rc == -ENOKEY) {
+        pthread_mutex_lock(&b->mu);
+        b->dk_state = rc == 0 ? 1 : 2;
+        if (rc == 0)
+            b->dk = *ret;
+        pthread_mutex_unlock(&b->mu);
+    }
+    return rc;
+}
+
 /* A command event for box (tenant, aggregate) answering the command's intent, queued for the
  * stream (worker_factq.c) to go out within hold_ms. */
 static int publish_command_event(wk_box_t *b, const wk_cmd_t *c, sp_envelope_t *env,
@@ -236,10 +315,16 @@ static void retire_locked(wk_box_t *b, wk_cmd_t *c, int exit_code, int sig, bool
     b->done = c;
 }
 
-/* Publishes the end of a retired command: IoExit first (the gateway answers from it), then
- * CommandExited, whose short hold takes the command's held facts with it (worker_factq.c). */
+/* Publishes the end of a retired command: CommandExited is queued first (journaled: a worker
+ * killed right after still records it at its next start, worker_factq.c), then IoExit, which
+ * the gateway answers from, so no answer lacks its fact; the fact's short hold takes the
+ * command's held facts with it and lets IoExit leave first. */
+static void audit_flush(wk_box_t *b, wk_cmd_t *c, int stream);
+
 static void finish(wk_box_t *b, wk_cmd_t *c)
 {
+    for (int s = 1; s <= 2; s++)
+        audit_flush(b, c, s);
     uint8_t digest[3][SP_SHA256_LEN];
     for (int s = 1; s <= 2; s++)
         sp_sha256_final(c->sha[s], digest[s]);
@@ -256,8 +341,6 @@ static void finish(wk_box_t *b, wk_cmd_t *c)
     ex.truncated = c->live_truncated;
     ex.last_seq = c->seq;
     ex.duration_ms = c->duration_ms;
-    publish_io(b, c->id, "exit", &ex.base);
-
     sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
     Space__V1__CommandExited done = SPACE__V1__COMMAND_EXITED__INIT;
     done.cmd_id = c->id;
@@ -274,6 +357,7 @@ static void finish(wk_box_t *b, wk_cmd_t *c)
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED;
     env.command_exited = &done;
     publish_command_event(b, c, &env, "exited", 0, WK_FACT_END_MS);
+    publish_io(b, c->id, "exit", &ex.base);
     sp_log(SP_LOG_INFO, "command done", SP_KS("sandbox", b->id), SP_KS("cmd", c->id),
            SP_KI("exit_code", c->exit_code), SP_KU("signal", c->signal),
            SP_KU("ms", c->duration_ms), SP_KS("error", c->error), SP_KS("corr", c->corr));
@@ -353,6 +437,7 @@ static void on_started(void *arg, const char *cmd_id, uint32_t pid)
     if (c) {
         c->pid = pid;
         copy = *c;
+        sp_cred_key_wipe(&copy.dk); /* not needed here: no copy of the key on this stack */
     }
     pthread_mutex_unlock(&b->mu);
     if (!c)
@@ -371,53 +456,35 @@ static void on_started(void *arg, const char *cmd_id, uint32_t pid)
     publish_command_event(b, &copy, &env, "started", 0, WK_FACT_HOLD_MS);
 }
 
-static void on_output(void *arg, const char *cmd_id, int stream, const uint8_t *data, size_t len)
+/* Records len redacted bytes of stream as CommandOutput chunks at the command's audit offset,
+ * within the cap, then the marker once the cap is reached. Called with box->mu held, which it
+ * releases after the accounting: the events go out from a copy of *c. */
+static void audit_record(wk_box_t *b, wk_cmd_t *c, int stream, const uint8_t *data, size_t len)
 {
-    wk_box_t *b = arg;
-    uint64_t seq = 0, audit_from = 0;
     size_t audit_len = 0;
-    bool live = false, mark_truncated = false;
-    wk_cmd_t copy;
-
-    pthread_mutex_lock(&b->mu);
-    wk_cmd_t *c = find_cmd(b, cmd_id);
-    if (!c) {
-        pthread_mutex_unlock(&b->mu);
-        return;
-    }
-    uint64_t offset = c->bytes[stream];
-    c->bytes[stream] += len;
-    sp_sha256_update(c->sha[stream], data, len);
-    if (!c->live_truncated && c->bytes[1] + c->bytes[2] <= LIVE_CAP) {
-        seq = ++c->seq;
-        live = true;
-        keep_chunk(c, seq, stream, data, len);
-    } else {
-        c->live_truncated = true;
-    }
+    bool mark_truncated = false;
+    uint64_t audit_from = c->audit_off[stream];
     if (!c->audit_truncated) {
-        size_t room = AUDIT_CAP - (size_t)c->audit_bytes;
+        uint64_t cap = (uint64_t)b->w->cfg->audit_cap;
+        size_t room = cap > c->audit_bytes ? (size_t)(cap - c->audit_bytes) : 0;
+        /* No key for a sealed sandbox (credstore unavailable, or forgotten): nothing of the
+         * output is recorded, only the marker. */
+        if (c->seal < 0)
+            room = 0;
         audit_len = len < room ? len : room;
-        audit_from = offset;
         c->audit_bytes += audit_len;
+        c->audit_off[stream] += audit_len;
         if (audit_len < len) {
             c->audit_truncated = true;
             mark_truncated = true;
         }
     }
-    copy = *c;
+    wk_cmd_t copy = *c;
     pthread_mutex_unlock(&b->mu);
-
-    if (live) {
-        Space__Io__V1__IoChunk ch = SPACE__IO__V1__IO_CHUNK__INIT;
-        ch.cmd_id = (char *)cmd_id;
-        ch.seq = seq;
-        ch.stream = (uint32_t)stream;
-        ch.data = (ProtobufCBinaryData){len, (uint8_t *)data};
-        publish_io(b, cmd_id, "out", &ch.base);
-    }
     /* Audit chunks: the reader thread is this command's only writer of events and the queue
      * keeps its order, so their order in the log is the output's order. */
+    uint8_t *ct = copy.seal > 0 ? sp_xmalloc(SP_COMMAND_OUTPUT_CHUNK_MAX + SP_CRED_TAG_LEN) : NULL;
+    uint8_t nonce[SP_CRED_NONCE_LEN];
     for (size_t at = 0; at < audit_len; at += SP_COMMAND_OUTPUT_CHUNK_MAX) {
         size_t n = audit_len - at < SP_COMMAND_OUTPUT_CHUNK_MAX ? audit_len - at
                                                                 : SP_COMMAND_OUTPUT_CHUNK_MAX;
@@ -426,12 +493,24 @@ static void on_output(void *arg, const char *cmd_id, int stream, const uint8_t *
         out.cmd_id = copy.id;
         out.stream = (uint32_t)stream;
         out.offset = audit_from + at;
-        out.data = (ProtobufCBinaryData){n, (uint8_t *)data + at};
+        if (ct) {
+            if (sp_output_seal(&copy.dk, b->id, copy.id, (uint32_t)stream, out.offset, data + at, n,
+                               nonce, ct) < 0) {
+                sp_log(SP_LOG_ERROR, "cannot seal output: not recorded", SP_KS("cmd", copy.id));
+                break;
+            }
+            out.ciphertext = (ProtobufCBinaryData){n + SP_CRED_TAG_LEN, ct};
+            out.nonce = (ProtobufCBinaryData){SP_CRED_NONCE_LEN, nonce};
+            out.key_id = copy.dk.id;
+        } else {
+            out.data = (ProtobufCBinaryData){n, (uint8_t *)data + at};
+        }
         env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT;
         env.command_output = &out;
         publish_command_event(b, &copy, &env, stream == 1 ? "out" : "err", out.offset,
                               WK_FACT_HOLD_MS);
     }
+    free(ct);
     if (mark_truncated) {
         sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
         Space__V1__CommandOutput out = SPACE__V1__COMMAND_OUTPUT__INIT;
@@ -442,6 +521,76 @@ static void on_output(void *arg, const char *cmd_id, int stream, const uint8_t *
         env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT;
         env.command_output = &out;
         publish_command_event(b, &copy, &env, "truncated", 0, WK_FACT_HOLD_MS);
+    }
+    sp_cred_key_wipe(&copy.dk);
+}
+
+/* Records the redacted bytes in red (when there are any) and releases box->mu, which the caller
+ * holds; red, which may hold a secret's first bytes, is wiped. */
+static void record_unlock(wk_box_t *b, wk_cmd_t *c, int stream, sp_buf_t *red)
+{
+    if (red->len)
+        audit_record(b, c, stream, (const uint8_t *)red->data, red->len);
+    else
+        pthread_mutex_unlock(&b->mu);
+    if (red->data)
+        explicit_bzero(red->data, red->cap);
+    sp_buf_dispose(red);
+}
+
+/* The end of a command's stream: what its redactor held back is recorded. */
+static void audit_flush(wk_box_t *b, wk_cmd_t *c, int stream)
+{
+    if (!c->red[stream])
+        return;
+    sp_buf_t red;
+    sp_buf_init(&red);
+    pthread_mutex_lock(&b->mu);
+    sp_redactor_flush(c->red[stream], &red);
+    record_unlock(b, c, stream, &red);
+}
+
+static void on_output(void *arg, const char *cmd_id, int stream, const uint8_t *data, size_t len)
+{
+    wk_box_t *b = arg;
+    uint64_t seq = 0;
+    bool live = false;
+    sp_buf_t red;
+    sp_buf_init(&red);
+
+    pthread_mutex_lock(&b->mu);
+    wk_cmd_t *c = find_cmd(b, cmd_id);
+    if (!c) {
+        pthread_mutex_unlock(&b->mu);
+        return;
+    }
+    c->bytes[stream] += len;
+    sp_sha256_update(c->sha[stream], data, len);
+    if (!c->live_truncated && c->bytes[1] + c->bytes[2] <= LIVE_CAP) {
+        seq = ++c->seq;
+        live = true;
+        keep_chunk(c, seq, stream, data, len);
+    } else {
+        c->live_truncated = true;
+    }
+    if (!c->audit_truncated) {
+        if (c->red[stream])
+            sp_redactor_feed(c->red[stream], data, len, &red);
+        else
+            sp_buf_append(&red, data, len);
+    }
+    char id[sizeof(c->id)];
+    snprintf(id, sizeof(id), "%s", c->id);
+    /* c stays valid after b->mu is released: only this reader thread retires it. */
+    record_unlock(b, c, stream, &red);
+
+    if (live) {
+        Space__Io__V1__IoChunk ch = SPACE__IO__V1__IO_CHUNK__INIT;
+        ch.cmd_id = id;
+        ch.seq = seq;
+        ch.stream = (uint32_t)stream;
+        ch.data = (ProtobufCBinaryData){len, (uint8_t *)data};
+        publish_io(b, id, "out", &ch.base);
     }
 }
 
@@ -516,6 +665,24 @@ int wk_box_attach_agent(wk_box_t *b, int to_fd, int from_fd)
     return 0;
 }
 
+/* The command line of the argv kept (a command followed again after a reconnection), or a
+ * word that says why there is none. */
+static void cmdline_of_argv(wk_cmd_t *c)
+{
+    size_t at = 0;
+    c->cmdline[0] = '\0';
+    for (size_t i = 0, off = 0; i < c->n_argv && at + 1 < sizeof(c->cmdline); i++) {
+        int w =
+            snprintf(c->cmdline + at, sizeof(c->cmdline) - at, "%s%s", i ? " " : "", c->argv + off);
+        if (w < 0)
+            break;
+        at += (size_t)w;
+        off += strlen(c->argv + off) + 1;
+    }
+    if (!c->n_argv)
+        snprintf(c->cmdline, sizeof(c->cmdline), "(followed again after the agent reconnected)");
+}
+
 size_t wk_box_adopt_channel(wk_box_t *b, wk_agent_t *a)
 {
     const wk_agent_running_t *run = NULL;
@@ -547,7 +714,11 @@ size_t wk_box_adopt_channel(wk_box_t *b, wk_agent_t *a)
             continue;
         wk_cmd_t *c = sp_xcalloc(1, sizeof(*c));
         snprintf(c->id, sizeof(c->id), "%s", run[i].id);
-        snprintf(c->cmdline, sizeof(c->cmdline), "(followed again after the agent reconnected)");
+        /* The agent's word for what it runs (its Hello): the argv of its Exec. */
+        memcpy(c->argv, run[i].argv, sizeof(c->argv));
+        c->n_argv = run[i].n_argv;
+        snprintf(c->cwd, sizeof(c->cwd), "%s", run[i].cwd);
+        cmdline_of_argv(c);
         c->t0_ns = sp_mono_ns();
         c->started_at_us = sp_now_us();
         c->pid = run[i].pid;
@@ -640,8 +811,27 @@ static void cmdline(char *out, size_t len, const Space__Io__V1__ExecRequest *q)
     }
 }
 
-static void on_exec_request(void *arg, const char *subject, const char *reply_to,
-                            const uint8_t *data, size_t len)
+/* What a list shows of argv and cwd: as many whole arguments as fit ARGV_KEPT_N and
+ * ARGV_KEPT_BYTES (a shell string is /bin/sh -c cmd, as the agent runs it). */
+static void argv_keep(wk_cmd_t *c, const Space__Io__V1__ExecRequest *q)
+{
+    const char *sh[3] = {"/bin/sh", "-c", q->cmd};
+    char *const *argv = q->cmd[0] ? (char *const *)sh : q->argv;
+    size_t n = q->cmd[0] ? 3 : q->n_argv, at = 0;
+    c->n_argv = 0;
+    for (size_t i = 0; i < n && c->n_argv < ARGV_KEPT_N; i++) {
+        size_t len = strlen(argv[i]) + 1;
+        if (at + len > sizeof(c->argv))
+            break;
+        memcpy(c->argv + at, argv[i], len);
+        at += len;
+        c->n_argv++;
+    }
+    snprintf(c->cwd, sizeof(c->cwd), "%s", q->cwd ? q->cwd : "");
+}
+
+static void exec_request(void *arg, const char *subject, const char *reply_to, const uint8_t *data,
+                         size_t len)
 {
     wk_t *w = arg;
     char detail[256] = "";
@@ -663,6 +853,12 @@ static void on_exec_request(void *arg, const char *subject, const char *reply_to
         snprintf(detail, sizeof(detail), "no running sandbox %s on worker %s", q->sandbox,
                  w->cfg->id);
     }
+    /* The data key, asked for before the command starts (docs/audit.md): without it nothing
+     * of the output is recorded (seal -1), the command still runs. */
+    int seal = 0;
+    sp_cred_key_t dk = {0};
+    if (!refusal && w->cfg->seal_output)
+        seal = wk_datakey_get(b, &dk) == 0 ? 1 : -1;
     wk_cmd_t *c = NULL;
     if (!refusal) {
         pthread_mutex_lock(&b->mu);
@@ -690,14 +886,24 @@ static void on_exec_request(void *arg, const char *subject, const char *reply_to
             c->pty = q->pty_rows > 0;
             c->stdin_open = q->stdin_open || c->pty;
             cmdline(c->cmdline, sizeof(c->cmdline), q);
+            argv_keep(c, q);
             c->sha[1] = sp_sha256_new();
             c->sha[2] = sp_sha256_new();
+            c->seal = seal;
+            c->dk = dk;
+            /* The values this command was given (the sandbox's env among them) never reach
+             * the log: each stream's redactor replaces them, also across chunks. */
+            for (int s = 1; s <= 2; s++) {
+                c->red[s] = sp_redactor_new();
+                sp_redactor_add_env(c->red[s], q->env, q->n_env);
+            }
             c->next = b->cmds;
             b->cmds = c;
             b->n_cmds++;
         }
         pthread_mutex_unlock(&b->mu);
     }
+    sp_cred_key_wipe(&dk);
     if (refusal) {
         reply(w, reply_to, false, refusal, detail);
         wk_box_put(b);
@@ -773,6 +979,16 @@ static void on_exec_request(void *arg, const char *subject, const char *reply_to
     space__io__v1__exec_request__free_unpacked(q, NULL);
 }
 
+/* The subscription's callback: acts only on a request that wk_request_open lets through. */
+static void on_exec_request(void *arg, const char *subject, const char *reply_to,
+                            const uint8_t *data, size_t len)
+{
+    sp_request_t rq;
+    if (wk_request_open(arg, subject, reply_to, data, len, &rq))
+        exec_request(arg, subject, reply_to, rq.body, rq.len);
+    sp_request_dispose(&rq);
+}
+
 /* ---- control (a cnats thread) ---- */
 
 typedef struct {
@@ -783,6 +999,7 @@ typedef struct {
     Space__Io__V1__IoChunk **chunk_ptrs;
     Space__Io__V1__IoExit exit;
     char *strings; /* copies of what the infos point to (the box may change after) */
+    char **argvs;  /* the infos' argv pointers, ARGV_KEPT_N each (into strings) */
 } ctl_reply_t;
 
 static void ctl_send(wk_t *w, const char *to, const Space__Io__V1__CtlReply *r)
@@ -814,11 +1031,22 @@ static void ctl_refuse(wk_t *w, const char *to, const char *error, const char *f
     ctl_send(w, to, &r);
 }
 
-/* Fills info from c (box->mu held); the strings are copied into *pool (freed by the caller). */
+/* Fills info from c (box->mu held); the strings are copied into *pool, argv's pointers into
+ * argv_pool (ARGV_KEPT_N of them; both freed by the caller). */
 static void info_of(Space__Io__V1__CommandInfo *info, const wk_cmd_t *c, bool running, char **pool,
-                    size_t *at)
+                    size_t *at, char **argv_pool)
 {
     space__io__v1__command_info__init(info);
+    memcpy(*pool + *at, c->argv, sizeof(c->argv));
+    for (size_t i = 0, off = 0; i < c->n_argv; i++) {
+        argv_pool[i] = *pool + *at + off;
+        off += strlen(c->argv + off) + 1;
+    }
+    info->argv = argv_pool;
+    info->n_argv = c->n_argv;
+    *at += sizeof(c->argv);
+    info->cwd = *pool + *at;
+    *at += (size_t)sprintf(*pool + *at, "%s", c->cwd) + 1;
     info->cmd_id = *pool + *at;
     *at += (size_t)sprintf(*pool + *at, "%s", c->id) + 1;
     info->cmd = *pool + *at;
@@ -835,7 +1063,9 @@ static void info_of(Space__Io__V1__CommandInfo *info, const wk_cmd_t *c, bool ru
     info->stdin_open = c->stdin_open;
     info->last_seq = c->seq;
 }
-#define INFO_STRINGS (sizeof(((wk_cmd_t *)0)->id) + CMDLINE_MAX + 1 + WK_ERR_MAX)
+#define INFO_STRINGS                                                                               \
+    (sizeof(((wk_cmd_t *)0)->id) + CMDLINE_MAX + 1 + WK_ERR_MAX + ARGV_KEPT_BYTES + CWD_KEPT_MAX + \
+     1)
 
 static void ctl_list(wk_box_t *b, const char *to)
 {
@@ -850,10 +1080,11 @@ static void ctl_list(wk_box_t *b, const char *to)
     x.infos = sp_xcalloc(n ? n : 1, sizeof(*x.infos));
     x.info_ptrs = sp_xcalloc(n ? n : 1, sizeof(Space__Io__V1__CommandInfo *));
     x.strings = sp_xmalloc(n * INFO_STRINGS + 1);
+    x.argvs = sp_xcalloc(n ? n * ARGV_KEPT_N : 1, sizeof(char *));
     size_t k = 0, at = 0;
     for (int pass = 0; pass < 2; pass++) {
         for (wk_cmd_t *c = pass ? b->done : b->cmds; c; c = c->next) {
-            info_of(&x.infos[k], c, pass == 0, &x.strings, &at);
+            info_of(&x.infos[k], c, pass == 0, &x.strings, &at, x.argvs + k * ARGV_KEPT_N);
             x.info_ptrs[k] = &x.infos[k];
             k++;
         }
@@ -866,6 +1097,7 @@ static void ctl_list(wk_box_t *b, const char *to)
     free(x.infos);
     free(x.info_ptrs);
     free(x.strings);
+    free(x.argvs);
 }
 
 /* The command's info, its kept chunks after from_seq and, once it has ended, its exit. */
@@ -894,7 +1126,8 @@ static void ctl_attach(wk_box_t *b, const char *to, const char *cmd_id, uint64_t
                    cmd_id, b->id, DONE_TTL_S);
         return;
     }
-    info_of(&info, c, running, &strings, &at);
+    char *argv_pool[ARGV_KEPT_N];
+    info_of(&info, c, running, &strings, &at, argv_pool);
     x.r.first_kept_seq = c->kept_head ? c->kept_head->seq : 0;
     for (kept_t *k = c->kept_head; k; k = k->next) {
         if (k->seq <= from_seq)
@@ -1013,8 +1246,8 @@ static void ctl_command(wk_box_t *b, const char *to, const Space__Io__V1__CtlReq
     ctl_send(b->w, to, &r);
 }
 
-static void on_ctl_request(void *arg, const char *subject, const char *reply_to,
-                           const uint8_t *data, size_t len)
+static void ctl_request(void *arg, const char *subject, const char *reply_to, const uint8_t *data,
+                        size_t len)
 {
     wk_t *w = arg;
     (void)subject;
@@ -1047,6 +1280,16 @@ static void on_ctl_request(void *arg, const char *subject, const char *reply_to,
     space__io__v1__ctl_request__free_unpacked(q, NULL);
 }
 
+/* The subscription's callback: acts only on a request that wk_request_open lets through. */
+static void on_ctl_request(void *arg, const char *subject, const char *reply_to,
+                           const uint8_t *data, size_t len)
+{
+    sp_request_t rq;
+    if (wk_request_open(arg, subject, reply_to, data, len, &rq))
+        ctl_request(arg, subject, reply_to, rq.body, rq.len);
+    sp_request_dispose(&rq);
+}
+
 int wk_commands_start(wk_t *w)
 {
     char subject[128];
@@ -1072,4 +1315,92 @@ void wk_commands_stop(wk_t *w)
     w->exec_sub = NULL;
     sp_bus_unsubscribe(w->ctl_sub);
     w->ctl_sub = NULL;
+}
+
+/* One command of the log without its end. */
+typedef struct {
+    char cmd_id[65];
+    char intent[37];
+    char corr[129];
+    bool ended;
+} open_cmd_t;
+
+int wk_commands_reconcile(wk_t *w, PGconn *db, const char *tenant, const char *sbx)
+{
+    const char *params[1] = {sbx};
+    PGresult *r = PQexecParams(db,
+                               "SELECT payload FROM events WHERE aggregate_kind = 'sandbox' AND "
+                               "aggregate_id = $1 AND status = 'accepted' AND type IN "
+                               "('CommandRequested', 'CommandStarted', 'CommandExited') ORDER BY "
+                               "stream_seq",
+                               1, NULL, params, NULL, NULL, 1);
+    int rc = sp_db_check(r, PGRES_TUPLES_OK);
+    if (rc < 0) {
+        PQclear(r);
+        return rc;
+    }
+    open_cmd_t *cmds = sp_xcalloc((size_t)PQntuples(r) + 1, sizeof(*cmds));
+    size_t n = 0;
+    for (int i = 0; i < PQntuples(r); i++) {
+        sp_envelope_t *env = NULL;
+        char reason[SP_REASON_MAX];
+        if (sp_envelope_decode((const uint8_t *)PQgetvalue(r, i, 0), (size_t)PQgetlength(r, i, 0),
+                               &env, reason) < 0)
+            continue;
+        const char *id = env->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED
+                             ? env->command_requested->cmd_id
+                         : env->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED
+                             ? env->command_started->cmd_id
+                             : env->command_exited->cmd_id;
+        size_t k = 0;
+        while (k < n && strcmp(cmds[k].cmd_id, id) != 0)
+            k++;
+        if (k == n) {
+            snprintf(cmds[n].cmd_id, sizeof(cmds[n].cmd_id), "%s", id);
+            n++;
+        }
+        if (env->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED) {
+            snprintf(cmds[k].intent, sizeof(cmds[k].intent), "%s", env->event_id);
+            snprintf(cmds[k].corr, sizeof(cmds[k].corr), "%s", env->correlation_id);
+        }
+        cmds[k].ended |= env->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED;
+        sp_envelope_free(env);
+    }
+    PQclear(r);
+    size_t ended = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (cmds[k].ended || !cmds[k].intent[0])
+            continue;
+        /* Its end was never seen: the previous worker died while it ran (or before it
+         * started). The same message id as the end it would have had: if the journal's copy
+         * of that end is on its way, the stream keeps that one. */
+        wk_box_t b = {.w = w};
+        wk_cmd_t c = {0};
+        snprintf(b.id, sizeof(b.id), "%s", sbx);
+        snprintf(b.tenant, sizeof(b.tenant), "%s", tenant);
+        snprintf(c.id, sizeof(c.id), "%s", cmds[k].cmd_id);
+        snprintf(c.intent_id, sizeof(c.intent_id), "%s", cmds[k].intent);
+        snprintf(c.corr, sizeof(c.corr), "%s", cmds[k].corr);
+        sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
+        Space__V1__CommandExited done = SPACE__V1__COMMAND_EXITED__INIT;
+        done.cmd_id = c.id;
+        done.exit_code = -1;
+        done.error = "worker_restarted: the worker stopped while the command ran; its end "
+                     "was not seen";
+        env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED;
+        env.command_exited = &done;
+        if (publish_command_event(&b, &c, &env, "exited", 0, 0) == 0)
+            ended++;
+        /* A gateway still following it answers now, not at the command's deadline. */
+        Space__Io__V1__IoExit ex = SPACE__IO__V1__IO_EXIT__INIT;
+        ex.cmd_id = c.id;
+        ex.exit_code = -1;
+        ex.error = done.error;
+        publish_io(&b, c.id, "exit", &ex.base);
+    }
+    free(cmds);
+    if (ended)
+        sp_log(SP_LOG_INFO, "commands of the previous worker ended", SP_KS("sandbox", sbx),
+               SP_KU("commands", ended));
+    return 0;
 }

@@ -29,20 +29,9 @@
  * that was away, and the log may have given up on the sandbox meanwhile. */
 #define STALE_PLACEMENT_US (2 * 1000000LL)
 
-wk_box_t *wk_owned_add(wk_t *w, const char *id, const char *tenant, const char *tmpl, uint32_t vcpu,
-                       uint32_t memory_mb)
+wk_box_t *wk_box_new(wk_t *w, const char *id, const char *tenant, const char *tmpl, uint32_t vcpu,
+                     uint32_t memory_mb)
 {
-    pthread_mutex_lock(&w->mu);
-    for (size_t i = 0; i < w->n_owned; i++) {
-        if (strcmp(w->owned[i]->id, id) == 0) {
-            pthread_mutex_unlock(&w->mu);
-            return NULL;
-        }
-    }
-    if (w->n_owned == w->cap_owned) {
-        w->cap_owned = w->cap_owned ? w->cap_owned * 2 : 32;
-        w->owned = sp_xreallocarray(w->owned, w->cap_owned, sizeof(wk_box_t *));
-    }
     wk_box_t *b = sp_xcalloc(1, sizeof(*b));
     b->w = w;
     snprintf(b->id, sizeof(b->id), "%s", id);
@@ -50,10 +39,39 @@ wk_box_t *wk_owned_add(wk_t *w, const char *id, const char *tenant, const char *
     snprintf(b->template_, sizeof(b->template_), "%s", tmpl ? tmpl : "");
     b->vcpu = vcpu;
     b->memory_mb = memory_mb;
-    b->refs = 2; /* the table's and the caller's */
+    b->refs = 1;
     pthread_mutex_init(&b->mu, NULL);
+    return b;
+}
+
+bool wk_owned_insert(wk_t *w, wk_box_t *b)
+{
+    pthread_mutex_lock(&w->mu);
+    for (size_t i = 0; i < w->n_owned; i++) {
+        if (strcmp(w->owned[i]->id, b->id) == 0) {
+            pthread_mutex_unlock(&w->mu);
+            return false;
+        }
+    }
+    if (w->n_owned == w->cap_owned) {
+        w->cap_owned = w->cap_owned ? w->cap_owned * 2 : 32;
+        w->owned = sp_xreallocarray(w->owned, w->cap_owned, sizeof(wk_box_t *));
+    }
+    b->refs++; /* the table's */
     w->owned[w->n_owned++] = b;
     pthread_mutex_unlock(&w->mu);
+    return true;
+}
+
+wk_box_t *wk_owned_add(wk_t *w, const char *id, const char *tenant, const char *tmpl, uint32_t vcpu,
+                       uint32_t memory_mb)
+{
+    wk_box_t *b = wk_box_new(w, id, tenant, tmpl, vcpu, memory_mb);
+    if (!wk_owned_insert(w, b)) {
+        pthread_mutex_destroy(&b->mu);
+        free(b);
+        return NULL;
+    }
     return b;
 }
 
@@ -140,6 +158,7 @@ void wk_box_put(wk_box_t *b)
     wk_box_free_commands(b);
     wk_box_fail_files(b, "sandbox released");
     pthread_mutex_destroy(&b->mu);
+    sp_cred_key_wipe(&b->dk);
     free(b);
 }
 
@@ -168,6 +187,14 @@ int wk_heartbeat(wk_t *w)
     hb.host = w->hostname;
     hb.vcpu_total = w->vcpu_total;
     hb.memory_mb_total = w->memory_mb_total;
+    /* The volume as the create's reserve check sees it: what the scheduler places by. */
+    wk_host_disk_t disk;
+    if (wk_host_disk(w->host, &disk) == 0) {
+        hb.disk_mb_total = disk.total_mb;
+        hb.disk_mb_free = disk.free_mb;
+        hb.disk_mb_reserve = disk.reserve_mb;
+        hb.disk_mb_default = disk.default_mb;
+    }
     hb.runtimes = runtimes;
     hb.n_runtimes = 1;
     hb.interval_ms = (uint32_t)w->cfg->heartbeat_ms;
@@ -184,10 +211,23 @@ int wk_heartbeat(wk_t *w)
     /* Overcommitted sandboxes may exceed the totals; the schema wants used <= total. */
     hb.vcpu_used = vcpu_used < w->vcpu_total ? vcpu_used : w->vcpu_total;
     hb.memory_mb_used = mem_used < w->memory_mb_total ? mem_used : w->memory_mb_total;
-    hb.templates = w->templates;
+    /* A copy: the publish below waits for the stream (up to the bus timeout), and the owned
+     * table must not wait with it (docs/worker-locks.md). */
+    char **tmpls = sp_xcalloc(w->n_templates ? w->n_templates : 1, sizeof(*tmpls));
+    for (size_t i = 0; i < w->n_templates; i++)
+        tmpls[i] = sp_xstrdup(w->templates[i]);
+    hb.templates = tmpls;
     hb.n_templates = w->n_templates;
-    int rc = sp_publish_event(w->bus, &env, id, NULL, NULL, NULL);
     pthread_mutex_unlock(&w->mu);
+    /* The pool's lock is never taken under w->mu. */
+    Space__V1__PoolLevel levels[WK_POOL_LEVELS_MAX];
+    Space__V1__PoolLevel *lp[WK_POOL_LEVELS_MAX];
+    hb.n_pools = wk_pool_levels(w, levels, lp, WK_POOL_LEVELS_MAX);
+    hb.pools = lp;
+    int rc = sp_publish_event(w->bus, &env, id, NULL, NULL, NULL);
+    for (size_t i = 0; i < hb.n_templates; i++)
+        free(tmpls[i]);
+    free(tmpls);
     return rc;
 }
 
@@ -208,8 +248,31 @@ int wk_publish_fact(wk_t *w, sp_envelope_t *env, const char *prefix, const char 
  * sandbox failed or deleted (the scheduler's lost-worker controller gave up on it while this
  * worker was away) or on another worker (placed again elsewhere). Anything else, the database
  * unreachable included, goes ahead as before: the log refuses facts it cannot take. */
+/* Whether this process failed the placement (event id) lately (wk_t.given_up). */
+static bool given_up(wk_t *w, const char *id)
+{
+    bool found = false;
+    pthread_mutex_lock(&w->mu);
+    for (size_t i = 0; i < WK_GIVEN_UP_MAX && !found; i++)
+        found = strcmp(w->given_up[i], id) == 0;
+    pthread_mutex_unlock(&w->mu);
+    return found;
+}
+
+static void give_up(wk_t *w, const char *id)
+{
+    pthread_mutex_lock(&w->mu);
+    snprintf(w->given_up[w->given_up_next++ % WK_GIVEN_UP_MAX], sizeof(w->given_up[0]), "%s", id);
+    pthread_mutex_unlock(&w->mu);
+}
+
 static bool placement_wanted(wk_t *w, const sp_envelope_t *ev)
 {
+    if (given_up(w, ev->event_id)) {
+        sp_log(SP_LOG_INFO, "placement failed here before: not acted on again",
+               SP_KS("sandbox", ev->aggregate->id), SP_KS("corr", ev->correlation_id));
+        return false;
+    }
     if (sp_now_us() - ev->occurred_at_us < STALE_PLACEMENT_US)
         return true;
     PGconn *db = NULL;
@@ -260,6 +323,7 @@ static int on_placed(wk_t *w, const sp_envelope_t *ev)
         .template_ = p->request->template_,
         .vcpu = p->request->resources ? p->request->resources->vcpu : 0,
         .memory_mb = p->request->resources ? p->request->resources->memory_mb : 0,
+        .disk_mb = p->request->resources ? p->request->resources->disk_mb : 0,
     };
     if (spec.vcpu == 0)
         spec.vcpu = 1;
@@ -267,36 +331,57 @@ static int on_placed(wk_t *w, const sp_envelope_t *ev)
         spec.memory_mb = 512;
     wk_sandbox_info_t info = {0};
     int64_t t0 = sp_mono_ns();
-    rc = wk_template_ensure(w->host, spec.template_, err);
-    if (rc >= 0)
+    /* A warm pool's sandbox when one is ready (worker_pool.c); else made from scratch. */
+    wk_box_t *box = wk_pool_claim(w, &spec, ev->tenant, &info);
+    rc = box ? 0 : wk_template_ensure(w->host, spec.template_, err);
+    if (rc >= 0 && !box)
         rc = wk_sandbox_create(w->host, &spec, &info, err);
+    if (rc == -EEXIST) {
+        /* Leftovers of this id that nobody owns: a worker killed while creating it (its
+         * placement came back). Released, and the create starts over once. Never a live
+         * sandbox: an owned one returned above, and one id's placement runs on one thread. */
+        char derr[WK_ERR_MAX] = "";
+        sp_log(SP_LOG_WARN, "leftovers of an earlier create: released first", SP_KS("sandbox", sbx),
+               SP_KS("corr", ev->correlation_id));
+        rc = wk_sandbox_destroy(w->host, sbx, derr);
+        if (rc < 0)
+            snprintf(err, sizeof(err), "leftovers not released: %.200s", derr);
+        else
+            rc = wk_sandbox_create(w->host, &spec, &info, err);
+    }
     sp_envelope_answer(&env, &agg, ev, "svc:worker");
     if (rc < 0) {
         Space__V1__SandboxFailed failed = SPACE__V1__SANDBOX_FAILED__INIT;
-        failed.reason = "create_failed";
+        /* The disk reserve (wk_sandbox_create): the scheduler may place it elsewhere. */
+        failed.reason = rc == -ENOSPC ? "no_capacity" : "create_failed";
         failed.detail = err;
         env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_FAILED;
         env.sandbox_failed = &failed;
         sp_log(SP_LOG_WARN, "create failed", SP_KS("sandbox", sbx), SP_KS("error", err),
                SP_KS("corr", ev->correlation_id));
+        give_up(w, ev->event_id);
         return wk_publish_fact(w, &env, "failed", ev->event_id);
     }
-    wk_box_t *box = wk_owned_add(w, sbx, ev->tenant, spec.template_, spec.vcpu, spec.memory_mb);
-    if (box) {
-        if (wk_box_attach_agent(box, info.agent_to_fd, info.agent_from_fd) < 0)
+    bool from_pool = box != NULL;
+    if (!box) {
+        box = wk_owned_add(w, sbx, ev->tenant, spec.template_, spec.vcpu, spec.memory_mb);
+        if (box && wk_box_attach_agent(box, info.agent_to_fd, info.agent_from_fd) < 0)
             sp_log(SP_LOG_WARN, "no agent channel: commands will be refused", SP_KS("sandbox", sbx),
                    SP_KS("corr", ev->correlation_id));
-        wk_box_put(box);
     }
+    wk_box_put(box);
     Space__V1__SandboxStarted started = SPACE__V1__SANDBOX_STARTED__INIT;
     started.worker = w->cfg->id;
     started.runtime = "gvisor";
     started.address = info.address;
+    started.disk_mb = info.disk_mb;
     started.start_ms = (uint32_t)((sp_mono_ns() - t0) / 1000000);
+    started.from_pool = from_pool;
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED;
     env.sandbox_started = &started;
     sp_log(SP_LOG_INFO, "started", SP_KS("sandbox", sbx), SP_KU("ms", started.start_ms),
-           SP_KS("address", info.address), SP_KS("corr", ev->correlation_id));
+           SP_KS("address", info.address), SP_KS("from_pool", from_pool ? "true" : "false"),
+           SP_KS("corr", ev->correlation_id));
     return wk_publish_fact(w, &env, "started", ev->event_id);
 }
 
@@ -308,8 +393,8 @@ static int on_delete(wk_t *w, const sp_envelope_t *ev)
      * sandbox under it goes. */
     wk_box_t *box = wk_owned_remove(w, sbx);
     if (box) {
-        wk_box_fail_commands(box, "sandbox deleted");
-        wk_box_fail_files(box, "sandbox deleted");
+        wk_box_fail_commands(box, SP_CMD_ERROR_SANDBOX_DELETED);
+        wk_box_fail_files(box, SP_CMD_ERROR_SANDBOX_DELETED);
         wk_box_put(box);
     }
     int rc = wk_sandbox_destroy(w->host, sbx, err);
@@ -330,6 +415,22 @@ static int on_delete(wk_t *w, const sp_envelope_t *ev)
     return wk_publish_fact(w, &env, "deleted", ev->event_id);
 }
 
+/* sp_verifier_once's lookup for a message that is not fresh: a connection of its own (the
+ * handlers run on several threads; old messages are rare: after a restart or a replay). */
+static int log_lookup(void *arg, const char *event_id, uint64_t *ret_seq)
+{
+    wk_t *w = arg;
+    PGconn *db = NULL;
+    int rc = sp_db_connect(w->cfg->pg_url, "space-worker", 5000, &db);
+    if (rc >= 0)
+        rc = sp_db_accepted_seq(db, event_id, ret_seq);
+    if (rc < 0)
+        sp_log(SP_LOG_WARN, "cannot ask the log whether an event is a replay: acted on",
+               SP_KS("event_id", event_id), SP_KS("error", sp_strerror(rc)));
+    PQfinish(db);
+    return rc;
+}
+
 /* 0: done (ack); < 0: retry later. */
 static int handle(wk_t *w, const sp_bus_msg_t *m)
 {
@@ -343,6 +444,32 @@ static int handle(wk_t *w, const sp_bus_msg_t *m)
                SP_KS("reason", reason));
         sp_envelope_free(ev);
         return 0;
+    }
+    switch (ev->payload_case) {
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSE_REQUESTED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUME_REQUESTED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_REQUESTED:
+        /* What the worker acts on: intents and placements (the gateway's, the scheduler's,
+         * a platform's), never a worker's fact, so no placement hook is needed. */
+        rc = sp_verifier_admit(w->verifier, ev, m->data, m->len, m->subject, m->stream_seq, NULL,
+                               NULL, log_lookup, w, reason);
+        if (rc != 0) {
+            sp_log(rc < 0 ? SP_LOG_WARN : SP_LOG_INFO,
+                   rc < 0 ? "refused: not acted on" : "would be refused (verify-signatures=log)",
+                   SP_KU("seq", m->stream_seq), SP_KS("type", ev->type),
+                   SP_KS("sandbox", ev->aggregate->id), SP_KS("signer", ev->signer),
+                   SP_KS("reason", reason));
+            if (rc < 0) {
+                sp_envelope_free(ev);
+                return 0; /* done: the event log stores it rejected */
+            }
+            rc = 0;
+        }
+        break;
+    default:
+        break; /* our own facts, and intents of later issues */
     }
     switch (ev->payload_case) {
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED:
@@ -367,9 +494,66 @@ static int handle(wk_t *w, const sp_bus_msg_t *m)
     return rc;
 }
 
+bool wk_request_open(wk_t *w, const char *subject, const char *reply_to, const uint8_t *data,
+                     size_t len, sp_request_t *rq)
+{
+    char reason[SP_REASON_MAX];
+    int rc = sp_request_take(w->guard, w->bus, subject, reply_to, data, len, rq, reason);
+    if (rc != 0)
+        sp_log(rc < 0 ? SP_LOG_WARN : SP_LOG_INFO,
+               rc < 0 ? "request refused" : "request would be refused (verify-signatures=log)",
+               SP_KS("subject", subject), SP_KS("signer", rq->signer), SP_KS("reason", reason));
+    return rc >= 0;
+}
+
+int wk_take_placements(wk_t *w, PGconn *db)
+{
+    const char *params[1] = {w->cfg->id};
+    /* Each sandbox the log has placed here and not started: its newest placement as stored
+     * (the bytes the worker would have received), through the same checks as from the bus. */
+    PGresult *r = PQexecParams(
+        db,
+        "SELECT e.stream_seq, e.subject, e.payload FROM sandboxes s JOIN LATERAL (SELECT "
+        "stream_seq, subject, payload FROM events WHERE aggregate_id = s.id AND type = "
+        "'SandboxPlaced' AND status = 'accepted' ORDER BY stream_seq DESC LIMIT 1) e ON true "
+        "WHERE s.worker = $1 AND s.state = 'placed' ORDER BY e.stream_seq",
+        1, NULL, params, NULL, NULL, 1);
+    int rc = sp_db_check(r, PGRES_TUPLES_OK);
+    if (rc < 0) {
+        sp_log(SP_LOG_ERROR, "cannot read the placements", SP_KS("error", PQerrorMessage(db)));
+        PQclear(r);
+        return rc;
+    }
+    for (int i = 0; i < PQntuples(r); i++) {
+        char *subject = sp_xstrndup(PQgetvalue(r, i, 1), (size_t)PQgetlength(r, i, 1));
+        sp_bus_msg_t m = {.subject = subject,
+                          .data = (const uint8_t *)PQgetvalue(r, i, 2),
+                          .len = (size_t)PQgetlength(r, i, 2),
+                          .stream_seq = (uint64_t)sp_db_get_i64(PQgetvalue(r, i, 0)),
+                          .delivered = 2};
+        sp_log(SP_LOG_INFO, "placement taken from the log", SP_KU("seq", m.stream_seq));
+        if (handle(w, &m) < 0)
+            sp_log(SP_LOG_WARN, "placement left for its redelivery", SP_KU("seq", m.stream_seq));
+        free(subject);
+    }
+    PQclear(r);
+    return 0;
+}
+
+/* A batch being handled. Its messages are acknowledged by the group threads as each is done,
+ * and told "in progress" by the fetching thread every ack wait / 3 while not done, so the ack
+ * wait can be short (a delivery lost with a dropped connection comes back soon) however long a
+ * create or a resume takes. mu keeps one message from being acked and told in progress at once
+ * (cnats' message is not thread-safe). */
+typedef struct {
+    sp_bus_batch_t *b;
+    pthread_mutex_t mu;
+    bool *done; /* acked, or given up for its redelivery */
+} acks_t;
+
 typedef struct {
     wk_t *w;
-    sp_bus_batch_t *batch;
+    acks_t *acks;
     size_t *idx; /* this group's message indexes, in stream order */
     size_t n;
     pthread_t thread;
@@ -379,14 +563,31 @@ typedef struct {
 static void *run_group(void *arg)
 {
     group_t *g = arg;
+    acks_t *a = g->acks;
     for (size_t i = 0; i < g->n; i++) {
-        if (handle(g->w, sp_bus_batch_msg(g->batch, g->idx[i])) < 0) {
+        int rc = handle(g->w, sp_bus_batch_msg(a->b, g->idx[i]));
+        pthread_mutex_lock(&a->mu);
+        if (rc >= 0)
+            sp_bus_batch_ack_one(a->b, g->idx[i]);
+        /* A failure leaves the rest of this sandbox to the redelivery too. */
+        for (size_t j = i; j < (rc < 0 ? g->n : i + 1); j++)
+            a->done[g->idx[j]] = true;
+        pthread_mutex_unlock(&a->mu);
+        if (rc < 0) {
             g->failed = 1;
-            break; /* later messages of this sandbox wait for the redelivery too */
+            break;
         }
-        sp_bus_batch_ack_one(g->batch, g->idx[i]);
     }
     return NULL;
+}
+
+static void tell_in_progress(acks_t *a)
+{
+    pthread_mutex_lock(&a->mu);
+    for (size_t i = 0; i < sp_bus_batch_len(a->b); i++)
+        if (!a->done[i])
+            (void)sp_bus_batch_in_progress(a->b, i);
+    pthread_mutex_unlock(&a->mu);
 }
 
 /* The sandbox token of space.ev.sbx.<worker>.<sandbox>.<type>. */
@@ -406,6 +607,9 @@ static void sandbox_of(const char *subject, char *out, size_t len)
 static void process_batch(wk_t *w, sp_bus_batch_t *b)
 {
     size_t n = sp_bus_batch_len(b);
+    acks_t acks = {.b = b, .done = sp_xcalloc(n ? n : 1, sizeof(bool))};
+    pthread_mutex_init(&acks.mu, NULL);
+    int64_t every_ms = w->cfg->ack_wait_ms / 3 > 0 ? w->cfg->ack_wait_ms / 3 : 1;
     group_t *groups = sp_xcalloc(n ? n : 1, sizeof(*groups));
     char(*keys)[65] = sp_xcalloc(n ? n : 1, sizeof(*keys));
     size_t ng = 0;
@@ -418,7 +622,7 @@ static void process_batch(wk_t *w, sp_bus_batch_t *b)
             g++;
         if (g == ng) {
             snprintf(keys[ng], sizeof(keys[ng]), "%s", key);
-            groups[ng] = (group_t){.w = w, .batch = b, .idx = sp_xcalloc(n, sizeof(size_t))};
+            groups[ng] = (group_t){.w = w, .acks = &acks, .idx = sp_xcalloc(n, sizeof(size_t))};
             ng++;
         }
         groups[g].idx[groups[g].n++] = i;
@@ -430,14 +634,33 @@ static void process_batch(wk_t *w, sp_bus_batch_t *b)
         for (size_t g = start; g < end; g++)
             if (pthread_create(&groups[g].thread, NULL, run_group, &groups[g]) != 0)
                 run_group(&groups[g]), groups[g].thread = 0;
-        for (size_t g = start; g < end; g++)
-            if (groups[g].thread)
-                pthread_join(groups[g].thread, NULL);
+        for (size_t g = start; g < end; g++) {
+            while (groups[g].thread) {
+                struct timespec until;
+                clock_gettime(CLOCK_REALTIME, &until); /* pthread_timedjoin_np's clock */
+                until.tv_sec += every_ms / 1000;
+                until.tv_nsec += (every_ms % 1000) * 1000000;
+                if (until.tv_nsec >= 1000000000) {
+                    until.tv_sec++;
+                    until.tv_nsec -= 1000000000;
+                }
+                int jr = pthread_timedjoin_np(groups[g].thread, NULL, &until);
+                if (jr == ETIMEDOUT) {
+                    tell_in_progress(&acks);
+                    continue;
+                }
+                if (jr != 0)
+                    pthread_join(groups[g].thread, NULL);
+                groups[g].thread = 0;
+            }
+        }
     }
     for (size_t g = 0; g < ng; g++)
         free(groups[g].idx);
     free(groups);
     free(keys);
+    pthread_mutex_destroy(&acks.mu);
+    free(acks.done);
 }
 
 int wk_serve(wk_t *w)
@@ -456,7 +679,29 @@ int wk_serve(wk_t *w)
         return rc;
     }
     sp_log(SP_LOG_INFO, "serving", SP_KS("worker", w->cfg->id), SP_KS("filter", filter));
+    /* Reconnected to NATS: a placement the server sent into the dropped connection would come
+     * back only after the ack wait (sp_bus_reconnects). The log has it, or soon will (the
+     * event log may have lost it the same way and reads it again): it is taken from there a
+     * few times over the next seconds. Between batches, so no placement is handled twice at
+     * once; one already handled finds its sandbox owned or given up. */
+    static const int64_t take_after_ms[] = {0, 2000, 5000, 10000};
+    uint64_t reconnects = sp_bus_reconnects(w->bus);
+    int64_t reconnected_ns = 0;
+    size_t takes = sizeof(take_after_ms) / sizeof(take_after_ms[0]);
     while (!sp_daemon_stopping) {
+        if (sp_bus_reconnects(w->bus) != reconnects) {
+            reconnects = sp_bus_reconnects(w->bus);
+            reconnected_ns = sp_mono_ns();
+            takes = 0;
+        }
+        if (takes < sizeof(take_after_ms) / sizeof(take_after_ms[0]) &&
+            sp_mono_ns() - reconnected_ns >= take_after_ms[takes] * 1000000) {
+            takes++;
+            PGconn *db = NULL;
+            if (sp_db_connect(w->cfg->pg_url, "space-worker", 5000, &db) == 0)
+                (void)wk_take_placements(w, db);
+            PQfinish(db);
+        }
         sp_bus_batch_t *b = NULL;
         rc = sp_bus_fetch(c, (size_t)w->cfg->batch_max, 500, &b);
         if (rc < 0) {

@@ -28,12 +28,25 @@
  * guest's output waits, nothing is dropped). While NATS is slow or away the queue retries each
  * batch with a backoff (STALL_MIN_MS doubling up to STALL_MAX_MS) for as long as the worker
  * runs; a stopping worker gives the queue STOP_DRAIN_MS, then logs what it drops. Before, a
- * fact that could not be published within the bus timeout was dropped at once. */
+ * fact that could not be published within the bus timeout was dropped at once.
+ *
+ * The journal: a fact is appended to a file in the worker's state directory when it is
+ * queued, before the gateway hears of what it records (worker_commands.c queues CommandExited
+ * before the IoExit), and the file is emptied whenever everything queued is published. A
+ * worker killed with facts queued publishes the journal's facts at its next start, the same
+ * bytes with the same message ids: the stream drops those it has (within its duplicate
+ * window; beyond it the event log stores a copy as rejected, "replayed"). write() without
+ * fsync: it survives the process (kill -9, a crash), not the host; a host that dies takes
+ * its sandboxes and their commands with it. A journal past JOURNAL_COMPACT_BYTES while the
+ * queue never empties is rewritten with only what is still queued. Record: u32 length of the
+ * rest, u16 subject length, subject, u16 message id length, message id, the envelope. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "error.h"
 #include "log.h"
@@ -41,11 +54,12 @@
 #include "worker.h"
 #include "xmalloc.h"
 
-#define BATCH_MAX     256
-#define STALL_MIN_MS  100
-#define STALL_MAX_MS  2000
-#define STOP_DRAIN_MS 5000
-#define ACK_WAIT_MS   5000
+#define BATCH_MAX             256
+#define STALL_MIN_MS          100
+#define STALL_MAX_MS          2000
+#define STOP_DRAIN_MS         5000
+#define ACK_WAIT_MS           5000
+#define JOURNAL_COMPACT_BYTES (64 * 1024 * 1024)
 
 typedef struct fact fact_t;
 struct fact {
@@ -68,6 +82,11 @@ struct wk_factq {
     size_t items, bytes;   /* queued or being published */
     uint64_t pushed, done; /* facts queued and published (or dropped at the stop), ever */
     bool stopping;
+    int journal;        /* -1: none */
+    char *journal_path; /* for the compaction's rename */
+    uint64_t journal_bytes;
+    fact_t *inflight; /* the batch being published (still journaled) */
+    bool dropped;     /* a batch was given up at the stop: the journal is kept whole */
 };
 
 static int64_t mono_ns(void)
@@ -93,12 +112,165 @@ static void free_list(fact_t *f)
     }
 }
 
-/* Publishes a batch pipelined and waits for its acks: 0, or < 0 when any failed. */
+/* ---- the journal ---- */
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    while (len) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -errno;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8),
+    p[3] = (uint8_t)v;
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* Appends f to fd; the bytes written. */
+static int journal_append(int fd, const fact_t *f, uint64_t *ret_bytes)
+{
+    size_t ls = strlen(f->subject), lm = strlen(f->msg_id);
+    size_t rest = 2 + ls + 2 + lm + f->len;
+    uint8_t *rec = sp_xmalloc(4 + rest), *p = rec;
+    put_u32(p, (uint32_t)rest);
+    p += 4;
+    *p++ = (uint8_t)(ls >> 8), *p++ = (uint8_t)ls;
+    memcpy(p, f->subject, ls);
+    p += ls;
+    *p++ = (uint8_t)(lm >> 8), *p++ = (uint8_t)lm;
+    memcpy(p, f->msg_id, lm);
+    p += lm;
+    memcpy(p, f->data, f->len);
+    int rc = write_all(fd, rec, 4 + rest);
+    free(rec);
+    if (rc == 0)
+        *ret_bytes += 4 + rest;
+    return rc;
+}
+
+/* Under mu: the journal holds exactly what is queued or in flight again (a rewrite). */
+static void journal_compact(wk_factq_t *q)
+{
+    char *tmp = sp_xasprintf("%s.new", q->journal_path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    uint64_t bytes = 0;
+    int rc = fd < 0 ? -errno : 0;
+    for (const fact_t *f = q->inflight; f && rc == 0; f = f->next)
+        rc = journal_append(fd, f, &bytes);
+    for (const fact_t *f = q->head; f && rc == 0; f = f->next)
+        rc = journal_append(fd, f, &bytes);
+    if (rc == 0 && rename(tmp, q->journal_path) < 0)
+        rc = -errno;
+    if (rc == 0) {
+        close(q->journal);
+        q->journal = fd;
+        (void)lseek(fd, 0, SEEK_END);
+        q->journal_bytes = bytes;
+    } else {
+        if (fd >= 0)
+            close(fd);
+        unlink(tmp);
+        sp_log(SP_LOG_WARN, "cannot compact the facts journal", SP_KS("error", sp_strerror(rc)));
+    }
+    free(tmp);
+}
+
+/* Publishes what a previous process left in the journal at path, then empties it. Each
+ * record as it was queued, in order; the stream drops duplicates by message id. */
+static int journal_replay(sp_bus_t *bus, const char *path, int fd)
+{
+    off_t size = lseek(fd, 0, SEEK_END);
+    if (size <= 0)
+        return 0;
+    uint8_t *buf = sp_xmalloc((size_t)size);
+    if (pread(fd, buf, (size_t)size, 0) != size) {
+        free(buf);
+        return -EIO;
+    }
+    size_t off = 0, n = 0, bad = 0;
+    int rc = 0;
+    while (off + 4 <= (size_t)size && rc == 0) {
+        size_t rest = get_u32(buf + off);
+        if (rest < 4 || off + 4 + rest > (size_t)size) {
+            bad++; /* a record cut short by the kill: it was never acknowledged to anyone */
+            break;
+        }
+        const uint8_t *p = buf + off + 4, *end = p + rest;
+        size_t ls = (size_t)p[0] << 8 | p[1];
+        char subject[SP_PUBLISH_SUBJECT_MAX], msg_id[WK_FACT_MSG_ID_MAX];
+        if (2 + ls + 2 > rest || ls >= sizeof(subject)) {
+            bad++;
+            break;
+        }
+        memcpy(subject, p + 2, ls);
+        subject[ls] = '\0';
+        p += 2 + ls;
+        size_t lm = (size_t)p[0] << 8 | p[1];
+        if (p + 2 + lm > end || lm >= sizeof(msg_id)) {
+            bad++;
+            break;
+        }
+        memcpy(msg_id, p + 2, lm);
+        msg_id[lm] = '\0';
+        p += 2 + lm;
+        /* Journaled unsigned: signed (alone, a replay is rare) as it goes out. */
+        size_t blen = (size_t)(end - p);
+        uint8_t *one = sp_xmalloc(blen ? blen : 1);
+        memcpy(one, p, blen);
+        rc = sp_publish_sign_burst(&one, &blen, 1);
+        if (rc == 0)
+            rc = sp_bus_publish(bus, subject, one, blen, msg_id, NULL, NULL);
+        free(one);
+        n++;
+        off += 4 + rest;
+    }
+    free(buf);
+    sp_log(rc < 0 ? SP_LOG_ERROR : SP_LOG_INFO,
+           rc < 0 ? "facts of the previous run not published: kept for the next start"
+                  : "facts of the previous run published",
+           SP_KS("journal", path), SP_KU("facts", n), SP_KU("cut_short", bad),
+           SP_KS("error", rc < 0 ? sp_strerror(rc) : ""));
+    if (rc == 0 && ftruncate(fd, 0) < 0)
+        rc = -errno;
+    return rc;
+}
+
+/* Signs a batch as bursts (sp_publish_sign_burst), publishes it pipelined and waits for its
+ * acks: 0, or < 0 when any failed. The queued facts stay unsigned (a retry signs again). */
 static int publish_batch(wk_factq_t *q, const fact_t *batch)
 {
-    int rc = 0;
-    for (const fact_t *f = batch; f && rc == 0; f = f->next)
-        rc = sp_bus_publish_async(q->bus, f->subject, f->data, f->len, f->msg_id);
+    size_t n = 0, k = 0;
+    for (const fact_t *f = batch; f; f = f->next)
+        n++;
+    uint8_t **bufs = sp_xcalloc(n ? n : 1, sizeof(*bufs));
+    size_t *lens = sp_xcalloc(n ? n : 1, sizeof(*lens));
+    for (const fact_t *f = batch; f; f = f->next, k++) {
+        bufs[k] = sp_xmalloc(f->len);
+        memcpy(bufs[k], f->data, f->len);
+        lens[k] = f->len;
+    }
+    int rc = sp_publish_sign_burst(bufs, lens, n);
+    k = 0;
+    for (const fact_t *f = batch; f && rc == 0; f = f->next, k++)
+        rc = sp_bus_publish_async(q->bus, f->subject, bufs[k], lens[k], f->msg_id);
+    for (size_t i = 0; i < n; i++)
+        free(bufs[i]);
+    free(bufs);
+    free(lens);
     /* Even after a failed call, the ones before it are in flight: wait for them too. */
     int failed = sp_bus_publish_async_complete(q->bus, ACK_WAIT_MS);
     if (rc == 0 && failed > 0)
@@ -165,6 +337,7 @@ static void *publisher_main(void *arg)
         }
         for (const fact_t *f = batch; f; f = f->next)
             bytes += f->len;
+        q->inflight = batch;
         pthread_mutex_unlock(&q->mu);
 
         int rc;
@@ -184,26 +357,48 @@ static void *publisher_main(void *arg)
         }
         if (rc < 0)
             sp_log(SP_LOG_ERROR,
-                   "command facts dropped: the worker stops and NATS does not take them",
+                   "command facts not published: the worker stops and NATS does not take "
+                   "them (the journal keeps them for the next start)",
                    SP_KU("facts", n), SP_KS("error", sp_strerror(rc)));
         else
             stall_ms = STALL_MIN_MS;
-        free_list(batch);
-
         pthread_mutex_lock(&q->mu);
+        q->inflight = NULL;
+        q->dropped |= rc < 0;
+        free_list(batch);
         q->items -= n;
         q->bytes -= bytes;
         q->done += n;
+        /* Everything queued is published (or, stopping, given up: logged above): the journal
+         * has nothing left to say. */
+        if (q->journal >= 0 && q->items == 0 && q->journal_bytes > 0 && !q->dropped) {
+            if (ftruncate(q->journal, 0) == 0)
+                q->journal_bytes = 0;
+        } else if (q->journal >= 0 && !q->dropped && q->journal_bytes > JOURNAL_COMPACT_BYTES) {
+            journal_compact(q);
+        }
         pthread_cond_broadcast(&q->room);
     }
     pthread_mutex_unlock(&q->mu);
     return NULL;
 }
 
-int wk_factq_new(sp_bus_t *bus, const char *worker, wk_factq_t **ret)
+int wk_factq_new(sp_bus_t *bus, const char *worker, const char *journal, wk_factq_t **ret)
 {
     wk_factq_t *q = sp_xcalloc(1, sizeof(*q));
     q->bus = bus;
+    q->journal = -1;
+    if (journal) {
+        q->journal = open(journal, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+        int jr = q->journal < 0 ? -errno : journal_replay(bus, journal, q->journal);
+        if (jr < 0) {
+            if (q->journal >= 0)
+                close(q->journal);
+            free(q);
+            return jr;
+        }
+        q->journal_path = sp_xstrdup(journal);
+    }
     snprintf(q->worker, sizeof(q->worker), "%s", worker);
     pthread_mutex_init(&q->mu, NULL);
     pthread_condattr_t ca;
@@ -217,6 +412,9 @@ int wk_factq_new(sp_bus_t *bus, const char *worker, wk_factq_t **ret)
         pthread_cond_destroy(&q->work);
         pthread_cond_destroy(&q->room);
         pthread_mutex_destroy(&q->mu);
+        if (q->journal >= 0)
+            close(q->journal);
+        free(q->journal_path);
         free(q);
         return -rc;
     }
@@ -229,7 +427,12 @@ int wk_factq_push(wk_factq_t *q, sp_envelope_t *env, const char *msg_id, int hol
     char id[37], subject[SP_PUBLISH_SUBJECT_MAX];
     uint8_t *buf = NULL;
     size_t len = 0;
-    int rc = sp_publish_encode(env, id, q->worker, subject, &buf, &len);
+    /* Unsigned here: the publisher signs each batch it sends as one (sp_publish_sign_burst),
+     * so a command's facts cost one Ed25519 signature between them, not one each. */
+    sp_envelope_stamp(env, id);
+    int rc = sp_envelope_subject(env, q->worker, subject, sizeof(subject));
+    if (rc >= 0)
+        rc = sp_envelope_encode(env, &buf, &len);
     if (rc < 0)
         return rc;
     fact_t *f = sp_xmalloc(sizeof(*f) + len);
@@ -250,6 +453,9 @@ int wk_factq_push(wk_factq_t *q, sp_envelope_t *env, const char *msg_id, int hol
         free(f);
         return -ECANCELED;
     }
+    if (q->journal >= 0 && (rc = journal_append(q->journal, f, &q->journal_bytes)) < 0)
+        sp_log(SP_LOG_WARN, "cannot journal a fact: a crash before it is published loses it",
+               SP_KS("error", sp_strerror(rc)));
     if (q->tail)
         q->tail->next = f;
     else
@@ -292,6 +498,10 @@ void wk_factq_free(wk_factq_t *q)
     pthread_cond_broadcast(&q->room);
     pthread_mutex_unlock(&q->mu);
     pthread_join(q->thread, NULL);
+    /* What is left was given up (logged): the journal keeps it for the next start. */
+    if (q->journal >= 0)
+        close(q->journal);
+    free(q->journal_path);
     free_list(q->head);
     pthread_cond_destroy(&q->work);
     pthread_cond_destroy(&q->room);

@@ -14,11 +14,19 @@
  * onto the path (the agent handles frames in order, so it follows the last write) and records
  * FileWritten. Reads: each READ call asks the agent for <= 256 KiB and is answered with them.
  *
+ * Long operations: a single operation (stat, list, mkdir, move, remove) the agent has not
+ * finished within file-call-ms is answered `pending`, and the caller asks again (WAIT) until the
+ * answer comes: no request waits longer than file-call-ms, whatever the operation takes (a
+ * recursive remove of 100,000 files takes ~15 s in gVisor). The operation itself is bounded by
+ * file-op-max-s (remove, move: they walk or copy what the guest made) or STUCK_MS (the others).
+ * Its event is published when the agent answers, whether or not anyone still asks; an answer
+ * nobody has asked for yet is kept for the next WAIT, and dropped after IDLE_MS.
+ *
  * Bounds: XFERS_PER_BOX operations per sandbox at once (too_many_transfers beyond), one call
- * at a time per transfer, a transfer idle for IDLE_MS is closed (its client is gone), a call
- * the agent leaves unanswered for STUCK_MS is failed. List replies stop at LIST_REPLY_MAX
- * bytes (truncated). Events carry paths the gateway resolved, sizes and digests computed here;
- * never content.
+ * at a time per transfer, a transfer idle for IDLE_MS is closed (its client is gone), a call on
+ * a transfer the agent leaves unanswered for STUCK_MS is failed. List replies stop at
+ * LIST_REPLY_MAX bytes (truncated). Events carry paths the gateway resolved, sizes and digests
+ * computed here; never content.
  *
  * Threads: calls on cnats threads (WK_FILE_SUBS subscriptions in one queue group), agent
  * callbacks on the box's reader thread, the reaper on its own; a box's transfers are guarded
@@ -63,6 +71,10 @@ struct wk_xfer {
     bool write;
     char reply_to[REPLY_TO_MAX]; /* "" when no reply is owed */
     int64_t last_ns, call_ns;
+    int64_t op_ns; /* when the single operation began */
+    bool pended;   /* a single operation answered pending: its answer waits for a WAIT */
+    uint8_t *done; /* that answer, packed, once the agent gave it (the op is over) */
+    size_t done_len;
     char path[SP_FSPATH_MAX + 1];
     char to[SP_FSPATH_MAX + 1];
     char user[8];
@@ -125,10 +137,28 @@ static void xfer_free(wk_xfer_t *x)
         sp_sha256_final(x->sha, junk);
     }
     free(x->buf);
+    free(x->done);
     for (size_t i = 0; i < x->n_entries; i++)
         info_free(x->entries[i]);
     free(x->entries);
     free(x);
+}
+
+/* Stat, list, mkdir, move, remove: one call (and its WAITs), not an open transfer. */
+static bool single_op(int op)
+{
+    return op >= SPACE__IO__V1__FILE_CALL_OP__FILE_CALL_STAT &&
+           op <= SPACE__IO__V1__FILE_CALL_OP__FILE_CALL_REMOVE;
+}
+
+/* How long the agent may take over op: a remove or a move walks or copies what the guest
+ * made (any amount); the rest is one system call or a bounded listing. */
+static int64_t op_bound_ns(const wk_t *w, int op)
+{
+    if (op == SPACE__IO__V1__FILE_CALL_OP__FILE_CALL_REMOVE ||
+        op == SPACE__IO__V1__FILE_CALL_OP__FILE_CALL_MOVE)
+        return w->cfg->file_op_max_s * 1000000000;
+    return (int64_t)STUCK_MS * 1000000;
 }
 
 /* ---- replies and events ---- */
@@ -152,6 +182,24 @@ static void reply_error(wk_t *w, const char *to, const char *error, const char *
     r.error = (char *)error;
     r.detail = (char *)(detail ? detail : "");
     send_reply(w, to, &r);
+}
+
+/* box->mu held. x (unlinked by the caller) answered pending and nobody asks right now: its
+ * answer r is kept, under x's id, for the WAIT that comes next (or dropped after IDLE_MS). */
+static void keep_answer(wk_box_t *b, const wk_xfer_t *x, const reply_t *r)
+{
+    wk_xfer_t *k = sp_xcalloc(1, sizeof(*k));
+    k->id = x->id;
+    k->pended = true;
+    k->last_ns = sp_mono_ns();
+    snprintf(k->path, sizeof(k->path), "%s", x->path);
+    snprintf(k->corr, sizeof(k->corr), "%s", x->corr);
+    k->done_len = space__io__v1__file_reply__get_packed_size(r);
+    k->done = sp_xmalloc(k->done_len ? k->done_len : 1);
+    space__io__v1__file_reply__pack(r, k->done);
+    k->next = b->xfers;
+    b->xfers = k;
+    b->n_xfers++;
 }
 
 static const char *type_name(Space__Agent__V1__FileType t)
@@ -305,10 +353,13 @@ static void on_file_result(void *arg, uint64_t id, const Space__Agent__V1__FileR
     default: /* close */
         break;
     }
-    if (terminal)
+    if (terminal) {
         xfer_unlink(b, x);
-    else
+        if (!to[0] && x->pended)
+            keep_answer(b, x, &rep);
+    } else {
         x = NULL;
+    }
     pthread_mutex_unlock(&b->mu);
 
     send_reply(w, to, &rep);
@@ -335,6 +386,12 @@ static void on_file_failed(void *arg, uint64_t id, const char *code, const char 
     if (x->reply_to[0]) {
         snprintf(to, sizeof(to), "%s", x->reply_to);
         xfer_unlink(b, x);
+    } else if (x->pended) {
+        reply_t r = SPACE__IO__V1__FILE_REPLY__INIT;
+        r.error = (char *)code;
+        r.detail = (char *)message;
+        xfer_unlink(b, x);
+        keep_answer(b, x, &r);
     } else {
         /* A write failed between calls: the next call hears it. */
         x->failed = true;
@@ -511,6 +568,7 @@ static const char *check(const call_t *q, char *detail, size_t dlen)
         return NULL;
     case SPACE__IO__V1__FILE_CALL_OP__FILE_CALL_COMMIT:
     case SPACE__IO__V1__FILE_CALL_OP__FILE_CALL_CLOSE:
+    case SPACE__IO__V1__FILE_CALL_OP__FILE_CALL_WAIT:
         return NULL;
     default:
         snprintf(detail, dlen, "unknown op %d", (int)q->op);
@@ -566,7 +624,7 @@ static void call_new(wk_box_t *b, wk_agent_t *agent, const call_t *q, const char
         wk_xfer_t *x = sp_xcalloc(1, sizeof(*x));
         x->id = id;
         x->op = (int)q->op;
-        x->last_ns = x->call_ns = sp_mono_ns();
+        x->last_ns = x->call_ns = x->op_ns = sp_mono_ns();
         snprintf(x->reply_to, sizeof(x->reply_to), "%s", reply_to);
         snprintf(x->path, sizeof(x->path), "%s", q->path);
         snprintf(x->to, sizeof(x->to), "%s", q->to);
@@ -751,8 +809,42 @@ static void call_on(wk_box_t *b, wk_agent_t *agent, const call_t *q, const char 
     }
 }
 
-static void on_file_call(void *arg, const char *subject, const char *reply_to, const uint8_t *data,
-                         size_t len)
+/* WAIT: the answer of a single operation that answered pending; now if the agent gave it,
+ * else when it does (or at the next pending). */
+static void call_wait(wk_box_t *b, const call_t *q, const char *reply_to)
+{
+    const char *err = NULL;
+    char detail[DETAIL_MAX] = "";
+    wk_xfer_t *done = NULL;
+    pthread_mutex_lock(&b->mu);
+    wk_xfer_t *x = xfer_find(b, q->xfer);
+    if (!x || !x->pended) {
+        err = "unknown_transfer";
+        snprintf(detail, sizeof(detail), "no pending operation %llu", (unsigned long long)q->xfer);
+    } else if (x->done) {
+        xfer_unlink(b, x);
+        done = x;
+    } else if (x->reply_to[0]) {
+        err = "bad_request";
+        snprintf(detail, sizeof(detail), "operation %llu is being waited for",
+                 (unsigned long long)q->xfer);
+    } else {
+        snprintf(x->reply_to, sizeof(x->reply_to), "%s", reply_to);
+        x->last_ns = x->call_ns = sp_mono_ns();
+    }
+    pthread_mutex_unlock(&b->mu);
+    if (done) {
+        int rc = sp_bus_publish_core(b->w->bus, reply_to, done->done, done->done_len);
+        if (rc < 0)
+            sp_log(SP_LOG_WARN, "file reply not sent", SP_KS("error", sp_strerror(rc)));
+        xfer_free(done);
+    } else if (err) {
+        reply_error(b->w, reply_to, err, detail);
+    }
+}
+
+static void file_call(void *arg, const char *subject, const char *reply_to, const uint8_t *data,
+                      size_t len)
 {
     wk_t *w = arg;
     char detail[DETAIL_MAX] = "";
@@ -798,6 +890,9 @@ static void on_file_call(void *arg, const char *subject, const char *reply_to, c
         case SPACE__IO__V1__FILE_CALL_OP__FILE_CALL_CLOSE:
             call_on(b, agent, q, reply_to);
             break;
+        case SPACE__IO__V1__FILE_CALL_OP__FILE_CALL_WAIT:
+            call_wait(b, q, reply_to);
+            break;
         default:
             call_new(b, agent, q, reply_to);
             break;
@@ -807,20 +902,41 @@ static void on_file_call(void *arg, const char *subject, const char *reply_to, c
     space__io__v1__file_call__free_unpacked(q, NULL);
 }
 
+/* The subscription's callback: acts only on a request that wk_request_open lets through. */
+static void on_file_call(void *arg, const char *subject, const char *reply_to, const uint8_t *data,
+                         size_t len)
+{
+    sp_request_t rq;
+    if (wk_request_open(arg, subject, reply_to, data, len, &rq))
+        file_call(arg, subject, reply_to, rq.body, rq.len);
+    sp_request_dispose(&rq);
+}
+
 /* ---- idle transfers ---- */
 
-/* Closes transfers nobody called for IDLE_MS (a client or gateway that vanished) and fails
- * calls the agent left unanswered for STUCK_MS. */
+/* Closes transfers nobody called for IDLE_MS (a client or gateway that vanished), answers
+ * pending the single operations that ran file-call-ms since they were asked, and fails calls
+ * the agent left unanswered past their bound (op_bound_ns for single operations, STUCK_MS for
+ * calls on a transfer). */
 static void reap_box(wk_box_t *b)
 {
+    const wk_t *w = b->w;
     int64_t now = sp_mono_ns();
+    int64_t call_ns = w->cfg->file_call_ms * 1000000;
     wk_xfer_t *idle = NULL, *stuck = NULL;
+    struct {
+        uint64_t id;
+        char to[REPLY_TO_MAX];
+    } due[XFERS_PER_BOX];
+    size_t n_due = 0;
     pthread_mutex_lock(&b->mu);
     wk_agent_t *agent = b->agent;
     for (wk_xfer_t **pp = &b->xfers; *pp;) {
         wk_xfer_t *x = *pp;
+        bool single = single_op(x->op);
         bool is_idle = !x->op && now - x->last_ns > (int64_t)IDLE_MS * 1000000;
-        bool is_stuck = x->op && now - x->call_ns > (int64_t)STUCK_MS * 1000000;
+        bool is_stuck = x->op && (single ? now - x->op_ns > op_bound_ns(w, x->op)
+                                         : now - x->call_ns > (int64_t)STUCK_MS * 1000000);
         if (is_idle || is_stuck) {
             *pp = x->next;
             b->n_xfers--;
@@ -833,13 +949,31 @@ static void reap_box(wk_box_t *b)
             }
             continue;
         }
+        if (single && x->reply_to[0] && now - x->call_ns > call_ns && n_due < XFERS_PER_BOX) {
+            if (!x->pended)
+                sp_log(SP_LOG_INFO, "file operation still running: answered pending",
+                       SP_KS("sandbox", b->id), SP_KS("path", x->path), SP_KS("corr", x->corr));
+            due[n_due].id = x->id;
+            snprintf(due[n_due++].to, REPLY_TO_MAX, "%s", x->reply_to);
+            x->reply_to[0] = '\0';
+            x->pended = true;
+            x->last_ns = now;
+        }
         pp = &x->next;
     }
     pthread_mutex_unlock(&b->mu);
+    for (size_t i = 0; i < n_due; i++) {
+        reply_t r = SPACE__IO__V1__FILE_REPLY__INIT;
+        r.ok = true;
+        r.pending = true;
+        r.xfer = due[i].id;
+        send_reply(b->w, due[i].to, &r);
+    }
     while (idle) {
         wk_xfer_t *next = idle->next;
-        sp_log(SP_LOG_INFO, "idle file transfer closed", SP_KS("sandbox", b->id),
-               SP_KS("path", idle->path), SP_KS("corr", idle->corr));
+        sp_log(SP_LOG_INFO,
+               idle->done ? "an operation's answer was not asked for" : "idle file transfer closed",
+               SP_KS("sandbox", b->id), SP_KS("path", idle->path), SP_KS("corr", idle->corr));
         Space__Agent__V1__FileRequest r = SPACE__AGENT__V1__FILE_REQUEST__INIT;
         r.xfer_id = idle->id;
         r.op = SPACE__AGENT__V1__FILE_OP__FILE_OP_CLOSE;
@@ -853,10 +987,23 @@ static void reap_box(wk_box_t *b)
     }
     while (stuck) {
         wk_xfer_t *next = stuck->next;
+        char detail[DETAIL_MAX];
+        snprintf(detail, sizeof(detail), "the agent did not answer in %lld s",
+                 (long long)((now - (single_op(stuck->op) ? stuck->op_ns : stuck->call_ns)) /
+                             1000000000));
         sp_log(SP_LOG_WARN, "file call unanswered by the agent", SP_KS("sandbox", b->id),
-               SP_KS("path", stuck->path), SP_KS("corr", stuck->corr));
+               SP_KS("path", stuck->path), SP_KS("detail", detail), SP_KS("corr", stuck->corr));
         wk_agent_file_release(agent, stuck->id);
-        reply_error(b->w, stuck->reply_to, "agent_error", "the agent did not answer in time");
+        if (stuck->reply_to[0]) {
+            reply_error(b->w, stuck->reply_to, "agent_error", detail);
+        } else if (stuck->pended) {
+            reply_t r = SPACE__IO__V1__FILE_REPLY__INIT;
+            r.error = "agent_error";
+            r.detail = detail;
+            pthread_mutex_lock(&b->mu);
+            keep_answer(b, stuck, &r);
+            pthread_mutex_unlock(&b->mu);
+        }
         xfer_free(stuck);
         stuck = next;
     }

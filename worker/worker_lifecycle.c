@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "contract.h"
+#include "request.h"
 #include "dataplane.pb-c.h"
 #include "db.h"
 #include "error.h"
@@ -200,7 +201,7 @@ static uint32_t egress_reset(wk_t *w, const char *sbx, uint32_t *time_wait_ms)
     int rc =
         sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_EGRESS_RST, w->cfg->id, NULL, NULL);
     if (rc >= 0)
-        rc = sp_bus_request(w->bus, subject, buf, len, EGRESS_RESET_MS, &reply, &reply_len);
+        rc = sp_request_send(w->bus, subject, buf, len, EGRESS_RESET_MS, &reply, &reply_len);
     uint32_t n = 0;
     if (rc == 0) {
         Space__Io__V1__EgressResetReply *r =
@@ -429,7 +430,7 @@ out:
 
 typedef struct {
     char tenant[65], template_[65];
-    uint32_t vcpu, memory_mb;
+    uint32_t vcpu, memory_mb, disk_mb;
     sp_envelope_t *suspended; /* the newest SandboxSuspended */
 } snapshot_info_t;
 
@@ -443,8 +444,8 @@ static int load_snapshot(wk_t *w, const char *sbx, snapshot_info_t *si, char err
     }
     const char *p[1] = {sbx};
     PGresult *r = PQexecParams(db,
-                               "SELECT tenant, template, vcpu, memory_mb FROM sandboxes WHERE "
-                               "id = $1",
+                               "SELECT tenant, template, vcpu, memory_mb, disk_mb FROM sandboxes"
+                               " WHERE id = $1",
                                1, NULL, p, NULL, NULL, 0);
     if (sp_db_check(r, PGRES_TUPLES_OK) < 0 || PQntuples(r) != 1) {
         snprintf(err, WK_ERR_MAX, "sandbox %s is not in the projection", sbx);
@@ -455,6 +456,8 @@ static int load_snapshot(wk_t *w, const char *sbx, snapshot_info_t *si, char err
     snprintf(si->template_, sizeof(si->template_), "%s", PQgetvalue(r, 0, 1));
     si->vcpu = (uint32_t)strtoul(PQgetvalue(r, 0, 2), NULL, 10);
     si->memory_mb = (uint32_t)strtoul(PQgetvalue(r, 0, 3), NULL, 10);
+    /* The limit it got when it started (0: the worker's default). */
+    si->disk_mb = (uint32_t)strtoul(PQgetvalue(r, 0, 4), NULL, 10);
     PQclear(r);
     r = NULL;
     if (sp_db_last_sandbox_event(db, sbx, "SandboxSuspended", &si->suspended) < 0 ||
@@ -556,7 +559,12 @@ int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev)
     pthread_mutex_unlock(&b->mu);
     wk_box_listen(b); /* before the restore: the agent connects back as soon as it runs */
     wk_sandbox_spec_t spec = {
-        .id = sbx, .template_ = si.template_, .vcpu = si.vcpu, .memory_mb = si.memory_mb};
+        .id = sbx,
+        .template_ = si.template_,
+        .vcpu = si.vcpu,
+        .memory_mb = si.memory_mb,
+        .disk_mb = si.disk_mb,
+    };
     wk_sandbox_info_t info = {0};
     char *work = sp_xasprintf("%s/.staging/restore-%s", w->cfg->snapshot_dir, sbx);
     wk_mkdir_p(work);

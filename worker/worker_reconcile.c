@@ -182,7 +182,8 @@ int wk_reconcile(wk_t *w, PGconn *db)
             ad.worker = w->cfg->id;
             env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_ADOPTED;
             env.sandbox_adopted = &ad;
-            if ((rc = wk_publish_restart_fact(w, tenant, sbx, "adopted", &env, &agg)) < 0)
+            if ((rc = wk_publish_restart_fact(w, tenant, sbx, "adopted", &env, &agg)) < 0 ||
+                (rc = wk_commands_reconcile(w, db, tenant, sbx)) < 0)
                 goto out;
             idlist_add(&adopted, sbx);
             continue;
@@ -199,12 +200,26 @@ int wk_reconcile(wk_t *w, PGconn *db)
                                         : "not running after a worker restart; released";
         env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_FAILED;
         env.sandbox_failed = &failed;
-        if ((rc = wk_publish_restart_fact(w, tenant, sbx, "lost", &env, &agg)) < 0)
+        if ((rc = wk_publish_restart_fact(w, tenant, sbx, "lost", &env, &agg)) < 0 ||
+            (rc = wk_commands_reconcile(w, db, tenant, sbx)) < 0)
             goto out;
         idlist_add(&lost, sbx);
     }
-    /* Whatever the host has that the log does not hold live. */
+    /* Whatever the host has that the log does not hold live. Unclaimed pooled sandboxes of
+     * the previous process are not in the log at all (claimed ones are scanned under their
+     * sandbox ids): released too, and not reported as sandboxes. */
+    size_t pool_released = 0;
     for (size_t k = 0; k < n_host; k++) {
+        if (wk_pool_id_is(host[k].id)) {
+            char err[WK_ERR_MAX] = "";
+            if ((rc = wk_sandbox_destroy(w->host, host[k].id, err)) < 0) {
+                sp_log(SP_LOG_ERROR, "cannot release a pooled sandbox",
+                       SP_KS("pool_id", host[k].id), SP_KS("error", err));
+                goto out;
+            }
+            pool_released++;
+            continue;
+        }
         int live = wk_owned_has(w, host[k].id);
         for (int i = 0; i < PQntuples(r) && !live; i++)
             live = strcmp(PQgetvalue(r, i, 0), host[k].id) == 0 &&
@@ -234,7 +249,7 @@ int wk_reconcile(wk_t *w, PGconn *db)
             goto out;
     }
     sp_log(SP_LOG_INFO, "reconciled", SP_KU("adopted", adopted.n), SP_KU("lost", lost.n),
-           SP_KU("cleaned", cleaned.n));
+           SP_KU("cleaned", cleaned.n), SP_KU("pool_released", pool_released));
 out:
     PQclear(r);
     free(host);

@@ -9,8 +9,11 @@
  * trusts none of it (worker_agent.c).
  */
 #include <dirent.h>
+#include <stdint.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,14 +82,29 @@ int wk__runsc_write_config(const wk_host_t *h, const wk__bundle_t *bd, const cha
             sp_buf_json_str(&b, wk__trust_env[i]);
         }
     }
+    /* A warm-pool sandbox's init also has CAP_SYS_ADMIN, for the hostname it is given at its
+     * claim; the agent drops it then, before any command runs (docs/pools.md). */
+    const char *caps[sizeof(CAPS) / sizeof(CAPS[0]) + 1];
+    memcpy(caps, CAPS, sizeof(CAPS));
+    if (bd->claimable)
+        caps[ncaps++] = "CAP_SYS_ADMIN";
     sp_buf_puts(&b, "],\"cwd\":\"/\",\"capabilities\":{\"bounding\":");
-    json_strv(&b, CAPS, ncaps);
+    json_strv(&b, caps, ncaps);
     sp_buf_puts(&b, ",\"effective\":");
-    json_strv(&b, CAPS, ncaps);
+    json_strv(&b, caps, ncaps);
     sp_buf_puts(&b, ",\"permitted\":");
-    json_strv(&b, CAPS, ncaps);
-    sp_buf_puts(&b, "},\"rlimits\":[{\"type\":\"RLIMIT_NOFILE\",\"hard\":65536,\"soft\":65536}]},"
-                    "\"root\":{\"path\":");
+    json_strv(&b, caps, ncaps);
+    /* Processes: RLIMIT_NPROC, counted per uid by gVisor's kernel, so a fork bomb gets EAGAIN
+     * inside. Not the host's pids cgroup: it counts the Sentry's and the ptrace stubs' host
+     * threads (~10 per guest process here), and a Sentry that cannot make a thread dies with
+     * the whole sandbox (docs/machine-notes.md). Root in the guest lacks CAP_SYS_RESOURCE, so
+     * it cannot raise the limit. */
+    uint32_t pids = bd->pids ? bd->pids : WK_PIDS_DEFAULT;
+    sp_buf_printf(&b,
+                  "},\"rlimits\":[{\"type\":\"RLIMIT_NOFILE\",\"hard\":65536,\"soft\":65536},"
+                  "{\"type\":\"RLIMIT_NPROC\",\"hard\":%u,\"soft\":%u}]},"
+                  "\"root\":{\"path\":",
+                  pids, pids);
     sp_buf_json_str(&b, bd->rootfs);
     sp_buf_puts(&b, ",\"readonly\":false},\"hostname\":");
     sp_buf_json_str(&b, bd->id);
@@ -321,6 +339,85 @@ static bool listed(const wk_host_t *h, const char *id, int *ret_rc)
     return found;
 }
 
+/* Whether the NUL-separated cmdline is a runsc call (not the runsc-sandbox or runsc-gofer it
+ * leaves) under root on container id. */
+static bool call_on(const char *cmd, size_t n, const char *runsc, const char *root_flag,
+                    const char *id)
+{
+    const char *base = strrchr(runsc, '/');
+    base = base ? base + 1 : runsc;
+    const char *a0 = strrchr(cmd, '/'); /* in argv[0]: strrchr stops at its NUL */
+    a0 = a0 ? a0 + 1 : cmd;
+    if (strcmp(a0, base) != 0)
+        return false;
+    bool root = false, named = false;
+    for (const char *a = cmd + strlen(cmd) + 1; a < cmd + n; a += strlen(a) + 1) {
+        root |= strcmp(a, root_flag) == 0;
+        named |= strcmp(a, id) == 0;
+    }
+    return root && named;
+}
+
+/* Whether pid is gone or a zombie (its reaper, not us, waits for it). */
+static bool gone(pid_t pid)
+{
+    char path[64], st[256];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return true;
+    ssize_t n = read(fd, st, sizeof(st) - 1);
+    close(fd);
+    if (n <= 0)
+        return true;
+    st[n] = '\0';
+    const char *e = strrchr(st, ')'); /* "pid (comm) S ...": comm may hold anything */
+    return !e || e[1] == '\0' || e[2] == 'Z' || e[2] == 'X';
+}
+
+int wk__runsc_calls_stop(const wk_host_t *h, const char *id)
+{
+    DIR *d = opendir("/proc");
+    if (!d)
+        return -errno;
+    char *root_flag = sp_xasprintf("--root=%s", h->runsc_root);
+    pid_t pids[32];
+    int n = 0;
+    struct dirent *de;
+    char *cmd = sp_xmalloc(8192);
+    while ((de = readdir(d)) && n < (int)(sizeof(pids) / sizeof(pids[0]))) {
+        char *end = NULL;
+        long pid = strtol(de->d_name, &end, 10);
+        if (pid <= 0 || *end || pid == (long)getpid())
+            continue;
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%ld/cmdline", pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        ssize_t len = read(fd, cmd, 8191);
+        close(fd);
+        if (len <= 0)
+            continue;
+        cmd[len] = '\0';
+        if (call_on(cmd, (size_t)len, h->runsc, root_flag, id) && kill((pid_t)pid, SIGKILL) == 0)
+            pids[n++] = (pid_t)pid;
+    }
+    closedir(d);
+    free(cmd);
+    free(root_flag);
+    /* Killed calls end within a few ms; a call stuck in the kernel for 5 s is reported. */
+    for (int waited = 0; waited < 500; waited++) {
+        bool all = true;
+        for (int i = 0; i < n; i++)
+            all &= gone(pids[i]);
+        if (all)
+            return n;
+        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    }
+    return -ETIMEDOUT;
+}
+
 int wk__runsc_delete(const wk_host_t *h, const char *id, char err[WK_ERR_MAX])
 {
     char *out = sp_xmalloc(ERR_CAPTURE);
@@ -416,6 +513,23 @@ int wk__runsc_list(const wk_host_t *h, wk_host_sandbox_t **ret_list, size_t *ret
 
 /* ---- cgroups ---- */
 
+static void cgroup_kill(const char *dir)
+{
+    char *path = sp_xasprintf("%s/cgroup.procs", dir);
+    FILE *f = fopen(path, "re");
+    free(path);
+    if (!f)
+        return;
+    char line[32];
+    while (fgets(line, sizeof(line), f)) {
+        char *end = NULL;
+        long pid = strtol(line, &end, 10);
+        if (end != line && pid > 1 && pid != (long)getpid())
+            (void)kill((pid_t)pid, SIGKILL);
+    }
+    fclose(f);
+}
+
 int wk__cgroup_remove(const wk_host_t *h, const char *id)
 {
     DIR *d = opendir(WK_CGROUP_ROOT);
@@ -427,12 +541,16 @@ int wk__cgroup_remove(const wk_host_t *h, const char *id)
         if (de->d_name[0] == '.')
             continue;
         char *p = sp_xasprintf("%s/%s/space-%s/%s", WK_CGROUP_ROOT, de->d_name, h->tag, id);
-        /* A cgroup with a task still exiting is busy for a moment. */
+        /* A cgroup with a task still exiting is busy for a moment. One whose tasks outlive
+         * runsc delete holds strays (a sandbox a dead worker's create left half made): they
+         * are killed, the cgroup being the sandbox's own. */
         int r = 0;
         for (int tries = 0; tries < 100; tries++) {
             r = rmdir(p) == 0 ? 0 : -errno;
             if (r != -EBUSY)
                 break;
+            if (tries == 25)
+                cgroup_kill(p);
             struct timespec ts = {0, 20 * 1000 * 1000};
             nanosleep(&ts, NULL);
         }
@@ -442,6 +560,37 @@ int wk__cgroup_remove(const wk_host_t *h, const char *id)
     }
     closedir(d);
     return rc;
+}
+
+int wk_sandbox_oom_kills(const wk_host_t *h, const char *sandbox)
+{
+    if (!h || !sp_id_valid(sandbox))
+        return 0;
+    char id[65];
+    wk__host_id(h, sandbox, id);
+    /* cgroup v1 (this host): memory.oom_control has "oom_kill N"; v2: memory.events. */
+    static const char *const files[][2] = {{"memory", "memory.oom_control"},
+                                           {"unified", "memory.events"}};
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        char path[320];
+        snprintf(path, sizeof(path), "%s/%s/space-%s/%s/%s", WK_CGROUP_ROOT, files[i][0], h->tag,
+                 id, files[i][1]);
+        FILE *f = fopen(path, "re");
+        if (!f)
+            continue;
+        char line[128];
+        long n = 0;
+        while (fgets(line, sizeof(line), f)) {
+            if (strncmp(line, "oom_kill ", 9) == 0) {
+                n = strtol(line + 9, NULL, 10);
+                break;
+            }
+        }
+        fclose(f);
+        if (n > 0)
+            return n > INT32_MAX ? INT32_MAX : (int)n;
+    }
+    return 0;
 }
 
 int wk__cgroup_ids(const wk_host_t *h, char ***ret_ids, size_t *ret_n)

@@ -32,6 +32,8 @@
 
 #define MAX_VCPU      256
 #define MAX_MEMORY_MB (1u << 20)
+#define MAX_DISK_MB   (1u << 30) /* 1 PiB */
+#define MAX_PIDS      (1u << 22) /* gVisor's PID namespace limit */
 /* Where the agent lives in every sandbox (relative to its root) and runs from. */
 #define AGENT_DIR         ".space"
 #define AGENT_FILE        "agent"
@@ -340,6 +342,10 @@ int wk_host_open(const wk_host_config_t *cfg, wk_host_t **ret_host, char err[WK_
     h->templates_dir = sp_xasprintf("%s/templates", h->volume_dir);
     h->sandboxes_dir = sp_xasprintf("%s/sandboxes", h->volume_dir);
     h->agent_path = cfg->agent_path ? sp_xstrdup(cfg->agent_path) : NULL;
+    h->template_defs = sp_xstrdup(cfg->template_defs ? cfg->template_defs : WK_TEMPLATES_DIR);
+    h->template_cache =
+        cfg->template_cache && cfg->template_cache[0] ? sp_xstrdup(cfg->template_cache) : NULL;
+    h->cancel = cfg->cancel;
     if (cfg->ca_cert_path && (rc = wk__trust_load(cfg->ca_cert_path, &h->ca_pem, err)) < 0) {
         wk_host_close(h);
         return rc;
@@ -374,6 +380,10 @@ int wk_host_open(const wk_host_config_t *cfg, wk_host_t **ret_host, char err[WK_
         rc = wk__fail(err, rc, "prepare %s: %s", WK_NETNS_DIR, strerror(-rc));
         goto fail;
     }
+    h->disk_mb_default = cfg->disk_mb_default ? cfg->disk_mb_default : WK_DISK_MB_DEFAULT;
+    h->disk_reserve_mb = cfg->disk_reserve_mb;
+    h->disk_quota_off = cfg->disk_quota_off;
+    h->pids_default = cfg->pids_default ? cfg->pids_default : WK_PIDS_DEFAULT;
     h->egress_proxy_port = cfg->egress_proxy_port;
     h->egress_dns_port = cfg->egress_dns_port;
     int64_t t0 = wk__now_us();
@@ -404,6 +414,8 @@ void wk_host_close(wk_host_t *h)
     free(h->runsc_root);
     free(h->bundles_dir);
     free(h->templates_dir);
+    free(h->template_defs);
+    free(h->template_cache);
     free(h->sandboxes_dir);
     free(h->agent_path);
     free(h->ca_pem);
@@ -423,6 +435,95 @@ static void close_fd(int *fd)
         close(*fd);
         *fd = -1;
     }
+}
+
+static int disk_room(wk_host_t *h, const char *id, uint32_t disk_mb, char err[WK_ERR_MAX]);
+
+/* ---- warm-pool ids and the claim map (worker_runtime_int.h) ---- */
+
+void wk_pool_id_new(char out[WK_POOL_ID_LEN + 1])
+{
+    static const char alphabet[] = "0123456789abcdefghijklmnopqrstuv";
+    uint8_t r[26];
+    sp_random_bytes(r, sizeof(r));
+    size_t plen = strlen(WK_POOL_PREFIX);
+    memcpy(out, WK_POOL_PREFIX, plen);
+    for (size_t i = 0; i < 26; i++)
+        out[plen + i] = alphabet[r[i] & 31];
+    out[WK_POOL_ID_LEN] = '\0';
+}
+
+bool wk_pool_id_is(const char *id)
+{
+    return id && strlen(id) == WK_POOL_ID_LEN &&
+           strncmp(id, WK_POOL_PREFIX, strlen(WK_POOL_PREFIX)) == 0 && sp_id_valid(id);
+}
+
+/* The pool id bundles/<id> links to (out), 1; 0 when it is no such link. */
+static int claim_target(const wk_host_t *h, const char *id, char out[65])
+{
+    char *link = sp_xasprintf("%s/%s", h->bundles_dir, id);
+    char buf[80];
+    ssize_t n = readlink(link, buf, sizeof(buf) - 1);
+    free(link);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    if (!wk_pool_id_is(buf))
+        return 0;
+    memcpy(out, buf, (size_t)n + 1);
+    return 1;
+}
+
+void wk__host_id(const wk_host_t *h, const char *id, char out[65])
+{
+    if (wk_pool_id_is(id) || !claim_target(h, id, out))
+        snprintf(out, 65, "%s", id);
+}
+
+uint32_t wk_sandbox_disk_mb(const wk_host_t *h, uint32_t disk_mb)
+{
+    return h->disk_quota_off ? 0 : disk_mb ? disk_mb : h->disk_mb_default;
+}
+
+int wk_sandbox_claim(wk_host_t *h, const char *pool_id, const wk_sandbox_spec_t *spec,
+                     uint32_t *ret_disk_mb, char err[WK_ERR_MAX])
+{
+    if (!h || !wk_pool_id_is(pool_id) || !spec || !spec->id || !sp_id_valid(spec->id) ||
+        wk_pool_id_is(spec->id))
+        return wk__fail(err, -EINVAL, "invalid pool or sandbox id");
+    if (spec->disk_mb > MAX_DISK_MB)
+        return wk__fail(err, -EINVAL, "disk_mb out of range");
+    char *bundle = sp_xasprintf("%s/%s", h->bundles_dir, pool_id);
+    char *rootfs = sp_xasprintf("%s/%s", h->sandboxes_dir, pool_id);
+    char *link = sp_xasprintf("%s/%s", h->bundles_dir, spec->id);
+    int rc = 0;
+    struct stat st;
+    if (lstat(bundle, &st) < 0 || !S_ISDIR(st.st_mode)) {
+        rc = wk__fail(err, -ENOENT, "pooled sandbox %s is gone", pool_id);
+        goto out;
+    }
+    /* The limit the pooled sandbox was made with is the default: only another one is set. */
+    uint32_t disk_mb = spec->disk_mb ? spec->disk_mb : h->disk_mb_default;
+    if (disk_mb != h->disk_mb_default) {
+        if ((rc = disk_room(h, spec->id, disk_mb, err)) < 0)
+            goto out;
+        if (!h->disk_quota_off && (rc = wk__subvol_limit(rootfs, (uint64_t)disk_mb << 20, err)) < 0)
+            goto out;
+    }
+    /* Atomic: the sandbox is spec->id's from here on, for a worker restarted at any moment. */
+    if (symlink(pool_id, link) < 0) {
+        rc = wk__fail(err, -errno, "sandbox %s: %s", spec->id,
+                      errno == EEXIST ? "exists" : strerror(errno));
+        goto out;
+    }
+    if (ret_disk_mb)
+        *ret_disk_mb = wk_sandbox_disk_mb(h, spec->disk_mb);
+out:
+    free(link);
+    free(rootfs);
+    free(bundle);
+    return rc;
 }
 
 /* Copies the agent binary to <rootfs>/.space/agent, root-owned, mode 0755. The rootfs is a
@@ -519,15 +620,61 @@ out:
     return rc;
 }
 
+/* The reserve (docs/faults.md, "Limits"): a sandbox that filled its own limit must still
+ * leave disk_reserve_mb free on the volume, so that creates, restores and the other sandboxes'
+ * small writes keep working. Limits are overcommitted (most sandboxes write little), so this
+ * looks at what is free now, not at the sum of the limits. -ENOSPC: the caller reports
+ * no_capacity. */
+int wk_host_disk(wk_host_t *h, wk_host_disk_t *ret)
+{
+    uint64_t free_b = 0, size_b = 0;
+    int rc = wk__volume_free(h->volume_dir, &free_b);
+    if (rc == 0)
+        rc = wk__volume_size(h->volume_dir, &size_b);
+    if (rc < 0)
+        return rc;
+    ret->total_mb = size_b >> 20;
+    ret->free_mb = free_b >> 20 < ret->total_mb ? free_b >> 20 : ret->total_mb;
+    ret->reserve_mb = h->disk_reserve_mb < ret->total_mb ? h->disk_reserve_mb : ret->total_mb;
+    ret->default_mb = h->disk_mb_default;
+    return 0;
+}
+
+int wk_host_qgroup_sweep(wk_host_t *h, bool rescan, unsigned *ret_removed, unsigned *ret_left,
+                         char err[WK_ERR_MAX])
+{
+    *ret_removed = *ret_left = 0;
+    if (h->disk_quota_off)
+        return 0;
+    return wk__qgroup_sweep(h->volume_dir, rescan, ret_removed, ret_left, err);
+}
+
+static int disk_room(wk_host_t *h, const char *id, uint32_t disk_mb, char err[WK_ERR_MAX])
+{
+    uint64_t free_b = 0;
+    int rc = wk__volume_free(h->volume_dir, &free_b);
+    if (rc < 0)
+        return wk__fail(err, rc, "statvfs %s: %s", h->volume_dir, strerror(-rc));
+    uint64_t need = ((uint64_t)disk_mb + h->disk_reserve_mb) << 20;
+    if (free_b < need)
+        return wk__fail(err, -ENOSPC,
+                        "sandbox %s: this worker's disk has %llu MiB free; the sandbox may write "
+                        "%u MiB and %u MiB are kept in reserve",
+                        id, (unsigned long long)(free_b >> 20), disk_mb, h->disk_reserve_mb);
+    return 0;
+}
+
 int wk_sandbox_create(wk_host_t *h, const wk_sandbox_spec_t *spec, wk_sandbox_info_t *ret_info,
                       char err[WK_ERR_MAX])
 {
-    if (!h || !spec || !spec->id || !sp_id_valid(spec->id))
+    if (!h || !spec || !spec->id || !sp_id_valid(spec->id) ||
+        spec->pooled != wk_pool_id_is(spec->id))
         return wk__fail(err, -EINVAL, "invalid sandbox id");
     if (!spec->template_ || !sp_id_valid(spec->template_))
         return wk__fail(err, -EINVAL, "invalid template name");
-    if (spec->vcpu > MAX_VCPU || spec->memory_mb > MAX_MEMORY_MB)
-        return wk__fail(err, -EINVAL, "vcpu or memory_mb out of range");
+    if (spec->vcpu > MAX_VCPU || spec->memory_mb > MAX_MEMORY_MB || spec->disk_mb > MAX_DISK_MB ||
+        spec->pids > MAX_PIDS)
+        return wk__fail(err, -EINVAL, "vcpu, memory_mb, disk_mb or pids out of range");
     const char *id = spec->id;
     int64_t t0 = wk__now_us();
     char *tmpl = sp_xasprintf("%s/%s", h->templates_dir, spec->template_);
@@ -566,8 +713,14 @@ int wk_sandbox_create(wk_host_t *h, const wk_sandbox_spec_t *spec, wk_sandbox_in
         goto out;
     }
 
+    uint32_t disk_mb = spec->disk_mb ? spec->disk_mb : h->disk_mb_default;
+    if ((rc = disk_room(h, id, disk_mb, err)) < 0)
+        goto out;
+    info.disk_mb = wk_sandbox_disk_mb(h, spec->disk_mb);
     int64_t t = wk__now_us();
     rc = wk__subvol_snapshot(tmpl, rootfs, false, err);
+    if (rc >= 0 && !h->disk_quota_off)
+        rc = wk__subvol_limit(rootfs, (uint64_t)disk_mb << 20, err);
     if (rc < 0)
         goto out;
     snap_ms = ms_since(t);
@@ -612,8 +765,10 @@ int wk_sandbox_create(wk_host_t *h, const wk_sandbox_spec_t *spec, wk_sandbox_in
                        .netns_path = netns_path,
                        .vcpu = spec->vcpu,
                        .memory_mb = spec->memory_mb,
+                       .pids = spec->pids ? spec->pids : h->pids_default,
                        .init = h->agent_path ? AGENT_GUEST_PATH : NULL,
-                       .chan_dir = h->agent_path ? chan : NULL};
+                       .chan_dir = h->agent_path ? chan : NULL,
+                       .claimable = spec->pooled && h->agent_path};
     rc = wk__runsc_write_config(h, &bd, bundle, err);
     if (rc < 0)
         goto out;
@@ -660,8 +815,10 @@ out:
     return rc;
 }
 
-int wk_sandbox_running(wk_host_t *h, const char *id)
+int wk_sandbox_running(wk_host_t *h, const char *sandbox)
 {
+    char id[65];
+    wk__host_id(h, sandbox, id);
     wk_host_sandbox_t *list = NULL;
     size_t n = 0;
     int rc = wk__runsc_list(h, &list, &n);
@@ -679,17 +836,27 @@ char *wk_sandbox_chan_socket(const wk_host_t *h, const char *id)
 {
     if (!h->agent_path || !sp_id_valid(id))
         return NULL;
-    return sp_xasprintf("%s/%s/%s/%s", h->bundles_dir, id, AGENT_CHAN_DIR, AGENT_CHAN_SOCKET);
+    char hid[65];
+    wk__host_id(h, id, hid);
+    return sp_xasprintf("%s/%s/%s/%s", h->bundles_dir, hid, AGENT_CHAN_DIR, AGENT_CHAN_SOCKET);
 }
 
-int wk_sandbox_destroy(wk_host_t *h, const char *id, char err[WK_ERR_MAX])
+int wk_sandbox_destroy(wk_host_t *h, const char *sandbox, char err[WK_ERR_MAX])
 {
-    if (!h || !id || !sp_id_valid(id))
+    if (!h || !sandbox || !sp_id_valid(sandbox))
         return wk__fail(err, -EINVAL, "invalid sandbox id");
+    /* A claimed pool sandbox: its resources carry the pool id; the map goes after them. */
+    char id[65];
+    wk__host_id(h, sandbox, id);
     int64_t t0 = wk__now_us();
     /* A container that will not go away keeps everything else: deleting the disk or the
-     * network under a running sandbox would leave it unmanageable. */
-    int rc = wk__runsc_delete(h, id, err);
+     * network under a running sandbox would leave it unmanageable. A call a killed worker
+     * left running on it goes first: a `runsc create` that ends after our delete would make
+     * the container again, with nobody to own it. */
+    int rc = wk__runsc_calls_stop(h, id);
+    if (rc < 0)
+        return wk__fail(err, rc, "runsc calls on %s do not end", id);
+    rc = wk__runsc_delete(h, id, err);
     if (rc < 0)
         return rc;
     double runsc_ms = ms_since(t0);
@@ -714,8 +881,14 @@ int wk_sandbox_destroy(wk_host_t *h, const char *id, char err[WK_ERR_MAX])
             rc = wk__fail(err, r, "remove %s: %s", p, strerror(-r));
         free(p);
     }
-    sp_log(SP_LOG_DEBUG, "sandbox destroyed", SP_KS("sandbox", id), SP_KI("rc", rc),
-           SP_KF("runsc_ms", runsc_ms), SP_KF("total_ms", ms_since(t0)));
+    if (rc == 0 && strcmp(id, sandbox) != 0) {
+        p = sp_xasprintf("%s/%s", h->bundles_dir, sandbox);
+        if (unlink(p) < 0 && errno != ENOENT)
+            rc = wk__fail(err, -errno, "remove %s: %s", p, strerror(errno));
+        free(p);
+    }
+    sp_log(SP_LOG_DEBUG, "sandbox destroyed", SP_KS("sandbox", sandbox), SP_KS("host_id", id),
+           SP_KI("rc", rc), SP_KF("runsc_ms", runsc_ms), SP_KF("total_ms", ms_since(t0)));
     return rc;
 }
 
@@ -723,7 +896,9 @@ int wk_sandbox_net_restore(wk_host_t *h, const char *id, char err[WK_ERR_MAX])
 {
     if (!h || !id || !sp_id_valid(id))
         return wk__fail(err, -EINVAL, "invalid sandbox id");
-    return wk__net_restore(h, id, err);
+    char hid[65];
+    wk__host_id(h, id, hid);
+    return wk__net_restore(h, hid, err);
 }
 
 int wk_sandbox_address(wk_host_t *h, const char *id, char out[16], char err[WK_ERR_MAX])
@@ -731,17 +906,21 @@ int wk_sandbox_address(wk_host_t *h, const char *id, char out[16], char err[WK_E
     if (!h || !id || !sp_id_valid(id))
         return wk__fail(err, -EINVAL, "invalid sandbox id");
     uint32_t be = 0;
-    int rc = wk__net_address(h, id, &be, err);
+    char hid[65];
+    wk__host_id(h, id, hid);
+    int rc = wk__net_address(h, hid, &be, err);
     if (rc == 0 && !inet_ntop(AF_INET, &be, out, 16))
         rc = wk__fail(err, -errno, "inet_ntop: %m");
     return rc;
 }
 
-int wk_sandbox_exec(wk_host_t *h, const char *id, const char *const *argv, char *out,
+int wk_sandbox_exec(wk_host_t *h, const char *sandbox, const char *const *argv, char *out,
                     size_t out_len, int *ret_exit_code)
 {
-    if (!h || !id || !sp_id_valid(id) || !argv || !argv[0] || !out || out_len == 0)
+    if (!h || !sandbox || !sp_id_valid(sandbox) || !argv || !argv[0] || !out || out_len == 0)
         return -EINVAL;
+    char id[65];
+    wk__host_id(h, sandbox, id);
     out[0] = '\0';
     char *bundle = sp_xasprintf("%s/%s", h->bundles_dir, id);
     int present = access(bundle, F_OK) == 0;
@@ -838,8 +1017,28 @@ int wk_host_scan(wk_host_t *h, wk_host_sandbox_t **ret_list, size_t *ret_n)
     for (size_t i = 0; i < ncont; i++)
         sb_add(&l, cont[i].id, cont[i].state);
     free(cont);
-    *ret_list = l.v;
-    *ret_n = l.n;
+    /* Claimed pool sandboxes are reported under their sandbox ids (the bundles/<id> links),
+     * with the state of what carries the pool id; unclaimed ones under their pool ids. */
+    sblist_t out = {0};
+    char(*target)[65] = sp_xcalloc(l.n ? l.n : 1, sizeof(*target));
+    for (size_t i = 0; i < l.n; i++)
+        if (wk_pool_id_is(l.v[i].id) || !claim_target(h, l.v[i].id, target[i]))
+            target[i][0] = '\0';
+    for (size_t i = 0; i < l.n; i++) {
+        wk_state_t st = l.v[i].state;
+        const char *as = l.v[i].id;
+        for (size_t k = 0; k < l.n; k++) {
+            if (target[i][0] && strcmp(l.v[k].id, target[i]) == 0 && l.v[k].state != WK_PARTIAL)
+                st = l.v[k].state; /* the link: the pool id's state */
+            if (wk_pool_id_is(as) && strcmp(target[k], as) == 0)
+                as = l.v[k].id; /* the pool id: reported as its link */
+        }
+        sb_add(&out, as, st);
+    }
+    free(target);
+    free(l.v);
+    *ret_list = out.v;
+    *ret_n = out.n;
     return 0;
 fail:
     free(cont);
@@ -935,8 +1134,17 @@ int wk_host_teardown(wk_host_t *h, char err[WK_ERR_MAX])
     /* Our image, loop-mounted with autoclear: unmounting releases the loop device too. A
      * volume_dir that is the host's own btrfs is not ours to unmount. */
     char *image = sp_xasprintf("%s/volumes.img", h->state_dir);
-    if (access(image, F_OK) == 0 && umount2(h->volume_dir, 0) < 0 && errno != EINVAL &&
-        errno != ENOENT) {
+    /* Busy for a while after a worker killed at its stop: the processes of what it was
+     * releasing (a gofer, a btrfs tool) are still exiting. Seen under TSan: 10 s of retries. */
+    int urc = 0;
+    for (int tries = 0; access(image, F_OK) == 0 && tries < 100; tries++) {
+        urc = umount2(h->volume_dir, 0) == 0 ? 0 : -errno;
+        if (urc != -EBUSY)
+            break;
+        nanosleep(&(struct timespec){0, 100 * 1000 * 1000}, NULL);
+    }
+    errno = -urc;
+    if (access(image, F_OK) == 0 && urc < 0 && errno != EINVAL && errno != ENOENT) {
         rc = wk__fail(err, -errno, "umount %s: %s", h->volume_dir, strerror(errno));
         free(image);
         return rc;
@@ -975,12 +1183,14 @@ int wk_sandbox_pause(wk_host_t *h, const char *id, bool pause, char err[WK_ERR_M
 {
     if (!h || !id || !sp_id_valid(id))
         return wk__fail(err, -EINVAL, "invalid sandbox id");
-    return wk__runsc_verb(h, pause ? "pause" : "resume", id, NULL, err);
+    char hid[65];
+    wk__host_id(h, id, hid);
+    return wk__runsc_verb(h, pause ? "pause" : "resume", hid, NULL, err);
 }
 
 /* Runs argv (absolute argv[0] looked up in PATH first) with a timeout; its output is the
  * reason on failure. */
-static int run_tool(const char *const *argv, const char *what, char err[WK_ERR_MAX])
+int wk__run_tool(const char *const *argv, const char *what, int timeout_ms, char err[WK_ERR_MAX])
 {
     char *prog = NULL;
     int rc = wk__find_program(argv[0], &prog);
@@ -994,7 +1204,7 @@ static int run_tool(const char *const *argv, const char *what, char err[WK_ERR_M
     char out[1024] = "";
     int ex = 0;
     wk__cmd_t c = {.argv = a,
-                   .timeout_ms = WK_RUNSC_TIMEOUT_MS,
+                   .timeout_ms = timeout_ms,
                    .out_mode = WK_OUT_BOTH,
                    .out = out,
                    .out_len = sizeof(out)};
@@ -1011,6 +1221,11 @@ static int run_tool(const char *const *argv, const char *what, char err[WK_ERR_M
     return rc;
 }
 
+static int run_tool(const char *const *argv, const char *what, char err[WK_ERR_MAX])
+{
+    return wk__run_tool(argv, what, WK_RUNSC_TIMEOUT_MS, err);
+}
+
 /* Where a checkpoint's raw image and runsc's exit status go inside out_dir. */
 #define CK_IMAGE_DIR "image"
 #define CK_RC_FILE   "image/rc"
@@ -1021,6 +1236,8 @@ int wk_sandbox_checkpoint(wk_host_t *h, const char *id, const char *tmpl, const 
     if (!h || !id || !sp_id_valid(id) || !tmpl || !sp_id_valid(tmpl) || !out_dir)
         return wk__fail(err, -EINVAL, "invalid sandbox id, template or directory");
     memset(ret, 0, sizeof(*ret));
+    char hid[65];
+    wk__host_id(h, id, hid);
     int64_t t0 = wk__now_us();
     char *img = sp_xasprintf("%s/" CK_IMAGE_DIR, out_dir);
     char *rc_path = sp_xasprintf("%s/" CK_RC_FILE, out_dir);
@@ -1028,7 +1245,7 @@ int wk_sandbox_checkpoint(wk_host_t *h, const char *id, const char *tmpl, const 
     if (rc < 0)
         rc = wk__fail(err, rc, "mkdir %s: %s", img, strerror(-rc));
     /* The runtime first: runsc stops the container once its image is written. */
-    else if ((rc = wk__runsc_checkpoint(h, id, img, rc_path, err)) == 0) {
+    else if ((rc = wk__runsc_checkpoint(h, hid, img, rc_path, err)) == 0) {
         uint32_t ms = (uint32_t)ms_since(t0);
         rc = wk_sandbox_checkpoint_finish(h, id, tmpl, out_dir, ret, err);
         ret->checkpoint_ms = ms;
@@ -1059,9 +1276,13 @@ int wk_sandbox_checkpoint_finish(wk_host_t *h, const char *id, const char *tmpl,
         return wk__fail(err, -EINVAL, "invalid sandbox id, template or directory");
     memset(ret, 0, sizeof(*ret));
     int64_t t = wk__now_us();
+    char hid[65];
+    wk__host_id(h, id, hid);
     char *img = sp_xasprintf("%s/" CK_IMAGE_DIR, out_dir);
+    /* Named after the sandbox, not its pool id: the name travels in the stream, and the
+     * restore (anywhere) receives it as <sandbox>.ro. */
     char *ro = sp_xasprintf("%s/%s.ro", h->sandboxes_dir, id);
-    char *rootfs = sp_xasprintf("%s/%s", h->sandboxes_dir, id);
+    char *rootfs = sp_xasprintf("%s/%s", h->sandboxes_dir, hid);
     char *parent = sp_xasprintf("%s/%s", h->templates_dir, tmpl);
     char *stream = sp_xasprintf("%s/rootfs.btrfs", out_dir);
     char *img_file = sp_xasprintf("%s/checkpoint.img", img);
@@ -1109,10 +1330,13 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
                        const char *rootfs_zst, const char *work_dir, wk_sandbox_info_t *ret_info,
                        char err[WK_ERR_MAX])
 {
-    if (!h || !spec || !spec->id || !sp_id_valid(spec->id) || !spec->template_ ||
-        !sp_id_valid(spec->template_))
+    if (!h || !spec || !spec->id || !sp_id_valid(spec->id) || wk_pool_id_is(spec->id) ||
+        !spec->template_ || !sp_id_valid(spec->template_))
         return wk__fail(err, -EINVAL, "invalid sandbox id or template");
+    if (spec->disk_mb > MAX_DISK_MB || spec->pids > MAX_PIDS)
+        return wk__fail(err, -EINVAL, "disk_mb or pids out of range");
     const char *id = spec->id;
+    uint32_t disk_mb = spec->disk_mb ? spec->disk_mb : h->disk_mb_default;
     int64_t t0 = wk__now_us();
     char *bundle = sp_xasprintf("%s/%s", h->bundles_dir, id);
     char *chan = sp_xasprintf("%s/%s", bundle, AGENT_CHAN_DIR);
@@ -1151,8 +1375,13 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
         goto out;
     rc = wk__subvol_snapshot(ro, rootfs, false, err);
     (void)wk__subvol_delete(ro, NULL);
+    /* The new subvolume's qgroup starts without a limit. With the received one deleted, what
+     * the sandbox wrote before its suspend counts as its own again. */
+    if (rc >= 0 && !h->disk_quota_off)
+        rc = wk__subvol_limit(rootfs, (uint64_t)disk_mb << 20, err);
     if (rc < 0)
         goto out;
+    info.disk_mb = wk_sandbox_disk_mb(h, spec->disk_mb);
     unlink(stream);
     if ((rc = wk__net_create(h, id, info.address, err)) < 0)
         goto out;
@@ -1161,6 +1390,7 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
                        .netns_path = netns_path,
                        .vcpu = spec->vcpu,
                        .memory_mb = spec->memory_mb,
+                       .pids = spec->pids ? spec->pids : h->pids_default,
                        .init = h->agent_path ? AGENT_GUEST_PATH : NULL,
                        .chan_dir = h->agent_path ? chan : NULL};
     if ((rc = wk__runsc_write_config(h, &bd, bundle, err)) < 0)

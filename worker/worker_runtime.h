@@ -12,11 +12,17 @@
 #ifndef SPACE_WORKER_RUNTIME_H
 #define SPACE_WORKER_RUNTIME_H
 
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #define WK_ERR_MAX 256
+
+/* Per-sandbox limits when neither the spec nor the host config says (docs/faults.md). */
+#define WK_DISK_MB_DEFAULT 2048
+#define WK_PIDS_DEFAULT    1024
 
 typedef struct {
     const char *worker_id;      /* sp_id_valid; names runsc ids, netns and cgroups it owns */
@@ -37,6 +43,26 @@ typedef struct {
     /* The deployment CA certificate (PEM, certificates only) every new sandbox trusts
      * (worker_trust.c); NULL: sandboxes get no CA. */
     const char *ca_cert_path;
+    /* Disk limits (docs/faults.md, "Limits"): what a sandbox may write beyond its template
+     * when its spec says 0, and what the volume keeps free: a create that could leave less
+     * than disk_reserve_mb free (free - its own limit) is refused with SP_ENOSPACE. */
+    uint32_t disk_mb_default; /* 0: WK_DISK_MB_DEFAULT */
+    bool disk_quota_off;      /* no qgroups: sandboxes share the volume unlimited (bench) */
+    uint32_t disk_reserve_mb;
+    /* Processes per user id inside a sandbox (RLIMIT_NPROC, enforced by gVisor's kernel)
+     * when its spec says 0. */
+    uint32_t pids_default; /* 0: WK_PIDS_DEFAULT */
+    /* Template definitions: <template_defs>/<name>.sh builds template <name> (base.sh is
+     * "base"); NULL: the worker's installed templates directory. */
+    const char *template_defs;
+    /* The host's template cache, shared by every worker of this host whatever its volume
+     * (absolute; NULL or "": none): a finished template is kept there as a btrfs send
+     * stream named by the content that defines it, and a worker that lacks the template
+     * receives it instead of building it (docs/faults.md, "Templates"). */
+    const char *template_cache;
+    /* Long host work (template builds) stops soon after *cancel becomes nonzero (NULL:
+     * never), e.g. &sp_daemon_stopping. */
+    const atomic_int *cancel;
 } wk_host_config_t;
 
 typedef struct wk_host wk_host_t;
@@ -62,12 +88,19 @@ int wk_host_identities(const char *state_dir, wk_host_identity_t **ret_ids, size
                        char err[WK_ERR_MAX]);
 void wk_host_identities_free(wk_host_identity_t *ids, size_t n);
 
-/* Templates are read-only btrfs subvolumes under volume_dir/templates/<name>. Built-in:
- *   "tiny": busybox-static, built in well under a second;
- *   "base": Debian bookworm minbase via debootstrap with bash, coreutils, iproute2, curl,
+/* Templates are read-only btrfs subvolumes under volume_dir/templates/<name>:
+ *   "tiny": built in (busybox-static), well under a second;
+ *   any <template_defs>/<name>.sh, run as `sh <name>.sh DIR STATX_SHIM_C` into an empty
+ *           subvolume DIR (its output in <state_dir>/template-<name>.log); "base.sh": Debian
+ *           bookworm minbase via debootstrap with bash, coreutils, iproute2, curl,
  *           ca-certificates, python3, the statx shim (runtime-notes.md) and user "user" with
  *           /home/user; minutes, needs the Debian mirror.
- * wk_template_ensure builds one if missing (serialised) and returns 0 when it is ready. */
+ * wk_template_ensure makes one if missing (serialised per name; from the host's template cache
+ * when it holds the same definition, else built and then stored there): 0 when it was ready,
+ * WK_TEMPLATE_BUILT or WK_TEMPLATE_CACHED when this call made it; < 0 with err on failure
+ * (SP_ENOTFOUND: no such template; -ECANCELED: *cancel was set). */
+#define WK_TEMPLATE_BUILT  1
+#define WK_TEMPLATE_CACHED 2
 int wk_template_ensure(wk_host_t *h, const char *name, char err[WK_ERR_MAX]);
 /* Names of templates that are ready (heap array of heap strings; free with
  * wk_strv_free). */
@@ -79,6 +112,11 @@ typedef struct {
     const char *template_; /* must be ready */
     uint32_t vcpu;         /* 0 = 1 */
     uint32_t memory_mb;    /* 0 = 512 */
+    uint32_t disk_mb;      /* bytes written beyond the template, in MiB; 0 = disk_mb_default */
+    uint32_t pids;         /* processes per uid in the guest; 0 = pids_default */
+    /* A warm-pool sandbox (docs/pools.md): id is a pool id (wk_pool_id_new) and its init may
+     * set the hostname once, at its claim (wk_sandbox_claim, wk_agent_claim). */
+    bool pooled;
 } wk_sandbox_spec_t;
 
 typedef struct {
@@ -89,6 +127,7 @@ typedef struct {
      * hand them to wk_agent_open); -1 when the host has no agent_path. */
     int agent_to_fd;
     int agent_from_fd;
+    uint32_t disk_mb; /* the disk limit applied, MiB beyond the template (0: quotas off) */
 } wk_sandbox_info_t;
 
 /* Creates and starts a sandbox: writable btrfs snapshot of the template, netns + veth with a
@@ -102,6 +141,24 @@ typedef struct {
  * it returns. */
 int wk_sandbox_create(wk_host_t *h, const wk_sandbox_spec_t *spec, wk_sandbox_info_t *ret_info,
                       char err[WK_ERR_MAX]);
+
+/* Warm pools (docs/pools.md). Pool ids are WK_POOL_PREFIX + 26 random base32hex chars: never
+ * a sandbox id ("sbx_..."), unguessable, fixed length (runsc matches ids by prefix). */
+#define WK_POOL_PREFIX "pool_"
+#define WK_POOL_ID_LEN 31
+void wk_pool_id_new(char out[WK_POOL_ID_LEN + 1]);
+bool wk_pool_id_is(const char *id);
+/* Makes the pooled sandbox pool_id the sandbox spec->id (a sandbox id): sets its disk limit to
+ * spec->disk_mb (0: the default; the limit in force into *ret_disk_mb, 0 with quotas off,
+ * as wk_sandbox_info_t.disk_mb) and records the map from spec->id to pool_id (the
+ * bundles/<spec->id> symlink), after which every call here takes spec->id and finds the
+ * pooled sandbox's resources. -EEXIST when spec->id is in use here. On failure nothing
+ * changed. The guest side (hostname) is the agent's: wk_agent_claim. */
+/* The disk limit (MiB) a sandbox asking disk_mb (0: none) gets: what SandboxStarted says; 0
+ * when quotas are off. */
+uint32_t wk_sandbox_disk_mb(const wk_host_t *h, uint32_t disk_mb);
+int wk_sandbox_claim(wk_host_t *h, const char *pool_id, const wk_sandbox_spec_t *spec,
+                     uint32_t *ret_disk_mb, char err[WK_ERR_MAX]);
 
 /* Stops and releases everything of a sandbox: runsc container and state, subvolume, netns,
  * veth, address, cgroup directories left by runsc. Idempotent: releasing what is already gone
@@ -157,6 +214,11 @@ int wk_sandbox_address(wk_host_t *h, const char *id, char out[16], char err[WK_E
 /* 1 when runsc shows the sandbox's container running or paused, 0 when not (stopped, or gone),
  * < 0 when runsc could not be asked. */
 int wk_sandbox_running(wk_host_t *h, const char *id);
+/* How many times the host's memory cgroup of the sandbox OOM-killed one of its processes
+ * (the cgroup's oom_kill count); 0 when it has none or it is gone. Under gVisor such a kill
+ * is the Sentry's, and it ends the whole sandbox (docs/faults.md, "Limits"). Read it before
+ * wk_sandbox_destroy, which removes the cgroup. */
+int wk_sandbox_oom_kills(const wk_host_t *h, const char *id);
 /* The host path of the Unix socket the sandbox's agent connects to once its first channel
  * broke (heap, freed by the caller; NULL without agent_path). The worker listens there. */
 char *wk_sandbox_chan_socket(const wk_host_t *h, const char *id);
@@ -180,6 +242,20 @@ typedef struct {
     char id[65];
     wk_state_t state;
 } wk_host_sandbox_t;
+
+/* The volume's disk in MiB, as a create's reserve check sees it: its size and what is free
+ * now, the reserve kept free and the limit of a create that names none (the heartbeat's
+ * numbers, which the scheduler places by). */
+typedef struct {
+    uint64_t total_mb, free_mb, reserve_mb;
+    uint32_t default_mb;
+} wk_host_disk_t;
+int wk_host_disk(wk_host_t *h, wk_host_disk_t *ret);
+/* Removes the volume's stale qgroups (those of deleted subvolumes the kernel did not remove
+ * itself); rescan: recounting first those it refuses (at start: it blocks while the kernel
+ * rescans). How many went and how many are left. A no-op without quotas. */
+int wk_host_qgroup_sweep(wk_host_t *h, bool rescan, unsigned *ret_removed, unsigned *ret_left,
+                         char err[WK_ERR_MAX]);
 int wk_host_scan(wk_host_t *h, wk_host_sandbox_t **ret_list, size_t *ret_n);
 
 /* Destroys every sandbox of this worker and unmounts the volume image it mounted: what

@@ -12,6 +12,12 @@
  *   runsc    --root=<state_dir>/runsc, container id = sandbox id
  *   disk     <volume_dir>/sandboxes/<id>, templates in <volume_dir>/templates/<name>
  *   bundle   <state_dir>/bundles/<id>: made first and removed last, so it marks an id in use
+ *
+ * A warm-pool sandbox (docs/pools.md) is made under a pool id (WK_POOL_PREFIX + 26 random
+ * chars), and every resource above keeps that name for its whole life: runsc cannot rename a
+ * container. Its claim adds <state_dir>/bundles/<sandbox id> as a symlink to the pool id: the
+ * persisted map from the API's id to the host's, which every entry point of worker_runtime.h
+ * resolves first (wk__host_id), and which wk_host_scan reads backwards.
  */
 #ifndef SPACE_WORKER_RUNTIME_INT_H
 #define SPACE_WORKER_RUNTIME_INT_H
@@ -32,6 +38,9 @@
 #define WK_RUNSC_TIMEOUT_MS 30000
 /* debootstrap of "base" downloads ~100 MB; allow a slow mirror. */
 #define WK_TEMPLATE_TIMEOUT_MS (30 * 60 * 1000)
+#ifndef WK_TEMPLATES_DIR
+#define WK_TEMPLATES_DIR "/usr/share/space/worker/templates" /* template definitions */
+#endif
 
 struct wk_host {
     char *worker_id;
@@ -48,6 +57,11 @@ struct wk_host {
     char *agent_path;                            /* NULL: placeholder init, no agent channel */
     uint16_t egress_proxy_port, egress_dns_port; /* 0: TCP / DNS dropped, not redirected */
     char *ca_pem; /* the deployment CA certificate put into every sandbox; NULL: none */
+    uint32_t disk_mb_default, disk_reserve_mb, pids_default;
+    bool disk_quota_off;
+    char *template_defs;  /* where <name>.sh template definitions are */
+    char *template_cache; /* NULL: no cache */
+    const atomic_int *cancel;
 
     /* Held from the address dump until the host side of the new veth has its address, so two
      * creates never pick the same /30. */
@@ -58,6 +72,10 @@ struct wk_host {
     char **building;
     size_t n_building;
 };
+
+/* The id the host's resources of sandbox id carry (out, 65 bytes): the pool id its
+ * bundles/<id> symlink names when it was claimed from a warm pool, else id itself. */
+void wk__host_id(const wk_host_t *h, const char *id, char out[65]);
 
 /* Error text into err (WK_ERR_MAX), printf-style; returns rc so callers can
  * `return wk__fail(err, rc, ...)`. err may be NULL. */
@@ -102,6 +120,8 @@ typedef enum {
 typedef struct {
     const char *const *argv; /* argv[0] is an absolute path */
     int timeout_ms;          /* the child's process group is SIGKILLed after this */
+    /* Also killed (within a second) once *cancel is nonzero, -ECANCELED (NULL: never). */
+    const atomic_int *cancel;
     /* Run in a private mount namespace with a tmpfs on /proc/sys/net (runtime-notes.md: this
      * runsc takes any netns for the root one on new kernels and refuses to start). */
     bool netns_wrapper;
@@ -129,6 +149,9 @@ typedef struct {
 int wk__run(const wk__cmd_t *c, int *ret_exit);
 /* Looks name up in $PATH (or takes it as is when it has a '/'); heap path in *ret_path. */
 int wk__find_program(const char *name, char **ret_path);
+/* Runs a host tool (argv[0] looked up in PATH) for at most timeout_ms: 0 when it exited 0,
+ * else < 0 with what failed, its exit and the last line it printed in err. */
+int wk__run_tool(const char *const *argv, const char *what, int timeout_ms, char err[WK_ERR_MAX]);
 /* Whether a process on the host has an argument containing needle (/proc/<pid>/cmdline). */
 bool wk__process_mentions(const char *needle);
 
@@ -144,7 +167,22 @@ void wk__last_line(const char *text, char *out, size_t out_len);
 
 /* Makes volume_dir a btrfs mount: as it is, or by loop-mounting state_dir/volumes.img (made
  * sparse with mkfs.btrfs if missing). Idempotent. */
+/* Mounts the volume if needed and enables btrfs quotas on it (sandbox disk limits). */
 int wk__volume_open(const wk_host_config_t *cfg, char err[WK_ERR_MAX]);
+/* Bytes an unprivileged writer could still allocate on the volume (statvfs f_bavail), and
+ * the volume's size. */
+int wk__volume_free(const char *volume_dir, uint64_t *ret_bytes);
+/* Destroys the stale qgroups of volume_dir: level-0 qgroups whose subvolume is gone (each
+ * deleted sandbox leaves one; the kernel removes it itself once the cleaner dropped the
+ * subvolume and its numbers reached zero, not when they did not). rescan: those the kernel
+ * refuses (usage left on them) are recounted by a quota rescan, waited for, and destroyed then.
+ * How many went and how many are left. */
+int wk__qgroup_sweep(const char *volume_dir, bool rescan, unsigned *ret_removed, unsigned *ret_left,
+                     char err[WK_ERR_MAX]);
+int wk__volume_size(const char *volume_dir, uint64_t *ret_bytes);
+/* Limits what the subvolume at path may hold beyond what it shares with others (its qgroup's
+ * exclusive bytes): writes past it fail with EDQUOT. */
+int wk__subvol_limit(const char *path, uint64_t max_exclusive, char err[WK_ERR_MAX]);
 int wk__subvol_create(const char *path, char err[WK_ERR_MAX]);
 int wk__subvol_snapshot(const char *src, const char *dst, bool read_only, char err[WK_ERR_MAX]);
 /* A missing path is success. */
@@ -201,8 +239,10 @@ typedef struct {
     const char *netns_path;
     uint32_t vcpu;
     uint32_t memory_mb;
+    uint32_t pids;        /* RLIMIT_NPROC of the init, inherited by every guest process */
     const char *init;     /* path of the init inside the sandbox; NULL: the placeholder */
     const char *chan_dir; /* host directory mounted read-only at /.space/chan, or NULL */
+    bool claimable;       /* a warm-pool sandbox: its init may set the hostname once */
 } wk__bundle_t;
 
 /* Writes <bundle_dir>/config.json (OCI runtime spec). */
@@ -224,6 +264,10 @@ int wk__runsc_verb(const wk_host_t *h, const char *verb, const char *id, const c
 /* runsc restore --detach from image_dir into a new container id with bundle_dir. */
 int wk__runsc_restore(const wk_host_t *h, const char *id, const char *bundle_dir,
                       const char *image_dir, char err[WK_ERR_MAX]);
+/* Kills the runsc calls still running on id under our root (a `runsc create` or checkpoint
+ * of a worker killed meanwhile: their reapers outlive it) and waits until they are gone.
+ * Returns how many, or -ETIMEDOUT. */
+int wk__runsc_calls_stop(const wk_host_t *h, const char *id);
 /* delete --force (kills the sandbox); a container that does not exist is success. */
 int wk__runsc_delete(const wk_host_t *h, const char *id, char err[WK_ERR_MAX]);
 int wk__runsc_exec(const wk_host_t *h, const char *id, const char *const *argv, char *out,

@@ -378,6 +378,11 @@ int wk__run(const wk__cmd_t *c, int *ret_exit)
             timed_out = true;
             break;
         }
+        if (c->cancel && *c->cancel) {
+            rc = -ECANCELED;
+            timed_out = true; /* killed as on a timeout */
+            break;
+        }
         struct pollfd pfd[2];
         nfds_t n = 0;
         int pi = -1, wi = -1;

@@ -14,7 +14,15 @@
  * instead of restoring memory over a different disk.
  *
  * "tiny" is assembled here (busybox-static and its applet links, a passwd with root and user,
- * ~1 MB, well under a second). "base" runs templates/base.sh (debootstrap; minutes).
+ * ~1 MB, well under a second). Any other template is a script, <template_defs>/<name>.sh:
+ * "base" is templates/base.sh (debootstrap; minutes).
+ *
+ * The host's cache (template_cache, e.g. /var/cache/space/templates): a template made here is
+ * sent there as a btrfs stream, <name>-<key>.btrfs, key the hash of what defines it
+ * (recipe_key); a worker of another SPACE_HOME on this host that lacks the template receives
+ * that stream instead of building it: seconds for base instead of minutes, the same content and
+ * the same identity (docs/faults.md, "Templates"). Makers of one entry take its lock in turn,
+ * so two homes starting together build once.
  */
 #include <dirent.h>
 #include <elf.h>
@@ -23,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -33,9 +42,6 @@
 #include "worker_runtime_int.h"
 #include "xmalloc.h"
 
-#ifndef WK_TEMPLATES_DIR
-#define WK_TEMPLATES_DIR "/usr/share/space/worker/templates"
-#endif
 #define BUSYBOX  "/bin/busybox"
 #define USER_UID 1000
 #define LIST_MAX 65536
@@ -238,7 +244,7 @@ out:
     return rc;
 }
 
-/* ---- base ---- */
+/* ---- script templates (base.sh and any <name>.sh in template_defs) ---- */
 
 static void log_tail(const char *path, char *out, size_t out_len)
 {
@@ -259,30 +265,181 @@ static void log_tail(const char *path, char *out, size_t out_len)
     close(fd);
 }
 
-static int build_base(wk_host_t *h, const char *dir, char err[WK_ERR_MAX])
+/* The script that defines template name (heap path), or NULL: tiny is built in, and a name
+ * without <name>.sh in template_defs is no template. */
+static char *script_of(const wk_host_t *h, const char *name)
 {
-    char *logp = sp_xasprintf("%s/template-base.log", h->state_dir);
+    if (strcmp(name, "tiny") == 0)
+        return NULL;
+    char *p = sp_xasprintf("%s/%s.sh", h->template_defs, name);
+    if (access(p, R_OK) == 0)
+        return p;
+    free(p);
+    return NULL;
+}
+
+static int build_script(wk_host_t *h, const char *name, const char *script, const char *dir,
+                        char err[WK_ERR_MAX])
+{
+    char *logp = sp_xasprintf("%s/template-%s.log", h->state_dir, name);
+    char *shim = sp_xasprintf("%s/statx_shim.c", h->template_defs);
     int fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     int rc = 0;
     if (fd < 0) {
         rc = wk__fail(err, -errno, "create %s: %s", logp, strerror(errno));
         goto out;
     }
-    const char *argv[] = {"/bin/sh", WK_TEMPLATES_DIR "/base.sh", dir,
-                          WK_TEMPLATES_DIR "/statx_shim.c", NULL};
-    wk__cmd_t c = {
-        .argv = argv, .timeout_ms = WK_TEMPLATE_TIMEOUT_MS, .out_mode = WK_OUT_FD, .out_fd = fd};
+    const char *argv[] = {"/bin/sh", script, dir, shim, NULL};
+    wk__cmd_t c = {.argv = argv,
+                   .timeout_ms = WK_TEMPLATE_TIMEOUT_MS,
+                   .cancel = h->cancel,
+                   .out_mode = WK_OUT_FD,
+                   .out_fd = fd};
     int ex = 0;
     rc = wk__run(&c, &ex);
     close(fd);
-    if (rc < 0 || ex != 0) {
+    if (rc == -ECANCELED) {
+        rc = wk__fail(err, rc, "%s.sh: stopped (the worker is stopping)", name);
+    } else if (rc < 0 || ex != 0) {
         char line[WK_ERR_MAX / 2];
         log_tail(logp, line, sizeof(line));
-        rc = wk__fail(err, rc < 0 ? rc : -EIO, "base.sh %s (%s): %s",
-                      rc < 0 ? sp_strerror(rc) : "failed", logp, line);
+        if (rc < 0)
+            rc = wk__fail(err, rc, "%s.sh %s (%s): %s", name, sp_strerror(rc), logp, line);
+        else
+            rc = wk__fail(err, -EIO, "%s.sh exited %d (%s): %s", name, ex, logp, line);
     }
 out:
+    free(shim);
     free(logp);
+    return rc;
+}
+
+/* ---- the host's template cache ---- */
+
+static int ready(const wk_host_t *h, const char *name);
+
+/* Bump when build_tiny changes what it makes, or how a script is run. */
+#define TINY_RECIPE   "space-template/tiny/1"
+#define SCRIPT_RECIPE "space-template/script/1"
+
+/* Feeds what fd reads, to its end, into c (path names it in an error). */
+static int hash_fd(sp_sha256_ctx_t *c, int fd, const char *path, char err[WK_ERR_MAX])
+{
+    static __thread uint8_t buf[1 << 16];
+    for (ssize_t k; (k = read(fd, buf, sizeof(buf))) != 0;) {
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            return wk__fail(err, -errno, "read %s: %m", path);
+        sp_sha256_update(c, buf, (size_t)k);
+    }
+    return 0;
+}
+
+/* Feeds role and the file's bytes into c (a missing file: the role alone). Not its path: the
+ * same definition elsewhere is the same template. */
+static int hash_file(sp_sha256_ctx_t *c, const char *role, const char *path, char err[WK_ERR_MAX])
+{
+    sp_sha256_update(c, role, strlen(role) + 1);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : wk__fail(err, -errno, "open %s: %m", path);
+    sp_sha256_update(c, "=", 1);
+    int rc = hash_fd(c, fd, path, err);
+    close(fd);
+    return rc;
+}
+
+/* What defines template name, hashed: the recipe and the files it is made from (tiny: the
+ * busybox it copies; a script: the script and the statx shim it is given). Not the agent:
+ * every sandbox gets it at create, a template never holds it. */
+static int recipe_key(const wk_host_t *h, const char *name, const char *script,
+                      char hex[SP_SHA256_HEX_LEN + 1], char err[WK_ERR_MAX])
+{
+    sp_sha256_ctx_t *c = sp_sha256_new();
+    uint8_t d[SP_SHA256_LEN];
+    const char *recipe = script ? SCRIPT_RECIPE : TINY_RECIPE;
+    sp_sha256_update(c, recipe, strlen(recipe) + 1);
+    sp_sha256_update(c, name, strlen(name) + 1);
+    int rc;
+    if (script) {
+        char *shim = sp_xasprintf("%s/statx_shim.c", h->template_defs);
+        rc = hash_file(c, "script", script, err);
+        if (rc == 0)
+            rc = hash_file(c, "statx_shim.c", shim, err);
+        free(shim);
+    } else {
+        rc = hash_file(c, "busybox", BUSYBOX, err);
+    }
+    sp_sha256_final(c, d);
+    if (rc == 0)
+        sp_hex_encode(d, SP_SHA256_LEN, hex);
+    return rc;
+}
+
+/* Holds the cache entry's lock (flock on <base>.lock): one maker of an entry at a time on this
+ * host, so a second worker waits for the first one's build and then receives it. Polls, to
+ * honour *cancel. The lock's fd, or < 0. */
+static int cache_lock(const wk_host_t *h, const char *base, char err[WK_ERR_MAX])
+{
+    char *path = sp_xasprintf("%s.lock", base);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    int rc = fd;
+    if (fd < 0)
+        rc = wk__fail(err, -errno, "open %s: %m", path);
+    for (bool said = false; fd >= 0;) {
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+            break;
+        if (errno != EWOULDBLOCK && errno != EINTR) {
+            rc = wk__fail(err, -errno, "lock %s: %m", path);
+            break;
+        }
+        if (h->cancel && *h->cancel) {
+            rc = wk__fail(err, -ECANCELED, "stopped waiting for %s", path);
+            break;
+        }
+        if (!said)
+            sp_log(SP_LOG_INFO, "template being made by another worker of this host: waiting",
+                   SP_KS("lock", path));
+        said = true;
+        usleep(200 * 1000);
+    }
+    if (rc < 0 && fd >= 0)
+        close(fd);
+    free(path);
+    return rc;
+}
+
+/* Receives the cached stream as templates/<name> (which must not exist): read-only, with the
+ * identity it was sealed with (btrfs send carries a subvolume's received UUID as its own, and
+ * receive sets it). Leftovers of a failed receive are deleted. */
+static int cache_restore(wk_host_t *h, const char *name, const char *stream, char err[WK_ERR_MAX])
+{
+    const char *recv[] = {"btrfs", "receive", "-q", "-f", stream, h->templates_dir, NULL};
+    int rc = wk__run_tool(recv, "btrfs receive", WK_TEMPLATE_TIMEOUT_MS, err);
+    if (rc == 0 && ready(h, name) != 1)
+        rc = wk__fail(err, -EBADMSG, "%s did not give a sealed template %s", stream, name);
+    if (rc < 0) {
+        char *final = sp_xasprintf("%s/%s", h->templates_dir, name);
+        (void)wk__subvol_delete(final, NULL);
+        free(final);
+    }
+    return rc;
+}
+
+/* Sends templates/<name> into the cache as stream (a temporary file renamed over it). */
+static int cache_store(wk_host_t *h, const char *name, const char *stream, char err[WK_ERR_MAX])
+{
+    char *src = sp_xasprintf("%s/%s", h->templates_dir, name);
+    char *tmp = sp_xasprintf("%s.tmp", stream);
+    const char *send[] = {"btrfs", "send", "-q", "-f", tmp, src, NULL};
+    int rc = wk__run_tool(send, "btrfs send", WK_TEMPLATE_TIMEOUT_MS, err);
+    if (rc == 0 && rename(tmp, stream) < 0)
+        rc = wk__fail(err, -errno, "rename %s: %m", tmp);
+    if (rc < 0)
+        (void)unlink(tmp);
+    free(tmp);
+    free(src);
     return rc;
 }
 
@@ -325,7 +482,6 @@ static int digest_tree(sp_sha256_ctx_t *c, const char *dir, const char *rel, int
     if (n < 0)
         return wk__fail(err, -errno, "scan %s: %m", dir);
     int rc = 0;
-    static __thread uint8_t buf[1 << 16];
     for (int i = 0; i < n; i++) {
         const char *e = names[i]->d_name;
         if (rc < 0 || strcmp(e, ".") == 0 || strcmp(e, "..") == 0)
@@ -352,19 +508,12 @@ static int digest_tree(sp_sha256_ctx_t *c, const char *dir, const char *rel, int
             uint64_t size = (uint64_t)st.st_size;
             sp_sha256_update(c, &size, sizeof(size));
             int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-            if (fd < 0)
+            if (fd < 0) {
                 rc = wk__fail(err, -errno, "open %s: %m", path);
-            for (ssize_t k; fd >= 0 && (k = read(fd, buf, sizeof(buf))) != 0;) {
-                if (k < 0 && errno == EINTR)
-                    continue;
-                if (k < 0) {
-                    rc = wk__fail(err, -errno, "read %s: %m", path);
-                    break;
-                }
-                sp_sha256_update(c, buf, (size_t)k);
-            }
-            if (fd >= 0)
+            } else {
+                rc = hash_fd(c, fd, path, err);
                 close(fd);
+            }
         } else {
             uint64_t dev = (uint64_t)st.st_rdev;
             sp_sha256_update(c, &dev, sizeof(dev));
@@ -400,21 +549,15 @@ static int identity(const char *dir, const char *name, uint8_t uuid[16], char er
     return 0;
 }
 
-static int build(wk_host_t *h, const char *name, char err[WK_ERR_MAX])
+static int build(wk_host_t *h, const char *name, const char *script, char err[WK_ERR_MAX])
 {
     char *tmp = sp_xasprintf("%s/.build-%s", h->templates_dir, name);
     char *final = sp_xasprintf("%s/%s", h->templates_dir, name);
     int rc = wk__subvol_delete(tmp, err);
     if (rc == 0)
-        rc = wk__subvol_delete(final, err); /* a writable leftover is not a template */
-    if (rc == 0)
         rc = wk__subvol_create(tmp, err);
-    if (rc == 0) {
-        if (strcmp(name, "tiny") == 0)
-            rc = build_tiny(tmp, err);
-        else
-            rc = build_base(h, tmp, err);
-    }
+    if (rc == 0)
+        rc = script ? build_script(h, name, script, tmp, err) : build_tiny(tmp, err);
     uint8_t uuid[16];
     if (rc == 0)
         rc = identity(tmp, name, uuid, err);
@@ -428,6 +571,57 @@ static int build(wk_host_t *h, const char *name, char err[WK_ERR_MAX])
     return rc;
 }
 
+/* Makes templates/<name>: from the host's cache when it holds this definition, else built (and
+ * then stored in the cache; a cache that cannot be written only costs the next home a build). */
+static int make(wk_host_t *h, const char *name, const char *script, char err[WK_ERR_MAX])
+{
+    char *final = sp_xasprintf("%s/%s", h->templates_dir, name);
+    int rc = wk__subvol_delete(final, err); /* a writable leftover is not a template */
+    free(final);
+    if (rc < 0)
+        return rc;
+    char key[SP_SHA256_HEX_LEN + 1];
+    if (!h->template_cache || wk__mkdir_p(h->template_cache, 0700) < 0 ||
+        recipe_key(h, name, script, key, err) < 0) {
+        if (h->template_cache)
+            sp_log(SP_LOG_WARN, "template cache not used", SP_KS("template", name),
+                   SP_KS("cache", h->template_cache), SP_KS("error", err));
+        rc = build(h, name, script, err);
+        return rc < 0 ? rc : WK_TEMPLATE_BUILT;
+    }
+    char *base = sp_xasprintf("%s/%s-%.32s", h->template_cache, name, key);
+    char *stream = sp_xasprintf("%s.btrfs", base);
+    int lock = cache_lock(h, base, err);
+    if (lock < 0) {
+        rc = lock;
+        goto out;
+    }
+    if (access(stream, R_OK) == 0) {
+        char cerr[WK_ERR_MAX] = "";
+        if (cache_restore(h, name, stream, cerr) == 0) {
+            rc = WK_TEMPLATE_CACHED;
+            goto out;
+        }
+        sp_log(SP_LOG_WARN, "cached template unusable: building it", SP_KS("template", name),
+               SP_KS("stream", stream), SP_KS("error", cerr));
+        (void)unlink(stream);
+    }
+    rc = build(h, name, script, err);
+    if (rc == 0) {
+        char cerr[WK_ERR_MAX] = "";
+        if (cache_store(h, name, stream, cerr) < 0)
+            sp_log(SP_LOG_WARN, "template not cached", SP_KS("template", name),
+                   SP_KS("stream", stream), SP_KS("error", cerr));
+        rc = WK_TEMPLATE_BUILT;
+    }
+out:
+    if (lock >= 0)
+        close(lock);
+    free(stream);
+    free(base);
+    return rc;
+}
+
 int wk_template_ensure(wk_host_t *h, const char *name, char err[WK_ERR_MAX])
 {
     if (!h || !name || !sp_id_valid(name))
@@ -435,8 +629,10 @@ int wk_template_ensure(wk_host_t *h, const char *name, char err[WK_ERR_MAX])
     int r = ready(h, name);
     if (r != 0)
         return r < 0 ? wk__fail(err, r, "template %s: %s", name, strerror(-r)) : 0;
-    if (strcmp(name, "tiny") != 0 && strcmp(name, "base") != 0)
-        return wk__fail(err, SP_ENOTFOUND, "unknown template %s", name);
+    char *script = script_of(h, name);
+    if (!script && strcmp(name, "tiny") != 0)
+        return wk__fail(err, SP_ENOTFOUND, "unknown template %s (no %s/%s.sh)", name,
+                        h->template_defs, name);
 
     pthread_mutex_lock(&h->tmpl_lock);
     while (building(h, name))
@@ -444,6 +640,7 @@ int wk_template_ensure(wk_host_t *h, const char *name, char err[WK_ERR_MAX])
     r = ready(h, name);
     if (r != 0) {
         pthread_mutex_unlock(&h->tmpl_lock);
+        free(script);
         return r < 0 ? wk__fail(err, r, "template %s: %s", name, strerror(-r)) : 0;
     }
     h->building = sp_xreallocarray(h->building, h->n_building + 1, sizeof(*h->building));
@@ -451,9 +648,10 @@ int wk_template_ensure(wk_host_t *h, const char *name, char err[WK_ERR_MAX])
     pthread_mutex_unlock(&h->tmpl_lock);
 
     int64_t t0 = wk__now_us();
-    int rc = build(h, name, err);
-    sp_log(SP_LOG_DEBUG, "template build", SP_KS("template", name), SP_KI("rc", rc),
+    int rc = make(h, name, script, err);
+    sp_log(SP_LOG_DEBUG, "template made", SP_KS("template", name), SP_KI("rc", rc),
            SP_KF("ms", (double)(wk__now_us() - t0) / 1000.0));
+    free(script);
 
     pthread_mutex_lock(&h->tmpl_lock);
     for (size_t i = 0; i < h->n_building; i++) {

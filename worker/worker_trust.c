@@ -148,10 +148,10 @@ int wk__trust_install(const wk_host_t *h, const char *rootfs, char err[WK_ERR_MA
     if ((rc = mkdirs_at(root, "etc/ssl/certs")) < 0)
         goto out;
     step = WK_TRUST_CA;
-    if ((rc = put_at(root, WK_TRUST_CA + 1, h->ca_pem, false, 0644)) < 0)
+    if ((rc = put_at(root, &WK_TRUST_CA[1], h->ca_pem, false, 0644)) < 0)
         goto out;
     step = WK_TRUST_BUNDLE;
-    if ((rc = put_at(root, WK_TRUST_BUNDLE + 1, h->ca_pem, true, 0644)) < 0)
+    if ((rc = put_at(root, &WK_TRUST_BUNDLE[1], h->ca_pem, true, 0644)) < 0)
         goto out;
     if (fstatat(root, "usr/local/share/ca-certificates", &st, AT_SYMLINK_NOFOLLOW) == 0 &&
         S_ISDIR(st.st_mode)) {

@@ -478,8 +478,8 @@ static const char *check(const call_t *q, char *detail, size_t dlen)
     return "bad_request";
 }
 
-static void on_watch_call(void *arg, const char *subject, const char *reply_to, const uint8_t *data,
-                          size_t len)
+static void watch_call(void *arg, const char *subject, const char *reply_to, const uint8_t *data,
+                       size_t len)
 {
     wk_t *w = arg;
     char detail[DETAIL_MAX] = "";
@@ -521,6 +521,16 @@ static void on_watch_call(void *arg, const char *subject, const char *reply_to, 
         call_renew(b, q, reply_to);
     wk_box_put(b);
     space__io__v1__watch_call__free_unpacked(q, NULL);
+}
+
+/* The subscription's callback: acts only on a request that wk_request_open lets through. */
+static void on_watch_call(void *arg, const char *subject, const char *reply_to, const uint8_t *data,
+                          size_t len)
+{
+    sp_request_t rq;
+    if (wk_request_open(arg, subject, reply_to, data, len, &rq))
+        watch_call(arg, subject, reply_to, rq.body, rq.len);
+    sp_request_dispose(&rq);
 }
 
 int wk_watches_start(wk_t *w)

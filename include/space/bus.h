@@ -20,6 +20,13 @@
 #define SP_BUS_SUBJECTS "space.ev.>"
 #define SP_BUS_MAX_MSG                                                                             \
     (1024 * 1024) /* server max_payload we configure; envelopes are far smaller */
+/* SP_BUS_STREAM's limits when the opts say 0 (docs/audit.md, "Bounds"): the oldest messages go
+ * first, long stored by the event log; a log behind by more than this loses what it had not
+ * stored yet, and says so in the chain. 35 days: past the longest sandbox timeout (30 days),
+ * as egressd rebuilds its policies from the stream. */
+#define SP_BUS_REPLICAS_MAX     5 /* JetStream's limit */
+#define SP_BUS_STREAM_MAX_AGE_S ((int64_t)35 * 24 * 3600)
+#define SP_BUS_STREAM_MAX_BYTES ((int64_t)4 << 30)
 
 typedef struct sp_bus sp_bus_t;
 typedef struct sp_bus_consumer sp_bus_consumer_t;
@@ -37,10 +44,16 @@ typedef struct {
     int timeout_ms;             /* connect and JetStream API timeout; 0 = 5000 */
     int64_t dup_window_ms;      /* duplicate window of the stream when sp_bus_ensure_stream creates
                                    it; 0 = 2 minutes */
-    bool send_asap;             /* write each message to the socket from the publishing thread, not
-                                   through cnats' flusher thread: one thread hop less per message
-                                   (~0.5 ms off an exec round trip on a busy 2-core host), one write
-                                   per message (less throughput for bursts). For request paths. */
+    int64_t stream_max_age_s;   /* SP_BUS_STREAM's limits when created or applied: 0 = the
+                                   defaults above, < 0 = none */
+    int64_t stream_max_bytes;
+    int stream_replicas; /* copies of each stream sp_bus_ensure_stream, the checkpoint stream and
+                            the object stores keep on a NATS cluster: 0 = 1; at most
+                            SP_BUS_REPLICAS_MAX (docs/operations.md) */
+    bool send_asap;      /* write each message to the socket from the publishing thread, not
+                            through cnats' flusher thread: one thread hop less per message
+                            (~0.5 ms off an exec round trip on a busy 2-core host), one write
+                            per message (less throughput for bursts). For request paths. */
 } sp_bus_opts_t;
 
 /* Connects (retrying the initial connect for up to timeout_ms) and gets a JetStream context. */
@@ -50,8 +63,22 @@ void sp_bus_free(sp_bus_t *bus);
 
 /* Creates SPACE_EVENTS if missing (idempotent; an existing stream is left as it is), with
  * deny_delete and deny_purge: no message can be deleted and the stream cannot be purged, by
- * anyone (deleting the whole stream is left to NATS permissions: the operator's alone). */
+ * anyone (deleting the whole stream is left to NATS permissions: the operator's alone), and the
+ * limits of the opts (the oldest messages are dropped past them). */
 int sp_bus_ensure_stream(sp_bus_t *bus);
+/* Gives an existing SPACE_EVENTS the opts' limits and replicas (the operator's: `space up`);
+ * *ret_changed says whether it had others. */
+int sp_bus_apply_stream_limits(sp_bus_t *bus, int *ret_changed);
+/* Creates the event log's checkpoint stream (checkpoint.h) if missing: SP_CKPT_STREAM over
+ * SP_CKPT_SUBJECTS, deny_delete and deny_purge, no limits. Only the operator may create it;
+ * for anyone else it checks that it exists (SP_ENOTFOUND or a refusal otherwise). */
+int sp_bus_ensure_ckpt_stream(sp_bus_t *bus);
+typedef struct {
+    uint64_t first_seq, last_seq, msgs;
+    int64_t max_age_s, max_bytes; /* 0, -1: none */
+} sp_bus_stream_state_t;
+/* The state of any stream; SP_ENOTFOUND when it does not exist. */
+int sp_bus_stream_state(sp_bus_t *bus, const char *stream, sp_bus_stream_state_t *ret);
 /* Last sequence stored in SPACE_EVENTS and the number of messages. */
 int sp_bus_stream_info(sp_bus_t *bus, uint64_t *ret_last_seq, uint64_t *ret_msgs);
 
@@ -67,7 +94,9 @@ int sp_bus_publish_async(sp_bus_t *bus, const char *subject, const void *data, s
                          const char *msg_id);
 /* Waits up to timeout_ms (<= 0: the connection's timeout_ms) for all pending async
  * publishes; returns the number that failed since the last call that returned a count (>= 0),
- * or SP_ETIMEOUT. */
+ * or SP_ETIMEOUT, after which nothing is pending any more (the caller publishes again what it
+ * needs). Each async publish also fails by itself when its ack is not back within the
+ * connection's timeout_ms. */
 int sp_bus_publish_async_complete(sp_bus_t *bus, int timeout_ms);
 
 /* Core NATS (not stored in the stream): the data plane, space.io.>. */
@@ -102,6 +131,12 @@ int sp_bus_request(sp_bus_t *bus, const char *subject, const void *data, size_t 
  * ack_wait_ms: redelivery timeout for unacked messages (0 = 30 s). */
 int sp_bus_consumer_open(sp_bus_t *bus, const char *durable, const char *filter, uint64_t start_seq,
                          int ack_wait_ms, sp_bus_consumer_t **ret_consumer);
+/* How many times the connection has reconnected since sp_bus_connect. A message the server
+ * delivered to a pull fetch just before the connection dropped never arrives, yet counts as
+ * delivered: it comes again only after the consumer's ack wait. A reader that sees this number
+ * change can get it sooner: the event log reopens its consumer from its own position, the
+ * worker takes its placements from the log (worker_events.c). */
+uint64_t sp_bus_reconnects(sp_bus_t *bus);
 /* A shared, long-lived pull consumer: binds to the durable if it exists (keeping its delivery
  * state, so messages a crashed instance never acknowledged are redelivered), else creates it
  * to deliver everything in the stream under filter. Several processes may bind the same
@@ -145,5 +180,8 @@ void sp_bus_batch_free(sp_bus_batch_t *b);
  * gone. */
 int sp_bus_get_msg(sp_bus_t *bus, uint64_t seq, char **ret_subject, uint8_t **ret_data,
                    size_t *ret_len, int64_t *ret_published_ns);
+/* The same from any stream. */
+int sp_bus_get_stream_msg(sp_bus_t *bus, const char *stream, uint64_t seq, char **ret_subject,
+                          uint8_t **ret_data, size_t *ret_len, int64_t *ret_published_ns);
 
 #endif

@@ -23,7 +23,7 @@ typedef enum {
     SP_KIND_OPERATOR,  /* manages JetStream (streams, consumers); emits no events */
     SP_KIND_GATEWAY,   /* HTTP API: intents; data-plane requests to workers */
     SP_KIND_SCHEDULER, /* placement and controllers: SandboxPlaced, some intents and facts */
-    SP_KIND_EVENTLOG,  /* reads everything, emits nothing (yet: signed checkpoints) */
+    SP_KIND_EVENTLOG,  /* reads everything, emits no events; publishes its signed checkpoints */
     SP_KIND_WORKER,    /* "worker-<id>": facts for the sandboxes placed on it */
     SP_KIND_EGRESSD,   /* "egressd-<id>" (id = its host's worker id): egress facts */
     SP_KIND_CREDSTORE, /* answers egressd's credential requests */
@@ -75,6 +75,9 @@ typedef enum {
     SP_SUBJ_IO_CRED_ADMIN,   /* space.io.cred.admin: the gateway's credential calls */
     SP_SUBJ_IO_CRED_LOOKUP,  /* space.io.cred.lookup: egressd asks for a request's credentials */
     SP_SUBJ_IO_CRED_CHANGED, /* space.io.cred.changed: caches emptied at once */
+    SP_SUBJ_IO_CRED_DATAKEY, /* space.io.cred.datakey: a worker asks for a sandbox's data key */
+    SP_SUBJ_CKPT,            /* space.ckpt.log: the event log's signed checkpoints (checkpoint.h),
+                                stored in their own stream SP_CKPT_STREAM */
     SP_SUBJ__COUNT
 } sp_subject_id_t;
 
@@ -125,6 +128,11 @@ const sp_consumer_def_t *sp_contract_consumers(size_t *ret_n);
  * read, write and purge it; only the operator creates it (a worker allowed to create streams
  * could capture any subject, the data plane included). */
 #define SP_SNAPSHOT_BUCKET "space-snapshots"
+
+/* The error of the IoExit a worker makes up for each command still running when its sandbox
+ * is deleted: the gateway reads it to end an E2B stream as E2B does then (the connection drops,
+ * gateway_commands.c). */
+#define SP_CMD_ERROR_SANDBOX_DELETED "sandbox deleted"
 
 /* ---- event types ---- */
 

@@ -17,6 +17,7 @@
 #define SP_CRED_SUBJECT_ADMIN   "space.io.cred.admin"
 #define SP_CRED_SUBJECT_LOOKUP  "space.io.cred.lookup"
 #define SP_CRED_SUBJECT_CHANGED "space.io.cred.changed"
+#define SP_CRED_SUBJECT_DATAKEY "space.io.cred.datakey" /* worker -> credstore (datakey.h) */
 #define SP_CRED_QUEUE           "credstore"
 
 #define SP_CRED_KEY_LEN     32

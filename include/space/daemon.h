@@ -5,9 +5,12 @@
 #define SPACE_DAEMON_H
 
 #include <signal.h>
+#include <stdatomic.h>
 
-/* Set to 1 by SIGTERM or SIGINT once sp_daemon_signals has run. */
-extern volatile sig_atomic_t sp_daemon_stopping;
+/* Set to 1 by SIGTERM or SIGINT once sp_daemon_signals has run. Atomic, not only
+ * sig_atomic_t: the handler runs on whichever thread the signal lands on, and every thread
+ * reads it (a lock-free atomic is async-signal-safe; TSan saw the race). */
+extern atomic_int sp_daemon_stopping;
 
 void sp_daemon_signals(void);
 /* Sleeps ms milliseconds, returning early when a stop is asked for. */

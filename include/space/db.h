@@ -40,6 +40,11 @@ int sp_db_check(PGresult *res, ExecStatusType expected);
 int sp_db_last_sandbox_event(PGconn *conn, const char *id, const char *type,
                              sp_envelope_t **ret_event);
 
+/* The stream sequence at which the log accepted event_id: 1 and *ret_seq, 0 when it has no
+ * accepted row of it, < 0 on failure. The lookup of sp_verifier_once (verifier.h), with the
+ * connection as arg. */
+int sp_db_accepted_seq(void *conn, const char *event_id, uint64_t *ret_seq);
+
 /* Big-endian int8 for binary parameters. */
 void sp_db_put_i64(char out[8], int64_t v);
 int64_t sp_db_get_i64(const char *in);

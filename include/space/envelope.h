@@ -57,6 +57,13 @@ int sp_envelope_decode(const uint8_t *buf, size_t len, sp_envelope_t **ret_env,
                        char reason[SP_REASON_MAX]);
 void sp_envelope_free(sp_envelope_t *env);
 
+/* Checks the wire form of a message that protobuf-c has unpacked: no field numbered 0 or
+ * above 2^29-1, no string field holding a NUL byte, messages nested at most 32 deep. These
+ * are what protobuf-c accepts but cannot pack back to the same meaning. SP_EDECODE and a
+ * reason naming the message and field, or 0. */
+int sp_proto_wire_check(const ProtobufCMessageDescriptor *desc, const uint8_t *buf, size_t len,
+                        char reason[SP_REASON_MAX]);
+
 /* Schema validation of a decoded envelope: ids, lengths, type matches the payload case,
  * aggregate kind matches the type, payload fields within limits. */
 int sp_envelope_validate(const sp_envelope_t *env, char reason[SP_REASON_MAX]);

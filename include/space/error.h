@@ -27,6 +27,7 @@ enum {
     SP_ENOTALLOWED, /* the signer's kind may not emit this event type */
     SP_ENOTOWN,     /* subject, aggregate or sandbox is not the signer's own */
     SP_ETENANT,     /* a platform signed for a tenant that is not among its tenants */
+    SP_ESTALE,      /* a signed request outside its time window, or seen before (replayed) */
     SP_ELAST
 };
 

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cred.h"
 #include "envelope.h"
 #include "sign.h"
 
@@ -25,6 +26,11 @@ int sp_eventgen_sandbox(sp_event_type_t type, const char *tenant, const char *sa
 int sp_eventgen_heartbeat(const char *worker, const char *const *templates, size_t n_templates,
                           uint32_t running, uint32_t interval_ms, sp_eventgen_msg_t *out);
 void sp_eventgen_msg_dispose(sp_eventgen_msg_t *m);
+/* A CommandOutput of len bytes of stdout at offset, as a worker records it: plaintext, or
+ * sealed under dk (datakey.h) when dk is not NULL. */
+int sp_eventgen_output(const char *tenant, const char *sandbox, const char *worker,
+                       const char *cmd_id, uint64_t offset, const uint8_t *data, size_t len,
+                       const sp_cred_key_t *dk, sp_eventgen_msg_t *out);
 
 /* Re-encodes msgs[0..n) (1..SP_SIG_BATCH_MAX) in place as one batch signed by signer (sign.h),
  * as a producer publishing a burst would. On failure the messages are unchanged. */

@@ -23,10 +23,6 @@
 int sp_publish_event(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const char *worker,
                      const char *msg_id, uint64_t *ret_seq);
 
-/* sp_publish_event without waiting for the stream's ack (sp_bus_publish_async; the message id
- * is the event id): for facts a daemon emits in bursts (egressd's audits). */
-int sp_publish_event_async(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const char *worker);
-
 /* The first half of sp_publish_event, for a caller that publishes later (in order, from a
  * thread of its own): stamps env as sp_publish_event does (occurred_at is now), writes its
  * subject and encodes it into a heap buffer (caller frees). SP_ESCHEMA if it does not
@@ -43,6 +39,34 @@ int sp_publish_encode(sp_envelope_t *env, char id_buf[37], const char *worker,
 void sp_publish_signer_set(const char *identity, const sp_sign_key_t *key);
 /* The registered identity, or NULL. */
 const char *sp_publish_signer(void);
+/* Signs n encoded envelopes as one Merkle batch (sign.h) by signer with key: each of bufs[i]
+ * (as sp_envelope_encode made it, or signed before: its signature fields are replaced) is
+ * replaced by its signed encoding (the old buffer freed). n: 1..SP_SIG_BATCH_MAX. On failure
+ * (bytes that do not decode, SP_ETOOBIG) nothing is changed. */
+int sp_envelope_sign_encoded(uint8_t **bufs, size_t *lens, size_t n, const char *signer,
+                             const sp_sign_key_t *key);
+/* The same with the process's signer, in batches of at most SP_SIG_BATCH_DEFAULT, for any n:
+ * a producer that publishes a burst calls it once (one Ed25519 signature per batch). Without
+ * a signer: nothing is changed. */
+int sp_publish_sign_burst(uint8_t **bufs, size_t *lens, size_t n);
+/* A burst: events a producer emits at one moment (egressd's audit flush), published as one
+ * signed batch. Add each (stamped, its subject made, encoded; env is not kept), then publish
+ * them all asynchronously (sp_bus_publish_async, message id = event id) after one
+ * sp_publish_sign_burst; the burst is emptied either way. */
+typedef struct {
+    uint8_t **bufs;
+    size_t *lens;
+    char (*subjects)[SP_PUBLISH_SUBJECT_MAX];
+    char (*ids)[37];
+    size_t n, cap;
+} sp_burst_t;
+void sp_burst_init(sp_burst_t *b);
+int sp_burst_add(sp_burst_t *b, sp_envelope_t *env, const char *worker);
+/* 0, or the first failure (the others were still published: each stands alone). */
+int sp_burst_publish_async(sp_bus_t *bus, sp_burst_t *b);
+void sp_burst_dispose(sp_burst_t *b);
+/* Its key (NULL when unsigned): signed data-plane requests use it too (request.h). */
+const sp_sign_key_t *sp_publish_signer_key(void);
 
 /* Encodes env for the bus: sp_envelope_encode_signed with the registered signer, else
  * sp_envelope_encode (same errors). env must be stamped already. The one place an envelope

@@ -41,6 +41,9 @@ typedef struct {
     char worker[SP_ID_MAX + 1];
     sp_sbx_state_t state;
     uint32_t timeout_s, vcpu, memory_mb;
+    /* The disk limit its worker applied; before it started, what the create asked (0: the
+     * worker's default). */
+    uint32_t disk_mb;
     char *metadata_json;  /* JSON object text */
     char *env_names_json; /* JSON array text */
     char failure_reason[SP_REASON_MAX];
@@ -70,7 +73,10 @@ typedef struct {
     int known;
     uint32_t vcpu_total, vcpu_used, sandboxes_running, interval_ms;
     uint64_t memory_mb_total, memory_mb_used;
+    uint64_t disk_mb_total, disk_mb_free, disk_mb_reserve; /* 0: not reported */
+    uint32_t disk_mb_default;
     char *templates_json, *runtimes_json; /* JSON arrays, owned */
+    char *pools_json; /* warm pools: JSON object template -> sandboxes ready, owned */
     char version_string[SP_ID_MAX + 1];
     int64_t last_heartbeat_us;
     uint32_t version;

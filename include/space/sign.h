@@ -6,7 +6,9 @@
  *   <dir>/<identity>.pub      public key, SubjectPublicKeyInfo PEM
  *   <dir>/<identity>.tenants  platforms only: the tenant ids it may act for, one per line
  * A keyring is the set of .pub (and .tenants) files of a directory, loaded once; it is
- * immutable afterwards and may be used from any thread.
+ * immutable afterwards and may be used from any thread. A consumer that runs for long reads
+ * the directory again when sp_keyring_stale says a platform's tenants changed (`space platform
+ * add` rewrites the file by rename) or when an unknown signer's .pub appears.
  *
  * Signatures go through OpenSSL's EVP_DigestSign/EVP_DigestVerify with a NULL digest
  * (Ed25519 is one-shot, RFC 8032 PureEdDSA).
@@ -63,6 +65,11 @@ bool sp_keyring_has_tenant(const sp_keyring_t *kr, const char *identity, const c
 int sp_keyring_verify(const sp_keyring_t *kr, const char *identity, const void *data, size_t len,
                       const uint8_t sig[SP_SIG_LEN]);
 size_t sp_keyring_size(const sp_keyring_t *kr);
+/* Whether a platform's <identity>.tenants in the directory kr was loaded from is not the file
+ * it read (another inode, size or modification time; made or removed since). One stat per
+ * platform identity; false for a keyring not made by sp_keyring_load. New identities are not
+ * seen here: their .pub appears with their first message (the event log checks for it). */
+bool sp_keyring_stale(const sp_keyring_t *kr);
 void sp_keyring_free(sp_keyring_t *kr);
 
 /* ---- batch signatures (docs/trust.md, "Batch signatures") ----
@@ -79,9 +86,15 @@ void sp_keyring_free(sp_keyring_t *kr);
  * The domain string keeps an envelope key's signatures from meaning anything else. */
 
 #define SP_SIG_BATCH_MAX 4096
-#define SP_SIG_PROOF_MAX (12 * 32) /* ceil(log2(SP_SIG_BATCH_MAX)) hashes */
-#define SP_SIG_HASH_LEN  32
-#define SP_SIG_MSG_LEN   (15 + 4 + SP_SIG_HASH_LEN)
+/* How many envelopes a producer that bursts signs under one root (docs/trust.md, "Cost in the
+ * event log"). 64, not more: a member's proof grows by 32 bytes per doubling, and on the
+ * measured VM those bytes (moved by JetStream, the COPY and the hash chain) cost the event log
+ * more than the Ed25519 share they save (one verification per 64 members: ~2.8 us each, on
+ * the verifier pool); smaller batches make that share the larger cost. */
+#define SP_SIG_BATCH_DEFAULT 64
+#define SP_SIG_PROOF_MAX     (12 * 32) /* ceil(log2(SP_SIG_BATCH_MAX)) hashes */
+#define SP_SIG_HASH_LEN      32
+#define SP_SIG_MSG_LEN       (15 + 4 + SP_SIG_HASH_LEN)
 /* Most that signing adds to an encoded envelope: fields 11-14 with their keys and lengths. */
 #define SP_SIG_TRAILER_MAX (SP_SIG_FIELD_LEN + 3 + SP_SIG_PROOF_MAX + 2 * (1 + 5))
 
@@ -99,8 +112,11 @@ void sp_sig_message(uint32_t count, const uint8_t root[SP_SIG_HASH_LEN],
 /* A cache of batch signatures already verified, so that the members of one batch cost one
  * Ed25519 verification between them. An entry is (signer's public key, count, root,
  * signature): a member with the same root but another signature is verified again. Only
- * successes are cached; a fixed number of slots, a newer entry replaces an older one in its
- * slot. Thread-safe (one mutex; a lookup is a hash and a compare). */
+ * successes are cached (a signature that fails evicts nothing); a fixed number of slots, a
+ * newer entry replaces an older one in its slot. Thread-safe (one mutex; a lookup is a hash
+ * and a compare). A thread that looks up an entry another thread is verifying right now
+ * waits for that verification (~180 us) instead of repeating it, so members of one batch
+ * verified on several threads at once still cost one Ed25519 between them. */
 typedef struct sp_sigcache sp_sigcache_t;
 /* slots: 1..65536. */
 int sp_sigcache_new(size_t slots, sp_sigcache_t **ret_cache);

@@ -22,4 +22,9 @@ bool sp_text_valid(const char *s, size_t max, unsigned flags);
 /* Value of a hex digit (either case), -1 for anything else. */
 int sp_hex_digit(char c);
 
+/* Parses an RFC 3339 time, "2026-01-02T03:04:05Z", with an optional fraction (digits past
+ * microseconds are dropped) and a Z or +hh:mm / -hh:mm offset, into microseconds since the
+ * epoch (after 1970). -EINVAL for anything else. */
+int sp_time_parse(const char *s, int64_t *ret_us);
+
 #endif

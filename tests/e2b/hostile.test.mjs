@@ -77,6 +77,39 @@ test('control plane: malformed bodies and unknown ids answer {code, message}', a
   assert.equal(list.status, 400)
 })
 
+test('control plane: list order, startedAfter and template as E2B serves them', async () => {
+  const second = await Sandbox.create({ metadata: { suite: 'e2b-hostile' } })
+  try {
+    const list = async (q) => {
+      const r = await fetch(`${API}/v2/sandboxes?metadata=suite%3De2b-hostile${q}`, { headers: { 'X-API-KEY': KEY } })
+      assert.equal(r.status, 200, q)
+      return (await r.json()).map((s) => s.sandboxID)
+    }
+    // Newest first by default, oldest first with order=asc.
+    assert.deepEqual(await list(''), [second.sandboxId, sbx.sandboxId])
+    assert.deepEqual(await list('&order=desc'), [second.sandboxId, sbx.sandboxId])
+    assert.deepEqual(await list('&order=asc'), [sbx.sandboxId, second.sandboxId])
+    // Paging follows the order: one at a time, newest first.
+    const r = await fetch(`${API}/v2/sandboxes?metadata=suite%3De2b-hostile&limit=1`, { headers: { 'X-API-KEY': KEY } })
+    const next = r.headers.get('x-next-token')
+    assert.deepEqual((await r.json()).map((s) => s.sandboxID), [second.sandboxId])
+    if (next) assert.deepEqual(await list(`&limit=1&nextToken=${next}`), [sbx.sandboxId])
+    // startedAfter: the first one's start (+1 ms: the answer's times are in ms) leaves the second.
+    const first = (await (await fetch(`${API}/sandboxes/${sbx.sandboxId}`, { headers: { 'X-API-KEY': KEY } })).json()).startedAt
+    const after = new Date(Date.parse(first) + 1).toISOString()
+    assert.deepEqual(await list(`&startedAfter=${encodeURIComponent(after)}`), [second.sandboxId])
+    assert.deepEqual(await list(`&template=base`), [second.sandboxId, sbx.sandboxId])
+    assert.deepEqual(await list(`&template=tiny`), [])
+    for (const q of ['&order=up', '&startedAfter=yesterday', '&template=BAD%20ID']) {
+      const bad = await fetch(`${API}/v2/sandboxes?${q.slice(1)}`, { headers: { 'X-API-KEY': KEY } })
+      assert.equal(bad.status, 400, q)
+      assert.equal((await bad.json()).code, 400)
+    }
+  } finally {
+    await second.kill()
+  }
+})
+
 test('envd: broken Connect envelopes are invalid_argument', async () => {
   const msg = JSON.stringify({ process: { cmd: '/bin/true' } })
   await expectStreamError(start(envelope(1, msg)), 'invalid_argument') // compressed
@@ -92,7 +125,12 @@ test('envd: broken Connect envelopes are invalid_argument', async () => {
 
 test('envd: routing and keys', async () => {
   const msg = envelope(0, JSON.stringify({ process: { cmd: '/bin/true' } }))
-  await expectStreamError(start(msg, { 'X-Access-Token': `sbx_00000000000000000000000000.${KEY}` }), 'not_found')
+  // An unknown sandbox, named with an API key that is good for its tenant.
+  await expectStreamError(start(msg, { 'X-API-KEY': KEY, 'E2b-Sandbox-Id': 'sbx_00000000000000000000000000' }), 'not_found')
+  // An access token is the sandbox's own, never "<sandbox>.<API key>", and opens no other sandbox.
+  await expectStreamError(start(msg, { 'X-Access-Token': `sbx_00000000000000000000000000.${KEY}` }), 'unauthenticated')
+  await expectStreamError(start(msg, { 'X-Access-Token': `${sbx.sandboxId}.${KEY}` }), 'unauthenticated')
+  assert.ok(!sbx.envdAccessToken.includes(KEY), 'the access token holds nothing of the API key')
   await expectStreamError(start(msg, { 'X-Access-Token': `sbx_00000000000000000000000000.${KEY}`, 'E2b-Sandbox-Id': sbx.sandboxId }), 'unauthenticated')
   await expectStreamError(start(msg, { 'X-Access-Token': `${sbx.sandboxId}.sk_bad.key` }), 'unauthenticated')
   await expectStreamError(start(msg, {}), 'unauthenticated')

@@ -1,9 +1,9 @@
 /* clang-format off */
-/* clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Iinclude/space lib/dns.c lib/egress_parse.c lib/netpolicy.c tests/fuzz/egress_fuzz.c -o /tmp/egress_fuzz && /tmp/egress_fuzz -max_total_time=30 -max_len=2048 */
+/* cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DSPACE_FUZZ=ON && cmake --build build-fuzz --target fuzz && build-fuzz/bin/egress_fuzz -max_total_time=30 -max_len=2048 tests/fuzz/corpus/egress_fuzz */
 /* clang-format on */
-/* libFuzzer target for what space-egressd parses from guests (dns.h, egress_parse.h). Not built
- * by CMake: run the line above from the repository root. The first input byte picks the
- * parser; the rest is the guest's bytes.
+/* libFuzzer target for what space-egressd parses from guests (dns.h, egress_parse.h). Built with
+ * -DSPACE_FUZZ=ON (tests/fuzz/CMakeLists.txt); scripts/test.sh runs it for 30 s. The first input
+ * byte picks the parser; the rest is the guest's bytes.
  *
  * Beyond "no crash, no leak, no undefined behaviour" it checks the contract:
  * - the answer built for a parsed DNS query parses back with the same name and id;

@@ -1,9 +1,9 @@
 /* clang-format off */
-/* clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Iinclude/space -Ibuild/proto lib/json.c lib/buf.c lib/hash.c lib/xmalloc.c lib/error.c tests/fuzz/json_fuzz.c -lcrypto -o /tmp/json_fuzz && /tmp/json_fuzz -max_total_time=30 -max_len=4096 */
+/* cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DSPACE_FUZZ=ON && cmake --build build-fuzz --target fuzz && build-fuzz/bin/json_fuzz -max_total_time=30 -max_len=4096 tests/fuzz/corpus/json_fuzz */
 /* clang-format on */
-/* libFuzzer target for sp_json_parse (json.h). Not built by CMake: run the line above from the
- * repository root. The first input byte picks the limits (defaults, or small ones so every
- * limit is hit often); the rest is the JSON text.
+/* libFuzzer target for sp_json_parse (json.h). Built with -DSPACE_FUZZ=ON
+ * (tests/fuzz/CMakeLists.txt); scripts/test.sh runs it for 30 s. The first input byte picks the
+ * limits (defaults, or small ones so every limit is hit often); the rest is the JSON text.
  *
  * Beyond "no crash, no leak, no undefined behaviour" it checks the contract:
  * - a failure has a known code and an "offset N: reason" message with N <= input length;

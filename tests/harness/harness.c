@@ -252,6 +252,37 @@ void sp_test_daemon_stop(const char *name, int sig)
     }
 }
 
+void sp_test_rehash(PGconn *db, uint64_t from)
+{
+    char *sql = sp_xasprintf(
+        "DO $$ DECLARE prev bytea; r record; h bytea; BEGIN"
+        " SELECT hash INTO prev FROM events WHERE stream_seq < %llu ORDER BY stream_seq DESC"
+        "  LIMIT 1;"
+        " IF prev IS NULL THEN prev := decode(repeat('00', 32), 'hex'); END IF;"
+        " FOR r IN SELECT stream_seq, subject, status, reject_reason, payload, payload_size,"
+        "  payload_sha256, chain_v FROM events WHERE stream_seq >= %llu ORDER BY stream_seq LOOP"
+        "  IF r.chain_v = 1 THEN h := sha256(prev || r.payload);"
+        "  ELSE h := sha256(convert_to('SPACE-C chain v2', 'UTF8') || '\\x00'::bytea || prev"
+        "   || int8send(r.stream_seq) || int4send(octet_length(convert_to(r.subject, 'UTF8')))"
+        "   || convert_to(r.subject, 'UTF8')"
+        "   || int8send(coalesce(r.payload_size, octet_length(r.payload)::bigint))"
+        "   || coalesce(r.payload_sha256, sha256(r.payload))"
+        "   || (CASE WHEN r.status = 'accepted' THEN '\\x01' ELSE '\\x00' END)::bytea"
+        "   || (CASE WHEN r.reject_reason IS NULL THEN '\\x00' ELSE '\\x01' END)::bytea"
+        "   || int4send(coalesce(octet_length(convert_to(r.reject_reason, 'UTF8')), 0))"
+        "   || coalesce(convert_to(r.reject_reason, 'UTF8'), ''::bytea));"
+        "  END IF;"
+        "  UPDATE events SET prev_hash = prev, hash = h WHERE stream_seq = r.stream_seq;"
+        "  prev := h;"
+        " END LOOP; END $$",
+        (unsigned long long)from, (unsigned long long)from);
+    PGresult *r = PQexec(db, sql);
+    free(sql);
+    if (PQresultStatus(r) != PGRES_COMMAND_OK)
+        fail_msg("rehash: %s", PQerrorMessage(db));
+    PQclear(r);
+}
+
 int sp_test_replay(const char *args, char *out, size_t outlen)
 {
     const char *bin = getenv("SPACE_BIN_DIR");
@@ -275,4 +306,22 @@ int sp_test_replay(const char *args, char *out, size_t outlen)
         out[n] = '\0';
     int st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int sp_test_port_file(const char *path, const char *log_file)
+{
+    int port = 0;
+    for (int i = 0; i < 300 && port == 0; i++) {
+        FILE *f = fopen(path, "re");
+        if (f) {
+            char line[16] = "";
+            port = fgets(line, sizeof(line), f) ? (int)strtol(line, NULL, 10) : 0;
+            fclose(f);
+        }
+        if (port == 0)
+            nanosleep(&(struct timespec){.tv_nsec = 50 * 1000 * 1000}, NULL);
+    }
+    if (port <= 0)
+        fail_msg("the daemon wrote no port file %s; see %s", path, log_file);
+    return port;
 }

@@ -32,6 +32,10 @@ int sp_test_sign(const char *subject, uint8_t **data, size_t *len);
 void sp_test_expect_row(PGconn *db, uint64_t seq, const char *status, const char *needle,
                         bool prefix);
 PGconn *sp_test_db(void);
+/* What a database superuser who knows the chain's formulas (hash.h) does after editing rows:
+ * recomputes prev_hash and hash of every row of events (in db's search_path) from stream_seq
+ * from on, v1 and v2 rows each by their own formula. Fails the test on a database error. */
+void sp_test_rehash(PGconn *db, uint64_t from);
 /* Runs `space <args>` (the CLI next to the test binaries, $SPACE_BIN_DIR/space) and returns
  * its exit status. */
 int sp_test_space(const char *args);
@@ -41,6 +45,10 @@ long long sp_test_db_scalar(PGconn *db, const char *sql);
 /* How many events of type the log holds for sandbox, whose payload (as text) contains needle
  * (NULL: any). */
 long long sp_test_events(PGconn *db, const char *sandbox, const char *type, const char *needle);
+
+/* Waits (15 s at most) for a daemon started with --port-file path to write its port there and
+ * returns it; fails the test, naming log_file, when none comes. */
+int sp_test_port_file(const char *path, const char *log_file);
 
 /* Pid of a daemon that `space up` started ($SPACE_HOME/run/<name>.pid), 0 if none. */
 int sp_test_daemon_pid(const char *name);

@@ -39,8 +39,12 @@ void sp_test_create_sandbox_body(int port, const char *key, const char *body, ch
     sp_test_http_resp_t r;
     for (int i = 0; i < 100; i++) {
         sp_test_http(port, "POST", "/v1/sandboxes", key, NULL, body, strlen(body), &r);
-        if (r.status != 400 || !strstr(r.body, "unknown_template"))
-            break; /* 400 unknown_template until the worker's first heartbeat */
+        /* 400 unknown_template until the worker's first heartbeat names its templates, 503
+         * no_capacity ("retry") before the log has any worker up at all. */
+        bool early = (r.status == 400 && strstr(r.body, "unknown_template")) ||
+                     (r.status == 503 && strstr(r.body, "no_capacity") && i < 50);
+        if (!early)
+            break;
         sp_test_http_free(&r);
         usleep(100 * 1000);
     }

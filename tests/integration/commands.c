@@ -270,8 +270,11 @@ static void test_stdin_signal_pty(void **state)
     char cid[64];
     watch_t w;
 
-    /* Stdin kept open, written in two requests (text, then bytes in base64 with the end). */
-    start_bg(sbx[1], "{\"cmd\":\"cat; echo done\",\"background\":true,\"stdin_open\":true}", cid);
+    /* Stdin kept open, written in two requests (text, then bytes in base64 with the end). The
+     * command lives on 2 s past the end of its stdin, so that the late write meets a closed
+     * stdin and not an ended command (it did, once, on a loaded host). */
+    start_bg(sbx[1],
+             "{\"cmd\":\"cat; sleep 2; echo done\",\"background\":true,\"stdin_open\":true}", cid);
     ctl(sbx[1], cid, "stdin", "{\"data\":\"hello\\n\"}", 200, NULL);
     ctl(sbx[1], cid, "stdin", "{\"data_b64\":\"d29ybGQK\",\"eof\":true}", 200, NULL);
     ctl(sbx[1], cid, "stdin", "{\"data\":\"late\"}", 409, "stdin_closed");

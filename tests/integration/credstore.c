@@ -1,10 +1,12 @@
 /* Credentials, end to end (docs/credentials.md): space-credstore holds them, the gateway's
  * /v1/credentials manages them, space-egressd injects them into requests of real sandboxes to
  * the test internet of tests/integration/egress (internet.py, whose /headers... echoes what it
- * received), plain HTTP and terminated HTTPS. Then the proof that the guest never holds a
- * value: after the sandbox used every credential, each value (and its base64) is absent from
- * the sandbox's files and every process' environment, its suspended snapshot's artifacts, the
- * event log, every daemon's log and every API answer.
+ * received), plain HTTP and terminated HTTPS; tenants apart; the master key rotated while
+ * requests go on. Then the proof that the guest never holds a value: after the sandbox used
+ * every credential, each value (and its base64) is absent from its suspended snapshot's
+ * artifacts as the guest's bytes (the checkpoint image decoded: credstore/image_grep.py),
+ * every file of the deployment, the restored sandbox's memory (read on the host), its files
+ * and every process' environment, the event log, every daemon's log and every API answer.
  *
  * Safety as in egress.c: every probed address is routed into the test's namespace first, and
  * egressd's upstream resolver is inside it. Stack: eventlog, scheduler, worker, credstore,
@@ -24,6 +26,7 @@
 #include <cmocka.h>
 #include <sys/stat.h>
 
+#include "apikey.h"
 #include "b64.h"
 #include "buf.h"
 #include "envelope.h"
@@ -315,7 +318,7 @@ static void test_bad_input(void **state)
     sp_test_http(port, "GET", "/v1/credentials/crd_nope", key, NULL, NULL, 0, &r);
     assert_int_equal(r.status, 404);
     sp_test_http_free(&r);
-    /* Another tenant's key sees nothing: not tested here (one tenant per stack). */
+    /* Another tenant's key sees nothing: test_tenant_isolation. */
 }
 
 static char b64_of(const char *s, char *out, size_t cap)
@@ -575,6 +578,193 @@ static void test_events(void **state)
     PQfinish(db);
 }
 
+/* Tenants apart: tenant B's sandbox, in a project of the same name (p1), to the same host and
+ * paths, never carries tenant A's credentials (tenant, project scope) nor may name them in a
+ * placeholder; B's key does not see, rotate or delete A's; B's credential of the same name and
+ * host goes to B's sandbox only, A's to A's. */
+static void test_tenant_isolation(void **state)
+{
+    NEED_ROOT();
+    PGconn *db = sp_test_db();
+    char *kb = NULL, kid[SP_APIKEY_ID_LEN + 1], sbx_b[64], body[1024], out[8192], sn[8192];
+    char va[64], vb[64], id_a[64], want[128], path[128];
+    assert_int_equal(sp_apikey_create(db, "tenant-b", "credstore test", &kb, kid), 0);
+    PQfinish(db);
+    snprintf(va, sizeof(va), "sv%s-tisoA", R);
+    snprintf(vb, sizeof(vb), "sv%s-tisoB", R);
+    snprintf(body, sizeof(body),
+             "{\"name\":\"tiso\",\"hosts\":[\"allowed.test/headers/tiso\"],"
+             "\"inject\":{\"type\":\"header\",\"name\":\"X-Tiso\",\"value\":\"%s\"}}",
+             va);
+    must_create(body, id_a);
+    snprintf(body, sizeof(body), "{\"template\":\"tiny\",\"project\":\"p1\",\"network\":%s}",
+             POLICY);
+    sp_test_create_sandbox_body(port, kb, body, sbx_b);
+#define RUN_B(...) sp_inet_run(port, kb, sbx_b, out, sizeof(out), __VA_ARGS__)
+#define GET_B(p, extra)                                                                            \
+    RUN_B(                                                                                         \
+        "nslookup allowed.test >/dev/null; printf 'GET %s HTTP/1.1\\r\\nHost: allowed.test\\r\\n"  \
+        "Connection: close\\r\\n%s\\r\\n' | nc -w 5 " ALLOWED " 80",                               \
+        p, extra)
+    /* A's tenant-scoped and project-scoped (p1) credentials: nothing for B. */
+    GET_B("/headers/tiso-b1", "");
+    seen("/headers/tiso-b1", sn, sizeof(sn));
+    expect_in(sn, "target:/headers/tiso-b1", "tenant B's request");
+    expect_not_in(sn, "X-Tiso", "tenant A's credential for tenant B");
+    GET_B("/headers/scope", "");
+    seen("/headers/scope", sn, sizeof(sn));
+    expect_not_in(sn, "level", "tenant A's project p1 credential for tenant B's p1");
+    expect_not_in(sn, R, "tenant A's values for tenant B");
+    /* A's names as B's placeholders: refused, nothing sent. */
+    long long before = sp_inet_stat("http." ALLOWED);
+    GET_B("/headers/tiso-b2", "X-T: space-cred:tiso\\r\\n");
+    expect_in(out, "credential_scope", "tenant A's name as tenant B's placeholder");
+    GET_B("/headers/ph", "X-T: space-cred:ph\\r\\n");
+    expect_in(out, "credential_scope", "tenant A's placeholder from tenant B");
+    assert_int_equal(sp_inet_stat("http." ALLOWED), before);
+    /* B's key and A's credentials. */
+    sp_test_http_resp_t r;
+    sp_test_http(port, "GET", "/v1/credentials", kb, NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    expect_not_in(r.body, id_a, "tenant B's list");
+    expect_not_in(r.body, id_hdr, "tenant B's list");
+    sp_test_http_free(&r);
+    snprintf(path, sizeof(path), "/v1/credentials/%s", id_a);
+    sp_test_http(port, "GET", path, kb, NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 404);
+    sp_test_http_free(&r);
+    const char *took = "{\"value\":\"svB-took-over\"}";
+    sp_test_http(port, "PUT", path, kb, NULL, took, strlen(took), &r);
+    assert_int_equal(r.status, 404);
+    sp_test_http_free(&r);
+    sp_test_http(port, "DELETE", path, kb, NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 404);
+    sp_test_http_free(&r);
+    /* B's own "tiso" for the same host: B's sandbox gets B's value, A's sandbox A's. */
+    snprintf(body, sizeof(body),
+             "{\"name\":\"tiso\",\"hosts\":[\"allowed.test/headers/tiso\"],"
+             "\"inject\":{\"type\":\"header\",\"name\":\"X-Tiso\",\"value\":\"%s\"}}",
+             vb);
+    sp_test_http(port, "POST", "/v1/credentials", kb, NULL, body, strlen(body), &r);
+    if (r.status != 201)
+        fail_msg("tenant B's create: %d %s", r.status, r.body);
+    sp_test_http_free(&r);
+    usleep(1200 * 1000); /* B's cached answer (no credentials) expires */
+    GET_B("/headers/tiso-b3", "");
+    seen("/headers/tiso-b3", sn, sizeof(sn));
+    snprintf(want, sizeof(want), "hdr:X-Tiso: %s", vb);
+    expect_in(sn, want, "tenant B's own credential");
+    expect_not_in(sn, va, "tenant A's value for tenant B");
+    http_get(sc, out, sizeof(out), "allowed.test", "/headers/tiso-a1", NULL);
+    seen("/headers/tiso-a1", sn, sizeof(sn));
+    snprintf(want, sizeof(want), "hdr:X-Tiso: %s", va);
+    expect_in(sn, want, "tenant A's own credential");
+    expect_not_in(sn, vb, "tenant B's value for tenant A");
+#undef GET_B
+#undef RUN_B
+    explicit_bzero(kb, strlen(kb));
+    free(kb);
+}
+
+/* sql's single text answer into out ("" when none). */
+static void db_text(PGconn *db, const char *sql, char *out, size_t cap)
+{
+    PGresult *r = PQexec(db, sql);
+    snprintf(out, cap, "%s",
+             PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 ? PQgetvalue(r, 0, 0) : "");
+    PQclear(r);
+}
+
+/* Requests of sandbox sc to /headers/<tag>-<i>, i < n, one every 100 ms: each must carry
+ * X-Mk: value (never a 503: credstore served throughout). */
+static void mk_traffic(const char *tag, int n, const char *value)
+{
+    char out[16384], path[64], sn[8192], want[128];
+    run(sc, out, sizeof(out),
+        "nslookup allowed.test >/dev/null; for i in $(seq %d); do printf 'GET /headers/%s-%%s "
+        "HTTP/1.1\\r\\nHost: allowed.test\\r\\nConnection: close\\r\\n\\r\\n' $i | nc -w 5 " ALLOWED
+        " 80 | head -1; sleep 0.1; done",
+        n, tag);
+    expect_not_in(out, "503", tag);
+    expect_not_in(out, R, tag);
+    snprintf(want, sizeof(want), "hdr:X-Mk: %s", value);
+    for (int i = 1; i <= n; i++) {
+        snprintf(path, sizeof(path), "/headers/%s-%d", tag, i);
+        seen(path, sn, sizeof(sn));
+        if (!strstr(sn, want)) {
+            sp_inet_sh("tail -n 25 %s/log/space-egressd.log %s/log/space-credstore.log >&2",
+                       sp_test_env("SPACE_HOME"), sp_test_env("SPACE_HOME"));
+            fail_msg("%s: request %d of %d did not carry its credential: %s (answers: %s)", tag, i,
+                     n, sn, out);
+        }
+    }
+}
+
+/* The master key rotated without downtime: `space creds rotate-master` while a sandbox keeps
+ * making requests that carry a credential; every one carries it; every row is sealed under
+ * the new key, the old key's canary is gone; after a restart the values still open. Then a
+ * rotation interrupted (credstore stopped with the next key file in place) finishes at start. */
+static void test_master_key_rotation(void **state)
+{
+    NEED_ROOT();
+    char id[64], b[512], v[64], sql[256], k0[32], k1[32], k2[32];
+    snprintf(v, sizeof(v), "sv%s-mk", R);
+    snprintf(b, sizeof(b),
+             "{\"name\":\"mk\",\"hosts\":[\"allowed.test/headers/mk\"],"
+             "\"inject\":{\"type\":\"header\",\"name\":\"X-Mk\",\"value\":\"%s\"}}",
+             v);
+    must_create(b, id);
+    PGconn *db = sp_test_db();
+    snprintf(sql, sizeof(sql), "SELECT key_id FROM credentials WHERE id = '%s'", id);
+    db_text(db, sql, k0, sizeof(k0));
+    /* A credential created applies once egressd's cached answers (made before it) expire:
+     * cred-cache-ms (a creation does not drop them, a rotation or deletion does). */
+    usleep(1200 * 1000);
+    pid_t child = fork();
+    if (child == 0) {
+        usleep(1500 * 1000); /* a few requests in */
+        _exit(sp_test_space("creds rotate-master") == 0 ? 0 : 1);
+    }
+    int64_t t0 = sp_mono_ns();
+    mk_traffic("mk-a", 40, v);
+    int st = 0;
+    waitpid(child, &st, 0);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    fprintf(stderr, "credstore: rotate-master during 40 requests (%.0f ms), none refused\n",
+            (double)(sp_mono_ns() - t0) / 1e6);
+    db_text(db, sql, k1, sizeof(k1));
+    if (!k0[0] || !strcmp(k0, k1))
+        fail_msg("the key id did not change: %s -> %s", k0, k1);
+    snprintf(b, sizeof(b),
+             "SELECT count(*) FROM credentials WHERE deleted_at IS NULL AND key_id <> '%s'", k1);
+    assert_int_equal(sp_test_db_scalar(db, b), 0);
+    snprintf(b, sizeof(b), "SELECT count(*) FROM credstore_keys WHERE key_id <> '%s'", k1);
+    assert_int_equal(sp_test_db_scalar(db, b), 0);
+    /* Durable: a restarted credstore opens them with the key file as it is now. */
+    sp_test_daemon_stop("space-credstore", SIGTERM);
+    assert_int_equal(sp_test_space("up >/dev/null"), 0);
+    usleep(1200 * 1000); /* egressd's cached answers expire */
+    mk_traffic("mk-b", 2, v);
+    /* Interrupted: the next key file appears while credstore is stopped; its start
+     * re-wraps, renames it over the key file, and serves. */
+    sp_test_daemon_stop("space-credstore", SIGTERM);
+    const char *home = sp_test_env("SPACE_HOME");
+    if (sp_inet_sh("umask 077 && head -c 32 /dev/urandom > %s/credstore/master.key.next", home) !=
+        0)
+        fail_msg("next key");
+    assert_int_equal(sp_test_space("up >/dev/null"), 0);
+    usleep(1200 * 1000);
+    mk_traffic("mk-c", 2, v);
+    db_text(db, sql, k2, sizeof(k2));
+    if (!strcmp(k2, k1))
+        fail_msg("the start did not finish the rotation: %s", k2);
+    assert_int_not_equal(sp_inet_sh("test -e %s/credstore/master.key.next", home), 0);
+    snprintf(b, sizeof(b),
+             "SELECT count(*) FROM credentials WHERE deleted_at IS NULL AND key_id <> '%s'", k2);
+    assert_int_equal(sp_test_db_scalar(db, b), 0);
+    PQfinish(db);
+}
+
 /* credstore down: requests are refused (503), never sent without their credential. */
 static void test_credstore_down(void **state)
 {
@@ -638,10 +828,115 @@ static void hex_escape(const char *s, char *out, size_t cap)
     out[n] = '\0';
 }
 
+/* The secrets a leak proof looks for: every value, its base64, basic's base64 of
+ * user:value, and R itself (in every value). */
+#define N_SECRETS (2 * 8 + 2)
+static void secrets(char out[N_SECRETS][256])
+{
+    char up[128];
+    for (int v = 0; v < 8; v++) {
+        snprintf(out[v], 256, "%.63s", V[v]);
+        b64_of(V[v], out[8 + v], 256);
+    }
+    snprintf(up, sizeof(up), "alice:%s", V[V_BASIC]);
+    b64_of(up, out[16], 256);
+    snprintf(out[17], 256, "%s", R);
+}
+
+/* image_grep.py (SPACE_IMAGE_GREP) over files (shell words: a glob, a $(find ...)), the needles
+ * on its stdin (never on a command line); counts[i] per needle, the tool's lines about the
+ * files (format, decoded bytes; no needle) into report. Fails the test if a file could not be
+ * decoded: an unread image proves nothing. */
+static void image_grep(const char *files, const char *const *needles, size_t n, long long *counts,
+                       char *report, size_t cap)
+{
+    char out[] = "/tmp/cst-grep-XXXXXX", cmd[1024];
+    int fd = mkstemp(out);
+    if (fd < 0)
+        fail_msg("mkstemp");
+    close(fd);
+    snprintf(cmd, sizeof(cmd), "python3 %s %s > %s 2>&1", sp_test_env("SPACE_IMAGE_GREP"), files,
+             out);
+    FILE *p = popen(cmd, "w"); /* NOLINT(cert-env33-c): the test's own tool */
+    if (!p)
+        fail_msg("popen image_grep");
+    for (size_t i = 0; i < n; i++)
+        fprintf(p, "%s\n", needles[i]);
+    int st = pclose(p);
+    FILE *f = fopen(out, "r");
+    size_t len = 0;
+    char line[1024], total[1024] = "";
+    report[0] = '\0';
+    for (size_t i = 0; i < n; i++)
+        counts[i] = -1;
+    while (f && fgets(line, sizeof(line), f)) {
+        if (strncmp(line, "needle ", 7) == 0) {
+            char *end = NULL;
+            unsigned long i = strtoul(line + 7, &end, 10);
+            if (end && *end == ' ' && i < n)
+                counts[i] = strtoll(end + 1, NULL, 10);
+        } else if (strncmp(line, "total ", 6) == 0)
+            snprintf(total, sizeof(total), "%s", line);
+        else if (len < cap)
+            len += (size_t)snprintf(report + len, cap - len, "%s", line);
+    }
+    if (f)
+        fclose(f);
+    unlink(out);
+    if (st != 0)
+        fail_msg("image_grep %s: exit %d: %s", files, st, report);
+    /* A long list is summed up by its last line. */
+    if (len >= 1024)
+        snprintf(report, cap, "%s", total);
+}
+
+/* The secrets absent from files; the controls (bytes the guest does hold) present, which shows
+ * the files were read as the guest's bytes are. what names them in a failure. */
+static void expect_only_controls(const char *files, const char *const *controls, size_t nc,
+                                 const char *what)
+{
+    char sec[N_SECRETS][256], report[4096];
+    const char *needles[N_SECRETS + 4];
+    long long counts[N_SECRETS + 4];
+    secrets(sec);
+    for (size_t i = 0; i < N_SECRETS; i++)
+        needles[i] = sec[i];
+    for (size_t i = 0; i < nc && i < 4; i++)
+        needles[N_SECRETS + i] = controls[i];
+    image_grep(files, needles, N_SECRETS + nc, counts, report, sizeof(report));
+    for (size_t i = 0; i < N_SECRETS; i++)
+        if (counts[i] != 0)
+            fail_msg("%s: secret %zu (%s %zu) found %lld times; files: %s", what, i,
+                     i < 8    ? "value"
+                     : i < 16 ? "base64 of value"
+                              : "basic's base64 or R",
+                     i % 8, counts[i], report);
+    for (size_t i = 0; i < nc; i++)
+        if (counts[N_SECRETS + i] <= 0)
+            fail_msg("%s: the control \"%s\" is not found, so the search read nothing of the "
+                     "guest; files: %s",
+                     what, controls[i], report);
+    fprintf(stderr, "credstore: %s: no secret%s; %s", what, nc ? ", the controls found" : "",
+            report);
+}
+
+/* The files that hold sandbox id's memory as its runtime has it, for image_grep: the guest's
+ * memory file (runsc-sandbox's memfd "runsc-memory": every page of every guest process, its
+ * page cache and tmpfs) and the memory of runsc's own processes for it (the sentry, with the
+ * guest's network buffers and kernel objects, and the gofer). Shell words. */
+static void runtime_memory(const char *id, char *out, size_t cap)
+{
+    snprintf(out, cap,
+             "$(for p in $(pgrep -f 'runsc-(sandbox|gofer) .*bundles/%s'); do echo /proc/$p/mem; "
+             "for f in /proc/$p/fd/*; do case $(readlink $f) in *memfd:runsc-memory*) echo $f;; "
+             "esac; done; done)",
+             id);
+}
+
 static void test_guest_never_holds_a_value(void **state)
 {
     NEED_ROOT();
-    char out[16384], path[512], esc[256];
+    char out[16384], path[512], esc[256], files[1024];
     const char *home = sp_test_env("SPACE_HOME");
     /* sb (project p1, the placeholder in its environment) uses credentials over plain HTTP,
      * then is suspended: the snapshot's artifacts. (sa's TLS connections from egress-probe
@@ -654,6 +949,18 @@ static void test_guest_never_holds_a_value(void **state)
     seen("/headers/ph", sn, sizeof(sn));
     snprintf(want, sizeof(want), "hdr:X-Custom: %s", V[V_PH]);
     expect_in(sn, want, "sb's placeholder");
+    /* Controls: bytes the guest does hold, in its memory (/tmp is gVisor's tmpfs, saved in
+     * the checkpoint image) and on its disk (the rootfs delta). Not secrets: they show the
+     * searches below read the guest's bytes (a search of compressed files finds nothing,
+     * also nothing of a value). */
+    char mem_mark[40], disk_mark[40];
+    random_hex(mem_mark + 4, 8);
+    memcpy(mem_mark, "cstm", 4);
+    random_hex(disk_mark + 4, 8);
+    memcpy(disk_mark, "cstd", 4);
+    if (run(sb, out, sizeof(out), "echo %s > /tmp/mark && echo %s > /root/mark && sync", mem_mark,
+            disk_mark) != 0)
+        fail_msg("marks: %s", out);
     int st = 0;
     for (int i = 0; i < 70; i++) {
         st = sp_test_lifecycle(port, key, sb, "suspend", "", out, sizeof(out));
@@ -665,13 +972,22 @@ static void test_guest_never_holds_a_value(void **state)
         sp_inet_sh("grep -h suspend %s/log/space-worker.log | tail -5 >&2", home);
         fail_msg("suspend: %d %s", st, out);
     }
-    snprintf(path, sizeof(path), "%s/snapshots", home);
-    for (int v = 0; v < 8; v++)
-        if (host_grep(path, V[v]))
-            fail_msg("a value is in the snapshot store %s", path);
-    /* R itself (every value holds it) in the store, the logs, the events. */
-    if (sp_inet_sh("grep -rqaF '%s' %s", R, path) == 0)
-        fail_msg("the secret is in the snapshot store");
+    /* The suspended snapshot's artifacts, decoded: the checkpoint image (zstd, then gVisor's
+     * state file: the guest's memory and kernel state) holds the memory mark and the
+     * placeholder (in the environment of the guest's processes) but no value; the rootfs
+     * delta (zstd, then a btrfs send stream) the disk mark and no value. */
+    snprintf(path, sizeof(path), "%s/snapshots/%s", home, sb);
+    const char *mem_controls[] = {mem_mark, "space-cred:ph"};
+    snprintf(files, sizeof(files), "%s/*/checkpoint.img.zst", path);
+    expect_only_controls(files, mem_controls, 2, "the checkpoint image (guest memory)");
+    const char *disk_controls[] = {disk_mark};
+    snprintf(files, sizeof(files), "%s/*/rootfs.btrfs.zst", path);
+    expect_only_controls(files, disk_controls, 1, "the rootfs delta");
+    /* Every file of the deployment, decoded where it is compressed: the snapshot store, the
+     * worker's volume image (every sandbox's disk), runsc's state, PostgreSQL's files (the
+     * ciphertexts), NATS' streams (the events), every daemon's log. No value anywhere. */
+    snprintf(files, sizeof(files), "$(find %s -type f)", home);
+    expect_only_controls(files, NULL, 0, "every file under SPACE_HOME");
     snprintf(path, sizeof(path), "%s/log", home);
     if (sp_inet_sh("grep -rqaF '%s' %s", R, path) == 0)
         fail_msg("the secret is in a daemon log under %s", path);
@@ -699,12 +1015,28 @@ static void test_guest_never_holds_a_value(void **state)
              R, R);
     assert_int_equal(sp_test_db_scalar(db, sql), 0);
     PQfinish(db);
-    /* Resumed: the guest's files, every process' environment. */
+    /* Resumed (restored from those artifacts): only placeholders. The guest's files, every
+     * process' environment and every process' memory; the marks came back (it is the same
+     * guest); and the placeholder still works, for its host only. */
     st = sp_test_lifecycle(port, key, sb, "resume", "", out, sizeof(out));
     if (st != 200)
         fail_msg("resume: %d", st);
+    run(sb, out, sizeof(out), "cat /tmp/mark /root/mark");
+    expect_in(out, mem_mark, "the restored guest's memory mark");
+    expect_in(out, disk_mark, "the restored guest's disk mark");
     run(sb, out, sizeof(out), "cat /proc/*/environ | tr '\\0' '\\n' | grep GH_TOKEN");
     expect_in(out, "GH_TOKEN=space-cred:ph", "environ holds the placeholder");
+    /* The restored guest's memory, read on the host before any command below decodes R
+     * inside a guest to search for it (a guest process cannot read another's:
+     * gVisor refuses /proc/PID/mem of anything but a descendant without CAP_SYS_PTRACE). */
+    char mfiles[512];
+    runtime_memory(sb, mfiles, sizeof(mfiles));
+    if (sp_inet_sh("test -n \"%s\" && for f in %s; do case $f in */fd/*) exit 0;; esac; done; "
+                   "exit 1",
+                   mfiles, mfiles) != 0)
+        fail_msg("no runsc memory file for %s", sb);
+    expect_only_controls(mfiles, mem_controls, 2, "the restored guest's memory (runsc's)");
+    /* The guest's own view: files and environments (the pattern, R, decoded inside). */
     hex_escape(R, esc, sizeof(esc));
     for (int i = 0; i < 2; i++) {
         run(i ? sa : sb, out, sizeof(out),
@@ -715,6 +1047,13 @@ static void test_guest_never_holds_a_value(void **state)
         if (strncmp(out, "0\n", 2) != 0 || !strstr(out, "done") || strstr(out, "/"))
             fail_msg("the secret is in the guest: %s", out);
     }
+    run(sb, out, sizeof(out),
+        "nslookup allowed.test >/dev/null; printf \"GET /headers/ph-restored HTTP/1.1\\r\\n"
+        "Host: allowed.test\\r\\nX-Custom: $GH_TOKEN\\r\\nConnection: close\\r\\n\\r\\n\" "
+        "| nc -w 5 " ALLOWED " 80");
+    seen("/headers/ph-restored", sn, sizeof(sn));
+    expect_in(sn, want, "the restored sandbox's placeholder");
+    expect_not_in(out, R, "the restored guest's answer");
     /* API answers. */
     sp_test_http_resp_t r;
     /* (/v1/events is a stream: the events table was searched above.) */
@@ -733,11 +1072,12 @@ static void test_guest_never_holds_a_value(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bad_input),       cmocka_unit_test(test_inject_methods),
-        cmocka_unit_test(test_nearest_scope),   cmocka_unit_test(test_placeholders),
-        cmocka_unit_test(test_rate_and_expiry), cmocka_unit_test(test_rotate_delete),
-        cmocka_unit_test(test_events),          cmocka_unit_test(test_bench_injection),
-        cmocka_unit_test(test_credstore_down),  cmocka_unit_test(test_guest_never_holds_a_value),
+        cmocka_unit_test(test_bad_input),        cmocka_unit_test(test_inject_methods),
+        cmocka_unit_test(test_nearest_scope),    cmocka_unit_test(test_placeholders),
+        cmocka_unit_test(test_rate_and_expiry),  cmocka_unit_test(test_rotate_delete),
+        cmocka_unit_test(test_events),           cmocka_unit_test(test_bench_injection),
+        cmocka_unit_test(test_tenant_isolation), cmocka_unit_test(test_master_key_rotation),
+        cmocka_unit_test(test_credstore_down),   cmocka_unit_test(test_guest_never_holds_a_value),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -633,6 +633,121 @@ static void test_events(void **state)
     PQfinish(db);
 }
 
+/* A recursive delete that takes the agent longer than one data-plane call is answered when it
+ * ends, and its FileRemoved is in the log (before: 502 after 30.5 s, no event). The stack's
+ * worker answers pending after 1 s (SPACE_FILE_CALL_MS), so this delete (~15 s) goes through
+ * many rounds of asking again, as one of 30 s would at the default. The sandbox answers
+ * commands meanwhile: the agent removes in a child process. */
+typedef struct {
+    char path[256];
+    atomic_bool done;
+    int status;
+    double s;
+    char body[512];
+} remove_job_t;
+
+static void *remove_main(void *arg)
+{
+    remove_job_t *j = arg;
+    sp_httpc_req_t q = {.host = "127.0.0.1",
+                        .port = port,
+                        .method = "DELETE",
+                        .path = j->path,
+                        .key = key,
+                        .timeout_ms = 900000};
+    sp_httpc_resp_t r;
+    int64_t t0 = sp_mono_ns();
+    j->status = sp_httpc_do(&q, &r) < 0 ? -1 : r.status;
+    j->s = (double)(sp_mono_ns() - t0) / 1e9;
+    if (j->status >= 0) {
+        snprintf(j->body, sizeof(j->body), "%s", r.body ? r.body : "");
+        sp_httpc_resp_free(&r);
+    }
+    atomic_store(&j->done, true);
+    return NULL;
+}
+
+static void test_remove_many(void **state)
+{
+    (void)state;
+    const char *id = sbx[1];
+    int64_t t0 = sp_mono_ns();
+    sp_test_cmd_t c = sp_test_run(port, key, id,
+                                  "{\"cmd\":\"mkdir -p /root/many && cd /root/many && seq 100000 | "
+                                  "xargs touch && ls | wc -l\",\"timeout_s\":600}");
+    assert_int_equal(c.status, 200);
+    assert_int_equal(c.exit_code, 0);
+    assert_int_equal(strtol(c.stdout_s, NULL, 10), 100000);
+    sp_test_cmd_free(&c);
+    print_message("100,000 files made in %.1f s\n", (double)(sp_mono_ns() - t0) / 1e9);
+
+    static remove_job_t j;
+    snprintf(j.path, sizeof(j.path), "/v1/sandboxes/%s/files?path=/root/many&recursive=true", id);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, remove_main, &j), 0);
+    usleep(2000 * 1000);
+    bool during = !atomic_load(&j.done);
+    int64_t c0 = sp_mono_ns();
+    c = sp_test_run(port, key, id, "{\"cmd\":\"echo alive\"}");
+    bool still = !atomic_load(&j.done);
+    assert_int_equal(c.status, 200);
+    assert_string_equal(c.stdout_s, "alive\n");
+    sp_test_cmd_free(&c);
+    print_message("a command during the delete: %.3f s (delete still running: %s)\n",
+                  (double)(sp_mono_ns() - c0) / 1e9,
+                  during ? (still ? "yes" : "no") : "it was over");
+    if (during)
+        assert_true(still); /* the command did not wait for the delete */
+    pthread_join(t, NULL);
+    print_message("recursive delete of 100,000 files: %d in %.1f s\n", j.status, j.s);
+    if (j.status != 204)
+        fail_msg("DELETE answered %d: %.300s", j.status, j.body);
+
+    /* The directory is gone. */
+    c = sp_test_run(port, key, id, "{\"cmd\":\"ls /root/many 2>&1; echo rc=$?\"}");
+    assert_int_equal(c.status, 200);
+    assert_non_null(strstr(c.stdout_s, "No such file"));
+    sp_test_cmd_free(&c);
+
+    PGconn *db = sp_test_db();
+    assert_int_equal(sp_test_db_wait_scalar(db,
+                                            "SELECT count(*) FROM events WHERE type = "
+                                            "'FileRemoved' AND status = 'accepted' AND "
+                                            "position('/root/many'::bytea in payload) > 0",
+                                            1, 10000),
+                     1);
+
+    /* A client that gives up on a long delete: the delete goes on and is recorded. */
+    c = sp_test_run(port, key, id,
+                    "{\"cmd\":\"mkdir -p /root/gone && cd /root/gone && seq 30000 | xargs touch\","
+                    "\"timeout_s\":600}");
+    assert_int_equal(c.status, 200);
+    assert_int_equal(c.exit_code, 0);
+    sp_test_cmd_free(&c);
+    snprintf(j.path, sizeof(j.path), "/v1/sandboxes/%s/files?path=/root/gone&recursive=true", id);
+    sp_httpc_req_t q = {.host = "127.0.0.1",
+                        .port = port,
+                        .method = "DELETE",
+                        .path = j.path,
+                        .key = key,
+                        .timeout_ms = 1000};
+    sp_httpc_resp_t r;
+    if (sp_httpc_do(&q, &r) == 0) {
+        print_message("the 30,000-file delete answered %d within 1 s\n", r.status);
+        sp_httpc_resp_free(&r);
+    }
+    assert_int_equal(sp_test_db_wait_scalar(db,
+                                            "SELECT count(*) FROM events WHERE type = "
+                                            "'FileRemoved' AND status = 'accepted' AND "
+                                            "position('/root/gone'::bytea in payload) > 0",
+                                            1, 120000),
+                     1);
+    c = sp_test_run(port, key, id, "{\"cmd\":\"ls /root/gone 2>&1\"}");
+    assert_non_null(strstr(c.stdout_s, "No such file"));
+    sp_test_cmd_free(&c);
+    PQfinish(db);
+}
+
 /* ---- space cp ---- */
 
 static char *slurp(const char *path)
@@ -682,13 +797,10 @@ static void test_cli_cp(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_small_round_trip),
-        cmocka_unit_test(test_operations),
-        cmocka_unit_test(test_isolation),
-        cmocka_unit_test(test_big_file),
-        cmocka_unit_test(test_abandoned_downloads),
-        cmocka_unit_test(test_events),
-        cmocka_unit_test(test_cli_cp),
+        cmocka_unit_test(test_small_round_trip),    cmocka_unit_test(test_operations),
+        cmocka_unit_test(test_isolation),           cmocka_unit_test(test_big_file),
+        cmocka_unit_test(test_abandoned_downloads), cmocka_unit_test(test_events),
+        cmocka_unit_test(test_remove_many),         cmocka_unit_test(test_cli_cp),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

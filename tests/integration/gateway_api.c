@@ -372,18 +372,7 @@ static void start_gateway(void)
               "--sse-write-timeout-s", "3", (char *)NULL);
         _exit(127);
     }
-    for (int i = 0; i < 300 && port == 0; i++) {
-        FILE *f = fopen(port_file, "r");
-        if (f) {
-            char line[16] = "";
-            port = fgets(line, sizeof(line), f) ? (int)strtol(line, NULL, 10) : 0;
-            fclose(f);
-        }
-        if (port == 0)
-            nanosleep(&(struct timespec){.tv_nsec = 50 * 1000 * 1000}, NULL);
-    }
-    if (port <= 0)
-        fail_msg("space-gateway wrote no port file; see %s", log_file);
+    port = sp_test_port_file(port_file, log_file);
 }
 
 static int setup(void **state)
@@ -485,9 +474,18 @@ static void test_health_and_auth(void **state)
     assert_string_not_equal(resp_header(&r, "x-request-id", v, sizeof(v)), "bad id!");
     resp_free(&r);
 
-    /* Unknown route, wrong method. */
-    http("GET", "/v2/nothing", key1, NULL, NULL, 0, false, &r);
+    /* Unknown route, wrong method. Under /v1 our error shape; elsewhere the clients are E2B's
+     * SDKs, whose shape is {"code": 404, "message"} (a number). */
+    http("GET", "/v1/nothing", key1, NULL, NULL, 0, false, &r);
     expect_error(&r, 404, "not_found");
+    resp_free(&r);
+    http("GET", "/v2/nothing", key1, NULL, NULL, 0, false, &r);
+    assert_int_equal(r.status, 404);
+    assert_non_null(r.doc);
+    int64_t code = 0;
+    assert_int_equal(sp_json_int(sp_json_get(sp_json_root(r.doc), "code"), 0, 999, &code), 0);
+    assert_int_equal(code, 404);
+    assert_non_null(jstr(&r, "message"));
     resp_free(&r);
     http("PUT", "/v1/sandboxes", key1, NULL, NULL, 0, false, &r);
     expect_error(&r, 405, "method_not_allowed");

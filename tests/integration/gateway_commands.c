@@ -40,6 +40,8 @@
 #include "hash.h"
 #include "ids.h"
 #include "json.h"
+#include "request.h"
+#include "verifier.h"
 #include "xmalloc.h"
 
 #define WORKER      "w-test"
@@ -180,12 +182,23 @@ static void reply(const char *to, bool accepted, const char *error, const char *
     free(buf);
 }
 
-static void on_exec(void *arg, const char *subject, const char *reply_to, const uint8_t *data,
-                    size_t len)
+/* The fake worker checks what a worker checks: the gateway's signed request (request.h). */
+static sp_verifier_t *verifier;
+static sp_request_guard_t *guard;
+
+static void on_exec(void *arg, const char *subject, const char *reply_to, const uint8_t *raw,
+                    size_t raw_len)
 {
     (void)arg;
-    (void)subject;
-    Space__Io__V1__ExecRequest *req = space__io__v1__exec_request__unpack(NULL, len, data);
+    sp_request_t rq;
+    char why[SP_REASON_MAX];
+    if (sp_request_take(guard, bus, subject, reply_to, raw, raw_len, &rq, why) != 0) {
+        fprintf(stderr, "fake worker: request refused: %s\n", why);
+        sp_request_dispose(&rq);
+        return;
+    }
+    Space__Io__V1__ExecRequest *req = space__io__v1__exec_request__unpack(NULL, rq.len, rq.body);
+    sp_request_dispose(&rq);
     if (!req || !reply_to) {
         fprintf(stderr, "fake worker: not an ExecRequest\n");
         return;
@@ -635,18 +648,7 @@ static void start_gateway(void)
               port_file, "--sse-keepalive-s", "1", "--sse-write-timeout-s", "20", (char *)NULL);
         _exit(127);
     }
-    for (int i = 0; i < 300 && port == 0; i++) {
-        FILE *f = fopen(port_file, "r");
-        if (f) {
-            char line[16] = "";
-            port = fgets(line, sizeof(line), f) ? (int)strtol(line, NULL, 10) : 0;
-            fclose(f);
-        }
-        if (port == 0)
-            nanosleep(&(struct timespec){.tv_nsec = 50 * 1000 * 1000}, NULL);
-    }
-    if (port <= 0)
-        fail_msg("space-gateway wrote no port file; see %s", log_file);
+    port = sp_test_port_file(port_file, log_file);
 }
 
 static int setup(void **state)
@@ -663,6 +665,10 @@ static int setup(void **state)
         fail_msg("schema not migrated");
     assert_int_equal(sp_apikey_create(db, "t1", "commands test", &key1, key1_id), 0);
     assert_int_equal(sp_apikey_create(db, "t2", "commands test", &key2, key_id), 0);
+    char verr[SP_VERIFIER_ERR_MAX];
+    if (sp_verifier_new("auto", NULL, sp_test_env("SPACE_CREDS_DIR"), 0, &verifier, verr) < 0)
+        fail_msg("verifier: %s", verr);
+    sp_request_guard_new(verifier, &guard);
     assert_int_equal(
         sp_bus_subscribe(bus, "space.io.wkr." WORKER ".exec", NULL, on_exec, NULL, &exec_sub), 0);
     assert_int_equal(sp_bus_flush(bus, 5000), 0);
@@ -693,6 +699,8 @@ static int teardown(void **state)
     sp_bus_unsubscribe(exec_sub);
     for (int i = 0; i < 600 && atomic_load(&players) > 0; i++)
         nanosleep(&(struct timespec){.tv_nsec = 50 * 1000 * 1000}, NULL);
+    sp_request_guard_free(guard);
+    sp_verifier_free(verifier);
     explicit_bzero(key1, strlen(key1));
     explicit_bzero(key2, strlen(key2));
     free(key1);

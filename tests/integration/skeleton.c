@@ -54,10 +54,25 @@ static char *sh(const char *cmd)
     return sp_xstrdup(buf);
 }
 
+/* The runsc container of sandbox id: a sandbox claimed from a warm pool keeps its pool id's
+ * (docs/pools.md: bundles/<id> links to it). */
+static void container_of(const char *id, char out[80])
+{
+    char *link = sp_xasprintf("%s/worker/bundles/%s", sp_test_env("SPACE_HOME"), id);
+    ssize_t n = readlink(link, out, 79);
+    free(link);
+    if (n > 0)
+        out[n] = '\0';
+    else
+        snprintf(out, 80, "%s", id);
+}
+
 static char *runsc_exec(const char *id, const char *cmd)
 {
+    char cid[80];
+    container_of(id, cid);
     char *c = sp_xasprintf("runsc --root='%s/worker/runsc' exec %s /bin/sh -c '%s' 2>&1",
-                           sp_test_env("SPACE_HOME"), id, cmd);
+                           sp_test_env("SPACE_HOME"), cid, cmd);
     char *out = sh(c);
     free(c);
     return out;
@@ -285,8 +300,10 @@ static void test_worker_restart(void **state)
         assert_int_equal(c[i].status, 201);
     }
     sp_test_daemon_kill9("space-worker");
+    char cid[80];
+    container_of(c[2].id, cid);
     char *cmd = sp_xasprintf("runsc --root='%s/worker/runsc' delete --force %s 2>&1",
-                             sp_test_env("SPACE_HOME"), c[2].id);
+                             sp_test_env("SPACE_HOME"), cid);
     free(sh(cmd));
     free(cmd);
     assert_int_equal(sp_test_space("up >/dev/null"), 0);

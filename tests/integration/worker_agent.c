@@ -400,6 +400,9 @@ static int group_setup(void **state)
                             .state_dir = state_dir,
                             .volume_dir = vol_dir,
                             .image_bytes = IMAGE_BYTES,
+                            /* Each sandbox's own disk limit must fit in what the small test
+                             * volume has free (the reserve check, docs/faults.md). */
+                            .disk_mb_default = 256,
                             .runsc = "runsc",
                             .runsc_platform = "ptrace",
                             .net_prefix = NET_PREFIX,
@@ -576,15 +579,22 @@ static void test_env_cwd_uid(void **state)
     opts_t o = {.env = env1, .cwd = "/tmp"};
     expect_out(&box_a, foo, &o, "bar baz:/tmp\n");
 
-    /* Exactly the env given, plus a default PATH. */
+    /* The env given, plus what a login sets that it lacks: a default PATH, and HOME, USER
+     * and LOGNAME from /etc/passwd (HOME alone, "/", for a uid it does not name). */
     const char *env2[] = {"A=1", NULL};
     const char *envp[] = {"env", NULL};
     o = (opts_t){.env = env2};
     expect_out(&box_a, envp, &o,
-               "A=1\nPATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n");
-    const char *env3[] = {"PATH=/bin", "B=2", NULL};
+               "A=1\nPATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+               "HOME=/root\nUSER=root\nLOGNAME=root\n");
+    const char *env3[] = {"PATH=/bin", "B=2", "HOME=/tmp", NULL};
     o = (opts_t){.env = env3};
-    expect_out(&box_a, envp, &o, "PATH=/bin\nB=2\n");
+    expect_out(&box_a, envp, &o, "PATH=/bin\nB=2\nHOME=/tmp\nUSER=root\nLOGNAME=root\n");
+    const char *env4[] = {"PATH=/bin", NULL};
+    o = (opts_t){.env = env4, .uid = 1000, .gid = 1000};
+    expect_out(&box_a, envp, &o, "PATH=/bin\nHOME=/home/user\nUSER=user\nLOGNAME=user\n");
+    o = (opts_t){.env = env4, .uid = 4242, .gid = 4242};
+    expect_out(&box_a, envp, &o, "PATH=/bin\nHOME=/\n");
 
     /* cwd "": the user's home from /etc/passwd. */
     const char *pwd[] = {"pwd", NULL};

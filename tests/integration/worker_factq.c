@@ -121,7 +121,7 @@ static void test_exit_takes_held_facts_along(void **state)
     (void)state;
     wk_factq_t *q = NULL;
     char got[256];
-    assert_int_equal(wk_factq_new(bus, token("along"), &q), 0);
+    assert_int_equal(wk_factq_new(bus, token("along"), NULL, &q), 0);
     push(q, SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED, "started:a", LONG_HOLD_MS);
     push(q, SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT, "out:a:0", LONG_HOLD_MS);
     push(q, SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED, "exited:a", 0);
@@ -136,7 +136,7 @@ static void test_held_fact_waits_until_sync(void **state)
     (void)state;
     wk_factq_t *q = NULL;
     char got[256];
-    assert_int_equal(wk_factq_new(bus, token("sync"), &q), 0);
+    assert_int_equal(wk_factq_new(bus, token("sync"), NULL, &q), 0);
     push(q, SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED, "started:s", LONG_HOLD_MS);
     stored("sync", 0, 0, got, sizeof(got));
     assert_string_equal(got, "");
@@ -151,7 +151,7 @@ static void test_stop_sends_held_facts(void **state)
     (void)state;
     wk_factq_t *q = NULL;
     char got[256];
-    assert_int_equal(wk_factq_new(bus, token("stop"), &q), 0);
+    assert_int_equal(wk_factq_new(bus, token("stop"), NULL, &q), 0);
     push(q, SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED, "started:p", LONG_HOLD_MS);
     push(q, SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT, "out:p:0", LONG_HOLD_MS);
     wk_factq_free(q);
@@ -164,7 +164,7 @@ static void test_same_msg_id_stored_once(void **state)
     (void)state;
     wk_factq_t *q = NULL;
     char got[256];
-    assert_int_equal(wk_factq_new(bus, token("dup"), &q), 0);
+    assert_int_equal(wk_factq_new(bus, token("dup"), NULL, &q), 0);
     /* What a batch retried after a lost ack looks like to the stream. */
     push(q, SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED, "exited:d", 0);
     push(q, SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED, "exited:d", 0);

@@ -223,6 +223,9 @@ static int open_host(char err[WK_ERR_MAX])
                             .state_dir = state_dir,
                             .volume_dir = vol_dir,
                             .image_bytes = IMAGE_BYTES,
+                            /* Each sandbox's own disk limit must fit in what the small test
+                             * volume has free (the reserve check, docs/faults.md). */
+                            .disk_mb_default = 256,
                             .runsc = "runsc",
                             .runsc_platform = "ptrace",
                             .net_prefix = NET_PREFIX};

@@ -44,8 +44,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/capability.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/types.h>
@@ -61,23 +64,26 @@
 #define AGENT_VERSION "0"
 #endif
 
-#define PROTOCOL      1
-#define FRAME_MAX     (128 * 1024) /* proto/agent.proto; worker_agent.h WK_AGENT_FRAME_MAX */
-#define DATA_MAX      (64 * 1024)  /* data bytes of one Output frame */
-#define MAX_CMDS      256          /* worker_agent.h WK_AGENT_MAX_COMMANDS */
-#define CMD_ID_MAX    64
-#define OUT_HIGH      (1u << 20)
-#define STDIN_HIGH    (1u << 20)
-#define IN_READ_MAX   (256 * 1024) /* bytes read from fd 0 per turn */
-#define EXIT_GRACE_MS 200
-#define GRACE_POLL_MS 50
-#define REAP_RETRY_MS 20
-#define REAP_SWEEP_MS 1000
-#define CHILD_STACK   (64 * 1024)
-#define ERR_MSG_MAX   512
-#define DEFAULT_PATH  "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#define CHAN_SOCKET   "/.space/chan/agent.sock"
-#define RECONNECT_MS  50 /* cheap: a failed connect() to a missing socket */
+#define PROTOCOL        1
+#define FRAME_MAX       (128 * 1024) /* proto/agent.proto; worker_agent.h WK_AGENT_FRAME_MAX */
+#define DATA_MAX        (64 * 1024)  /* data bytes of one Output frame */
+#define MAX_CMDS        256          /* worker_agent.h WK_AGENT_MAX_COMMANDS */
+#define CMD_ID_MAX      64
+#define OUT_HIGH        (1u << 20)
+#define STDIN_HIGH      (1u << 20)
+#define IN_READ_MAX     (256 * 1024) /* bytes read from fd 0 per turn */
+#define EXIT_GRACE_MS   200
+#define GRACE_POLL_MS   50
+#define REAP_RETRY_MS   20
+#define REAP_SWEEP_MS   1000
+#define CHILD_STACK     (64 * 1024)
+#define ERR_MSG_MAX     512
+#define DEFAULT_PATH    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#define PTY_TERM        "xterm-256color" /* envd's TERM in a pty */
+#define ARGV_KEPT_N     64               /* agent.proto Running.argv */
+#define ARGV_KEPT_BYTES 4096
+#define CHAN_SOCKET     "/.space/chan/agent.sock"
+#define RECONNECT_MS    50 /* cheap: a failed connect() to a missing socket */
 
 typedef Space__Agent__V1__AgentFrame frame_t;
 
@@ -102,6 +108,11 @@ typedef struct {
     int64_t deadline; /* ms on the monotonic clock; 0 = no timeout */
     int64_t reaped_at;
     unsigned reap_tries; /* loop turns that found its output over but no exit yet */
+    /* Its Exec's argv (the first ARGV_KEPT_N within ARGV_KEPT_BYTES) and cwd, for the Hello of
+     * a later channel: the worker lists the command by them after a reconnection. */
+    char *argv_kept[ARGV_KEPT_N];
+    size_t n_argv_kept;
+    char *cwd_kept;
 } cmd_t;
 
 static bytes_t out_q;   /* frames for the worker */
@@ -295,6 +306,9 @@ static void send_hello(void)
         run[i].pid = (uint32_t)cmds[i]->pid;
         run[i].pty = cmds[i]->pty;
         run[i].stdin_open = cmds[i]->in_fd >= 0 && !cmds[i]->in_eof;
+        run[i].argv = cmds[i]->argv_kept;
+        run[i].n_argv = cmds[i]->n_argv_kept;
+        run[i].cwd = cmds[i]->cwd_kept;
         runp[i] = &run[i];
     }
     h.running = runp;
@@ -398,8 +412,20 @@ static void close_pending(void)
         close(close_q[--n_close_q]);
 }
 
+/* Out of memory aborts, as everywhere in the agent. */
+static char *xstrdup(const char *s)
+{
+    char *d = strdup(s);
+    if (!d)
+        abort();
+    return d;
+}
+
 static void cmd_free(cmd_t *c)
 {
+    for (size_t i = 0; i < c->n_argv_kept; i++)
+        free(c->argv_kept[i]);
+    free(c->cwd_kept);
     close_fd(&c->out_fd[0]);
     close_fd(&c->out_fd[1]);
     close_fd(&c->in_fd);
@@ -407,10 +433,14 @@ static void cmd_free(cmd_t *c)
     free(c);
 }
 
-/* The home directory field of uid's first entry in /etc/passwd; "" when there is none. */
-static void passwd_home(uint32_t uid, char *out, size_t len)
+#define NAME_MAX_LEN 64
+
+/* The home directory and name fields of uid's first entry in /etc/passwd; "" when there is
+ * none. name holds NAME_MAX_LEN + 1 bytes. */
+static void passwd_home(uint32_t uid, char *out, size_t len, char *name)
 {
     out[0] = '\0';
+    name[0] = '\0';
     FILE *f = fopen("/etc/passwd", "re");
     if (!f)
         return;
@@ -442,6 +472,7 @@ static void passwd_home(uint32_t uid, char *out, size_t len)
         if (errno || *end || v != uid)
             continue;
         snprintf(out, len, "%s", field[5]);
+        snprintf(name, NAME_MAX_LEN + 1, "%s", field[0]);
         break;
     }
     fclose(f);
@@ -460,6 +491,7 @@ static struct {
     struct {
         uint32_t uid;
         char home[HOME_MAX];
+        char name[NAME_MAX_LEN + 1];
     } e[HOMES_CACHED];
 } homes;
 
@@ -470,11 +502,13 @@ static bool same_file(const struct stat *a, const struct stat *b)
            a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
 }
 
-/* The home directory of uid from /etc/passwd ("/" when there is none or it is missing). */
-static void home_of(uint32_t uid, char *out, size_t len)
+/* The home directory of uid from /etc/passwd ("/" when there is none or it is missing), and
+ * its name (NAME_MAX_LEN + 1 bytes; "" when there is none). */
+static void home_of(uint32_t uid, char *out, size_t len, char *name)
 {
     struct stat st;
     snprintf(out, len, "/");
+    name[0] = '\0';
     if (stat("/etc/passwd", &st) < 0)
         return;
     if (!homes.valid || !same_file(&homes.id, &st)) {
@@ -484,14 +518,18 @@ static void home_of(uint32_t uid, char *out, size_t len)
     }
     const char *home = NULL;
     for (size_t i = 0; i < homes.n && !home; i++) {
-        if (homes.e[i].uid == uid)
+        if (homes.e[i].uid == uid) {
             home = homes.e[i].home;
+            snprintf(name, NAME_MAX_LEN + 1, "%s", homes.e[i].name);
+        }
     }
     if (!home) {
         if (homes.n == HOMES_CACHED)
             homes.n = 0;
         homes.e[homes.n].uid = uid;
-        passwd_home(uid, homes.e[homes.n].home, sizeof(homes.e[homes.n].home));
+        passwd_home(uid, homes.e[homes.n].home, sizeof(homes.e[homes.n].home),
+                    homes.e[homes.n].name);
+        snprintf(name, NAME_MAX_LEN + 1, "%s", homes.e[homes.n].name);
         home = homes.e[homes.n++].home;
     }
     if (home[0] == '/' && stat(home, &st) == 0 && S_ISDIR(st.st_mode))
@@ -698,32 +736,54 @@ static void do_exec(const Space__Agent__V1__Exec *e)
         return;
     }
 
-    char home[HOME_MAX], path[4096];
+    char home[HOME_MAX], path[4096], name[NAME_MAX_LEN + 1];
+    char home_env[HOME_MAX + 5], user_env[NAME_MAX_LEN + 6], logname_env[NAME_MAX_LEN + 9];
     spawn_t s;
     memset(&s, 0, sizeof(s));
+    home_of(e->uid, home, sizeof(home), name);
     s.cwd = e->cwd;
-    if (!s.cwd || !s.cwd[0]) {
-        home_of(e->uid, home, sizeof(home));
+    if (!s.cwd || !s.cwd[0])
         s.cwd = home;
-    }
     s.uid = (uid_t)e->uid;
     s.gid = (gid_t)e->gid;
     s.same_creds = own_creds && s.uid == own_uid && s.gid == own_gid;
     /* argv and env point into the decoded frame, which outlives the child's exec. */
     s.argv = calloc(e->n_argv + 1, sizeof(char *));
     s.sh_argv = calloc(e->n_argv + 2, sizeof(char *));
-    s.envp = calloc(e->n_env + 2, sizeof(char *));
+    s.envp = calloc(e->n_env + 6, sizeof(char *));
     if (!s.argv || !s.sh_argv || !s.envp)
         abort();
     for (size_t i = 0; i < e->n_argv; i++)
         s.argv[i] = e->argv[i];
-    bool has_path = false;
+    /* What a login would set (login(1), envd): PATH, HOME, USER and LOGNAME of the user the
+     * command runs as, TERM for a pty; the command's own env wins. */
+    bool has_path = false, has_home = false, has_user = false, has_logname = false;
+    bool has_term = false;
     for (size_t i = 0; i < e->n_env; i++) {
         s.envp[i] = e->env[i];
         has_path |= strncmp(e->env[i], "PATH=", 5) == 0;
+        has_home |= strncmp(e->env[i], "HOME=", 5) == 0;
+        has_user |= strncmp(e->env[i], "USER=", 5) == 0;
+        has_logname |= strncmp(e->env[i], "LOGNAME=", 8) == 0;
+        has_term |= strncmp(e->env[i], "TERM=", 5) == 0;
     }
+    size_t ne = e->n_env;
     if (!has_path)
-        s.envp[e->n_env] = DEFAULT_PATH;
+        s.envp[ne++] = DEFAULT_PATH;
+    if (!has_home) {
+        snprintf(home_env, sizeof(home_env), "HOME=%s", home);
+        s.envp[ne++] = home_env;
+    }
+    if (!has_user && name[0]) {
+        snprintf(user_env, sizeof(user_env), "USER=%s", name);
+        s.envp[ne++] = user_env;
+    }
+    if (!has_logname && name[0]) {
+        snprintf(logname_env, sizeof(logname_env), "LOGNAME=%s", name);
+        s.envp[ne++] = logname_env;
+    }
+    if (!has_term && e->pty)
+        s.envp[ne++] = "TERM=" PTY_TERM;
 
     int in[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
     int master = -1, slave = -1, master_w = -1;
@@ -797,6 +857,13 @@ static void do_exec(const Space__Agent__V1__Exec *e)
         abort();
     snprintf(c->id, sizeof(c->id), "%s", id);
     c->pid = pid;
+    for (size_t i = 0, bytes = 0; i < e->n_argv && i < ARGV_KEPT_N; i++) {
+        bytes += strlen(e->argv[i]) + 1;
+        if (bytes > ARGV_KEPT_BYTES)
+            break;
+        c->argv_kept[c->n_argv_kept++] = xstrdup(e->argv[i]);
+    }
+    c->cwd_kept = xstrdup(e->cwd ? e->cwd : "");
     if (e->pty) {
         /* One master, two descriptors: stdin can be closed apart from the output. */
         c->pty = true;
@@ -873,6 +940,60 @@ static void do_signal(const Space__Agent__V1__Signal *s)
     (void)kill(-c->pid, (int)s->signal);
 }
 
+/* Claim (proto/agent.proto, docs/pools.md): a warm-pool sandbox takes its identity. Its init
+ * alone was given CAP_SYS_ADMIN, for sethostname; it goes from every set right after, before
+ * the answer, so no command of the sandbox (all start after the claim) ever has it, and a
+ * second Claim fails. */
+static bool hostname_ok(const char *s)
+{
+    size_t n = 0;
+    for (; s[n]; n++) {
+        char ch = s[n];
+        if (n >= 64 ||
+            !((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '-'))
+            return false;
+    }
+    return n > 0;
+}
+
+static int drop_sys_admin(void)
+{
+    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof(data));
+    if (prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0) < 0 && errno != EINVAL)
+        return -errno;
+    if (syscall(SYS_capget, &hdr, data) < 0)
+        return -errno;
+    uint32_t bit = 1u << (CAP_SYS_ADMIN % 32);
+    size_t i = CAP_SYS_ADMIN / 32;
+    data[i].effective &= ~bit;
+    data[i].permitted &= ~bit;
+    data[i].inheritable &= ~bit;
+    if (syscall(SYS_capset, &hdr, data) < 0)
+        return -errno;
+    return 0;
+}
+
+static void do_claim(const Space__Agent__V1__Claim *c)
+{
+    char msg[ERR_MSG_MAX] = "";
+    const char *name = c->hostname ? c->hostname : "";
+    if (!hostname_ok(name))
+        snprintf(msg, sizeof(msg), "hostname must be [a-z0-9_-], 1..64 chars");
+    else if (sethostname(name, strlen(name)) < 0)
+        snprintf(msg, sizeof(msg), "sethostname: %s", strerror(errno));
+    int rc = drop_sys_admin();
+    if (rc < 0 && !msg[0])
+        snprintf(msg, sizeof(msg), "dropping CAP_SYS_ADMIN: %s", strerror(-rc));
+    Space__Agent__V1__Claimed d = SPACE__AGENT__V1__CLAIMED__INIT;
+    d.error = msg;
+    frame_t f = SPACE__AGENT__V1__AGENT_FRAME__INIT;
+    f.msg_case = SPACE__AGENT__V1__AGENT_FRAME__MSG_CLAIMED;
+    f.claimed = &d;
+    send_frame(&f);
+}
+
 static void handle_frame(const uint8_t *p, size_t n)
 {
     frame_t *f = space__agent__v1__agent_frame__unpack(NULL, n, p);
@@ -892,6 +1013,9 @@ static void handle_frame(const uint8_t *p, size_t n)
         break;
     case SPACE__AGENT__V1__AGENT_FRAME__MSG_RESIZE:
         do_resize(f->resize);
+        break;
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_CLAIM:
+        do_claim(f->claim);
         break;
     default:
         /* File operations live in agent_files.c. */
@@ -983,14 +1107,17 @@ static bool reap(bool all)
         if (p <= 0)
             return any;
         any = true;
-        for (size_t i = 0; i < n_cmds; i++) {
+        bool cmd = false;
+        for (size_t i = 0; i < n_cmds && !cmd; i++) {
             if (cmds[i]->pid == p && !cmds[i]->reaped) {
                 cmds[i]->reaped = true;
                 cmds[i]->status = st;
                 cmds[i]->reaped_at = now_ms();
-                break;
+                cmd = true;
             }
         }
+        if (!cmd)
+            (void)agent_files_reaped(p, st);
         if (!all) {
             reap_more = true;
             return true;
@@ -1173,6 +1300,8 @@ int main(int argc, char **argv)
             what[n].c = NULL;
             what[n++].kind = P_WATCH;
         }
+        if (agent_files_children() && (wake < 0 || sweep_at < wake))
+            wake = sweep_at; /* a remover's exit, found by the sweep below too */
         if (in_eof && out_dead && (wake < 0 || reconnect_at < wake))
             wake = reconnect_at;
         int timeout = -1;

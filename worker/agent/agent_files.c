@@ -11,6 +11,11 @@
  * written file, and an abandoned transfer leaves no target behind. Reads keep the file open
  * and answer FileRead with pread, in frames of at most DATA_MAX bytes.
  *
+ * A recursive remove of a directory runs in a child process (fork; its result when the agent
+ * reaps it, agent_files_reaped): it can take a long time (~15 s for 100,000 files in gVisor)
+ * and the loop keeps serving commands and other files meanwhile. At most MAX_REMOVERS at once;
+ * beyond, or when fork fails, the remove runs in the loop as before.
+ *
  * Bounds: at most MAX_XFERS transfers open at once; a FileRead covers at most READ_MAX bytes;
  * a list stops at max_entries (at most LIST_MAX) with truncated set, and a listed path longer
  * than PATH_MAX_LEN is skipped. */
@@ -25,7 +30,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "agent_files.h"
@@ -38,6 +45,7 @@
 #define PATH_MAX_LEN  4096
 #define ENTRIES_FRAME (96 * 1024) /* packed FileInfo bytes per FileEntries frame */
 #define ERR_MSG_MAX   512
+#define MAX_REMOVERS  4
 
 typedef Space__Agent__V1__AgentFrame frame_t;
 typedef Space__Agent__V1__FileInfo info_t;
@@ -266,8 +274,8 @@ static void op_write_open(const Space__Agent__V1__FileRequest *r)
     x->uid = r->uid;
     x->gid = r->gid;
     snprintf(x->path, sizeof(x->path), "%s", r->path);
-    snprintf(x->tmp, sizeof(x->tmp), "%s/.space-upload-%llu-XXXXXX", strcmp(dir, "/") ? dir : "",
-             (unsigned long long)r->xfer_id);
+    snprintf(x->tmp, sizeof(x->tmp), "%s/" AGENT_UPLOAD_TMP_PREFIX "%llu-XXXXXX",
+             strcmp(dir, "/") ? dir : "", (unsigned long long)r->xfer_id);
     x->fd = mkostemp(x->tmp, O_CLOEXEC);
     if (x->fd < 0) {
         e = errno;
@@ -278,6 +286,32 @@ static void op_write_open(const Space__Agent__V1__FileRequest *r)
     }
     xfers[n_xfers++] = x;
     send_result(r->xfer_id, NULL, false, false);
+}
+
+/* The last uploads' targets and whether a file was there (agent_files_upload_replaced): a
+ * watch reads them when the rename of a temporary file reaches it, after the commit. */
+#define UPLOADS_REMEMBERED 8
+static struct {
+    char path[PATH_MAX_LEN + 1];
+    bool replaced;
+} uploads[UPLOADS_REMEMBERED];
+static size_t uploads_next;
+
+static void upload_remember(const char *path, bool replaced)
+{
+    snprintf(uploads[uploads_next].path, sizeof(uploads[uploads_next].path), "%s", path);
+    uploads[uploads_next].replaced = replaced;
+    uploads_next = (uploads_next + 1) % UPLOADS_REMEMBERED;
+}
+
+int agent_files_upload_replaced(const char *path)
+{
+    for (size_t k = 1; k <= UPLOADS_REMEMBERED; k++) {
+        size_t i = (uploads_next + UPLOADS_REMEMBERED - k) % UPLOADS_REMEMBERED;
+        if (uploads[i].path[0] && strcmp(uploads[i].path, path) == 0)
+            return uploads[i].replaced ? 1 : 0;
+    }
+    return -1;
 }
 
 static void op_commit(const Space__Agent__V1__FileRequest *r)
@@ -296,6 +330,8 @@ static void op_commit(const Space__Agent__V1__FileRequest *r)
         return;
     }
     x->fd = -1;
+    struct stat st;
+    upload_remember(x->path, lstat(x->path, &st) == 0);
     if (rename(x->tmp, x->path) < 0) {
         send_errno(r->xfer_id, errno, "rename onto", x->path);
         xfer_drop(i);
@@ -464,6 +500,82 @@ static int rm_one(const char *path, const struct stat *st, int flag, struct FTW 
     return rc < 0 ? errno : 0;
 }
 
+/* Recursive removes in child processes: pid, transfer and path of each. */
+static struct {
+    pid_t pid;
+    uint64_t id;
+    char *path;
+} removers[MAX_REMOVERS];
+static size_t n_removers;
+
+/* The child holds none of the agent's descriptors: a command's stdin pipe kept open here would
+ * keep that command from seeing its EOF until the remove ends. */
+static void close_inherited(void)
+{
+#ifdef SYS_close_range
+    if (syscall(SYS_close_range, 0U, ~0U, 0U) == 0)
+        return;
+#endif
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return;
+    int self = dirfd(d);
+    for (struct dirent *e; (e = readdir(d));) {
+        char *end = NULL;
+        long fd = strtol(e->d_name, &end, 10);
+        if (e->d_name[0] >= '0' && e->d_name[0] <= '9' && *end == '\0' && fd != self)
+            close((int)fd);
+    }
+    closedir(d);
+}
+
+/* Forks the remover of directory path for request id; false when it could not (the caller
+ * removes in the loop). */
+static bool remove_in_child(const Space__Agent__V1__FileRequest *r)
+{
+    if (n_removers == MAX_REMOVERS)
+        return false;
+    pid_t pid = fork();
+    if (pid < 0)
+        return false;
+    if (pid == 0) {
+        close_inherited();
+        int rc = nftw(r->path, rm_one, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+        if (rc < 0)
+            rc = errno; /* nftw's own failure; else rm_one's errno, or 0 */
+        _exit(rc > 0 && rc < 256 ? rc : rc ? EIO : 0);
+    }
+    removers[n_removers].pid = pid;
+    removers[n_removers].id = r->xfer_id;
+    removers[n_removers++].path = strdup(r->path);
+    return true;
+}
+
+bool agent_files_reaped(pid_t pid, int status)
+{
+    for (size_t i = 0; i < n_removers; i++) {
+        if (removers[i].pid != pid)
+            continue;
+        const char *path = removers[i].path ? removers[i].path : "";
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+            send_result(removers[i].id, NULL, false, false);
+        else if (WIFEXITED(status))
+            send_errno(removers[i].id, WEXITSTATUS(status), "remove", path);
+        else
+            send_failed(removers[i].id, "io", "remove %.300s: the remover ended by signal %d", path,
+                        WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+        free(removers[i].path);
+        removers[i] = removers[--n_removers];
+        return true;
+    }
+    return false;
+}
+
+bool agent_files_children(void)
+{
+    return n_removers > 0;
+}
+
 static void op_remove(const Space__Agent__V1__FileRequest *r)
 {
     struct stat st;
@@ -480,6 +592,8 @@ static void op_remove(const Space__Agent__V1__FileRequest *r)
         rc = unlink(r->path) < 0 ? errno : 0;
     else if (!r->recursive)
         rc = rmdir(r->path) < 0 ? errno : 0;
+    else if (remove_in_child(r))
+        return; /* answered when it is reaped */
     else
         rc = nftw(r->path, rm_one, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
     if (rc > 0 || rc < 0) {

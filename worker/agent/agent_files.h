@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 #include "agent.pb-c.h"
 
@@ -15,6 +16,20 @@ void agent_send_frame(const Space__Agent__V1__AgentFrame *f);
 /* Carries out a file frame (FileRequest, FileWrite, FileRead) and queues its replies. False
  * when f is not a file frame. */
 bool agent_files_handle(const Space__Agent__V1__AgentFrame *f);
+
+/* A child the agent reaped (pid 1 reaps all): when it was a recursive remove's, its result
+ * is queued and true is returned. */
+bool agent_files_reaped(pid_t pid, int status);
+/* Whether such children run (the loop then looks for their exits without waiting for
+ * SIGCHLD). */
+bool agent_files_children(void);
+
+/* An upload writes "<target's dir>/" AGENT_UPLOAD_TMP_PREFIX "<xfer>-XXXXXX" and renames it
+ * onto the target at commit: watches hide these names and report the target instead. */
+#define AGENT_UPLOAD_TMP_PREFIX ".space-upload-"
+/* Whether the newest of the last uploads committed onto path replaced a file there: 1 yes,
+ * 0 no (it created the file), -1 none of them was to path. */
+int agent_files_upload_replaced(const char *path);
 
 /* The agent.proto FileFailed code of an errno (agent_files.c). */
 const char *agent_errno_code(int e);

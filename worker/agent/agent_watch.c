@@ -8,7 +8,9 @@
  * descriptors would report under a stale path); moved back in, it is watched again.
  *
  * Event types follow what E2B's envd reports (through fsnotify): IN_CREATE and IN_MOVED_TO are
- * create, IN_MODIFY write, IN_DELETE remove, IN_MOVED_FROM rename, IN_ATTRIB chmod.
+ * create, IN_MODIFY write, IN_DELETE remove, IN_MOVED_FROM rename, IN_ATTRIB chmod. An upload
+ * (agent_files.c: a temporary file renamed onto the target) shows as envd's in-place write
+ * does: create (when the target is new) and write of the target, the temporary name never.
  *
  * Bounds, all per watch: at most DIRS_MAX directories; events go through a token bucket of
  * RATE per second (BURST at once) and a queue of PENDING_MAX events or PENDING_BYTES bytes; an
@@ -82,6 +84,7 @@ typedef struct {
     int64_t refill_ms;
     bool ended; /* the root went away: send what is queued, then FileFailed */
     const char *end_why;
+    uint32_t upload_cookie; /* IN_MOVED_FROM of an upload's temporary file (0: none) */
 } watch_t;
 
 static watch_t *watches[AGENT_MAX_WATCHES];
@@ -424,6 +427,20 @@ static void on_event(watch_t *w, const struct inotify_event *ev)
     if (ev->len == 0 || join(path, d->path, ev->name) < 0)
         return;
     bool is_dir = (ev->mask & IN_ISDIR) != 0;
+    /* An upload's temporary file is no event of its own (envd writes in place): its rename
+     * onto the target is the target's create, or its write when a file was there. */
+    if (strncmp(ev->name, AGENT_UPLOAD_TMP_PREFIX, strlen(AGENT_UPLOAD_TMP_PREFIX)) == 0) {
+        if (ev->mask & IN_MOVED_FROM)
+            w->upload_cookie = ev->cookie;
+        return;
+    }
+    if ((ev->mask & IN_MOVED_TO) && ev->cookie && ev->cookie == w->upload_cookie) {
+        w->upload_cookie = 0;
+        if (agent_files_upload_replaced(path) != 1)
+            q_add(w, T_CREATE, path);
+        q_add(w, T_WRITE, path);
+        return;
+    }
     if (ev->mask & (IN_CREATE | IN_MOVED_TO)) {
         q_add(w, T_CREATE, path);
         if (is_dir && w->recursive)

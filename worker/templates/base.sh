@@ -1,8 +1,10 @@
 #!/bin/sh
 # Builds the "base" template into DIR, an empty writable btrfs subvolume that the worker then
 # snapshots read-only: Debian bookworm minbase with bash, coreutils, iproute2, curl,
-# ca-certificates and python3, the statx shim in /etc/ld.so.preload (runtime-notes.md: GNU
-# coreutils fail under this runsc without it), and user "user" (uid 1000) with /home/user.
+# ca-certificates, python3 (also as `python`), git and sudo, the statx shim in
+# /etc/ld.so.preload (runtime-notes.md: GNU coreutils fail under this runsc without it), and
+# user "user" (uid 1000) with /home/user, who may sudo without a password. What E2B's own
+# `base` carries that its SDK tests use (git, sudo, python): issue 19.
 #
 # Usage: base.sh DIR STATX_SHIM_C [MIRROR]
 # MIRROR defaults to the Debian archive this host's apt uses (/etc/apt/sources.list{,.d}).
@@ -34,10 +36,18 @@ if [ -z "$mirror" ]; then
 fi
 echo "base.sh: mirror $mirror"
 
-debootstrap --variant=minbase --include=bash,coreutils,iproute2,curl,ca-certificates,python3 \
+debootstrap --variant=minbase \
+    --include=bash,coreutils,iproute2,curl,ca-certificates,python3,python-is-python3,git,sudo \
     bookworm "$dir" "$mirror"
 
 chroot "$dir" useradd --create-home --uid 1000 --user-group --shell /bin/bash user
+# E2B's user may become root: passwordless sudo.
+echo 'user ALL=(ALL:ALL) NOPASSWD: ALL' >"$dir/etc/sudoers.d/user"
+chmod 0440 "$dir/etc/sudoers.d/user"
+# debootstrap copied this host's name; the sandbox's own is its UTS name (the sandbox id, set
+# by the worker), which /etc/hosts resolves through "localhost" aliases only, so the file
+# holds a neutral name instead of the build host's.
+echo sandbox >"$dir/etc/hostname"
 
 # The host is Debian bookworm too, so its gcc builds against the same glibc as the template.
 mkdir -p "$dir/usr/local/lib/space"

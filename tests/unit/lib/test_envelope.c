@@ -129,6 +129,54 @@ static void test_oversized(void **state)
     free(big);
 }
 
+/* Encodes the fixture with extra wire records appended, decodes, and returns the result. */
+static int decode_with(const uint8_t *extra, size_t n, char reason[SP_REASON_MAX], int *pb_ok)
+{
+    fixture_t f;
+    uint8_t *buf, all[1024];
+    size_t len;
+
+    make_create(&f);
+    assert_int_equal(sp_envelope_encode(&f.env, &buf, &len), 0);
+    assert_true(len + n <= sizeof(all));
+    memcpy(all, buf, len);
+    memcpy(all + len, extra, n);
+    free(buf);
+    sp_envelope_t *raw = space__v1__envelope__unpack(NULL, len + n, all);
+    *pb_ok = raw != NULL;
+    if (raw)
+        space__v1__envelope__free_unpacked(raw, NULL);
+    reason[0] = '\0';
+    return decode_rc(all, len + n, reason);
+}
+
+/* What protobuf-c accepts but cannot give back is refused (the fuzzer found the first: a
+ * field numbered 0 under a non-minimal key); fields this build does not know still pass. */
+static void test_wire_forms(void **state)
+{
+    char reason[SP_REASON_MAX];
+    int pb_ok;
+
+    static const uint8_t field0[] = {0x82, 0x00, 0x00}; /* key 0|LEN as 2 bytes, empty */
+    assert_int_equal(decode_with(field0, sizeof(field0), reason, &pb_ok), SP_EDECODE);
+    assert_true(pb_ok); /* protobuf-c alone lets it through */
+    assert_non_null(strstr(reason, "field number 0"));
+
+    static const uint8_t nul_tenant[] = {0x22, 0x03, 'a', 0x00, 'b'}; /* tenant = "a\0b" */
+    assert_int_equal(decode_with(nul_tenant, sizeof(nul_tenant), reason, &pb_ok), SP_EDECODE);
+    assert_true(pb_ok);
+    assert_non_null(strstr(reason, "Envelope.tenant"));
+
+    /* Inside the payload (field 100, merged into it): template = "b\0se". */
+    static const uint8_t nul_nested[] = {0xa2, 0x06, 0x06, 0x0a, 0x04, 'b', 0x00, 's', 'e'};
+    assert_int_equal(decode_with(nul_nested, sizeof(nul_nested), reason, &pb_ok), SP_EDECODE);
+    assert_true(pb_ok);
+    assert_non_null(strstr(reason, "SandboxCreateRequested.template"));
+
+    static const uint8_t unknown[] = {0xfa, 0x07, 0x02, 'o', 'k'}; /* field 127, LEN */
+    assert_int_equal(decode_with(unknown, sizeof(unknown), reason, &pb_ok), 0);
+}
+
 static void expect_invalid(fixture_t *f, int want, const char *needle)
 {
     char reason[SP_REASON_MAX] = "";
@@ -186,9 +234,11 @@ static void test_field_validation(void **state)
     f.env_names[0] = "1BAD=NAME";
     expect_invalid(&f, SP_ESCHEMA, "env_names");
 
+    /* Values (vcpu, template name, time limits) are the intent check's (test_intent.c): the
+     * bus stores a well-formed create and the scheduler refuses it in the open. */
     make_create(&f);
-    f.res.vcpu = 1000;
-    expect_invalid(&f, SP_ESCHEMA, "vcpu");
+    f.create.on_timeout = "a long on_timeout value";
+    expect_invalid(&f, SP_ESCHEMA, "on_timeout");
 
     make_create(&f);
     f.create.template_ = "";
@@ -270,6 +320,46 @@ static void test_encode_refuses_invalid(void **state)
 }
 
 /* File events: a path the files API would produce, a digest of 32 bytes, never content. */
+/* Sealed output (docs/audit.md): ciphertext, a 12-byte nonce and a key id, never next to
+ * plaintext. */
+static void test_sealed_output(void **state)
+{
+    fixture_t f;
+    char reason[SP_REASON_MAX];
+    uint8_t ct[40] = {0}, nonce[12] = {0}, text[4] = "abc";
+    Space__V1__CommandOutput o = SPACE__V1__COMMAND_OUTPUT__INIT;
+    (void)state;
+    make_create(&f);
+    o.cmd_id = "cmd_1";
+    o.stream = 1;
+    o.ciphertext = (ProtobufCBinaryData){sizeof(ct), ct};
+    o.nonce = (ProtobufCBinaryData){sizeof(nonce), nonce};
+    o.key_id = "0123456789abcdef";
+    f.env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT;
+    f.env.command_output = &o;
+    sp_envelope_stamp(&f.env, f.id);
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+    o.data = (ProtobufCBinaryData){3, text};
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    assert_non_null(strstr(reason, "plaintext"));
+    o.data = (ProtobufCBinaryData){0, NULL};
+    o.nonce.len = 11;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    o.nonce.len = 12;
+    o.ciphertext.len = 15;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    o.ciphertext.len = sizeof(ct);
+    o.key_id = "0123456789ABCDEF";
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    o.key_id = "";
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    /* Plaintext alone is still valid (--seal-output off). */
+    o.ciphertext = (ProtobufCBinaryData){0, NULL};
+    o.nonce = (ProtobufCBinaryData){0, NULL};
+    o.data = (ProtobufCBinaryData){3, text};
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+}
+
 static void test_file_events(void **state)
 {
     fixture_t f;
@@ -322,13 +412,49 @@ static void test_file_events(void **state)
     assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
 }
 
+/* A heartbeat's disk numbers must be consistent: free and reserve within the total. */
+static void test_heartbeat_disk(void **state)
+{
+    (void)state;
+    sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
+    Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
+    Space__V1__WorkerHeartbeat hb = SPACE__V1__WORKER_HEARTBEAT__INIT;
+    char id[37], reason[SP_REASON_MAX];
+    agg.kind = "worker";
+    agg.id = "w1";
+    env.aggregate = &agg;
+    env.actor = "svc:worker";
+    hb.worker = "w1";
+    hb.interval_ms = 1000;
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_WORKER_HEARTBEAT;
+    env.worker_heartbeat = &hb;
+    sp_envelope_stamp(&env, id);
+    assert_int_equal(sp_envelope_validate(&env, reason), 0); /* no disk reported */
+    hb.disk_mb_total = 20480;
+    hb.disk_mb_free = 9000;
+    hb.disk_mb_reserve = 1024;
+    assert_int_equal(sp_envelope_validate(&env, reason), 0);
+    hb.disk_mb_free = 20481;
+    assert_int_equal(sp_envelope_validate(&env, reason), SP_ESCHEMA);
+    hb.disk_mb_free = 9000;
+    hb.disk_mb_reserve = 30000;
+    assert_int_equal(sp_envelope_validate(&env, reason), SP_ESCHEMA);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip),  cmocka_unit_test(test_truncated_and_garbage),
-        cmocka_unit_test(test_oversized),   cmocka_unit_test(test_field_validation),
-        cmocka_unit_test(test_type_names),  cmocka_unit_test(test_encode_refuses_invalid),
-        cmocka_unit_test(test_file_events), cmocka_unit_test(test_network),
+        cmocka_unit_test(test_heartbeat_disk),
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_truncated_and_garbage),
+        cmocka_unit_test(test_oversized),
+        cmocka_unit_test(test_wire_forms),
+        cmocka_unit_test(test_field_validation),
+        cmocka_unit_test(test_type_names),
+        cmocka_unit_test(test_encode_refuses_invalid),
+        cmocka_unit_test(test_file_events),
+        cmocka_unit_test(test_sealed_output),
+        cmocka_unit_test(test_network),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

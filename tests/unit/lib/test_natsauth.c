@@ -26,6 +26,7 @@
 #include "bus.h"
 #include "buf.h"
 #include "error.h"
+#include "checkpoint.h"
 #include "natsauth.h"
 #include "sign.h"
 #include "xmalloc.h"
@@ -324,8 +325,15 @@ static void test_gateway_intents_only(void **state)
     assert_false(may_publish("gateway", "space.ev.wkr.w1.WorkerHeartbeat"));
     assert_false(may_publish("gateway", "space.io.cmd.c1.out"));
     assert_true(may_subscribe("gateway", "space.io.cmd.c1.>"));
-    /* Platforms: intents, no data plane. */
+    /* Platforms: create and delete on the scheduler's subject only (contract.c), no data
+     * plane. */
     assert_true(may_publish("platform-acme", "space.ev.sbx._.sbx_1.SandboxCreateRequested"));
+    assert_true(may_publish("platform-acme", "space.ev.sbx._.sbx_1.SandboxDeleteRequested"));
+    assert_false(may_publish("platform-acme", "space.ev.sbx.w1.sbx_1.SandboxDeleteRequested"));
+    assert_false(may_publish("platform-acme", "space.ev.sbx.w1.sbx_1.SandboxCreateRequested"));
+    assert_false(may_publish("platform-acme", "space.ev.sbx.w1.sbx_1.SandboxPauseRequested"));
+    assert_false(may_publish("platform-acme", "space.ev.sbx._.sbx_1.SandboxResumeRequested"));
+    assert_false(may_publish("platform-acme", "space.ev.io.w1.sbx_1.CommandRequested"));
     assert_false(may_publish("platform-acme", "space.io.wkr.w1.exec"));
     assert_false(may_publish("platform-acme", "space.ev.sbx.w1.sbx_1.SandboxStarted"));
     assert_true(may_publish("egressd-w1", "space.ev.egress.sbx_1.EgressDenied"));
@@ -347,6 +355,49 @@ static void test_stream_management_operator_only(void **state)
         assert_false(may_publish(who[i], "$JS.API.CONSUMER.DELETE.SPACE_EVENTS.worker-w1"));
     }
     assert_true(may_publish("operator", "$JS.API.STREAM.NAMES"));
+}
+
+/* The event log's checkpoints (docs/audit.md): only the eventlog publishes them, readers read
+ * them back, nobody but the operator manages their stream, and the stream refuses purges even
+ * from the operator. */
+static void test_checkpoints_eventlog_only(void **state)
+{
+    SKIP_WITHOUT_SERVER();
+    const char *who[] = {"gateway", "worker-w1",     "scheduler",
+                         "reader",  "platform-acme", "egressd-w1"};
+    for (size_t i = 0; i < sizeof(who) / sizeof(who[0]); i++) {
+        assert_false(may_publish(who[i], SP_CKPT_SUBJECT));
+        assert_false(may_publish(who[i], "$JS.API.STREAM.PURGE." SP_CKPT_STREAM));
+        assert_false(may_publish(who[i], "$JS.API.STREAM.DELETE." SP_CKPT_STREAM));
+    }
+    assert_true(may_publish("eventlog", SP_CKPT_SUBJECT));
+    assert_false(may_publish("eventlog", "space.ckpt.other"));
+    assert_false(may_publish("eventlog", "$JS.API.STREAM.PURGE." SP_CKPT_STREAM));
+    assert_false(may_publish("eventlog", "$JS.API.STREAM.MSG.DELETE." SP_CKPT_STREAM));
+    assert_true(may_publish("reader", "$JS.API.STREAM.MSG.GET." SP_CKPT_STREAM));
+
+    sp_bus_t *op = bus_as("operator", 5000), *el = bus_as("eventlog", 5000);
+    sp_bus_t *rd = bus_as("reader", 5000);
+    uint64_t seq = 0;
+    uint8_t *data = NULL, *reply = NULL;
+    size_t len = 0;
+    assert_int_equal(sp_bus_ensure_ckpt_stream(op), 0);
+    assert_int_equal(sp_bus_ensure_ckpt_stream(el), 0); /* it exists: a check */
+    assert_int_equal(sp_bus_publish(el, SP_CKPT_SUBJECT, "line\n", 5, NULL, &seq, NULL), 0);
+    assert_int_equal(sp_bus_get_stream_msg(rd, SP_CKPT_STREAM, seq, NULL, &data, &len, NULL), 0);
+    assert_int_equal(len, 5);
+    free(data);
+    /* The operator may ask; the stream itself says no. */
+    assert_int_equal(
+        sp_bus_request(op, "$JS.API.STREAM.PURGE." SP_CKPT_STREAM, "", 0, 5000, &reply, &len), 0);
+    assert_non_null(strstr((const char *)reply, "error"));
+    free(reply);
+    sp_bus_stream_state_t st;
+    assert_int_equal(sp_bus_stream_state(rd, SP_CKPT_STREAM, &st), 0);
+    assert_true(st.msgs >= 1);
+    sp_bus_free(rd);
+    sp_bus_free(el);
+    sp_bus_free(op);
 }
 
 typedef struct {
@@ -477,6 +528,7 @@ int main(void)
         cmocka_unit_test(test_write_rejects_bad_input),
         cmocka_unit_test(test_creds_files),
         cmocka_unit_test(test_anonymous_refused),
+        cmocka_unit_test(test_checkpoints_eventlog_only),
         cmocka_unit_test(test_worker_own_subjects),
         cmocka_unit_test(test_gateway_intents_only),
         cmocka_unit_test(test_stream_management_operator_only),

@@ -255,6 +255,42 @@ static void test_refusals_leave_row_untouched(void **state)
     sp_sandbox_dispose(&s);
 }
 
+/* disk_mb: what the create asked until the worker says what it applied. */
+static void test_disk_mb(void **state)
+{
+    sp_sandbox_t s;
+    ev_t e;
+    char reason[SP_REASON_MAX];
+    uint64_t seq = 0;
+    Space__V1__Resources res = SPACE__V1__RESOURCES__INIT;
+    (void)state;
+
+    sp_sandbox_init(&s, "sbx_a");
+    sp_envelope_t *c = ev(&e, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED, NULL);
+    res.disk_mb = 64;
+    e.p.create.resources = &res;
+    assert_int_equal(sp_reduce_sandbox(&s, c, ++seq, reason), 0);
+    assert_int_equal(s.disk_mb, 64);
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED, "w1"), 0);
+    sp_envelope_t *st = ev(&e, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED, "w1");
+    e.p.started.disk_mb = 64;
+    assert_int_equal(sp_reduce_sandbox(&s, st, ++seq, reason), 0);
+    assert_int_equal(s.disk_mb, 64);
+    sp_sandbox_dispose(&s);
+
+    /* None asked: 0, then the worker's default once it started; a worker without quotas (0)
+     * leaves it. */
+    sp_sandbox_init(&s, "sbx_a");
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED, NULL), 0);
+    assert_int_equal(s.disk_mb, 0);
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED, "w1"), 0);
+    st = ev(&e, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED, "w1");
+    e.p.started.disk_mb = 2048;
+    assert_int_equal(sp_reduce_sandbox(&s, st, ++seq, reason), 0);
+    assert_int_equal(s.disk_mb, 2048);
+    sp_sandbox_dispose(&s);
+}
+
 static void test_worker_heartbeats(void **state)
 {
     sp_worker_t w;
@@ -276,9 +312,32 @@ static void test_worker_heartbeats(void **state)
     hb.templates = tmpl;
     hb.n_templates = 2;
     hb.interval_ms = 1000;
+    hb.disk_mb_total = 20480;
+    hb.disk_mb_free = 9000;
+    hb.disk_mb_reserve = 1024;
+    hb.disk_mb_default = 2048;
+    /* Warm pools (docs/pools.md): the levels become the projection's pools object. */
+    Space__V1__PoolLevel lv[2] = {SPACE__V1__POOL_LEVEL__INIT, SPACE__V1__POOL_LEVEL__INIT};
+    Space__V1__PoolLevel *lvp[2] = {&lv[0], &lv[1]};
+    lv[0].template_ = "base";
+    lv[0].size = 2;
+    lv[1].template_ = "tiny";
+    lv[1].ready = 2;
+    lv[1].size = 2;
+    hb.pools = lvp;
+    hb.n_pools = 2;
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_WORKER_HEARTBEAT;
     env.worker_heartbeat = &hb;
     sp_envelope_stamp(&env, id);
+    assert_int_equal(sp_envelope_validate(&env, reason), 0);
+    /* More ready than the pool holds, or a template that is no id: refused. */
+    lv[0].ready = 3;
+    assert_int_equal(sp_envelope_validate(&env, reason), SP_ESCHEMA);
+    assert_non_null(strstr(reason, "pools"));
+    lv[0].ready = 0;
+    lv[0].template_ = "Base Template";
+    assert_int_equal(sp_envelope_validate(&env, reason), SP_ESCHEMA);
+    lv[0].template_ = "base";
 
     sp_worker_init(&w, "w1");
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_WORKER_STOPPED;
@@ -289,6 +348,11 @@ static void test_worker_heartbeats(void **state)
     assert_int_equal(sp_reduce_worker(&w, &env, 2, reason), 0);
     assert_true(w.up);
     assert_string_equal(w.templates_json, "[\"base\",\"tiny\"]");
+    assert_int_equal(w.disk_mb_total, 20480);
+    assert_int_equal(w.disk_mb_free, 9000);
+    assert_int_equal(w.disk_mb_reserve, 1024);
+    assert_int_equal(w.disk_mb_default, 2048);
+    assert_string_equal(w.pools_json, "{\"base\":0,\"tiny\":2}");
     /* An older heartbeat arriving late does not roll capacity back. */
     env.occurred_at_us -= 1000000;
     assert_int_equal(sp_reduce_worker(&w, &env, 3, reason), SP_ETRANSITION);
@@ -307,6 +371,7 @@ int main(void)
         cmocka_unit_test(test_egress_is_activity),
         cmocka_unit_test(test_failed_host_lost),
         cmocka_unit_test(test_refusals_leave_row_untouched),
+        cmocka_unit_test(test_disk_mb),
         cmocka_unit_test(test_worker_heartbeats),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

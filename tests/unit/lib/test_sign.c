@@ -174,6 +174,55 @@ static void test_keyring_dir(void **state)
     free(junk);
 }
 
+static void write_tenants(const char *name, const char *text)
+{
+    char *t = path(name), *tmp = sp_xasprintf("%s.tmp", t);
+    FILE *f = fopen(tmp, "w");
+
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(rename(tmp, t), 0);
+    free(tmp);
+    free(t);
+}
+
+/* A platform's tenants change while a consumer runs (space platform add again): the keyring
+ * says it is stale, a new load has the new tenants; no change, no reload. */
+static void test_keyring_stale(void **state)
+{
+    char *t = path("platform-acme.tenants");
+    sp_keyring_t *kr = NULL, *kr2 = NULL;
+
+    /* platform-acme.pub is left by test_keyring_dir; no tenants file now. */
+    assert_int_equal(sp_keyring_load(dir, &kr), 0);
+    assert_false(sp_keyring_stale(kr));
+    write_tenants("platform-acme.tenants", "acme\n");
+    assert_true(sp_keyring_stale(kr)); /* appeared */
+    sp_keyring_free(kr);
+
+    assert_int_equal(sp_keyring_load(dir, &kr), 0);
+    assert_true(sp_keyring_has_tenant(kr, "platform-acme", "acme"));
+    assert_false(sp_keyring_stale(kr));
+    write_tenants("platform-acme.tenants", "globex\n");
+    assert_true(sp_keyring_stale(kr)); /* replaced (by rename, as space platform add does) */
+    assert_int_equal(sp_keyring_load(dir, &kr2), 0);
+    assert_false(sp_keyring_has_tenant(kr2, "platform-acme", "acme"));
+    assert_true(sp_keyring_has_tenant(kr2, "platform-acme", "globex"));
+    assert_false(sp_keyring_stale(kr2));
+    unlink(t);
+    assert_true(sp_keyring_stale(kr2)); /* removed: no tenants any more */
+    sp_keyring_free(kr);
+    sp_keyring_free(kr2);
+
+    /* A keyring not read from a directory is never stale. */
+    assert_int_equal(sp_keyring_new(&kr), 0);
+    assert_false(sp_keyring_stale(kr));
+    assert_false(sp_keyring_stale(NULL));
+    sp_keyring_free(kr);
+    free(t);
+}
+
 /* Signed envelope: decodes, keeps signer and signature, and its canonical bytes are what was
  * signed: the bytes before the appended signature field. */
 static void test_envelope_signed(void **state)
@@ -349,6 +398,7 @@ int main(void)
         cmocka_unit_test(test_keygen_files),
         cmocka_unit_test(test_sign_verify_raw),
         cmocka_unit_test(test_keyring_dir),
+        cmocka_unit_test(test_keyring_stale),
         cmocka_unit_test(test_envelope_signed),
         cmocka_unit_test(test_canonical_keeps_unknown_fields),
         cmocka_unit_test(test_canonical_malformed),

@@ -428,6 +428,50 @@ static void test_cache_and_identity(void **state)
     sp_sigcache_free(cache);
 }
 
+/* The memo of verified nodes changes no verdict: with every member of a batch verified (every
+ * interior node remembered), a member with any one byte of any proof hash changed, or its
+ * proof under another count, is refused exactly as a verifier without a cache refuses it; the
+ * members themselves cost one Ed25519 between them, in any order. 300: an unbalanced tree. */
+static void test_memo_is_exact(void **state)
+{
+    sp_sigcache_t *cache = NULL;
+    uint64_t hits, verified;
+    batch_t a;
+    size_t len;
+    uint8_t *t;
+
+    assert_int_equal(sp_sigcache_new(4096, &cache), 0);
+    batch_make(&a, 300, "m", key);
+    for (size_t k = 0; k < a.n; k++) {
+        size_t i = (k * 7) % a.n; /* not in index order */
+        assert_int_equal(verify(a.bufs[i], a.lens[i], cache), 0);
+    }
+    sp_sigcache_stats(cache, &hits, &verified);
+    assert_int_equal(verified, 1);
+    assert_int_equal(hits, a.n - 1);
+    for (size_t i = 0; i < a.n; i += 13) {
+        sp_envelope_t *e = decode(a.bufs[i], a.lens[i]);
+        uint8_t proof[SP_SIG_PROOF_MAX];
+        size_t plen = e->sig_proof.len;
+        for (size_t off = 0; off < plen; off += 7) {
+            memcpy(proof, e->sig_proof.data, plen);
+            proof[off] ^= 0x80;
+            t = rebuild(a.bufs[i], a.lens[i], e->signature.data, proof, plen, i, a.n, &len);
+            assert_int_equal(verify(t, len, NULL), SP_ESIGNATURE);
+            assert_int_equal(verify(t, len, cache), SP_ESIGNATURE);
+            free(t);
+        }
+        t = rebuild(a.bufs[i], a.lens[i], e->signature.data, e->sig_proof.data, plen, i, a.n + 1,
+                    &len);
+        assert_int_equal(verify(t, len, cache), SP_ESIGNATURE);
+        free(t);
+        sp_envelope_free(e);
+        assert_int_equal(verify(a.bufs[i], a.lens[i], cache), 0);
+    }
+    batch_free(&a);
+    sp_sigcache_free(cache);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -438,6 +482,7 @@ int main(void)
         cmocka_unit_test(test_truncated_proofs),
         cmocka_unit_test(test_bounds),
         cmocka_unit_test(test_cache_and_identity),
+        cmocka_unit_test(test_memo_is_exact),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,4 +1,5 @@
 /* The one UTF-8 decoder and the text rule every event field follows. */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -58,12 +59,41 @@ static void test_hex_digit(void **state)
     assert_int_equal(sp_hex_digit('\0'), -1);
 }
 
+static void test_time_parse(void **state)
+{
+    (void)state;
+    int64_t us = 0;
+    assert_int_equal(sp_time_parse("2026-01-02T03:04:05Z", &us), 0);
+    assert_int_equal(us, 1767323045LL * 1000000);
+    assert_int_equal(sp_time_parse("2026-01-02T03:04:05.678Z", &us), 0);
+    assert_int_equal(us, 1767323045LL * 1000000 + 678000);
+    assert_int_equal(sp_time_parse("2026-01-02T03:04:05.1234567Z", &us), 0);
+    assert_int_equal(us, 1767323045LL * 1000000 + 123456);
+    assert_int_equal(sp_time_parse("2026-01-02T05:04:05+02:00", &us), 0);
+    assert_int_equal(us, 1767323045LL * 1000000);
+    assert_int_equal(sp_time_parse("2026-01-02T01:34:05-01:30", &us), 0);
+    assert_int_equal(us, 1767323045LL * 1000000);
+    const char *bad[] = {"",
+                         "2026-01-02",
+                         "2026-01-02T03:04:05",
+                         "2026-01-02T03:04:05.Z",
+                         "2026-01-02T03:04:05Zx",
+                         "2026-01-02T03:04:05+2:00",
+                         "2026-01-02T03:04:05+24:00",
+                         "1969-12-31T23:59:59Z",
+                         "now"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        assert_int_equal(sp_time_parse(bad[i], &us), -EINVAL);
+    assert_int_equal(sp_time_parse(NULL, &us), -EINVAL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_utf8_seq),
         cmocka_unit_test(test_text_valid),
         cmocka_unit_test(test_hex_digit),
+        cmocka_unit_test(test_time_parse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

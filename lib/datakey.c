@@ -1,0 +1,231 @@
+/* Data keys, sealed output and redaction (datakey.h, docs/audit.md). */
+#include "datakey.h"
+
+#include <errno.h>
+#include <openssl/rand.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hash.h"
+#include "xmalloc.h"
+
+static size_t datakey_aad(const char *sandbox, uint8_t *out, size_t cap)
+{
+    int n = snprintf((char *)out, cap, "space-datakey:v1:%.64s", sandbox);
+    return n < 0 ? 0 : (size_t)n >= cap ? cap - 1 : (size_t)n;
+}
+
+/* A data key's id: the first bytes of its SHA-256, in hex (names it without revealing it). */
+static void set_key_id(sp_cred_key_t *dk)
+{
+    uint8_t h[SP_SHA256_LEN];
+    sp_sha256(dk->k, SP_CRED_KEY_LEN, h);
+    for (int i = 0; i < SP_CRED_KEY_ID_LEN / 2; i++)
+        snprintf(dk->id + 2 * i, 3, "%02x", h[i]);
+    explicit_bzero(h, sizeof(h));
+}
+
+int sp_datakey_generate(sp_cred_key_t *ret_dk)
+{
+    if (RAND_bytes(ret_dk->k, SP_CRED_KEY_LEN) != 1)
+        return -EIO;
+    set_key_id(ret_dk);
+    return 0;
+}
+
+int sp_datakey_wrap(const sp_cred_key_t *master, const char *sandbox, const sp_cred_key_t *dk,
+                    uint8_t ret_nonce[SP_CRED_NONCE_LEN],
+                    uint8_t ret_wrapped[SP_DATAKEY_WRAPPED_LEN])
+{
+    uint8_t aad[96];
+    size_t al = datakey_aad(sandbox, aad, sizeof(aad));
+    return sp_cred_seal(master, aad, al, dk->k, SP_CRED_KEY_LEN, ret_nonce, ret_wrapped);
+}
+
+int sp_datakey_unwrap(const sp_cred_key_t *master, const char *sandbox,
+                      const uint8_t nonce[SP_CRED_NONCE_LEN], const uint8_t *wrapped, size_t len,
+                      sp_cred_key_t *ret_dk)
+{
+    memset(ret_dk, 0, sizeof(*ret_dk));
+    if (len != SP_DATAKEY_WRAPPED_LEN)
+        return -EBADMSG;
+    uint8_t aad[96];
+    size_t al = datakey_aad(sandbox, aad, sizeof(aad));
+    int rc = sp_cred_open(master, aad, al, nonce, wrapped, len, ret_dk->k);
+    if (rc < 0) {
+        explicit_bzero(ret_dk, sizeof(*ret_dk));
+        return rc;
+    }
+    set_key_id(ret_dk);
+    return 0;
+}
+
+static size_t output_aad(const char *sandbox, const char *cmd_id, uint32_t stream, uint64_t offset,
+                         uint8_t *out)
+{
+    int n = snprintf((char *)out, SP_OUTPUT_AAD_MAX, "space-out:v1:%.64s:%.64s:%u:%llu", sandbox,
+                     cmd_id, stream, (unsigned long long)offset);
+    return n < 0 ? 0 : (size_t)n >= SP_OUTPUT_AAD_MAX ? SP_OUTPUT_AAD_MAX - 1 : (size_t)n;
+}
+
+int sp_output_seal(const sp_cred_key_t *dk, const char *sandbox, const char *cmd_id,
+                   uint32_t stream, uint64_t offset, const uint8_t *pt, size_t len,
+                   uint8_t ret_nonce[SP_CRED_NONCE_LEN], uint8_t *ret_ct)
+{
+    uint8_t aad[SP_OUTPUT_AAD_MAX];
+    size_t al = output_aad(sandbox, cmd_id, stream, offset, aad);
+    return sp_cred_seal(dk, aad, al, pt, len, ret_nonce, ret_ct);
+}
+
+int sp_output_open(const sp_cred_key_t *dk, const char *sandbox, const char *cmd_id,
+                   uint32_t stream, uint64_t offset, const uint8_t nonce[SP_CRED_NONCE_LEN],
+                   const uint8_t *ct, size_t ct_len, uint8_t *ret_pt)
+{
+    uint8_t aad[SP_OUTPUT_AAD_MAX];
+    size_t al = output_aad(sandbox, cmd_id, stream, offset, aad);
+    return sp_cred_open(dk, aad, al, nonce, ct, ct_len, ret_pt);
+}
+
+/* ---- redaction ---- */
+
+typedef struct {
+    char name[65];
+    uint8_t *v;
+    size_t len;
+} rvalue_t;
+
+struct sp_redactor {
+    rvalue_t *vals;
+    size_t n;
+    size_t longest;
+    sp_buf_t hold; /* bytes fed but not yet out: they may begin a value */
+};
+
+sp_redactor_t *sp_redactor_new(void)
+{
+    sp_redactor_t *r = sp_xcalloc(1, sizeof(*r));
+    sp_buf_init(&r->hold);
+    return r;
+}
+
+bool sp_redactor_add(sp_redactor_t *r, const char *name, const void *value, size_t len)
+{
+    if (len < SP_REDACT_MIN || len > SP_REDACT_VALUE_MAX || r->n >= SP_REDACT_VALUES_MAX)
+        return false;
+    for (size_t i = 0; i < r->n; i++)
+        if (r->vals[i].len == len && memcmp(r->vals[i].v, value, len) == 0)
+            return true;
+    r->vals = sp_xrealloc(r->vals, (r->n + 1) * sizeof(*r->vals));
+    rvalue_t *v = &r->vals[r->n++];
+    size_t k = 0;
+    for (; name && name[k] && k < sizeof(v->name) - 1; k++) {
+        char c = name[k];
+        bool ok =
+            (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+        v->name[k] = c;
+        if (!ok)
+            v->name[k] = '_';
+    }
+    v->name[k] = 0;
+    v->v = sp_xmalloc(len);
+    memcpy(v->v, value, len);
+    v->len = len;
+    if (len > r->longest)
+        r->longest = len;
+    return true;
+}
+
+void sp_redactor_add_env(sp_redactor_t *r, char *const *env, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const char *eq = env[i] ? strchr(env[i], '=') : NULL;
+        if (!eq)
+            continue;
+        char name[65];
+        size_t nl = (size_t)(eq - env[i]);
+        snprintf(name, sizeof(name), "%.*s", (int)(nl < 64 ? nl : 64), env[i]);
+        (void)sp_redactor_add(r, name, eq + 1, strlen(eq + 1));
+    }
+}
+
+/* At p (avail bytes): the longest value matching whole (its index), -1 if none; *partial
+ * says whether the avail bytes are a proper prefix of a longer value. */
+static long match_at(const sp_redactor_t *r, const uint8_t *p, size_t avail, bool *partial)
+{
+    long best = -1;
+    *partial = false;
+    for (size_t i = 0; i < r->n; i++) {
+        const rvalue_t *v = &r->vals[i];
+        if (v->len <= avail) {
+            if (memcmp(p, v->v, v->len) == 0 && (best < 0 || v->len > r->vals[best].len))
+                best = (long)i;
+        } else if (memcmp(p, v->v, avail) == 0) {
+            *partial = true;
+        }
+    }
+    return best;
+}
+
+static void scan(sp_redactor_t *r, sp_buf_t *out, bool final)
+{
+    const uint8_t *d = (const uint8_t *)r->hold.data;
+    size_t len = r->hold.len, i = 0, from = 0;
+    while (i < len) {
+        bool partial;
+        long m = match_at(r, d + i, len - i, &partial);
+        /* A longer value may still complete here: wait for more bytes. */
+        if (partial && !final)
+            break;
+        if (m >= 0) {
+            sp_buf_append(out, d + from, i - from);
+            sp_buf_printf(out, "[redacted:%s]", r->vals[m].name);
+            i += r->vals[m].len;
+            from = i;
+            continue;
+        }
+        i++;
+    }
+    sp_buf_append(out, d + from, i - from);
+    size_t rest = len - i;
+    if (rest && i)
+        memmove(r->hold.data, r->hold.data + i, rest);
+    if (i)
+        explicit_bzero(r->hold.data + rest, i);
+    r->hold.len = rest;
+}
+
+void sp_redactor_feed(sp_redactor_t *r, const void *data, size_t len, sp_buf_t *out)
+{
+    if (r->n == 0) {
+        sp_buf_append(out, data, len);
+        return;
+    }
+    sp_buf_append(&r->hold, data, len);
+    scan(r, out, false);
+}
+
+void sp_redactor_flush(sp_redactor_t *r, sp_buf_t *out)
+{
+    scan(r, out, true);
+}
+
+size_t sp_redactor_held(const sp_redactor_t *r)
+{
+    return r->hold.len;
+}
+
+void sp_redactor_free(sp_redactor_t *r)
+{
+    if (!r)
+        return;
+    for (size_t i = 0; i < r->n; i++) {
+        explicit_bzero(r->vals[i].v, r->vals[i].len);
+        free(r->vals[i].v);
+    }
+    free(r->vals);
+    if (r->hold.data)
+        explicit_bzero(r->hold.data, r->hold.cap);
+    sp_buf_dispose(&r->hold);
+    free(r);
+}

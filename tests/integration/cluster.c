@@ -1,0 +1,365 @@
+/* A three-node NATS JetStream cluster (`space up` with SPACE_NATS_NODES=3, docs/operations.md):
+ * every stream has three replicas; the node leading SPACE_EVENTS is killed with SIGKILL while
+ * sandboxes work, and the platform goes on through the other two (the daemons reconnect, the
+ * stream elects a new leader); `space up` brings the node back, it catches up, and the log
+ * holds every fact of every answered call, verified against the stream, after the event
+ * log's writer too was killed and its standby took over.
+ * Stack: eventlog + scheduler + worker + gateway on three nats-server nodes. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+#include <dirent.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "json.h"
+#include "xmalloc.h"
+
+#define NODES 3
+
+static int port;
+static const char *key;
+static int http_port[NODES + 1], route_port[NODES + 1];
+
+/* The monitoring ports `space up` chose (nats/cluster.ports: "node client route http"). */
+static void load_ports(void)
+{
+    char *path = sp_xasprintf("%s/nats/cluster.ports", sp_test_env("SPACE_HOME"));
+    FILE *f = fopen(path, "r");
+    if (!f)
+        fail_msg("%s: no cluster ports (was the stack started with SPACE_NATS_NODES=3?)", path);
+    int i, a, b, h, n = 0;
+    while (fscanf(f, "%d %d %d %d", &i, &a, &b, &h) == 4) /* NOLINT(cert-err34-c): checked */
+        if (i >= 1 && i <= NODES) {
+            http_port[i] = h;
+            route_port[i] = b;
+            n++;
+        }
+    fclose(f);
+    free(path);
+    assert_int_equal(n, NODES);
+}
+
+typedef struct {
+    char leader[32];
+    int64_t replicas, msgs, last_seq;
+} stream_view_t;
+
+/* The node number of a server name "n<i>", 0 for anything else. */
+static int node_of(const char *name)
+{
+    char *end;
+    long i = name[0] == 'n' ? strtol(name + 1, &end, 10) : 0;
+    return i >= 1 && i <= NODES && name[1] && !*end ? (int)i : 0;
+}
+
+/* SPACE_EVENTS as node i sees it (its /jsz); false when the node does not answer. */
+static bool stream_view(int i, stream_view_t *v)
+{
+    sp_test_http_resp_t r = {0};
+    sp_httpc_req_t req = {.host = "127.0.0.1",
+                          .port = http_port[i],
+                          .method = "GET",
+                          .path = "/jsz?streams=true&config=true",
+                          .timeout_ms = 2000};
+    memset(v, 0, sizeof(*v));
+    if (sp_httpc_do(&req, &r) < 0 || r.status != 200) {
+        sp_httpc_resp_free(&r);
+        return false;
+    }
+    sp_json_doc_t *doc = sp_test_json(&r);
+    const sp_json_t *accs = sp_json_get(sp_json_root(doc), "account_details");
+    bool found = false;
+    for (size_t a = 0; a < sp_json_len(accs); a++) {
+        const sp_json_t *sds = sp_json_get(sp_json_at(accs, a), "stream_detail");
+        for (size_t k = 0; k < sp_json_len(sds); k++) {
+            const sp_json_t *sd = sp_json_at(sds, k);
+            const char *name = sp_json_str(sp_json_get(sd, "name"), NULL);
+            if (!name || strcmp(name, SP_BUS_STREAM) != 0)
+                continue;
+            const char *l = sp_json_str(sp_json_get(sp_json_get(sd, "cluster"), "leader"), NULL);
+            snprintf(v->leader, sizeof(v->leader), "%s", l ? l : "");
+            (void)sp_json_int(sp_json_get(sp_json_get(sd, "config"), "num_replicas"), 0, 10,
+                              &v->replicas);
+            const sp_json_t *st = sp_json_get(sd, "state");
+            (void)sp_json_int(sp_json_get(st, "messages"), 0, INT64_MAX, &v->msgs);
+            (void)sp_json_int(sp_json_get(st, "last_seq"), 0, INT64_MAX, &v->last_seq);
+            found = true;
+        }
+    }
+    sp_json_doc_free(doc);
+    sp_httpc_resp_free(&r);
+    return found;
+}
+
+/* A command through the API, asked again (as a client would) while the cluster elects: the
+ * answers that came (2xx) are counted in *ok. */
+static void run_until_ok(const char *id, const char *word, int *ok)
+{
+    char body[128];
+    snprintf(body, sizeof(body), "{\"cmd\":\"echo %s\"}", word);
+    for (int i = 0; i < 60; i++) {
+        sp_test_cmd_t c = sp_test_run(port, key, id, body);
+        bool done = c.status == 200 && c.exit_code == 0 && c.stdout_s &&
+                    strncmp(c.stdout_s, word, strlen(word)) == 0;
+        if (c.status == 200)
+            (*ok)++;
+        sp_test_cmd_free(&c);
+        if (done)
+            return;
+        sleep(1);
+    }
+    fail_msg("no command answered `%s` within 60 s of the node loss", word);
+}
+
+/* What a local process that dials a route port gets when it claims to be a server with a
+ * guessed password: the server's answer to its CONNECT and PING. */
+static void route_answer(int p, const char *hello, char *out, size_t len)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    struct timeval tv = {.tv_sec = 3};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char info[4096];
+    assert_true(read(fd, info, sizeof(info)) > 0); /* INFO {...} */
+    assert_true(write(fd, hello, strlen(hello)) == (ssize_t)strlen(hello));
+    size_t n = 0;
+    ssize_t k;
+    while (n + 1 < len && (k = read(fd, out + n, len - 1 - n)) > 0)
+        n += (size_t)k;
+    out[n] = '\0';
+    close(fd);
+}
+
+/* The route ports take only the cluster's own servers: a process that is not one of them
+ * could otherwise inject messages on any subject, past every permission of the bus. */
+static void test_routes_refuse_strangers(void **state)
+{
+    (void)state;
+    sp_test_stack_load();
+    load_ports();
+    char out[1024];
+    route_answer(route_port[1],
+                 "CONNECT {\"verbose\":false,\"pedantic\":false,\"name\":\"evil\","
+                 "\"user\":\"route\",\"pass\":\"guess\"}\r\nPING\r\n",
+                 out, sizeof(out));
+    assert_non_null(strstr(out, "Authorization Violation"));
+    assert_null(strstr(out, "PONG"));
+    route_answer(route_port[2], "CONNECT {\"verbose\":false,\"name\":\"evil\"}\r\nPING\r\n", out,
+                 sizeof(out));
+    assert_non_null(strstr(out, "Authorization Violation"));
+
+    /* The route password is in the nodes' 0600 configs and nowhere else: no log of any node
+     * or daemon holds it (the routes were dialled and refused above, and connected at start). */
+    const char *home = sp_test_env("SPACE_HOME");
+    char *path = sp_xasprintf("%s/nats/cluster.secret", home);
+    char secret[128] = "";
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(secret, sizeof(secret), f));
+    fclose(f);
+    free(path);
+    assert_int_equal(strlen(secret), 64);
+    char *logs = sp_xasprintf("%s/log", home);
+    DIR *d = opendir(logs);
+    assert_non_null(d);
+    int read_logs = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        if (de->d_name[0] == '.')
+            continue;
+        char *lp = sp_xasprintf("%s/%s", logs, de->d_name);
+        FILE *lf = fopen(lp, "r");
+        char line[8192];
+        while (lf && fgets(line, sizeof(line), lf))
+            if (strstr(line, secret))
+                fail_msg("%s holds the route password", lp);
+        if (lf) {
+            fclose(lf);
+            read_logs++;
+        }
+        free(lp);
+    }
+    closedir(d);
+    free(logs);
+    assert_true(read_logs >= 3); /* the three nodes' logs at least */
+}
+
+/* Starts a second space-eventlog as `space up` starts the first; it stands by on the writer
+ * lock. Returns its pid; its log is $SPACE_HOME/log/eventlog-standby.log. */
+static pid_t start_standby(void)
+{
+    const char *home = sp_test_env("SPACE_HOME");
+    char *prog = sp_xasprintf("%s/space-eventlog", sp_test_env("SPACE_BIN_DIR"));
+    char *ckpt = sp_xasprintf("%s/audit/checkpoints.log", home);
+    char *log = sp_xasprintf("%s/log/eventlog-standby.log", home);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        FILE *f = freopen(log, "a", stdout);
+        if (!f || dup2(fileno(stdout), 2) < 0)
+            _exit(126);
+        setenv("SPACE_IDENTITY", "eventlog", 1);
+        execl(prog, "space-eventlog", "--checkpoint-file", ckpt, (char *)NULL);
+        _exit(127);
+    }
+    free(prog);
+    free(ckpt);
+    free(log);
+    return pid;
+}
+
+/* Whether the standby's log has line (waits up to 30 s). */
+static bool standby_says(const char *needle)
+{
+    char *path = sp_xasprintf("%s/log/eventlog-standby.log", sp_test_env("SPACE_HOME"));
+    bool found = false;
+    for (int i = 0; i < 300 && !found; i++) {
+        FILE *f = fopen(path, "r");
+        char line[4096];
+        while (f && !found && fgets(line, sizeof(line), f))
+            found = strstr(line, needle) != NULL;
+        if (f)
+            fclose(f);
+        if (!found)
+            nanosleep(&(struct timespec){.tv_nsec = 100 * 1000 * 1000}, NULL);
+    }
+    free(path);
+    return found;
+}
+
+static void test_cluster_survives_node_loss(void **state)
+{
+    (void)state;
+    sp_test_stack_load();
+    port = sp_test_api_port();
+    key = sp_test_env("SPACE_API_KEY");
+    load_ports();
+
+    /* Three nodes, SPACE_EVENTS on all three. */
+    stream_view_t v;
+    int leader = 0;
+    for (int i = 1; i <= NODES; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "nats-server-%d", i);
+        assert_true(sp_test_daemon_pid(name) > 0);
+        assert_true(stream_view(i, &v));
+        assert_int_equal(v.replicas, 3);
+        if (node_of(v.leader))
+            leader = node_of(v.leader);
+    }
+    assert_true(leader >= 1 && leader <= NODES);
+
+    char a[64], b[64];
+    int ok = 0;
+    sp_test_create_sandbox(port, key, "tiny", a);
+    run_until_ok(a, "one", &ok);
+
+    /* The stream's leader dies without a word. */
+    char victim[32];
+    snprintf(victim, sizeof(victim), "nats-server-%d", leader);
+    sp_test_daemon_kill9(victim);
+    assert_false(stream_view(leader, &v)); /* gone (its pid may linger as a zombie) */
+
+    run_until_ok(a, "two", &ok);
+    sp_test_create_sandbox(port, key, "tiny", b);
+    run_until_ok(b, "three", &ok);
+
+    /* A survivor leads now. */
+    int other = leader % NODES + 1;
+    assert_true(stream_view(other, &v));
+    assert_true(node_of(v.leader) && node_of(v.leader) != leader);
+
+    /* `space up` starts the missing node (and only it); it catches up with the leader. */
+    assert_int_equal(sp_test_space("up"), 0);
+    assert_true(sp_test_daemon_pid(victim) > 0);
+    for (int i = 1; i <= NODES; i++)
+        assert_true(stream_view(i, &v));
+    stream_view_t back, lead;
+    bool caught_up = false;
+    for (int i = 0; i < 300 && !caught_up; i++) {
+        caught_up = stream_view(leader, &back) && stream_view(other, &lead) && back.last_seq > 0 &&
+                    back.last_seq == lead.last_seq;
+        if (!caught_up)
+            nanosleep(&(struct timespec){.tv_nsec = 100 * 1000 * 1000}, NULL);
+    }
+    if (!caught_up)
+        fail_msg("the restarted node has %lld messages, the others %lld", (long long)back.last_seq,
+                 (long long)lead.last_seq);
+
+    /* The event log's writer dies; the standby takes the writer lock and goes on from the
+     * log's head. */
+    pid_t standby = start_standby();
+    assert_true(standby_says("standing by"));
+    sp_test_daemon_kill9("space-eventlog");
+    assert_true(standby_says("consuming"));
+    run_until_ok(a, "after-failover", &ok);
+
+    /* Every fact is in the log: the stream's last sequence is the log's, each answered
+     * command has its CommandExited, and the chain verifies against the stream. */
+    sp_test_cmd_t c = sp_test_run(port, key, b, "{\"cmd\":\"echo four\"}");
+    assert_int_equal(c.status, 200);
+    ok++;
+    sp_test_cmd_free(&c);
+    sp_bus_stream_state_t st;
+    assert_int_equal(sp_bus_stream_state(sp_test_bus(), SP_BUS_STREAM, &st), 0);
+    PGconn *db = sp_test_db();
+    char sql[128];
+    snprintf(sql, sizeof(sql), "SELECT coalesce(max(stream_seq), 0) FROM events");
+    assert_true(sp_test_db_wait_scalar(db, sql, (long long)st.last_seq, 30000) >=
+                (long long)st.last_seq);
+    long long exited = 0;
+    for (int i = 0; i < 200 && exited < ok; i++) {
+        exited = sp_test_events(db, a, "CommandExited", NULL) +
+                 sp_test_events(db, b, "CommandExited", NULL);
+        if (exited < ok)
+            nanosleep(&(struct timespec){.tv_nsec = 100 * 1000 * 1000}, NULL);
+    }
+    if (exited < ok)
+        fail_msg("%d commands answered, %lld CommandExited in the log", ok, exited);
+    char out[8192];
+    assert_int_equal(sp_test_replay("verify", out, sizeof(out)), 0);
+    assert_non_null(strstr(out, "chain intact"));
+    PQfinish(db);
+
+    sp_test_http_resp_t r;
+    char path[128];
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", a);
+    sp_test_http(port, "DELETE", path, key, NULL, NULL, 0, &r);
+    if (r.status != 200 && r.status != 202 && r.status != 204)
+        fail_msg("DELETE %s: %d %s", a, r.status, r.body);
+    sp_test_http_free(&r);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", b);
+    sp_test_http(port, "DELETE", path, key, NULL, NULL, 0, &r);
+    if (r.status != 200 && r.status != 202 && r.status != 204)
+        fail_msg("DELETE %s: %d %s", b, r.status, r.body);
+    sp_test_http_free(&r);
+    /* The standby is this test's child; the fixture's `space down` stops the rest. */
+    kill(standby, SIGTERM);
+    int status;
+    assert_int_equal(waitpid(standby, &status, 0), standby);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_routes_refuse_strangers),
+        cmocka_unit_test(test_cluster_survives_node_loss),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
