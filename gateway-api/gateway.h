@@ -458,6 +458,14 @@ void gw_waiters_expire(gw_t *gw);
 /* Answers every waiter with 503 (shutdown). */
 void gw_waiters_abort_all(gw_t *gw);
 
+/* Sandboxes this gateway knows are gone before the event log may say so: it published their
+ * delete, or a worker ended a command with sandbox_deleted. E2B's /health reads it first: the
+ * SDK probes right after a cut stream, when the log may not have stored the delete yet. The
+ * newest GW_GONE_MAX are kept (a deleted sandbox never comes back). Loop thread only. */
+#define GW_GONE_MAX 512
+void gw_gone_note(gw_t *gw, const char *sandbox_id);
+bool gw_gone_known(const gw_t *gw, const char *sandbox_id);
+
 /* Whether a Content-Type names application/json (parameters allowed). */
 bool gw_json_content_type(const h2o_iovec_t *ct);
 
@@ -789,6 +797,9 @@ struct gw {
     /* Directory watches: every one from validation to the close of its async handle. */
     gw_watch_t *watches;
     size_t n_watches;
+    /* gw_gone_note's ring: the newest gone sandboxes. */
+    char gone[GW_GONE_MAX][SP_ID_MAX + 1];
+    size_t gone_next;
     bool stopping;
 };
 

@@ -766,7 +766,9 @@ static void conclude(gw_cmd_t *c, gw_cmd_end_t how, const exit_info_t *ex)
     if (c->connect && how == GW_CMD_END_EXIT && ex->exit_code == -1 && !ex->signal &&
         strcmp(ex->error, SP_CMD_ERROR_SANDBOX_DELETED) == 0) {
         /* E2B: the sandbox's VM is gone, and with it the connection: no end event, no
-         * end-stream. The SDK then probes /health and raises TimeoutError. */
+         * end-stream. The SDK then probes /health, which must say gone at once (even while
+         * the log has not stored the delete yet), and raises TimeoutError. */
+        gw_gone_note(gw, c->sandbox);
         sse_start(c);
         gw_sse_cut(&c->sse, SP_CMD_ERROR_SANDBOX_DELETED);
         publish_loop_bytes(c);

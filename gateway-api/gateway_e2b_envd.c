@@ -874,6 +874,10 @@ static void health_done(gw_job_t *job)
 /* 204 while the sandbox runs, 502 otherwise (E2B's "sandbox gone"): isRunning() reads it. */
 static void health(gw_req_t *rq)
 {
+    if (gw_gone_known(rq->gw, rq->path_id)) {
+        gw_respond_error(rq, 502, "sandbox_not_running", NULL, "the sandbox is not running");
+        return;
+    }
     health_job_t *h = sp_xcalloc(1, sizeof(*h));
     h->rq = rq;
     h->job.run = health_run;

@@ -171,6 +171,8 @@ static void lc_done(gw_job_t *job)
 
     switch (l->outcome) {
     case L_PUBLISHED:
+        if (l->op == OP_DELETE)
+            gw_gone_note(gw, l->id);
         if (!l->wait) {
             sp_buf_t b;
             sp_buf_init(&b);

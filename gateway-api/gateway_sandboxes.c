@@ -547,6 +547,22 @@ void gw_waiters_abort_all(gw_t *gw)
     }
 }
 
+void gw_gone_note(gw_t *gw, const char *sandbox_id)
+{
+    if (!sandbox_id[0] || gw_gone_known(gw, sandbox_id))
+        return;
+    snprintf(gw->gone[gw->gone_next], sizeof(gw->gone[0]), "%s", sandbox_id);
+    gw->gone_next = (gw->gone_next + 1) % GW_GONE_MAX;
+}
+
+bool gw_gone_known(const gw_t *gw, const char *sandbox_id)
+{
+    for (size_t i = 0; i < GW_GONE_MAX && gw->gone[i][0]; i++)
+        if (strcmp(gw->gone[i], sandbox_id) == 0)
+            return true;
+    return false;
+}
+
 /* ---- POST /v1/sandboxes ---- */
 
 typedef enum { C_PUBLISHED = 1, C_REPLAY, C_CONFLICT, C_DB_ERROR, C_BUS_ERROR } create_outcome_t;
