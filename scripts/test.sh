@@ -51,7 +51,13 @@ if [ -n "$(ls -A "$tsan_logs")" ]; then
   exit 1
 fi
 rm -rf "$tsan_logs"
-echo "== fuzz: every tests/fuzz target (clang, libFuzzer + ASan + UBSan), 30 s each from its seeds"
+# The gate replays a fixed libFuzzer seed (SPACE_FUZZ_SEED, default 1): the same mutations in
+# the same order on every run, so what passed for the submitter passes in CI unless CI's machine
+# gets further in the same time. SPACE_FUZZ_SEED=0 (libFuzzer: a random seed) and a longer
+# SPACE_FUZZ_SECONDS explore; a finding goes into tests/fuzz/corpus/<target>/ with its fix.
+fuzz_seed=${SPACE_FUZZ_SEED:-1}
+fuzz_secs=${SPACE_FUZZ_SECONDS:-30}
+echo "== fuzz: every tests/fuzz target (clang, libFuzzer + ASan + UBSan), ${fuzz_secs} s each from its seeds, seed ${fuzz_seed}"
 cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DSPACE_FUZZ=ON -DSPACE_WERROR=ON \
   -DCMAKE_BUILD_TYPE=Debug >/dev/null
 cmake --build build-fuzz --target fuzz -j"$(nproc)" # the targets and what they link, only
@@ -60,7 +66,7 @@ for t in egress_fuzz json_fuzz envelope_fuzz agent_frame_fuzz; do
   work=$(mktemp -d /tmp/space-fuzz.XXXXXX)
   mkdir "$work/corpus"
   # New inputs go to the scratch directory first named; the committed seeds are only read.
-  if ! (cd "$work" && "$repo/build-fuzz/bin/$t" -max_total_time=30 -max_len=8192 \
+  if ! (cd "$work" && "$repo/build-fuzz/bin/$t" -seed="$fuzz_seed" -max_total_time="$fuzz_secs" -max_len=8192 \
         -print_final_stats=1 corpus "$repo/tests/fuzz/corpus/$t" >log 2>&1); then
     echo "fuzz: $t failed (the input is in $work):"
     tail -40 "$work/log"
