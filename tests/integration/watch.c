@@ -48,7 +48,7 @@ typedef struct {
     char end_code[64];
     char *events[EVENTS_KEPT]; /* "type path", the first EVENTS_KEPT */
     char last[600];            /* and the newest */
-    size_t n_events, n_seen;
+    size_t n_events, n_seen, n_creates;
     atomic_bool stop;
     char body[512]; /* a refusal's body */
 } watcher_t;
@@ -88,6 +88,8 @@ static int on_event(void *arg, const sp_sse_event_t *ev)
         }
         snprintf(w->last, sizeof(w->last), "%s %s", type ? type : "", path ? path : "");
         w->n_seen++;
+        if (type && strcmp(type, "create") == 0)
+            w->n_creates++;
     } else if (strcmp(ev->event, "overflow") == 0) {
         w->overflow = true;
     } else if (strcmp(ev->event, "end") == 0) {
@@ -477,7 +479,7 @@ static int setup(void **state)
     port = sp_test_api_port();
     key = sp_test_env("SPACE_API_KEY");
     sp_test_create_sandbox(port, key, "tiny", sbx);
-    run("mkdir -p /root/w /root/nr /root/flood /root/lim && echo x > /root/file");
+    run("mkdir -p /root/w /root/nr /tmp/flood /root/lim && echo x > /root/file");
     return 0;
 }
 
@@ -610,17 +612,23 @@ static void test_limit_and_disconnect(void **state)
 }
 
 /* 100k files created as fast as the sandbox can: the worker keeps answering other commands,
- * the watch reports the loss as an overflow, and it still works afterwards. */
+ * no event is lost without an overflow saying so, and the watch still works afterwards.
+ * Whether events are lost depends on the guest's speed: past the agent's 2,000 events/s
+ * (agent_watch.c RATE, BURST 4,000) they are, and the overflow must say so; a guest slower
+ * than that (a loaded host) has every create delivered. Both are the contract; which one a run
+ * met is printed. */
+#define FLOOD_FILES 100000
 static void test_flood(void **state)
 {
     (void)state;
-    watcher_t *w = watch_open("path=/root/flood");
+    watcher_t *w = watch_open("path=/tmp/flood");
     assert_true(watch_wait_started(w));
     char path[128];
     snprintf(path, sizeof(path), "/v1/sandboxes/%s/commands", sbx);
     sp_test_http_resp_t r;
-    const char *flood = "{\"cmd\":\"cd /root/flood && seq 1 100000 | xargs touch && touch "
-                        "/root/flood.done\",\"background\":true}";
+    const char *flood = "{\"cmd\":\"cd /tmp/flood && seq 1 100000 | xargs touch && touch "
+                        "/tmp/flood.done\",\"background\":true}";
+    int64_t t0 = now_ms();
     sp_test_http(port, "POST", path, key, NULL, flood, strlen(flood), &r);
     assert_int_equal(r.status, 202);
     sp_test_http_free(&r);
@@ -628,37 +636,48 @@ static void test_flood(void **state)
     /* While it runs: other commands answer promptly. */
     int64_t worst = 0;
     for (int i = 0; i < 20; i++) {
-        int64_t t0 = now_ms();
+        int64_t t1 = now_ms();
         run("true");
-        int64_t dt = now_ms() - t0;
+        int64_t dt = now_ms() - t1;
         worst = dt > worst ? dt : worst;
         usleep(250000);
     }
     print_message("slowest command during the flood: %lld ms\n", (long long)worst);
     assert_true(worst < 10000);
 
-    for (int64_t end = now_ms() + 240000; now_ms() < end; usleep(200000)) {
-        pthread_mutex_lock(&w->mu);
-        bool overflow = w->overflow;
-        pthread_mutex_unlock(&w->mu);
-        if (overflow)
-            break;
-    }
-    assert_true(w->overflow);
-    /* The flood ends; the watch goes on. */
-    for (int64_t end = now_ms() + 240000; now_ms() < end; usleep(500000)) {
-        sp_test_cmd_t c = sp_test_run(port, key, sbx, "{\"cmd\":\"test -e /root/flood.done\"}");
-        bool done = c.status == 200 && c.exit_code == 0;
+    bool done = false;
+    for (int64_t end = now_ms() + 240000; now_ms() < end && !done; usleep(500000)) {
+        sp_test_cmd_t c = sp_test_run(port, key, sbx, "{\"cmd\":\"test -e /tmp/flood.done\"}");
+        done = c.status == 200 && c.exit_code == 0;
         sp_test_cmd_free(&c);
-        if (done)
+    }
+    assert_true(done);
+    int64_t flood_ms = now_ms() - t0;
+    /* The stream catches up: every create arrived, or an overflow came, or nothing has moved
+     * for 5 s. */
+    size_t creates = 0, seen = 0;
+    bool overflow = false;
+    for (int64_t still = now_ms(), end = now_ms() + 120000; now_ms() < end; usleep(200000)) {
+        pthread_mutex_lock(&w->mu);
+        overflow = w->overflow;
+        bool moved = w->n_seen != seen;
+        creates = w->n_creates;
+        seen = w->n_seen;
+        pthread_mutex_unlock(&w->mu);
+        if (moved)
+            still = now_ms();
+        if (creates >= FLOOD_FILES || (overflow && now_ms() - still > 1000) ||
+            now_ms() - still > 5000)
             break;
     }
-    print_message("events delivered of the flood: %zu\n", w->n_seen);
-    assert_true(w->n_seen < 100000);
-    run("mkdir /root/flood/after");
-    wait_event(w, "create /root/flood/after");
+    print_message("flood: %d files in %lld ms; delivered %zu creates, %zu events; overflow %s\n",
+                  FLOOD_FILES, (long long)flood_ms, creates, seen, overflow ? "yes" : "no");
+    if (!overflow)
+        assert_int_equal(creates, FLOOD_FILES); /* nothing lost without an overflow */
+    run("mkdir /tmp/flood/after");
+    wait_event(w, "create /tmp/flood/after");
     assert_false(w->bad);
-    watch_close(w, "/root/flood");
+    watch_close(w, "/tmp/flood");
 }
 
 int main(void)
