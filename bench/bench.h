@@ -35,8 +35,9 @@ typedef struct {
 /* p-th percentile (nearest rank) of v; sorts v in place. NaN when n is 0. */
 double bench_pct(double *v, size_t n, double p);
 
-/* One timed operation. op is a static name; error NULL when it succeeded, else a static
- * reason ("status", "state", "exit", or sp_strerror's text when no answer came). */
+/* One timed operation. op is a static name; error NULL when it succeeded, else a reason that
+ * outlives the samples ("status", "state", "exit", or the transport error's text when no
+ * answer came). */
 typedef struct {
     const char *op;
     size_t iteration;  /* which sandbox's life it belongs to */

@@ -108,6 +108,8 @@ typedef struct {
     size_t n_samples, cap_samples;
     char (*live)[ID_MAX]; /* created and not yet deleted */
     size_t n_live, cap_live;
+    char reasons[32][64]; /* transport errors' texts, kept for the samples that point here */
+    size_t n_reasons;
     unsigned workers;
 } api_run_t;
 
@@ -222,6 +224,26 @@ static void live_remove(api_run_t *r, const char *id)
     pthread_mutex_unlock(&r->mu);
 }
 
+/* text (sp_strerror's, which may live in the calling thread's buffer) as a string that lives
+ * as long as the run. */
+static const char *keep_reason(api_run_t *r, const char *text)
+{
+    const char *kept = "transport error";
+    pthread_mutex_lock(&r->mu);
+    for (size_t i = 0; i < r->n_reasons; i++)
+        if (strncmp(r->reasons[i], text, sizeof(r->reasons[i]) - 1) == 0) {
+            kept = r->reasons[i];
+            goto out;
+        }
+    if (r->n_reasons < sizeof(r->reasons) / sizeof(r->reasons[0])) {
+        snprintf(r->reasons[r->n_reasons], sizeof(r->reasons[0]), "%s", text);
+        kept = r->reasons[r->n_reasons++];
+    }
+out:
+    pthread_mutex_unlock(&r->mu);
+    return kept;
+}
+
 /* ---- one operation ---- */
 
 typedef struct {
@@ -250,7 +272,7 @@ static bool run_op(api_run_t *r, size_t it, const op_t *o, int64_t from_ns, int6
                         .queued_ms = (double)queued_ns / 1e6,
                         .status = rc < 0 ? 0 : resp.status};
     if (rc < 0) {
-        s.error = sp_strerror(rc);
+        s.error = keep_reason(r, sp_strerror(rc));
     } else if (resp.status != o->want) {
         s.error = "status";
     } else if (o->want_state || o->want_exit0 || ret_id) {
