@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "../../../bench/bench_report.c"
+#include "../../../bench/bench_report.c" /* NOLINT(bugprone-suspicious-include) */
 
 static const char *const ops[] = {"create", "exec", "delete"};
 
@@ -26,6 +26,14 @@ static char *slurp(const char *path)
     fclose(f);
     buf[n] = '\0';
     return buf;
+}
+
+/* A new empty file from the template path (XXXXXX replaced). */
+static void new_file(char *path)
+{
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
 }
 
 static void test_pct_nearest_rank(void **state)
@@ -63,9 +71,7 @@ static void test_stats_leave_errors_out(void **state)
     assert_int_equal(st.n, 0);
 
     char path[] = "/tmp/test_bench_report.XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
+    new_file(path);
     assert_int_equal(bench_report_json(path, "{}", ops, 3, s, 4, 2.0), 0);
     const char *j = slurp(path);
     assert_non_null(strstr(j, "\"exec\":{\"n\":1,\"errors\":1,\"p50_ms\":null"));
@@ -81,9 +87,7 @@ static void test_svg_escapes_and_empty(void **state)
     bench_sample_t s[] = {{.op = "create", .start_ms = 500, .latency_ms = 40, .status = 201},
                           {.op = "exec", .start_ms = 900, .latency_ms = 9, .error = "x"}};
     char path[] = "/tmp/test_bench_report.XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
+    new_file(path);
     assert_int_equal(bench_report_svg(path, "a <b> & \"c\" 'd'", ops, 3, s, 2, 1.0), 0);
     const char *x = slurp(path);
     assert_non_null(strstr(x, "a &lt;b&gt; &amp; &quot;c&quot; &apos;d&apos;"));
