@@ -90,6 +90,12 @@ int main(int argc, char **argv)
     int argi = 0, code = 1;
     bench_ctx_t c = {0};
 
+    if (argc > 1 && strcmp(argv[1], "api") == 0) {
+        /* api first: the global options (and their SPACE_* variables, some of the same name
+         * as api's, like SPACE_RATE) are not read at all; the key is SPACE_API_KEY's. */
+        sp_log_init("space-bench", SP_LOG_WARN, SP_LOG_KV);
+        return bench_api(argc - 1, argv + 1, getenv("SPACE_API_KEY"));
+    }
     /* The global options' --help; api's come after its name and are its own. */
     for (int i = 1; i < argc && strcmp(argv[i], "--") != 0 && strcmp(argv[i], "api") != 0; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
