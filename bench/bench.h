@@ -1,9 +1,11 @@
-/* space-bench: latency and throughput harness (bench/README.md). */
+/* space-bench: latency and throughput harness (docs/bench.md). */
 #ifndef SPACE_BENCH_H
 #define SPACE_BENCH_H
 
 #include <libpq-fe.h>
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 #include "bus.h"
 #include "httpc.h"
@@ -25,10 +27,53 @@ typedef struct {
     char api_host[64];
     int api_port;
     const char *api_key;
+    int timeout_ms; /* of one API request; 0 = httpc's default (120 s) */
 } bench_ctx_t;
 
-/* p-th percentile (nearest rank) of v; sorts v in place. */
+/* ---- numbers and reports (bench_report.c) ---- */
+
+/* p-th percentile (nearest rank) of v; sorts v in place. NaN when n is 0. */
 double bench_pct(double *v, size_t n, double p);
+
+/* One timed operation. op is a static name; error NULL when it succeeded, else a reason that
+ * outlives the samples ("status", "state", "exit", or the transport error's text when no
+ * answer came). */
+typedef struct {
+    const char *op;
+    size_t iteration;  /* which sandbox's life it belongs to */
+    double start_ms;   /* from the run's start: for an open-loop create its scheduled start */
+    double latency_ms; /* from start_ms until the answer */
+    double queued_ms;  /* of latency_ms: waiting for a free worker after the scheduled start */
+    int status;        /* HTTP status, 0 when no answer */
+    const char *error;
+} bench_sample_t;
+
+typedef struct {
+    size_t n, errors;
+    double p50, p90, p99, max; /* ms, of the successful ones; NaN when none */
+    double rate;               /* operations (all) per second of the run's wall time */
+} bench_op_stats_t;
+
+void bench_op_stats(const char *op, const bench_sample_t *s, size_t n, double wall_s,
+                    bench_op_stats_t *ret);
+/* The table per operation (ops in this order, those without samples left out), then the
+ * errors counted per operation, status and reason. */
+void bench_report_table(FILE *out, const char *const *ops, size_t n_ops, const bench_sample_t *s,
+                        size_t n, double wall_s);
+/* {"run": run_json (a JSON object, as given), "wall_s", "summary": {op: {n, errors, p50_ms,
+ * p90_ms, p99_ms, max_ms, rate_per_s}}, "samples": [{op, iteration, start_ms, latency_ms,
+ * queued_ms, status, error}]} into path; 0, or -1 when it cannot be written. */
+int bench_report_json(const char *path, const char *run_json, const char *const *ops, size_t n_ops,
+                      const bench_sample_t *s, size_t n, double wall_s);
+/* An SVG: per operation with samples a panel of its latency over time (one point per
+ * sample, errors as crosses) with the p50/p90/p99 lines; title escaped. 0, or -1. */
+int bench_report_svg(const char *path, const char *title, const char *const *ops, size_t n_ops,
+                     const bench_sample_t *s, size_t n, double wall_s);
+
+/* space-bench api: drives a deployment over its /v1 API alone (bench_api.c). argv[0] is "api";
+ * global_key is --api-key / SPACE_API_KEY of the global options (may be empty). The exit
+ * status: 0, 1 (could not run, or sandboxes left), 2 bad usage, 130 interrupted. */
+int bench_api(int argc, char **argv, const char *global_key);
 
 int bench_eventlog(bench_ctx_t *c);
 int bench_create(bench_ctx_t *c);

@@ -57,22 +57,6 @@
 #include "sign.h"
 #include "xmalloc.h"
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-double bench_pct(double *v, size_t n, double p)
-{
-    if (n == 0)
-        return NAN;
-    qsort(v, n, sizeof(*v), cmp_double);
-    /* Nearest rank (the value at or above the p-th percent of the sample). */
-    size_t k = (size_t)ceil(p / 100.0 * (double)n);
-    return v[k == 0 ? 0 : k - 1];
-}
-
 /* Builds n distinct valid events: n/5 sandbox lifecycles, each a fresh sandbox id. */
 static sp_eventgen_msg_t *make_events(size_t n, unsigned run)
 {

@@ -22,7 +22,8 @@ int bench_http(bench_ctx_t *c, const char *method, const char *path, const char 
                           .key = c->api_key,
                           .extra_headers = extra,
                           .body = body,
-                          .body_len = body ? strlen(body) : 0};
+                          .body_len = body ? strlen(body) : 0,
+                          .timeout_ms = c->timeout_ms};
     return sp_httpc_do(&req, r);
 }
 

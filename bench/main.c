@@ -59,7 +59,8 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_INT_OPT("rounds", bench_config_t, rounds, 1, 100000, "20",
                    "pause/resume/suspend/resume rounds (lifecycle bench)"),
     SP_CFG_STR_OPT("api-url", bench_config_t, api_url, "http://127.0.0.1:8080", "the HTTP API"),
-    SP_CFG_STR_OPT("api-key", bench_config_t, api_key, NULL, "API key (create bench)"),
+    SP_CFG_STR_OPT("api-key", bench_config_t, api_key, NULL,
+                   "API key (create, exec, lifecycle; api: SPACE_API_KEY or its --api-key-file)"),
     SP_CFG_STR_OPT("home", bench_config_t, home, "./var", "SPACE_HOME of the stack"),
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
@@ -68,14 +69,17 @@ static sp_busid_t busid;
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: space-bench [options] COMMAND\n"
-                 "commands:\n"
-                 "  eventlog   events published to the stream until the log stored them\n"
-                 "  create     sandbox creates through the API (--api-url, --api-key)\n"
-                 "  exec       commands through the API in one sandbox\n"
-                 "  lifecycle  pause/resume/suspend/resume rounds\n"
-                 "  sign       event signing and verifying, CPU only\n"
-                 "exit: 0 done, 1 the bench failed, 2 bad usage\n\n");
+    fprintf(out,
+            "usage: space-bench [options] COMMAND\n"
+            "commands:\n"
+            "  eventlog   events published to the stream until the log stored them\n"
+            "  create     sandbox creates through the API (--api-url, --api-key)\n"
+            "  exec       commands through the API in one sandbox\n"
+            "  lifecycle  pause/resume/suspend/resume rounds\n"
+            "  sign       event signing and verifying, CPU only\n"
+            "  api        a deployment's latency over its HTTP API alone, at a concurrency\n"
+            "             and an open-loop rate; JSON and an SVG plot (space-bench api --help)\n"
+            "exit: 0 done, 1 the bench failed, 2 bad usage\n\n");
     sp_config_usage(out, "space-bench", options, N_OPTIONS);
 }
 
@@ -86,7 +90,14 @@ int main(int argc, char **argv)
     int argi = 0, code = 1;
     bench_ctx_t c = {0};
 
-    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+    if (argc > 1 && strcmp(argv[1], "api") == 0) {
+        /* api first: the global options (and their SPACE_* variables, some of the same name
+         * as api's, like SPACE_RATE) are not read at all; the key is SPACE_API_KEY's. */
+        sp_log_init("space-bench", SP_LOG_WARN, SP_LOG_KV);
+        return bench_api(argc - 1, argv + 1, getenv("SPACE_API_KEY"));
+    }
+    /* The global options' --help; api's come after its name and are its own. */
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0 && strcmp(argv[i], "api") != 0; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout); /* the commands too, not the options alone */
             return 0;
@@ -98,6 +109,12 @@ int main(int argc, char **argv)
     }
     if (argi < 0) {
         code = 0;
+        goto out;
+    }
+    if (argi < argc && strcmp(argv[argi], "api") == 0) {
+        /* A deployment over its API alone: no NATS, no database, no runsc here. */
+        sp_log_init("space-bench", SP_LOG_WARN, SP_LOG_KV);
+        code = bench_api(argc - argi, argv + argi, cfg.api_key);
         goto out;
     }
     if (argi + 1 != argc ||
