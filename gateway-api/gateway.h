@@ -22,6 +22,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <uv.h>
 
 #include "buf.h"
@@ -98,6 +99,7 @@ typedef enum {
     GW_R_SANDBOX_LIFECYCLE,
     GW_R_CREDENTIALS, /* /v1/credentials[/{id}] (gateway_credentials.c) */
     GW_R_KEYS,        /* /v1/keys[/{id}] (gateway_keys.c) */
+    GW_R_OPENAPI,     /* GET /v1/openapi.json */
     GW_R_E2B_API,     /* the E2B control plane (gateway_e2b.c) */
     GW_R_E2B_ENVD,    /* the E2B in-sandbox API: Connect RPC, /files, /health */
     GW_R_OTHER, /* unknown routes and responses h2o itself produced (413 while reading a body) */
@@ -859,6 +861,35 @@ void gw__route_head(gw_t *gw, h2o_req_t *req, gw_gate_t *g);
 
 /* A connection's file descriptor, for shutdown(2) when a stream must end now. -1 if unknown. */
 int gw_req_fd(h2o_req_t *req);
+
+/* ---- routes (gateway_http.c) ---- */
+
+#define GW_ROUTE_PUBLIC    1u /* answered without an API key */
+#define GW_ROUTE_FILE_BODY 2u /* the body may be max-file-bytes, not max-body-bytes */
+
+/* One route the gateway serves: method and path pattern ("/v1/sandboxes/{id}/files"), the
+ * metrics label, the handler (run after authentication unless GW_ROUTE_PUBLIC) and, for a
+ * handler of several routes, the action it reads from rq->path_action. */
+typedef struct {
+    const char *method;
+    const char *path;
+    gw_route_t metric;
+    void (*fn)(gw_req_t *rq);
+    unsigned flags;
+    const char *action;
+} gw_route_def_t;
+
+/* The table route() dispatches by (every /v1 route, /healthz, /metrics); the E2B routes are
+ * matched after it, in gateway_e2b.c and gateway_e2b_envd.c. */
+extern const gw_route_def_t gw_routes[];
+extern const size_t gw_n_routes;
+
+/* "METHOD PATH" per line, the table's order: `space-gateway --list-routes`. */
+void gw_routes_print(FILE *out);
+
+/* api/openapi.json, embedded at build time (gateway-api/CMakeLists.txt). */
+extern const unsigned char gw_openapi_json[];
+extern const size_t gw_openapi_json_len;
 
 int gw_http_init(gw_t *gw);
 void gw_http_dispose(gw_t *gw);

@@ -502,124 +502,10 @@ static bool is_method(const h2o_req_t *req, const char *m)
     return h2o_memis(req->method.base, req->method.len, m, strlen(m));
 }
 
-typedef enum {
-    SUB_NONE = 0,
-    SUB_EVENTS,
-    SUB_COMMANDS,
-    SUB_COMMAND, /* .../commands/{cid}/{action} */
-    SUB_NETWORK,
-    SUB_LIFECYCLE, /* .../pause, .../resume, .../suspend */
-    SUB_FILES,     /* the files routes from here on */
-    SUB_FILES_STAT,
-    SUB_FILES_LIST,
-    SUB_FILES_MKDIR,
-    SUB_FILES_MOVE,
-    SUB_FILES_WATCH
-} sub_resource_t;
-
-/* .../commands/{cid}/{action}: copies cid and action (checked later, like the id). */
-static bool match_command_path(const char *s, size_t n, gw_req_t *rq)
-{
-    const char *slash = memchr(s, '/', n);
-    if (!slash)
-        return false;
-    size_t idlen = (size_t)(slash - s), alen = n - idlen - 1;
-    if (idlen == 0 || idlen > SP_ID_MAX || alen == 0 || alen >= sizeof(rq->path_action) ||
-        memchr(slash + 1, '/', alen))
-        return false;
-    memcpy(rq->path_sub_id, s, idlen);
-    rq->path_sub_id[idlen] = '\0';
-    memcpy(rq->path_action, slash + 1, alen);
-    rq->path_action[alen] = '\0';
-    return true;
-}
-
-/* Matches /v1/sandboxes/{id}, /v1/sandboxes/{id}/events, /v1/sandboxes/{id}/commands,
- * /v1/sandboxes/{id}/commands/{cid}/{action} and /v1/sandboxes/{id}/files[/stat|/list|/mkdir|
- * /move|/watch]; *ret_sub tells which. The ids are copied as they are (checked after
- * authentication, so a malformed id reads as unknown). */
-static bool match_sandbox_path(gw_req_t *rq, const char *path, size_t len, char id[SP_ID_MAX + 1],
-                               sub_resource_t *ret_sub)
-{
-    static const char cmds[] = "/commands/";
-    static const char prefix[] = "/v1/sandboxes/";
-    const size_t plen = sizeof(prefix) - 1;
-    if (len <= plen || memcmp(path, prefix, plen) != 0)
-        return false;
-    const char *s = path + plen;
-    size_t rest = len - plen;
-    const char *slash = memchr(s, '/', rest);
-    size_t idlen = slash ? (size_t)(slash - s) : rest;
-    if (idlen == 0 || idlen > SP_ID_MAX)
-        return false;
-    if (slash) {
-        if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/events")))
-            *ret_sub = SUB_EVENTS;
-        else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/commands")))
-            *ret_sub = SUB_COMMANDS;
-        else if (rest - idlen > sizeof(cmds) - 1 && memcmp(slash, cmds, sizeof(cmds) - 1) == 0 &&
-                 match_command_path(slash + sizeof(cmds) - 1, rest - idlen - (sizeof(cmds) - 1),
-                                    rq))
-            *ret_sub = SUB_COMMAND;
-        else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/files")))
-            *ret_sub = SUB_FILES;
-        else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/files/stat")))
-            *ret_sub = SUB_FILES_STAT;
-        else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/files/list")))
-            *ret_sub = SUB_FILES_LIST;
-        else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/files/mkdir")))
-            *ret_sub = SUB_FILES_MKDIR;
-        else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/files/move")))
-            *ret_sub = SUB_FILES_MOVE;
-        else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/files/watch")))
-            *ret_sub = SUB_FILES_WATCH;
-        else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/network")))
-            *ret_sub = SUB_NETWORK;
-        else if (h2o_memis(slash, rest - idlen, H2O_STRLIT("/pause")) ||
-                 h2o_memis(slash, rest - idlen, H2O_STRLIT("/resume")) ||
-                 h2o_memis(slash, rest - idlen, H2O_STRLIT("/suspend")) ||
-                 h2o_memis(slash, rest - idlen, H2O_STRLIT("/timeout"))) {
-            *ret_sub = SUB_LIFECYCLE;
-            snprintf(rq->path_action, sizeof(rq->path_action), "%.*s", (int)(rest - idlen - 1),
-                     slash + 1);
-        } else
-            return false;
-    } else {
-        *ret_sub = SUB_NONE;
-    }
-    memcpy(id, s, idlen);
-    id[idlen] = '\0';
-    return true;
-}
-
 static void with_auth(gw_req_t *rq, void (*fn)(gw_req_t *))
 {
     rq->after_auth = fn;
     gw_auth(rq);
-}
-
-/* A collection route: prefix ("/v1/keys") or prefix/<id>, the id (no '/', at most SP_ID_MAX)
- * into rq->path_id, then fn after authentication. True when path is one (answered: a bad id
- * is a 404 with missing), false when it is not. */
-static bool route_collection(gw_req_t *rq, const char *path, size_t len, const char *prefix,
-                             gw_route_t route, const char *missing, void (*fn)(gw_req_t *))
-{
-    size_t plen = strlen(prefix);
-    if (len < plen || memcmp(path, prefix, plen) != 0 || (len > plen && path[plen] != '/') ||
-        len == plen + 1)
-        return false;
-    rq->route = route;
-    if (len > plen) {
-        size_t idlen = len - plen - 1;
-        if (idlen > SP_ID_MAX || memchr(path + plen + 1, '/', idlen)) {
-            gw_respond_error(rq, 404, "not_found", NULL, "%s", missing);
-            return true;
-        }
-        memcpy(rq->path_id, path + plen + 1, idlen);
-        rq->path_id[idlen] = '\0';
-    }
-    with_auth(rq, fn);
-    return true;
 }
 
 void gw__req_authed(gw_req_t *rq)
@@ -665,40 +551,144 @@ static void files_move(gw_req_t *rq)
     gw_files_run(rq, GW_FILES_MOVE);
 }
 
-/* The files routes: which methods each takes. */
-static void route_files(gw_req_t *rq, sub_resource_t sub)
+static void openapi_document(gw_req_t *rq)
 {
-    h2o_req_t *req = rq->req;
-    rq->route = GW_R_SANDBOX_FILES;
-    switch (sub) {
-    case SUB_FILES:
-        if (!is_method(req, "GET") && !is_method(req, "PUT") && !is_method(req, "DELETE")) {
-            method_not_allowed(rq, "GET, PUT, DELETE");
-            return;
+    gw_respond(rq, 200, "application/json", (const char *)gw_openapi_json, gw_openapi_json_len);
+}
+
+/* Every /v1 route, /healthz and /metrics, in one table: route() matches requests against it,
+ * `space-gateway --list-routes` prints it, and tests/openapi checks api/openapi.json against
+ * that list (both ways). A route served but not here does not exist. Path segments in braces
+ * are parameters: {id} goes to rq->path_id, {cid} to rq->path_sub_id (each 1..SP_ID_MAX
+ * bytes without '/', checked by the handler after authentication, so a malformed id reads as
+ * unknown). action, when set, goes to rq->path_action for handlers that serve several. Rows
+ * of one path are listed together, in the order the Allow header of a 405 names them. */
+const gw_route_def_t gw_routes[] = {
+    {"GET", "/healthz", GW_R_HEALTHZ, gw_health, GW_ROUTE_PUBLIC, NULL},
+    {"GET", "/metrics", GW_R_METRICS, metrics_page, GW_ROUTE_PUBLIC, NULL},
+    {"GET", "/v1/openapi.json", GW_R_OPENAPI, openapi_document, GW_ROUTE_PUBLIC, NULL},
+    {"GET", "/v1/sandboxes", GW_R_SANDBOX_LIST, gw_sandbox_list, 0, NULL},
+    {"POST", "/v1/sandboxes", GW_R_SANDBOX_CREATE, gw_sandbox_create, 0, NULL},
+    {"GET", "/v1/templates", GW_R_TEMPLATES, gw_templates, 0, NULL},
+    {"GET", "/v1/events", GW_R_EVENTS, events_all, 0, NULL},
+    {"GET", "/v1/credentials", GW_R_CREDENTIALS, gw_credentials, 0, NULL},
+    {"POST", "/v1/credentials", GW_R_CREDENTIALS, gw_credentials, 0, NULL},
+    {"GET", "/v1/credentials/{id}", GW_R_CREDENTIALS, gw_credentials, 0, NULL},
+    {"PUT", "/v1/credentials/{id}", GW_R_CREDENTIALS, gw_credentials, 0, NULL},
+    {"DELETE", "/v1/credentials/{id}", GW_R_CREDENTIALS, gw_credentials, 0, NULL},
+    {"GET", "/v1/keys", GW_R_KEYS, gw_keys, 0, NULL},
+    {"POST", "/v1/keys", GW_R_KEYS, gw_keys, 0, NULL},
+    {"DELETE", "/v1/keys/{id}", GW_R_KEYS, gw_keys, 0, NULL},
+    {"GET", "/v1/sandboxes/{id}", GW_R_SANDBOX_GET, gw_sandbox_get, 0, NULL},
+    {"DELETE", "/v1/sandboxes/{id}", GW_R_SANDBOX_DELETE, gw_sandbox_delete, 0, NULL},
+    {"GET", "/v1/sandboxes/{id}/events", GW_R_SANDBOX_EVENTS, events_sandbox, 0, NULL},
+    {"PUT", "/v1/sandboxes/{id}/network", GW_R_SANDBOX_NETWORK, gw_sandbox_network_put, 0, NULL},
+    {"POST", "/v1/sandboxes/{id}/pause", GW_R_SANDBOX_LIFECYCLE, gw_sandbox_lifecycle, 0, "pause"},
+    {"POST", "/v1/sandboxes/{id}/resume", GW_R_SANDBOX_LIFECYCLE, gw_sandbox_lifecycle, 0,
+     "resume"},
+    {"POST", "/v1/sandboxes/{id}/suspend", GW_R_SANDBOX_LIFECYCLE, gw_sandbox_lifecycle, 0,
+     "suspend"},
+    {"POST", "/v1/sandboxes/{id}/timeout", GW_R_SANDBOX_LIFECYCLE, gw_sandbox_lifecycle, 0,
+     "timeout"},
+    {"GET", "/v1/sandboxes/{id}/commands", GW_R_COMMAND_LIST, gw_command_list, 0, NULL},
+    {"POST", "/v1/sandboxes/{id}/commands", GW_R_SANDBOX_COMMANDS, gw_command_run, 0, NULL},
+    {"GET", "/v1/sandboxes/{id}/commands/{cid}/stream", GW_R_COMMAND_STREAM, gw_command_attach, 0,
+     "stream"},
+    {"POST", "/v1/sandboxes/{id}/commands/{cid}/stdin", GW_R_COMMAND_CTL, gw_command_ctl, 0,
+     "stdin"},
+    {"POST", "/v1/sandboxes/{id}/commands/{cid}/signal", GW_R_COMMAND_CTL, gw_command_ctl, 0,
+     "signal"},
+    {"POST", "/v1/sandboxes/{id}/commands/{cid}/resize", GW_R_COMMAND_CTL, gw_command_ctl, 0,
+     "resize"},
+    {"GET", "/v1/sandboxes/{id}/files", GW_R_SANDBOX_FILES, files_root, 0, NULL},
+    {"PUT", "/v1/sandboxes/{id}/files", GW_R_SANDBOX_FILES, files_root, GW_ROUTE_FILE_BODY, NULL},
+    {"DELETE", "/v1/sandboxes/{id}/files", GW_R_SANDBOX_FILES, files_root, 0, NULL},
+    {"GET", "/v1/sandboxes/{id}/files/stat", GW_R_SANDBOX_FILES, files_stat, 0, NULL},
+    {"GET", "/v1/sandboxes/{id}/files/list", GW_R_SANDBOX_FILES, files_list, 0, NULL},
+    {"POST", "/v1/sandboxes/{id}/files/mkdir", GW_R_SANDBOX_FILES, files_mkdir, 0, NULL},
+    {"POST", "/v1/sandboxes/{id}/files/move", GW_R_SANDBOX_FILES, files_move, 0, NULL},
+    {"GET", "/v1/sandboxes/{id}/files/watch", GW_R_SANDBOX_FILES, gw_watch_run, 0, NULL},
+};
+const size_t gw_n_routes = sizeof(gw_routes) / sizeof(gw_routes[0]);
+
+void gw_routes_print(FILE *out)
+{
+    for (size_t i = 0; i < gw_n_routes; i++)
+        fprintf(out, "%s %s\n", gw_routes[i].method, gw_routes[i].path);
+}
+
+/* The parameters a path gave a pattern, kept apart until a row is chosen. */
+typedef struct {
+    char id[SP_ID_MAX + 1];
+    char cid[SP_ID_MAX + 1];
+} route_params_t;
+
+/* Does path (len bytes, no query) have pattern's shape? Literal segments compare exactly, a
+ * {name} segment takes 1..SP_ID_MAX bytes without '/'. */
+static bool route_match(const char *pattern, const char *path, size_t len, route_params_t *p)
+{
+    const char *end = path + len;
+    while (*pattern) {
+        if (*pattern != '/' || path == end || *path != '/')
+            return false;
+        pattern++;
+        path++;
+        const char *pseg_end = strchr(pattern, '/');
+        size_t plen = pseg_end ? (size_t)(pseg_end - pattern) : strlen(pattern);
+        const char *seg_end = memchr(path, '/', (size_t)(end - path));
+        size_t slen = seg_end ? (size_t)(seg_end - path) : (size_t)(end - path);
+        if (plen > 2 && pattern[0] == '{' && pattern[plen - 1] == '}') {
+            char *dst = h2o_memis(pattern, plen, H2O_STRLIT("{cid}")) ? p->cid : p->id;
+            if (slen == 0 || slen > SP_ID_MAX)
+                return false;
+            memcpy(dst, path, slen);
+            dst[slen] = '\0';
+        } else if (!h2o_memis(pattern, plen, path, slen)) {
+            return false;
         }
-        if (is_method(req, "PUT"))
-            rq->body_limit = rq->gw->cfg->max_file_bytes;
-        with_auth(rq, files_root);
-        return;
-    case SUB_FILES_STAT:
-    case SUB_FILES_LIST:
-    case SUB_FILES_WATCH:
-        if (!is_method(req, "GET")) {
-            method_not_allowed(rq, "GET");
-            return;
-        }
-        with_auth(rq, sub == SUB_FILES_STAT   ? files_stat
-                      : sub == SUB_FILES_LIST ? files_list
-                                              : gw_watch_run);
-        return;
-    default:
-        if (!is_method(req, "POST")) {
-            method_not_allowed(rq, "POST");
-            return;
-        }
-        with_auth(rq, sub == SUB_FILES_MKDIR ? files_mkdir : files_move);
-        return;
+        pattern += plen;
+        path += slen;
     }
+    return path == end;
+}
+
+/* Answers a request the table has: true, or false when no row has its path. */
+static bool route_table(gw_req_t *rq, const char *path, size_t len)
+{
+    const gw_route_def_t *shape = NULL;
+    char allow[64] = "";
+    size_t n = 0;
+    for (size_t i = 0; i < gw_n_routes; i++) {
+        const gw_route_def_t *r = &gw_routes[i];
+        route_params_t p = {0};
+        if (!route_match(r->path, path, len, &p))
+            continue;
+        if (!shape)
+            shape = r;
+        if (!is_method(rq->req, r->method)) {
+            int w = snprintf(allow + n, sizeof(allow) - n, "%s%s", n ? ", " : "", r->method);
+            if (w > 0 && (size_t)w < sizeof(allow) - n)
+                n += (size_t)w;
+            continue;
+        }
+        rq->route = r->metric;
+        memcpy(rq->path_id, p.id, sizeof(p.id));
+        memcpy(rq->path_sub_id, p.cid, sizeof(p.cid));
+        if (r->action)
+            snprintf(rq->path_action, sizeof(rq->path_action), "%s", r->action);
+        if (r->flags & GW_ROUTE_FILE_BODY)
+            rq->body_limit = rq->gw->cfg->max_file_bytes;
+        if (r->flags & GW_ROUTE_PUBLIC)
+            r->fn(rq);
+        else
+            with_auth(rq, r->fn);
+        return true;
+    }
+    if (!shape)
+        return false;
+    rq->route = shape->metric;
+    method_not_allowed(rq, allow);
+    return true;
 }
 
 static void route(gw_req_t *rq)
@@ -706,7 +696,6 @@ static void route(gw_req_t *rq)
     h2o_req_t *req = rq->req;
     size_t len = req->query_at == SIZE_MAX ? req->path.len : req->query_at;
     const char *path = req->path.base;
-    sub_resource_t sub = SUB_NONE;
 
     if (rq->gw->stopping) {
         req->http1_is_persistent = 0;
@@ -718,156 +707,8 @@ static void route(gw_req_t *rq)
                          GW_PATH_MAX);
         return;
     }
-    if (h2o_memis(path, len, H2O_STRLIT("/healthz"))) {
-        rq->route = GW_R_HEALTHZ;
-        if (!is_method(req, "GET")) {
-            method_not_allowed(rq, "GET");
-            return;
-        }
-        {
-            gw_health(rq);
-            return;
-        }
-    }
-    if (h2o_memis(path, len, H2O_STRLIT("/metrics"))) {
-        rq->route = GW_R_METRICS;
-        if (!is_method(req, "GET")) {
-            method_not_allowed(rq, "GET");
-            return;
-        }
-        {
-            metrics_page(rq);
-            return;
-        }
-    }
-    if (h2o_memis(path, len, H2O_STRLIT("/v1/sandboxes"))) {
-        if (is_method(req, "GET")) {
-            rq->route = GW_R_SANDBOX_LIST;
-            {
-                with_auth(rq, gw_sandbox_list);
-                return;
-            }
-        }
-        if (is_method(req, "POST")) {
-            rq->route = GW_R_SANDBOX_CREATE;
-            {
-                with_auth(rq, gw_sandbox_create);
-                return;
-            }
-        }
-        {
-            method_not_allowed(rq, "GET, POST");
-            return;
-        }
-    }
-    if (h2o_memis(path, len, H2O_STRLIT("/v1/templates"))) {
-        rq->route = GW_R_TEMPLATES;
-        if (!is_method(req, "GET")) {
-            method_not_allowed(rq, "GET");
-            return;
-        }
-        {
-            with_auth(rq, gw_templates);
-            return;
-        }
-    }
-    if (h2o_memis(path, len, H2O_STRLIT("/v1/events"))) {
-        rq->route = GW_R_EVENTS;
-        if (!is_method(req, "GET")) {
-            method_not_allowed(rq, "GET");
-            return;
-        }
-        {
-            with_auth(rq, events_all);
-            return;
-        }
-    }
-    if (route_collection(rq, path, len, "/v1/credentials", GW_R_CREDENTIALS, "no such credential",
-                         gw_credentials) ||
-        route_collection(rq, path, len, "/v1/keys", GW_R_KEYS, "no such key", gw_keys))
+    if (route_table(rq, path, len))
         return;
-    if (match_sandbox_path(rq, path, len, rq->path_id, &sub)) {
-        if (sub >= SUB_FILES) {
-            route_files(rq, sub);
-            return;
-        }
-        if (sub == SUB_COMMANDS) {
-            if (is_method(req, "GET")) {
-                rq->route = GW_R_COMMAND_LIST;
-                with_auth(rq, gw_command_list);
-                return;
-            }
-            rq->route = GW_R_SANDBOX_COMMANDS;
-            if (!is_method(req, "POST")) {
-                method_not_allowed(rq, "GET, POST");
-                return;
-            }
-            with_auth(rq, gw_command_run);
-            return;
-        }
-        if (sub == SUB_COMMAND) {
-            bool stream = strcmp(rq->path_action, "stream") == 0;
-            if (!stream && strcmp(rq->path_action, "stdin") != 0 &&
-                strcmp(rq->path_action, "signal") != 0 && strcmp(rq->path_action, "resize") != 0) {
-                gw_respond_error(rq, 404, "not_found", NULL, "no such route");
-                return;
-            }
-            rq->route = stream ? GW_R_COMMAND_STREAM : GW_R_COMMAND_CTL;
-            if (!is_method(req, stream ? "GET" : "POST")) {
-                method_not_allowed(rq, stream ? "GET" : "POST");
-                return;
-            }
-            with_auth(rq, stream ? gw_command_attach : gw_command_ctl);
-            return;
-        }
-        if (sub == SUB_LIFECYCLE) {
-            rq->route = GW_R_SANDBOX_LIFECYCLE;
-            if (!is_method(req, "POST")) {
-                method_not_allowed(rq, "POST");
-                return;
-            }
-            with_auth(rq, gw_sandbox_lifecycle);
-            return;
-        }
-        if (sub == SUB_NETWORK) {
-            rq->route = GW_R_SANDBOX_NETWORK;
-            if (!is_method(req, "PUT")) {
-                method_not_allowed(rq, "PUT");
-                return;
-            }
-            with_auth(rq, gw_sandbox_network_put);
-            return;
-        }
-        if (sub == SUB_EVENTS) {
-            rq->route = GW_R_SANDBOX_EVENTS;
-            if (!is_method(req, "GET")) {
-                method_not_allowed(rq, "GET");
-                return;
-            }
-            {
-                with_auth(rq, events_sandbox);
-                return;
-            }
-        }
-        if (is_method(req, "GET")) {
-            rq->route = GW_R_SANDBOX_GET;
-            {
-                with_auth(rq, gw_sandbox_get);
-                return;
-            }
-        }
-        if (is_method(req, "DELETE")) {
-            rq->route = GW_R_SANDBOX_DELETE;
-            {
-                with_auth(rq, gw_sandbox_delete);
-                return;
-            }
-        }
-        {
-            method_not_allowed(rq, "GET, DELETE");
-            return;
-        }
-    }
     if (gw_e2b_route(rq, path, len) || gw_e2b_envd_route(rq, path, len))
         return;
     /* Outside /v1 the clients are E2B's SDKs: their error shape, {"code": 404, "message"}. */

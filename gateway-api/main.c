@@ -273,6 +273,11 @@ int main(int argc, char **argv)
     sp_log_format_t format;
 
     gw.notify.wake_fd = -1;
+    /* The routes this binary serves, for tests/openapi (checked against api/openapi.json). */
+    if (argc == 2 && strcmp(argv[1], "--list-routes") == 0) {
+        gw_routes_print(stdout);
+        return 0;
+    }
     rc = sp_config_load(options, N_OPTIONS, &cfg, argc, argv, &argi, &err);
     if (rc < 0) {
         fprintf(stderr, GW_DAEMON ": %s\n", err ? err : sp_strerror(rc));

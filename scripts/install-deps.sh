@@ -19,9 +19,10 @@ PKGS=(
   libcmocka-dev
 )
 
-# Not from Debian: node and npm, which only tests/e2b uses (the official E2B JS SDK). The SDK
-# needs node >= 20.18.1 and bookworm's nodejs is 18.x; a machine with a newer node (NodeSource,
-# as on the project's machines) keeps it, and without one the e2b test reports itself skipped.
+# Not from Debian: node and npm, which only tests/e2b (the official E2B JS SDK) and
+# tests/openapi (the OpenAPI validator and client generator) use. The SDK needs node >= 20.18.1,
+# the generator 20.9, and bookworm's nodejs is 18.x; a machine with a newer node (NodeSource, as
+# on the project's machines) keeps it, and without one those tests report themselves skipped.
 
 if [ "$(id -u)" -ne 0 ]; then
   echo "install-deps: must run as root (apt-get)" >&2
