@@ -216,8 +216,8 @@ size_t wk_pool_levels(wk_t *w, Space__V1__PoolLevel *levels, Space__V1__PoolLeve
 /* The owned table and the fact helpers live in worker_box.c. Publishes one heartbeat. */
 int wk_heartbeat(wk_t *w);
 
-/* Owned-sandbox table (worker_box.c; locks inside). add returns the new box with one reference for the
- * caller (NULL if the id is owned already); get takes a reference (NULL if not owned); put
+/* Owned-sandbox table (worker_box.c; locks inside). add returns the new box with one reference for
+ * the caller (NULL if the id is owned already); get takes a reference (NULL if not owned); put
  * drops one; remove takes the box out of the table and hands the table's reference to the
  * caller (NULL if not owned). The last put closes the agent channel and frees. */
 wk_box_t *wk_owned_add(wk_t *w, const char *id, const char *tenant, const char *tmpl, uint32_t vcpu,
