@@ -242,9 +242,18 @@ int sp__identity_js_up(const sp_stack_t *st, const char *nats_url, const char *o
         goto out;
     }
     /* The event log's checkpoints have a stream of their own (docs/audit.md): the operator
-     * creates it, the event log only publishes there. */
-    if ((e = sp_bus_ensure_stream(op)) < 0 || (e = sp_bus_ensure_ckpt_stream(op)) < 0 ||
-        (e = sp_obj_bucket_ensure(op, SP_SNAPSHOT_BUCKET)) < 0) {
+     * creates it, the event log only publishes there. Right after `up` restarted a cluster node
+     * that had led the stream, JetStream API calls can time out while the cluster elects and
+     * the node catches up (seen once in a full run of integration.cluster): timeouts are
+     * retried for up to 20 s; any other error fails at once. */
+    for (int i = 0; i < 10; i++) {
+        if ((e = sp_bus_ensure_stream(op)) >= 0 && (e = sp_bus_ensure_ckpt_stream(op)) >= 0 &&
+            (e = sp_obj_bucket_ensure(op, SP_SNAPSHOT_BUCKET)) >= 0)
+            break;
+        if (e != SP_ETIMEOUT)
+            break;
+    }
+    if (e < 0) {
         fprintf(stderr, "space: cannot create the streams or the snapshot bucket as operator: %s\n",
                 sp_strerror(e));
         goto out;
