@@ -3,6 +3,7 @@
 #define SPACE_EVENTLOG_H
 
 #include <libpq-fe.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "bus.h"
@@ -35,6 +36,9 @@ typedef struct {
     PGconn *db;
     sp_projection_t *proj;
     el_verify_t verify;
+    /* Refuse user content in plaintext that the workers and gateways seal (seal-output,
+     * sp_envelope_plaintext_content): stored rejected with the reason. */
+    bool seal_output;
     /* keyring and signature cache (borrowed); placement is the store's own, from the
      * projection including the batch in progress. */
     sp_trust_t trust;

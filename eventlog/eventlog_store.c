@@ -538,6 +538,14 @@ static int store_items(el_store_t *st, const el_prep_t *prep, size_t n, int quar
             snprintf(it->reason, sizeof(it->reason), "%s", prep[i].reason);
             continue;
         }
+        /* seal-output (docs/audit.md): user content the deployment keeps only sealed. */
+        const char *plain = st->seal_output ? sp_envelope_plaintext_content(it->env) : NULL;
+        if (plain) {
+            it->disp = M_REJECT;
+            snprintf(it->reason, sizeof(it->reason),
+                     "plaintext %s: this log keeps it only sealed (seal-output)", plain);
+            continue;
+        }
         it->disp = M_ACCEPT;
     }
     if (st->verify != EL_VERIFY_OFF)

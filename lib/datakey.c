@@ -7,7 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "envelope.h"
 #include "hash.h"
+#include "space.pb-c.h"
 #include "xmalloc.h"
 
 static size_t datakey_aad(const char *sandbox, uint8_t *out, size_t cap)
@@ -85,6 +87,75 @@ int sp_output_open(const sp_cred_key_t *dk, const char *sandbox, const char *cmd
     uint8_t aad[SP_OUTPUT_AAD_MAX];
     size_t al = output_aad(sandbox, cmd_id, stream, offset, aad);
     return sp_cred_open(dk, aad, al, nonce, ct, ct_len, ret_pt);
+}
+
+/* ---- command lines ---- */
+
+static size_t cmdline_aad(const char *sandbox, const char *cmd_id, uint8_t *out)
+{
+    int n = snprintf((char *)out, SP_OUTPUT_AAD_MAX, "space-cmd:v1:%.64s:%.64s", sandbox, cmd_id);
+    return n < 0 ? 0 : (size_t)n >= SP_OUTPUT_AAD_MAX ? SP_OUTPUT_AAD_MAX - 1 : (size_t)n;
+}
+
+int sp_cmdline_seal(const sp_cred_key_t *dk, const char *sandbox, const char *cmd_id,
+                    char *const *argv, size_t n_argv, const char *cmd,
+                    uint8_t ret_nonce[SP_CRED_NONCE_LEN], uint8_t **ret_ct, size_t *ret_ct_len)
+{
+    Space__V1__CommandLine line = SPACE__V1__COMMAND_LINE__INIT;
+    uint8_t aad[SP_OUTPUT_AAD_MAX];
+    int rc;
+
+    if ((n_argv == 0) == (!cmd || !cmd[0]))
+        return -EINVAL;
+    line.argv = (char **)argv;
+    line.n_argv = n_argv;
+    line.cmd = (char *)(n_argv ? "" : cmd);
+    /* Cut at an entry until it fits; a cmd is at most 16 KiB (envelope.c), so it always does. */
+    while (space__v1__command_line__get_packed_size(&line) > SP_COMMAND_LINE_SEALED_MAX &&
+           line.n_argv > 1) {
+        line.n_argv--;
+        line.truncated = true;
+    }
+    size_t len = space__v1__command_line__get_packed_size(&line);
+    if (len > SP_COMMAND_LINE_SEALED_MAX)
+        return -EINVAL;
+    uint8_t *pt = sp_xmalloc(len ? len : 1);
+    space__v1__command_line__pack(&line, pt);
+    uint8_t *ct = sp_xmalloc(len + SP_CRED_TAG_LEN);
+    size_t al = cmdline_aad(sandbox, cmd_id, aad);
+    rc = sp_cred_seal(dk, aad, al, pt, len, ret_nonce, ct);
+    explicit_bzero(pt, len);
+    free(pt);
+    if (rc < 0) {
+        free(ct);
+        return rc;
+    }
+    *ret_ct = ct;
+    *ret_ct_len = len + SP_CRED_TAG_LEN;
+    return 0;
+}
+
+int sp_cmdline_open(const sp_cred_key_t *dk, const char *sandbox, const char *cmd_id,
+                    const uint8_t nonce[SP_CRED_NONCE_LEN], const uint8_t *ct, size_t ct_len,
+                    Space__V1__CommandLine **ret_line)
+{
+    uint8_t aad[SP_OUTPUT_AAD_MAX];
+
+    if (ct_len < SP_CRED_TAG_LEN || ct_len > SP_COMMAND_LINE_SEALED_MAX + SP_CRED_TAG_LEN)
+        return -EBADMSG;
+    size_t len = ct_len - SP_CRED_TAG_LEN;
+    uint8_t *pt = sp_xmalloc(len ? len : 1);
+    size_t al = cmdline_aad(sandbox, cmd_id, aad);
+    int rc = sp_cred_open(dk, aad, al, nonce, ct, ct_len, pt);
+    Space__V1__CommandLine *line = NULL;
+    if (rc == 0)
+        line = space__v1__command_line__unpack(NULL, len, pt);
+    explicit_bzero(pt, len);
+    free(pt);
+    if (rc < 0 || !line)
+        return -EBADMSG;
+    *ret_line = line;
+    return 0;
 }
 
 /* ---- redaction ---- */

@@ -21,6 +21,9 @@ typedef Space__V1__Envelope__PayloadCase sp_event_type_t;
 #define SP_REASON_MAX     256
 /* Largest data of one CommandOutput audit event. */
 #define SP_COMMAND_OUTPUT_CHUNK_MAX (16 * 1024)
+/* Largest packed CommandLine sealed into a CommandStarted (docs/audit.md): longer argv lists
+ * are cut at an entry and marked truncated, so the event stays under SP_ENVELOPE_MAX. */
+#define SP_COMMAND_LINE_SEALED_MAX (48 * 1024)
 
 /* Type name of a payload case ("SandboxPlaced"); NULL for an unknown case. */
 const char *sp_event_type_name(sp_event_type_t t);
@@ -67,6 +70,11 @@ int sp_proto_wire_check(const ProtobufCMessageDescriptor *desc, const uint8_t *b
 /* Schema validation of a decoded envelope: ids, lengths, type matches the payload case,
  * aggregate kind matches the type, payload fields within limits. */
 int sp_envelope_validate(const sp_envelope_t *env, char reason[SP_REASON_MAX]);
+
+/* With sealing required (docs/audit.md, the event log's seal-output): what of a valid
+ * envelope is user content in plaintext that should have been sealed ("command output": a
+ * CommandOutput with data; "command line": a CommandRequested that is not sealed), or NULL. */
+const char *sp_envelope_plaintext_content(const sp_envelope_t *env);
 
 /* The subject an envelope is published on (proto/README.md). worker may be NULL or "" for "_".
  * Returns the length, or SP_ESCHEMA if a token is not a valid id. */
