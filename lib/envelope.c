@@ -299,8 +299,33 @@ static int validate_cred_created(const Space__V1__CredentialCreated *p, char rea
     return 0;
 }
 
+bool sp_envelope_file_paths(sp_envelope_t *env, sp_file_paths_t *ret)
+{
+    switch (env->payload_case) {
+    case SPACE__V1__ENVELOPE__PAYLOAD_FILE_WRITTEN:
+        *ret = (sp_file_paths_t){&env->file_written->path, NULL, &env->file_written->sealed};
+        return true;
+    case SPACE__V1__ENVELOPE__PAYLOAD_FILE_REMOVED:
+        *ret = (sp_file_paths_t){&env->file_removed->path, NULL, &env->file_removed->sealed};
+        return true;
+    case SPACE__V1__ENVELOPE__PAYLOAD_FILE_MOVED:
+        *ret = (sp_file_paths_t){&env->file_moved->from, &env->file_moved->to,
+                                 &env->file_moved->sealed};
+        return true;
+    case SPACE__V1__ENVELOPE__PAYLOAD_DIR_CREATED:
+        *ret = (sp_file_paths_t){&env->dir_created->path, NULL, &env->dir_created->sealed};
+        return true;
+    default:
+        return false;
+    }
+}
+
 const char *sp_envelope_plaintext_content(const sp_envelope_t *env)
 {
+    sp_file_paths_t fp;
+    /* The accessor takes the envelope to write through; nothing is written here. */
+    if (sp_envelope_file_paths((sp_envelope_t *)env, &fp))
+        return (*fp.path)[0] ? "file path" : NULL;
     switch (env->payload_case) {
     case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED:
         return env->command_requested->sealed ? NULL : "command line";
@@ -324,6 +349,24 @@ static int check_sealed(size_t ct_len, size_t plain_max, size_t nonce_len, const
                     plain_max + 16);
     if (strlen(key_id) != 16 || strspn(key_id, "0123456789abcdef") != 16)
         return fail(reason, SP_ESCHEMA, "%skey_id: want 16 lower-case hex characters", prefix);
+    return 0;
+}
+
+/* A file event's paths: in the clear and canonical, or only sealed. */
+static int check_file_paths(const sp_envelope_t *e, char reason[SP_REASON_MAX])
+{
+    sp_file_paths_t fp;
+    (void)sp_envelope_file_paths((sp_envelope_t *)e, &fp);
+    const Space__V1__SealedPaths *sp = *fp.sealed;
+    if (sp) {
+        if ((*fp.path)[0] || (fp.to && (*fp.to)[0]))
+            return fail(reason, SP_ESCHEMA, "sealed: the paths must not be in the clear too");
+        return check_sealed(sp->ciphertext.len, SP_FILE_PATHS_SEALED_MAX, sp->nonce.len, sp->key_id,
+                            "sealed.", reason);
+    }
+    CHECK_PATH(*fp.path, fp.to ? "from" : "path");
+    if (fp.to)
+        CHECK_PATH(*fp.to, "to");
     return 0;
 }
 
@@ -524,7 +567,9 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
         return 0;
     case SPACE__V1__ENVELOPE__PAYLOAD_FILE_WRITTEN: {
         const Space__V1__FileWritten *p = e->file_written;
-        CHECK_PATH(p->path, "path");
+        int rc = check_file_paths(e, reason);
+        if (rc < 0)
+            return rc;
         if (p->sha256.len != 32)
             return fail(reason, SP_ESCHEMA, "sha256: %zu bytes, want 32", p->sha256.len);
         if (p->mode > 07777)
@@ -533,16 +578,15 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
         return 0;
     }
     case SPACE__V1__ENVELOPE__PAYLOAD_FILE_REMOVED:
-        CHECK_PATH(e->file_removed->path, "path");
-        return 0;
     case SPACE__V1__ENVELOPE__PAYLOAD_FILE_MOVED:
-        CHECK_PATH(e->file_moved->from, "from");
-        CHECK_PATH(e->file_moved->to, "to");
-        return 0;
-    case SPACE__V1__ENVELOPE__PAYLOAD_DIR_CREATED:
-        CHECK_PATH(e->dir_created->path, "path");
+        return check_file_paths(e, reason);
+    case SPACE__V1__ENVELOPE__PAYLOAD_DIR_CREATED: {
+        int rc = check_file_paths(e, reason);
+        if (rc < 0)
+            return rc;
         CHECK_USER(e->dir_created->user);
         return 0;
+    }
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_REQUEST_REJECTED: {
         const Space__V1__SandboxRequestRejected *p = e->sandbox_request_rejected;
         if (sp_event_type_from_name(p->request_type) == SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET)

@@ -108,6 +108,9 @@ static cached_t *key_of(replay_keys_t *k, const char *sandbox)
 
 const char *replay_sealed_field(const sp_envelope_t *e)
 {
+    sp_file_paths_t fp;
+    if (sp_envelope_file_paths((sp_envelope_t *)e, &fp))
+        return *fp.sealed ? "paths" : NULL;
     if (e->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT)
         return "output";
     if (e->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED &&
@@ -178,9 +181,40 @@ static void cmdline_text(replay_keys_t *k, const char *sandbox, const Space__V1_
     space__v1__command_line__free_unpacked(line, NULL);
 }
 
+/* A file event's sealed paths: {"path": ...} and, for a move, "to". */
+static void paths_text(replay_keys_t *k, const char *sandbox, const sp_envelope_t *e,
+                       const Space__V1__SealedPaths *sp, sp_buf_t *out)
+{
+    size_t ct_len = sp->ciphertext.len;
+    size_t n = ct_len - (ct_len >= SP_CRED_TAG_LEN ? SP_CRED_TAG_LEN : 0);
+    const sp_cred_key_t *dk = key_for(k, sandbox, sp->key_id, n, out);
+    if (!dk)
+        return;
+    Space__V1__FilePaths *fp = NULL;
+    if (sp->nonce.len != SP_CRED_NONCE_LEN ||
+        sp_paths_open(dk, sandbox, sp_event_type_name(e->payload_case), sp->nonce.data,
+                      sp->ciphertext.data, ct_len, &fp) < 0) {
+        does_not_open(n, out);
+        return;
+    }
+    sp_buf_puts(out, "{\"path\":");
+    sp_buf_json_str(out, fp->path);
+    if (fp->to[0]) {
+        sp_buf_puts(out, ",\"to\":");
+        sp_buf_json_str(out, fp->to);
+    }
+    sp_buf_putc(out, '}');
+    space__v1__file_paths__free_unpacked(fp, NULL);
+}
+
 void replay_sealed_text(replay_keys_t *k, const char *sandbox, const sp_envelope_t *e,
                         sp_buf_t *out)
 {
+    sp_file_paths_t fp;
+    if (sp_envelope_file_paths((sp_envelope_t *)e, &fp)) {
+        paths_text(k, sandbox, e, *fp.sealed, out);
+        return;
+    }
     if (e->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED) {
         cmdline_text(k, sandbox, e->command_started, out);
         return;

@@ -205,17 +205,21 @@ static wk_cmd_t *find_done(wk_box_t *b, const char *cmd_id)
     return NULL;
 }
 
-int wk_datakey_get(wk_box_t *b, sp_cred_key_t *ret)
+int wk_datakey_cached(wk_box_t *b, sp_cred_key_t *ret)
 {
     pthread_mutex_lock(&b->mu);
     int state = b->dk_state;
     if (state == 1)
         *ret = b->dk;
     pthread_mutex_unlock(&b->mu);
-    if (state == 1)
-        return 0;
-    if (state == 2)
-        return -ENOKEY;
+    return state == 1 ? 0 : state == 2 ? -ENOKEY : -EAGAIN;
+}
+
+int wk_datakey_get(wk_box_t *b, sp_cred_key_t *ret)
+{
+    int held = wk_datakey_cached(b, ret);
+    if (held != -EAGAIN)
+        return held;
     Space__Cred__V1__DataKeyRequest q = SPACE__CRED__V1__DATA_KEY_REQUEST__INIT;
     q.tenant = b->tenant;
     q.sandbox = b->id;

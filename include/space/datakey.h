@@ -61,6 +61,18 @@ int sp_cmdline_open(const sp_cred_key_t *dk, const char *sandbox, const char *cm
                     const uint8_t nonce[SP_CRED_NONCE_LEN], const uint8_t *ct, size_t ct_len,
                     struct Space__V1__CommandLine **ret_line);
 
+/* File paths (docs/audit.md, "Sealed file paths"): a packed FilePaths {path, to} sealed with
+ * the additional data "space-path:v1:<sandbox>:<event type>"; to may be NULL (only FileMoved
+ * has one). Same returns as sp_cmdline_seal; *ret_paths is freed with
+ * space__v1__file_paths__free_unpacked. */
+int sp_paths_seal(const sp_cred_key_t *dk, const char *sandbox, const char *type, const char *path,
+                  const char *to, uint8_t ret_nonce[SP_CRED_NONCE_LEN], uint8_t **ret_ct,
+                  size_t *ret_ct_len);
+struct Space__V1__FilePaths;
+int sp_paths_open(const sp_cred_key_t *dk, const char *sandbox, const char *type,
+                  const uint8_t nonce[SP_CRED_NONCE_LEN], const uint8_t *ct, size_t ct_len,
+                  struct Space__V1__FilePaths **ret_paths);
+
 /* Redaction of known values from a stream of output. Values of fewer than SP_REDACT_MIN bytes
  * are ignored; the longest value matching at a place wins. */
 typedef struct sp_redactor sp_redactor_t;

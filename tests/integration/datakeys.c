@@ -130,6 +130,14 @@ static long count(const char *hay, const char *needle)
     return n;
 }
 
+/* /v1/sandboxes/<sbx><route>[?path=<path>] */
+static const char *files_path(char *buf, size_t len, const char *route, const char *path)
+{
+    snprintf(buf, len, "/v1/sandboxes/%s%s%s%s", sbx, route, path ? "?path=" : "",
+             path ? path : "");
+    return buf;
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -187,6 +195,36 @@ static int setup(void **state)
              "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type = 'CommandExited'",
              sbx);
     assert_int_equal(sp_test_db_wait_scalar(db, sql, 3, 20000), 3);
+
+    /* And in file paths: mkdir, upload, move, remove, each a file event. */
+    char path[512], body2[512];
+    sp_test_http_resp_t h;
+    snprintf(body2, sizeof(body2), "{\"path\":\"/tmp/%s\"}", typed);
+    sp_test_http(port, "POST", files_path(path, sizeof(path), "/files/mkdir", NULL), key, NULL,
+                 body2, strlen(body2), &h);
+    assert_int_equal(h.status, 201);
+    sp_test_http_free(&h);
+    snprintf(body2, sizeof(body2), "/tmp/%s/a.txt", typed);
+    sp_test_http(port, "PUT", files_path(path, sizeof(path), "/files", body2), key, NULL, "hello",
+                 5, &h);
+    assert_int_equal(h.status, 200);
+    sp_test_http_free(&h);
+    snprintf(body2, sizeof(body2), "{\"from\":\"/tmp/%s/a.txt\",\"to\":\"/tmp/%s/b.txt\"}", typed,
+             typed);
+    sp_test_http(port, "POST", files_path(path, sizeof(path), "/files/move", NULL), key, NULL,
+                 body2, strlen(body2), &h);
+    assert_int_equal(h.status, 200);
+    sp_test_http_free(&h);
+    snprintf(body2, sizeof(body2), "/tmp/%s/b.txt", typed);
+    sp_test_http(port, "DELETE", files_path(path, sizeof(path), "/files", body2), key, NULL, NULL,
+                 0, &h);
+    assert_int_equal(h.status, 204);
+    sp_test_http_free(&h);
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type IN ('DirCreated', "
+             "'FileWritten', 'FileMoved', 'FileRemoved')",
+             sbx);
+    assert_int_equal(sp_test_db_wait_scalar(db, sql, 4, 20000), 4);
     return 0;
 }
 
@@ -324,6 +362,7 @@ static void test_forget(void **state)
     assert_null(strstr(out, "start [redacted"));
     assert_true(count(out, "output=\"<forgotten: ") >= 2);
     assert_int_equal(count(out, "cmdline=\"<forgotten: "), 3);
+    assert_int_equal(count(out, "paths=\"<forgotten: "), 4);
     assert_null(found_any(out, strlen(out)));
     assert_int_equal(replay("verify"), 0);
     /* Bad input: both selectors, neither, a hostile id. */
@@ -355,6 +394,26 @@ static void test_command_lines_sealed(void **state)
     assert_int_equal(replay("export --sandbox %s --type CommandStarted --decrypt", sbx), 0);
     assert_int_equal(count(out, "\"cmdline\":"), 3);
     assert_int_equal(count(out, typed), 2);
+}
+
+/* The file events carry no path in the clear: sealed, shown "<encrypted N bytes>", opened by
+ * the master key (a move with both paths). */
+static void test_file_paths_sealed(void **state)
+{
+    (void)state;
+    assert_int_equal(replay("timeline --sandbox %s", sbx), 0);
+    assert_int_equal(count(out, "paths=\"<encrypted "), 4);
+    assert_null(found_any(out, strlen(out)));
+    assert_int_equal(replay("timeline --sandbox %s --decrypt", sbx), 0);
+    char want[256];
+    snprintf(want, sizeof(want), "paths={\"path\":\"/tmp/%s\"}", typed);
+    assert_non_null(strstr(out, want));
+    snprintf(want, sizeof(want), "paths={\"path\":\"/tmp/%s/a.txt\",\"to\":\"/tmp/%s/b.txt\"}",
+             typed, typed);
+    assert_non_null(strstr(out, want));
+    snprintf(want, sizeof(want), "paths={\"path\":\"/tmp/%s/b.txt\"}", typed);
+    assert_non_null(strstr(out, want));
+    assert_null(strstr(out, "paths=\"<"));
 }
 
 /* Signs env as the daemon whose role it is (sp_test_sign), publishes it on its subject and
@@ -416,10 +475,20 @@ static void test_plaintext_refused(void **state)
     seq = publish_signed(&env, worker);
     sp_test_expect_row(db, seq, "rejected", "plaintext command line", true);
 
+    Space__V1__DirCreated dc = SPACE__V1__DIR_CREATED__INIT;
+    dc.path = "/tmp/plain-dir";
+    dc.user = "root";
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_DIR_CREATED;
+    env.dir_created = &dc;
+    seq = publish_signed(&env, worker);
+    sp_test_expect_row(db, seq, "rejected", "plaintext file path", true);
+
     /* The same intent sealed passes that check (and is accepted: the gateway may say it). */
     cr.cmd_id = "cmd_sealedline";
     cr.cmd = "";
     cr.sealed = true;
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED;
+    env.command_requested = &cr;
     seq = publish_signed(&env, worker);
     sp_test_expect_row(db, seq, "accepted", "", true);
 }
@@ -431,6 +500,7 @@ int main(void)
         cmocka_unit_test(test_no_stream_message_holds_the_value),
         cmocka_unit_test(test_decrypt_shows_redacted_output),
         cmocka_unit_test(test_command_lines_sealed),
+        cmocka_unit_test(test_file_paths_sealed),
         cmocka_unit_test(test_plaintext_refused),
         cmocka_unit_test(test_rotation_keeps_output_readable),
         cmocka_unit_test(test_forget),

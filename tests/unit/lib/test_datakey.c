@@ -142,6 +142,38 @@ static void test_cmdline_seal_open(void **state)
                      -EINVAL);
 }
 
+/* Sealed file paths: opened as sealed, bound to key, sandbox and event type. */
+static void test_paths_seal_open(void **state)
+{
+    (void)state;
+    sp_cred_key_t dk, other;
+    key_of(&dk, 5);
+    key_of(&other, 6);
+    uint8_t nonce[SP_CRED_NONCE_LEN], *ct = NULL;
+    size_t ct_len = 0;
+    Space__V1__FilePaths *fp = NULL;
+
+    assert_int_equal(sp_paths_seal(&dk, "sbx_a", "FileMoved", "/tmp/secret-a", "/tmp/secret-b",
+                                   nonce, &ct, &ct_len),
+                     0);
+    assert_null(memmem(ct, ct_len, "secret", 6));
+    assert_int_equal(sp_paths_open(&dk, "sbx_a", "FileMoved", nonce, ct, ct_len, &fp), 0);
+    assert_string_equal(fp->path, "/tmp/secret-a");
+    assert_string_equal(fp->to, "/tmp/secret-b");
+    space__v1__file_paths__free_unpacked(fp, NULL);
+    assert_int_equal(sp_paths_open(&other, "sbx_a", "FileMoved", nonce, ct, ct_len, &fp), -EBADMSG);
+    assert_int_equal(sp_paths_open(&dk, "sbx_b", "FileMoved", nonce, ct, ct_len, &fp), -EBADMSG);
+    assert_int_equal(sp_paths_open(&dk, "sbx_a", "FileRemoved", nonce, ct, ct_len, &fp), -EBADMSG);
+    free(ct);
+    assert_int_equal(sp_paths_seal(&dk, "sbx_a", "DirCreated", "/d", NULL, nonce, &ct, &ct_len), 0);
+    assert_int_equal(sp_paths_open(&dk, "sbx_a", "DirCreated", nonce, ct, ct_len, &fp), 0);
+    assert_string_equal(fp->to, "");
+    space__v1__file_paths__free_unpacked(fp, NULL);
+    free(ct);
+    assert_int_equal(sp_paths_seal(&dk, "sbx_a", "DirCreated", "", NULL, nonce, &ct, &ct_len),
+                     -EINVAL);
+}
+
 static char *redact_chunks(sp_redactor_t *r, const char *text, const size_t *cuts, size_t n)
 {
     sp_buf_t out;
@@ -228,11 +260,9 @@ static void test_redact_split(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_wrap_unwrap),
-        cmocka_unit_test(test_output_seal_open),
-        cmocka_unit_test(test_cmdline_seal_open),
-        cmocka_unit_test(test_redact_whole),
-        cmocka_unit_test(test_redact_longest_and_names),
+        cmocka_unit_test(test_wrap_unwrap),       cmocka_unit_test(test_output_seal_open),
+        cmocka_unit_test(test_cmdline_seal_open), cmocka_unit_test(test_paths_seal_open),
+        cmocka_unit_test(test_redact_whole),      cmocka_unit_test(test_redact_longest_and_names),
         cmocka_unit_test(test_redact_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -379,6 +379,42 @@ static void test_sealed_command_line(void **state)
     assert_string_equal(sp_envelope_plaintext_content(&f.env), "command output");
 }
 
+/* Sealed file paths: the clear paths or the sealed ones, never both; a sealed field whole. */
+static void test_sealed_file_paths(void **state)
+{
+    fixture_t f;
+    char reason[SP_REASON_MAX];
+    uint8_t ct[40] = {0}, nonce[12] = {0};
+    Space__V1__FileMoved fm = SPACE__V1__FILE_MOVED__INIT;
+    Space__V1__SealedPaths sp = SPACE__V1__SEALED_PATHS__INIT;
+    (void)state;
+    make_create(&f);
+    fm.from = "/a";
+    fm.to = "/b";
+    f.env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_FILE_MOVED;
+    f.env.file_moved = &fm;
+    sp_envelope_stamp(&f.env, f.id);
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+    assert_string_equal(sp_envelope_plaintext_content(&f.env), "file path");
+    sp.ciphertext = (ProtobufCBinaryData){sizeof(ct), ct};
+    sp.nonce = (ProtobufCBinaryData){sizeof(nonce), nonce};
+    sp.key_id = "0123456789abcdef";
+    fm.sealed = &sp;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    assert_non_null(strstr(reason, "clear"));
+    fm.from = "";
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    fm.to = "";
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+    assert_null(sp_envelope_plaintext_content(&f.env));
+    sp.nonce.len = 8;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    assert_non_null(strstr(reason, "sealed.nonce"));
+    sp.nonce.len = 12;
+    fm.sealed = NULL;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA); /* no path at all */
+}
+
 /* File events: a path the files API would produce, a digest of 32 bytes, never content. */
 /* Sealed output (docs/audit.md): ciphertext, a 12-byte nonce and a key id, never next to
  * plaintext. */
@@ -515,6 +551,7 @@ int main(void)
         cmocka_unit_test(test_file_events),
         cmocka_unit_test(test_sealed_output),
         cmocka_unit_test(test_sealed_command_line),
+        cmocka_unit_test(test_sealed_file_paths),
         cmocka_unit_test(test_network),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
