@@ -656,9 +656,12 @@ static verdict_t handle(wk_agent_t *a, const frame_t *f, char why[WHY_MAX])
                           f->output->data.len);
         break;
     case SPACE__AGENT__V1__AGENT_FRAME__MSG_EXITED:
-        if (cb->on_exited)
+        if (cb->on_exited) {
+            char *oom = sanitize(f->exited->oom);
             cb->on_exited(cb->arg, id, f->exited->exit_code, (int)f->exited->signal,
-                          f->exited->timed_out);
+                          f->exited->timed_out, oom);
+            free(oom);
+        }
         break;
     default: {
         char *m = sanitize(f->error->message);

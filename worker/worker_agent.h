@@ -30,8 +30,10 @@ typedef struct {
     void (*on_started)(void *arg, const char *cmd_id, uint32_t pid);
     /* stream 1 = stdout, 2 = stderr; data borrowed for the call. */
     void (*on_output)(void *arg, const char *cmd_id, int stream, const uint8_t *data, size_t len);
-    /* Last callback of a command: no on_output for it follows. */
-    void (*on_exited)(void *arg, const char *cmd_id, int exit_code, int signal, bool timed_out);
+    /* Last callback of a command: no on_output for it follows. oom: "" or what the agent's
+     * memory guard killed of it (sanitized text), borrowed for the call. */
+    void (*on_exited)(void *arg, const char *cmd_id, int exit_code, int signal, bool timed_out,
+                      const char *oom);
     /* The agent could not carry out a request for cmd_id (bad cwd, exec failed, ...); the
      * command is over: no other callback for it follows. */
     void (*on_error)(void *arg, const char *cmd_id, const char *message);

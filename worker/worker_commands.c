@@ -618,9 +618,11 @@ static void on_output(void *arg, const char *cmd_id, int stream, const uint8_t *
     }
 }
 
-static void on_exited(void *arg, const char *cmd_id, int exit_code, int sig, bool timed_out)
+static void on_exited(void *arg, const char *cmd_id, int exit_code, int sig, bool timed_out,
+                      const char *oom)
 {
-    (void)end_cmd(arg, cmd_id, exit_code, sig, timed_out, NULL);
+    /* Killed by the memory guard: the command's error says so (IoExit, CommandExited). */
+    (void)end_cmd(arg, cmd_id, exit_code, sig, timed_out, oom[0] ? oom : NULL);
 }
 
 static void on_error(void *arg, const char *cmd_id, const char *message)

@@ -227,6 +227,8 @@ int wk__runsc_create(const wk_host_t *h, const char *id, const char *bundle_dir,
                         ERR_CAPTURE, &ex);
     if (rc < 0 || ex != 0)
         rc = call_failed(err, rc, ex, "create", out);
+    else if ((rc = wk__cgroup_memory_headroom(h, id)) < 0)
+        rc = wk__fail(err, rc, "cannot give the memory cgroup its headroom: %s", sp_strerror(rc));
     free(out);
     return rc;
 }
@@ -322,6 +324,8 @@ int wk__runsc_restore(const wk_host_t *h, const char *id, const char *bundle_dir
                         ERR_CAPTURE, &ex);
     if (rc < 0 || ex != 0)
         rc = call_failed(err, rc, ex, "restore", out);
+    else if ((rc = wk__cgroup_memory_headroom(h, id)) < 0)
+        rc = wk__fail(err, rc, "cannot give the memory cgroup its headroom: %s", sp_strerror(rc));
     free(img);
     free(out);
     return rc;
@@ -560,6 +564,55 @@ int wk__cgroup_remove(const wk_host_t *h, const char *id)
     }
     closedir(d);
     return rc;
+}
+
+/* Headroom of the host memory cgroup above memory_mb (docs/faults.md, "Memory"): runsc sets the
+ * limit from the spec and its Sentry reads it once, at create, as the guest's MemTotal; raised
+ * after that, the guest still sees memory_mb while the host kills the Sentry only past it plus
+ * this, which leaves the agent's memory guard the time to kill the process that grows. */
+static uint64_t memory_headroom(uint64_t limit)
+{
+    uint64_t h = limit / 4;
+    return h < WK_MEMORY_HEADROOM_MIN   ? WK_MEMORY_HEADROOM_MIN
+           : h > WK_MEMORY_HEADROOM_MAX ? WK_MEMORY_HEADROOM_MAX
+                                        : h;
+}
+
+static int write_u64(const char *path, uint64_t v)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    char buf[32];
+    int n = snprintf(buf, sizeof(buf), "%llu", (unsigned long long)v);
+    int rc = write(fd, buf, (size_t)n) == n ? 0 : -errno;
+    close(fd);
+    return rc;
+}
+
+int wk__cgroup_memory_headroom(const wk_host_t *h, const char *id)
+{
+    char dir[320], path[400];
+    snprintf(dir, sizeof(dir), "%s/memory/space-%s/%s", WK_CGROUP_ROOT, h->tag, id);
+    snprintf(path, sizeof(path), "%s/memory.limit_in_bytes", dir);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return errno == ENOENT ? 0 : -errno; /* no memory controller (v2 hosts: not done) */
+    char line[64] = "";
+    bool got = fgets(line, sizeof(line), f) != NULL;
+    fclose(f);
+    char *end = NULL;
+    unsigned long long limit = got ? strtoull(line, &end, 10) : 0;
+    if (!got || end == line || limit == 0 || limit >= (1ULL << 60))
+        return 0; /* no limit to raise */
+    uint64_t raised = limit + memory_headroom(limit);
+    /* With swap accounting, memory+swap must stay >= memory: raised first. */
+    snprintf(path, sizeof(path), "%s/memory.memsw.limit_in_bytes", dir);
+    int rc = write_u64(path, raised);
+    if (rc < 0 && rc != -ENOENT)
+        return rc;
+    snprintf(path, sizeof(path), "%s/memory.limit_in_bytes", dir);
+    return write_u64(path, raised);
 }
 
 int wk_sandbox_oom_kills(const wk_host_t *h, const char *sandbox)

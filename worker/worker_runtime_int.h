@@ -30,12 +30,15 @@
 
 #include "worker_runtime.h"
 
-#define WK_TAG_LEN          8
-#define WK_NETNS_DIR        "/run/netns"
-#define WK_NETNS_NAME_MAX   96
-#define WK_NFT_NAME_MAX     32
-#define WK_CGROUP_ROOT      "/sys/fs/cgroup"
-#define WK_RUNSC_TIMEOUT_MS 30000
+#define WK_TAG_LEN        8
+#define WK_NETNS_DIR      "/run/netns"
+#define WK_NETNS_NAME_MAX 96
+#define WK_NFT_NAME_MAX   32
+#define WK_CGROUP_ROOT    "/sys/fs/cgroup"
+/* The host memory cgroup's headroom above memory_mb: a quarter, within these (bytes). */
+#define WK_MEMORY_HEADROOM_MIN (64ULL << 20)
+#define WK_MEMORY_HEADROOM_MAX (2ULL << 30)
+#define WK_RUNSC_TIMEOUT_MS    30000
 /* debootstrap of "base" downloads ~100 MB; allow a slow mirror. */
 #define WK_TEMPLATE_TIMEOUT_MS (30 * 60 * 1000)
 #ifndef WK_TEMPLATES_DIR
@@ -276,6 +279,10 @@ int wk__runsc_exec(const wk_host_t *h, const char *id, const char *const *argv, 
 int wk__runsc_list(const wk_host_t *h, wk_host_sandbox_t **ret_list, size_t *ret_n);
 /* rmdir of space-<tag>/<id> under every cgroup v1 controller (and the unified tree). */
 int wk__cgroup_remove(const wk_host_t *h, const char *id);
+/* Raises the sandbox's host memory limit (set by runsc from memory_mb) by its headroom
+ * (WK_MEMORY_HEADROOM_*), after create and restore: 0, or -errno. No cgroup v1 memory
+ * controller: 0, nothing done. */
+int wk__cgroup_memory_headroom(const wk_host_t *h, const char *id);
 /* Distinct ids that have a cgroup directory under any controller (heap strv). */
 int wk__cgroup_ids(const wk_host_t *h, char ***ret_ids, size_t *ret_n);
 

@@ -1,6 +1,7 @@
 /* Per-sandbox limits (issue 17, docs/faults.md "Limits"), as a user sees them through HTTP:
  * disk (a btrfs qgroup per sandbox, the worker's reserve), processes (RLIMIT_NPROC in the
- * guest) and memory (the host cgroup ends the sandbox; the API says "oom").
+ * guest) and memory (the agent's guard kills the process that grows past memory_mb; what no
+ * process holds ends the sandbox at the host cgroup's limit, and the API says "oom").
  * Stack: eventlog + scheduler + worker + gateway, on a 2 GiB volume image with a 512 MiB
  * reserve (tests/CMakeLists.txt). */
 #include <setjmp.h>
@@ -241,27 +242,56 @@ static void test_pids(void **state)
     delete_sandbox(b);
 }
 
-/* A hog past memory_mb: gVisor cannot kill just the process (no OOM killer in its kernel;
- * the host cgroup kills the Sentry), so the sandbox fails and the API says "oom". The
- * neighbour lives. */
+/* A hog past memory_mb: the agent's memory guard kills it (the process with the largest
+ * resident set once the guest's MemAvailable runs low) before the host limit, which has
+ * headroom above memory_mb, is reached: the command ends with a clear error, the sandbox and
+ * what it kept in memory (/tmp, a tmpfs) live, its MemTotal is still memory_mb, and the log's
+ * CommandExited says why. What no process holds (a /tmp filled up) still takes the sandbox
+ * past the host limit: it fails, and the API says "oom". The neighbour lives through both. */
 static void test_memory(void **state)
 {
     (void)state;
-    char a[64], b[64], reason[128];
+    char a[64], b[64], c[64], reason[128];
     create("{\"template\":\"tiny\",\"resources\":{\"memory_mb\":128}}", a);
     create("{\"template\":\"tiny\",\"resources\":{\"memory_mb\":128}}", b);
-    /* dd allocates its whole block: 400 MiB of touched memory. */
-    sp_test_cmd_t r =
-        sp_test_run(port, key, a,
-                    "{\"cmd\":\"dd if=/dev/zero of=/dev/null bs=400M count=1\",\"timeout_s\":30}");
-    if (r.status == 200 && r.exit_code == 0)
-        fail_msg("the hog was not stopped: %s", r.stderr_s);
+    sp_test_cmd_t r = sh(a, "echo kept > /tmp/marker; grep MemTotal /proc/meminfo", 10);
+    assert_int_equal(r.exit_code, 0);
+    assert_non_null(strstr(r.stdout_s, "131072 kB"));
     sp_test_cmd_free(&r);
-    wait_state(a, "failed", reason);
+
+    /* busybox tail keeps all of a line-less input: a process that grows past 128 MiB. */
+    r = sh(a, "head -c 419430400 /dev/zero | tail; echo after=$?", 120);
+    print_message("hog: exit %lld signal %lld error %s stdout %s", (long long)r.exit_code,
+                  (long long)r.signal, r.error ? r.error : "(none)", r.stdout_s);
+    const char *why = r.error ? r.error : "(no error)";
+    if (!strstr(why, "out of memory: tail") || !strstr(why, "at the sandbox's 128 MiB"))
+        fail_msg("the hog's command does not say it was killed for memory: %s", why);
+    assert_non_null(strstr(r.stdout_s, "after=137")); /* the shell went on: tail got SIGKILL */
+    sp_test_cmd_free(&r);
+    r = sh(a, "cat /tmp/marker; grep MemTotal /proc/meminfo", 10);
+    assert_int_equal(r.exit_code, 0);
+    assert_non_null(strstr(r.stdout_s, "kept\n"));
+    assert_non_null(strstr(r.stdout_s, "131072 kB"));
+    sp_test_cmd_free(&r);
+    wait_state(a, "running", reason);
+    PGconn *db = sp_test_db();
+    assert_int_equal(sp_test_events(db, a, "CommandExited", "out of memory: tail"), 1);
+    PQfinish(db);
+
+    /* A /tmp that fills the memory: no process to blame, the host limit ends the sandbox. */
+    create("{\"template\":\"tiny\",\"resources\":{\"memory_mb\":128}}", c);
+    r = sp_test_run(port, key, c,
+                    "{\"cmd\":\"head -c 419430400 /dev/zero > /tmp/fill\",\"timeout_s\":60}");
+    if (r.status == 200 && r.exit_code == 0)
+        fail_msg("the tmpfs fill was not stopped: %s", r.stderr_s);
+    sp_test_cmd_free(&r);
+    wait_state(c, "failed", reason);
     assert_string_equal(reason, "oom");
+    expect_echo(a);
     expect_echo(b);
     delete_sandbox(a);
     delete_sandbox(b);
+    delete_sandbox(c);
 }
 
 /* The output of a shell command (heap), failing the test when it cannot run. */

@@ -167,8 +167,10 @@ static void cb_output(void *arg, const char *cmd_id, int stream, const uint8_t *
     pthread_mutex_unlock(&ch->mu);
 }
 
-static void cb_exited(void *arg, const char *cmd_id, int exit_code, int sig, bool timed_out)
+static void cb_exited(void *arg, const char *cmd_id, int exit_code, int sig, bool timed_out,
+                      const char *oom)
 {
+    (void)oom;
     chan_t *ch = arg;
     pthread_mutex_lock(&ch->mu);
     rec_t *r = rec_cb(ch, cmd_id);

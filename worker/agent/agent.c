@@ -113,6 +113,7 @@ typedef struct {
     char *argv_kept[ARGV_KEPT_N];
     size_t n_argv_kept;
     char *cwd_kept;
+    char oom[160]; /* what the memory guard killed of it, for its Exited; "" none */
 } cmd_t;
 
 static bytes_t out_q;   /* frames for the worker */
@@ -354,6 +355,7 @@ static void send_exited(const cmd_t *c)
         e.signal = WIFSIGNALED(c->status) ? (uint32_t)WTERMSIG(c->status) : 0;
     }
     e.timed_out = c->timed_out;
+    e.oom = (char *)c->oom;
     frame_t f = SPACE__AGENT__V1__AGENT_FRAME__INIT;
     f.msg_case = SPACE__AGENT__V1__AGENT_FRAME__MSG_EXITED;
     f.exited = &e;
@@ -1220,6 +1222,25 @@ static void setup(void)
     (void)!chdir("/");
 }
 
+/* The memory guard killed pid (agent_memory.c): the command it belongs to says so when it
+ * exits. A process in a session of its own (a daemon a command started) names no command. */
+static void on_oom(pid_t pid, pid_t sid, const char *comm, uint64_t rss_kib, uint64_t total_kib)
+{
+    if (pid == 0)
+        return;
+    for (size_t i = 0; i < n_cmds; i++) {
+        cmd_t *c = cmds[i];
+        if (c->pid != sid || c->oom[0])
+            continue;
+        snprintf(c->oom, sizeof(c->oom),
+                 "out of memory: %s (pid %d, %llu MiB resident) was killed at the sandbox's "
+                 "%llu MiB",
+                 comm, (int)pid, (unsigned long long)(rss_kib / 1024),
+                 (unsigned long long)(total_kib / 1024));
+        return;
+    }
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -1304,6 +1325,9 @@ int main(int argc, char **argv)
             wake = sweep_at; /* a remover's exit, found by the sweep below too */
         if (in_eof && out_dead && (wake < 0 || reconnect_at < wake))
             wake = reconnect_at;
+        int64_t mem = agent_memory_next();
+        if (mem >= 0 && (wake < 0 || mem < wake))
+            wake = mem;
         int timeout = -1;
         if (wake >= 0)
             timeout = wake <= now ? 0 : (int)(wake - now > 60000 ? 60000 : wake - now);
@@ -1360,6 +1384,7 @@ int main(int argc, char **argv)
         /* waitpid again (not trusting SIGCHLD, see above) when a command's output is over, and
          * every REAP_SWEEP_MS: not after every turn, which cost a system call each. */
         now = now_ms();
+        agent_memory_look(now, on_oom);
         bool due = now >= sweep_at;
         for (size_t i = 0; i < n_cmds && !due; i++)
             due = !cmds[i]->reaped && cmds[i]->out_fd[0] < 0 && cmds[i]->out_fd[1] < 0;
