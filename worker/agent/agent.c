@@ -1325,7 +1325,7 @@ int main(int argc, char **argv)
             wake = sweep_at; /* a remover's exit, found by the sweep below too */
         if (in_eof && out_dead && (wake < 0 || reconnect_at < wake))
             wake = reconnect_at;
-        int64_t mem = agent_memory_next();
+        int64_t mem = agent_memory_next(n_cmds > 0);
         if (mem >= 0 && (wake < 0 || mem < wake))
             wake = mem;
         int timeout = -1;
@@ -1384,7 +1384,7 @@ int main(int argc, char **argv)
         /* waitpid again (not trusting SIGCHLD, see above) when a command's output is over, and
          * every REAP_SWEEP_MS: not after every turn, which cost a system call each. */
         now = now_ms();
-        agent_memory_look(now, on_oom);
+        agent_memory_look(now, n_cmds > 0, on_oom);
         bool due = now >= sweep_at;
         for (size_t i = 0; i < n_cmds && !due; i++)
             due = !cmds[i]->reaped && cmds[i]->out_fd[0] < 0 && cmds[i]->out_fd[1] < 0;

@@ -32,15 +32,16 @@ bool agent_files_children(void);
  * 0 no (it created the file), -1 none of them was to path. */
 int agent_files_upload_replaced(const char *path);
 
-/* The memory guard (agent_memory.c): when the next look at /proc/meminfo is due (monotonic
- * ms; -1: never, the file is unreadable), and the look itself, due or not (it returns at once
- * when not). A kill is reported through killed: the victim, its session (the command it
- * belongs to, whose pid is its session), its name, its resident KiB and MemTotal in KiB; pid
- * 0 once when memory is low but no process is large enough to be the cause. */
+/* The memory guard (agent_memory.c): when the next look at the guest's free memory is due
+ * (monotonic ms; -1: never, sysinfo fails), busy when a command runs (looks come sooner), and
+ * the look itself, due or not (it returns at once when not). A kill is reported through
+ * killed: the victim, its session (the command it belongs to, whose pid is its session), its
+ * name, its resident KiB and the guest's total in KiB; pid 0 once when memory is low but no
+ * process is large enough to be the cause. */
 typedef void (*agent_oom_fn)(pid_t pid, pid_t sid, const char *comm, uint64_t rss_kib,
                              uint64_t total_kib);
-int64_t agent_memory_next(void);
-void agent_memory_look(int64_t now, agent_oom_fn killed);
+int64_t agent_memory_next(bool busy);
+void agent_memory_look(int64_t now, bool busy, agent_oom_fn killed);
 
 /* The agent.proto FileFailed code of an errno (agent_files.c). */
 const char *agent_errno_code(int e);

@@ -5,15 +5,20 @@
  * to the sandbox's host memory cgroup, and past that cgroup's limit the host kills the Sentry:
  * every process and /tmp gone. So the worker gives the host cgroup headroom above memory_mb
  * (the guest still sees MemTotal = memory_mb: runsc reads the limit once, when the sandbox
- * boots) and this guard, on the agent's loop, watches the guest's own /proc/meminfo: once
- * MemAvailable falls under a low-water mark it SIGKILLs the process with the largest resident
+ * boots) and this guard, on the agent's loop, watches the guest's own free memory: once
+ * it falls under a low-water mark it SIGKILLs the process with the largest resident
  * set, before the host limit is reached. What the host limit still catches (memory that is no
  * process's: a /tmp filled up; or one allocation larger than the headroom between two looks)
  * ends the sandbox as before, with reason "oom".
  *
- * Cost: one open/read/close of /proc/meminfo per look; looks come sooner the less memory is
- * left (every MiB available adds a millisecond, 10..200 ms), so an idle sandbox pays ~5 looks
- * a second and a filling one is looked at every 10 ms. */
+ * How often: often enough that a process growing at up to GROWTH_MIB_S is seen before it is
+ * MARGIN_MIB past the guest's total (the host's headroom is at least twice that), so the wait
+ * is (free + margin) / rate: ~125 ms when memory is nearly gone, ~2 s in an idle 512 MiB
+ * sandbox. Faster growth, or a single allocation larger than the headroom, meets the host
+ * limit (the whole sandbox ends, reason oom). With no command running, at most one look every
+ * IDLE_MS: what is alive then is what outlived its command. A look is one sysinfo(2) (its
+ * freeram is gVisor's MemAvailable: measured equal, tmpfs pages counted as used) and the poll
+ * wake-up, ~1.2 ms of the Sentry's CPU under the ptrace platform (docs/faults.md). */
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -23,38 +28,32 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include "agent_files.h"
 
-#define LOOK_MIN_MS    10
-#define LOOK_MAX_MS    200
-#define AFTER_KILL_MS  100 /* the victim's memory is given back before the next look */
-#define LOW_WATER_DIV  64  /* MemAvailable under MemTotal / 64 (and under 2 MiB at least) */
+#define GROWTH_MIB_S   256  /* the growth the looks keep up with */
+#define MARGIN_MIB     32   /* half of the least host headroom (WK_MEMORY_HEADROOM_MIN) */
+#define IDLE_MS        5000 /* no command running */
+#define AFTER_KILL_MS  100  /* the victim's memory is given back before the next look */
+#define LOW_WATER_DIV  64   /* free under total / 64 (and under 2 MiB at least) */
 #define LOW_WATER_KIB  2048
-#define VICTIM_MIN_DIV 16 /* a process under MemTotal / 16 resident is not the cause */
+#define VICTIM_MIN_DIV 16 /* a process under total / 16 resident is not the cause */
 
-static int64_t next_look;
-static bool off;       /* /proc/meminfo unreadable: no guard (logged to the channel once) */
+static int64_t last_look = -1, busy_wait = 0, hold_until;
+static bool off;       /* sysinfo fails: no guard */
 static bool told_none; /* low, with no process large enough to be the cause: said once */
 
-/* MemTotal and MemAvailable in KiB; false when unreadable. */
-static bool meminfo(uint64_t *total, uint64_t *avail)
+/* Total and free memory of the guest in KiB; false when sysinfo fails. */
+static bool guest_memory(uint64_t *total, uint64_t *avail)
 {
-    char buf[2048];
-    int fd = open("/proc/meminfo", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    struct sysinfo si;
+    if (sysinfo(&si) < 0)
         return false;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return false;
-    buf[n] = '\0';
-    const char *t = strstr(buf, "MemTotal:"), *a = strstr(buf, "MemAvailable:");
-    if (!t || !a)
-        return false;
-    *total = strtoull(t + 9, NULL, 10);
-    *avail = strtoull(a + 13, NULL, 10);
+    uint64_t unit = si.mem_unit ? si.mem_unit : 1;
+    *total = (uint64_t)si.totalram * unit / 1024;
+    *avail = (uint64_t)si.freeram * unit / 1024;
     return *total > 0;
 }
 
@@ -119,25 +118,29 @@ static pid_t largest(uint64_t *ret_pages)
     return best;
 }
 
-int64_t agent_memory_next(void)
+int64_t agent_memory_next(bool busy)
 {
-    return off ? -1 : next_look;
+    if (off)
+        return -1;
+    if (last_look < 0)
+        return 0;
+    int64_t next = last_look + (busy || busy_wait > IDLE_MS ? busy_wait : IDLE_MS);
+    return next > hold_until ? next : hold_until;
 }
 
-void agent_memory_look(int64_t now, agent_oom_fn killed)
+void agent_memory_look(int64_t now, bool busy, agent_oom_fn killed)
 {
     uint64_t total, avail;
-    if (off || now < next_look)
+    int64_t due = agent_memory_next(busy);
+    if (due < 0 || now < due)
         return;
-    if (!meminfo(&total, &avail)) {
+    if (!guest_memory(&total, &avail)) {
         off = true;
         return;
     }
+    last_look = now;
     uint64_t low = total / LOW_WATER_DIV > LOW_WATER_KIB ? total / LOW_WATER_DIV : LOW_WATER_KIB;
-    uint64_t wait = avail / 1024;
-    next_look = now + (int64_t)(wait < LOOK_MIN_MS   ? LOOK_MIN_MS
-                                : wait > LOOK_MAX_MS ? LOOK_MAX_MS
-                                                     : wait);
+    busy_wait = (int64_t)((avail / 1024 + MARGIN_MIB) * 1000 / GROWTH_MIB_S);
     if (avail >= low) {
         told_none = false;
         return;
@@ -158,6 +161,6 @@ void agent_memory_look(int64_t now, agent_oom_fn killed)
     pid_t sid = getsid(victim);
     if (kill(victim, SIGKILL) == 0) {
         killed(victim, sid, comm, kib, total);
-        next_look = now + AFTER_KILL_MS;
+        hold_until = now + AFTER_KILL_MS;
     }
 }
