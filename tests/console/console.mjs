@@ -1,0 +1,344 @@
+// The web console in a real browser (CTest "integration.console", via run.sh): Debian's
+// chromium, headless, driven by playwright-core, against the fixture's stack. What a user does
+// and sees, each step checked on the page itself:
+//  - a wrong key is refused: the login form says so and stays, nothing is stored;
+//  - the right key logs in; a sandbox is created from the page and its row shows running;
+//  - `echo hi` is run from the page and `hi` arrives live (a second command proves the output
+//    is shown before the command ends); its events appear in the live view and the timeline;
+//  - files are listed and one is downloaded through the page (fetch + blob, with the header);
+//  - the network tab shows the policy from the log;
+//  - suspend and resume from the page, the state visibly changing; delete from the page;
+//  - XSS probes (metadata, command output, a file name) stay text and never run;
+//  - the key is in no requested URL, not in localStorage; no CSP violation, no page error;
+//  - the admin pages (keys, platforms) render;
+//  - scale: 300 synthetic sandbox rows and 5,000 synthetic events through the page's own
+//    render functions (timed and printed; the DOM cap of 2,000 entries is asserted);
+//  - a PNG screenshot of every page, paths printed.
+// Env: SPACE_API_URL, SPACE_API_KEY (space.env), SPACE_CHROMIUM, SPACE_CONSOLE_OUT.
+import { mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { chromium } from "playwright-core";
+
+const base = process.env.SPACE_API_URL;
+const key = process.env.SPACE_API_KEY;
+const out = process.env.SPACE_CONSOLE_OUT;
+const exe = process.env.SPACE_CHROMIUM || "/usr/bin/chromium";
+if (!base || !key || !out) throw new Error("SPACE_API_URL, SPACE_API_KEY and SPACE_CONSOLE_OUT are needed");
+if (!/^http:\/\/(127\.0\.0\.1|\[::1\]|localhost):\d+$/.test(base))
+  throw new Error(`the stack must be on loopback, not ${base}`);
+mkdirSync(out, { recursive: true });
+
+const XSS_META = "<img src=x onerror=window.__xss=1>";
+const XSS_OUT = "<script>window.__xss=1</script>";
+const t0 = Date.now();
+let failed = 0;
+let step = "start";
+const log = (msg) => console.log(`[${((Date.now() - t0) / 1000).toFixed(1)}s] ${msg}`);
+const fail = (msg) => {
+  console.error(`FAIL (${step}): ${msg}`);
+  failed++;
+};
+const check = (ok, msg) => (ok ? log(`ok: ${msg}`) : fail(msg));
+
+// Direct API calls, for cleanup and to cross-check what the page claims.
+async function api(method, path) {
+  const r = await fetch(`${base}${path}`, { method, headers: { authorization: `Bearer ${key}` } });
+  return { status: r.status, body: r.status === 204 ? null : await r.json().catch(() => null) };
+}
+
+const profile = mkdtempSync(join(tmpdir(), "space-console-chromium-"));
+const context = await chromium.launchPersistentContext(profile, {
+  executablePath: exe,
+  headless: true,
+  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+  viewport: { width: 1280, height: 900 },
+  acceptDownloads: true,
+});
+context.setDefaultTimeout(30000);
+
+const urls = [];
+const pageErrors = [];
+const cspConsole = [];
+context.on("request", (r) => urls.push(r.url()));
+// Every securitypolicyviolation the page sees, kept where the test can read it.
+await context.addInitScript(() => {
+  window.__csp = [];
+  document.addEventListener("securitypolicyviolation", (e) =>
+    window.__csp.push(`${e.violatedDirective} ${e.blockedURI}`));
+});
+const page = context.pages()[0] ?? (await context.newPage());
+page.on("pageerror", (e) => pageErrors.push(String(e)));
+page.on("console", (m) => {
+  if (/Content Security Policy/i.test(m.text())) cspConsole.push(m.text());
+});
+page.on("dialog", (d) => d.accept());
+
+let n = 0;
+async function shot(name) {
+  const file = join(out, `${String(++n).padStart(2, "0")}-${name}.png`);
+  await page.screenshot({ path: file, fullPage: true });
+  console.log(`screenshot: ${file}`);
+}
+
+let sandboxId = null;
+try {
+  step = "headers";
+  const res = await page.goto(`${base}/`);
+  const h = res.headers();
+  check(res.status() === 200, `GET / answers 200 (${res.status()})`);
+  check((h["content-security-policy"] ?? "").includes("script-src 'self'") &&
+    (h["content-security-policy"] ?? "").includes("frame-ancestors 'none'"), "GET / has the CSP");
+  check(h["x-content-type-options"] === "nosniff" && h["x-frame-options"] === "DENY" &&
+    h["referrer-policy"] === "no-referrer" && h["cache-control"] === "no-cache",
+  `GET / has nosniff, DENY, no-referrer, no-cache (${h["cache-control"]})`);
+  const missing = await fetch(`${base}/console/missing.js`);
+  check(missing.status === 404, `an unknown console file is 404 (${missing.status})`);
+
+  step = "wrong key";
+  await page.locator("#login").waitFor();
+  await shot("login");
+  await page.fill("#key", "sk_wrong_console_test_key");
+  await page.click("#login button[type=submit]");
+  await page.waitForFunction(() => document.getElementById("login-status")?.textContent.length > 0);
+  const refused = await page.textContent("#login-status");
+  check(/refused/i.test(refused), `a wrong key is refused: "${refused}"`);
+  check(await page.isVisible("#login"), "the page stays on the login form");
+  check(await page.evaluate(() => sessionStorage.length === 0 && localStorage.length === 0),
+    "a refused key is stored nowhere");
+  await shot("login-refused");
+
+  step = "login";
+  await page.fill("#key", key);
+  await page.click("#login button[type=submit]");
+  await page.locator("#sandboxes").waitFor();
+  check(await page.evaluate(() => location.hash === "#/sandboxes"), "logged in: the sandbox list");
+  await page.locator("#nav a[data-nav=keys]:not([hidden])").waitFor();
+  log("ok: the admin key sees the admin pages");
+
+  step = "create";
+  await page.locator("#c-template option[value=tiny]").waitFor({ state: "attached" });
+  await page.selectOption("#c-template", "tiny");
+  await page.fill("#c-timeout", "600");
+  await page.fill("#c-metadata", `probe=${XSS_META}\nowner=console-test`);
+  const tc = Date.now();
+  await page.click("#c-submit");
+  const row = page.locator('#sandbox-rows tr[data-state="running"]', { hasText: "owner=console-test" });
+  await row.waitFor({ timeout: 180000 });
+  sandboxId = await row.getAttribute("data-id");
+  log(`ok: created ${sandboxId} from the page, running after ${Date.now() - tc} ms`);
+  const metaText = await row.locator("td.meta").textContent();
+  check(metaText.includes(XSS_META), "the metadata XSS probe shows as text");
+  check(await page.locator("#sandboxes img").count() === 0, "no <img> element made from metadata");
+  await shot("sandboxes");
+
+  step = "filters";
+  await page.fill("#f-text", "no-such-sandbox-text");
+  check(await page.locator("#sandbox-rows tr").count() === 0, "the text filter hides rows");
+  await page.fill("#f-text", "owner=console");
+  check(await page.locator("#sandbox-rows tr").count() === 1, "the text filter finds the row");
+  await page.fill("#f-text", "");
+
+  step = "detail";
+  await page.click(`#sandbox-rows tr[data-id="${sandboxId}"] a`);
+  await page.locator("#sandbox-state", { hasText: "running" }).waitFor();
+  check(await page.locator("#sandbox-meta").textContent().then((t) => t.includes(XSS_META)),
+    "the detail page shows the metadata as text");
+  await page.locator("#tab-events .stream-state", { hasText: "open" }).waitFor();
+  await shot("sandbox-events");
+
+  step = "command";
+  await page.click('.tabs a[data-tab="commands"]');
+  await page.fill("#cmd", "echo hi");
+  await page.click("#cmd-run");
+  await page.locator("#cmd-status[data-exit]").waitFor({ timeout: 60000 });
+  check((await page.textContent("#cmd-output")) === "hi\n", `echo hi shows "hi" (${JSON.stringify(await page.textContent("#cmd-output"))})`);
+  check((await page.textContent("#cmd-status")).includes("exit code 0"), "exit code 0 shown");
+  // Live: the first line is on the page while the command still runs.
+  await page.fill("#cmd", "echo hi; sleep 3; echo later");
+  await page.click("#cmd-run");
+  await page.locator("#cmd-output", { hasText: "hi" }).waitFor({ timeout: 60000 });
+  const whileRunning = await page.evaluate(() => ({
+    out: document.getElementById("cmd-output").textContent,
+    exited: document.getElementById("cmd-status").dataset.exit !== undefined,
+    status: document.getElementById("cmd-status").textContent,
+  }));
+  check(whileRunning.out === "hi\n" && !whileRunning.exited && whileRunning.status.startsWith("running"),
+    `"hi" arrives live, before the command ends (${JSON.stringify(whileRunning)})`);
+  await page.locator("#cmd-status[data-exit]").waitFor({ timeout: 60000 });
+  check((await page.textContent("#cmd-output")) === "hi\nlater\n", "then the rest and the exit");
+  // Output that looks like markup stays text; and a file with such a name for the files tab.
+  await page.fill("#cmd", `printf '%s\\n' '${XSS_OUT}'; mkdir -p /tmp/console; echo content > /tmp/console/a.txt; ` +
+    `touch '/tmp/console/${XSS_META}.txt'; echo err >&2`);
+  await page.click("#cmd-run");
+  await page.locator("#cmd-status[data-exit]").waitFor({ timeout: 60000 });
+  const xssOut = await page.textContent("#cmd-output");
+  check(xssOut.includes(XSS_OUT) && xssOut.includes("err"), "command output with <script> shows as text (and stderr)");
+  check(await page.locator("#cmd-output script, #cmd-output img").count() === 0, "no element made from command output");
+  await shot("sandbox-commands");
+
+  step = "timeline";
+  await page.click('.tabs a[data-tab="timeline"]');
+  const reqRow = page.locator('#timeline-rows tr[data-type="CommandRequested"]', { hasText: "echo hi" });
+  await reqRow.first().waitFor({ timeout: 30000 });
+  await page.locator('#timeline-rows tr[data-type="CommandExited"]').first().waitFor({ timeout: 30000 });
+  log("ok: the command's events (CommandRequested \"echo hi\", CommandExited) are in the timeline");
+  check(await page.locator('#timeline-rows tr[data-type="SandboxCreateRequested"]').count() === 1,
+    "the timeline starts at the sandbox's creation");
+  check(await page.locator("#live-events .ev", { hasText: "CommandRequested" }).count() >= 1,
+    "the live view got the command events as they happened");
+  await shot("sandbox-timeline");
+
+  step = "files";
+  await page.click('.tabs a[data-tab="files"]');
+  await page.fill("#f-path", "/tmp/console");
+  await page.click("#files-form button[type=submit]");
+  await page.locator("#file-rows tr", { hasText: "a.txt" }).waitFor();
+  check(await page.locator("#file-rows tr", { hasText: `${XSS_META}.txt` }).count() === 1,
+    "a file name with markup is listed as text");
+  const [dl] = await Promise.all([
+    page.waitForEvent("download"),
+    page.locator("#file-rows tr", { hasText: "a.txt" }).locator("button").click(),
+  ]);
+  const dlPath = await dl.path();
+  check(dl.suggestedFilename() === "a.txt" && readFileSync(dlPath, "utf8") === "content\n",
+    `downloaded a.txt through the page (${dl.suggestedFilename()})`);
+  await shot("sandbox-files");
+
+  step = "network";
+  await page.click('.tabs a[data-tab="network"]');
+  await page.locator("#policy", { hasText: "mode" }).waitFor();
+  log(`ok: network policy shown: ${(await page.textContent("#policy")).replace(/\s+/g, " ")} ` +
+    `${await page.textContent("#policy-from")}`);
+  await shot("sandbox-network");
+
+  step = "suspend";
+  let t = Date.now();
+  await page.click("#sandbox-head button.act-suspend");
+  await page.locator("#sandbox-state", { hasText: /^suspended$/ }).waitFor({ timeout: 180000 });
+  log(`ok: suspended from the page in ${Date.now() - t} ms`);
+  check((await api("GET", `/v1/sandboxes/${sandboxId}`)).body?.state === "suspended", "the API agrees: suspended");
+  await shot("sandbox-suspended");
+  step = "resume";
+  t = Date.now();
+  await page.click("#sandbox-head button.act-resume");
+  await page.locator("#sandbox-state", { hasText: /^running$/ }).waitFor({ timeout: 180000 });
+  log(`ok: resumed from the page in ${Date.now() - t} ms`);
+  await page.click('.tabs a[data-tab="timeline"]');
+  await page.locator('#timeline-rows tr[data-type="SandboxSuspended"]').waitFor();
+  await page.locator('#timeline-rows tr[data-type="SandboxResumed"]').waitFor();
+  log("ok: SandboxSuspended and SandboxResumed in the timeline");
+
+  step = "admin";
+  await page.click("#nav a[data-nav=keys]");
+  await page.locator("#key-rows tr").first().waitFor();
+  log(`ok: keys page lists ${await page.locator("#key-rows tr").count()} key(s)`);
+  await shot("admin-keys");
+  await page.click("#nav a[data-nav=platforms]");
+  await page.locator("h1", { hasText: "Platforms" }).waitFor();
+  await shot("admin-platforms");
+
+  step = "scale";
+  // The page's own render functions on synthetic data, in the page (measured, not asserted).
+  const scale = await page.evaluate(async () => {
+    const { View, timelineRow } = window.spaceConsole;
+    const table = document.createElement("table");
+    const tbody = document.createElement("tbody");
+    table.appendChild(tbody);
+    document.body.appendChild(table);
+    const rows = Array.from({ length: 300 }, (_, i) => ({
+      id: `sbx${i}`, template: "tiny", state: i % 3 ? "running" : "paused",
+      created_at: new Date().toISOString(), metadata: { i: String(i), owner: "synthetic" },
+    }));
+    let t = performance.now();
+    View.sandboxRows(tbody, rows, () => []);
+    tbody.getBoundingClientRect();
+    const rowsMs = performance.now() - t;
+    const rowCount = tbody.childElementCount;
+    table.remove();
+
+    const box = document.createElement("div");
+    box.className = "log";
+    document.body.appendChild(box);
+    const live = new View.LiveLog(box, { make: timelineRow });
+    // The work per frame (building and trimming nodes), apart from waiting for frames, which
+    // a headless browser paces as it likes.
+    let flushMs = 0;
+    let flushes = 0;
+    let longestFlush = 0;
+    const flush = live.flush.bind(live);
+    live.flush = () => {
+      const s = performance.now();
+      flush();
+      const d = performance.now() - s;
+      flushMs += d;
+      flushes++;
+      longestFlush = Math.max(longestFlush, d);
+    };
+    t = performance.now();
+    let longest = 0;
+    for (let b = 0; b < 50; b++) {
+      const s = performance.now();
+      for (let i = 0; i < 100; i++) {
+        const seq = b * 100 + i + 1;
+        live.push({ seq, status: "accepted", event: { type: "CommandOutput", actor: "svc:worker",
+          occurred_at_us: Date.now() * 1000, command_output: { cmd_id: "c", data: "x".repeat(40) } } });
+      }
+      longest = Math.max(longest, performance.now() - s);
+      await new Promise((r) => requestAnimationFrame(r));
+    }
+    live.flushNow();
+    const eventsMs = performance.now() - t;
+    const kept = box.childElementCount;
+    box.remove();
+    return { rowsMs, rowCount, eventsMs, kept, longestBatchMs: longest, flushMs, flushes, longestFlush };
+  });
+  log(`scale: 300 sandbox rows rendered in ${scale.rowsMs.toFixed(1)} ms; 5,000 events pushed ` +
+    `in batches of 100 over ${scale.eventsMs.toFixed(0)} ms of frames: ${scale.flushes} flushes, ` +
+    `${scale.flushMs.toFixed(1)} ms of DOM work in all, longest flush ${scale.longestFlush.toFixed(1)} ms, ` +
+    `longest push batch ${scale.longestBatchMs.toFixed(1)} ms (measured, not asserted)`);
+  check(scale.rowCount === 300, `300 rows rendered (${scale.rowCount})`);
+  check(scale.kept === 2000, `the event view keeps the last 2,000 of 5,000 (${scale.kept})`);
+
+  step = "delete";
+  await page.goto(`${base}/#/sandbox/${sandboxId}/events`);
+  await page.locator("#sandbox-head button.act-delete").click();
+  await page.locator("#sandboxes").waitFor({ timeout: 120000 });
+  await page.waitForFunction((id) => !document.querySelector(`#sandbox-rows tr[data-id="${id}"]`), sandboxId);
+  const gone = await api("GET", `/v1/sandboxes/${sandboxId}`);
+  check(gone.status === 404 || gone.body?.state === "deleted", `deleted from the page (API: ${gone.status} ${gone.body?.state ?? ""})`);
+  if (gone.status === 404 || gone.body?.state === "deleted") sandboxId = null;
+  await shot("sandboxes-after-delete");
+
+  step = "secrets";
+  check(await page.evaluate(() => window.__xss === undefined), "no XSS probe ran (window.__xss undefined)");
+  const enc = encodeURIComponent(key);
+  const leaked = urls.filter((u) => u.includes(key) || u.includes(enc));
+  check(leaked.length === 0, `the key is in none of the ${urls.length} requested URLs`);
+  const stores = await page.evaluate((k) => ({
+    local: localStorage.length,
+    localHas: Object.values(localStorage).some((v) => v.includes(k)),
+    session: sessionStorage.length,
+  }), key);
+  check(stores.local === 0 && !stores.localHas, "nothing in localStorage");
+  check(stores.session === 1, "the key is in sessionStorage (one entry)");
+  const csp = await page.evaluate(() => window.__csp);
+  check(csp.length === 0 && cspConsole.length === 0, `no CSP violation (${JSON.stringify([...csp, ...cspConsole])})`);
+  check(pageErrors.length === 0, `no page error (${JSON.stringify(pageErrors)})`);
+
+  step = "logout";
+  await page.click("#logout");
+  await page.locator("#login").waitFor();
+  check(await page.evaluate(() => sessionStorage.length === 0), "logging out forgets the key");
+} catch (e) {
+  fail(e.stack || String(e));
+  await shot("failure").catch(() => {});
+} finally {
+  if (sandboxId) await api("DELETE", `/v1/sandboxes/${sandboxId}`).catch(() => {});
+  await context.close();
+  rmSync(profile, { recursive: true, force: true });
+}
+
+log(`${failed ? `${failed} failure(s)` : "all console checks passed"}`);
+process.exit(failed ? 1 : 0);
