@@ -135,6 +135,7 @@
     const count = el("span", { id: "count", className: "muted" });
     const tbody = el("tbody", { id: "sandbox-rows" });
     let all = [];
+    let lastSig = "";
 
     const ctemplate = el("select", { id: "c-template", required: true, "aria-label": "template" });
     const ctimeout = el("input", { id: "c-timeout", type: "number", min: 0, max: 2592000,
@@ -178,6 +179,10 @@
         got.push(...r.sandboxes);
         cursor = r.next_cursor;
       } while (cursor && got.length < LIST_MAX && !signal.aborted);
+      // The 5 s refresh mostly finds nothing new: then the rows stay as they are.
+      const sig = JSON.stringify(got);
+      if (sig === lastSig) return;
+      lastSig = sig;
       all = got;
       render();
     };
@@ -254,24 +259,37 @@
       el("span", { className: "payload" }, brief(payloadOf(ev))));
   }
 
+  // The timeline and the egress decisions are grids of divs, not tables: each row lays out
+  // alone (fixed columns) and rows off screen skip layout (content-visibility, console.css),
+  // which keeps 2,000 rows cheap to append to; an auto-layout table measures every cell.
+  function gridRow(cells, attrs) {
+    return el("div", { ...attrs, className: `row ${attrs.className || ""}`, role: "row" },
+      cells.map(([text, cls]) => el("span", { className: cls || "", role: "cell" }, text)));
+  }
+
+  function gridTable(id, heads) {
+    const body = el("div", { id: `${id}-rows`, role: "rowgroup" });
+    const scroller = el("div", { id, className: `grid grid-${id}`, role: "table" },
+      el("div", { className: "row head", role: "row" }, heads.map((h) => el("span", { role: "columnheader" }, h))),
+      body);
+    return { body, scroller };
+  }
+
   function timelineRow(r) {
     const ev = r.event;
-    return el("tr", { className: r.status === "rejected" ? "rejected" : "", dataset: { type: ev.type || "" } },
-      el("td", {}, String(r.seq)),
-      el("td", {}, time(Number(ev.occurred_at_us))),
-      el("td", { className: "type" }, String(ev.type || "")),
-      el("td", {}, String(ev.actor || "")),
-      el("td", {}, r.status === "rejected" ? `rejected: ${r.reason || ""}` : r.status),
-      el("td", { className: "payload" }, brief(payloadOf(ev))));
+    return gridRow([
+      [String(r.seq)], [time(Number(ev.occurred_at_us))], [String(ev.type || ""), "type"],
+      [String(ev.actor || "")], [r.status === "rejected" ? `rejected: ${r.reason || ""}` : r.status],
+      [brief(payloadOf(ev)), "payload"],
+    ], { className: r.status === "rejected" ? "rejected" : "", dataset: { type: ev.type || "" } });
   }
 
   function decisionRow(kind, d) {
-    return el("tr", { className: kind },
-      el("td", {}, time(Number(d.last_at_us || d.first_at_us))),
-      el("td", {}, kind), el("td", {}, String(d.protocol || "")),
-      el("td", {}, String(d.name || "")), el("td", {}, String(d.address || "")),
-      el("td", {}, String(d.port || "")), el("td", {}, String(d.rule || "")),
-      el("td", {}, String(d.reason || "")), el("td", {}, String(d.count || 1)));
+    return gridRow([
+      [time(Number(d.last_at_us || d.first_at_us))], [kind, "decision"], [String(d.protocol || "")],
+      [String(d.name || "")], [String(d.address || "")], [String(d.port || "")],
+      [String(d.rule || "")], [String(d.reason || "")], [String(d.count || 1)],
+    ], { className: kind });
   }
 
   async function sandboxPage(signal, id, tab) {
@@ -326,20 +344,15 @@
     // The timeline, the network policy and the egress decisions: the sandbox's whole log
     // (from=0), then what comes.
     const tlStatus = el("p", { className: "muted stream-state" });
-    const tlBody = el("tbody", { id: "timeline-rows" });
-    const tlScroll = el("div", { className: "scroll" }, el("table", { id: "timeline" },
-      el("thead", {}, el("tr", {}, ["seq", "time", "type", "actor", "status", "payload"]
-        .map((h) => el("th", {}, h)))), tlBody));
-    const timeline = new LiveLog(tlBody, { make: timelineRow, scroller: tlScroll });
-    append(panes.timeline, el("h2", {}, "Audit timeline"), tlStatus, tlScroll);
+    const tl = gridTable("timeline", ["seq", "time", "type", "actor", "status", "payload"]);
+    const timeline = new LiveLog(tl.body, { make: timelineRow, scroller: tl.scroller });
+    append(panes.timeline, el("h2", {}, "Audit timeline"), tlStatus, tl.scroller);
     const policyBox = el("pre", { id: "policy" }, "no policy event seen yet");
     const policyFrom = el("p", { className: "muted", id: "policy-from" });
-    const counts = el("ul", { id: "egress-counts" });
-    const decBody = el("tbody", { id: "egress-rows" });
-    const decScroll = el("div", { className: "scroll" }, el("table", { id: "egress" },
-      el("thead", {}, el("tr", {}, ["time", "decision", "protocol", "name", "address", "port",
-        "rule", "reason", "count"].map((h) => el("th", {}, h)))), decBody));
-    const decisions = new LiveLog(decBody, { make: (x) => decisionRow(x.kind, x.d), scroller: decScroll });
+    const counts = el("ul", { id: "egress-counts" }, el("li", {}, "no egress decision in the log yet"));
+    const dec = gridTable("egress", ["time", "decision", "protocol", "name", "address", "port",
+      "rule", "reason", "count"]);
+    const decisions = new LiveLog(dec.body, { make: (x) => decisionRow(x.kind, x.d), scroller: dec.scroller });
     const tally = new Map();
     const showTally = () => counts.replaceChildren(...[...tally.entries()]
       .sort((a, b) => b[1] - a[1]).map(([k, n]) => el("li", {}, `${k}: ${n}`)));
@@ -348,7 +361,7 @@
       el("h2", {}, "Egress decisions"),
       el("p", { className: "muted" }, "From the sandbox's EgressAllowed / EgressDenied events " +
         "(space-egressd aggregates identical decisions per interval: count)."),
-      counts, decScroll);
+      counts, dec.scroller);
 
     Api.follow(`${base}/events?from=0`, (e) => {
       const r = parseRecord(e);
@@ -604,5 +617,5 @@
   window.addEventListener("DOMContentLoaded", onHash);
 
   // The render functions, for tests/console's responsiveness check (synthetic data only).
-  window.spaceConsole = { View, eventLine, timelineRow };
+  window.spaceConsole = { View, eventLine, timelineRow, gridTable };
 })();
