@@ -103,6 +103,7 @@ const Api = (() => {
   }
 
   // One SSE request: resolves when the stream ends, rejects with ApiError on an error answer.
+  // opts: body (JSON), lastEventId, signal, onOpen (called once the 200 head is here).
   async function stream(method, path, onEvent, opts = {}) {
     const h = headers({ Accept: "text/event-stream" });
     if (opts.lastEventId) h.set("Last-Event-ID", opts.lastEventId);
@@ -115,6 +116,7 @@ const Api = (() => {
     if (!res.ok) throw await failure(res);
     const ctype = res.headers.get("Content-Type") || "";
     if (!ctype.startsWith("text/event-stream")) throw new ApiError(res.status, "", "not an event stream");
+    if (opts.onOpen) opts.onOpen();
     await readSse(res, onEvent, opts.signal);
   }
 
@@ -127,12 +129,12 @@ const Api = (() => {
     const state = (s, e) => onState && onState(s, e);
     while (!signal.aborted) {
       try {
-        state("open");
+        state("connecting");
         await stream("GET", path, (e) => {
           if (e.id) last = e.id;
           wait = 1000;
           onEvent(e);
-        }, { signal, lastEventId: last });
+        }, { signal, lastEventId: last, onOpen: () => state("open") });
         state("closed");
       } catch (e) {
         if (signal.aborted) return;

@@ -34,6 +34,8 @@
     try {
       return await fn();
     } catch (e) {
+      // Leaving a page (or "Stop following") aborts its requests: nothing to report.
+      if (e && e.name === "AbortError") return undefined;
       if (e instanceof Api.ApiError && e.status === 401) return logout("The key was refused.");
       say(errText(e), "error");
       return undefined;
@@ -441,20 +443,50 @@
           return "";
         }
       };
-      await act(ev.submitter, () => Api.stream("POST", `${base}/commands`, (e) => {
+      // The output as SSE. If the connection breaks before the exit event, the command runs
+      // on: follow it again from the last chunk seen (GET .../stream with Last-Event-ID).
+      let cmdId = null;
+      let lastSeq = null;
+      let exited = false;
+      const onEvent = (e) => {
         let d = {};
         try { d = JSON.parse(e.data); } catch (_) { return; }
-        if (e.event === "start") status.textContent = `running: ${d.cmd_id} (pid ${d.pid})`;
-        else if (e.event === "stdout" || e.event === "stderr")
+        if (e.id) lastSeq = e.id;
+        if (e.event === "start") {
+          cmdId = d.cmd_id;
+          if (!d.attached) status.textContent = `running: ${d.cmd_id} (pid ${d.pid})`;
+        } else if (e.event === "stdout" || e.event === "stderr") {
           log.push({ stream: e.event, text: typeof d.text === "string" ? d.text : dec(d.b64 || "") });
-        else if (e.event === "exit") {
+        } else if (e.event === "exit") {
+          exited = true;
           log.flushNow();
           status.textContent = `exit code ${d.exit_code}` +
             (d.signal ? `, signal ${d.signal}` : "") + (d.timed_out ? ", timed out" : "") +
-            (d.error ? `, error: ${d.error}` : "") + (d.truncated ? ", output truncated" : "");
+            (d.error ? `, error: ${d.error}` : "") + (d.truncated ? ", output truncated" : "") +
+            (d.output_lost ? ", output lost" : "");
           status.dataset.exit = String(d.exit_code);
         }
-      }, { body: { cmd: line }, signal: ac.signal }));
+      };
+      await act(ev.submitter, async () => {
+        try {
+          await Api.stream("POST", `${base}/commands`, onEvent, { body: { cmd: line }, signal: ac.signal });
+        } catch (e) {
+          if (!cmdId || ac.signal.aborted) throw e;
+        }
+        for (let tries = 0; !exited && cmdId && !ac.signal.aborted && tries < 5; tries++) {
+          status.textContent = `reconnecting to ${cmdId}...`;
+          await new Promise((r) => setTimeout(r, 1000));
+          try {
+            await Api.stream("GET", `${base}/commands/${Api.seg(cmdId)}/stream`, onEvent,
+              { signal: ac.signal, lastEventId: lastSeq });
+          } catch (e) {
+            if (ac.signal.aborted || (e instanceof Api.ApiError && e.status < 500 && e.status !== 429)) throw e;
+          }
+        }
+        if (!exited && !ac.signal.aborted) status.textContent = `lost the output of ${cmdId || "the command"}`;
+      });
+      if (ac.signal.aborted && !exited && !signal.aborted)
+        status.textContent = `stopped following${cmdId ? ` ${cmdId}` : ""} (the command runs on)`;
       stop.disabled = true;
     });
   }

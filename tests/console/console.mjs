@@ -190,6 +190,15 @@ try {
   check(xssOut.includes(XSS_OUT) && xssOut.includes("err"), "command output with <script> shows as text (and stderr)");
   check(await page.locator("#cmd-output script, #cmd-output img").count() === 0, "no element made from command output");
   await shot("sandbox-commands");
+  // "Stop following" ends the page's stream, not the command.
+  await page.fill("#cmd", "sleep 20");
+  await page.click("#cmd-run");
+  await page.locator("#cmd-status", { hasText: "running: " }).waitFor();
+  await page.click("#cmd-stop");
+  await page.locator("#cmd-status", { hasText: "stopped following" }).waitFor();
+  const cmds = await api("GET", `/v1/sandboxes/${sandboxId}/commands`);
+  const sleeper = (cmds.body?.commands ?? []).find((c) => c.cmd === "sleep 20");
+  check(sleeper?.running === true, `stop following leaves the command running (${JSON.stringify(sleeper)})`);
 
   step = "timeline";
   await page.click('.tabs a[data-tab="timeline"]');
