@@ -17,6 +17,7 @@
   let page = null; // {abort: AbortController}
   let isAdmin = false;
   let adminProbed = false;
+  let loginNotice = "";
 
   function say(text, kind) {
     notice.hidden = !text;
@@ -49,8 +50,11 @@
     isAdmin = false;
     adminProbed = false;
     for (const a of document.querySelectorAll(".admin-only")) a.hidden = true;
-    location.hash = "#/login";
-    if (message) setTimeout(() => say(message, "error"), 0);
+    delete document.body.dataset.admin;
+    // Said by the login page once it is shown (show() clears the notice first).
+    loginNotice = message || "";
+    if (location.hash === "#/login") show();
+    else location.hash = "#/login";
   }
   document.getElementById("logout").addEventListener("click", () => logout());
 
@@ -58,6 +62,8 @@
 
   function loginPage() {
     nav.hidden = true;
+    if (loginNotice) say(loginNotice, "error");
+    loginNotice = "";
     const input = el("input", { type: "password", id: "key", name: "key", autocomplete: "off",
       required: true, placeholder: "API key", "aria-label": "API key" });
     const status = el("p", { id: "login-status", className: "error", role: "alert" });
@@ -98,6 +104,7 @@
       isAdmin = false;
     }
     for (const a of document.querySelectorAll(".admin-only")) a.hidden = !isAdmin;
+    document.body.dataset.admin = isAdmin ? "yes" : "no";
   }
 
   // ---- sandboxes ----

@@ -12,7 +12,8 @@
 //  - XSS probes (metadata, command output, a file name) stay text and never run;
 //  - the key is in no requested URL, not in localStorage; no CSP violation, no page error
 //    (and a control: an inline script is blocked and the violation listener sees it);
-//  - the admin pages (keys, platforms) render;
+//  - the admin pages: a tenant key made on the keys page (shown once) logs in, sees no admin
+//    page and not the admin tenant's sandbox; revoked on the page, it is refused; platforms;
 //  - scale: 300 synthetic sandbox rows and 5,000 synthetic events through the page's own
 //    render functions (timed and printed; the DOM cap of 2,000 entries is asserted);
 //  - a PNG screenshot of every page, paths printed.
@@ -85,6 +86,7 @@ async function shot(name) {
 }
 
 let sandboxId = null;
+let tenantKey = null;
 try {
   step = "headers";
   const res = await page.goto(`${base}/`);
@@ -116,7 +118,7 @@ try {
   await page.click("#login button[type=submit]");
   await page.locator("#sandboxes").waitFor();
   check(await page.evaluate(() => location.hash === "#/sandboxes"), "logged in: the sandbox list");
-  await page.locator("#nav a[data-nav=keys]:not([hidden])").waitFor();
+  await page.locator('body[data-admin="yes"] #nav a[data-nav=keys]:not([hidden])').waitFor();
   log("ok: the admin key sees the admin pages");
 
   step = "create";
@@ -271,6 +273,45 @@ try {
   await page.locator("h1", { hasText: "Platforms" }).waitFor();
   await shot("admin-platforms");
 
+  step = "keys";
+  // A tenant key made on the keys page: shown once; a tenant key sees no admin page and not
+  // the other tenant's sandbox; revoked on the page, it is refused at login.
+  await page.click("#nav a[data-nav=keys]");
+  await page.fill("#k-tenant", "console-t2");
+  await page.fill("#k-name", "made by integration.console");
+  await page.click("#key-form button[type=submit]");
+  await page.locator("#new-key code.secret").waitFor();
+  tenantKey = (await page.textContent("#new-key code.secret")).trim();
+  check(tenantKey.length > 16 && tenantKey !== key, "a new key is shown once on the keys page");
+  await page.locator("#key-rows tr", { hasText: "console-t2" }).waitFor();
+  await page.click("#logout");
+  await page.fill("#key", tenantKey);
+  await page.click("#login button[type=submit]");
+  await page.locator("#sandboxes").waitFor();
+  await page.waitForFunction(() => document.getElementById("count").textContent !== "");
+  check(await page.locator("#sandbox-rows tr").count() === 0, "the tenant key sees none of the other tenant's sandboxes");
+  await page.locator("body[data-admin]").waitFor({ state: "attached" });
+  check(await page.evaluate(() => document.body.dataset.admin === "no") &&
+    await page.locator("#nav a[data-nav=keys]").isHidden(), "the tenant key sees no admin page");
+  await shot("tenant-key-sandboxes");
+  await page.click("#logout");
+  await page.fill("#key", key);
+  await page.click("#login button[type=submit]");
+  await page.locator("#sandboxes").waitFor();
+  await page.click("#nav a[data-nav=keys]");
+  const t2 = page.locator("#key-rows tr", { hasText: "console-t2" });
+  await t2.locator("button").click();
+  await page.locator("#key-rows tr.revoked", { hasText: "console-t2" }).waitFor();
+  log("ok: the tenant key revoked on the keys page");
+  await page.click("#logout");
+  await page.fill("#key", tenantKey);
+  await page.click("#login button[type=submit]");
+  await page.locator("#login-status", { hasText: "refused" }).waitFor();
+  log("ok: the revoked key is refused at login");
+  await page.fill("#key", key);
+  await page.click("#login button[type=submit]");
+  await page.locator("#sandboxes").waitFor();
+
   step = "scale";
   // The page's own render functions on synthetic data, in the page (measured, not asserted).
   const scale = await page.evaluate(async () => {
@@ -351,14 +392,14 @@ try {
 
   step = "secrets";
   check(await page.evaluate(() => window.__xss === undefined), "no XSS probe ran (window.__xss undefined)");
-  const enc = encodeURIComponent(key);
-  const leaked = urls.filter((u) => u.includes(key) || u.includes(enc));
-  check(leaked.length === 0, `the key is in none of the ${urls.length} requested URLs`);
+  const secrets = [key, tenantKey].filter(Boolean);
+  const leaked = urls.filter((u) => secrets.some((k) => u.includes(k) || u.includes(encodeURIComponent(k))));
+  check(leaked.length === 0, `no key is in any of the ${urls.length} requested URLs`);
   const stores = await page.evaluate((k) => ({
     local: localStorage.length,
-    localHas: Object.values(localStorage).some((v) => v.includes(k)),
+    localHas: Object.values(localStorage).some((v) => k.some((x) => v.includes(x))),
     session: sessionStorage.length,
-  }), key);
+  }), secrets);
   check(stores.local === 0 && !stores.localHas, "nothing in localStorage");
   check(stores.session === 1, "the key is in sessionStorage (one entry)");
   const csp = await page.evaluate(() => window.__csp);
