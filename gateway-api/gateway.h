@@ -101,6 +101,7 @@ typedef enum {
     GW_R_CREDENTIALS, /* /v1/credentials[/{id}] (gateway_credentials.c) */
     GW_R_KEYS,        /* /v1/keys[/{id}] (gateway_keys.c) */
     GW_R_OPENAPI,     /* GET /v1/openapi.json */
+    GW_R_CONSOLE,     /* the web console's static files (gateway_console.c) */
     GW_R_E2B_API,     /* the E2B control plane (gateway_e2b.c) */
     GW_R_E2B_ENVD,    /* the E2B in-sandbox API: Connect RPC, /files, /health */
     GW_R_OTHER, /* unknown routes and responses h2o itself produced (413 while reading a body) */
@@ -419,6 +420,9 @@ void gw_network_dispose(gw_netpol_t *p);
 /* PUT /v1/sandboxes/{id}/network */
 void gw_sandbox_network_put(gw_req_t *rq);
 void gw_health(gw_req_t *rq);
+/* GET /, /console/ and /console/{file}: the web console's files, compiled in from
+ * gateway-api/console/ (gateway_console.c); public, the page sends the key on its API calls. */
+void gw_console(gw_req_t *rq);
 
 /* The column list every sandbox read selects, and its rendering as the API's sandbox JSON
  * (pool thread side: reads a PGresult in text format). */
@@ -881,8 +885,8 @@ typedef struct {
     const char *action;
 } gw_route_def_t;
 
-/* The table route() dispatches by (every /v1 route, /healthz, /metrics); the E2B routes are
- * matched after it, in gateway_e2b.c and gateway_e2b_envd.c. */
+/* The table route() dispatches by (every /v1 route, /healthz, /metrics, the console's files);
+ * the E2B routes are matched after it, in gateway_e2b.c and gateway_e2b_envd.c. */
 extern const gw_route_def_t gw_routes[];
 extern const size_t gw_n_routes;
 

@@ -247,8 +247,11 @@ void gw_add_common_headers(gw_req_t *rq, const char *content_type)
                    strlen(content_type));
     h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-request-id"), 0, NULL,
                           rq->request_id, strlen(rq->request_id));
-    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL,
-                   H2O_STRLIT("no-store"));
+    /* API answers are never stored; a handler that set its own policy (the console's static
+     * files: no-cache) keeps it. */
+    if (h2o_find_header(&req->res.headers, H2O_TOKEN_CACHE_CONTROL, -1) < 0)
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL,
+                       H2O_STRLIT("no-store"));
 }
 
 void gw_respond(gw_req_t *rq, int status, const char *content_type, const char *body, size_t len)
@@ -556,17 +559,21 @@ static void openapi_document(gw_req_t *rq)
     gw_respond(rq, 200, "application/json", (const char *)gw_openapi_json, gw_openapi_json_len);
 }
 
-/* Every /v1 route, /healthz and /metrics, in one table: route() matches requests against it,
- * `space-gateway --list-routes` prints it, and tests/openapi checks api/openapi.json against
- * that list (both ways). A route served but not here does not exist. Path segments in braces
- * are parameters: {id} goes to rq->path_id, {cid} to rq->path_sub_id (each 1..SP_ID_MAX
- * bytes without '/', checked by the handler after authentication, so a malformed id reads as
- * unknown). action, when set, goes to rq->path_action for handlers that serve several. Rows
- * of one path are listed together, in the order the Allow header of a 405 names them. */
+/* Every /v1 route, /healthz, /metrics and the web console's files (gateway_console.c), in one
+ * table: route() matches requests against it, `space-gateway --list-routes` prints it, and
+ * tests/openapi checks api/openapi.json against that list (both ways). A route served but not
+ * here does not exist. Path segments in braces are parameters: {cid} goes to rq->path_sub_id,
+ * any other ({id}, the console's {file}) to rq->path_id (each 1..SP_ID_MAX bytes without '/',
+ * checked by the handler after authentication, so a malformed id reads as unknown). action,
+ * when set, goes to rq->path_action for handlers that serve several. Rows of one path are
+ * listed together, in the order the Allow header of a 405 names them. */
 const gw_route_def_t gw_routes[] = {
     {"GET", "/healthz", GW_R_HEALTHZ, gw_health, GW_ROUTE_PUBLIC, NULL},
     {"GET", "/metrics", GW_R_METRICS, metrics_page, GW_ROUTE_PUBLIC, NULL},
     {"GET", "/v1/openapi.json", GW_R_OPENAPI, openapi_document, GW_ROUTE_PUBLIC, NULL},
+    {"GET", "/", GW_R_CONSOLE, gw_console, GW_ROUTE_PUBLIC, NULL},
+    {"GET", "/console/", GW_R_CONSOLE, gw_console, GW_ROUTE_PUBLIC, NULL},
+    {"GET", "/console/{file}", GW_R_CONSOLE, gw_console, GW_ROUTE_PUBLIC, NULL},
     {"GET", "/v1/sandboxes", GW_R_SANDBOX_LIST, gw_sandbox_list, 0, NULL},
     {"POST", "/v1/sandboxes", GW_R_SANDBOX_CREATE, gw_sandbox_create, 0, NULL},
     {"GET", "/v1/templates", GW_R_TEMPLATES, gw_templates, 0, NULL},

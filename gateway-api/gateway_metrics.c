@@ -24,6 +24,7 @@ static const char *const route_names[GW_R_COUNT] = {
     [GW_R_CREDENTIALS] = "credentials",
     [GW_R_KEYS] = "keys",
     [GW_R_OPENAPI] = "openapi",
+    [GW_R_CONSOLE] = "console",
     [GW_R_E2B_API] = "e2b_api",
     [GW_R_E2B_ENVD] = "e2b_envd",
     [GW_R_OTHER] = "other",

@@ -14,10 +14,11 @@ PKGS=(
   libssl-dev openssl
   libbtrfsutil-dev btrfs-progs zstd
   runsc busybox-static debootstrap
-  iproute2 procps psmisc curl util-linux python3
+  iproute2 procps psmisc curl util-linux python3 chromium
   python3-yaml systemd jq
   libcmocka-dev
 )
+# chromium: the headless browser tests/console drives (through playwright-core from npm).
 
 # Not from Debian: node and npm, which only tests/e2b (the official E2B JS SDK) and
 # tests/openapi (the OpenAPI validator and client generator) use. The SDK needs node >= 20.18.1,

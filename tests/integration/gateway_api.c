@@ -1,8 +1,9 @@
 /* space-gateway end to end: the HTTP API over a real stack (NATS, PostgreSQL, space-eventlog),
  * with the scheduler and the worker played by a fake owner on the bus. Covers create/read/list/
  * delete with read-your-writes, tenant isolation, validation, body limits, authentication,
- * Idempotency-Key, concurrency, SSE resume without loss or repetition, /healthz, /metrics and
- * a graceful SIGTERM. The test starts its own gateway on an ephemeral port. */
+ * Idempotency-Key, concurrency, SSE resume without loss or repetition, /healthz, /metrics, the
+ * web console's files and a graceful SIGTERM. The test starts its own gateway on an ephemeral
+ * port. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -1139,6 +1140,71 @@ static void test_metrics_and_latency(void **state)
     resp_free(&r);
 }
 
+/* The web console's files (gateway_console.c): answered without a key, each with the
+ * security headers, only the compiled-in names, GET only, counted under route="console". */
+static void test_console(void **state)
+{
+    static const char *const pages[] = {"/", "/console/", "/console/index.html"};
+    static const struct {
+        const char *path, *type;
+    } assets[] = {
+        {"/console/console.css", "text/css; charset=utf-8"},
+        {"/console/api.js", "text/javascript; charset=utf-8"},
+        {"/console/view.js", "text/javascript; charset=utf-8"},
+        {"/console/console.js", "text/javascript; charset=utf-8"},
+    };
+    char v[512];
+    resp_t r;
+    (void)state;
+
+    for (size_t i = 0; i < sizeof(pages) / sizeof(pages[0]); i++) {
+        assert_int_equal(http("GET", pages[i], NULL, NULL, NULL, 0, false, &r), 200);
+        assert_string_equal(resp_header(&r, "content-type", v, sizeof(v)),
+                            "text/html; charset=utf-8");
+        assert_non_null(strstr(r.body ? r.body : "", "<script src=\"/console/console.js\" defer>"));
+        assert_string_equal(resp_header(&r, "content-security-policy", v, sizeof(v)),
+                            "default-src 'self'; script-src 'self'; style-src 'self'; img-src "
+                            "'self' data:; connect-src 'self'; frame-ancestors 'none'; "
+                            "base-uri 'none'; form-action 'self'");
+        assert_string_equal(resp_header(&r, "x-content-type-options", v, sizeof(v)), "nosniff");
+        assert_string_equal(resp_header(&r, "x-frame-options", v, sizeof(v)), "DENY");
+        assert_string_equal(resp_header(&r, "referrer-policy", v, sizeof(v)), "no-referrer");
+        assert_string_equal(resp_header(&r, "cache-control", v, sizeof(v)), "no-cache");
+        /* One Cache-Control, the console's: no no-store from gw_add_common_headers. */
+        assert_non_null(r.head);
+        assert_null(strstr(r.head ? r.head : "", "no-store"));
+        assert_non_null(resp_header(&r, "x-request-id", v, sizeof(v)));
+        resp_free(&r);
+    }
+    for (size_t i = 0; i < sizeof(assets) / sizeof(assets[0]); i++) {
+        assert_int_equal(http("GET", assets[i].path, NULL, NULL, NULL, 0, false, &r), 200);
+        assert_string_equal(resp_header(&r, "content-type", v, sizeof(v)), assets[i].type);
+        assert_true(r.len > 0);
+        assert_string_equal(resp_header(&r, "x-content-type-options", v, sizeof(v)), "nosniff");
+        resp_free(&r);
+    }
+    /* Names outside the table, traversal included, are unknown; nothing is read from disk. */
+    http("GET", "/console/missing.js", NULL, NULL, NULL, 0, false, &r);
+    expect_error(&r, 404, "not_found");
+    assert_string_equal(resp_header(&r, "x-frame-options", v, sizeof(v)), "DENY");
+    resp_free(&r);
+    http("GET", "/console/%2e%2e%2fmain.c", NULL, NULL, NULL, 0, false, &r);
+    expect_error(&r, 404, "not_found");
+    resp_free(&r);
+    http("GET", "/console/../CMakeLists.txt", NULL, NULL, NULL, 0, false, &r);
+    assert_int_equal(r.status, 404);
+    resp_free(&r);
+    http("POST", "/", NULL, NULL, "x", 1, false, &r);
+    expect_error(&r, 405, "method_not_allowed");
+    assert_string_equal(resp_header(&r, "allow", v, sizeof(v)), "GET");
+    resp_free(&r);
+
+    assert_int_equal(http("GET", "/metrics", NULL, NULL, NULL, 0, false, &r), 200);
+    assert_non_null(strstr(r.body ? r.body : "", "space_gateway_requests_total{route=\"console\","
+                                                 "status=\"200\"}"));
+    resp_free(&r);
+}
+
 static void test_sigterm(void **state)
 {
     sse_t s;
@@ -1177,7 +1243,7 @@ int main(void)
         cmocka_unit_test(test_refusals),        cmocka_unit_test(test_idempotency),
         cmocka_unit_test(test_concurrent),      cmocka_unit_test(test_sse_resume),
         cmocka_unit_test(test_sse_slow_client), cmocka_unit_test(test_metrics_and_latency),
-        cmocka_unit_test(test_sigterm),
+        cmocka_unit_test(test_console),         cmocka_unit_test(test_sigterm),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
