@@ -552,6 +552,54 @@ static void test_echo_masked(void **state)
                 fail_msg("%s: %zu bytes masked, want %zu: %s", line, masked, n, body);
         }
     }
+    /* Kept-alive connections: the set of values grows with each request that carries one
+     * and stays for the connection. Plain: pipelined, the first request carrying nothing;
+     * TLS: bearer, then basic, then basic again. */
+    static const struct {
+        int tls;
+        const char *cmd;
+        int kinds[4]; /* what each request carried (k[]), -1: nothing; 3 requests */
+    } ka[] = {
+        {0,
+         "nslookup allowed.test >/dev/null; printf 'GET /echo/none/length?ka=1 HTTP/1.1\\r\\n"
+         "Host: allowed.test\\r\\n\\r\\nGET /echo/hdr/length?ka=1 HTTP/1.1\\r\\nHost: "
+         "allowed.test\\r\\n\\r\\nGET /echo/q/length?ka=1 HTTP/1.1\\r\\nHost: allowed.test\\r\\n"
+         "Connection: close\\r\\n\\r\\n' | nc -w 5 " ALLOWED " 8080",
+         {-1, E_HDR, E_QUERY}},
+        {1,
+         "nslookup allowed.test >/dev/null; /root/probe --sni allowed.test --host "
+         "allowed.test,allowed.test,allowed.test --path /echo/bearer/length?ka=2 --next-path "
+         "/echo/basic/length?ka=2 " ALLOWED " 443",
+         {E_BEARER, E_BASIC, E_BASIC}},
+    };
+    for (size_t j = 0; j < sizeof(ka) / sizeof(ka[0]); j++) {
+        int rc = run(sa, out, sizeof(out), "%s", ka[j].cmd);
+        snprintf(line, sizeof(line), "kept alive %s", ka[j].tls ? "https" : "http");
+        if (rc != 0)
+            fail_msg("%s: the client exited %d: %s", line, rc, out);
+        size_t ends = 0;
+        for (const char *c = out; (c = strstr(c, "ECHO-END\n")); c++)
+            ends++;
+        if (ends != 3)
+            fail_msg("%s: %zu whole answers, want 3: %s", line, ends, out);
+        expect_not_in(out, R, line);
+        expect_not_in(out, b64, line);
+        expect_not_in(out, pct, line);
+        for (int i = 0; i < 4; i++) {
+            size_t carried = 0, got = 0;
+            for (int r = 0; r < 3; r++)
+                carried += ka[j].kinds[r] == i;
+            size_t n = strlen(k[i].wire);
+            memset(stars, '*', n);
+            stars[n] = '\0';
+            snprintf(want, sizeof(want), "%s%s\n", k[i].before, stars);
+            for (const char *c = out; (c = strstr(c, want)); c++)
+                got++;
+            if (got != carried)
+                fail_msg("%s: %s masked %zu times, want %zu: %s", line, k[i].kind, got, carried,
+                         out);
+        }
+    }
     /* Audited: a CredentialUsed "scrubbed" naming the credential (never the value). */
     PGconn *db = sp_test_db();
     char sql[512];

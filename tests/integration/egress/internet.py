@@ -22,7 +22,8 @@ there from the host, so nothing the sandboxes send can leave the machine.
   in its body, between "ECHO-BEGIN" and "ECHO-END" lines, the way an httpbin-style echo or an
   error page quoting the request would: mode "length" (Content-Length, one write), "chunked"
   (one chunk per line; HTTP/1.1 only, so not on 80), "slow" (Content-Length, the body in writes
-  of 5 bytes 2 ms apart, so an echoed value straddles reads and TLS records). What was
+  of 5 bytes 2 ms apart, so an echoed value straddles reads and TLS records); kept alive on
+  HTTP/1.1 unless the request says Connection: close. What was
   received is also recorded as for /headers (credentials tests: the site must really have
   received the value that egressd then masks on its way back).
 
@@ -103,8 +104,10 @@ def echo_back(handler):
     mode = parts[3] if len(parts) > 3 else "length"
     handler.send_response(200)
     handler.send_header("Content-Type", "text/plain")
-    handler.send_header("Connection", "close")
-    handler.close_connection = True
+    if (handler.protocol_version != "HTTP/1.1" or
+            handler.headers.get("Connection", "").lower() == "close"):
+        handler.send_header("Connection", "close")
+        handler.close_connection = True
     if mode == "chunked" and handler.protocol_version == "HTTP/1.1":
         handler.send_header("Transfer-Encoding", "chunked")
         handler.end_headers()
