@@ -160,7 +160,7 @@ typedef struct {
     eg_tls_t *tls;
     uv_timer_t tick; /* shutdown check, DNS and attribution expiry */
     uint64_t conns_total, conns_denied;
-    uint64_t scrubbed; /* credential values masked in responses (egressd_cred.c) */
+    uint64_t scrubbed;    /* credential values masked in responses (egressd_cred.c) */
     sp_netentry_t pool;   /* the sandbox address pool (a CIDR), from net_prefix */
     uint32_t *host_addrs; /* this host's IPv4 addresses, network order (eg_addr_refusal) */
     size_t n_host_addrs;

@@ -137,8 +137,8 @@ struct conn {
      * go out when more comes, at the upstream's end, or when scrub_timer fires (a stall). */
     eg_scrub_t *scrub;
     uv_timer_t scrub_timer;
-    uint64_t held_since;  /* loop ms when the accept began waiting for the address (UNKNOWN_*) */
-    conn_t *prev, *next;  /* eg->conns */
+    uint64_t held_since; /* loop ms when the accept began waiting for the address (UNKNOWN_*) */
+    conn_t *prev, *next; /* eg->conns */
 };
 
 typedef struct {
@@ -802,8 +802,9 @@ static int send_head(conn_t *c, eg_sbx_t *s, const sp_http_head_t *hh)
     size_t len = 0;
     int status = 0;
     const char *reason = NULL;
-    if (eg_cred_rewrite(c->eg, s, c->name, c->first, hh, &c->scrub, &out, &len, &status,
-                        &reason) < 0) {
+    int rw =
+        eg_cred_rewrite(c->eg, s, c->name, c->first, hh, &c->scrub, &out, &len, &status, &reason);
+    if (rw < 0) {
         refuse_later(c, c->name, reason, NULL);
         return -1;
     }

@@ -24,8 +24,8 @@
 
 #include "buf.h"
 
-#define SP_REDACT_MIN       4 /* sp_redactor_new: shorter values are ignored (they match anything) */
-#define SP_REDACT_VALUE_MAX 12288 /* a credential value (4,096) percent-encoded */
+#define SP_REDACT_MIN        4 /* sp_redactor_new: shorter values are ignored (they match anything) */
+#define SP_REDACT_VALUE_MAX  12288 /* a credential value (4,096) percent-encoded */
 #define SP_REDACT_VALUES_MAX 256
 
 typedef struct sp_redactor sp_redactor_t;

@@ -492,14 +492,14 @@ static void test_echo_masked(void **state)
         int tls, port;
         const char *mode;
     } t[] = {
-        {0, 80, "length"}, {0, 8080, "chunked"}, {0, 80, "slow"},
-        {1, 443, "length"}, {1, 443, "chunked"}, {1, 443, "slow"},
+        {0, 80, "length"},  {0, 8080, "chunked"}, {0, 80, "slow"},
+        {1, 443, "length"}, {1, 443, "chunked"},  {1, 443, "slow"},
     };
     for (size_t j = 0; j < sizeof(t) / sizeof(t[0]); j++) {
         for (int i = 0; i < 5; i++) {
             /* i == 4: a request that carries nothing (the control). */
-            snprintf(path, sizeof(path), "/echo/%s/%s?x=%zu", i < 4 ? k[i].kind : "none",
-                     t[j].mode, j);
+            snprintf(path, sizeof(path), "/echo/%s/%s?x=%zu", i < 4 ? k[i].kind : "none", t[j].mode,
+                     j);
             int rc;
             if (t[j].tls)
                 rc = run(sa, out, sizeof(out),
@@ -1301,13 +1301,19 @@ static void test_guest_never_holds_a_value(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bad_input),        cmocka_unit_test(test_inject_methods),
+        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_inject_methods),
         cmocka_unit_test(test_echo_masked),
-        cmocka_unit_test(test_nearest_scope),    cmocka_unit_test(test_placeholders),
-        cmocka_unit_test(test_rate_and_expiry),  cmocka_unit_test(test_rotate_delete),
-        cmocka_unit_test(test_events),           cmocka_unit_test(test_bench_injection),
-        cmocka_unit_test(test_tenant_isolation), cmocka_unit_test(test_master_key_rotation),
-        cmocka_unit_test(test_credstore_down),   cmocka_unit_test(test_guest_never_holds_a_value),
+        cmocka_unit_test(test_nearest_scope),
+        cmocka_unit_test(test_placeholders),
+        cmocka_unit_test(test_rate_and_expiry),
+        cmocka_unit_test(test_rotate_delete),
+        cmocka_unit_test(test_events),
+        cmocka_unit_test(test_bench_injection),
+        cmocka_unit_test(test_tenant_isolation),
+        cmocka_unit_test(test_master_key_rotation),
+        cmocka_unit_test(test_credstore_down),
+        cmocka_unit_test(test_guest_never_holds_a_value),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -192,8 +192,8 @@ static void test_mask_overlap(void **state)
 static void test_mask_prefix_passes(void **state)
 {
     (void)state;
-    const uint8_t text[] = {'g', 'h', 'p', '_', 'T', 0, 'g', 'h', 'p', '_', 'T', 'O', 'P',
-                            'S', 'E', 'C', 'R', 'E', 0xff, 'g', 'h', 'p', '_'};
+    const uint8_t text[] = {'g', 'h', 'p', '_', 'T', 0,   'g',  'h', 'p', '_', 'T', 'O',
+                            'P', 'S', 'E', 'C', 'R', 'E', 0xff, 'g', 'h', 'p', '_'};
     size_t len = sizeof(text);
     for (size_t a = 0; a <= len; a++) {
         for (size_t b = a; b <= len; b++) {
