@@ -408,6 +408,8 @@ static void on_scrubbed(void *arg, const char *id)
 {
     eg_scrub_t *sc = arg;
     sc->eg->scrubbed++;
+    if (!sc->eg->cred)
+        return; /* stopping: the uses are published already */
     for (size_t i = 0; i < sc->n; i++) {
         scred_t *k = &sc->creds[i];
         if (strcmp(k->id, id) != 0 || k->masked)

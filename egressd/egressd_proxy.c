@@ -599,7 +599,10 @@ static void input_ended(side_t *s, bool clean)
     conn_t *c = s->c;
     s->eof = true;
     stop_reading(s);
-    if (s == &c->up && c->state == C_SPLICE && scrub_flush_to_guest(c) < 0) {
+    /* What the scrubber held goes out before the end, and inside TLS as records now: an
+     * unclean end (no close_notify) sends no more records before the TCP half-close. */
+    if (s == &c->up && c->state == C_SPLICE && c->scrub &&
+        (scrub_flush_to_guest(c) < 0 || (c->client.ssl && flush_tls(&c->client) < 0))) {
         conn_close(c);
         return;
     }
@@ -1114,11 +1117,16 @@ static void up_tls_drive(conn_t *c)
             conn_close(c);
             return;
         }
-        if (to_guest(c, buf, (size_t)r) < 0) {
+        int rc = to_guest(c, buf, (size_t)r);
+        if (rc == 0)
+            from_upstream(c, buf, (size_t)r);
+        /* The plaintext as the site sent it may hold an echoed value. */
+        if (c->scrub)
+            explicit_bzero(buf, (size_t)r);
+        if (rc < 0) {
             conn_close(c);
             return;
         }
-        from_upstream(c, buf, (size_t)r);
     }
 }
 
@@ -1203,6 +1211,7 @@ static void on_read_data(side_t *s, ssize_t nread, const uv_buf_t *buf)
         }
         if (c->scrub) {
             int rc = to_guest(c, (const uint8_t *)buf->base, (size_t)nread);
+            explicit_bzero(buf->base, (size_t)nread); /* as the site sent it: may hold a value */
             free(buf->base);
             if (rc < 0)
                 conn_close(c);

@@ -600,6 +600,35 @@ static void test_echo_masked(void **state)
                          out);
         }
     }
+    /* A kept-alive answer that ends in the first bytes of a value ("sv": every value's) on a
+     * connection that carries a credential: held back, then let out unchanged after egressd's
+     * stall timer (30 ms), not when the client's timeout (5 s) ends the connection. Plain HTTP
+     * and TLS; each answer ends "ECHO-END\nsv" byte for byte. */
+    for (int tls = 0; tls < 2; tls++) {
+        snprintf(line, sizeof(line), "an answer ending in a prefix, %s", tls ? "https" : "http");
+        int64_t t0 = sp_mono_ns();
+        int rc = run(sa, out, sizeof(out),
+                     "nslookup allowed.test >/dev/null; /root/probe %s --host "
+                     "allowed.test,allowed.test --path '/echo/hdr/tail?x=%d' --header 'X-Tail: sv' "
+                     "--timeout-ms 4000 " ALLOWED " %d",
+                     tls ? "--sni allowed.test" : "", tls, tls ? 443 : 8080);
+        int64_t ms = (sp_mono_ns() - t0) / 1000000;
+        if (rc != 0)
+            fail_msg("%s: the client exited %d after %lld ms: %s", line, rc, (long long)ms, out);
+        size_t tails = 0;
+        for (const char *c = out; (c = strstr(c, "ECHO-END\nsv")); c++)
+            tails++;
+        if (tails != 2)
+            fail_msg("%s: %zu answers end in the prefix, want 2: %s", line, tails, out);
+        expect_not_in(out, R, line);
+        if (ms > 3000)
+            fail_msg("%s: %lld ms: the held prefix waited for the client's timeout", line,
+                     (long long)ms);
+        fprintf(stderr,
+                "echo: an answer ending in a value's prefix, kept alive, %s: %lld ms for "
+                "the command (2 requests)\n",
+                tls ? "https" : "http", (long long)ms);
+    }
     /* Audited: a CredentialUsed "scrubbed" naming the credential (never the value). */
     PGconn *db = sp_test_db();
     char sql[512];

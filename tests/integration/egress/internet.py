@@ -22,7 +22,8 @@ there from the host, so nothing the sandboxes send can leave the machine.
   in its body, between "ECHO-BEGIN" and "ECHO-END" lines, the way an httpbin-style echo or an
   error page quoting the request would: mode "length" (Content-Length, one write), "chunked"
   (one chunk per line; HTTP/1.1 only, so not on 80), "slow" (Content-Length, the body in writes
-  of 5 bytes 2 ms apart, so an echoed value straddles reads and TLS records); kept alive on
+  of 5 bytes 2 ms apart, so an echoed value straddles reads and TLS records), "tail" (as
+  "length", the body ending in the request's X-Tail value, without a newline); kept alive on
   HTTP/1.1 unless the request says Connection: close. What was
   received is also recorded as for /headers (credentials tests: the site must really have
   received the value that egressd then masks on its way back).
@@ -99,9 +100,10 @@ def echo_back(handler):
     text = "target:%s\n" % handler.path + "".join(
         "hdr:%s: %s\n" % (k, v) for k, v in handler.headers.items())
     bump(lambda s: s.setdefault("seen", []).append(text))
-    body = ("ECHO-BEGIN\n" + text + "ECHO-END\n").encode()
     parts = handler.path.split("?", 1)[0].split("/")
     mode = parts[3] if len(parts) > 3 else "length"
+    body = ("ECHO-BEGIN\n" + text + "ECHO-END\n" +
+            (handler.headers.get("X-Tail", "") if mode == "tail" else "")).encode()
     handler.send_response(200)
     handler.send_header("Content-Type", "text/plain")
     if (handler.protocol_version != "HTTP/1.1" or
