@@ -160,6 +160,7 @@ typedef struct {
     eg_tls_t *tls;
     uv_timer_t tick; /* shutdown check, DNS and attribution expiry */
     uint64_t conns_total, conns_denied;
+    uint64_t scrubbed;    /* credential values masked in responses (egressd_cred.c) */
     sp_netentry_t pool;   /* the sandbox address pool (a CIDR), from net_prefix */
     uint32_t *host_addrs; /* this host's IPv4 addresses, network order (eg_addr_refusal) */
     size_t n_host_addrs;
@@ -253,18 +254,43 @@ uint64_t eg_rate_of(const eg_t *eg, const eg_sbx_t *s, int dir);
 uint64_t eg_bucket_take(eg_bucket_t *b, uint64_t rate, uint64_t now_ns, size_t n);
 
 /* ---- credentials (egressd_cred.c) ---- */
+#include "buf.h"
 #include "egress_parse.h"
+
+/* A connection's scrubber: every credential a request on it carried is masked in the bytes
+ * that go back to the guest (same length, '*'), from that request until the connection
+ * closes. Owned by the connection (egressd_proxy.c), on the loop; eg_scrub_free wipes the
+ * values. Forms of a value shorter than EG_SCRUB_MIN bytes are not masked: they would match
+ * by chance in ordinary responses (docs/credentials.md). */
+#define EG_SCRUB_MIN  8
+#define EG_SCRUB_MASK '*'
+typedef struct eg_scrub eg_scrub_t;
+/* Upstream bytes in; out gets what can go to the guest now (bytes that may begin a value are
+ * held back: eg_scrub_held). Each credential masked on a connection is audited once: a
+ * CredentialUsed with reason "scrubbed" (and eg->scrubbed counts it). */
+void eg_scrub_feed(eg_scrub_t *sc, const uint8_t *data, size_t len, sp_buf_t *out);
+/* The upstream stalled: what is held goes out (a value completing later still has its rest
+ * masked). */
+void eg_scrub_release(eg_scrub_t *sc, sp_buf_t *out);
+/* The upstream ended: what is held goes out. */
+void eg_scrub_flush(eg_scrub_t *sc, sp_buf_t *out);
+size_t eg_scrub_held(const eg_scrub_t *sc);
+void eg_scrub_free(eg_scrub_t *sc);
+
 int eg_cred_start(eg_t *eg);
 void eg_cred_stop(eg_t *eg);
 /* The head (head, hh) of an allowed request of sandbox s to host, as it must be forwarded:
- * the credentials credstore grants injected and placeholders replaced (sp_http_head_rewrite).
- * 0: *ret_out (heap, the caller wipes and frees it) holds *ret_len bytes. < 0: refused, with
- * *ret_status (403, 429, 503) and *ret_reason (static): credential_scope, credential_expired,
- * rate_limited, credstore_unavailable; the refusal is a CredentialDenied. A cache miss asks
- * credstore on the bus and waits (at most cred_timeout_ms): the loop blocks meanwhile. */
+ * the credentials credstore grants injected and placeholders replaced (sp_http_head_rewrite),
+ * and, when it carries any, Accept-Encoding: identity. Every credential it carries is added
+ * to *scrub (the connection's, created here on first need). 0: *ret_out (heap, the caller
+ * wipes and frees it) holds *ret_len bytes. < 0: refused, with *ret_status (403, 429, 503) and
+ * *ret_reason (static): credential_scope, credential_expired, rate_limited,
+ * credstore_unavailable, scrub_limit (the connection's scrubber is full); the refusal is a
+ * CredentialDenied. A cache miss asks credstore on the bus and waits (at most
+ * cred_timeout_ms): the loop blocks meanwhile. */
 int eg_cred_rewrite(eg_t *eg, const eg_sbx_t *s, const char *host, const uint8_t *head,
-                    const sp_http_head_t *hh, uint8_t **ret_out, size_t *ret_len, int *ret_status,
-                    const char **ret_reason);
+                    const sp_http_head_t *hh, eg_scrub_t **scrub, uint8_t **ret_out,
+                    size_t *ret_len, int *ret_status, const char **ret_reason);
 /* Publishes the uses and refusals recorded since the last flush (with the audit's timer). */
 void eg_cred_flush(eg_t *eg);
 

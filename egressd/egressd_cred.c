@@ -33,6 +33,7 @@
 #include "error.h"
 #include "log.h"
 #include "publish.h"
+#include "redact.h"
 #include "xmalloc.h"
 
 #define CACHE_MAX  4096
@@ -377,9 +378,169 @@ static bool grant_better(const Space__Cred__V1__CredGrant *a, const Space__Cred_
     return ra != rb ? ra < rb : strcmp(a->name, b->name) < 0;
 }
 
+/* ---- what a site echoes back (docs/credentials.md, "A site echoes the credential") ----
+ *
+ * Every credential a request carried (injected or by a placeholder) joins its connection's
+ * scrubber for the connection's life: its value as it is (a header, bearer, a placeholder in
+ * a header), percent-encoded when that differs (query injection, a placeholder in the query),
+ * and for basic the base64 of user:value as it went on the wire. Responses to the guest pass
+ * through it (egressd_proxy.c): each of those byte strings becomes as many '*'. */
+
+typedef struct {
+    char id[65];
+    char name[SP_CRED_NAME_MAX + 1];
+    uint32_t version;
+    char method[16];
+    char path[257];
+    bool masked; /* audited once for this connection */
+} scred_t;
+
+struct eg_scrub {
+    eg_t *eg;
+    char sandbox[65];
+    char host[254];
+    sp_redactor_t *r;
+    scred_t *creds;
+    size_t n, cap;
+};
+
+static void on_scrubbed(void *arg, const char *id)
+{
+    eg_scrub_t *sc = arg;
+    sc->eg->scrubbed++;
+    if (!sc->eg->cred)
+        return; /* stopping: the uses are published already */
+    for (size_t i = 0; i < sc->n; i++) {
+        scred_t *k = &sc->creds[i];
+        if (strcmp(k->id, id) != 0 || k->masked)
+            continue;
+        /* Once per connection and credential, not per byte or per response. */
+        k->masked = true;
+        sp_log(SP_LOG_INFO, "the site echoed a credential: masked for the guest",
+               SP_KS("sandbox", sc->sandbox), SP_KS("credential", k->id), SP_KS("name", k->name),
+               SP_KS("host", sc->host));
+        const eg_sbx_t *s = eg_sbx_by_id(sc->eg, sc->sandbox);
+        if (s)
+            record(sc->eg, s, true, k->id, k->name, k->version, sc->host, k->method,
+                   (const uint8_t *)k->path, strlen(k->path), "scrubbed");
+        return;
+    }
+}
+
+static eg_scrub_t *scrub_new(eg_t *eg, const eg_sbx_t *s, const char *host)
+{
+    eg_scrub_t *sc = sp_xcalloc(1, sizeof(*sc));
+    sc->eg = eg;
+    snprintf(sc->sandbox, sizeof(sc->sandbox), "%s", s->id);
+    snprintf(sc->host, sizeof(sc->host), "%s", host);
+    sc->r = sp_redactor_new_mask(EG_SCRUB_MASK, EG_SCRUB_MIN);
+    sp_redactor_on_match(sc->r, on_scrubbed, sc);
+    return sc;
+}
+
+/* One byte string to mask under the credential's id. Shorter than EG_SCRUB_MIN: not masked
+ * (it would match by chance in ordinary responses; docs/credentials.md). < 0: no room. */
+static int scrub_value(eg_scrub_t *sc, const char *id, const uint8_t *v, size_t len)
+{
+    if (len < EG_SCRUB_MIN) {
+        sp_log(SP_LOG_DEBUG, "credential form too short to scrub", SP_KS("sandbox", sc->sandbox),
+               SP_KS("credential", id), SP_KU("bytes", len));
+        return 0;
+    }
+    return sp_redactor_add(sc->r, id, v, len) ? 0 : -ENOSPC;
+}
+
+/* Every form of g's value that went on the wire, for the rest of the connection. */
+static int scrub_add(eg_scrub_t *sc, const Space__Cred__V1__CredGrant *g, const char *method,
+                     const uint8_t *path, size_t path_len)
+{
+    bool known = false;
+    for (size_t i = 0; i < sc->n && !known; i++)
+        known = strcmp(sc->creds[i].id, g->id) == 0 && sc->creds[i].version == g->version;
+    if (!known) {
+        if (sc->n == SP_REDACT_VALUES_MAX)
+            return -ENOSPC;
+        if (sc->n == sc->cap) {
+            sc->cap = sc->cap ? sc->cap * 2 : 4;
+            sc->creds = sp_xreallocarray(sc->creds, sc->cap, sizeof(*sc->creds));
+        }
+        scred_t *k = &sc->creds[sc->n++];
+        memset(k, 0, sizeof(*k));
+        snprintf(k->id, sizeof(k->id), "%s", g->id);
+        snprintf(k->name, sizeof(k->name), "%s", g->name);
+        k->version = g->version;
+        snprintf(k->method, sizeof(k->method), "%s", method);
+        size_t pl = path_len < sizeof(k->path) - 1 ? path_len : sizeof(k->path) - 1;
+        for (size_t i = 0; i < pl; i++)
+            k->path[i] = (char)(path[i] > 0x20 && path[i] < 0x7f ? path[i] : '?');
+        k->path[pl] = '\0';
+    }
+    const uint8_t *v = g->value.data;
+    size_t vl = g->value.len;
+    int rc = scrub_value(sc, g->id, v, vl);
+    /* The query's form (query injection, a placeholder in the query string). */
+    sp_buf_t b;
+    sp_buf_init(&b);
+    for (size_t i = 0; i < vl; i++) {
+        char e[3];
+        size_t k = sp_http_pct_byte(v[i], e);
+        sp_buf_append(&b, e, k);
+    }
+    if (rc == 0 && (b.len != vl || memcmp(b.data, v, vl) != 0))
+        rc = scrub_value(sc, g->id, (const uint8_t *)b.data, b.len);
+    if (b.data)
+        explicit_bzero(b.data, b.cap);
+    sp_buf_reset(&b);
+    if (rc == 0 && sp_cred_inject_parse(g->inject_type) == SP_CRED_BASIC) {
+        /* RFC 7617 2: what went into Authorization (the decoded user:value holds the value). */
+        size_t ul = strlen(g->inject_user);
+        uint8_t *up = sp_xmalloc(ul + 1 + vl);
+        memcpy(up, g->inject_user, ul);
+        up[ul] = ':';
+        memcpy(up + ul + 1, v, vl);
+        sp_b64_encode(&b, up, ul + 1 + vl);
+        explicit_bzero(up, ul + 1 + vl);
+        free(up);
+        rc = scrub_value(sc, g->id, (const uint8_t *)b.data, b.len);
+    }
+    if (b.data)
+        explicit_bzero(b.data, b.cap);
+    sp_buf_dispose(&b);
+    return rc;
+}
+
+void eg_scrub_feed(eg_scrub_t *sc, const uint8_t *data, size_t len, sp_buf_t *out)
+{
+    sp_redactor_feed(sc->r, data, len, out);
+}
+
+void eg_scrub_release(eg_scrub_t *sc, sp_buf_t *out)
+{
+    sp_redactor_release(sc->r, out);
+}
+
+void eg_scrub_flush(eg_scrub_t *sc, sp_buf_t *out)
+{
+    sp_redactor_flush(sc->r, out);
+}
+
+size_t eg_scrub_held(const eg_scrub_t *sc)
+{
+    return sp_redactor_held(sc->r);
+}
+
+void eg_scrub_free(eg_scrub_t *sc)
+{
+    if (!sc)
+        return;
+    sp_redactor_free(sc->r); /* wipes the values and what it held */
+    free(sc->creds);
+    free(sc);
+}
+
 int eg_cred_rewrite(eg_t *eg, const eg_sbx_t *s, const char *host, const uint8_t *head,
-                    const sp_http_head_t *hh, uint8_t **ret_out, size_t *ret_len, int *ret_status,
-                    const char **ret_reason)
+                    const sp_http_head_t *hh, eg_scrub_t **scrub, uint8_t **ret_out,
+                    size_t *ret_len, int *ret_status, const char **ret_reason)
 {
     /* The request's path, without its query, for rules and events. */
     const uint8_t *t = head + hh->target_off;
@@ -400,7 +561,7 @@ int eg_cred_rewrite(eg_t *eg, const eg_sbx_t *s, const char *host, const uint8_t
             return -EAGAIN;
         }
     }
-    sp_head_edit_t edits[SP_HEAD_SUBST_MAX];
+    sp_head_edit_t edits[SP_HEAD_SUBST_MAX + 1]; /* and Accept-Encoding */
     sp_head_subst_t subst[SP_HEAD_SUBST_MAX];
     const Space__Cred__V1__CredGrant *gs[SP_HEAD_SUBST_MAX], *injected[SP_HEAD_SUBST_MAX];
     uint8_t *tmp[SP_HEAD_SUBST_MAX] = {0};
@@ -477,14 +638,25 @@ int eg_cred_rewrite(eg_t *eg, const eg_sbx_t *s, const char *host, const uint8_t
         }
         injected[ne++] = g;
     }
+    /* A request that carries a credential asks for an answer without compression: a value
+     * the site echoes back is only masked where it is in clear (the scrubber above). The cost:
+     * no compression of those responses. A placeholder present either is replaced (it carries
+     * one) or refuses the request. */
+    size_t n_edits = ne;
+    if (ne > 0 || (ns > 0 && sp_http_head_has_placeholder(head, hh->head_len))) {
+        edits[n_edits++] = (sp_head_edit_t){.header = "Accept-Encoding",
+                                            .value = (const uint8_t *)"identity",
+                                            .value_len = strlen("identity")};
+    }
     uint32_t used = 0;
     const char *why = NULL;
     size_t cap = hh->head_len + 256;
-    for (size_t i = 0; i < ne; i++)
+    for (size_t i = 0; i < n_edits; i++)
         cap += strlen(edits[i].header ? edits[i].header : edits[i].param) + 3 * edits[i].value_len;
     for (int attempt = 0; attempt < 2; attempt++) {
         *ret_out = sp_xmalloc(cap);
-        long n = sp_http_head_rewrite(head, hh, edits, ne, subst, ns, *ret_out, cap, &used, &why);
+        long n =
+            sp_http_head_rewrite(head, hh, edits, n_edits, subst, ns, *ret_out, cap, &used, &why);
         if (n < 0) {
             free(*ret_out);
             *ret_out = NULL;
@@ -540,6 +712,24 @@ int eg_cred_rewrite(eg_t *eg, const eg_sbx_t *s, const char *host, const uint8_t
             *ret_status = 429;
             *ret_reason = "rate_limited";
             rc = -EBUSY;
+            goto out;
+        }
+    }
+    /* Whatever the request carries is masked in what comes back on this connection, from
+     * now until it closes. No room for more (a connection that carried hundreds of values):
+     * refused, the request is not sent. */
+    for (size_t i = 0; i < nc; i++) {
+        if (!*scrub)
+            *scrub = scrub_new(eg, s, host);
+        if (scrub_add(*scrub, carried[i], hh->method, t, path_len) < 0) {
+            record(eg, s, false, carried[i]->id, carried[i]->name, carried[i]->version, host,
+                   hh->method, t, path_len, "scrub_limit");
+            explicit_bzero(*ret_out, *ret_len);
+            free(*ret_out);
+            *ret_out = NULL;
+            *ret_status = 403;
+            *ret_reason = "scrub_limit";
+            rc = -ENOSPC;
             goto out;
         }
     }

@@ -132,8 +132,13 @@ struct conn {
     bool deny_held;       /* refused, its 403 on the way out: counted in s->denied_held */
     bool guest_fin_first; /* the upstream ended after the guest's FIN reached this host */
     uint32_t peer_be;     /* the guest's address */
-    uint64_t held_since;  /* loop ms when the accept began waiting for the address (UNKNOWN_*) */
-    conn_t *prev, *next;  /* eg->conns */
+    /* Credentials this connection's requests carried, masked in what goes back to the guest
+     * (egressd_cred.c); NULL until a request carries one. Held bytes that may begin a value
+     * go out when more comes, at the upstream's end, or when scrub_timer fires (a stall). */
+    eg_scrub_t *scrub;
+    uv_timer_t scrub_timer;
+    uint64_t held_since; /* loop ms when the accept began waiting for the address (UNKNOWN_*) */
+    conn_t *prev, *next; /* eg->conns */
 };
 
 typedef struct {
@@ -168,6 +173,7 @@ static void on_close(uv_handle_t *h)
             explicit_bzero(c->pending, c->pending_len); /* may carry a credential */
         free(c->pending);
         free(c->resp);
+        eg_scrub_free(c->scrub); /* wipes the values */
         free(c);
     }
 }
@@ -207,6 +213,7 @@ static void conn_close_how(conn_t *c, bool reset_guest)
     uv_close((uv_handle_t *)&c->timer, on_close);
     uv_close((uv_handle_t *)&c->client.rate_timer, on_close);
     uv_close((uv_handle_t *)&c->up.rate_timer, on_close);
+    uv_close((uv_handle_t *)&c->scrub_timer, on_close);
 }
 
 /* The kernel's TCP state of a side's socket (TCP_ESTABLISHED...), or -1. */
@@ -489,6 +496,64 @@ static int send_secret(side_t *to, const uint8_t *data, size_t len)
     return tcp_write_wipe(to, memdup(data, len), len, true);
 }
 
+/* How long bytes that may begin a credential's value wait for the rest of it: a response
+ * that happens to end in such a prefix is delayed this much, once. */
+#define SCRUB_STALL_MS 30
+
+static void on_scrub_stall(uv_timer_t *t);
+
+/* What the scrubber let out goes to the guest; the stall timer runs while it holds bytes. */
+static int scrubbed_to_guest(conn_t *c, sp_buf_t *out)
+{
+    int rc = send_to(&c->client, out->data, out->len);
+    sp_buf_dispose(out);
+    if (eg_scrub_held(c->scrub))
+        uv_timer_start(&c->scrub_timer, on_scrub_stall, SCRUB_STALL_MS, 0);
+    else
+        uv_timer_stop(&c->scrub_timer);
+    return rc;
+}
+
+/* Upstream bytes (plaintext) to the guest: through the connection's scrubber once a request
+ * on it carried a credential (a site may echo it back: docs/credentials.md). */
+static int to_guest(conn_t *c, const uint8_t *data, size_t len)
+{
+    if (!c->scrub)
+        return send_to(&c->client, data, len);
+    sp_buf_t out;
+    sp_buf_init(&out);
+    eg_scrub_feed(c->scrub, data, len, &out);
+    return scrubbed_to_guest(c, &out);
+}
+
+/* The upstream's end: what the scrubber held goes out before the end does. */
+static int scrub_flush_to_guest(conn_t *c)
+{
+    if (!c->scrub)
+        return 0;
+    sp_buf_t out;
+    sp_buf_init(&out);
+    eg_scrub_flush(c->scrub, &out);
+    return scrubbed_to_guest(c, &out);
+}
+
+static void flush_both(conn_t *c);
+
+static void on_scrub_stall(uv_timer_t *t)
+{
+    conn_t *c = t->data;
+    if (c->state == C_CLOSING || !c->scrub)
+        return;
+    sp_buf_t out;
+    sp_buf_init(&out);
+    eg_scrub_release(c->scrub, &out);
+    if (scrubbed_to_guest(c, &out) < 0) {
+        conn_close(c);
+        return;
+    }
+    flush_both(c);
+}
+
 /* What either SSL has written and not yet sent: at the end of every libuv callback that may
  * have produced records. */
 static void flush_both(conn_t *c)
@@ -534,6 +599,13 @@ static void input_ended(side_t *s, bool clean)
     conn_t *c = s->c;
     s->eof = true;
     stop_reading(s);
+    /* What the scrubber held goes out before the end, and inside TLS as records now: an
+     * unclean end (no close_notify) sends no more records before the TCP half-close. */
+    if (s == &c->up && c->state == C_SPLICE && c->scrub &&
+        (scrub_flush_to_guest(c) < 0 || (c->client.ssl && flush_tls(&c->client) < 0))) {
+        conn_close(c);
+        return;
+    }
     if (c->state != C_SPLICE) {
         conn_close(c);
         return;
@@ -733,7 +805,9 @@ static int send_head(conn_t *c, eg_sbx_t *s, const sp_http_head_t *hh)
     size_t len = 0;
     int status = 0;
     const char *reason = NULL;
-    if (eg_cred_rewrite(c->eg, s, c->name, c->first, hh, &out, &len, &status, &reason) < 0) {
+    int rw =
+        eg_cred_rewrite(c->eg, s, c->name, c->first, hh, &c->scrub, &out, &len, &status, &reason);
+    if (rw < 0) {
         refuse_later(c, c->name, reason, NULL);
         return -1;
     }
@@ -869,8 +943,8 @@ static int take_first_head(conn_t *c, eg_sbx_t *s, const char *proto, const sp_h
 {
     int status = 0;
     const char *reason = NULL;
-    if (eg_cred_rewrite(c->eg, s, c->name, c->first, hh, &c->pending, &c->pending_len, &status,
-                        &reason) < 0) {
+    if (eg_cred_rewrite(c->eg, s, c->name, c->first, hh, &c->scrub, &c->pending, &c->pending_len,
+                        &status, &reason) < 0) {
         deny_status(c, s, proto, c->name, reason, status);
         return -1;
     }
@@ -1043,11 +1117,16 @@ static void up_tls_drive(conn_t *c)
             conn_close(c);
             return;
         }
-        if (send_to(&c->client, buf, (size_t)r) < 0) {
+        int rc = to_guest(c, buf, (size_t)r);
+        if (rc == 0)
+            from_upstream(c, buf, (size_t)r);
+        /* The plaintext as the site sent it may hold an echoed value. */
+        if (c->scrub)
+            explicit_bzero(buf, (size_t)r);
+        if (rc < 0) {
             conn_close(c);
             return;
         }
-        from_upstream(c, buf, (size_t)r);
     }
 }
 
@@ -1124,10 +1203,18 @@ static void on_read_data(side_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     if (s == &c->up && c->kind == K_HTTP) {
-        /* It only looks: the bytes go to the guest as they are. */
+        /* It only looks: the bytes go to the guest as they are (scrubbed of credentials). */
         from_upstream(c, (const uint8_t *)buf->base, (size_t)nread);
         if (c->state == C_CLOSING) {
             free(buf->base);
+            return;
+        }
+        if (c->scrub) {
+            int rc = to_guest(c, (const uint8_t *)buf->base, (size_t)nread);
+            explicit_bzero(buf->base, (size_t)nread); /* as the site sent it: may hold a value */
+            free(buf->base);
+            if (rc < 0)
+                conn_close(c);
             return;
         }
     }
@@ -1489,9 +1576,10 @@ static void on_accept(uv_stream_t *server, int status)
     uv_timer_init(eg->loop, &c->timer);
     uv_timer_init(eg->loop, &c->client.rate_timer);
     uv_timer_init(eg->loop, &c->up.rate_timer);
+    uv_timer_init(eg->loop, &c->scrub_timer);
     c->client.tcp.data = c->up.tcp.data = c->timer.data = c;
-    c->client.rate_timer.data = c->up.rate_timer.data = c;
-    c->open_handles = 5;
+    c->client.rate_timer.data = c->up.rate_timer.data = c->scrub_timer.data = c;
+    c->open_handles = 6;
     if (uv_accept(server, (uv_stream_t *)&c->client.tcp) < 0) {
         conn_close(c);
         return;

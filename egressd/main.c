@@ -335,6 +335,8 @@ int main(int argc, char **argv)
                SP_KU("live_from_seq", eg.live_from_seq));
         uv_run(&loop, UV_RUN_DEFAULT);
         code = 0;
+        sp_log(SP_LOG_INFO, "stopping", SP_KU("connections", eg.conns_total),
+               SP_KU("denied", eg.conns_denied), SP_KU("credentials_masked", eg.scrubbed));
     }
     sp_daemon_stopping = 1;
     if (et.started)

@@ -429,18 +429,26 @@ bool sp_http_head_has_placeholder(const uint8_t *head, size_t head_len)
     return ph_find(head, head_len, true, &pl) < head_len;
 }
 
-static void put_pct(wr_t *w, const uint8_t *v, size_t n)
+size_t sp_http_pct_byte(uint8_t c, char e[3])
 {
     static const char hex[] = "0123456789ABCDEF";
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+        c == '.' || c == '_' || c == '~') {
+        e[0] = (char)c;
+        return 1;
+    }
+    e[0] = '%';
+    e[1] = hex[c >> 4];
+    e[2] = hex[c & 15];
+    return 3;
+}
+
+static void put_pct(wr_t *w, const uint8_t *v, size_t n)
+{
     for (size_t i = 0; i < n; i++) {
-        uint8_t c = v[i];
-        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-            c == '-' || c == '.' || c == '_' || c == '~') {
-            wr_put(w, &c, 1);
-        } else {
-            char e[3] = {'%', hex[c >> 4], hex[c & 15]};
-            wr_put(w, e, 3);
-        }
+        char e[3];
+        size_t k = sp_http_pct_byte(v[i], e);
+        wr_put(w, e, k);
     }
 }
 

@@ -4,7 +4,7 @@
  * sandbox's captured output unreadable while the chain, which hashes the ciphertext, still
  * verifies. Before a chunk of output is sealed, the known secret values (the command's
  * environment values) are replaced by "[redacted:NAME]", also when a value is split across
- * chunks (sp_redactor_t holds back the bytes that may start one).
+ * chunks (sp_redactor_t, redact.h, holds back the bytes that may start one).
  *
  * Nothing here logs; no function puts a key or a value into an error string. */
 #ifndef SPACE_DATAKEY_H
@@ -16,12 +16,10 @@
 
 #include "buf.h"
 #include "cred.h"
+#include "redact.h" /* sp_redactor_t: what the worker redacts before sealing */
 
 #define SP_DATAKEY_WRAPPED_LEN (SP_CRED_KEY_LEN + SP_CRED_TAG_LEN)
 #define SP_OUTPUT_AAD_MAX      256
-#define SP_REDACT_MIN          4 /* shorter values are not redacted (they would match anything) */
-#define SP_REDACT_VALUE_MAX    4096
-#define SP_REDACT_VALUES_MAX   256
 
 /* A fresh random data key (its id is its fingerprint, as for a master key). 0 or -EIO. */
 int sp_datakey_generate(sp_cred_key_t *ret_dk);
@@ -72,24 +70,5 @@ struct Space__V1__FilePaths;
 int sp_paths_open(const sp_cred_key_t *dk, const char *sandbox, const char *type,
                   const uint8_t nonce[SP_CRED_NONCE_LEN], const uint8_t *ct, size_t ct_len,
                   struct Space__V1__FilePaths **ret_paths);
-
-/* Redaction of known values from a stream of output. Values of fewer than SP_REDACT_MIN bytes
- * are ignored; the longest value matching at a place wins. */
-typedef struct sp_redactor sp_redactor_t;
-sp_redactor_t *sp_redactor_new(void);
-/* Adds value (len bytes) under name (shown in the marker; [A-Za-z0-9_] is kept, anything else
- * becomes '_'). Returns false when it was ignored (too short, too long, too many). */
-bool sp_redactor_add(sp_redactor_t *r, const char *name, const void *value, size_t len);
-/* Adds every "NAME=VALUE" of env. */
-void sp_redactor_add_env(sp_redactor_t *r, char *const *env, size_t n);
-/* Feeds len bytes and appends to out what can no longer be part of a value: the bytes that
- * may begin a value are held back until the next feed or the flush. */
-void sp_redactor_feed(sp_redactor_t *r, const void *data, size_t len, sp_buf_t *out);
-/* The end of the stream: what was held back goes out (redacted where it holds a value). */
-void sp_redactor_flush(sp_redactor_t *r, sp_buf_t *out);
-/* Bytes currently held back. */
-size_t sp_redactor_held(const sp_redactor_t *r);
-/* Wipes the values and what is held, and frees. NULL is fine. */
-void sp_redactor_free(sp_redactor_t *r);
 
 #endif

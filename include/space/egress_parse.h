@@ -128,6 +128,11 @@ long sp_http_head_rewrite(const uint8_t *head, const sp_http_head_t *hh,
                           size_t n_subst, uint8_t *out, size_t cap, uint32_t *ret_used,
                           const char **why);
 
+/* How sp_http_head_rewrite percent-encodes a value byte c for the query string (RFC 3986
+ * 2.3: unreserved bytes as they are, every other byte "%XX", upper-case hex): into e; returns
+ * 1 or 3. What an injected query value looks like on the wire (egressd scrubs that form too). */
+size_t sp_http_pct_byte(uint8_t c, char e[3]);
+
 /* Whether the head holds a placeholder at all (any case, either spelling), in its target or
  * a header value: a cheap test before asking for credentials. */
 bool sp_http_head_has_placeholder(const uint8_t *head, size_t head_len);

@@ -59,6 +59,10 @@ static const char *POLICY = "{\"mode\":\"allowlist\",\"allow\":[\"allowed.test\"
 static char R[40];
 static char V[8][64];
 enum { V_HDR, V_BEARER, V_BASIC, V_QUERY, V_PH, V_SCOPE_S, V_RL, V_ROT };
+/* Credentials for the site's /echo/ endpoints, which send the request back (test_echo_masked):
+ * header, bearer, basic, query (a value that percent-encoding changes). */
+static char E[4][64];
+enum { E_HDR, E_BEARER, E_BASIC, E_QUERY };
 
 /* What the site recorded for the newest request whose target starts with path ("target:...",
  * "hdr:Name: value" lines), into out; "" when none. The site never echoes it to the guest. */
@@ -149,7 +153,7 @@ static void random_hex(char *out, size_t bytes)
 }
 
 static char id_hdr[64], id_bearer[64], id_basic[64], id_query[64], id_ph[64], id_scope[3][64],
-    id_rl[64], id_old[64], id_rot[64];
+    id_rl[64], id_old[64], id_rot[64], id_echo[4][64];
 
 static int setup(void **state)
 {
@@ -166,6 +170,9 @@ static int setup(void **state)
     const char *what[] = {"hdr", "bearer", "basic", "query", "ph", "scope", "rl", "rot"};
     for (int i = 0; i < 8; i++)
         snprintf(V[i], sizeof(V[i]), "sv%s-%s", R, what[i]);
+    const char *ewhat[] = {"echo-hdr", "echo-bearer", "echo-basic", "echo/q+k"};
+    for (int i = 0; i < 4; i++)
+        snprintf(E[i], sizeof(E[i]), "sv%s-%s", R, ewhat[i]);
     char body[1024];
     snprintf(body, sizeof(body),
              "{\"template\":\"tiny\",\"project\":\"p1\",\"network\":%s,"
@@ -229,6 +236,22 @@ static int setup(void **state)
        "{\"name\":\"rot\",\"hosts\":[\"allowed.test/headers/rot\"],"
        "\"inject\":{\"type\":\"header\",\"name\":\"X-Rot\",\"value\":\"%s\"}}",
        V[V_ROT]);
+    MK(id_echo[E_HDR],
+       "{\"name\":\"echo-hdr\",\"hosts\":[\"allowed.test/echo/hdr/\"],"
+       "\"inject\":{\"type\":\"header\",\"name\":\"X-Api-Key\",\"value\":\"%s\"}}",
+       E[E_HDR]);
+    MK(id_echo[E_BEARER],
+       "{\"name\":\"echo-bearer\",\"hosts\":[\"allowed.test/echo/bearer/\"],"
+       "\"inject\":{\"type\":\"bearer\",\"value\":\"%s\"}}",
+       E[E_BEARER]);
+    MK(id_echo[E_BASIC],
+       "{\"name\":\"echo-basic\",\"hosts\":[\"GET allowed.test/echo/basic/\"],"
+       "\"inject\":{\"type\":\"basic\",\"user\":\"alice\",\"value\":\"%s\"}}",
+       E[E_BASIC]);
+    MK(id_echo[E_QUERY],
+       "{\"name\":\"echo-query\",\"hosts\":[\"allowed.test/echo/q/\"],"
+       "\"inject\":{\"type\":\"query\",\"name\":\"api_key\",\"value\":\"%s\"}}",
+       E[E_QUERY]);
 #undef MK
     return 0;
 }
@@ -387,6 +410,238 @@ static void test_inject_methods(void **state)
         expect_not_in(sn, R, "another path");
 #undef GET
     }
+}
+
+/* The response a tool printed (egress-probe's "tls:" lines first, nc's nothing), checked as an
+ * HTTP client would: a 200 head, then exactly the body its framing says (Content-Length, or
+ * chunked parsed strictly to its last chunk) and nothing after it. The body into body; NULL
+ * and why when the framing is broken. */
+static const char *framed_body(const char *out, char *body, size_t cap)
+{
+    const char *p = strstr(out, "HTTP/1.");
+    if (!p)
+        return "no response";
+    if (strncmp(p + 8, " 200 ", 5) != 0)
+        return "not a 200";
+    const char *end = strstr(p, "\r\n\r\n");
+    if (!end)
+        return "no end of head";
+    const char *b = end + 4, *stop = out + strlen(out);
+    size_t n = 0;
+    const char *cl = strcasestr(p, "\r\nContent-Length:");
+    if (cl && cl < end) {
+        size_t want = strtoul(cl + 17, NULL, 10);
+        if ((size_t)(stop - b) != want || want >= cap)
+            return "body length is not its Content-Length";
+        memcpy(body, b, want);
+        n = want;
+    } else {
+        const char *te = strcasestr(p, "\r\nTransfer-Encoding: chunked\r\n");
+        if (!te || te > end)
+            return "neither Content-Length nor chunked";
+        for (;;) {
+            char *eol = NULL;
+            unsigned long k = strtoul(b, &eol, 16);
+            if (eol == b || strncmp(eol, "\r\n", 2) != 0)
+                return "bad chunk size line";
+            b = eol + 2;
+            if (k == 0)
+                break;
+            if ((size_t)(stop - b) < k + 2 || n + k >= cap || strncmp(b + k, "\r\n", 2) != 0)
+                return "chunk data does not match its size";
+            memcpy(body + n, b, k);
+            n += k;
+            b += k + 2;
+        }
+        if (strcmp(b, "\r\n") != 0)
+            return "bytes after the last chunk";
+    }
+    body[n] = '\0';
+    return NULL;
+}
+
+/* A site that echoes the request back (internet.py's /echo/: an httpbin-style echo) gets
+ * each kind of credential, over plain HTTP and inside terminated TLS, with a Content-Length
+ * body, a chunked one, and one written 5 bytes at a time (values straddle reads and TLS
+ * records). The site receives the value; the guest gets a response that is whole and validly
+ * framed, where the value (and its base64, its percent-encoded form) is as many '*' as it
+ * has bytes. The guest's Accept-Encoding: gzip reaches the site as identity on those requests,
+ * and as it is on one that carries nothing. */
+static void test_echo_masked(void **state)
+{
+    NEED_ROOT();
+    static char out[65536], body[65536], sn[8192];
+    char b64[256], up[128], pct[192], want[512], stars[256], line[256], path[128];
+    /* What egressd put on the wire per kind, and the echoed text in front of it. */
+    snprintf(up, sizeof(up), "alice:%s", E[E_BASIC]);
+    b64_of(up, b64, sizeof(b64));
+    size_t pl = 0;
+    for (const char *c = E[E_QUERY]; *c; c++)
+        pl += (size_t)snprintf(pct + pl, sizeof(pct) - pl, strchr("/+", *c) ? "%%%02X" : "%c",
+                               (unsigned char)*c);
+    assert_non_null(strstr(pct, "%2F")); /* the form on the wire differs from the value */
+    struct {
+        const char *kind, *before, *wire;
+    } k[4] = {
+        {"hdr", "hdr:X-Api-Key: ", E[E_HDR]},
+        {"bearer", "hdr:Authorization: Bearer ", E[E_BEARER]},
+        {"basic", "hdr:Authorization: Basic ", b64},
+        {"q", "&api_key=", pct},
+    };
+    struct {
+        int tls, port;
+        const char *mode;
+    } t[] = {
+        {0, 80, "length"},  {0, 8080, "chunked"}, {0, 80, "slow"},
+        {1, 443, "length"}, {1, 443, "chunked"},  {1, 443, "slow"},
+    };
+    for (size_t j = 0; j < sizeof(t) / sizeof(t[0]); j++) {
+        for (int i = 0; i < 5; i++) {
+            /* i == 4: a request that carries nothing (the control). */
+            snprintf(path, sizeof(path), "/echo/%s/%s?x=%zu", i < 4 ? k[i].kind : "none", t[j].mode,
+                     j);
+            int rc;
+            if (t[j].tls)
+                rc = run(sa, out, sizeof(out),
+                         "nslookup allowed.test >/dev/null; /root/probe --sni allowed.test "
+                         "--path '%s' --header 'Accept-Encoding: gzip' " ALLOWED " 443",
+                         path);
+            else
+                rc = run(sa, out, sizeof(out),
+                         "nslookup allowed.test >/dev/null; printf 'GET %s HTTP/1.1\\r\\n"
+                         "Host: allowed.test\\r\\nAccept-Encoding: gzip\\r\\nConnection: "
+                         "close\\r\\n\\r\\n' | nc -w 5 " ALLOWED " %d",
+                         path, t[j].port);
+            snprintf(line, sizeof(line), "%s %s:%d %s", i < 4 ? k[i].kind : "none",
+                     t[j].tls ? "https" : "http", t[j].port, t[j].mode);
+            if (rc != 0)
+                fail_msg("%s: the client exited %d: %s", line, rc, out);
+            const char *why = framed_body(out, body, sizeof(body));
+            if (why)
+                fail_msg("%s: %s: %s", line, why, out);
+            if (strncmp(body, "ECHO-BEGIN\n", 11) != 0 ||
+                strcmp(body + strlen(body) - 9, "ECHO-END\n") != 0)
+                fail_msg("%s: the echo is not whole: %s", line, body);
+            snprintf(want, sizeof(want), "target:%s", path);
+            expect_in(body, want, line);
+            expect_not_in(out, R, line);
+            expect_not_in(out, b64, line);
+            expect_not_in(out, pct, line);
+            seen(path, sn, sizeof(sn));
+            if (i == 4) {
+                expect_in(sn, "hdr:Accept-Encoding: gzip\n", line);
+                expect_in(body, "hdr:Accept-Encoding: gzip\n", line);
+                expect_not_in(body, "***", line);
+                continue;
+            }
+            /* The site got the value, and identity instead of the guest's gzip. */
+            snprintf(want, sizeof(want), "%s%s\n", k[i].before, k[i].wire);
+            expect_in(sn, want, line);
+            expect_in(sn, "hdr:Accept-Encoding: identity\n", line);
+            expect_not_in(sn, "gzip", line);
+            /* The guest got the mask, as long as what it replaces, and nothing else masked. */
+            size_t n = strlen(k[i].wire);
+            memset(stars, '*', n);
+            stars[n] = '\0';
+            snprintf(want, sizeof(want), "%s%s\n", k[i].before, stars);
+            expect_in(body, want, line);
+            size_t masked = 0;
+            for (const char *c = body; *c; c++)
+                masked += *c == '*';
+            if (masked != n)
+                fail_msg("%s: %zu bytes masked, want %zu: %s", line, masked, n, body);
+        }
+    }
+    /* Kept-alive connections: the set of values grows with each request that carries one
+     * and stays for the connection. Plain: pipelined, the first request carrying nothing;
+     * TLS: bearer, then basic, then basic again. */
+    static const struct {
+        int tls;
+        const char *cmd;
+        int kinds[4]; /* what each request carried (k[]), -1: nothing; 3 requests */
+    } ka[] = {
+        {0,
+         "nslookup allowed.test >/dev/null; printf 'GET /echo/none/length?ka=1 HTTP/1.1\\r\\n"
+         "Host: allowed.test\\r\\n\\r\\nGET /echo/hdr/length?ka=1 HTTP/1.1\\r\\nHost: "
+         "allowed.test\\r\\n\\r\\nGET /echo/q/length?ka=1 HTTP/1.1\\r\\nHost: allowed.test\\r\\n"
+         "Connection: close\\r\\n\\r\\n' | nc -w 5 " ALLOWED " 8080",
+         {-1, E_HDR, E_QUERY}},
+        {1,
+         "nslookup allowed.test >/dev/null; /root/probe --sni allowed.test --host "
+         "allowed.test,allowed.test,allowed.test --path /echo/bearer/length?ka=2 --next-path "
+         "/echo/basic/length?ka=2 " ALLOWED " 443",
+         {E_BEARER, E_BASIC, E_BASIC}},
+    };
+    for (size_t j = 0; j < sizeof(ka) / sizeof(ka[0]); j++) {
+        int rc = run(sa, out, sizeof(out), "%s", ka[j].cmd);
+        snprintf(line, sizeof(line), "kept alive %s", ka[j].tls ? "https" : "http");
+        if (rc != 0)
+            fail_msg("%s: the client exited %d: %s", line, rc, out);
+        size_t ends = 0;
+        for (const char *c = out; (c = strstr(c, "ECHO-END\n")); c++)
+            ends++;
+        if (ends != 3)
+            fail_msg("%s: %zu whole answers, want 3: %s", line, ends, out);
+        expect_not_in(out, R, line);
+        expect_not_in(out, b64, line);
+        expect_not_in(out, pct, line);
+        for (int i = 0; i < 4; i++) {
+            size_t carried = 0, got = 0;
+            for (int r = 0; r < 3; r++)
+                carried += ka[j].kinds[r] == i;
+            size_t n = strlen(k[i].wire);
+            memset(stars, '*', n);
+            stars[n] = '\0';
+            snprintf(want, sizeof(want), "%s%s\n", k[i].before, stars);
+            for (const char *c = out; (c = strstr(c, want)); c++)
+                got++;
+            if (got != carried)
+                fail_msg("%s: %s masked %zu times, want %zu: %s", line, k[i].kind, got, carried,
+                         out);
+        }
+    }
+    /* A kept-alive answer that ends in the first bytes of a value ("sv": every value's) on a
+     * connection that carries a credential: held back, then let out unchanged after egressd's
+     * stall timer (30 ms), not when the client's timeout (5 s) ends the connection. Plain HTTP
+     * and TLS; each answer ends "ECHO-END\nsv" byte for byte. */
+    for (int tls = 0; tls < 2; tls++) {
+        snprintf(line, sizeof(line), "an answer ending in a prefix, %s", tls ? "https" : "http");
+        int64_t t0 = sp_mono_ns();
+        int rc = run(sa, out, sizeof(out),
+                     "nslookup allowed.test >/dev/null; /root/probe %s --host "
+                     "allowed.test,allowed.test --path '/echo/hdr/tail?x=%d' --header 'X-Tail: sv' "
+                     "--timeout-ms 4000 " ALLOWED " %d",
+                     tls ? "--sni allowed.test" : "", tls, tls ? 443 : 8080);
+        int64_t ms = (sp_mono_ns() - t0) / 1000000;
+        if (rc != 0)
+            fail_msg("%s: the client exited %d after %lld ms: %s", line, rc, (long long)ms, out);
+        size_t tails = 0;
+        for (const char *c = out; (c = strstr(c, "ECHO-END\nsv")); c++)
+            tails++;
+        if (tails != 2)
+            fail_msg("%s: %zu answers end in the prefix, want 2: %s", line, tails, out);
+        expect_not_in(out, R, line);
+        if (ms > 3000)
+            fail_msg("%s: %lld ms: the held prefix waited for the client's timeout", line,
+                     (long long)ms);
+        fprintf(stderr,
+                "echo: an answer ending in a value's prefix, kept alive, %s: %lld ms for "
+                "the command (2 requests)\n",
+                tls ? "https" : "http", (long long)ms);
+    }
+    /* Audited: a CredentialUsed "scrubbed" naming the credential (never the value). */
+    PGconn *db = sp_test_db();
+    char sql[512];
+    for (int i = 0; i < 4; i++) {
+        snprintf(sql, sizeof(sql),
+                 "SELECT (count(*) > 0)::int FROM events WHERE type = 'CredentialUsed' AND "
+                 "status = 'accepted' AND position('scrubbed'::bytea in payload) > 0 AND "
+                 "position('%s'::bytea in payload) > 0",
+                 id_echo[i]);
+        if (sp_test_db_wait_scalar(db, sql, 1, 10000) < 1)
+            fail_msg("no CredentialUsed scrubbed for %s", k[i].kind);
+    }
+    PQfinish(db);
 }
 
 static void test_nearest_scope(void **state)
@@ -829,8 +1084,8 @@ static void hex_escape(const char *s, char *out, size_t cap)
 }
 
 /* The secrets a leak proof looks for: every value, its base64, basic's base64 of
- * user:value, and R itself (in every value). */
-#define N_SECRETS (2 * 8 + 2)
+ * user:value (both basic credentials), and R itself (in every value). */
+#define N_SECRETS (2 * 8 + 3)
 static void secrets(char out[N_SECRETS][256])
 {
     char up[128];
@@ -841,6 +1096,9 @@ static void secrets(char out[N_SECRETS][256])
     snprintf(up, sizeof(up), "alice:%s", V[V_BASIC]);
     b64_of(up, out[16], 256);
     snprintf(out[17], 256, "%s", R);
+    /* The echo credentials' values hold R; basic's base64 does not. */
+    snprintf(up, sizeof(up), "alice:%s", E[E_BASIC]);
+    b64_of(up, out[18], 256);
 }
 
 /* image_grep.py (SPACE_IMAGE_GREP) over files (shell words: a glob, a $(find ...)), the needles
@@ -1072,12 +1330,19 @@ static void test_guest_never_holds_a_value(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bad_input),        cmocka_unit_test(test_inject_methods),
-        cmocka_unit_test(test_nearest_scope),    cmocka_unit_test(test_placeholders),
-        cmocka_unit_test(test_rate_and_expiry),  cmocka_unit_test(test_rotate_delete),
-        cmocka_unit_test(test_events),           cmocka_unit_test(test_bench_injection),
-        cmocka_unit_test(test_tenant_isolation), cmocka_unit_test(test_master_key_rotation),
-        cmocka_unit_test(test_credstore_down),   cmocka_unit_test(test_guest_never_holds_a_value),
+        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_inject_methods),
+        cmocka_unit_test(test_echo_masked),
+        cmocka_unit_test(test_nearest_scope),
+        cmocka_unit_test(test_placeholders),
+        cmocka_unit_test(test_rate_and_expiry),
+        cmocka_unit_test(test_rotate_delete),
+        cmocka_unit_test(test_events),
+        cmocka_unit_test(test_bench_injection),
+        cmocka_unit_test(test_tenant_isolation),
+        cmocka_unit_test(test_master_key_rotation),
+        cmocka_unit_test(test_credstore_down),
+        cmocka_unit_test(test_guest_never_holds_a_value),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -18,6 +18,15 @@ there from the host, so nothing the sandboxes send can leave the machine.
   On 443 and 8080: GET /big?n=BYTES (a download), POST (the body, by Content-Length or
   chunked, is counted and its SHA-256 answered), GET /ws with Upgrade: websocket (RFC 6455
   handshake, then every text frame echoed), GET /nows (a 200 to a WebSocket handshake).
+  On 80, 443 and 8080: GET /echo/<anything>/<mode>... answers the request's target and headers
+  in its body, between "ECHO-BEGIN" and "ECHO-END" lines, the way an httpbin-style echo or an
+  error page quoting the request would: mode "length" (Content-Length, one write), "chunked"
+  (one chunk per line; HTTP/1.1 only, so not on 80), "slow" (Content-Length, the body in writes
+  of 5 bytes 2 ms apart, so an echoed value straddles reads and TLS records), "tail" (as
+  "length", the body ending in the request's X-Tail value, without a newline); kept alive on
+  HTTP/1.1 unless the request says Connection: close. What was
+  received is also recorded as for /headers (credentials tests: the site must really have
+  received the value that egressd then masks on its way back).
 
 Counters are written to argv[1] (JSON) after every event. argv[2], when given, is the directory
 of the PEM files the test made (public CA leaves <name>.crt/.key, rogue/allowed.test.*);
@@ -33,6 +42,7 @@ import socketserver
 import struct
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 STATS_PATH = sys.argv[1]
@@ -85,12 +95,50 @@ def echo_headers(handler):
     handler.wfile.write(body)
 
 
+def echo_back(handler):
+    """GET /echo/<anything>/<mode>...: the request as received, recorded, and sent back."""
+    text = "target:%s\n" % handler.path + "".join(
+        "hdr:%s: %s\n" % (k, v) for k, v in handler.headers.items())
+    bump(lambda s: s.setdefault("seen", []).append(text))
+    parts = handler.path.split("?", 1)[0].split("/")
+    mode = parts[3] if len(parts) > 3 else "length"
+    body = ("ECHO-BEGIN\n" + text + "ECHO-END\n" +
+            (handler.headers.get("X-Tail", "") if mode == "tail" else "")).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/plain")
+    if (handler.protocol_version != "HTTP/1.1" or
+            handler.headers.get("Connection", "").lower() == "close"):
+        handler.send_header("Connection", "close")
+        handler.close_connection = True
+    if mode == "chunked" and handler.protocol_version == "HTTP/1.1":
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        for line in body.splitlines(keepends=True):
+            handler.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+        handler.wfile.write(b"0\r\n\r\n")
+        return
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    if mode != "slow":
+        handler.wfile.write(body)
+        return
+    handler.wfile.flush()
+    handler.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for i in range(0, len(body), 5):
+        handler.wfile.write(body[i:i + 5])
+        handler.wfile.flush()
+        time.sleep(0.002)
+
+
 class Http(BaseHTTPRequestHandler):
     def do_GET(self):
         me = self.connection.getsockname()[0]
         bump(lambda s: s["http"].__setitem__(me, s["http"].get(me, 0) + 1))
         if self.path.startswith("/headers"):
             echo_headers(self)
+            return
+        if self.path.startswith("/echo/"):
+            echo_back(self)
             return
         site = {NET + ".1.10": "allowed", NET + ".1.20": "forbidden"}.get(
             me, "metadata" if me == "169.254.169.254" else "private")
@@ -201,6 +249,9 @@ class Https(BaseHTTPRequestHandler):
                         s["https_hosts"].append("%s %s %s" % (me, sni, host))))
         if self.path.startswith("/headers"):
             echo_headers(self)
+            return
+        if self.path.startswith("/echo/"):
+            echo_back(self)
             return
         if self.path == "/ws" and self.headers.get("Upgrade", "").lower() == "websocket":
             self.websocket()

@@ -1,6 +1,7 @@
 /* Data keys and captured output (datakey.h): wrap/unwrap under the master key (another
- * sandbox, another key, a tampered byte all fail), output sealing bound to its place, and
- * redaction of values, also split across chunks at every possible place. */
+ * sandbox, another key, a tampered byte all fail), output, command lines and file paths
+ * sealed bound to their place.
+ * Redaction is tests/unit/lib/test_redact.c. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,6 +14,7 @@
 #include <cmocka.h>
 
 #include "datakey.h"
+#include "envelope.h"
 #include "envelope.h"
 
 static void key_of(sp_cred_key_t *k, uint8_t fill)
@@ -174,96 +176,13 @@ static void test_paths_seal_open(void **state)
                      -EINVAL);
 }
 
-static char *redact_chunks(sp_redactor_t *r, const char *text, const size_t *cuts, size_t n)
-{
-    sp_buf_t out;
-    sp_buf_init(&out);
-    size_t len = strlen(text), at = 0;
-    for (size_t i = 0; i <= n; i++) {
-        size_t end = i < n ? cuts[i] : len;
-        sp_redactor_feed(r, text + at, end - at, &out);
-        at = end;
-    }
-    sp_redactor_flush(r, &out);
-    assert_int_equal(sp_redactor_held(r), 0);
-    return sp_buf_take(&out);
-}
-
-static void test_redact_whole(void **state)
-{
-    (void)state;
-    sp_redactor_t *r = sp_redactor_new();
-    char *env[] = {"API_TOKEN=s3cr3t-value", "SHORT=abc", "OTHER=zzz-top", "NOEQ"};
-    sp_redactor_add_env(r, env, 4);
-    char *got = redact_chunks(r, "a s3cr3t-value b abc zzz-top s3cr3t-values\n", NULL, 0);
-    assert_string_equal(got, "a [redacted:API_TOKEN] b abc [redacted:OTHER] "
-                             "[redacted:API_TOKEN]s\n");
-    free(got);
-    /* Nothing to redact: bytes pass unchanged, none held. */
-    sp_redactor_free(r);
-    r = sp_redactor_new();
-    got = redact_chunks(r, "plain", NULL, 0);
-    assert_string_equal(got, "plain");
-    free(got);
-    sp_redactor_free(r);
-}
-
-static void test_redact_longest_and_names(void **state)
-{
-    (void)state;
-    sp_redactor_t *r = sp_redactor_new();
-    assert_true(sp_redactor_add(r, "A", "pass", 4));
-    assert_true(sp_redactor_add(r, "B-2", "password1", 9));
-    assert_false(sp_redactor_add(r, "C", "pw", 2));
-    char *got = redact_chunks(r, "password1 pass passw", NULL, 0);
-    assert_string_equal(got, "[redacted:B_2] [redacted:A] [redacted:A]w");
-    free(got);
-    sp_redactor_free(r);
-}
-
-/* The value split at every place, and across three chunks. */
-static void test_redact_split(void **state)
-{
-    (void)state;
-    const char *text = "xx TOPSECRET yy TOPSECRET";
-    const char *want = "xx [redacted:K] yy [redacted:K]";
-    size_t len = strlen(text);
-    for (size_t a = 0; a <= len; a++) {
-        for (size_t b = a; b <= len; b++) {
-            sp_redactor_t *r = sp_redactor_new();
-            assert_true(sp_redactor_add(r, "K", "TOPSECRET", 9));
-            size_t cuts[2] = {a, b};
-            char *got = redact_chunks(r, text, cuts, 2);
-            assert_string_equal(got, want);
-            free(got);
-            sp_redactor_free(r);
-        }
-    }
-    /* A prefix that never completes is held, then let out unchanged. */
-    sp_redactor_t *r = sp_redactor_new();
-    assert_true(sp_redactor_add(r, "K", "TOPSECRET", 9));
-    sp_buf_t out;
-    sp_buf_init(&out);
-    sp_redactor_feed(r, "abc TOPSEC", 10, &out);
-    assert_int_equal(out.len, 4);
-    assert_int_equal(sp_redactor_held(r), 6);
-    sp_redactor_feed(r, "RET", 3, &out);
-    assert_string_equal(out.data, "abc [redacted:K]");
-    sp_redactor_feed(r, " TOP", 4, &out);
-    sp_redactor_flush(r, &out);
-    assert_string_equal(out.data, "abc [redacted:K] TOP");
-    sp_buf_dispose(&out);
-    sp_redactor_free(r);
-    sp_redactor_free(NULL);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_wrap_unwrap),       cmocka_unit_test(test_output_seal_open),
-        cmocka_unit_test(test_cmdline_seal_open), cmocka_unit_test(test_paths_seal_open),
-        cmocka_unit_test(test_redact_whole),      cmocka_unit_test(test_redact_longest_and_names),
-        cmocka_unit_test(test_redact_split),
+        cmocka_unit_test(test_wrap_unwrap),
+        cmocka_unit_test(test_output_seal_open),
+        cmocka_unit_test(test_cmdline_seal_open),
+        cmocka_unit_test(test_paths_seal_open),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
