@@ -27,6 +27,7 @@
 #include "space_proc.h"
 #include "cred.h"
 #include "tlsca.h"
+#include "metrics.h"
 #include "xmalloc.h"
 
 #define MARKER                 ".space-home"
@@ -494,6 +495,10 @@ static int daemon_down(const sp_stack_t *st, const char *name)
                s == 1 ? " (killed after 10 s)" : "");
     }
     unlink(pidfile);
+    /* A daemon removes its metrics port file when it stops; one killed leaves it behind. */
+    char *mfile = sp_xasprintf("%s/%s" SP_METRICS_PORT_SUFFIX, st->run_dir, name);
+    unlink(mfile);
+    free(mfile);
 out:
     free(pidfile);
     return r;
@@ -613,6 +618,10 @@ static int daemons_up(const sp_stack_t *st, const char *nats_url, const char *pg
      * Sealing) unless SPACE_SEAL_OUTPUT says otherwise. */
     if (requested(st->cfg, "space-credstore"))
         (void)setenv("SPACE_SEAL_OUTPUT", "true", 0);
+    /* Every daemon serves its metrics on a loopback port of its own, written to
+     * run/<name>.metrics (docs/metrics.md), unless SPACE_METRICS_ADDR says otherwise ("off"). The
+     * gateway's are on its API port. */
+    (void)setenv("SPACE_METRICS_ADDR", "127.0.0.1:0", 0);
 
     for (size_t i = 0; i < N_DAEMONS; i++) {
         const char *name = daemons[i].name;

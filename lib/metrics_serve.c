@@ -328,7 +328,7 @@ int sp_metrics_serve(sp_metrics_t *r, const char *program, const char *addr, con
     if (port_file && *port_file)
         s->port_file = sp_xstrdup(port_file);
     else if (home && *home && program && *program)
-        s->port_file = sp_xasprintf("%s/run/%s.metrics", home, program);
+        s->port_file = sp_xasprintf("%s/run/%s" SP_METRICS_PORT_SUFFIX, home, program);
     if (s->port_file && (rc = write_port_file(s->port_file, s->port)) < 0) {
         snprintf(err, SP_METRICS_ERR_MAX, "metrics port file %.128s: %s", s->port_file,
                  strerror(-rc));

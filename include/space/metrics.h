@@ -98,6 +98,10 @@ void sp_metrics_escape(sp_buf_t *out, const char *s);
                        "where the metrics port is written (default: "                              \
                        "$SPACE_HOME/run/<program>.metrics)")
 
+/* The port file's default place: $SPACE_HOME/run/<program> SP_METRICS_PORT_SUFFIX, beside the
+ * pid file `space up` writes. */
+#define SP_METRICS_PORT_SUFFIX ".metrics"
+
 typedef struct sp_metrics_server sp_metrics_server_t;
 
 /* Limits of the listener: a request head larger than this is answered 431; a client that has
