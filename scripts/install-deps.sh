@@ -17,6 +17,9 @@ PKGS=(
   iproute2 procps psmisc curl util-linux python3
   python3-yaml systemd jq
   libcmocka-dev
+  # promtool (check metrics), run by tests/integration/metrics.c on every scrape; the
+  # package's server is not used
+  prometheus
 )
 
 # Not from Debian: node and npm, which only tests/e2b (the official E2B JS SDK) and
