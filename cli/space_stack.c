@@ -914,6 +914,26 @@ out:
     return r;
 }
 
+/* The port in run/<name>.metrics (the daemon's metrics listener, docs/metrics.md), or 0. */
+static int metrics_port(const sp_stack_t *st, const char *name)
+{
+    char *path = sp_xasprintf("%s/%s" SP_METRICS_PORT_SUFFIX, st->run_dir, name);
+    FILE *f = fopen(path, "re");
+    char line[16] = "";
+    long port = 0;
+    free(path);
+    if (!f)
+        return 0;
+    if (fgets(line, sizeof(line), f) && line[0] >= '1' && line[0] <= '9') {
+        char *end;
+        port = strtol(line, &end, 10);
+        if (strcmp(end, "\n") != 0 || port > 65535)
+            port = 0;
+    }
+    fclose(f);
+    return (int)port;
+}
+
 int sp_stack_status(const sp_stack_config_t *cfg)
 {
     sp_stack_part_t pg = {0};
@@ -941,7 +961,11 @@ int sp_stack_status(const sp_stack_config_t *cfg)
         sp_stack_part_t part = {0};
 
         if (pidfile && sp_proc_pidfile_check(pidfile, name, &part.pid) == 1) {
+            int mport = metrics_port(&st, name);
+            if (mport)
+                part.url = sp_xasprintf("metrics on port %d", mport);
             sp__stack_report(name, "running", &part);
+            sp__stack_part_dispose(&part);
         } else if (access(prog, X_OK) < 0) {
             /* Not built: `space up` skips it, so it does not make the stack incomplete. */
             printf("%-*s absent   (%s is not built)\n", SP_STACK_PART_WIDTH, name, prog);
