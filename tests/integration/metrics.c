@@ -401,6 +401,16 @@ static double value_of(const scrape_t *sc, const char *name, const char *labels)
     return NAN;
 }
 
+/* The sum of every series of name. */
+static double sum_of(const scrape_t *sc, const char *name)
+{
+    double v = 0;
+    for (size_t i = 0; i < sc->n; i++)
+        if (strcmp(sc->s[i].name, name) == 0)
+            v += sc->s[i].value;
+    return v;
+}
+
 static bool has_family(const scrape_t *sc, const char *name)
 {
     for (size_t i = 0; i < sc->nf; i++)
@@ -492,6 +502,46 @@ static int setup(void **state)
     for (size_t i = 0; i < N_DAEMONS; i++)
         ports[i] = metrics_port(daemons[i]);
     return 0;
+}
+
+/* The parser itself: it takes a good text and refuses each way of being wrong, so that the
+ * daemons' scrapes passing it means something. */
+static void test_parser_refuses(void **state)
+{
+    (void)state;
+    static const char good[] = "# HELP a_total A.\n# TYPE a_total counter\n"
+                               "a_total{x=\"q\\\"\\\\\\n\"} 1\n"
+                               "# HELP h_seconds H.\n# TYPE h_seconds histogram\n"
+                               "h_seconds_bucket{le=\"1\"} 1\nh_seconds_bucket{le=\"+Inf\"} 2\n"
+                               "h_seconds_sum 3.5\nh_seconds_count 2\n";
+    /* Some entries are two literals on two lines, on purpose. */
+    /* NOLINTBEGIN(bugprone-suspicious-missing-comma) */
+    static const char *const bad[] = {
+        "a_total 1\n",                                                     /* no TYPE */
+        "# HELP a A.\n# TYPE a gauge\na 1",                                /* no newline */
+        "# HELP a A.\n# TYPE a gauge\na{x=\"\\t\"} 1\n",                   /* bad escape */
+        "# HELP a A.\n# TYPE a gauge\na{x=\"1\"} 1\na{x=\"1\"} 2\n",       /* twice */
+        "# HELP a A.\n# TYPE a gauge\na 1x\n",                             /* bad value */
+        "# HELP a A.\n# TYPE a gauge\n# HELP b B.\n# TYPE b gauge\na 1\n", /* apart */
+        "# HELP a A.\n# TYPE a gauge\n# just a comment\na 1\n",
+        "# HELP a_total A.\n# TYPE a_total counter\na_total -1\n",
+        "# HELP h H.\n# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\n"
+        "h_sum 1\nh_count 1\n", /* not cumulative */
+        "# HELP h H.\n# TYPE h histogram\nh_bucket{le=\"1\"} 1\nh_sum 1\nh_count 1\n",
+        "# HELP h H.\n# TYPE h histogram\nh_bucket{le=\"+Inf\"} 2\nh_sum 1\nh_count 1\n",
+        "# HELP h H.\n# TYPE h histogram\nh_bucket{le=\"2\"} 1\nh_bucket{le=\"1\"} 1\n"
+        "h_bucket{le=\"+Inf\"} 1\nh_sum 1\nh_count 1\n", /* le out of order */
+    };
+    /* NOLINTEND(bugprone-suspicious-missing-comma) */
+    scrape_t sc;
+    char why[256] = "";
+    if (!parse(good, &sc, why))
+        fail_msg("the good text: %s", why);
+    assert_true(value_of(&sc, "a_total", "x=\"q\\\"\\\\\\n\"") == 1);
+    scrape_free(&sc);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        if (parse(bad[i], &sc, why))
+            fail_msg("bad text %zu parsed: %s", i, bad[i]);
 }
 
 /* Every daemon's scrape parses, with the families docs/metrics.md names for it. */
@@ -611,6 +661,28 @@ static void test_sandbox_series(void **state)
         fail_msg("sandbox %s: disk bytes %g -> %g after writing 8 MiB", id, disk0, disk1);
     assert_false(isnan(mem1));
 
+    /* A DNS query from the sandbox: egressd decides it (whatever the verdict, nothing leaves
+     * the host: the stack has no upstream resolver) and counts it. */
+    scrape_t sc;
+    char *text = scrape(ports[4], "space-egressd", &sc);
+    double dns0 = sum_of(&sc, "space_egressd_dns_queries_total");
+    scrape_free(&sc);
+    free(text);
+    r = sp_test_run(api_port, key, id, "{\"cmd\":\"nslookup metrics-probe.test; true\"}");
+    assert_int_equal(r.status, 200);
+    sp_test_cmd_free(&r);
+    double dns1 = dns0;
+    for (int i = 0; i < 50 && dns1 <= dns0; i++) {
+        text = scrape(ports[4], "space-egressd", &sc);
+        dns1 = sum_of(&sc, "space_egressd_dns_queries_total");
+        scrape_free(&sc);
+        free(text);
+        if (dns1 <= dns0)
+            usleep(100 * 1000);
+    }
+    if (!(dns1 > dns0))
+        fail_msg("space_egressd_dns_queries_total stayed at %g after a query", dns0);
+
     expect_no_secret_anywhere(secret);
 
     char path[128];
@@ -621,10 +693,10 @@ static void test_sandbox_series(void **state)
     sp_test_http_free(&d);
     bool gone = false;
     for (int i = 0; i < 300 && !gone; i++) {
-        char *text = NULL;
-        assert_int_equal(get(worker_port(), "GET", "/metrics", &text), 200);
-        gone = !strstr(text, id);
-        free(text);
+        char *all = NULL;
+        assert_int_equal(get(worker_port(), "GET", "/metrics", &all), 200);
+        gone = !strstr(all, id);
+        free(all);
         if (!gone)
             usleep(100 * 1000);
     }
@@ -681,6 +753,7 @@ static void test_hostile_clients(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parser_refuses),
         cmocka_unit_test(test_every_daemon_parses),
         cmocka_unit_test(test_sandbox_series),
         cmocka_unit_test(test_hostile_clients),
