@@ -614,8 +614,9 @@ static int daemons_up(const sp_stack_t *st, const char *nats_url, const char *pg
     bool any = false;
     int r = 0, e, status;
 
-    /* With a credstore to hold the data keys, the worker seals captured output (docs/audit.md,
-     * Sealing) unless SPACE_SEAL_OUTPUT says otherwise. */
+    /* With a credstore to hold the data keys, the workers seal captured output and command
+     * lines, the gateway leaves command lines out of its intents and the event log refuses
+     * them in plaintext (docs/audit.md, Sealing), unless SPACE_SEAL_OUTPUT says otherwise. */
     if (requested(st->cfg, "space-credstore"))
         (void)setenv("SPACE_SEAL_OUTPUT", "true", 0);
     /* Every daemon serves its metrics on a loopback port of its own, written to

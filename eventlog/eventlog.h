@@ -3,6 +3,7 @@
 #define SPACE_EVENTLOG_H
 
 #include <libpq-fe.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "bus.h"
@@ -34,6 +35,7 @@ typedef enum {
     EL_REJ_REUSED_ID,  /* an event_id already used for other content */
     EL_REJ_CONTRACT,   /* the projection refused it (contract.h: a transition not allowed) */
     EL_REJ_UNSTORABLE, /* the database refused the message: stored as rejected, undecoded */
+    EL_REJ_PLAINTEXT,  /* seal-output: user content in plaintext (docs/audit.md) */
     EL_REJ_CLASSES,
 } el_reject_class_t;
 extern const char *const el_reject_class_names[EL_REJ_CLASSES];
@@ -51,6 +53,9 @@ typedef struct {
     PGconn *db;
     sp_projection_t *proj;
     el_verify_t verify;
+    /* Refuse user content in plaintext that the workers and gateways seal (seal-output,
+     * sp_envelope_plaintext_content): stored rejected with the reason. */
+    bool seal_output;
     /* keyring and signature cache (borrowed); placement is the store's own, from the
      * projection including the batch in progress. */
     sp_trust_t trust;

@@ -29,7 +29,7 @@ int el_metrics_init(el_metrics_t *m, sp_metrics_t *reg, sp_bus_t *bus)
                                "outcome", NULL, 0, 2);
     m->rejected = sp_metrics_add(reg, SP_METRIC_COUNTER, "space_eventlog_rejected_total",
                                  "Rows stored rejected, by class of reason: invalid, refused, "
-                                 "duplicate, reused_id, contract, unstorable.",
+                                 "duplicate, reused_id, contract, unstorable, plaintext.",
                                  "class", NULL, 0, EL_REJ_CLASSES);
     m->signatures = sp_metrics_add(reg, SP_METRIC_COUNTER, "space_eventlog_signatures_total",
                                    "Signature verdicts on stored rows (verify-signatures on or "

@@ -33,6 +33,7 @@ typedef struct {
     int quarantine; /* store as rejected without decoding (the database refused it) */
     int refused;    /* by the trust check */
     int reused;     /* its event_id names other content */
+    int plaintext;  /* user content in plaintext that seal-output keeps only sealed */
     char reason[SP_REASON_MAX];
 } item_t;
 
@@ -40,6 +41,7 @@ const char *const el_reject_class_names[EL_REJ_CLASSES] = {
     [EL_REJ_INVALID] = "invalid",     [EL_REJ_REFUSED] = "refused",
     [EL_REJ_DUPLICATE] = "duplicate", [EL_REJ_REUSED_ID] = "reused_id",
     [EL_REJ_CONTRACT] = "contract",   [EL_REJ_UNSTORABLE] = "unstorable",
+    [EL_REJ_PLAINTEXT] = "plaintext",
 };
 
 /* The class of a rejected item, from where it was rejected. */
@@ -49,6 +51,8 @@ static el_reject_class_t reject_class(const item_t *it)
         return EL_REJ_UNSTORABLE;
     if (it->prep->rc < 0)
         return EL_REJ_INVALID;
+    if (it->plaintext)
+        return EL_REJ_PLAINTEXT;
     if (it->duplicate)
         return EL_REJ_DUPLICATE;
     if (it->reused)
@@ -561,6 +565,15 @@ static int store_items(el_store_t *st, const el_prep_t *prep, size_t n, int quar
         if (prep[i].rc < 0) {
             it->disp = M_REJECT;
             snprintf(it->reason, sizeof(it->reason), "%s", prep[i].reason);
+            continue;
+        }
+        /* seal-output (docs/audit.md): user content the deployment keeps only sealed. */
+        const char *plain = st->seal_output ? sp_envelope_plaintext_content(it->env) : NULL;
+        if (plain) {
+            it->disp = M_REJECT;
+            it->plaintext = 1;
+            snprintf(it->reason, sizeof(it->reason),
+                     "plaintext %s: this log keeps it only sealed (seal-output)", plain);
             continue;
         }
         it->disp = M_ACCEPT;

@@ -60,6 +60,7 @@ typedef struct {
     int64_t checkpoint_events;
     int64_t checkpoint_ms;
     char *checkpoint_file;
+    bool seal_output;
     char *metrics_addr; /* metrics.h */
     char *metrics_port_file;
 } el_config_t;
@@ -97,6 +98,9 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_INT_OPT("checkpoint-ms", el_config_t, checkpoint_ms, 0, 3600000, "5000",
                    "and at least this often while the head moves (0: not by time; both 0: no "
                    "checkpoints)"),
+    SP_CFG_BOOL_OPT("seal-output", el_config_t, seal_output, "false",
+                    "refuse plaintext command output and command lines: the deployment seals "
+                    "them (docs/audit.md; space up: with space-credstore)"),
     SP_CFG_STR_OPT("checkpoint-file", el_config_t, checkpoint_file, NULL,
                    "also append each checkpoint to this file, for a witness to copy (empty: "
                    "none)"),
@@ -447,6 +451,10 @@ int main(int argc, char **argv)
     st.proj = sp_projection_new("public");
     if (setup_trust(&cfg, &st, &keyring, &sigcache) < 0)
         goto out;
+    st.seal_output = cfg.seal_output;
+    if (st.seal_output)
+        sp_log(SP_LOG_INFO, "seal-output: plaintext command output and command lines are "
+                            "stored rejected");
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     size_t threads = cfg.verify_threads > 0 ? (size_t)cfg.verify_threads
                                             : (size_t)(cpus < 1   ? 1

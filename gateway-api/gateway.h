@@ -72,6 +72,7 @@ typedef struct {
     int64_t watcher_idle_s;
     char *tmp_dir;
     char *network_default; /* policy mode of a create without "network" (netpolicy.h) */
+    bool seal_output;      /* command lines sealed by the workers, not in the intent */
     char *log_level;
     char *log_format;
 } gw_config_t;
@@ -526,7 +527,8 @@ int gw_cmd_spec_parse(const char *body, size_t len, gw_cmd_spec_t *s, const char
 void gw_cmd_spec_dispose(gw_cmd_spec_t *s);
 
 /* The CommandRequested intent, built in place; every string is borrowed from s and the
- * arguments, which must outlive it. The caller stamps and publishes env (sp_publish_event). */
+ * arguments, which must outlive it. The caller stamps and publishes env (sp_publish_event).
+ * sealed: without the command line (argv, cmd), which the worker records sealed. */
 typedef struct {
     sp_envelope_t env;
     Space__V1__Aggregate agg;
@@ -534,7 +536,7 @@ typedef struct {
 } gw_cmd_intent_t;
 void gw_cmd_intent_init(gw_cmd_intent_t *in, const gw_cmd_spec_t *s, const char *sandbox,
                         const char *tenant, const char *actor, const char *correlation,
-                        const char *cmd_id);
+                        const char *cmd_id, bool sealed);
 /* The ExecRequest, packed into a heap buffer the caller wipes and frees; SP_ETOOBIG when it
  * would not fit in one NATS message (SP_BUS_MAX_MSG). */
 int gw_cmd_exec_pack(const gw_cmd_spec_t *s, const char *sandbox, const char *tenant,

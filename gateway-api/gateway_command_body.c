@@ -258,7 +258,7 @@ out:
 
 void gw_cmd_intent_init(gw_cmd_intent_t *in, const gw_cmd_spec_t *s, const char *sandbox,
                         const char *tenant, const char *actor, const char *correlation,
-                        const char *cmd_id)
+                        const char *cmd_id, bool sealed)
 {
     space__v1__envelope__init(&in->env);
     space__v1__aggregate__init(&in->agg);
@@ -267,9 +267,10 @@ void gw_cmd_intent_init(gw_cmd_intent_t *in, const gw_cmd_spec_t *s, const char 
     in->agg.id = (char *)sandbox;
     /* The generated structs have no const; nothing writes through these pointers. */
     in->cr.cmd_id = (char *)cmd_id;
-    in->cr.argv = (char **)s->argv;
-    in->cr.n_argv = s->n_argv;
-    in->cr.cmd = (char *)(s->cmd ? s->cmd : "");
+    in->cr.sealed = sealed;
+    in->cr.argv = sealed ? NULL : (char **)s->argv;
+    in->cr.n_argv = sealed ? 0 : s->n_argv;
+    in->cr.cmd = (char *)(s->cmd && !sealed ? s->cmd : "");
     in->cr.env_names = (char **)s->env_names;
     in->cr.n_env_names = s->n_env;
     in->cr.cwd = (char *)(s->cwd ? s->cwd : "");

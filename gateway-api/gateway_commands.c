@@ -1035,7 +1035,8 @@ static void setup_run(gw_cmd_t *c)
         goto out;
     }
     c->bus_step = "publish";
-    gw_cmd_intent_init(&in, &c->spec, c->sandbox, c->tenant, c->actor, c->request_id, c->cmd_id);
+    gw_cmd_intent_init(&in, &c->spec, c->sandbox, c->tenant, c->actor, c->request_id, c->cmd_id,
+                       c->gw->cfg->seal_output);
     if ((rc = sp_publish_event(bus, &in.env, c->event_id, c->worker, NULL, NULL)) < 0)
         goto out;
     c->bus_step = "request";
@@ -1374,7 +1375,9 @@ void gw_command_run_body(gw_req_t *rq, const char *body, size_t len)
      * happens; and the ExecRequest must fit in one NATS message. */
     gw_cmd_intent_t in;
     char probe_id[GW_EVENT_ID_LEN + 1];
-    gw_cmd_intent_init(&in, &spec, rq->path_id, rq->tenant, rq->key_id, rq->request_id, cmd_id);
+    /* Checked with its command line, whose limits hold also when it is sealed. */
+    gw_cmd_intent_init(&in, &spec, rq->path_id, rq->tenant, rq->key_id, rq->request_id, cmd_id,
+                       false);
     sp_envelope_stamp(&in.env, probe_id);
     if (sp_envelope_validate(&in.env, reason) < 0) {
         gw_respond_error(rq, 400, "invalid_field", NULL, "%s", reason);

@@ -95,6 +95,10 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_STR_OPT("network-default", gw_config_t, network_default, "deny_all",
                    "network policy mode of sandboxes created without one: deny_all, allow_all "
                    "or allowlist (an empty allowlist)"),
+    SP_CFG_BOOL_OPT("seal-output", gw_config_t, seal_output, "false",
+                    "leave command lines out of CommandRequested: the workers record them "
+                    "sealed under the sandbox's data key (docs/audit.md; space up: with "
+                    "space-credstore)"),
     SP_CFG_STR_OPT("log-level", gw_config_t, log_level, "info", "debug|info|warn|error"),
     SP_CFG_STR_OPT("log-format", gw_config_t, log_format, "kv", "kv|json"),
 };

@@ -7,7 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "envelope.h"
 #include "hash.h"
+#include "space.pb-c.h"
 #include "xmalloc.h"
 
 static size_t datakey_aad(const char *sandbox, uint8_t *out, size_t cap)
@@ -85,6 +87,116 @@ int sp_output_open(const sp_cred_key_t *dk, const char *sandbox, const char *cmd
     uint8_t aad[SP_OUTPUT_AAD_MAX];
     size_t al = output_aad(sandbox, cmd_id, stream, offset, aad);
     return sp_cred_open(dk, aad, al, nonce, ct, ct_len, ret_pt);
+}
+
+/* ---- command lines and file paths: packed messages, sealed ---- */
+
+/* Packs m (at most max bytes: -EINVAL beyond) and seals it under dk with aad. */
+static int seal_msg(const sp_cred_key_t *dk, const uint8_t *aad, size_t al,
+                    const ProtobufCMessage *m, size_t max, uint8_t ret_nonce[SP_CRED_NONCE_LEN],
+                    uint8_t **ret_ct, size_t *ret_ct_len)
+{
+    size_t len = protobuf_c_message_get_packed_size(m);
+    if (len > max)
+        return -EINVAL;
+    uint8_t *pt = sp_xmalloc(len ? len : 1);
+    protobuf_c_message_pack(m, pt);
+    uint8_t *ct = sp_xmalloc(len + SP_CRED_TAG_LEN);
+    int rc = sp_cred_seal(dk, aad, al, pt, len, ret_nonce, ct);
+    explicit_bzero(pt, len);
+    free(pt);
+    if (rc < 0) {
+        free(ct);
+        return rc;
+    }
+    *ret_ct = ct;
+    *ret_ct_len = len + SP_CRED_TAG_LEN;
+    return 0;
+}
+
+/* Opens ct (at most max + tag bytes) and unpacks a message of desc: -EBADMSG otherwise. */
+static int open_msg(const sp_cred_key_t *dk, const uint8_t *aad, size_t al,
+                    const uint8_t nonce[SP_CRED_NONCE_LEN], const uint8_t *ct, size_t ct_len,
+                    size_t max, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **ret)
+{
+    if (ct_len < SP_CRED_TAG_LEN || ct_len > max + SP_CRED_TAG_LEN)
+        return -EBADMSG;
+    size_t len = ct_len - SP_CRED_TAG_LEN;
+    uint8_t *pt = sp_xmalloc(len ? len : 1);
+    int rc = sp_cred_open(dk, aad, al, nonce, ct, ct_len, pt);
+    ProtobufCMessage *m = NULL;
+    if (rc == 0)
+        m = protobuf_c_message_unpack(desc, NULL, len, pt);
+    explicit_bzero(pt, len);
+    free(pt);
+    if (rc < 0 || !m)
+        return -EBADMSG;
+    *ret = m;
+    return 0;
+}
+
+static size_t sealed_aad(const char *what, const char *sandbox, const char *name, uint8_t *out)
+{
+    int n = snprintf((char *)out, SP_OUTPUT_AAD_MAX, "%s:v1:%.64s:%.64s", what, sandbox, name);
+    return n < 0 ? 0 : (size_t)n >= SP_OUTPUT_AAD_MAX ? SP_OUTPUT_AAD_MAX - 1 : (size_t)n;
+}
+
+int sp_cmdline_seal(const sp_cred_key_t *dk, const char *sandbox, const char *cmd_id,
+                    char *const *argv, size_t n_argv, const char *cmd,
+                    uint8_t ret_nonce[SP_CRED_NONCE_LEN], uint8_t **ret_ct, size_t *ret_ct_len)
+{
+    Space__V1__CommandLine line = SPACE__V1__COMMAND_LINE__INIT;
+    uint8_t aad[SP_OUTPUT_AAD_MAX];
+
+    if ((n_argv == 0) == (!cmd || !cmd[0]))
+        return -EINVAL;
+    line.argv = (char **)argv;
+    line.n_argv = n_argv;
+    line.cmd = (char *)(n_argv ? "" : cmd);
+    /* Cut at an entry until it fits; a cmd is at most 16 KiB (envelope.c), so it always does. */
+    while (space__v1__command_line__get_packed_size(&line) > SP_COMMAND_LINE_SEALED_MAX &&
+           line.n_argv > 1) {
+        line.n_argv--;
+        line.truncated = true;
+    }
+    size_t al = sealed_aad("space-cmd", sandbox, cmd_id, aad);
+    return seal_msg(dk, aad, al, &line.base, SP_COMMAND_LINE_SEALED_MAX, ret_nonce, ret_ct,
+                    ret_ct_len);
+}
+
+int sp_cmdline_open(const sp_cred_key_t *dk, const char *sandbox, const char *cmd_id,
+                    const uint8_t nonce[SP_CRED_NONCE_LEN], const uint8_t *ct, size_t ct_len,
+                    Space__V1__CommandLine **ret_line)
+{
+    uint8_t aad[SP_OUTPUT_AAD_MAX];
+    size_t al = sealed_aad("space-cmd", sandbox, cmd_id, aad);
+    return open_msg(dk, aad, al, nonce, ct, ct_len, SP_COMMAND_LINE_SEALED_MAX,
+                    &space__v1__command_line__descriptor, (ProtobufCMessage **)ret_line);
+}
+
+int sp_paths_seal(const sp_cred_key_t *dk, const char *sandbox, const char *type, const char *path,
+                  const char *to, uint8_t ret_nonce[SP_CRED_NONCE_LEN], uint8_t **ret_ct,
+                  size_t *ret_ct_len)
+{
+    Space__V1__FilePaths fp = SPACE__V1__FILE_PATHS__INIT;
+    uint8_t aad[SP_OUTPUT_AAD_MAX];
+
+    if (!path || !path[0])
+        return -EINVAL;
+    fp.path = (char *)path;
+    fp.to = (char *)(to ? to : "");
+    size_t al = sealed_aad("space-path", sandbox, type, aad);
+    return seal_msg(dk, aad, al, &fp.base, SP_FILE_PATHS_SEALED_MAX, ret_nonce, ret_ct, ret_ct_len);
+}
+
+int sp_paths_open(const sp_cred_key_t *dk, const char *sandbox, const char *type,
+                  const uint8_t nonce[SP_CRED_NONCE_LEN], const uint8_t *ct, size_t ct_len,
+                  Space__V1__FilePaths **ret_paths)
+{
+    uint8_t aad[SP_OUTPUT_AAD_MAX];
+    size_t al = sealed_aad("space-path", sandbox, type, aad);
+    return open_msg(dk, aad, al, nonce, ct, ct_len, SP_FILE_PATHS_SEALED_MAX,
+                    &space__v1__file_paths__descriptor, (ProtobufCMessage **)ret_paths);
 }
 
 /* ---- redaction ---- */

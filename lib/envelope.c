@@ -299,10 +299,84 @@ static int validate_cred_created(const Space__V1__CredentialCreated *p, char rea
     return 0;
 }
 
+bool sp_envelope_file_paths(sp_envelope_t *env, sp_file_paths_t *ret)
+{
+    switch (env->payload_case) {
+    case SPACE__V1__ENVELOPE__PAYLOAD_FILE_WRITTEN:
+        *ret = (sp_file_paths_t){&env->file_written->path, NULL, &env->file_written->sealed};
+        return true;
+    case SPACE__V1__ENVELOPE__PAYLOAD_FILE_REMOVED:
+        *ret = (sp_file_paths_t){&env->file_removed->path, NULL, &env->file_removed->sealed};
+        return true;
+    case SPACE__V1__ENVELOPE__PAYLOAD_FILE_MOVED:
+        *ret = (sp_file_paths_t){&env->file_moved->from, &env->file_moved->to,
+                                 &env->file_moved->sealed};
+        return true;
+    case SPACE__V1__ENVELOPE__PAYLOAD_DIR_CREATED:
+        *ret = (sp_file_paths_t){&env->dir_created->path, NULL, &env->dir_created->sealed};
+        return true;
+    default:
+        return false;
+    }
+}
+
+const char *sp_envelope_plaintext_content(const sp_envelope_t *env)
+{
+    sp_file_paths_t fp;
+    /* The accessor takes the envelope to write through; nothing is written here. */
+    if (sp_envelope_file_paths((sp_envelope_t *)env, &fp))
+        return (*fp.path)[0] ? "file path" : NULL;
+    switch (env->payload_case) {
+    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED:
+        return env->command_requested->sealed ? NULL : "command line";
+    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT:
+        return env->command_output->data.len ? "command output" : NULL;
+    default:
+        return NULL;
+    }
+}
+
+/* A sealed field (docs/audit.md): AES-256-GCM under a data key, so a whole 12-byte nonce, a
+ * ciphertext of at least its 16-byte tag and at most plain_max + 16 bytes, and the key's
+ * fingerprint. prefix names the fields in the reason ("cmdline_" -> cmdline_nonce). */
+static int check_sealed(size_t ct_len, size_t plain_max, size_t nonce_len, const char *key_id,
+                        const char *prefix, char reason[SP_REASON_MAX])
+{
+    if (nonce_len != 12)
+        return fail(reason, SP_ESCHEMA, "%snonce: %zu bytes, want 12", prefix, nonce_len);
+    if (ct_len < 16 || ct_len > plain_max + 16)
+        return fail(reason, SP_ESCHEMA, "%sciphertext: %zu bytes, want 16..%zu", prefix, ct_len,
+                    plain_max + 16);
+    if (strlen(key_id) != 16 || strspn(key_id, "0123456789abcdef") != 16)
+        return fail(reason, SP_ESCHEMA, "%skey_id: want 16 lower-case hex characters", prefix);
+    return 0;
+}
+
+/* A file event's paths: in the clear and canonical, or only sealed. */
+static int check_file_paths(const sp_envelope_t *e, char reason[SP_REASON_MAX])
+{
+    sp_file_paths_t fp;
+    (void)sp_envelope_file_paths((sp_envelope_t *)e, &fp);
+    const Space__V1__SealedPaths *sp = *fp.sealed;
+    if (sp) {
+        if ((*fp.path)[0] || (fp.to && (*fp.to)[0]))
+            return fail(reason, SP_ESCHEMA, "sealed: the paths must not be in the clear too");
+        return check_sealed(sp->ciphertext.len, SP_FILE_PATHS_SEALED_MAX, sp->nonce.len, sp->key_id,
+                            "sealed.", reason);
+    }
+    CHECK_PATH(*fp.path, fp.to ? "from" : "path");
+    if (fp.to)
+        CHECK_PATH(*fp.to, "to");
+    return 0;
+}
+
 static int validate_command(const Space__V1__CommandRequested *p, char reason[SP_REASON_MAX])
 {
     CHECK_ID(p->cmd_id, "cmd_id");
-    if ((p->n_argv == 0) == (p->cmd[0] == '\0'))
+    /* Sealed (docs/audit.md): the line is recorded by the worker, in CommandStarted. */
+    if (p->sealed && (p->n_argv != 0 || p->cmd[0] != '\0'))
+        return fail(reason, SP_ESCHEMA, "sealed: argv and cmd must be empty");
+    if (!p->sealed && (p->n_argv == 0) == (p->cmd[0] == '\0'))
         return fail(reason, SP_ESCHEMA, "exactly one of argv and cmd");
     if (p->n_argv > ARGV_MAX)
         return fail(reason, SP_ESCHEMA, "argv: %zu entries, at most %d", p->n_argv, ARGV_MAX);
@@ -434,9 +508,14 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
             return fail(reason, SP_ESCHEMA, "timeout_s: %u, want 1..2592000",
                         e->sandbox_timeout_requested->timeout_s);
         return 0;
-    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED:
-        CHECK_ID(e->command_started->cmd_id, "cmd_id");
+    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED: {
+        const Space__V1__CommandStarted *p = e->command_started;
+        CHECK_ID(p->cmd_id, "cmd_id");
+        if (p->cmdline_ciphertext.len || p->cmdline_nonce.len || p->cmdline_key_id[0])
+            return check_sealed(p->cmdline_ciphertext.len, SP_COMMAND_LINE_SEALED_MAX,
+                                p->cmdline_nonce.len, p->cmdline_key_id, "cmdline_", reason);
         return 0;
+    }
     case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT: {
         const Space__V1__CommandOutput *p = e->command_output;
         CHECK_ID(p->cmd_id, "cmd_id");
@@ -449,13 +528,8 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
         if (p->ciphertext.len || p->nonce.len || p->key_id[0]) {
             if (p->data.len)
                 return fail(reason, SP_ESCHEMA, "data: plaintext next to a ciphertext");
-            if (p->nonce.len != 12)
-                return fail(reason, SP_ESCHEMA, "nonce: %zu bytes, want 12", p->nonce.len);
-            if (p->ciphertext.len < 16 || p->ciphertext.len > SP_COMMAND_OUTPUT_CHUNK_MAX + 16)
-                return fail(reason, SP_ESCHEMA, "ciphertext: %zu bytes, want 16..%d",
-                            p->ciphertext.len, SP_COMMAND_OUTPUT_CHUNK_MAX + 16);
-            if (strlen(p->key_id) != 16 || strspn(p->key_id, "0123456789abcdef") != 16)
-                return fail(reason, SP_ESCHEMA, "key_id: want 16 lower-case hex characters");
+            return check_sealed(p->ciphertext.len, SP_COMMAND_OUTPUT_CHUNK_MAX, p->nonce.len,
+                                p->key_id, "", reason);
         }
         return 0;
     }
@@ -493,7 +567,9 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
         return 0;
     case SPACE__V1__ENVELOPE__PAYLOAD_FILE_WRITTEN: {
         const Space__V1__FileWritten *p = e->file_written;
-        CHECK_PATH(p->path, "path");
+        int rc = check_file_paths(e, reason);
+        if (rc < 0)
+            return rc;
         if (p->sha256.len != 32)
             return fail(reason, SP_ESCHEMA, "sha256: %zu bytes, want 32", p->sha256.len);
         if (p->mode > 07777)
@@ -502,16 +578,15 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
         return 0;
     }
     case SPACE__V1__ENVELOPE__PAYLOAD_FILE_REMOVED:
-        CHECK_PATH(e->file_removed->path, "path");
-        return 0;
     case SPACE__V1__ENVELOPE__PAYLOAD_FILE_MOVED:
-        CHECK_PATH(e->file_moved->from, "from");
-        CHECK_PATH(e->file_moved->to, "to");
-        return 0;
-    case SPACE__V1__ENVELOPE__PAYLOAD_DIR_CREATED:
-        CHECK_PATH(e->dir_created->path, "path");
+        return check_file_paths(e, reason);
+    case SPACE__V1__ENVELOPE__PAYLOAD_DIR_CREATED: {
+        int rc = check_file_paths(e, reason);
+        if (rc < 0)
+            return rc;
         CHECK_USER(e->dir_created->user);
         return 0;
+    }
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_REQUEST_REJECTED: {
         const Space__V1__SandboxRequestRejected *p = e->sandbox_request_rejected;
         if (sp_event_type_from_name(p->request_type) == SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET)

@@ -1,5 +1,6 @@
-/* Sealed command output (docs/audit.md, datakey.h): what timeline and export show of a
- * CommandOutput, and `space-replay forget`.
+/* Sealed command output and command lines (docs/audit.md, datakey.h): what timeline and
+ * export show of a CommandOutput and of a CommandStarted's sealed line, and `space-replay
+ * forget`.
  *
  * Without --decrypt a sealed chunk reads "<encrypted N bytes>". With --decrypt the master key
  * file (--master-key-file, default $SPACE_HOME/credstore/master.key, as space-credstore) unwraps
@@ -105,42 +106,139 @@ static cached_t *key_of(replay_keys_t *k, const char *sandbox)
     return c;
 }
 
-bool replay_output_text(replay_keys_t *k, const char *sandbox, const sp_envelope_t *e,
-                        sp_buf_t *out)
+const char *replay_sealed_field(const sp_envelope_t *e)
 {
-    if (e->payload_case != SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT)
-        return false;
-    const Space__V1__CommandOutput *o = e->command_output;
-    if (!o->ciphertext.len) {
-        sp_buf_json_strn(out, o->data.data, o->data.len);
-        return true;
-    }
-    size_t n = o->ciphertext.len - (o->ciphertext.len >= SP_CRED_TAG_LEN ? SP_CRED_TAG_LEN : 0);
+    sp_file_paths_t fp;
+    if (sp_envelope_file_paths((sp_envelope_t *)e, &fp))
+        return *fp.sealed ? "paths" : NULL;
+    if (e->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT)
+        return "output";
+    if (e->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED &&
+        e->command_started->cmdline_ciphertext.len)
+        return "cmdline";
+    return NULL;
+}
+
+/* The sandbox's data key if it is the one (key_id) a sealed field names; else NULL after
+ * appending the note that says why it is not shown ("<encrypted N bytes>" without keys). */
+static const sp_cred_key_t *key_for(replay_keys_t *k, const char *sandbox, const char *key_id,
+                                    size_t n, sp_buf_t *out)
+{
     char note[96];
     if (!k) {
         snprintf(note, sizeof(note), "<encrypted %zu bytes>", n);
         sp_buf_json_str(out, note);
-        return true;
+        return NULL;
     }
     cached_t *c = key_of(k, sandbox);
-    if (c->state == 1 && strcmp(c->dk.id, o->key_id) == 0 && o->nonce.len == SP_CRED_NONCE_LEN) {
-        uint8_t *pt = sp_xmalloc(n ? n : 1);
-        int rc = sp_output_open(&c->dk, sandbox, o->cmd_id, o->stream, o->offset, o->nonce.data,
-                                o->ciphertext.data, o->ciphertext.len, pt);
-        if (rc == 0)
-            sp_buf_json_strn(out, pt, n);
-        explicit_bzero(pt, n);
-        free(pt);
-        if (rc == 0)
-            return true;
-    }
+    if (c->state == 1 && strcmp(c->dk.id, key_id) == 0)
+        return &c->dk;
     snprintf(note, sizeof(note), "<%s: %zu bytes>",
              c->state == 2   ? "forgotten"
              : c->state == 3 ? "no data key"
                              : "does not open",
              n);
     sp_buf_json_str(out, note);
-    return true;
+    return NULL;
+}
+
+static void does_not_open(size_t n, sp_buf_t *out)
+{
+    char note[96];
+    snprintf(note, sizeof(note), "<does not open: %zu bytes>", n);
+    sp_buf_json_str(out, note);
+}
+
+/* A sealed command line (CommandStarted): argv as a JSON array, a cmd as a string. */
+static void cmdline_text(replay_keys_t *k, const char *sandbox, const Space__V1__CommandStarted *st,
+                         sp_buf_t *out)
+{
+    size_t ct_len = st->cmdline_ciphertext.len;
+    size_t n = ct_len - (ct_len >= SP_CRED_TAG_LEN ? SP_CRED_TAG_LEN : 0);
+    const sp_cred_key_t *dk = key_for(k, sandbox, st->cmdline_key_id, n, out);
+    if (!dk)
+        return;
+    Space__V1__CommandLine *line = NULL;
+    if (st->cmdline_nonce.len != SP_CRED_NONCE_LEN ||
+        sp_cmdline_open(dk, sandbox, st->cmd_id, st->cmdline_nonce.data,
+                        st->cmdline_ciphertext.data, ct_len, &line) < 0) {
+        does_not_open(n, out);
+        return;
+    }
+    if (line->n_argv) {
+        sp_buf_putc(out, '[');
+        for (size_t i = 0; i < line->n_argv; i++) {
+            if (i)
+                sp_buf_putc(out, ',');
+            sp_buf_json_str(out, line->argv[i]);
+        }
+        if (line->truncated)
+            sp_buf_puts(out, ",\"<truncated>\"");
+        sp_buf_putc(out, ']');
+    } else {
+        sp_buf_json_str(out, line->cmd);
+    }
+    space__v1__command_line__free_unpacked(line, NULL);
+}
+
+/* A file event's sealed paths: {"path": ...} and, for a move, "to". */
+static void paths_text(replay_keys_t *k, const char *sandbox, const sp_envelope_t *e,
+                       const Space__V1__SealedPaths *sp, sp_buf_t *out)
+{
+    size_t ct_len = sp->ciphertext.len;
+    size_t n = ct_len - (ct_len >= SP_CRED_TAG_LEN ? SP_CRED_TAG_LEN : 0);
+    const sp_cred_key_t *dk = key_for(k, sandbox, sp->key_id, n, out);
+    if (!dk)
+        return;
+    Space__V1__FilePaths *fp = NULL;
+    if (sp->nonce.len != SP_CRED_NONCE_LEN ||
+        sp_paths_open(dk, sandbox, sp_event_type_name(e->payload_case), sp->nonce.data,
+                      sp->ciphertext.data, ct_len, &fp) < 0) {
+        does_not_open(n, out);
+        return;
+    }
+    sp_buf_puts(out, "{\"path\":");
+    sp_buf_json_str(out, fp->path);
+    if (fp->to[0]) {
+        sp_buf_puts(out, ",\"to\":");
+        sp_buf_json_str(out, fp->to);
+    }
+    sp_buf_putc(out, '}');
+    space__v1__file_paths__free_unpacked(fp, NULL);
+}
+
+void replay_sealed_text(replay_keys_t *k, const char *sandbox, const sp_envelope_t *e,
+                        sp_buf_t *out)
+{
+    sp_file_paths_t fp;
+    if (sp_envelope_file_paths((sp_envelope_t *)e, &fp)) {
+        paths_text(k, sandbox, e, *fp.sealed, out);
+        return;
+    }
+    if (e->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED) {
+        cmdline_text(k, sandbox, e->command_started, out);
+        return;
+    }
+    const Space__V1__CommandOutput *o = e->command_output;
+    if (!o->ciphertext.len) {
+        sp_buf_json_strn(out, o->data.data, o->data.len);
+        return;
+    }
+    size_t n = o->ciphertext.len - (o->ciphertext.len >= SP_CRED_TAG_LEN ? SP_CRED_TAG_LEN : 0);
+    const sp_cred_key_t *dk = key_for(k, sandbox, o->key_id, n, out);
+    if (!dk)
+        return;
+    uint8_t *pt = sp_xmalloc(n ? n : 1);
+    int rc = o->nonce.len == SP_CRED_NONCE_LEN
+                 ? sp_output_open(dk, sandbox, o->cmd_id, o->stream, o->offset, o->nonce.data,
+                                  o->ciphertext.data, o->ciphertext.len, pt)
+                 : -EBADMSG;
+    if (rc == 0)
+        sp_buf_json_strn(out, pt, n);
+    else
+        does_not_open(n, out);
+    explicit_bzero(pt, n);
+    free(pt);
 }
 
 int replay_forget_check(const replay_config_t *cfg)

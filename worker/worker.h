@@ -333,6 +333,9 @@ int wk_publish_box_event(wk_box_t *b, sp_envelope_t *env, const char *msg_id);
  * (space.io.cred.datakey), asked for again while it did not answer. 0, -ENOKEY (forgotten:
  * never asked again), or < 0 (unavailable). ret is wiped by the caller. */
 int wk_datakey_get(wk_box_t *b, sp_cred_key_t *ret);
+/* The same from what the box holds only, never asking (for threads that must not wait on the
+ * bus, such as the box's reader): 0, -ENOKEY (forgotten), -EAGAIN (not held). */
+int wk_datakey_cached(wk_box_t *b, sp_cred_key_t *ret);
 
 /* Files (worker_files.c): serve FileCalls from the data plane, close idle transfers. */
 int wk_files_start(wk_t *w);

@@ -91,6 +91,11 @@ struct wk_cmd {
     uint64_t audit_off[3]; /* by stream: redacted bytes recorded so far */
     int seal;              /* 0 plaintext (--seal-output off), 1 sealed under dk, -1 no key */
     sp_cred_key_t dk;
+    /* The command line sealed under dk (seal 1), for its CommandStarted; taken (NULL) when
+     * that is published. */
+    uint8_t *line_ct;
+    size_t line_ct_len;
+    uint8_t line_nonce[SP_CRED_NONCE_LEN];
     bool live_truncated;
     kept_t *kept_head, *kept_tail; /* the newest live chunks, KEEP_CAP bytes at most */
     size_t kept_bytes;
@@ -109,6 +114,7 @@ static void cmd_free(wk_cmd_t *c)
     sp_redactor_free(c->red[1]);
     sp_redactor_free(c->red[2]);
     sp_cred_key_wipe(&c->dk);
+    free(c->line_ct);
     for (kept_t *k = c->kept_head; k;) {
         kept_t *n = k->next;
         free(k);
@@ -199,17 +205,21 @@ static wk_cmd_t *find_done(wk_box_t *b, const char *cmd_id)
     return NULL;
 }
 
-int wk_datakey_get(wk_box_t *b, sp_cred_key_t *ret)
+int wk_datakey_cached(wk_box_t *b, sp_cred_key_t *ret)
 {
     pthread_mutex_lock(&b->mu);
     int state = b->dk_state;
     if (state == 1)
         *ret = b->dk;
     pthread_mutex_unlock(&b->mu);
-    if (state == 1)
-        return 0;
-    if (state == 2)
-        return -ENOKEY;
+    return state == 1 ? 0 : state == 2 ? -ENOKEY : -EAGAIN;
+}
+
+int wk_datakey_get(wk_box_t *b, sp_cred_key_t *ret)
+{
+    int held = wk_datakey_cached(b, ret);
+    if (held != -EAGAIN)
+        return held;
     Space__Cred__V1__DataKeyRequest q = SPACE__CRED__V1__DATA_KEY_REQUEST__INIT;
     q.tenant = b->tenant;
     q.sandbox = b->id;
@@ -434,8 +444,13 @@ static void on_started(void *arg, const char *cmd_id, uint32_t pid)
     pthread_mutex_lock(&b->mu);
     wk_cmd_t *c = find_cmd(b, cmd_id);
     wk_cmd_t copy;
+    uint8_t *line_ct = NULL;
+    char line_key_id[SP_CRED_KEY_ID_LEN + 1] = "";
     if (c) {
         c->pid = pid;
+        line_ct = c->line_ct; /* this event's own: not left behind in c for the copy */
+        c->line_ct = NULL;
+        memcpy(line_key_id, c->dk.id, sizeof(line_key_id));
         copy = *c;
         sp_cred_key_wipe(&copy.dk); /* not needed here: no copy of the key on this stack */
     }
@@ -451,9 +466,18 @@ static void on_started(void *arg, const char *cmd_id, uint32_t pid)
     Space__V1__CommandStarted st = SPACE__V1__COMMAND_STARTED__INIT;
     st.cmd_id = copy.id;
     st.pid = pid;
+    /* The sealed command line (docs/audit.md): the gateway's intent does not carry it. */
+    if (line_ct) {
+        st.cmdline_ciphertext.data = line_ct;
+        st.cmdline_ciphertext.len = copy.line_ct_len;
+        st.cmdline_nonce.data = copy.line_nonce;
+        st.cmdline_nonce.len = SP_CRED_NONCE_LEN;
+        st.cmdline_key_id = line_key_id;
+    }
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED;
     env.command_started = &st;
     publish_command_event(b, &copy, &env, "started", 0, WK_FACT_HOLD_MS);
+    free(line_ct);
 }
 
 /* Records len redacted bytes of stream as CommandOutput chunks at the command's audit offset,
@@ -859,6 +883,12 @@ static void exec_request(void *arg, const char *subject, const char *reply_to, c
     sp_cred_key_t dk = {0};
     if (!refusal && w->cfg->seal_output)
         seal = wk_datakey_get(b, &dk) == 0 ? 1 : -1;
+    /* And the command line, for CommandStarted: without a key it is recorded nowhere. */
+    uint8_t *line_ct = NULL, line_nonce[SP_CRED_NONCE_LEN] = {0};
+    size_t line_ct_len = 0;
+    if (seal > 0 && sp_cmdline_seal(&dk, q->sandbox, q->cmd_id, q->argv, q->n_argv, q->cmd,
+                                    line_nonce, &line_ct, &line_ct_len) < 0)
+        sp_log(SP_LOG_ERROR, "cannot seal the command line: not recorded", SP_KS("cmd", q->cmd_id));
     wk_cmd_t *c = NULL;
     if (!refusal) {
         pthread_mutex_lock(&b->mu);
@@ -891,6 +921,10 @@ static void exec_request(void *arg, const char *subject, const char *reply_to, c
             c->sha[2] = sp_sha256_new();
             c->seal = seal;
             c->dk = dk;
+            c->line_ct = line_ct;
+            c->line_ct_len = line_ct_len;
+            memcpy(c->line_nonce, line_nonce, sizeof(line_nonce));
+            line_ct = NULL;
             /* The values this command was given (the sandbox's env among them) never reach
              * the log: each stream's redactor replaces them, also across chunks. */
             for (int s = 1; s <= 2; s++) {
@@ -904,6 +938,7 @@ static void exec_request(void *arg, const char *subject, const char *reply_to, c
         pthread_mutex_unlock(&b->mu);
     }
     sp_cred_key_wipe(&dk);
+    free(line_ct); /* refused: not taken by a command */
     if (refusal) {
         reply(w, reply_to, false, refusal, detail);
         wk_box_put(b);

@@ -38,6 +38,8 @@
 
 #include "contract.h"
 #include "dataplane.pb-c.h"
+#include "datakey.h"
+#include "envelope.h"
 #include "error.h"
 #include "fspath.h"
 #include "hash.h"
@@ -232,17 +234,61 @@ static info_t *info_copy(const Space__Agent__V1__FileInfo *a)
     return in;
 }
 
+/* With --seal-output the event's paths go sealed under the sandbox's data key (docs/audit.md,
+ * "Sealed file paths"), from the key the box holds: file_call asked for it before the
+ * operation, and this runs on the box's reader, which must not wait on the bus. No key (not
+ * given, or the sandbox forgotten): the event is not recorded, as output is not. */
+static int seal_paths(wk_box_t *b, sp_envelope_t *env, Space__V1__SealedPaths *sealed,
+                      uint8_t **ret_ct)
+{
+    sp_file_paths_t fp;
+    sp_cred_key_t dk;
+    size_t ct_len = 0;
+
+    if (!sp_envelope_file_paths(env, &fp))
+        return -EINVAL;
+    int rc = wk_datakey_cached(b, &dk);
+    if (rc == 0)
+        rc = sp_paths_seal(&dk, b->id, sp_event_type_name(env->payload_case), *fp.path,
+                           fp.to ? *fp.to : NULL, sealed->nonce.data, ret_ct, &ct_len);
+    if (rc == 0) {
+        sealed->ciphertext.data = *ret_ct;
+        sealed->ciphertext.len = ct_len;
+        sealed->nonce.len = SP_CRED_NONCE_LEN;
+        memcpy(sealed->key_id, dk.id, SP_CRED_KEY_ID_LEN + 1);
+        *fp.sealed = sealed;
+        *fp.path = "";
+        if (fp.to)
+            *fp.to = "";
+    }
+    sp_cred_key_wipe(&dk);
+    return rc;
+}
+
 static void publish_file_event(wk_box_t *b, const char *corr, sp_envelope_t *env)
 {
     Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
+    Space__V1__SealedPaths sealed = SPACE__V1__SEALED_PATHS__INIT;
+    uint8_t nonce[SP_CRED_NONCE_LEN], *ct = NULL;
+    char key_id[SP_CRED_KEY_ID_LEN + 1] = "";
     char id[37];
+    int rc;
     agg.kind = "sandbox";
     agg.id = b->id;
     env->aggregate = &agg;
     env->tenant = b->tenant;
     env->actor = "svc:worker";
     env->correlation_id = (char *)corr;
-    int rc = sp_publish_event(b->w->bus, env, id, b->w->cfg->id, NULL, NULL);
+    sealed.nonce.data = nonce;
+    sealed.key_id = key_id;
+    if (b->w->cfg->seal_output && (rc = seal_paths(b, env, &sealed, &ct)) < 0) {
+        sp_log(SP_LOG_WARN, "no data key for the file event's paths: not recorded",
+               SP_KS("type", sp_event_type_name(env->payload_case)), SP_KS("sandbox", b->id),
+               SP_KS("error", sp_strerror(rc)), SP_KS("corr", corr));
+        return;
+    }
+    rc = sp_publish_event(b->w->bus, env, id, b->w->cfg->id, NULL, NULL);
+    free(ct);
     if (rc < 0)
         sp_log(SP_LOG_WARN, "cannot record file event", SP_KS("type", env->type),
                SP_KS("sandbox", b->id), SP_KS("error", sp_strerror(rc)), SP_KS("corr", corr));
@@ -894,6 +940,13 @@ static void file_call(void *arg, const char *subject, const char *reply_to, cons
             call_wait(b, q, reply_to);
             break;
         default:
+            /* The data key its event's paths will be sealed with, asked for now (once per
+             * sandbox): the event goes out from the box's reader, which does not ask. */
+            if (w->cfg->seal_output) {
+                sp_cred_key_t dk;
+                (void)wk_datakey_get(b, &dk);
+                sp_cred_key_wipe(&dk);
+            }
             call_new(b, agent, q, reply_to);
             break;
         }

@@ -46,6 +46,33 @@ int sp_output_open(const sp_cred_key_t *dk, const char *sandbox, const char *cmd
                    uint32_t stream, uint64_t offset, const uint8_t nonce[SP_CRED_NONCE_LEN],
                    const uint8_t *ct, size_t ct_len, uint8_t *ret_pt);
 
+/* Command lines (docs/audit.md, "Sealed command lines"): a packed CommandLine (space.proto)
+ * sealed with the additional data "space-cmd:v1:<sandbox>:<cmd>". Exactly one of argv (n > 0)
+ * and cmd; argv entries past SP_COMMAND_LINE_SEALED_MAX packed bytes are left out and the line
+ * marked truncated. *ret_ct is the caller's (free), *ret_ct_len bytes with the tag. 0, -EINVAL
+ * or -EIO. The packed plaintext is wiped before it is freed. */
+int sp_cmdline_seal(const sp_cred_key_t *dk, const char *sandbox, const char *cmd_id,
+                    char *const *argv, size_t n_argv, const char *cmd,
+                    uint8_t ret_nonce[SP_CRED_NONCE_LEN], uint8_t **ret_ct, size_t *ret_ct_len);
+/* Opens and unpacks: *ret_line is freed with space__v1__command_line__free_unpacked. -EBADMSG
+ * (another key, sandbox or command, tampered, or not a CommandLine). */
+struct Space__V1__CommandLine;
+int sp_cmdline_open(const sp_cred_key_t *dk, const char *sandbox, const char *cmd_id,
+                    const uint8_t nonce[SP_CRED_NONCE_LEN], const uint8_t *ct, size_t ct_len,
+                    struct Space__V1__CommandLine **ret_line);
+
+/* File paths (docs/audit.md, "Sealed file paths"): a packed FilePaths {path, to} sealed with
+ * the additional data "space-path:v1:<sandbox>:<event type>"; to may be NULL (only FileMoved
+ * has one). Same returns as sp_cmdline_seal; *ret_paths is freed with
+ * space__v1__file_paths__free_unpacked. */
+int sp_paths_seal(const sp_cred_key_t *dk, const char *sandbox, const char *type, const char *path,
+                  const char *to, uint8_t ret_nonce[SP_CRED_NONCE_LEN], uint8_t **ret_ct,
+                  size_t *ret_ct_len);
+struct Space__V1__FilePaths;
+int sp_paths_open(const sp_cred_key_t *dk, const char *sandbox, const char *type,
+                  const uint8_t nonce[SP_CRED_NONCE_LEN], const uint8_t *ct, size_t ct_len,
+                  struct Space__V1__FilePaths **ret_paths);
+
 /* Redaction of known values from a stream of output. Values of fewer than SP_REDACT_MIN bytes
  * are ignored; the longest value matching at a place wins. */
 typedef struct sp_redactor sp_redactor_t;

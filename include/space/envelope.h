@@ -7,6 +7,7 @@
 #ifndef SPACE_ENVELOPE_H
 #define SPACE_ENVELOPE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,6 +22,12 @@ typedef Space__V1__Envelope__PayloadCase sp_event_type_t;
 #define SP_REASON_MAX     256
 /* Largest data of one CommandOutput audit event. */
 #define SP_COMMAND_OUTPUT_CHUNK_MAX (16 * 1024)
+/* Largest packed CommandLine sealed into a CommandStarted (docs/audit.md): longer argv lists
+ * are cut at an entry and marked truncated, so the event stays under SP_ENVELOPE_MAX. */
+#define SP_COMMAND_LINE_SEALED_MAX (48 * 1024)
+/* Largest packed FilePaths sealed into a file event: two paths of SP_FSPATH_MAX and their
+ * tags. */
+#define SP_FILE_PATHS_SEALED_MAX (2 * 4096 + 16)
 
 /* Type name of a payload case ("SandboxPlaced"); NULL for an unknown case. */
 const char *sp_event_type_name(sp_event_type_t t);
@@ -67,6 +74,22 @@ int sp_proto_wire_check(const ProtobufCMessageDescriptor *desc, const uint8_t *b
 /* Schema validation of a decoded envelope: ids, lengths, type matches the payload case,
  * aggregate kind matches the type, payload fields within limits. */
 int sp_envelope_validate(const sp_envelope_t *env, char reason[SP_REASON_MAX]);
+
+/* With sealing required (docs/audit.md, the event log's seal-output): what of a valid
+ * envelope is user content in plaintext that should have been sealed ("command output": a
+ * CommandOutput with data; "command line": a CommandRequested that is not sealed; "file
+ * path": a file event with its path in the clear), or NULL. */
+const char *sp_envelope_plaintext_content(const sp_envelope_t *env);
+
+/* The paths of a file event (FileWritten, FileRemoved, FileMoved, DirCreated): where its
+ * path (FileMoved: from), its destination (FileMoved: to, else NULL) and its sealed form are,
+ * so that one sealing and one reading serve the four types. false for other events. */
+typedef struct {
+    char **path;
+    char **to;
+    Space__V1__SealedPaths **sealed;
+} sp_file_paths_t;
+bool sp_envelope_file_paths(sp_envelope_t *env, sp_file_paths_t *ret);
 
 /* The subject an envelope is published on (proto/README.md). worker may be NULL or "" for "_".
  * Returns the length, or SP_ESCHEMA if a token is not a valid id. */

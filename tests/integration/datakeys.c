@@ -9,7 +9,13 @@
  *     replaced by [redacted:API_SECRET] both times;
  *   - the data key lives wrapped in data_keys (not the value, not the raw key);
  *   - after space-replay forget --sandbox, --decrypt reads "<forgotten: ...>", never the text,
- *     and verify still passes (the chain covers the ciphertext). */
+ *     and verify still passes (the chain covers the ciphertext).
+ * Command lines too (docs/audit.md, "Sealed command lines"): a second secret typed literally
+ * into two commands (cmd and argv forms) is in no row and no stream message either; the
+ * intents say sealed, the timeline shows "<encrypted N bytes>" for each CommandStarted's line
+ * and, with --decrypt, the lines as typed; after forget, "<forgotten: ...>". And the event log
+ * of a sealing deployment refuses plaintext output and command lines that a worker or gateway
+ * key signed (stored rejected with the reason). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -25,6 +31,7 @@
 #include "b64.h"
 #include "buf.h"
 #include "bus.h"
+#include "envelope.h"
 #include "harness.h"
 #include "ids.h"
 #include "xmalloc.h"
@@ -36,52 +43,72 @@ static const char *key;
 static PGconn *db;
 static char sbx[64];
 static char secret[64];
+static char typed[64]; /* typed into command lines, never in an env */
 static char *out;
 
-/* Every encoding of the secret a store could hold it in. */
-static sp_buf_t needles[8];
-static size_t n_needles;
+/* Every encoding of a secret a store could hold it in: the env value's (set 0) and the typed
+ * one's (set 1). */
+#define ENCODINGS 6
+static sp_buf_t needles[2][ENCODINGS];
+static size_t n_needles[2];
 
-static void add_needle(const void *p, size_t n)
+static void add_needle(int set, const void *p, size_t n)
 {
-    sp_buf_init(&needles[n_needles]);
-    sp_buf_append(&needles[n_needles++], p, n);
+    sp_buf_init(&needles[set][n_needles[set]]);
+    sp_buf_append(&needles[set][n_needles[set]++], p, n);
 }
 
-static void make_needles(void)
+static void make_needles(int set, const char *value)
 {
-    size_t n = strlen(secret);
-    add_needle(secret, n);
+    size_t n = strlen(value);
+    add_needle(set, value, n);
     /* base64 at the three alignments: the middle of each encoding is fixed whatever precedes. */
     for (size_t shift = 0; shift < 3; shift++) {
         uint8_t tmp[96];
         memset(tmp, 'A', shift);
         for (size_t i = 0; i < n; i++)
-            tmp[shift + i] = (uint8_t)secret[i];
+            tmp[shift + i] = (uint8_t)value[i];
         sp_buf_t b;
         sp_buf_init(&b);
         sp_b64_encode(&b, tmp, shift + n);
         /* Skip the characters that mix in the prefix, and the last 4 (padding). */
         size_t from = (shift * 4 + 2) / 3 + 2, to = b.len - 4;
-        add_needle(b.data + from, to - from);
+        add_needle(set, b.data + from, to - from);
         sp_buf_dispose(&b);
     }
     char hex[160], HEX[160];
     for (size_t i = 0; i < n; i++) {
-        snprintf(hex + 2 * i, 3, "%02x", (unsigned char)secret[i]);
-        snprintf(HEX + 2 * i, 3, "%02X", (unsigned char)secret[i]);
+        snprintf(hex + 2 * i, 3, "%02x", (unsigned char)value[i]);
+        snprintf(HEX + 2 * i, 3, "%02X", (unsigned char)value[i]);
     }
-    add_needle(hex, 2 * n);
-    add_needle(HEX, 2 * n);
+    add_needle(set, hex, 2 * n);
+    add_needle(set, HEX, 2 * n);
 }
 
+static const char *found_in_set(int set, const void *p, size_t n)
+{
+    static const char *names[2][ENCODINGS] = {
+        {"raw", "base64+0", "base64+1", "base64+2", "hex", "HEX"},
+        {"typed raw", "typed base64+0", "typed base64+1", "typed base64+2", "typed hex",
+         "typed HEX"},
+    };
+    for (size_t i = 0; i < n_needles[set]; i++)
+        if (memmem(p, n, needles[set][i].data, needles[set][i].len))
+            return names[set][i];
+    return NULL;
+}
+
+/* The env value. */
 static const char *found_in(const void *p, size_t n)
 {
-    static const char *names[] = {"raw", "base64+0", "base64+1", "base64+2", "hex", "HEX"};
-    for (size_t i = 0; i < n_needles; i++)
-        if (memmem(p, n, needles[i].data, needles[i].len))
-            return names[i];
-    return NULL;
+    return found_in_set(0, p, n);
+}
+
+/* Either secret: what the stores must hold of neither. */
+static const char *found_any(const void *p, size_t n)
+{
+    const char *how = found_in_set(0, p, n);
+    return how ? how : found_in_set(1, p, n);
 }
 
 static int replay(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -103,6 +130,14 @@ static long count(const char *hay, const char *needle)
     return n;
 }
 
+/* /v1/sandboxes/<sbx><route>[?path=<path>] */
+static const char *files_path(char *buf, size_t len, const char *route, const char *path)
+{
+    snprintf(buf, len, "/v1/sandboxes/%s%s%s%s", sbx, route, path ? "?path=" : "",
+             path ? path : "");
+    return buf;
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -116,7 +151,12 @@ static int setup(void **state)
     int at = snprintf(secret, sizeof(secret), "sekret-");
     for (size_t i = 0; i < sizeof(rnd); i++)
         at += snprintf(secret + at, sizeof(secret) - (size_t)at, "%02x", rnd[i]);
-    make_needles();
+    make_needles(0, secret);
+    sp_random_bytes(rnd, sizeof(rnd));
+    at = snprintf(typed, sizeof(typed), "typed-");
+    for (size_t i = 0; i < sizeof(rnd); i++)
+        at += snprintf(typed + at, sizeof(typed) - (size_t)at, "%02x", rnd[i]);
+    make_needles(1, typed);
 
     char body[512];
     snprintf(body, sizeof(body), "{\"template\":\"tiny\",\"env\":{\"API_SECRET\":\"%s\"}}", secret);
@@ -138,10 +178,53 @@ static int setup(void **state)
     /* The caller itself gets what the command printed: only the log is redacted. */
     assert_non_null(strstr(r.stdout_s, secret));
     sp_test_cmd_free(&r);
+    /* The typed secret, in both forms of a command line; neither prints it. */
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "{\"cmd\":\"test -n %s && echo typed-ok\"}", typed);
+    r = sp_test_run(port, key, sbx, cmd);
+    assert_int_equal(r.status, 200);
+    assert_int_equal(r.exit_code, 0);
+    assert_string_equal(r.stdout_s, "typed-ok\n");
+    sp_test_cmd_free(&r);
+    snprintf(cmd, sizeof(cmd), "{\"argv\":[\"/bin/sh\",\"-c\",\"true %s\"]}", typed);
+    r = sp_test_run(port, key, sbx, cmd);
+    assert_int_equal(r.status, 200);
+    assert_int_equal(r.exit_code, 0);
+    sp_test_cmd_free(&r);
     snprintf(sql, sizeof(sql),
              "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type = 'CommandExited'",
              sbx);
-    assert_int_equal(sp_test_db_wait_scalar(db, sql, 1, 20000), 1);
+    assert_int_equal(sp_test_db_wait_scalar(db, sql, 3, 20000), 3);
+
+    /* And in file paths: mkdir, upload, move, remove, each a file event. */
+    char path[512], body2[512];
+    sp_test_http_resp_t h;
+    snprintf(body2, sizeof(body2), "{\"path\":\"/tmp/%s\"}", typed);
+    sp_test_http(port, "POST", files_path(path, sizeof(path), "/files/mkdir", NULL), key, NULL,
+                 body2, strlen(body2), &h);
+    assert_int_equal(h.status, 201);
+    sp_test_http_free(&h);
+    snprintf(body2, sizeof(body2), "/tmp/%s/a.txt", typed);
+    sp_test_http(port, "PUT", files_path(path, sizeof(path), "/files", body2), key, NULL, "hello",
+                 5, &h);
+    assert_int_equal(h.status, 200);
+    sp_test_http_free(&h);
+    snprintf(body2, sizeof(body2), "{\"from\":\"/tmp/%s/a.txt\",\"to\":\"/tmp/%s/b.txt\"}", typed,
+             typed);
+    sp_test_http(port, "POST", files_path(path, sizeof(path), "/files/move", NULL), key, NULL,
+                 body2, strlen(body2), &h);
+    assert_int_equal(h.status, 200);
+    sp_test_http_free(&h);
+    snprintf(body2, sizeof(body2), "/tmp/%s/b.txt", typed);
+    sp_test_http(port, "DELETE", files_path(path, sizeof(path), "/files", body2), key, NULL, NULL,
+                 0, &h);
+    assert_int_equal(h.status, 204);
+    sp_test_http_free(&h);
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type IN ('DirCreated', "
+             "'FileWritten', 'FileMoved', 'FileRemoved')",
+             sbx);
+    assert_int_equal(sp_test_db_wait_scalar(db, sql, 4, 20000), 4);
     return 0;
 }
 
@@ -150,8 +233,9 @@ static int teardown(void **state)
     (void)state;
     PQfinish(db);
     free(out);
-    for (size_t i = 0; i < n_needles; i++)
-        sp_buf_dispose(&needles[i]);
+    for (int set = 0; set < 2; set++)
+        for (size_t i = 0; i < n_needles[set]; i++)
+            sp_buf_dispose(&needles[set][i]);
     return 0;
 }
 
@@ -164,7 +248,7 @@ static void test_no_row_holds_the_value(void **state)
     assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
     assert_true(PQntuples(r) > 5);
     for (int i = 0; i < PQntuples(r); i++) {
-        const char *how = found_in(PQgetvalue(r, i, 0), (size_t)PQgetlength(r, i, 0));
+        const char *how = found_any(PQgetvalue(r, i, 0), (size_t)PQgetlength(r, i, 0));
         if (how)
             fail_msg("events row %d's payload holds the secret (%s)", i, how);
     }
@@ -172,7 +256,7 @@ static void test_no_row_holds_the_value(void **state)
     r = PQexec(db, "SELECT e::text FROM events e");
     assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
     for (int i = 0; i < PQntuples(r); i++) {
-        const char *how = found_in(PQgetvalue(r, i, 0), (size_t)PQgetlength(r, i, 0));
+        const char *how = found_any(PQgetvalue(r, i, 0), (size_t)PQgetlength(r, i, 0));
         if (how)
             fail_msg("events row %d holds the secret (%s)", i, how);
     }
@@ -181,7 +265,7 @@ static void test_no_row_holds_the_value(void **state)
     r = PQexec(db, "SELECT s::text FROM sandboxes s UNION ALL SELECT d::text FROM data_keys d");
     assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
     for (int i = 0; i < PQntuples(r); i++)
-        assert_null(found_in(PQgetvalue(r, i, 0), (size_t)PQgetlength(r, i, 0)));
+        assert_null(found_any(PQgetvalue(r, i, 0), (size_t)PQgetlength(r, i, 0)));
     PQclear(r);
     /* The recorded output is sealed: CommandOutput rows exist, none with plaintext. */
     assert_int_equal(replay("export --sandbox %s --type CommandOutput", sbx), 0);
@@ -201,7 +285,7 @@ static void test_no_stream_message_holds_the_value(void **state)
         if (sp_bus_get_msg(bus, (uint64_t)seq, NULL, &data, &len, NULL) < 0)
             continue;
         seen++;
-        const char *how = found_in(data, len);
+        const char *how = found_any(data, len);
         free(data);
         if (how)
             fail_msg("stream message %lld holds the secret (%s)", seq, how);
@@ -276,7 +360,10 @@ static void test_forget(void **state)
     assert_int_equal(replay("timeline --sandbox %s --decrypt", sbx), 0);
     assert_null(strstr(out, "redacted"));
     assert_null(strstr(out, "start [redacted"));
-    assert_true(count(out, "<forgotten: ") >= 2);
+    assert_true(count(out, "output=\"<forgotten: ") >= 2);
+    assert_int_equal(count(out, "cmdline=\"<forgotten: "), 3);
+    assert_int_equal(count(out, "paths=\"<forgotten: "), 4);
+    assert_null(found_any(out, strlen(out)));
     assert_int_equal(replay("verify"), 0);
     /* Bad input: both selectors, neither, a hostile id. */
     assert_int_equal(replay("forget --sandbox %s --tenant t", sbx), 1);
@@ -285,12 +372,136 @@ static void test_forget(void **state)
     assert_int_equal(replay("forget --sandbox nosuchsandbox"), 1);
 }
 
+/* The intents carry no line; each CommandStarted carries it sealed, opened by the master key
+ * as typed (a cmd as a string, argv as an array). */
+static void test_command_lines_sealed(void **state)
+{
+    (void)state;
+    assert_int_equal(replay("export --sandbox %s --type CommandRequested", sbx), 0);
+    assert_int_equal(count(out, "\"sealed\":true"), 3);
+    assert_null(strstr(out, "\"argv\":[\""));
+    assert_null(strstr(out, "test -n"));
+    assert_int_equal(replay("timeline --sandbox %s", sbx), 0);
+    assert_int_equal(count(out, "cmdline=\"<encrypted "), 3);
+    assert_null(found_any(out, strlen(out)));
+    assert_int_equal(replay("timeline --sandbox %s --decrypt", sbx), 0);
+    char want[256];
+    snprintf(want, sizeof(want), "cmdline=\"test -n %s && echo typed-ok\"", typed);
+    assert_non_null(strstr(out, want));
+    snprintf(want, sizeof(want), "cmdline=[\"/bin/sh\",\"-c\",\"true %s\"]", typed);
+    assert_non_null(strstr(out, want));
+    assert_null(strstr(out, "cmdline=\"<"));
+    assert_int_equal(replay("export --sandbox %s --type CommandStarted --decrypt", sbx), 0);
+    assert_int_equal(count(out, "\"cmdline\":"), 3);
+    assert_int_equal(count(out, typed), 2);
+}
+
+/* The file events carry no path in the clear: sealed, shown "<encrypted N bytes>", opened by
+ * the master key (a move with both paths). */
+static void test_file_paths_sealed(void **state)
+{
+    (void)state;
+    assert_int_equal(replay("timeline --sandbox %s", sbx), 0);
+    assert_int_equal(count(out, "paths=\"<encrypted "), 4);
+    assert_null(found_any(out, strlen(out)));
+    assert_int_equal(replay("timeline --sandbox %s --decrypt", sbx), 0);
+    char want[256];
+    snprintf(want, sizeof(want), "paths={\"path\":\"/tmp/%s\"}", typed);
+    assert_non_null(strstr(out, want));
+    snprintf(want, sizeof(want), "paths={\"path\":\"/tmp/%s/a.txt\",\"to\":\"/tmp/%s/b.txt\"}",
+             typed, typed);
+    assert_non_null(strstr(out, want));
+    snprintf(want, sizeof(want), "paths={\"path\":\"/tmp/%s/b.txt\"}", typed);
+    assert_non_null(strstr(out, want));
+    assert_null(strstr(out, "paths=\"<"));
+}
+
+/* Signs env as the daemon whose role it is (sp_test_sign), publishes it on its subject and
+ * returns the stream sequence. */
+static uint64_t publish_signed(sp_envelope_t *env, const char *worker)
+{
+    char id[37], subject[256];
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    uint64_t seq = 0;
+    sp_envelope_stamp(env, id);
+    assert_int_equal(sp_envelope_encode(env, &buf, &len), 0);
+    assert_true(sp_envelope_subject(env, worker, subject, sizeof(subject)) > 0);
+    assert_int_equal(sp_test_sign(subject, &buf, &len), 0);
+    assert_int_equal(sp_bus_publish(sp_test_bus(), subject, buf, len, id, &seq, NULL), 0);
+    free(buf);
+    return seq;
+}
+
+/* A deployment that seals (space up with credstore: seal-output on the event log too) refuses
+ * plaintext output and command lines, even signed by the very worker and gateway that would
+ * emit them: a worker or gateway run without sealing cannot put them into the log. */
+static void test_plaintext_refused(void **state)
+{
+    (void)state;
+    char sql[256], worker[128], tenant[128];
+    snprintf(sql, sizeof(sql), "SELECT worker, tenant FROM sandboxes WHERE id = '%s'", sbx);
+    PGresult *r = PQexec(db, sql);
+    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+    assert_int_equal(PQntuples(r), 1);
+    snprintf(worker, sizeof(worker), "%s", PQgetvalue(r, 0, 0));
+    snprintf(tenant, sizeof(tenant), "%s", PQgetvalue(r, 0, 1));
+    PQclear(r);
+
+    sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
+    Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
+    agg.kind = "sandbox";
+    agg.id = sbx;
+    env.aggregate = &agg;
+    env.tenant = tenant;
+    env.actor = "test";
+    env.correlation_id = "plaintext-refused";
+
+    Space__V1__CommandOutput o = SPACE__V1__COMMAND_OUTPUT__INIT;
+    o.cmd_id = "cmd_plaintext";
+    o.stream = 1;
+    o.data.data = (uint8_t *)"plain output\n";
+    o.data.len = 13;
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT;
+    env.command_output = &o;
+    uint64_t seq = publish_signed(&env, worker);
+    sp_test_expect_row(db, seq, "rejected", "plaintext command output", true);
+
+    Space__V1__CommandRequested cr = SPACE__V1__COMMAND_REQUESTED__INIT;
+    cr.cmd_id = "cmd_plainline";
+    cr.cmd = "echo plain";
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED;
+    env.command_requested = &cr;
+    seq = publish_signed(&env, worker);
+    sp_test_expect_row(db, seq, "rejected", "plaintext command line", true);
+
+    Space__V1__DirCreated dc = SPACE__V1__DIR_CREATED__INIT;
+    dc.path = "/tmp/plain-dir";
+    dc.user = "root";
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_DIR_CREATED;
+    env.dir_created = &dc;
+    seq = publish_signed(&env, worker);
+    sp_test_expect_row(db, seq, "rejected", "plaintext file path", true);
+
+    /* The same intent sealed passes that check (and is accepted: the gateway may say it). */
+    cr.cmd_id = "cmd_sealedline";
+    cr.cmd = "";
+    cr.sealed = true;
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED;
+    env.command_requested = &cr;
+    seq = publish_signed(&env, worker);
+    sp_test_expect_row(db, seq, "accepted", "", true);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_row_holds_the_value),
         cmocka_unit_test(test_no_stream_message_holds_the_value),
         cmocka_unit_test(test_decrypt_shows_redacted_output),
+        cmocka_unit_test(test_command_lines_sealed),
+        cmocka_unit_test(test_file_paths_sealed),
+        cmocka_unit_test(test_plaintext_refused),
         cmocka_unit_test(test_rotation_keeps_output_readable),
         cmocka_unit_test(test_forget),
     };

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "datakey.h"
+#include "envelope.h"
 
 static void key_of(sp_cred_key_t *k, uint8_t fill)
 {
@@ -76,6 +77,101 @@ static void test_output_seal_open(void **state)
     /* Empty output seals to a tag only. */
     assert_int_equal(sp_output_seal(&dk, "sbx_a", "cmd_1", 1, 0, pt, 0, nonce, ct), 0);
     assert_int_equal(sp_output_open(&dk, "sbx_a", "cmd_1", 1, 0, nonce, ct, 16, out), 0);
+}
+
+/* Sealed command lines: opened as sealed (cmd and argv forms), bound to key, sandbox and
+ * command, a long argv cut at an entry and marked, and no line that is not one form. */
+static void test_cmdline_seal_open(void **state)
+{
+    (void)state;
+    sp_cred_key_t dk, other;
+    key_of(&dk, 3);
+    key_of(&other, 4);
+    uint8_t nonce[SP_CRED_NONCE_LEN], *ct = NULL;
+    size_t ct_len = 0;
+    Space__V1__CommandLine *line = NULL;
+
+    assert_int_equal(
+        sp_cmdline_seal(&dk, "sbx_a", "cmd_1", NULL, 0, "echo top-secret", nonce, &ct, &ct_len), 0);
+    assert_null(memmem(ct, ct_len, "top-secret", 10));
+    assert_int_equal(sp_cmdline_open(&dk, "sbx_a", "cmd_1", nonce, ct, ct_len, &line), 0);
+    assert_string_equal(line->cmd, "echo top-secret");
+    assert_int_equal(line->n_argv, 0);
+    assert_false(line->truncated);
+    space__v1__command_line__free_unpacked(line, NULL);
+    assert_int_equal(sp_cmdline_open(&other, "sbx_a", "cmd_1", nonce, ct, ct_len, &line), -EBADMSG);
+    assert_int_equal(sp_cmdline_open(&dk, "sbx_b", "cmd_1", nonce, ct, ct_len, &line), -EBADMSG);
+    assert_int_equal(sp_cmdline_open(&dk, "sbx_a", "cmd_2", nonce, ct, ct_len, &line), -EBADMSG);
+    ct[ct_len - 1] ^= 1;
+    assert_int_equal(sp_cmdline_open(&dk, "sbx_a", "cmd_1", nonce, ct, ct_len, &line), -EBADMSG);
+    assert_int_equal(sp_cmdline_open(&dk, "sbx_a", "cmd_1", nonce, ct, 15, &line), -EBADMSG);
+    free(ct);
+
+    char *argv[] = {"/bin/echo", "a b", ""};
+    assert_int_equal(sp_cmdline_seal(&dk, "sbx_a", "cmd_1", argv, 3, "", nonce, &ct, &ct_len), 0);
+    assert_int_equal(sp_cmdline_open(&dk, "sbx_a", "cmd_1", nonce, ct, ct_len, &line), 0);
+    assert_int_equal(line->n_argv, 3);
+    assert_string_equal(line->argv[1], "a b");
+    assert_string_equal(line->argv[2], "");
+    assert_string_equal(line->cmd, "");
+    space__v1__command_line__free_unpacked(line, NULL);
+    free(ct);
+
+    /* 64 entries of 4 KiB: more than SP_COMMAND_LINE_SEALED_MAX, cut at an entry. */
+    char *big[64];
+    for (size_t i = 0; i < 64; i++) {
+        big[i] = malloc(4097);
+        memset(big[i], 'a' + (int)(i % 26), 4096);
+        big[i][4096] = '\0';
+    }
+    assert_int_equal(sp_cmdline_seal(&dk, "sbx_a", "cmd_1", big, 64, NULL, nonce, &ct, &ct_len), 0);
+    assert_true(ct_len <= SP_COMMAND_LINE_SEALED_MAX + SP_CRED_TAG_LEN);
+    assert_int_equal(sp_cmdline_open(&dk, "sbx_a", "cmd_1", nonce, ct, ct_len, &line), 0);
+    assert_true(line->truncated);
+    assert_true(line->n_argv > 1 && line->n_argv < 64);
+    assert_string_equal(line->argv[line->n_argv - 1], big[line->n_argv - 1]);
+    space__v1__command_line__free_unpacked(line, NULL);
+    free(ct);
+    for (size_t i = 0; i < 64; i++)
+        free(big[i]);
+
+    /* Exactly one form. */
+    assert_int_equal(sp_cmdline_seal(&dk, "sbx_a", "cmd_1", NULL, 0, "", nonce, &ct, &ct_len),
+                     -EINVAL);
+    assert_int_equal(sp_cmdline_seal(&dk, "sbx_a", "cmd_1", argv, 3, "x", nonce, &ct, &ct_len),
+                     -EINVAL);
+}
+
+/* Sealed file paths: opened as sealed, bound to key, sandbox and event type. */
+static void test_paths_seal_open(void **state)
+{
+    (void)state;
+    sp_cred_key_t dk, other;
+    key_of(&dk, 5);
+    key_of(&other, 6);
+    uint8_t nonce[SP_CRED_NONCE_LEN], *ct = NULL;
+    size_t ct_len = 0;
+    Space__V1__FilePaths *fp = NULL;
+
+    assert_int_equal(sp_paths_seal(&dk, "sbx_a", "FileMoved", "/tmp/secret-a", "/tmp/secret-b",
+                                   nonce, &ct, &ct_len),
+                     0);
+    assert_null(memmem(ct, ct_len, "secret", 6));
+    assert_int_equal(sp_paths_open(&dk, "sbx_a", "FileMoved", nonce, ct, ct_len, &fp), 0);
+    assert_string_equal(fp->path, "/tmp/secret-a");
+    assert_string_equal(fp->to, "/tmp/secret-b");
+    space__v1__file_paths__free_unpacked(fp, NULL);
+    assert_int_equal(sp_paths_open(&other, "sbx_a", "FileMoved", nonce, ct, ct_len, &fp), -EBADMSG);
+    assert_int_equal(sp_paths_open(&dk, "sbx_b", "FileMoved", nonce, ct, ct_len, &fp), -EBADMSG);
+    assert_int_equal(sp_paths_open(&dk, "sbx_a", "FileRemoved", nonce, ct, ct_len, &fp), -EBADMSG);
+    free(ct);
+    assert_int_equal(sp_paths_seal(&dk, "sbx_a", "DirCreated", "/d", NULL, nonce, &ct, &ct_len), 0);
+    assert_int_equal(sp_paths_open(&dk, "sbx_a", "DirCreated", nonce, ct, ct_len, &fp), 0);
+    assert_string_equal(fp->to, "");
+    space__v1__file_paths__free_unpacked(fp, NULL);
+    free(ct);
+    assert_int_equal(sp_paths_seal(&dk, "sbx_a", "DirCreated", "", NULL, nonce, &ct, &ct_len),
+                     -EINVAL);
 }
 
 static char *redact_chunks(sp_redactor_t *r, const char *text, const size_t *cuts, size_t n)
@@ -164,8 +260,9 @@ static void test_redact_split(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_wrap_unwrap),  cmocka_unit_test(test_output_seal_open),
-        cmocka_unit_test(test_redact_whole), cmocka_unit_test(test_redact_longest_and_names),
+        cmocka_unit_test(test_wrap_unwrap),       cmocka_unit_test(test_output_seal_open),
+        cmocka_unit_test(test_cmdline_seal_open), cmocka_unit_test(test_paths_seal_open),
+        cmocka_unit_test(test_redact_whole),      cmocka_unit_test(test_redact_longest_and_names),
         cmocka_unit_test(test_redact_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,6 +1,7 @@
 /* Envelope: encode/decode round trip, and every way a hostile publisher can get it wrong. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -319,6 +320,101 @@ static void test_encode_refuses_invalid(void **state)
     assert_null(buf);
 }
 
+/* Sealed command lines: an intent that says sealed carries no line; a CommandStarted's line
+ * is a whole sealed field or none; the plaintext check names what a sealing log refuses. */
+static void test_sealed_command_line(void **state)
+{
+    fixture_t f;
+    char reason[SP_REASON_MAX];
+    uint8_t ct[40] = {0}, nonce[12] = {0};
+    Space__V1__CommandRequested cr = SPACE__V1__COMMAND_REQUESTED__INIT;
+    Space__V1__CommandStarted st = SPACE__V1__COMMAND_STARTED__INIT;
+    Space__V1__CommandOutput o = SPACE__V1__COMMAND_OUTPUT__INIT;
+    char *argv[] = {"echo"};
+    (void)state;
+    make_create(&f);
+    cr.cmd_id = "cmd_1";
+    cr.cmd = "echo hi";
+    f.env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED;
+    f.env.command_requested = &cr;
+    sp_envelope_stamp(&f.env, f.id);
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+    assert_string_equal(sp_envelope_plaintext_content(&f.env), "command line");
+    cr.sealed = true;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    assert_non_null(strstr(reason, "sealed"));
+    cr.cmd = "";
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+    assert_null(sp_envelope_plaintext_content(&f.env));
+    cr.argv = argv;
+    cr.n_argv = 1;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    cr.sealed = false;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+
+    st.cmd_id = "cmd_1";
+    f.env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED;
+    f.env.command_started = &st;
+    sp_envelope_stamp(&f.env, f.id);
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+    st.cmdline_ciphertext = (ProtobufCBinaryData){sizeof(ct), ct};
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    assert_non_null(strstr(reason, "cmdline_nonce"));
+    st.cmdline_nonce = (ProtobufCBinaryData){sizeof(nonce), nonce};
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    assert_non_null(strstr(reason, "cmdline_key_id"));
+    st.cmdline_key_id = "0123456789abcdef";
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+    st.cmdline_ciphertext.len = SP_COMMAND_LINE_SEALED_MAX + 17;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    assert_null(sp_envelope_plaintext_content(&f.env));
+
+    o.cmd_id = "cmd_1";
+    o.stream = 1;
+    f.env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT;
+    f.env.command_output = &o;
+    sp_envelope_stamp(&f.env, f.id);
+    assert_null(sp_envelope_plaintext_content(&f.env)); /* the truncation marker: no data */
+    o.data = (ProtobufCBinaryData){2, nonce};
+    assert_string_equal(sp_envelope_plaintext_content(&f.env), "command output");
+}
+
+/* Sealed file paths: the clear paths or the sealed ones, never both; a sealed field whole. */
+static void test_sealed_file_paths(void **state)
+{
+    fixture_t f;
+    char reason[SP_REASON_MAX];
+    uint8_t ct[40] = {0}, nonce[12] = {0};
+    Space__V1__FileMoved fm = SPACE__V1__FILE_MOVED__INIT;
+    Space__V1__SealedPaths sp = SPACE__V1__SEALED_PATHS__INIT;
+    (void)state;
+    make_create(&f);
+    fm.from = "/a";
+    fm.to = "/b";
+    f.env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_FILE_MOVED;
+    f.env.file_moved = &fm;
+    sp_envelope_stamp(&f.env, f.id);
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+    assert_string_equal(sp_envelope_plaintext_content(&f.env), "file path");
+    sp.ciphertext = (ProtobufCBinaryData){sizeof(ct), ct};
+    sp.nonce = (ProtobufCBinaryData){sizeof(nonce), nonce};
+    sp.key_id = "0123456789abcdef";
+    fm.sealed = &sp;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    assert_non_null(strstr(reason, "clear"));
+    fm.from = "";
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    fm.to = "";
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+    assert_null(sp_envelope_plaintext_content(&f.env));
+    sp.nonce.len = 8;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    assert_non_null(strstr(reason, "sealed.nonce"));
+    sp.nonce.len = 12;
+    fm.sealed = NULL;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA); /* no path at all */
+}
+
 /* File events: a path the files API would produce, a digest of 32 bytes, never content. */
 /* Sealed output (docs/audit.md): ciphertext, a 12-byte nonce and a key id, never next to
  * plaintext. */
@@ -454,6 +550,8 @@ int main(void)
         cmocka_unit_test(test_encode_refuses_invalid),
         cmocka_unit_test(test_file_events),
         cmocka_unit_test(test_sealed_output),
+        cmocka_unit_test(test_sealed_command_line),
+        cmocka_unit_test(test_sealed_file_paths),
         cmocka_unit_test(test_network),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
