@@ -606,7 +606,19 @@ static void expect_no_secret_anywhere(const char *secret)
     }
 }
 
-/* The per-sandbox series move when the sandbox works, and go when it does. */
+/* One series of daemon i's scrape, or the sum of a family's when labels is NULL. */
+static double one(size_t i, const char *name, const char *labels)
+{
+    scrape_t sc;
+    char *text = scrape(ports[i], daemons[i], &sc);
+    double v = labels ? value_of(&sc, name, labels) : sum_of(&sc, name);
+    scrape_free(&sc);
+    free(text);
+    return v;
+}
+
+/* The per-sandbox series move when the sandbox works, and go when it does; the counters of
+ * the daemons that decided its creation move with it. */
 static void test_sandbox_series(void **state)
 {
     (void)state;
@@ -614,7 +626,18 @@ static void test_sandbox_series(void **state)
     snprintf(secret, sizeof(secret), "metrics-secret-%ld-%d", (long)time(NULL), (int)getpid());
     snprintf(body, sizeof(body), "{\"template\":\"tiny\",\"env\":{\"PROBE_VALUE\":\"%s\"}}",
              secret);
+    double placed0 = one(1, "space_scheduler_placements_total", "outcome=\"placed\"");
+    double stored0 = one(0, "space_eventlog_events_total", "outcome=\"accepted\"");
     sp_test_create_sandbox_body(api_port, key, body, id);
+    double placed1 = one(1, "space_scheduler_placements_total", "outcome=\"placed\"");
+    if (!(placed1 >= placed0 + 1))
+        fail_msg("placements{outcome=placed} %g -> %g after a create", placed0, placed1);
+    /* The create's intent, placement and start at least, stored by the time it answered. */
+    double stored1 = one(0, "space_eventlog_events_total", "outcome=\"accepted\"");
+    if (!(stored1 >= stored0 + 3))
+        fail_msg("events{outcome=accepted} %g -> %g after a create", stored0, stored1);
+    if (!(one(2, "space_worker_runsc_seconds_count", NULL) > 0))
+        fail_msg("the worker timed no runsc call");
     /* The env reaches the sandbox (so not finding it below means something). */
     sp_test_cmd_t r = sp_test_run(api_port, key, id, "{\"cmd\":\"echo $PROBE_VALUE\"}");
     assert_int_equal(r.status, 200);
