@@ -415,14 +415,15 @@ static void escape_help(sp_buf_t *out, const char *s)
 }
 
 /* Integers exactly (below 2^53), other values with 15 significant digits, and the format's
- * spellings of the non-finite ones. */
+ * spellings of the non-finite ones. No libm: the library does not link it (at -O0 floor() and
+ * fabs() are calls, not builtins). */
 static void put_value(sp_buf_t *out, double v)
 {
     if (isnan(v))
         sp_buf_puts(out, "NaN");
     else if (isinf(v))
         sp_buf_puts(out, v > 0 ? "+Inf" : "-Inf");
-    else if (v == floor(v) && fabs(v) < 9007199254740992.0)
+    else if (v > -9007199254740992.0 && v < 9007199254740992.0 && v == (double)(int64_t)v)
         sp_buf_printf(out, "%.0f", v);
     else
         sp_buf_printf(out, "%.15g", v);
