@@ -27,6 +27,7 @@
 #include "space_proc.h"
 #include "cred.h"
 #include "tlsca.h"
+#include "metrics.h"
 #include "xmalloc.h"
 
 #define MARKER                 ".space-home"
@@ -494,6 +495,10 @@ static int daemon_down(const sp_stack_t *st, const char *name)
                s == 1 ? " (killed after 10 s)" : "");
     }
     unlink(pidfile);
+    /* A daemon removes its metrics port file when it stops; one killed leaves it behind. */
+    char *mfile = sp_xasprintf("%s/%s" SP_METRICS_PORT_SUFFIX, st->run_dir, name);
+    unlink(mfile);
+    free(mfile);
 out:
     free(pidfile);
     return r;
@@ -614,6 +619,10 @@ static int daemons_up(const sp_stack_t *st, const char *nats_url, const char *pg
      * them in plaintext (docs/audit.md, Sealing), unless SPACE_SEAL_OUTPUT says otherwise. */
     if (requested(st->cfg, "space-credstore"))
         (void)setenv("SPACE_SEAL_OUTPUT", "true", 0);
+    /* Every daemon serves its metrics on a loopback port of its own, written to
+     * run/<name>.metrics (docs/metrics.md), unless SPACE_METRICS_ADDR says otherwise ("off"). The
+     * gateway's are on its API port. */
+    (void)setenv("SPACE_METRICS_ADDR", "127.0.0.1:0", 0);
 
     for (size_t i = 0; i < N_DAEMONS; i++) {
         const char *name = daemons[i].name;
@@ -906,6 +915,26 @@ out:
     return r;
 }
 
+/* The port in run/<name>.metrics (the daemon's metrics listener, docs/metrics.md), or 0. */
+static int metrics_port(const sp_stack_t *st, const char *name)
+{
+    char *path = sp_xasprintf("%s/%s" SP_METRICS_PORT_SUFFIX, st->run_dir, name);
+    FILE *f = fopen(path, "re");
+    char line[16] = "";
+    long port = 0;
+    free(path);
+    if (!f)
+        return 0;
+    if (fgets(line, sizeof(line), f) && line[0] >= '1' && line[0] <= '9') {
+        char *end;
+        port = strtol(line, &end, 10);
+        if (strcmp(end, "\n") != 0 || port > 65535)
+            port = 0;
+    }
+    fclose(f);
+    return (int)port;
+}
+
 int sp_stack_status(const sp_stack_config_t *cfg)
 {
     sp_stack_part_t pg = {0};
@@ -933,7 +962,11 @@ int sp_stack_status(const sp_stack_config_t *cfg)
         sp_stack_part_t part = {0};
 
         if (pidfile && sp_proc_pidfile_check(pidfile, name, &part.pid) == 1) {
+            int mport = metrics_port(&st, name);
+            if (mport)
+                part.url = sp_xasprintf("metrics on port %d", mport);
             sp__stack_report(name, "running", &part);
+            sp__stack_part_dispose(&part);
         } else if (access(prog, X_OK) < 0) {
             /* Not built: `space up` skips it, so it does not make the stack incomplete. */
             printf("%-*s absent   (%s is not built)\n", SP_STACK_PART_WIDTH, name, prog);

@@ -23,6 +23,7 @@
 #include "cred.h"
 #include "credstore.pb-c.h"
 #include "envelope.h"
+#include "metrics.h"
 #include "request.h"
 #include "verifier.h"
 
@@ -41,6 +42,8 @@ typedef struct {
     char *previous_master_key_file;
     char *log_level;
     char *log_format;
+    char *metrics_addr; /* metrics.h */
+    char *metrics_port_file;
 } cs_config_t;
 
 typedef struct {
@@ -80,7 +83,22 @@ typedef struct {
     /* Requests are signed (request.h): who asks is proven, not inferred. */
     sp_verifier_t *verifier;
     sp_request_guard_t *guard;
+    sp_metric_t *m_lookups, *m_refused, *m_credentials; /* credstore_metrics.c */
 } cs_t;
+
+/* ---- metrics (credstore_metrics.c, docs/metrics.md) ---- */
+typedef enum {
+    CS_LOOKUP_GRANTED,
+    CS_LOOKUP_NONE,
+    CS_LOOKUP_FORBIDDEN,
+    CS_LOOKUP_INVALID,
+    CS_LOOKUP_MALFORMED,
+    CS_LOOKUP_OUTCOMES,
+} cs_lookup_outcome_t;
+/* The families in reg, and the collect callback (which takes mu); -1 on a programming error. */
+int cs_metrics_init(cs_t *cs, sp_metrics_t *reg);
+/* Any thread, with or without mu. */
+void cs_metrics_lookup(cs_t *cs, cs_lookup_outcome_t o);
 
 /* ---- store (credstore_store.c); callers hold mu ---- */
 /* Checks the master key against its canary (made on first start), then re-wraps every row

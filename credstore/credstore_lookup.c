@@ -55,6 +55,7 @@ bool cs_request_open(cs_t *cs, const char *subject, const char *reply, const uin
         pthread_mutex_lock(&cs->mu);
         cs->denied_callers++;
         pthread_mutex_unlock(&cs->mu);
+        sp_series_inc(sp_metric_only(cs->m_refused));
     }
     return rc >= 0;
 }
@@ -101,6 +102,7 @@ static void lookup(cs_t *cs, const char *subject, const char *reply, const uint8
         len <= LOOKUP_MAX ? space__cred__v1__cred_lookup_request__unpack(NULL, len, data) : NULL;
     if (!q || !reply) {
         sp_log(SP_LOG_WARN, "ignoring a bad lookup", SP_KS("subject", subject));
+        cs_metrics_lookup(cs, CS_LOOKUP_MALFORMED);
         if (q)
             space__cred__v1__cred_lookup_request__free_unpacked(q, NULL);
         return;
@@ -114,10 +116,12 @@ static void lookup(cs_t *cs, const char *subject, const char *reply, const uint8
     size_t n = 0;
     if (!cs_caller_allowed(cs, CS_CALLER_EGRESSD, signer, reply)) {
         rep.error = "forbidden";
+        cs_metrics_lookup(cs, CS_LOOKUP_FORBIDDEN);
         goto send;
     }
     if (!sp_id_valid(q->tenant) || !sp_id_valid(q->sandbox) || !q->host[0]) {
         rep.error = "invalid";
+        cs_metrics_lookup(cs, CS_LOOKUP_INVALID);
         goto send;
     }
     pthread_mutex_lock(&cs->mu);
@@ -189,6 +193,7 @@ static void lookup(cs_t *cs, const char *subject, const char *reply, const uint8
     rep.grants = grants;
     rep.n_grants = n;
     rep.ok = true;
+    cs_metrics_lookup(cs, n ? CS_LOOKUP_GRANTED : CS_LOOKUP_NONE);
     {
         size_t plen = space__cred__v1__cred_lookup_reply__get_packed_size(&rep);
         uint8_t *buf = sp_xmalloc(plen ? plen : 1);

@@ -37,6 +37,7 @@ static const sp_cfg_opt_t options[] = {
                    "under master-key-file at start"),
     SP_CFG_STR_OPT("log-level", cs_config_t, log_level, "info", "debug|info|warn|error"),
     SP_CFG_STR_OPT("log-format", cs_config_t, log_format, "kv", "kv|json"),
+    SP_METRICS_CFG_OPTS(cs_config_t, metrics_addr, metrics_port_file),
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -138,6 +139,8 @@ int main(int argc, char **argv)
     int argi = 0, code = 1, rc;
     sp_log_level_t level;
     sp_log_format_t format;
+    sp_metrics_t *reg = sp_metrics_new();
+    sp_metrics_server_t *msrv = NULL;
 
     pthread_mutex_init(&cs.mu, NULL);
     if (sp_config_load(options, N_OPTIONS, &cfg, argc, argv, &argi, &err) < 0) {
@@ -240,6 +243,12 @@ int main(int argc, char **argv)
             goto out;
         }
     }
+    char merr[SP_METRICS_ERR_MAX] = "bad metric families";
+    if (cs_metrics_init(&cs, reg) < 0 || sp_metrics_serve(reg, "space-credstore", cfg.metrics_addr,
+                                                          cfg.metrics_port_file, &msrv, merr) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot serve metrics", SP_KS("error", merr));
+        goto out;
+    }
     if ((rc = cs_admin_start(&cs)) < 0 || (rc = cs_lookup_start(&cs)) < 0 ||
         (rc = cs_datakey_start(&cs)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot subscribe", SP_KS("error", sp_strerror(rc)));
@@ -254,6 +263,8 @@ int main(int argc, char **argv)
     }
     code = 0;
 out:
+    sp_metrics_server_free(msrv); /* its scrapes take mu */
+    sp_metrics_free(reg);
     sp_bus_unsubscribe(cs.admin_sub);
     sp_bus_unsubscribe(cs.lookup_sub);
     sp_bus_unsubscribe(cs.datakey_sub);

@@ -24,6 +24,7 @@
 
 #include "bus.h"
 #include "envelope.h"
+#include "metrics.h"
 #include "netpolicy.h"
 #include "request.h"
 #include "verifier.h"
@@ -62,6 +63,8 @@ typedef struct {
     int64_t cred_cache_ms;   /* how long a lookup's answer is used (revocation: at most this) */
     char *log_level;
     char *log_format;
+    char *metrics_addr; /* metrics.h */
+    char *metrics_port_file;
 } eg_config_t;
 
 typedef struct {
@@ -165,7 +168,19 @@ typedef struct {
     uint32_t *host_addrs; /* this host's IPv4 addresses, network order (eg_addr_refusal) */
     size_t n_host_addrs;
     int64_t host_addrs_ms; /* when they were read: again at most once a second */
+    /* egressd_metrics.c */
+    sp_metric_t *m_requests, *m_dns, *m_bytes, *m_injections, *m_cred_refusals;
 } eg_t;
+
+/* ---- metrics (egressd_metrics.c, docs/metrics.md) ---- */
+int eg_metrics_init(eg_t *eg, sp_metrics_t *reg);
+/* One decision as eg_audit records it: protocol "dns" counts as a DNS query. A reason not in
+ * egressd's list counts as "other". */
+void eg_metrics_decision(eg_t *eg, bool allowed, const char *protocol, const char *reason);
+/* n bytes read in direction dir (EG_UP, EG_DOWN). */
+void eg_metrics_bytes(eg_t *eg, int dir, size_t n);
+/* A credential injected (used: by its id) or a request refused for one (the reason). */
+void eg_metrics_credential(eg_t *eg, bool used, const char *cred, const char *reason);
 
 int64_t eg_now_ms(void);
 

@@ -47,6 +47,7 @@ void eg_audit(eg_t *eg, const eg_sbx_t *s, bool allowed, const char *protocol, c
 {
     eg_audit_t *a = eg->audit;
     char addr[16] = "";
+    eg_metrics_decision(eg, allowed, protocol, reason);
     if (addr_be) {
         struct in_addr in = {.s_addr = addr_be};
         inet_ntop(AF_INET, &in, addr, sizeof(addr));

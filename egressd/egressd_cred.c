@@ -133,6 +133,7 @@ static void record(eg_t *eg, const eg_sbx_t *s, bool used, const char *cred, con
 {
     eg_cred_t *cr = eg->cred;
     char p[257];
+    eg_metrics_credential(eg, used, cred, reason);
     size_t pl = path_len < sizeof(p) - 1 ? path_len : sizeof(p) - 1;
     /* The path as text the event can carry (the guest chose it): visible ASCII only. */
     for (size_t i = 0; i < pl; i++)

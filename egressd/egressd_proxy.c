@@ -1136,8 +1136,10 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
     side_t *s = (side_t *)st;
     on_read_data(s, nread, buf);
-    if (nread > 0)
+    if (nread > 0) {
+        eg_metrics_bytes(s->c->eg, s == &s->c->client ? EG_UP : EG_DOWN, (size_t)nread);
         charge(s, (size_t)nread);
+    }
 }
 
 static void on_read_data(side_t *s, ssize_t nread, const uv_buf_t *buf)

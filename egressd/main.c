@@ -85,6 +85,7 @@ static const sp_cfg_opt_t options[] = {
                    "how long a lookup's answer is used: a revocation takes effect within it"),
     SP_CFG_STR_OPT("log-level", eg_config_t, log_level, "info", "debug|info|warn|error"),
     SP_CFG_STR_OPT("log-format", eg_config_t, log_format, "kv", "kv|json"),
+    SP_METRICS_CFG_OPTS(eg_config_t, metrics_addr, metrics_port_file),
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -254,6 +255,8 @@ int main(int argc, char **argv)
     sp_log_level_t level;
     sp_log_format_t format;
     uv_loop_t loop;
+    sp_metrics_t *reg = sp_metrics_new();
+    sp_metrics_server_t *msrv = NULL;
 
     pthread_mutex_init(&eg.q_mu, NULL);
     if (sp_config_load(options, N_OPTIONS, &cfg, argc, argv, &argi, &err) < 0) {
@@ -288,6 +291,13 @@ int main(int argc, char **argv)
     ca_defaults(&cfg);
     sp_daemon_signals();
     signal(SIGPIPE, SIG_IGN);
+
+    char merr[SP_METRICS_ERR_MAX] = "bad metric families";
+    if (eg_metrics_init(&eg, reg) < 0 || sp_metrics_serve(reg, "space-egressd", cfg.metrics_addr,
+                                                          cfg.metrics_port_file, &msrv, merr) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot serve metrics", SP_KS("error", merr));
+        goto out;
+    }
 
     sp_bus_opts_t bo = {.url = cfg.nats_url, .name = "space-egressd", .timeout_ms = 30000};
     uint64_t msgs = 0;
@@ -355,6 +365,8 @@ int main(int argc, char **argv)
     eg_sbx_free_all(&eg);
     eg_addr_dispose(&eg);
 out:
+    sp_metrics_server_free(msrv);
+    sp_metrics_free(reg);
     sp_bus_free(eg.bus);
     sp_request_guard_free(eg.guard);
     sp_verifier_free(eg.verifier);

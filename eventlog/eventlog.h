@@ -8,6 +8,7 @@
 
 #include "bus.h"
 #include "hash.h"
+#include "metrics.h"
 #include "projection.h"
 #include "sign.h"
 #include "trust.h"
@@ -25,8 +26,24 @@ typedef struct {
     uint8_t hash[SP_SHA256_LEN];
 } el_head_t;
 
+/* Why a row was stored rejected, in classes (the reason itself is in the row): the label of
+ * space_eventlog_rejected_total (docs/metrics.md). */
+typedef enum {
+    EL_REJ_INVALID,    /* undecodable, or the subject does not match the envelope */
+    EL_REJ_REFUSED,    /* the trust check (signature, signer, placement) */
+    EL_REJ_DUPLICATE,  /* an exact copy of an accepted event (a retry or a replay) */
+    EL_REJ_REUSED_ID,  /* an event_id already used for other content */
+    EL_REJ_CONTRACT,   /* the projection refused it (contract.h: a transition not allowed) */
+    EL_REJ_UNSTORABLE, /* the database refused the message: stored as rejected, undecoded */
+    EL_REJ_PLAINTEXT,  /* seal-output: user content in plaintext (docs/audit.md) */
+    EL_REJ_CLASSES,
+} el_reject_class_t;
+extern const char *const el_reject_class_names[EL_REJ_CLASSES];
+
 typedef struct {
     uint64_t accepted, rejected, duplicates, skipped;
+    uint64_t rejected_by[EL_REJ_CLASSES]; /* of rejected */
+    uint64_t sig_verified, sig_failed;    /* signature verdicts on stored rows (verify on/log) */
     uint64_t refused; /* of rejected: by the trust check (or, in log mode, only logged) */
     uint64_t lost;    /* stream sequences the stream no longer held (SP_CHAIN_LOST_PREFIX) */
     uint64_t rows;    /* rows written */
@@ -143,5 +160,16 @@ uint64_t el_ckpt_made(el_ckpt_t *k);
 /* Publishes a checkpoint of the last head noted if none covers it (one try), stops the thread
  * and closes the file. NULL ok. */
 void el_ckpt_free(el_ckpt_t *k);
+
+/* The log's metric families (eventlog_metrics.c, docs/metrics.md). */
+typedef struct {
+    sp_bus_t *bus; /* for the lag, read at scrape */
+    sp_metric_t *events, *rejected, *signatures, *batch, *store, *stored_seq, *stream_seq, *lag;
+} el_metrics_t;
+/* Adds the families to reg and its collect callback; -1 on a programming error. */
+int el_metrics_init(el_metrics_t *m, sp_metrics_t *reg, sp_bus_t *bus);
+/* After a committed batch of n messages that took seconds: the counters from st->counts.
+ * Consuming thread only. */
+void el_metrics_stored(el_metrics_t *m, const el_store_t *st, size_t n, double seconds);
 
 #endif

@@ -32,8 +32,35 @@ typedef struct {
     int duplicate;
     int quarantine; /* store as rejected without decoding (the database refused it) */
     int refused;    /* by the trust check */
+    int reused;     /* its event_id names other content */
+    int plaintext;  /* user content in plaintext that seal-output keeps only sealed */
     char reason[SP_REASON_MAX];
 } item_t;
+
+const char *const el_reject_class_names[EL_REJ_CLASSES] = {
+    [EL_REJ_INVALID] = "invalid",     [EL_REJ_REFUSED] = "refused",
+    [EL_REJ_DUPLICATE] = "duplicate", [EL_REJ_REUSED_ID] = "reused_id",
+    [EL_REJ_CONTRACT] = "contract",   [EL_REJ_UNSTORABLE] = "unstorable",
+    [EL_REJ_PLAINTEXT] = "plaintext",
+};
+
+/* The class of a rejected item, from where it was rejected. */
+static el_reject_class_t reject_class(const item_t *it)
+{
+    if (it->quarantine)
+        return EL_REJ_UNSTORABLE;
+    if (it->prep->rc < 0)
+        return EL_REJ_INVALID;
+    if (it->plaintext)
+        return EL_REJ_PLAINTEXT;
+    if (it->duplicate)
+        return EL_REJ_DUPLICATE;
+    if (it->reused)
+        return EL_REJ_REUSED_ID;
+    if (it->refused)
+        return EL_REJ_REFUSED;
+    return EL_REJ_CONTRACT;
+}
 
 static void remember_error(el_store_t *st, const char *what)
 {
@@ -294,6 +321,7 @@ static int find_duplicates(el_store_t *st, item_t *items, size_t n)
             mark_copy(st, cur, NULL);
         } else {
             cur->disp = M_REJECT;
+            cur->reused = 1;
             snprintf(cur->reason, sizeof(cur->reason), "event_id %s reused with other content",
                      cur->env->event_id);
         }
@@ -333,6 +361,7 @@ static int find_duplicates(el_store_t *st, item_t *items, size_t n)
                 mark_copy(st, it, id);
             } else {
                 it->disp = M_REJECT;
+                it->reused = 1;
                 snprintf(it->reason, sizeof(it->reason), "event_id %s reused with other content",
                          id);
             }
@@ -542,6 +571,7 @@ static int store_items(el_store_t *st, const el_prep_t *prep, size_t n, int quar
         const char *plain = st->seal_output ? sp_envelope_plaintext_content(it->env) : NULL;
         if (plain) {
             it->disp = M_REJECT;
+            it->plaintext = 1;
             snprintf(it->reason, sizeof(it->reason),
                      "plaintext %s: this log keeps it only sealed (seal-output)", plain);
             continue;
@@ -588,11 +618,20 @@ static int store_items(el_store_t *st, const el_prep_t *prep, size_t n, int quar
         copy_row(&rows, &tmp, &row, head.hash);
         head.seq = seq;
         counts.rows++;
-        if (it->disp == M_ACCEPT)
+        if (it->disp == M_ACCEPT) {
             counts.accepted++;
-        else
+        } else {
             counts.rejected++;
+            counts.rejected_by[reject_class(it)]++;
+        }
         counts.refused += (unsigned)it->refused;
+        /* The pool's verdict on its signature, for what reached the verifier (decoded). */
+        if (st->verify != EL_VERIFY_OFF && !it->quarantine && it->prep->rc == 0) {
+            if (it->prep->sig_rc == 0)
+                counts.sig_verified++;
+            else
+                counts.sig_failed++;
+        }
     }
 
     if (rows.len > 0 && (rc = copy_in(st->db, &rows)) < 0) {
@@ -627,6 +666,10 @@ static int store_items(el_store_t *st, const el_prep_t *prep, size_t n, int quar
     st->counts.skipped += counts.skipped;
     st->counts.refused += counts.refused;
     st->counts.lost += counts.lost;
+    for (size_t k = 0; k < EL_REJ_CLASSES; k++)
+        st->counts.rejected_by[k] += counts.rejected_by[k];
+    st->counts.sig_verified += counts.sig_verified;
+    st->counts.sig_failed += counts.sig_failed;
     st->rows += counts.rows;
     if (counts.lost)
         sp_log(SP_LOG_ERROR, "events lost: the stream no longer held them (its limits)",

@@ -61,9 +61,12 @@ typedef struct {
     int64_t checkpoint_ms;
     char *checkpoint_file;
     bool seal_output;
+    char *metrics_addr; /* metrics.h */
+    char *metrics_port_file;
 } el_config_t;
 
 static const sp_cfg_opt_t options[] = {
+    SP_METRICS_CFG_OPTS(el_config_t, metrics_addr, metrics_port_file),
     SP_CFG_STR_OPT("nats-url", el_config_t, nats_url, "nats://127.0.0.1:4222",
                    "NATS server URL(s)"),
     SP_CFG_STR_OPT("nats-user", el_config_t, nats_user, NULL, "NATS user"),
@@ -257,11 +260,15 @@ static int setup_checkpoints(const el_config_t *cfg, sp_bus_t *bus, const sp_bus
 
 /* Stores a prepared batch and acknowledges it; < 0 when nothing of it was stored (it is not
  * acknowledged, the caller starts over from the head). The checkpointer learns the new head. */
+static el_metrics_t metrics;
+
 static int store_and_ack(el_store_t *st, el_batch_t *b)
 {
+    int64_t t0 = sp_mono_ns();
     int rc = el_store_batch(st, b);
     if (rc < 0)
         return rc;
+    el_metrics_stored(&metrics, st, b->n, (double)(sp_mono_ns() - t0) / 1e9);
     el_ckpt_note(st->ckpt, st->head.seq, st->rows, st->head.hash, st->verify_from);
     /* Stored: a lost ack only causes a redelivery, which the head filters out. */
     if (sp_bus_batch_ack(b->batch) < 0)
@@ -286,6 +293,7 @@ static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_poo
         sp_log(SP_LOG_ERROR, "cannot read the log head", SP_KS("error", PQerrorMessage(st->db)));
         return rc;
     }
+    sp_series_set(sp_metric_only(metrics.stored_seq), (double)st->head.seq);
     /* Rows from here on are stored with this process's verification (the checkpoints say
      * from where: a row accepted after it passed sp_trust_verify). */
     if (st->verify == EL_VERIFY_ON && st->verify_from == 0)
@@ -391,6 +399,8 @@ int main(int argc, char **argv)
     sp_keyring_t *keyring = NULL;
     sp_sigcache_t *sigcache = NULL;
     el_pool_t *pool = NULL;
+    sp_metrics_t *reg = sp_metrics_new();
+    sp_metrics_server_t *msrv = NULL;
 
     if (rc < 0) {
         fprintf(stderr, "space-eventlog: %s\n", err ? err : sp_strerror(rc));
@@ -429,6 +439,13 @@ int main(int argc, char **argv)
     }
     if ((rc = sp_bus_ensure_stream(bus)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot set up the stream", SP_KS("error", sp_strerror(rc)));
+        goto out;
+    }
+    char merr[SP_METRICS_ERR_MAX] = "bad metric families";
+    if (el_metrics_init(&metrics, reg, bus) < 0 ||
+        sp_metrics_serve(reg, "space-eventlog", cfg.metrics_addr, cfg.metrics_port_file, &msrv,
+                         merr) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot serve metrics", SP_KS("error", merr));
         goto out;
     }
     st.proj = sp_projection_new("public");
@@ -481,6 +498,9 @@ int main(int argc, char **argv)
     st.ckpt = NULL;
     exit_code = 0;
 out:
+    /* First: its scrapes read the bus. */
+    sp_metrics_server_free(msrv);
+    sp_metrics_free(reg);
     el_ckpt_free(st.ckpt); /* the last head gets its checkpoint */
     el_pool_free(pool);
     sp_projection_free(st.proj);

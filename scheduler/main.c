@@ -40,6 +40,7 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_INT_OPT("worker-lost-s", sched_config_t, worker_lost_s, 2, 86400, "300",
                    "a worker without a heartbeat this long is lost: its sandboxes fail "
                    "(worker_lost), one being resumed there goes back to suspended"),
+    SP_METRICS_CFG_OPTS(sched_config_t, metrics_addr, metrics_port_file),
     SP_CFG_STR_OPT("log-level", sched_config_t, log_level, "info", "debug|info|warn|error"),
     SP_CFG_STR_OPT("log-format", sched_config_t, log_format, "kv", "kv|json"),
 };
@@ -102,6 +103,8 @@ int main(int argc, char **argv)
     int argi = 0, code = 1, rc;
     sp_log_level_t level;
     sp_log_format_t format;
+    sp_metrics_t *reg = sp_metrics_new();
+    sp_metrics_server_t *msrv = NULL;
 
     if (sp_config_load(options, N_OPTIONS, &cfg, argc, argv, &argi, &err) < 0) {
         fprintf(stderr, "space-scheduler: %s\n", err ? err : "bad options");
@@ -118,6 +121,14 @@ int main(int argc, char **argv)
     }
     sp_log_init("space-scheduler", level, format);
     sp_daemon_signals();
+
+    char merr[SP_METRICS_ERR_MAX] = "bad metric families";
+    if (sched_metrics_init(&s, reg) < 0 ||
+        sp_metrics_serve(reg, "space-scheduler", cfg.metrics_addr, cfg.metrics_port_file, &msrv,
+                         merr) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot serve metrics", SP_KS("error", merr));
+        goto out;
+    }
 
     sp_bus_opts_t bo = {.url = cfg.nats_url, .name = "space-scheduler", .timeout_ms = 30000};
     char iderr[SP_BUSID_ERR_MAX];
@@ -149,6 +160,8 @@ int main(int argc, char **argv)
     run(&s);
     code = 0;
 out:
+    sp_metrics_server_free(msrv);
+    sp_metrics_free(reg);
     free(s.recent);
     PQfinish(s.db);
     sp_bus_free(s.bus);

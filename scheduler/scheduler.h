@@ -8,6 +8,7 @@
 
 #include "bus.h"
 #include "envelope.h"
+#include "metrics.h"
 #include "verifier.h"
 
 typedef struct {
@@ -27,6 +28,8 @@ typedef struct {
     int64_t worker_lost_s;  /* a worker silent this long is taken for gone with its host */
     char *log_level;
     char *log_format;
+    char *metrics_addr; /* metrics.h */
+    char *metrics_port_file;
 } sched_config_t;
 
 /* Placements made since a worker's last heartbeat, so that a burst of creates spreads over
@@ -44,6 +47,7 @@ typedef struct {
     sp_verifier_t *verifier; /* intents are acted on only once checked (docs/trust.md) */
     sched_recent_t *recent;
     size_t n_recent;
+    sp_metric_t *m_placements, *m_actions; /* scheduler_metrics.c */
 } sched_t;
 
 /* Handles one event from space.ev.sbx._.>: 0 = done (ack), < 0 = could not be handled now
@@ -51,6 +55,15 @@ typedef struct {
  * check refuses (unsigned, forged, a signer that may not ask this, a platform outside its
  * tenants), are done without effect: the event log records them as rejected. */
 int sched_handle(sched_t *s, const sp_bus_msg_t *m);
+
+/* The scheduler's families in reg (docs/metrics.md); -1 on a programming error. */
+int sched_metrics_init(sched_t *s, sp_metrics_t *reg);
+/* A decided intent: "placed", "placed_resume" or the refusal's code (others count as
+ * "other"). */
+void sched_metrics_placement(sched_t *s, const char *outcome);
+/* A published controller request: timeout_delete, timeout_suspend, idle_suspend, worker_lost,
+ * sandbox_lost, resume_lost. */
+void sched_metrics_action(sched_t *s, const char *action);
 
 /* One pass of the timeout and idleness controller (scheduler_timeouts.c). */
 int sched_timeouts_tick(sched_t *s);

@@ -52,6 +52,8 @@ static int fail_sandbox(sched_t *s, const char *id, const char *tenant, const ch
         sp_log(SP_LOG_WARN, "cannot record a sandbox of a lost worker", SP_KS("sandbox", id),
                SP_KS("worker", worker), SP_KS("error", sp_strerror(rc)));
     else
+        sched_metrics_action(s, resuming ? "resume_lost" : "sandbox_lost");
+    if (rc >= 0)
         sp_log(SP_LOG_WARN,
                resuming ? "resume given up: worker lost" : "sandbox lost with its worker",
                SP_KS("sandbox", id), SP_KS("worker", worker), SP_KS("state", state));
@@ -78,6 +80,8 @@ static int stop_worker(sched_t *s, const char *worker, const char *hb_us, const 
         sp_log(SP_LOG_WARN, "cannot mark a lost worker", SP_KS("worker", worker),
                SP_KS("error", sp_strerror(rc)));
     else
+        sched_metrics_action(s, "worker_lost");
+    if (rc >= 0)
         sp_log(SP_LOG_WARN, "worker lost", SP_KS("worker", worker), SP_KS("detail", detail));
     return rc;
 }

@@ -169,6 +169,8 @@ static int reject(sched_t *s, const sp_envelope_t *intent, const char *reason, c
     env.sandbox_request_rejected = &rej;
     snprintf(msg_id, sizeof(msg_id), "rejected:%s", intent->event_id);
     int rc = sp_publish_event(s->bus, &env, id, NULL, msg_id, NULL);
+    if (rc >= 0)
+        sched_metrics_placement(s, reason);
     sp_log(SP_LOG_INFO, "intent refused", SP_KS("type", intent->type),
            SP_KS("sandbox", intent->aggregate->id), SP_KS("reason", reason),
            SP_KS("detail", detail), SP_KS("signer", intent->signer),
@@ -239,6 +241,7 @@ static int place(sched_t *s, const sp_envelope_t *intent)
     snprintf(msg_id, sizeof(msg_id), "placed:%s", intent->event_id);
     if ((rc = sp_publish_event(s->bus, &env, id, worker, msg_id, NULL)) < 0)
         return rc;
+    sched_metrics_placement(s, "placed");
     sp_log(SP_LOG_INFO, "placed", SP_KS("sandbox", intent->aggregate->id), SP_KS("worker", worker),
            SP_KS("corr", intent->correlation_id));
     return 0;
@@ -307,6 +310,7 @@ static int place_resume(sched_t *s, const sp_envelope_t *intent)
     snprintf(msg_id, sizeof(msg_id), "placed:%s", intent->event_id);
     if ((rc = sp_publish_event(s->bus, &env, id, worker, msg_id, NULL)) < 0)
         return rc;
+    sched_metrics_placement(s, "placed_resume");
     sp_log(SP_LOG_INFO, "placed for resume", SP_KS("sandbox", intent->aggregate->id),
            SP_KS("worker", worker), SP_KS("corr", intent->correlation_id));
     return 0;

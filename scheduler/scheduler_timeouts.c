@@ -47,6 +47,10 @@ static int ask(sched_t *s, const char *id, const char *tenant, const char *worke
         sp_log(SP_LOG_WARN, "cannot ask", SP_KS("sandbox", id), SP_KS("why", why),
                SP_KS("error", sp_strerror(rc)));
     else
+        sched_metrics_action(s, strcmp(why, "idle") == 0 ? "idle_suspend"
+                                : suspend                ? "timeout_suspend"
+                                                         : "timeout_delete");
+    if (rc >= 0)
         sp_log(SP_LOG_INFO, suspend ? "suspend asked" : "delete asked", SP_KS("sandbox", id),
                SP_KS("why", why));
     return rc;

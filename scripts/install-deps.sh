@@ -17,6 +17,9 @@ PKGS=(
   iproute2 procps psmisc curl util-linux python3 chromium
   python3-yaml systemd jq
   libcmocka-dev
+  # promtool (check metrics), run by tests/integration/metrics.c on every scrape; the
+  # package's server is not used
+  prometheus
 )
 # chromium: the headless browser tests/console drives (through playwright-core from npm).
 

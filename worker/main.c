@@ -118,6 +118,7 @@ static const sp_cfg_opt_t options[] = {
                    "how long an exec waits for space-credstore's data key"),
     SP_CFG_STR_OPT("log-level", wk_config_t, log_level, "info", "debug|info|warn|error"),
     SP_CFG_STR_OPT("log-format", wk_config_t, log_format, "kv", "kv|json"),
+    SP_METRICS_CFG_OPTS(wk_config_t, metrics_addr, metrics_port_file),
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -379,6 +380,9 @@ int main(int argc, char **argv)
     PGconn *db = NULL;
     pthread_t hb;
     int hb_started = 0;
+    sp_metrics_t *reg = sp_metrics_new();
+    sp_metrics_server_t *msrv = NULL;
+    char merr[SP_METRICS_ERR_MAX] = "bad metric families";
 
     pthread_mutex_init(&w.mu, NULL);
     if (sp_config_load(options, N_OPTIONS, &cfg, argc, argv, &argi, &err) < 0) {
@@ -396,6 +400,10 @@ int main(int argc, char **argv)
     }
     sp_log_init("space-worker", level, format);
     sp_daemon_signals();
+    if (wk_metrics_init(&w, reg) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot serve metrics", SP_KS("error", merr));
+        goto out;
+    }
 
     gethostname(w.hostname, sizeof(w.hostname) - 1);
     struct sysinfo si;
@@ -436,6 +444,7 @@ int main(int argc, char **argv)
         .template_defs = cfg.template_defs[0] ? cfg.template_defs : NULL,
         .template_cache = cfg.template_cache,
         .cancel = &sp_daemon_stopping,
+        .runsc_seconds = w.metrics.runsc,
     };
     if (cfg.teardown) {
         code = teardown(&hc) < 0 ? 1 : 0;
@@ -500,12 +509,22 @@ int main(int argc, char **argv)
     /* After the reconciliation released a previous process's pooled sandboxes. */
     if (wk_pool_start(&w) < 0)
         goto out;
+    /* Now that the owned table, the pool and the host are what scrapes read. */
+    wk_metrics_serve_collect(&w, reg);
+    if (sp_metrics_serve(reg, "space-worker", cfg.metrics_addr, cfg.metrics_port_file, &msrv,
+                         merr) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot serve metrics", SP_KS("error", merr));
+        goto out;
+    }
     if (pthread_create(&hb, NULL, heartbeat_main, &w) == 0)
         hb_started = 1;
     wk_serve(&w);
     code = 0;
 out:
     sp_daemon_stopping = 1;
+    /* First: its scrapes read the owned table, the pool and the host. */
+    sp_metrics_server_free(msrv);
+    msrv = NULL;
     if (hb_started)
         pthread_join(hb, NULL);
     /* A build in progress is stopped (cancel): wait for its thread to say so. */
@@ -540,6 +559,7 @@ out:
     free(ca_path);
     free(prep.path);
     pthread_mutex_destroy(&w.mu);
+    sp_metrics_free(reg);
     sp_config_dispose(options, N_OPTIONS, &cfg);
     free(err);
     return code;

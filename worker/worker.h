@@ -64,9 +64,17 @@ typedef struct {
     int64_t datakey_timeout_ms;
     char *log_level;
     char *log_format;
+    char *metrics_addr; /* metrics.h */
+    char *metrics_port_file;
 } wk_config_t;
 
 typedef struct wk wk_t;
+
+/* The worker's metric families (worker_metrics.c, docs/metrics.md). */
+typedef struct {
+    sp_metric_t *sandboxes, *pool_ready, *pool_target, *runsc, *cpu, *memory, *disk, *vcpus,
+        *memory_host, *disk_host;
+} wk_metrics_t;
 typedef struct wk_pool wk_pool_t;
 #define WK_GIVEN_UP_MAX 64
 
@@ -165,7 +173,15 @@ struct wk {
     pthread_t files_reaper;
     bool files_reaper_started;
     wk_pool_t *pool; /* NULL: pools off (worker_pool.c) */
+    wk_metrics_t metrics;
 };
+
+/* Adds the families to reg (-1 on a programming error); metrics.runsc goes into the host's
+ * config before it opens. */
+int wk_metrics_init(wk_t *w, sp_metrics_t *reg);
+/* Registers the scrape-time reading of w (its owned table, pool and host): once all of them
+ * are set up, before the listener starts. */
+void wk_metrics_serve_collect(wk_t *w, sp_metrics_t *reg);
 
 /* Compares what the log says this worker owns with what the host shows: adopts sandboxes
  * still running (SandboxAdopted), fails the ones that are gone (SandboxFailed "lost"),

@@ -167,6 +167,21 @@ enum {
     CALL_REAPER = 1 << 2, /* under a reaper (wk__cmd_t.reaper): the call leaves a sandbox */
 };
 
+/* The duration of a runsc call into the histogram, by its verb (a fixed list). */
+static void observe(const wk_host_t *h, const char *verb, int64_t t0_ns)
+{
+    static const char *const ops[] = {"create", "start", "pause", "resume", "checkpoint", "restore",
+                                      "delete", "exec",  "list",  "kill",   "state"};
+    if (!h->runsc_seconds)
+        return;
+    const char *op = "other";
+    for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
+        if (strcmp(verb, ops[i]) == 0)
+            op = ops[i];
+    sp_series_observe(sp_metric_series1(h->runsc_seconds, op),
+                      (double)(sp_mono_ns() - t0_ns) / 1e9);
+}
+
 /* runsc <global flags> <sub...>; stdio (NULL or {stdin, stdout}) for create. */
 static int runsc_call(const wk_host_t *h, const char *const *sub, size_t nsub, unsigned flags,
                       const int *stdio, wk_out_mode_t mode, char *out, size_t out_len,
@@ -198,7 +213,9 @@ static int runsc_call(const wk_host_t *h, const char *const *sub, size_t nsub, u
         c.stdin_fd = stdio[0];
         c.stdout_fd = stdio[1];
     }
+    int64_t t0 = sp_mono_ns();
     int rc = wk__run(&c, ret_exit);
+    observe(h, sub[0], t0);
     free(argv);
     free(platform);
     free(root);
@@ -286,7 +303,9 @@ int wk__runsc_checkpoint(const wk_host_t *h, const char *id, const char *image_d
                    .out_mode = WK_OUT_STDERR,
                    .out = out,
                    .out_len = ERR_CAPTURE};
+    int64_t t0 = sp_mono_ns();
     int ex = 0, rc = wk__run(&c, &ex);
+    observe(h, "checkpoint", t0);
     int status = rc == 0 ? wk__checkpoint_status(rc_path) : rc;
     if (rc < 0 || ex != 0 || status != 0)
         rc = call_failed(err, rc < 0 ? rc : 0, rc == 0 && ex == 0 ? status : ex, "checkpoint", out);
@@ -643,6 +662,69 @@ int wk_sandbox_oom_kills(const wk_host_t *h, const char *sandbox)
         if (n > 0)
             return n > INT32_MAX ? INT32_MAX : (int)n;
     }
+    return 0;
+}
+
+/* The first number of a cgroup file, or of its line that starts with key (cpu.stat). */
+static bool cgroup_number(const wk_host_t *h, const char *controller, const char *id,
+                          const char *file, const char *key, uint64_t *ret)
+{
+    char path[320];
+    snprintf(path, sizeof(path), "%s/%s/space-%s/%s/%s", WK_CGROUP_ROOT, controller, h->tag, id,
+             file);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return false;
+    char line[128];
+    bool found = false;
+    size_t klen = key ? strlen(key) : 0;
+    while (!found && fgets(line, sizeof(line), f)) {
+        if (key && (strncmp(line, key, klen) != 0 || line[klen] != ' '))
+            continue;
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(line + (key ? klen + 1 : 0), &end, 10);
+        found = errno == 0 && end != line + (key ? klen + 1 : 0);
+        if (found)
+            *ret = v;
+        if (!key)
+            break;
+    }
+    fclose(f);
+    return found;
+}
+
+int wk_sandbox_usage(const wk_host_t *h, const char *sandbox, wk_sandbox_usage_t *ret)
+{
+    if (!h || !sp_id_valid(sandbox))
+        return -EINVAL;
+    char id[65];
+    wk__host_id(h, sandbox, id);
+    wk_sandbox_usage_t u = {0};
+    uint64_t v = 0;
+    /* cgroup v1 (this host's layout): cpuacct.usage in ns; v2: cpu.stat usage_usec. */
+    if (cgroup_number(h, "cpuacct", id, "cpuacct.usage", NULL, &v)) {
+        u.has_cpu = true;
+        u.cpu_seconds = (double)v / 1e9;
+    } else if (cgroup_number(h, "unified", id, "cpu.stat", "usage_usec", &v) ||
+               cgroup_number(h, "", id, "cpu.stat", "usage_usec", &v)) {
+        u.has_cpu = true;
+        u.cpu_seconds = (double)v / 1e6;
+    }
+    if (cgroup_number(h, "memory", id, "memory.usage_in_bytes", NULL, &v) ||
+        cgroup_number(h, "unified", id, "memory.current", NULL, &v) ||
+        cgroup_number(h, "", id, "memory.current", NULL, &v)) {
+        u.has_memory = true;
+        u.memory_bytes = v;
+    }
+    char path[512];
+    uint64_t excl = 0, rfer = 0;
+    snprintf(path, sizeof(path), "%s/%s", h->sandboxes_dir, id);
+    if (wk__subvol_usage(path, &excl, &rfer) == 0) {
+        u.has_disk = true;
+        u.disk_bytes = excl;
+    }
+    *ret = u;
     return 0;
 }
 

@@ -346,6 +346,7 @@ int wk_host_open(const wk_host_config_t *cfg, wk_host_t **ret_host, char err[WK_
     h->template_cache =
         cfg->template_cache && cfg->template_cache[0] ? sp_xstrdup(cfg->template_cache) : NULL;
     h->cancel = cfg->cancel;
+    h->runsc_seconds = cfg->runsc_seconds;
     if (cfg->ca_cert_path && (rc = wk__trust_load(cfg->ca_cert_path, &h->ca_pem, err)) < 0) {
         wk_host_close(h);
         return rc;

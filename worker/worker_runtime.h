@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "metrics.h"
+
 #define WK_ERR_MAX 256
 
 /* Per-sandbox limits when neither the spec nor the host config says (docs/faults.md). */
@@ -63,6 +65,9 @@ typedef struct {
     /* Long host work (template builds) stops soon after *cancel becomes nonzero (NULL:
      * never), e.g. &sp_daemon_stopping. */
     const atomic_int *cancel;
+    /* Histogram family with one label, op: every runsc call's duration (create, start, pause,
+     * resume, checkpoint, restore, delete, exec, list, other). NULL: not measured. */
+    sp_metric_t *runsc_seconds;
 } wk_host_config_t;
 
 typedef struct wk_host wk_host_t;
@@ -262,6 +267,17 @@ int wk_host_scan(wk_host_t *h, wk_host_sandbox_t **ret_list, size_t *ret_n);
  * `space down --purge` needs before it can delete the state directory. The host must not be
  * used afterwards except to close it. */
 int wk_host_teardown(wk_host_t *h, char err[WK_ERR_MAX]);
+
+/* What a sandbox uses now, for metrics: CPU time and memory from its cgroup (v1 cpuacct and
+ * memory controllers, or v2's cpu.stat and memory.current), disk from its subvolume's qgroup
+ * (exclusive bytes, what its disk limit counts; as of btrfs's last commit). Each has_* says
+ * whether that number could be read (no cgroup yet, quotas off). 0, or -EINVAL for a bad id. */
+typedef struct {
+    bool has_cpu, has_memory, has_disk;
+    double cpu_seconds;
+    uint64_t memory_bytes, disk_bytes;
+} wk_sandbox_usage_t;
+int wk_sandbox_usage(const wk_host_t *h, const char *id, wk_sandbox_usage_t *ret);
 
 /* Counts of host resources belonging to this worker, for leak checks in tests. */
 typedef struct {

@@ -65,6 +65,7 @@ struct wk_host {
     char *template_defs;  /* where <name>.sh template definitions are */
     char *template_cache; /* NULL: no cache */
     const atomic_int *cancel;
+    sp_metric_t *runsc_seconds; /* NULL: runsc calls are not timed */
 
     /* Held from the address dump until the host side of the new veth has its address, so two
      * creates never pick the same /30. */
@@ -183,6 +184,10 @@ int wk__volume_free(const char *volume_dir, uint64_t *ret_bytes);
 int wk__qgroup_sweep(const char *volume_dir, bool rescan, unsigned *ret_removed, unsigned *ret_left,
                      char err[WK_ERR_MAX]);
 int wk__volume_size(const char *volume_dir, uint64_t *ret_bytes);
+/* What the subvolume at path holds by its level-0 qgroup: exclusive bytes (what it wrote,
+ * what the disk limit counts) and referenced bytes (its template's shared extents too). As of
+ * btrfs's last transaction commit. -ENOENT when quotas are off. */
+int wk__subvol_usage(const char *path, uint64_t *ret_exclusive, uint64_t *ret_referenced);
 /* Limits what the subvolume at path may hold beyond what it shares with others (its qgroup's
  * exclusive bytes): writes past it fail with EDQUOT. */
 int wk__subvol_limit(const char *path, uint64_t max_exclusive, char err[WK_ERR_MAX]);

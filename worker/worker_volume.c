@@ -8,6 +8,7 @@
  * (gVisor's gofer passes the host's errno through). Quotas cost ~1.2 ms per snapshot here
  * (docs/machine-notes.md). */
 #include <btrfsutil.h>
+#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/btrfs.h>
@@ -239,6 +240,39 @@ int wk__volume_size(const char *volume_dir, uint64_t *ret_bytes)
     if (statvfs(volume_dir, &sv) < 0)
         return -errno;
     *ret_bytes = (uint64_t)sv.f_blocks * sv.f_frsize;
+    return 0;
+}
+
+int wk__subvol_usage(const char *path, uint64_t *ret_exclusive, uint64_t *ret_referenced)
+{
+    uint64_t id = 0;
+    if (btrfs_util_subvolume_id(path, &id) != BTRFS_UTIL_OK)
+        return errno ? -errno : -EINVAL;
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    /* The level-0 qgroup's info item (0/<id>): one item, found by its key. */
+    struct btrfs_ioctl_search_args a;
+    memset(&a, 0, sizeof(a));
+    a.key.tree_id = BTRFS_QUOTA_TREE_OBJECTID;
+    a.key.min_type = a.key.max_type = BTRFS_QGROUP_INFO_KEY;
+    a.key.min_offset = a.key.max_offset = id;
+    a.key.max_transid = UINT64_MAX;
+    a.key.nr_items = 1;
+    int rc = ioctl(fd, BTRFS_IOC_TREE_SEARCH, &a) < 0 ? -errno : 0;
+    close(fd);
+    if (rc < 0)
+        return rc; /* -ENOENT: quotas are off */
+    struct btrfs_ioctl_search_header hd;
+    struct btrfs_qgroup_info_item info;
+    if (a.key.nr_items < 1)
+        return -ENOENT;
+    memcpy(&hd, a.buf, sizeof(hd));
+    if (hd.type != BTRFS_QGROUP_INFO_KEY || hd.offset != id || hd.len < sizeof(info))
+        return -ENOENT;
+    memcpy(&info, a.buf + sizeof(hd), sizeof(info));
+    *ret_exclusive = le64toh(info.excl);
+    *ret_referenced = le64toh(info.rfer);
     return 0;
 }
 
