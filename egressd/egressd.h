@@ -169,7 +169,7 @@ typedef struct {
     size_t n_host_addrs;
     int64_t host_addrs_ms; /* when they were read: again at most once a second */
     /* egressd_metrics.c */
-    sp_metric_t *m_requests, *m_dns, *m_bytes, *m_injections, *m_cred_refusals;
+    sp_metric_t *m_requests, *m_dns, *m_bytes, *m_injections, *m_cred_refusals, *m_masked;
 } eg_t;
 
 /* ---- metrics (egressd_metrics.c, docs/metrics.md) ---- */

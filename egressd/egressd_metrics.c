@@ -70,7 +70,7 @@ static const char *const protocols[] = {"http", "https", "tls", "tcp"};
 #define N_PROTOCOLS (sizeof(protocols) / sizeof(protocols[0]))
 
 static const char *const cred_refusals[] = {"credential_scope", "credential_expired",
-                                            "rate_limited", "credstore_unavailable"};
+                                            "rate_limited", "credstore_unavailable", "scrub_limit"};
 #define N_CRED_REFUSALS (sizeof(cred_refusals) / sizeof(cred_refusals[0]))
 
 /* Credential ids as labels: registered credentials only (credstore's grants), at most this
@@ -106,7 +106,13 @@ int eg_metrics_init(eg_t *eg, sp_metrics_t *reg)
     eg->m_cred_refusals = sp_metrics_add(
         reg, SP_METRIC_COUNTER, "space_egressd_credential_refusals_total",
         "Requests refused for a credential, by reason.", "reason", NULL, 0, N_CRED_REFUSALS + 1);
-    if (!eg->m_requests || !eg->m_dns || !eg->m_bytes || !eg->m_injections || !eg->m_cred_refusals)
+    eg->m_masked = sp_metrics_add(
+        reg, SP_METRIC_COUNTER, "space_egressd_credential_echoes_masked_total",
+        "Connections on which a site echoed an injected credential and egressd masked it for "
+        "the guest, by credential id (docs/credentials.md).",
+        "credential", NULL, 0, CRED_SERIES_MAX);
+    if (!eg->m_requests || !eg->m_dns || !eg->m_bytes || !eg->m_injections ||
+        !eg->m_cred_refusals || !eg->m_masked)
         return -1;
     (void)sp_metric_series1(eg->m_bytes, "up");
     (void)sp_metric_series1(eg->m_bytes, "down");
@@ -140,6 +146,9 @@ void eg_metrics_credential(eg_t *eg, bool used, const char *cred, const char *re
             sp_metric_series1(eg->m_cred_refusals, pick(cred_refusals, N_CRED_REFUSALS, reason)));
         return;
     }
+    /* A masked echo is recorded as a use with reason "scrubbed" (egressd_cred.c): not one
+     * more injection. */
+    bool masked = reason && strcmp(reason, "scrubbed") == 0;
     if (cred && sp_id_valid(cred))
-        sp_series_inc(sp_metric_series1(eg->m_injections, cred));
+        sp_series_inc(sp_metric_series1(masked ? eg->m_masked : eg->m_injections, cred));
 }
