@@ -112,17 +112,40 @@ static int fd_high(int fd)
     return nfd;
 }
 
+/* In a forked child (before exec, and in the reaper for its whole life) the calls go to the
+ * kernel directly, not through libc: a sanitizer intercepts _exit, prctl, write, dup2 and
+ * waitpid, and its interceptors take the runtime's locks, which another thread of the worker
+ * may have held at the moment of the fork (_Fork runs no atfork handler). Under TSan the
+ * child then waited on that lock forever, still holding every descriptor of the worker,
+ * other sandboxes' agent channels included (docs/machine-notes.md, "A forked child under
+ * TSan"). Without a sanitizer these are the same system calls. */
+__attribute__((noreturn)) static void raw_exit(int code)
+{
+    for (;;)
+        (void)syscall(SYS_exit_group, code);
+}
+
+static ssize_t raw_write(int fd, const void *p, size_t n)
+{
+    return (ssize_t)syscall(SYS_write, fd, p, n);
+}
+
+static void raw_close_range(unsigned first, unsigned last)
+{
+    (void)syscall(SYS_close_range, first, last, 0);
+}
+
 static void child_fail(const char *what)
 {
     /* Only async-signal-safe calls here. */
     const char *e = strerrordesc_np(errno);
-    (void)!write(2, "space-worker: ", 14);
-    (void)!write(2, what, strlen(what));
-    (void)!write(2, ": ", 2);
+    (void)raw_write(2, "space-worker: ", 14);
+    (void)raw_write(2, what, strlen(what));
+    (void)raw_write(2, ": ", 2);
     if (e)
-        (void)!write(2, e, strlen(e));
-    (void)!write(2, "\n", 1);
-    _exit(127);
+        (void)raw_write(2, e, strlen(e));
+    (void)raw_write(2, "\n", 1);
+    raw_exit(127);
 }
 
 __attribute__((noreturn)) static void child_exec(const wk__cmd_t *c, int in_fd, int out_fd,
@@ -137,12 +160,14 @@ __attribute__((noreturn)) static void child_exec(const wk__cmd_t *c, int in_fd, 
     }
     sigset_t none;
     sigemptyset(&none);
-    (void)sigprocmask(SIG_SETMASK, &none, NULL);
-    (void)setpgid(0, 0);
+    (void)syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, NULL, (size_t)(_NSIG / 8));
+    (void)syscall(SYS_setpgid, 0, 0);
 
-    if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0)
-        _exit(127);
-    (void)close_range(3, ~0u, 0);
+    /* The three are >= 3 (fd_high), so dup3 never sees equal descriptors. */
+    if (syscall(SYS_dup3, in_fd, 0, 0) < 0 || syscall(SYS_dup3, out_fd, 1, 0) < 0 ||
+        syscall(SYS_dup3, err_fd, 2, 0) < 0)
+        raw_exit(127);
+    raw_close_range(3, ~0u);
 
     if (c->netns_wrapper) {
         if (unshare(CLONE_NEWNS) < 0)
@@ -154,7 +179,7 @@ __attribute__((noreturn)) static void child_exec(const wk__cmd_t *c, int in_fd, 
     }
     execve(c->argv[0], (char *const *)c->argv, environ);
     child_fail(c->argv[0]);
-    _exit(127);
+    raw_exit(127);
 }
 
 typedef struct {
@@ -205,7 +230,7 @@ static int pidfd_open_compat(pid_t pid)
 static void write_all(int fd, const void *p, size_t n)
 {
     while (n > 0) {
-        ssize_t w = write(fd, p, n);
+        ssize_t w = raw_write(fd, p, n);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0)
@@ -225,31 +250,31 @@ __attribute__((noreturn)) static void reaper_main(const wk__cmd_t *c, int in_fd,
 {
     pid_t s = _Fork();
     if (s != 0)
-        _exit(s < 0 ? 127 : 0);
-    (void)setsid();
-    (void)chdir("/");
-    (void)prctl(PR_SET_NAME, "space-reaper", 0, 0, 0);
-    (void)prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+        raw_exit(s < 0 ? 127 : 0);
+    (void)syscall(SYS_setsid);
+    (void)syscall(SYS_chdir, "/");
+    (void)syscall(SYS_prctl, PR_SET_NAME, "space-reaper", 0, 0, 0);
+    (void)syscall(SYS_prctl, PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     pid_t w = _Fork();
     if (w == 0)
         child_exec(c, in_fd, out_fd, err_fd);
     /* Keep only the status pipe: the reaper lives as long as the sandbox and must not hold
      * the worker's descriptors (other creates' pipes, netns fds, netlink sockets). */
-    (void)close_range(0, (unsigned)status_fd - 1, 0);
-    (void)close_range((unsigned)status_fd + 1, ~0u, 0);
+    raw_close_range(0, (unsigned)status_fd - 1);
+    raw_close_range((unsigned)status_fd + 1, ~0u);
     int32_t msg = w < 0 ? -1 : (int32_t)w;
     write_all(status_fd, &msg, sizeof(msg));
     if (w < 0)
-        _exit(127);
+        raw_exit(127);
     int st = 0;
-    while (waitpid(w, &st, 0) < 0 && errno == EINTR)
+    while (syscall(SYS_wait4, w, &st, 0, NULL) < 0 && errno == EINTR)
         ;
     msg = st;
     write_all(status_fd, &msg, sizeof(msg));
-    close(status_fd);
+    (void)syscall(SYS_close, status_fd);
     for (;;) {
-        if (waitpid(-1, NULL, 0) < 0 && errno == ECHILD)
-            _exit(0);
+        if (syscall(SYS_wait4, -1, NULL, 0, NULL) < 0 && errno == ECHILD)
+            raw_exit(0);
     }
 }
 
