@@ -157,6 +157,9 @@ void gw_metrics_create_latency(gw_metrics_t *m, double seconds);
 /* ExecRequest sent to ExecReply received (or no responder), as the bus thread measured it. */
 void gw_metrics_exec_latency(gw_metrics_t *m, double seconds);
 void gw_metrics_render(const gw_metrics_t *m, sp_buf_t *out);
+typedef struct gw_loc_cache gw_loc_cache_t;
+/* The location cache's counters (atomics: any thread). */
+void gw_metrics_render_locs(gw_loc_cache_t *c, sp_buf_t *out);
 
 /* ---- bus jobs (gateway_bus.c) ----
  * Blocking NATS calls (request/reply, subscribe + flush, drain) run on libuv's thread pool
@@ -218,6 +221,27 @@ void gw_pool_close(gw_pool_t *p);
  * -EBUSY (and nothing runs) when queue_max jobs already wait. */
 int gw_job_submit(gw_t *gw, gw_job_t *job);
 
+/* Where running sandboxes are (gateway_locate.c): id -> tenant, worker, whether a create-time
+ * environment is stored. Filled by lookups on pool threads, emptied by the LISTEN thread: an
+ * entry at SP_SANDBOX_CHANNEL's word for its id, all of them whenever that connection is lost
+ * (notifications may be missed), and nothing is cached while it is down (live false). */
+#define GW_LOC_BUCKETS 4096
+#define GW_LOC_MAX     65536
+typedef struct gw_loc_entry gw_loc_entry_t;
+struct gw_loc_cache {
+    pthread_mutex_t mu;
+    gw_loc_entry_t *buckets[GW_LOC_BUCKETS];
+    size_t n;
+    uint64_t epoch; /* bumped by every drop: a lookup that saw another epoch caches nothing */
+    bool live;
+    _Atomic uint64_t hits, misses, drops;
+};
+void gw_loc_cache_init(gw_loc_cache_t *c);
+/* Empties it and keeps it off (lookups still work, uncached); safe to call twice. */
+void gw_loc_cache_dispose(gw_loc_cache_t *c);
+/* Forgets sandbox (NULL: every entry); live says whether entries may be added from now on. */
+void gw_loc_cache_drop(gw_loc_cache_t *c, const char *sandbox, bool live);
+
 /* The LISTEN side: one dedicated connection and thread; see gateway_db.c. */
 typedef struct {
     pthread_t thread;
@@ -230,6 +254,7 @@ typedef struct {
      * loop empties the auth cache (gateway_auth.c). */
     _Atomic uint64_t keys_gen;
     atomic_bool stop;
+    gw_loc_cache_t locs;
 } gw_listener_t;
 
 /* Starts the thread; async (initialised on the loop by the caller) is sent at every
@@ -547,16 +572,20 @@ int gw_cmd_exec_pack(const gw_cmd_spec_t *s, const char *sandbox, const char *te
                      const char *cmd_id, const char *intent_event_id, const char *correlation,
                      uint8_t **ret_buf, size_t *ret_len);
 
-/* Where a sandbox runs, read by a pool job (gateway_db.c). */
+/* Where a sandbox runs, read by a pool job (gateway_locate.c). */
 typedef struct {
     bool failed, found;
     char state[32];
     char worker[SP_ID_MAX + 1];
 } gw_sandbox_loc_t;
-void gw_sandbox_locate(PGconn *db, const char *sandbox, const char *tenant, gw_sandbox_loc_t *loc);
+/* On a pool thread, with the job's connection: a running sandbox from the cache
+ * (gw_loc_cache_t), anything else from PostgreSQL. */
+void gw_sandbox_locate(gw_job_t *job, const char *sandbox, const char *tenant,
+                       gw_sandbox_loc_t *loc);
 /* The same, and the environment values a create stored for the sandbox: a JSON object text
- * (heap, the caller wipes and frees) or NULL, in *ret_env_json. */
-void gw_sandbox_locate_env(PGconn *db, const char *sandbox, const char *tenant,
+ * (heap, the caller wipes and frees) or NULL, in *ret_env_json. The values themselves are
+ * never cached: a sandbox that has some costs one query for them. */
+void gw_sandbox_locate_env(gw_job_t *job, const char *sandbox, const char *tenant,
                            gw_sandbox_loc_t *loc, char **ret_env_json);
 /* On the loop: answers rq with the error and returns false unless the sandbox is running on a
  * worker. */

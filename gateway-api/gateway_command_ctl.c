@@ -371,8 +371,9 @@ static void bus_done(gw_bus_job_t *job)
 
 static void lookup_run(gw_job_t *job, PGconn *db)
 {
+    (void)db;
     ctl_t *x = (ctl_t *)job;
-    gw_sandbox_locate(db, x->sandbox, x->tenant, &x->loc);
+    gw_sandbox_locate(job, x->sandbox, x->tenant, &x->loc);
 }
 
 static void lookup_done(gw_job_t *job)

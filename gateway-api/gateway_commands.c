@@ -1194,11 +1194,12 @@ typedef struct {
 
 static void lookup_run(gw_job_t *job, PGconn *db)
 {
+    (void)db;
     lookup_job_t *l = (lookup_job_t *)job;
     if (l->c->attach)
-        gw_sandbox_locate(db, l->c->sandbox, l->c->tenant, &l->loc);
+        gw_sandbox_locate(job, l->c->sandbox, l->c->tenant, &l->loc);
     else
-        gw_sandbox_locate_env(db, l->c->sandbox, l->c->tenant, &l->loc, &l->env_json);
+        gw_sandbox_locate_env(job, l->c->sandbox, l->c->tenant, &l->loc, &l->env_json);
 }
 
 /* The sandbox's create-time environment under the command's own (which wins), up to

@@ -157,7 +157,8 @@ static int connect_and_listen(gw_listener_t *l, PGconn **ret_db)
     if (rc < 0)
         return rc;
     /* LISTEN first, then read the head: a commit in between is seen by one or the other. */
-    if ((rc = sp_db_exec(db, "LISTEN " SP_EVENTLOG_CHANNEL "; LISTEN " SP_APIKEY_CHANNEL)) < 0) {
+    if ((rc = sp_db_exec(db, "LISTEN " SP_EVENTLOG_CHANNEL "; LISTEN " SP_APIKEY_CHANNEL
+                             "; LISTEN " SP_SANDBOX_CHANNEL)) < 0) {
         PQfinish(db);
         return rc;
     }
@@ -197,9 +198,11 @@ static void *listen_main(void *arg)
                 sp_log(SP_LOG_INFO, "LISTEN connection restored");
             lost = false;
             backoff_ms = 100;
-            /* Notifications may have been missed while away: waiters re-check now, and the
-             * auth cache forgets every key (one may have been revoked meanwhile). */
+            /* Notifications may have been missed while away: waiters re-check now, the
+             * auth cache forgets every key (one may have been revoked meanwhile), and the
+             * location cache starts empty. */
             atomic_fetch_add(&l->keys_gen, 1);
+            gw_loc_cache_drop(&l->locs, NULL, true);
             uv_async_send(&l->async);
         }
         struct pollfd fds[2] = {{.fd = PQsocket(db), .events = POLLIN},
@@ -213,6 +216,7 @@ static void *listen_main(void *arg)
             continue;
         if (!PQconsumeInput(db)) {
             sp_log(SP_LOG_WARN, "LISTEN connection lost", SP_KS("error", PQerrorMessage(db)));
+            gw_loc_cache_drop(&l->locs, NULL, false);
             lost = true;
             PQfinish(db);
             db = NULL;
@@ -221,6 +225,11 @@ static void *listen_main(void *arg)
         bool any = false;
         PGnotify *nt;
         while ((nt = PQnotifies(db)) != NULL) {
+            if (strcmp(nt->relname, SP_SANDBOX_CHANNEL) == 0) {
+                gw_loc_cache_drop(&l->locs, nt->extra ? nt->extra : "", true);
+                PQfreemem(nt);
+                continue;
+            }
             if (strcmp(nt->relname, SP_APIKEY_CHANNEL) == 0) {
                 atomic_fetch_add(&l->keys_gen, 1);
                 PQfreemem(nt);
@@ -243,6 +252,7 @@ static void *listen_main(void *arg)
 
 int gw_listener_start(gw_listener_t *l, const char *url)
 {
+    gw_loc_cache_init(&l->locs);
     l->url = sp_xstrdup(url);
     l->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (l->wake_fd < 0)
@@ -268,54 +278,9 @@ void gw_listener_stop(gw_listener_t *l)
     if (l->wake_fd >= 0)
         close(l->wake_fd);
     l->wake_fd = -1;
+    gw_loc_cache_dispose(&l->locs);
     free(l->url);
     l->url = NULL;
-}
-
-/* ---- where a sandbox runs ---- */
-
-/* The location, and with ret_env (not NULL) the create-time environment in the same query: a
- * command needs both, and one round trip to PostgreSQL less is ~0.1 ms of its latency. */
-static void locate(PGconn *db, const char *sandbox, const char *tenant, gw_sandbox_loc_t *loc,
-                   char **ret_env)
-{
-    const char *p[2] = {sandbox, tenant};
-    memset(loc, 0, sizeof(*loc));
-    PGresult *r = PQexecParams(db,
-                               ret_env ? "SELECT s.state, coalesce(s.worker, ''), e.env::text "
-                                         "FROM sandboxes s LEFT JOIN sandbox_env e ON "
-                                         "e.sandbox_id = s.id AND e.tenant = s.tenant "
-                                         "WHERE s.id = $1 AND s.tenant = $2"
-                                       : "SELECT state, coalesce(worker, '') FROM sandboxes "
-                                         "WHERE id = $1 AND tenant = $2",
-                               2, NULL, p, NULL, NULL, 0);
-    if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
-        sp_log(SP_LOG_WARN, "query failed", SP_KS("query", "sandbox location"),
-               SP_KS("error", PQerrorMessage(db)));
-        loc->failed = true;
-    } else if (PQntuples(r) == 1) {
-        loc->found = true;
-        snprintf(loc->state, sizeof(loc->state), "%s", PQgetvalue(r, 0, 0));
-        snprintf(loc->worker, sizeof(loc->worker), "%s", PQgetvalue(r, 0, 1));
-        if (ret_env && !PQgetisnull(r, 0, 2)) {
-            char *v = PQgetvalue(r, 0, 2);
-            *ret_env = sp_xstrdup(v);
-            explicit_bzero(v, strlen(v)); /* the values are secrets to the log and core dumps */
-        }
-    }
-    PQclear(r);
-}
-
-void gw_sandbox_locate(PGconn *db, const char *sandbox, const char *tenant, gw_sandbox_loc_t *loc)
-{
-    locate(db, sandbox, tenant, loc, NULL);
-}
-
-void gw_sandbox_locate_env(PGconn *db, const char *sandbox, const char *tenant,
-                           gw_sandbox_loc_t *loc, char **ret_env_json)
-{
-    *ret_env_json = NULL;
-    locate(db, sandbox, tenant, loc, ret_env_json);
 }
 
 bool gw_sandbox_loc_ok(gw_req_t *rq, const gw_sandbox_loc_t *loc)

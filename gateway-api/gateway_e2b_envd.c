@@ -840,7 +840,7 @@ typedef struct {
 static void health_run(gw_job_t *job, PGconn *db)
 {
     health_job_t *h = (health_job_t *)job;
-    gw_sandbox_locate(db, h->rq->path_id, h->rq->tenant, &h->loc);
+    gw_sandbox_locate(job, h->rq->path_id, h->rq->tenant, &h->loc);
     if (h->loc.failed || !h->loc.found || strcmp(h->loc.state, "running") != 0)
         return;
     /* A sandbox whose delete is in the log is gone for E2B (its VM dies at the kill) even while

@@ -670,29 +670,14 @@ static void download_opened(gw_file_t *f)
 typedef struct {
     gw_job_t job;
     gw_file_t *f;
-    bool failed, found;
-    char state[32];
-    char worker[SP_ID_MAX + 1];
+    gw_sandbox_loc_t loc;
 } lookup_job_t;
 
 static void lookup_run(gw_job_t *job, PGconn *db)
 {
+    (void)db;
     lookup_job_t *l = (lookup_job_t *)job;
-    const char *p[2] = {l->f->sandbox, l->f->tenant};
-    PGresult *r = PQexecParams(db,
-                               "SELECT state, coalesce(worker, '') FROM sandboxes WHERE id = $1 "
-                               "AND tenant = $2",
-                               2, NULL, p, NULL, NULL, 0);
-    if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
-        sp_log(SP_LOG_WARN, "query failed", SP_KS("query", "files lookup"),
-               SP_KS("error", PQerrorMessage(db)));
-        l->failed = true;
-    } else if (PQntuples(r) == 1) {
-        l->found = true;
-        snprintf(l->state, sizeof(l->state), "%s", PQgetvalue(r, 0, 0));
-        snprintf(l->worker, sizeof(l->worker), "%s", PQgetvalue(r, 0, 1));
-    }
-    PQclear(r);
+    gw_sandbox_locate(job, l->f->sandbox, l->f->tenant, &l->loc);
 }
 
 static void lookup_done(gw_job_t *job)
@@ -704,25 +689,25 @@ static void lookup_done(gw_job_t *job)
     f->job_busy = false;
     if (f->gw->stopping) {
         gw_respond_error(rq, 503, "shutting_down", NULL, "the gateway is stopping");
-    } else if (l->failed) {
+    } else if (l->loc.failed) {
         gw_respond_error(rq, 503, "unavailable", NULL, "the database is not available; retry");
-    } else if (!l->found) {
+    } else if (!l->loc.found) {
         gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
-    } else if (strcmp(l->state, "running") != 0) {
+    } else if (strcmp(l->loc.state, "running") != 0) {
         sp_buf_t extra;
         sp_buf_init(&extra);
         sp_buf_puts(&extra, "\"state\":");
-        sp_buf_json_str(&extra, l->state);
+        sp_buf_json_str(&extra, l->loc.state);
         gw_respond_error(rq, 409, "sandbox_not_running", extra.data,
                          "the sandbox is %s; files are reached only in a running sandbox",
-                         l->state);
+                         l->loc.state);
         sp_buf_dispose(&extra);
-    } else if (!sp_id_valid(l->worker)) {
+    } else if (!sp_id_valid(l->loc.worker)) {
         gw_respond_error(rq, 503, "worker_unavailable", NULL, "the sandbox has no worker");
     } else if (!f->req) {
         /* gone meanwhile */
     } else {
-        snprintf(f->worker, sizeof(f->worker), "%s", l->worker);
+        snprintf(f->worker, sizeof(f->worker), "%s", l->loc.worker);
         free(l);
         f->call.path = f->path;
         f->call.to = f->to;

@@ -488,6 +488,7 @@ static void metrics_page(gw_req_t *rq)
     sp_buf_t b;
     sp_buf_init(&b);
     gw_metrics_render(&rq->gw->metrics, &b);
+    gw_metrics_render_locs(&rq->gw->notify.locs, &b);
     gw_respond(rq, 200, "text/plain; version=0.0.4", b.data, b.len);
     sp_buf_dispose(&b);
 }

@@ -174,3 +174,19 @@ void gw_metrics_render(const gw_metrics_t *m, sp_buf_t *out)
     sp_buf_printf(out, "space_gateway_create_seconds_count %" PRIu64 "\n", m->create_count);
     render_commands(m, out);
 }
+
+void gw_metrics_render_locs(gw_loc_cache_t *c, sp_buf_t *out)
+{
+    sp_buf_printf(out,
+                  "# HELP space_gateway_locate_total Lookups of where a sandbox runs, by whether "
+                  "the location cache answered.\n# TYPE space_gateway_locate_total counter\n"
+                  "space_gateway_locate_total{result=\"hit\"} %" PRIu64 "\n"
+                  "space_gateway_locate_total{result=\"miss\"} %" PRIu64 "\n",
+                  atomic_load(&c->hits), atomic_load(&c->misses));
+    sp_buf_printf(out,
+                  "# HELP space_gateway_locate_drops_total Location cache entries dropped on a "
+                  "sandbox's move (or all, on a lost LISTEN connection).\n"
+                  "# TYPE space_gateway_locate_drops_total counter\n"
+                  "space_gateway_locate_drops_total %" PRIu64 "\n",
+                  atomic_load(&c->drops));
+}

@@ -678,8 +678,9 @@ typedef struct {
 
 static void lookup_run(gw_job_t *job, PGconn *db)
 {
+    (void)db;
     lookup_job_t *l = (lookup_job_t *)job;
-    gw_sandbox_locate(db, l->x->sandbox, l->x->tenant, &l->loc);
+    gw_sandbox_locate(job, l->x->sandbox, l->x->tenant, &l->loc);
 }
 
 static void lookup_done(gw_job_t *job)

@@ -1,6 +1,8 @@
 /* Schema migrations, in order. A released migration is never edited: add a new one (db.h). */
 #include "db_migrations.h"
 
+#include "db.h"
+
 #include <stddef.h>
 
 static const char m1_events[] =
@@ -208,6 +210,23 @@ static const char m10_data_keys[] =
     ");"
     "CREATE INDEX data_keys_tenant ON data_keys (tenant);";
 
+static const char m11_sandbox_moved[] =
+    /* Every change of a sandbox's state or worker, and its row's removal, is announced on
+     * SP_SANDBOX_CHANNEL (payload the sandbox id): the gateways cache where running sandboxes
+     * are (gateway_locate.c) and drop an entry when this is heard. The trigger covers every
+     * writer, the reducer and an UPDATE by hand alike. */
+    "CREATE FUNCTION sandboxes_notify_moved() RETURNS trigger LANGUAGE plpgsql AS $$"
+    "BEGIN"
+    "  PERFORM pg_notify('" SP_SANDBOX_CHANNEL "',"
+    "                    CASE TG_OP WHEN 'DELETE' THEN OLD.id ELSE NEW.id END);"
+    "  RETURN NULL;"
+    "END $$;"
+    "CREATE TRIGGER sandboxes_moved AFTER UPDATE OF state, worker ON sandboxes FOR EACH ROW"
+    "  WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.worker IS DISTINCT FROM NEW.worker)"
+    "  EXECUTE FUNCTION sandboxes_notify_moved();"
+    "CREATE TRIGGER sandboxes_gone AFTER DELETE ON sandboxes FOR EACH ROW"
+    "  EXECUTE FUNCTION sandboxes_notify_moved();";
+
 const sp_db_migration_t sp_db_migrations[] = {
     {1, "events, sandboxes, workers", m1_events},
     {2, "api_keys, idempotency_keys", m2_keys},
@@ -219,5 +238,6 @@ const sp_db_migration_t sp_db_migrations[] = {
     {8, "disk of sandboxes and workers", m8_disk},
     {9, "worker pool levels", m9_pools},
     {10, "data_keys", m10_data_keys},
+    {11, "sandbox moves announced", m11_sandbox_moved},
 };
 const size_t sp_db_n_migrations = sizeof(sp_db_migrations) / sizeof(sp_db_migrations[0]);

@@ -15,6 +15,9 @@
 /* The channel space-eventlog NOTIFYs with the new head stream_seq (decimal text) at every
  * commit: LISTEN on it to wait until the projections include a given event. */
 #define SP_EVENTLOG_CHANNEL "space_eventlog_head"
+/* The channel a trigger on sandboxes NOTIFYs with a sandbox id whenever that sandbox's state or
+ * worker changes or its row goes (migration 11): a cache of where sandboxes run listens. */
+#define SP_SANDBOX_CHANNEL "space_sandbox_moved"
 
 /* Connects (retrying for up to timeout_ms while the server starts) and sets
  * application_name. url is a libpq connection string or URI. Errors: SP_EDB, SP_ETIMEOUT. */

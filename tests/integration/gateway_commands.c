@@ -48,6 +48,7 @@
 #define SBX         "sbx_cmdtest1"
 #define SBX_PAUSED  "sbx_cmdpaused"
 #define SBX_NOBODY  "sbx_cmdnobody"
+#define SBX_MOVING  "sbx_cmdmoving"
 #define FLOOD_N     2000
 #define FLOOD_CHUNK (32 * 1024)
 #define JSON_CAP    (16 * 1024 * 1024)
@@ -1196,6 +1197,78 @@ static void test_worker_refusals(void **state)
     assert_true(metric("space_gateway_commands_total{outcome=\"too_many_commands\"}") >= 1);
 }
 
+/* The status of one command on sbx, polled until it is want (at most 5 s): the location cache
+ * hears of a move through a NOTIFY, a moment after the commit the test waited for. Returns the
+ * last status seen. */
+static void exec_sql(const char *sql)
+{
+    PGresult *res = PQexec(db, sql);
+    if (PQresultStatus(res) != PGRES_COMMAND_OK)
+        fail_msg("%s: %s", sql, PQerrorMessage(db));
+    PQclear(res);
+}
+
+static int run_until(const char *sbx, int want)
+{
+    int status = 0;
+    for (int i = 0; i < 100; i++) {
+        resp_t r;
+        status = run_json(key1, sbx, "{\"cmd\":\"echo hi\"}", NULL, &r);
+        resp_free(&r);
+        if (status == want)
+            break;
+        usleep(50 * 1000);
+    }
+    return status;
+}
+
+/* Where a sandbox runs is answered from the gateway's cache once it was looked up running, and
+ * every move reaches the cache: a pause, a resume, and an UPDATE by hand of the worker (the
+ * trigger covers every writer). Another tenant is never answered from the cache. */
+static void test_location_cache(void **state)
+{
+    (void)state;
+    const char *hit = "space_gateway_locate_total{result=\"hit\"}";
+    make_sandbox("t1", SBX_MOVING, WORKER, false);
+    assert_int_equal(run_until(SBX_MOVING, 200), 200);
+    long long hits0 = metric(hit);
+    assert_true(hits0 >= 0);
+    assert_int_equal(run_until(SBX_MOVING, 200), 200);
+    assert_int_equal(run_until(SBX_MOVING, 200), 200);
+    long long hits1 = metric(hit);
+    print_message("location cache: %lld hits after two commands\n", hits1 - hits0);
+    assert_true(hits1 - hits0 >= 2);
+
+    /* Cached, and still another tenant's sandbox is not found. */
+    resp_t r;
+    run_json(key2, SBX_MOVING, "{\"cmd\":\"echo hi\"}", NULL, &r);
+    expect_error(&r, 404, "not_found");
+    resp_free(&r);
+
+    /* Paused through its fact: refused as not running, not sent to the worker. */
+    char sql[256];
+    publish_gen(SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSED, "t1", SBX_MOVING, WORKER);
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM sandboxes WHERE id = '%s' AND state = 'paused'", SBX_MOVING);
+    assert_int_equal(sp_test_db_wait_scalar(db, sql, 1, 20000), 1);
+    assert_int_equal(run_until(SBX_MOVING, 409), 409);
+    /* Resumed through its fact: served again (and cached again). */
+    publish_gen(SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMED, "t1", SBX_MOVING, WORKER);
+    assert_int_equal(run_until(SBX_MOVING, 200), 200);
+    assert_int_equal(run_until(SBX_MOVING, 200), 200);
+
+    /* By hand, still running but on a worker nobody plays: the command goes there (503), not
+     * to the cached one. Only once and last: the command's own event makes the event log write
+     * its projection of the row back, which races with a second UPDATE by hand. */
+    snprintf(sql, sizeof(sql), "UPDATE sandboxes SET worker = 'w-none' WHERE id = '%s'",
+             SBX_MOVING);
+    exec_sql(sql);
+    assert_int_equal(run_until(SBX_MOVING, 503), 503);
+    long long drops = metric("space_gateway_locate_drops_total");
+    print_message("location cache: %lld drops\n", drops);
+    assert_true(drops >= 3); /* the pause, the resume, the UPDATE */
+}
+
 static void test_flood_json(void **state)
 {
     resp_t r;
@@ -1457,6 +1530,7 @@ int main(void)
         cmocka_unit_test(test_output_lost),
         cmocka_unit_test(test_worker_never_exits),
         cmocka_unit_test(test_latency_and_metrics),
+        cmocka_unit_test(test_location_cache),
         cmocka_unit_test(test_sigterm),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
