@@ -98,9 +98,9 @@ out:
 
 /* The events table's columns as the rows are COPYed, in this order (lib/db_migrations.c has
  * their types). */
-#define COPY_COLUMNS                                                                              \
-    "stream_seq, event_id, subject, type, aggregate_kind, aggregate_id, tenant, actor,"          \
-    " occurred_at, published_at, correlation_id, causation_id, schema_version, status,"         \
+#define COPY_COLUMNS                                                                               \
+    "stream_seq, event_id, subject, type, aggregate_kind, aggregate_id, tenant, actor,"            \
+    " occurred_at, published_at, correlation_id, causation_id, schema_version, status,"            \
     " reject_reason, payload, prev_hash, hash, chain_v, payload_size, payload_sha256"
 #define COPY_FIELDS 21
 
@@ -212,7 +212,7 @@ static int copy_row(sp_buf_t *b, sp_buf_t *tmp, const row_t *row, uint8_t head[S
  * the log stored them. Nothing else can remove a message (deny_delete, deny_purge), so the log
  * says so in the chain instead of leaving a gap that would read as a deletion. */
 static int copy_lost_row(sp_buf_t *b, sp_buf_t *tmp, uint64_t from, uint64_t to,
-                          uint8_t head[SP_SHA256_LEN])
+                         uint8_t head[SP_SHA256_LEN])
 {
     char reason[SP_REASON_MAX];
     snprintf(reason, sizeof(reason), SP_CHAIN_LOST_PREFIX "%llu-%llu %s", (unsigned long long)from,
