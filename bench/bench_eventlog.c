@@ -234,10 +234,10 @@ static void restart_eventlog_from(bench_ctx_t *c, const bench_keys_t *k, const c
     /* A loaded machine can time out one of space up's JetStream calls (docs/machine-notes.md):
      * try again before giving the whole invocation up. */
     int rc = -1;
-    for (int attempt = 0; attempt < 3 && rc != 0; attempt++) {
+    for (int attempt = 0; attempt < 6 && rc != 0; attempt++) {
         if (attempt) {
             fprintf(stderr, "space-bench: space up failed; trying again\n");
-            sleep(2);
+            sleep(5);
         }
         rc = system(cmd); /* NOLINT(cert-env33-c): the stack's own CLI */
     }
