@@ -73,7 +73,7 @@ static PGresult *read_rows(void)
         " correlation_id, causation_id::text AS causation_id,"
         " schema_version::text AS schema_version, status, reject_reason, payload, prev_hash,"
         " hash, chain_v::text AS chain_v, payload_size::text AS payload_size, payload_sha256"
-        " FROM pg_temp.events ORDER BY stream_seq",
+        " FROM pg_temp.events ORDER BY events.stream_seq",
         0, NULL, NULL, NULL, NULL, 1);
     assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
     return r;

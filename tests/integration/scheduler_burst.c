@@ -80,7 +80,7 @@ static void test_burst_placed_and_forgery_refused(void **state)
     PGresult *r = PQexecParams(db,
                                "SELECT payload, subject, stream_seq::text, aggregate_id FROM "
                                "events WHERE type = 'SandboxPlaced' AND aggregate_id LIKE "
-                               "'sbx_sb%' AND status = 'accepted' ORDER BY stream_seq",
+                               "'sbx_sb%' AND status = 'accepted' ORDER BY events.stream_seq",
                                0, NULL, NULL, NULL, NULL, 1);
     assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
     assert_int_equal(PQntuples(r), N_CREATES);
