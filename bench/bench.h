@@ -24,6 +24,8 @@ typedef struct {
     size_t execs;
     size_t rounds;    /* lifecycle */
     const char *home; /* SPACE_HOME: the worker's template rootfs for the baseline */
+    /* eventlog: a directory holding another build's space-eventlog to compare with; NULL: none */
+    const char *baseline_bin;
     char api_host[64];
     int api_port;
     const char *api_key;

@@ -169,10 +169,15 @@ static double sign_events(const bench_keys_t *k, sp_eventgen_msg_t *m, size_t n,
 static long long scalar(PGconn *db, const char *sql);
 static int64_t wait_stored(PGconn *db, uint64_t seq, int timeout_s);
 
+/* The stack's own SPACE_BIN_DIR, as the bench found it (NULL: unset). */
+static char *own_bin_dir;
+static bool own_bin_dir_read;
+
 /* Restarts the eventlog in $SPACE_HOME with verify-signatures=mode (on/off), the bench's
- * keyring and checkpoints on or off, and waits until it stores again (one probe event). */
-static void restart_eventlog(bench_ctx_t *c, const bench_keys_t *k, const char *mode,
-                             bool checkpoints)
+ * keyring and checkpoints on or off, from the stack's own build or (bin_dir) another one's
+ * space-eventlog, and waits until it stores again (one probe event). */
+static void restart_eventlog_from(bench_ctx_t *c, const bench_keys_t *k, const char *mode,
+                                  bool checkpoints, const char *bin_dir)
 {
     char path[4096], exe[4096], line[32];
     ssize_t el;
@@ -208,13 +213,34 @@ static void restart_eventlog(bench_ctx_t *c, const bench_keys_t *k, const char *
         setenv("SPACE_CHECKPOINT_MS", "0", 1);
     }
     setenv("SPACE_HOME", c->home, 1);
+    if (!own_bin_dir_read) {
+        const char *own = getenv("SPACE_BIN_DIR");
+        own_bin_dir = own ? sp_xstrdup(own) : NULL;
+        own_bin_dir_read = true;
+    }
+    /* space up starts what is not running (here the eventlog alone) from SPACE_BIN_DIR. */
+    if (bin_dir)
+        setenv("SPACE_BIN_DIR", bin_dir, 1);
+    else if (own_bin_dir)
+        setenv("SPACE_BIN_DIR", own_bin_dir, 1);
+    else
+        unsetenv("SPACE_BIN_DIR");
     el = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     exe[el > 0 ? el : 0] = '\0';
     char *slash = strrchr(exe, '/');
     if (slash)
         *slash = '\0';
     char *cmd = sp_xasprintf("'%s/space' up >/dev/null", exe);
-    int rc = system(cmd); /* NOLINT(cert-env33-c): the stack's own CLI */
+    /* A loaded machine can time out one of space up's JetStream calls (docs/machine-notes.md):
+     * try again before giving the whole invocation up. */
+    int rc = -1;
+    for (int attempt = 0; attempt < 6 && rc != 0; attempt++) {
+        if (attempt) {
+            fprintf(stderr, "space-bench: space up failed; trying again\n");
+            sleep(5);
+        }
+        rc = system(cmd); /* NOLINT(cert-env33-c): the stack's own CLI */
+    }
     free(cmd);
     sp_eventgen_msg_t probe;
     uint64_t last = 0, msgs = 0;
@@ -229,6 +255,12 @@ static void restart_eventlog(bench_ctx_t *c, const bench_keys_t *k, const char *
         exit(1);
     }
     sp_eventgen_msg_dispose(&probe);
+}
+
+static void restart_eventlog(bench_ctx_t *c, const bench_keys_t *k, const char *mode,
+                             bool checkpoints)
+{
+    restart_eventlog_from(c, k, mode, checkpoints, NULL);
 }
 
 static long long scalar(PGconn *db, const char *sql)
@@ -596,6 +628,7 @@ int bench_eventlog(bench_ctx_t *c)
     bench_keys_t keys;
     static const char *const verify_mode[N_MODES] = {"off", "on", "on", "on"};
 
+    mode_result_t *base = NULL; /* the baseline build's runs (--baseline-bin) */
     memset(res, 0, sizeof(res));
     memset(&keys, 0, sizeof(keys));
     if (keys_make(c, &keys) < 0) {
@@ -608,6 +641,17 @@ int bench_eventlog(bench_ctx_t *c)
         res[md].sg.keys = md == MODE_OFF ? NULL : &keys;
         res[md].sg.batch = md == MODE_BATCH || md == MODE_NOCKPT ? c->sign_batch : 1;
     }
+    if (c->baseline_bin) {
+        base = sp_xcalloc(N_MODES, sizeof(*base));
+        for (int md = 0; md < N_MODES; md++) {
+            base[md].log_eps = sp_xcalloc(runs, sizeof(double));
+            base[md].pub_eps = sp_xcalloc(runs, sizeof(double));
+            base[md].sg.keys = res[md].sg.keys;
+            base[md].sg.batch = res[md].sg.batch;
+        }
+        printf("baseline build: %s/space-eventlog, each throughput mode run with both builds\n",
+               c->baseline_bin);
+    }
     printf("eventlog throughput: %u runs of %zu events per mode (baseline: %zu per-row "
            "inserts); signed modes: producers sign batches of up to %zu, or 1\n",
            runs, n, ins_n, c->sign_batch);
@@ -617,14 +661,29 @@ int bench_eventlog(bench_ctx_t *c)
     for (unsigned r = 0; r < runs; r++) {
         for (int k = 0; k < N_MODES; k++) {
             int md = mode_at(r, k);
-            restart_eventlog(c, &keys, verify_mode[md], md != MODE_NOCKPT);
-            res[md].log_eps[r] =
-                run_eventlog(c, n, r + 100 * (unsigned)md, &res[md].sg, &res[md].pub_eps[r]);
+            /* With a baseline build, each mode runs with both builds back to back, the first
+             * alternating from run to run; the baseline's events are other sandboxes. */
+            for (int v = 0; v < (base ? 2 : 1); v++) {
+                bool other = base && (v ^ (int)(r & 1));
+                restart_eventlog_from(c, &keys, verify_mode[md], md != MODE_NOCKPT,
+                                      other ? c->baseline_bin : NULL);
+                if (other)
+                    base[md].log_eps[r] = run_eventlog(c, n, r + 100 * (unsigned)md + 1000,
+                                                       &base[md].sg, &base[md].pub_eps[r]);
+                else
+                    res[md].log_eps[r] = run_eventlog(c, n, r + 100 * (unsigned)md, &res[md].sg,
+                                                      &res[md].pub_eps[r]);
+            }
         }
         for (int md = 0; md < N_MODES; md++)
             printf("  run %u %-22s eventlog %.0f ev/s (x%.2f), publish-only %.0f ev/s\n", r + 1,
                    mode_name[md], res[md].log_eps[r], res[md].log_eps[r] / res[MODE_OFF].log_eps[r],
                    res[md].pub_eps[r]);
+        for (int md = 0; base && md < N_MODES; md++)
+            printf("  run %u %-22s baseline build %.0f ev/s (x%.2f), this build x%.2f of it\n",
+                   r + 1, mode_name[md], base[md].log_eps[r],
+                   base[md].log_eps[r] / base[MODE_OFF].log_eps[r],
+                   res[md].log_eps[r] / base[md].log_eps[r]);
         ins_eps[r] = run_insert_baseline(c, ins_n, r);
         printf("  run %u insert-per-event %.0f ev/s\n", r + 1, ins_eps[r]);
         fflush(stdout);
@@ -651,6 +710,13 @@ int bench_eventlog(bench_ctx_t *c)
     double run_ratio[N_MODES];
     for (int md = 0; md < N_MODES; md++)
         run_ratio[md] = run_ratio_p50(res[md].log_eps, res[MODE_OFF].log_eps, runs);
+    /* This build against the baseline build, mode by mode, and the baseline's own ratios to
+     * its unsigned runs (before bench_pct sorts the arrays in place). */
+    double vs_base[N_MODES], vs_base_p50s[N_MODES], base_ratio[N_MODES];
+    for (int md = 0; base && md < N_MODES; md++) {
+        vs_base[md] = run_ratio_p50(res[md].log_eps, base[md].log_eps, runs);
+        base_ratio[md] = run_ratio_p50(base[md].log_eps, base[MODE_OFF].log_eps, runs);
+    }
     /* What anchoring costs: the batch mode with checkpoints against the same without, run by
      * run (before bench_pct sorts the arrays in place). */
     double ckpt_run_ratio = run_ratio_p50(res[MODE_BATCH].log_eps, res[MODE_NOCKPT].log_eps, runs);
@@ -665,6 +731,17 @@ int bench_eventlog(bench_ctx_t *c)
         snprintf(what, sizeof(what), "eventlog, %s", mode_name[md]);
         print_row(what, "ev/s", res[md].log_eps, runs, base_eps, run_ratio[md]);
     }
+    for (int md = 0; base && md < N_MODES; md++) {
+        char what[64];
+        snprintf(what, sizeof(what), "baseline, %s", mode_name[md]);
+        vs_base_p50s[md] =
+            bench_pct(res[md].log_eps, runs, 50) / bench_pct(base[md].log_eps, runs, 50);
+        print_row(what, "ev/s", base[md].log_eps, runs, bench_pct(base[MODE_OFF].log_eps, runs, 50),
+                  base_ratio[md]);
+    }
+    for (int md = 0; base && md < N_MODES; md++)
+        printf("  this build vs baseline, %-26s x%.3f (p50s), x%.3f (per-run p50)\n", mode_name[md],
+               vs_base_p50s[md], vs_base[md]);
     print_row("jetstream publish only (unsigned)", "ev/s", res[MODE_OFF].pub_eps, runs, base_eps,
               -1);
     print_row("insert per event (baseline)", "ev/s", ins_eps, runs, base_eps, -1);
@@ -713,6 +790,22 @@ int bench_eventlog(bench_ctx_t *c)
            l[3][1], l[3][2], bench_pct(res[MODE_NOCKPT].log_eps, runs, 50), ckpt_ratio,
            ckpt_run_ratio, res[MODE_OFF].sg.rejected, res[MODE_BATCH].sg.rejected,
            res[MODE_SINGLE].sg.rejected);
+    if (base) {
+        printf("JSON {\"bench\":\"eventlog-baseline\",\"baseline_bin\":\"%s\",\"runs\":%u,"
+               "\"eps_p50\":[%.0f,%.0f,%.0f,%.0f],\"run_ratio_p50\":[%.3f,%.3f,%.3f,%.3f],"
+               "\"vs_baseline_run_ratio_p50\":[%.3f,%.3f,%.3f,%.3f],"
+               "\"rejected\":[%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 "]}\n",
+               c->baseline_bin, runs, bench_pct(base[0].log_eps, runs, 50),
+               bench_pct(base[1].log_eps, runs, 50), bench_pct(base[2].log_eps, runs, 50),
+               bench_pct(base[3].log_eps, runs, 50), base_ratio[0], base_ratio[1], base_ratio[2],
+               base_ratio[3], vs_base[0], vs_base[1], vs_base[2], vs_base[3], base[0].sg.rejected,
+               base[1].sg.rejected, base[2].sg.rejected, base[3].sg.rejected);
+        for (int md = 0; md < N_MODES; md++) {
+            free(base[md].log_eps);
+            free(base[md].pub_eps);
+        }
+        free(base);
+    }
     for (int md = 0; md < N_MODES; md++) {
         free(res[md].log_eps);
         free(res[md].pub_eps);

@@ -32,6 +32,7 @@ typedef struct {
     char *api_url;
     char *api_key;
     char *home;
+    char *baseline_bin;
 } bench_config_t;
 
 #define STR_(x) #x
@@ -62,6 +63,9 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_STR_OPT("api-key", bench_config_t, api_key, NULL,
                    "API key (create, exec, lifecycle; api: SPACE_API_KEY or its --api-key-file)"),
     SP_CFG_STR_OPT("home", bench_config_t, home, "./var", "SPACE_HOME of the stack"),
+    SP_CFG_STR_OPT("baseline-bin", bench_config_t, baseline_bin, "",
+                   "eventlog: also run each throughput mode with DIR/space-eventlog (another "
+                   "build), alternating with this one run by run"),
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -165,6 +169,7 @@ int main(int argc, char **argv)
     c.execs = (size_t)cfg.execs;
     c.rounds = (size_t)cfg.rounds;
     c.home = cfg.home;
+    c.baseline_bin = cfg.baseline_bin && cfg.baseline_bin[0] ? cfg.baseline_bin : NULL;
     c.api_key = cfg.api_key;
     if (strcmp(argv[argi], "eventlog") != 0) {
         if (sp_httpc_parse_url(cfg.api_url, c.api_host, sizeof(c.api_host), &c.api_port) < 0) {

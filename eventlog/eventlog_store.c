@@ -1,6 +1,8 @@
 /* The event log's write path: decode and validate each message, mark exact duplicates, apply
  * the reducers, extend the hash chain, COPY the rows and upsert the projections, all in one
  * transaction so the events and the state derived from them never disagree. */
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +17,7 @@
 #include "error.h"
 #include "eventlog.h"
 #include "log.h"
+#include "pgcopy.h"
 #include "trust.h"
 #include "xmalloc.h"
 
@@ -93,59 +96,23 @@ out:
     return rc;
 }
 
-/* COPY text format (PostgreSQL docs, COPY, "Text Format"): escape backslash and the three
- * separators; \N is NULL. */
-static void copy_text(sp_buf_t *b, const char *s)
+/* The events table's columns as the rows are COPYed, in this order (lib/db_migrations.c has
+ * their types). */
+#define COPY_COLUMNS                                                                               \
+    "stream_seq, event_id, subject, type, aggregate_kind, aggregate_id, tenant, actor,"            \
+    " occurred_at, published_at, correlation_id, causation_id, schema_version, status,"            \
+    " reject_reason, payload, prev_hash, hash, chain_v, payload_size, payload_sha256"
+#define COPY_FIELDS 21
+
+/* An optional text column: empty is NULL. */
+static int copy_opt(sp_buf_t *b, const char *s)
 {
-    if (!s) {
-        sp_buf_puts(b, "\\N");
-    } else {
-        for (; *s; s++) {
-            switch (*s) {
-            case '\\':
-                sp_buf_puts(b, "\\\\");
-                break;
-            case '\t':
-                sp_buf_puts(b, "\\t");
-                break;
-            case '\n':
-                sp_buf_puts(b, "\\n");
-                break;
-            case '\r':
-                sp_buf_puts(b, "\\r");
-                break;
-            default:
-                sp_buf_putc(b, *s);
-            }
-        }
-    }
+    return sp_pgcopy_text(b, s && s[0] ? s : NULL);
 }
 
-static void copy_sep(sp_buf_t *b)
+static int copy_opt_uuid(sp_buf_t *b, const char *s)
 {
-    sp_buf_putc(b, '\t');
-}
-
-/* bytea hex input, with the backslash itself escaped for COPY. */
-static void copy_bytea(sp_buf_t *b, const uint8_t *data, size_t len)
-{
-    sp_buf_puts(b, "\\\\x");
-    sp_buf_hex(b, data, len);
-}
-
-static void copy_ts_us(sp_buf_t *b, int64_t us)
-{
-    time_t sec = (time_t)(us / 1000000);
-    struct tm tm;
-    char tbuf[32];
-    gmtime_r(&sec, &tm);
-    strftime(tbuf, sizeof(tbuf), "%Y-%m-%d %H:%M:%S", &tm);
-    sp_buf_printf(b, "%s.%06lld+00", tbuf, (long long)(us % 1000000));
-}
-
-static void copy_opt(sp_buf_t *b, const char *s)
-{
-    copy_text(b, s && s[0] ? s : NULL);
+    return sp_pgcopy_uuid(b, s && s[0] ? s : NULL);
 }
 
 /* One row as the chain sees it (hash.h, chain v2). */
@@ -160,17 +127,21 @@ typedef struct {
     size_t len;
 } row_t;
 
-/* Appends the row and moves head (the previous row's hash) to its hash. Bytes that came from
- * the network (the subject, a reason quoting it) are stored as safe text, since invalid UTF-8
- * would make PostgreSQL refuse the whole COPY; the chain covers them as stored. A rejected
- * message over SP_CHAIN_PAYLOAD_KEEP keeps its first that many bytes, with its size and
- * SHA-256: hostile input cannot make a row hold more. */
-static void copy_row(sp_buf_t *b, sp_buf_t *tmp, const row_t *row, uint8_t head[SP_SHA256_LEN])
+/* Appends the row in binary COPY form (pgcopy.h) and moves head (the previous row's hash) to
+ * its hash. Bytes that came from the network (the subject, a reason quoting it) are stored as
+ * safe text, since invalid UTF-8 would make PostgreSQL refuse the whole COPY; the chain covers
+ * them as stored. A rejected message over SP_CHAIN_PAYLOAD_KEEP keeps its first that many
+ * bytes, with its size and SHA-256: hostile input cannot make a row hold more. An envelope's
+ * ids are validated UUIDs (sp_envelope_validate); one that is not fails the row (-EINVAL, head
+ * unchanged) as PostgreSQL's refusal failed the text COPY before, so the batch is stored one
+ * message at a time and this one recorded as not storable. */
+static int copy_row(sp_buf_t *b, sp_buf_t *tmp, const row_t *row, uint8_t head[SP_SHA256_LEN])
 {
     const sp_envelope_t *e = row->env;
-    uint8_t digest[SP_SHA256_LEN];
-    size_t subject_len, keep = row->len;
+    uint8_t digest[SP_SHA256_LEN], next[SP_SHA256_LEN];
+    size_t subject_len, keep = row->len, start = b->len;
     bool cut = !row->accepted && row->len > SP_CHAIN_PAYLOAD_KEEP;
+    int bad = 0;
 
     sp_buf_reset(tmp);
     sp_buf_safe_text(tmp, row->subject, 1024);
@@ -191,76 +162,63 @@ static void copy_row(sp_buf_t *b, sp_buf_t *tmp, const row_t *row, uint8_t head[
                          .reason_len = reason ? strlen(reason) : 0};
     if (cut)
         keep = SP_CHAIN_PAYLOAD_KEEP;
+    sp_chain2_next(head, &cr, next);
 
-    sp_buf_printf(b, "%llu", (unsigned long long)row->seq);
-    copy_sep(b);
-    copy_opt(b, e ? e->event_id : NULL);
-    copy_sep(b);
-    copy_text(b, subject);
-    copy_sep(b);
-    copy_opt(b, e ? e->type : NULL);
-    copy_sep(b);
-    copy_opt(b, e ? e->aggregate->kind : NULL);
-    copy_sep(b);
-    copy_opt(b, e ? e->aggregate->id : NULL);
-    copy_sep(b);
-    copy_text(b, e ? e->tenant : NULL);
-    copy_sep(b);
-    copy_opt(b, e ? e->actor : NULL);
-    copy_sep(b);
+    sp_pgcopy_tuple(b, COPY_FIELDS);
+    sp_pgcopy_int8(b, (int64_t)row->seq);
+    bad |= copy_opt_uuid(b, e ? e->event_id : NULL) < 0;
+    bad |= sp_pgcopy_text(b, subject) < 0;
+    bad |= copy_opt(b, e ? e->type : NULL) < 0;
+    bad |= copy_opt(b, e ? e->aggregate->kind : NULL) < 0;
+    bad |= copy_opt(b, e ? e->aggregate->id : NULL) < 0;
+    bad |= sp_pgcopy_text(b, e ? e->tenant : NULL) < 0;
+    bad |= copy_opt(b, e ? e->actor : NULL) < 0;
     if (e)
-        copy_ts_us(b, e->occurred_at_us);
+        sp_pgcopy_timestamptz_us(b, e->occurred_at_us);
     else
-        copy_text(b, NULL);
-    copy_sep(b);
-    copy_ts_us(b, row->published_us);
-    copy_sep(b);
-    copy_text(b, e ? e->correlation_id : NULL);
-    copy_sep(b);
-    copy_opt(b, e ? e->causation_id : NULL);
-    copy_sep(b);
-    if (e)
-        sp_buf_printf(b, "%u", e->schema_version);
+        sp_pgcopy_null(b);
+    sp_pgcopy_timestamptz_us(b, row->published_us);
+    bad |= sp_pgcopy_text(b, e ? e->correlation_id : NULL) < 0;
+    bad |= copy_opt_uuid(b, e ? e->causation_id : NULL) < 0;
+    if (e && e->schema_version <= INT32_MAX)
+        sp_pgcopy_int4(b, (int32_t)e->schema_version);
+    else if (e)
+        bad = 1; /* out of the integer column's range, as its text was */
     else
-        copy_text(b, NULL);
-    copy_sep(b);
-    sp_buf_puts(b, row->accepted ? "accepted" : "rejected");
-    copy_sep(b);
-    copy_text(b, reason);
-    copy_sep(b);
-    copy_bytea(b, row->data, keep);
-    copy_sep(b);
-    copy_bytea(b, head, SP_SHA256_LEN);
-    copy_sep(b);
-    sp_chain2_next(head, &cr, head);
-    copy_bytea(b, head, SP_SHA256_LEN);
-    copy_sep(b);
-    sp_buf_printf(b, "%d", SP_CHAIN_V2);
-    copy_sep(b);
+        sp_pgcopy_null(b);
+    bad |= sp_pgcopy_text(b, row->accepted ? "accepted" : "rejected") < 0;
+    bad |= sp_pgcopy_text(b, reason) < 0;
+    bad |= sp_pgcopy_bytes(b, row->data, keep) < 0;
+    bad |= sp_pgcopy_bytes(b, head, SP_SHA256_LEN) < 0;
+    bad |= sp_pgcopy_bytes(b, next, SP_SHA256_LEN) < 0;
+    sp_pgcopy_int2(b, SP_CHAIN_V2);
     if (cut) {
-        sp_buf_printf(b, "%llu", (unsigned long long)row->len);
-        copy_sep(b);
-        copy_bytea(b, digest, SP_SHA256_LEN);
+        sp_pgcopy_int8(b, (int64_t)row->len);
+        bad |= sp_pgcopy_bytes(b, digest, SP_SHA256_LEN) < 0;
     } else {
-        copy_text(b, NULL);
-        copy_sep(b);
-        copy_text(b, NULL);
+        sp_pgcopy_null(b);
+        sp_pgcopy_null(b);
     }
-    sp_buf_putc(b, '\n');
+    if (bad) {
+        b->len = start;
+        return -EINVAL;
+    }
+    memcpy(head, next, SP_SHA256_LEN);
+    return 0;
 }
 
 /* The row standing for stream sequences from..to that the stream no longer held when the log
  * asked for them: dropped by the stream's limits (max age, max bytes; docs/audit.md) before
  * the log stored them. Nothing else can remove a message (deny_delete, deny_purge), so the log
  * says so in the chain instead of leaving a gap that would read as a deletion. */
-static void copy_lost_row(sp_buf_t *b, sp_buf_t *tmp, uint64_t from, uint64_t to,
-                          uint8_t head[SP_SHA256_LEN])
+static int copy_lost_row(sp_buf_t *b, sp_buf_t *tmp, uint64_t from, uint64_t to,
+                         uint8_t head[SP_SHA256_LEN])
 {
     char reason[SP_REASON_MAX];
     snprintf(reason, sizeof(reason), SP_CHAIN_LOST_PREFIX "%llu-%llu %s", (unsigned long long)from,
              (unsigned long long)to, "dropped by the stream's limits before the log stored them");
     row_t row = {.seq = from, .subject = "", .published_us = sp_now_us(), .reason = reason};
-    copy_row(b, tmp, &row, head);
+    return copy_row(b, tmp, &row, head);
 }
 
 static int cmp_item_id(const void *a, const void *b)
@@ -510,20 +468,28 @@ static int load_rows(el_store_t *st, item_t *items, size_t n)
     return rc;
 }
 
+/* rows: the tuples only; the binary format's header and trailer are sent around them. */
 static int copy_in(PGconn *db, const sp_buf_t *rows)
 {
-    PGresult *r = PQexec(db, "COPY events (stream_seq, event_id, subject, type, aggregate_kind,"
-                             " aggregate_id, tenant, actor, occurred_at, published_at,"
-                             " correlation_id, causation_id, schema_version, status,"
-                             " reject_reason, payload, prev_hash, hash, chain_v, payload_size,"
-                             " payload_sha256) FROM STDIN");
+    sp_buf_t head, trailer;
+    PGresult *r = PQexec(db, "COPY events (" COPY_COLUMNS ") FROM STDIN WITH (FORMAT binary)");
     int ok = r && PQresultStatus(r) == PGRES_COPY_IN;
     PQclear(r);
     if (!ok)
         return SP_EDB;
-    if (PQputCopyData(db, rows->data, (int)rows->len) != 1 || PQputCopyEnd(db, NULL) != 1)
+    sp_buf_init(&head);
+    sp_buf_init(&trailer);
+    sp_pgcopy_header(&head);
+    sp_pgcopy_trailer(&trailer);
+    int sent = PQputCopyData(db, head.data, (int)head.len) == 1 &&
+               PQputCopyData(db, rows->data, (int)rows->len) == 1 &&
+               PQputCopyData(db, trailer.data, (int)trailer.len) == 1;
+    sp_buf_dispose(&head);
+    sp_buf_dispose(&trailer);
+    /* A failed send ends the COPY with an error, so the connection leaves the COPY state. */
+    if (PQputCopyEnd(db, sent ? NULL : "send failed") != 1)
         return SP_EDB;
-    int rc = 0;
+    int rc = sent ? 0 : SP_EDB;
     while ((r = PQgetResult(db)) != NULL) {
         if (PQresultStatus(r) != PGRES_COMMAND_OK)
             rc = SP_EDB;
@@ -598,7 +564,8 @@ static int store_items(el_store_t *st, const el_prep_t *prep, size_t n, int quar
         uint64_t seq = it->msg->stream_seq;
         /* Sequences the stream skipped: it no longer held them (its limits). */
         if (seq > head.seq + 1) {
-            copy_lost_row(&rows, &tmp, head.seq + 1, seq - 1, head.hash);
+            if ((rc = copy_lost_row(&rows, &tmp, head.seq + 1, seq - 1, head.hash)) < 0)
+                goto out; /* cannot happen: a lost row has no envelope */
             counts.lost += seq - 1 - head.seq;
             counts.rows++;
         }
@@ -615,7 +582,12 @@ static int store_items(el_store_t *st, const el_prep_t *prep, size_t n, int quar
                      .reason = it->reason,
                      .data = it->msg->data,
                      .len = it->msg->len};
-        copy_row(&rows, &tmp, &row, head.hash);
+        if ((rc = copy_row(&rows, &tmp, &row, head.hash)) < 0) {
+            snprintf(st->last_error, sizeof(st->last_error),
+                     "row for seq %llu: a value its column cannot hold", (unsigned long long)seq);
+            sp_log(SP_LOG_ERROR, "store failed", SP_KS("error", st->last_error));
+            goto out;
+        }
         head.seq = seq;
         counts.rows++;
         if (it->disp == M_ACCEPT) {

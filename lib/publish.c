@@ -2,6 +2,7 @@
 #include "publish.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -140,11 +141,14 @@ void sp_burst_init(sp_burst_t *b)
     memset(b, 0, sizeof(*b));
 }
 
-int sp_burst_add(sp_burst_t *b, sp_envelope_t *env, const char *worker)
+int sp_burst_add_msg(sp_burst_t *b, sp_envelope_t *env, const char *worker, const char *msg_id,
+                     char id_buf[37])
 {
     char id[37], subject[SP_PUBLISH_SUBJECT_MAX];
     uint8_t *buf = NULL;
     size_t len = 0;
+    if (msg_id && strlen(msg_id) >= SP_PUBLISH_MSGID_MAX)
+        return -EINVAL;
     sp_envelope_stamp(env, id);
     int rc = sp_envelope_subject(env, worker, subject, sizeof(subject));
     if (rc >= 0)
@@ -156,21 +160,28 @@ int sp_burst_add(sp_burst_t *b, sp_envelope_t *env, const char *worker)
         b->bufs = sp_xreallocarray(b->bufs, b->cap, sizeof(*b->bufs));
         b->lens = sp_xreallocarray(b->lens, b->cap, sizeof(*b->lens));
         b->subjects = sp_xreallocarray(b->subjects, b->cap, sizeof(*b->subjects));
-        b->ids = sp_xreallocarray(b->ids, b->cap, sizeof(*b->ids));
+        b->msg_ids = sp_xreallocarray(b->msg_ids, b->cap, sizeof(*b->msg_ids));
     }
     b->bufs[b->n] = buf;
     b->lens[b->n] = len;
     memcpy(b->subjects[b->n], subject, sizeof(subject));
-    memcpy(b->ids[b->n], id, sizeof(id));
+    snprintf(b->msg_ids[b->n], sizeof(b->msg_ids[b->n]), "%s", msg_id ? msg_id : id);
+    if (id_buf)
+        memcpy(id_buf, id, sizeof(id));
     b->n++;
     return 0;
+}
+
+int sp_burst_add(sp_burst_t *b, sp_envelope_t *env, const char *worker)
+{
+    return sp_burst_add_msg(b, env, worker, NULL, NULL);
 }
 
 int sp_burst_publish_async(sp_bus_t *bus, sp_burst_t *b)
 {
     int first = b->n ? sp_publish_sign_burst(b->bufs, b->lens, b->n) : 0;
     for (size_t i = 0; i < b->n && first == 0; i++) {
-        int rc = sp_bus_publish_async(bus, b->subjects[i], b->bufs[i], b->lens[i], b->ids[i]);
+        int rc = sp_bus_publish_async(bus, b->subjects[i], b->bufs[i], b->lens[i], b->msg_ids[i]);
         if (rc < 0 && first == 0)
             first = rc;
     }
@@ -187,6 +198,6 @@ void sp_burst_dispose(sp_burst_t *b)
     free(b->bufs);
     free(b->lens);
     free(b->subjects);
-    free(b->ids);
+    free(b->msg_ids);
     memset(b, 0, sizeof(*b));
 }

@@ -79,17 +79,44 @@ static int run(sched_t *s)
             sp_daemon_sleep_ms(200);
             continue;
         }
+        /* The answers to the whole batch go out as one signed burst (one Ed25519 signature
+         * per SP_SIG_BATCH_DEFAULT answers instead of one each, docs/trust.md), in the order
+         * decided; an intent is acknowledged only once the stream has acknowledged them all.
+         * When they fail, nothing is acknowledged: the redelivered intents answer again under
+         * the same message ids ("placed:<intent id>", ...), which the stream's duplicate
+         * window drops for the answers that did get through. */
+        sp_burst_t burst;
+        size_t handled = 0;
+        bool stop = false;
+        sp_burst_init(&burst);
+        s->burst = &burst;
         for (size_t i = 0; i < sp_bus_batch_len(b); i++) {
             if (PQstatus(s->db) != CONNECTION_OK)
                 PQreset(s->db);
             if (sched_handle(s, sp_bus_batch_msg(b, i)) < 0) {
                 /* Leave it (and the rest of the batch) for redelivery after ack_wait. */
-                sp_daemon_sleep_ms(500);
+                stop = true;
                 break;
             }
-            sp_bus_batch_ack_one(b, i);
+            handled++;
+        }
+        s->burst = NULL;
+        size_t answers = burst.n;
+        rc = sp_burst_publish_async(s->bus, &burst);
+        if (rc == 0 && answers)
+            rc = sp_bus_publish_async_complete(s->bus, 0);
+        sp_burst_dispose(&burst);
+        if (rc < 0) {
+            sp_log(SP_LOG_WARN, "answers not published; the intents will be redelivered",
+                   SP_KU("answers", answers), SP_KS("error", sp_strerror(rc)));
+            stop = true;
+        } else {
+            for (size_t i = 0; i < handled; i++)
+                sp_bus_batch_ack_one(b, i);
         }
         sp_bus_batch_free(b);
+        if (stop)
+            sp_daemon_sleep_ms(500);
     }
     sp_bus_consumer_free(c);
     return 0;

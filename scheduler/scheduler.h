@@ -9,6 +9,7 @@
 #include "bus.h"
 #include "envelope.h"
 #include "metrics.h"
+#include "publish.h"
 #include "verifier.h"
 
 typedef struct {
@@ -48,10 +49,14 @@ typedef struct {
     sched_recent_t *recent;
     size_t n_recent;
     sp_metric_t *m_placements, *m_actions; /* scheduler_metrics.c */
+    /* While a fetched batch of intents is handled: its answers, published as one signed
+     * batch after it (main.c). NULL: each answer is published alone (the controllers). */
+    sp_burst_t *burst;
 } sched_t;
 
-/* Handles one event from space.ev.sbx._.>: 0 = done (ack), < 0 = could not be handled now
- * (the database or the bus failed: redeliver later). Invalid events, and intents the trust
+/* Handles one event from space.ev.sbx._.>: 0 = done (ack once s->burst, when set, is
+ * published and acknowledged by the stream), < 0 = could not be handled now (the database or
+ * the bus failed: redeliver later). Invalid events, and intents the trust
  * check refuses (unsigned, forged, a signer that may not ask this, a platform outside its
  * tenants), are done without effect: the event log records them as rejected. */
 int sched_handle(sched_t *s, const sp_bus_msg_t *m);

@@ -24,6 +24,16 @@
 #include "scheduler.h"
 #include "xmalloc.h"
 
+/* Publishes an answer to an intent: into the burst of the batch being handled (main.c signs
+ * it as one batch and waits for its acks before acknowledging the intents), or alone and
+ * acknowledged by the stream before this returns when there is no burst. */
+static int emit(sched_t *s, sp_envelope_t *env, char id[37], const char *worker, const char *msg_id)
+{
+    if (s->burst)
+        return sp_burst_add_msg(s->burst, env, worker, msg_id, id);
+    return sp_publish_event(s->bus, env, id, worker, msg_id, NULL);
+}
+
 /* The projection's state of a sandbox, SP_SBX_NONE when absent (also: not stored yet). */
 static int sandbox_state(sched_t *s, const char *id, sp_sbx_state_t *ret_state, char *worker,
                          size_t worker_len)
@@ -168,7 +178,7 @@ static int reject(sched_t *s, const sp_envelope_t *intent, const char *reason, c
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_REQUEST_REJECTED;
     env.sandbox_request_rejected = &rej;
     snprintf(msg_id, sizeof(msg_id), "rejected:%s", intent->event_id);
-    int rc = sp_publish_event(s->bus, &env, id, NULL, msg_id, NULL);
+    int rc = emit(s, &env, id, NULL, msg_id);
     if (rc >= 0)
         sched_metrics_placement(s, reason);
     sp_log(SP_LOG_INFO, "intent refused", SP_KS("type", intent->type),
@@ -239,7 +249,7 @@ static int place(sched_t *s, const sp_envelope_t *intent)
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED;
     env.sandbox_placed = &placed;
     snprintf(msg_id, sizeof(msg_id), "placed:%s", intent->event_id);
-    if ((rc = sp_publish_event(s->bus, &env, id, worker, msg_id, NULL)) < 0)
+    if ((rc = emit(s, &env, id, worker, msg_id)) < 0)
         return rc;
     sched_metrics_placement(s, "placed");
     sp_log(SP_LOG_INFO, "placed", SP_KS("sandbox", intent->aggregate->id), SP_KS("worker", worker),
@@ -308,7 +318,7 @@ static int place_resume(sched_t *s, const sp_envelope_t *intent)
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED;
     env.sandbox_placed = &p;
     snprintf(msg_id, sizeof(msg_id), "placed:%s", intent->event_id);
-    if ((rc = sp_publish_event(s->bus, &env, id, worker, msg_id, NULL)) < 0)
+    if ((rc = emit(s, &env, id, worker, msg_id)) < 0)
         return rc;
     sched_metrics_placement(s, "placed_resume");
     sp_log(SP_LOG_INFO, "placed for resume", SP_KS("sandbox", intent->aggregate->id),
@@ -340,7 +350,7 @@ static int delete_unplaced(sched_t *s, const sp_envelope_t *intent)
         fwd.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED;
         fwd.sandbox_delete_requested = &req;
         snprintf(msg_id, sizeof(msg_id), "forward:%s", intent->event_id);
-        return sp_publish_event(s->bus, &fwd, id, owner, msg_id, NULL);
+        return emit(s, &fwd, id, owner, msg_id);
     }
     sp_envelope_t env;
     Space__V1__Aggregate agg;
@@ -350,7 +360,7 @@ static int delete_unplaced(sched_t *s, const sp_envelope_t *intent)
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETED;
     env.sandbox_deleted = &del;
     snprintf(msg_id, sizeof(msg_id), "deleted:%s", intent->event_id);
-    return sp_publish_event(s->bus, &env, id, NULL, msg_id, NULL);
+    return emit(s, &env, id, NULL, msg_id);
 }
 
 int sched_handle(sched_t *s, const sp_bus_msg_t *m)

@@ -49,19 +49,27 @@ int sp_envelope_sign_encoded(uint8_t **bufs, size_t *lens, size_t n, const char 
  * a producer that publishes a burst calls it once (one Ed25519 signature per batch). Without
  * a signer: nothing is changed. */
 int sp_publish_sign_burst(uint8_t **bufs, size_t *lens, size_t n);
-/* A burst: events a producer emits at one moment (egressd's audit flush), published as one
- * signed batch. Add each (stamped, its subject made, encoded; env is not kept), then publish
- * them all asynchronously (sp_bus_publish_async, message id = event id) after one
- * sp_publish_sign_burst; the burst is emptied either way. */
+/* A burst: events a producer emits at one moment (egressd's audit flush, the scheduler's
+ * answers to one fetched batch of intents), published as one signed batch. Add each (stamped,
+ * its subject made, encoded; env is not kept), then publish them all asynchronously
+ * (sp_bus_publish_async) after one sp_publish_sign_burst; the burst is emptied either way.
+ * The caller waits for the acks (sp_bus_publish_async_complete) before it counts them
+ * stored. */
+#define SP_PUBLISH_MSGID_MAX 80
 typedef struct {
     uint8_t **bufs;
     size_t *lens;
     char (*subjects)[SP_PUBLISH_SUBJECT_MAX];
-    char (*ids)[37];
+    char (*msg_ids)[SP_PUBLISH_MSGID_MAX];
     size_t n, cap;
 } sp_burst_t;
 void sp_burst_init(sp_burst_t *b);
+/* Message id = the event id. */
 int sp_burst_add(sp_burst_t *b, sp_envelope_t *env, const char *worker);
+/* With the Nats-Msg-Id msg_id (as sp_publish_event's; NULL: the event id; -EINVAL when it
+ * does not fit SP_PUBLISH_MSGID_MAX). The event id is written into id_buf (may be NULL). */
+int sp_burst_add_msg(sp_burst_t *b, sp_envelope_t *env, const char *worker, const char *msg_id,
+                     char id_buf[37]);
 /* 0, or the first failure (the others were still published: each stands alone). */
 int sp_burst_publish_async(sp_bus_t *bus, sp_burst_t *b);
 void sp_burst_dispose(sp_burst_t *b);
