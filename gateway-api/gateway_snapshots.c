@@ -1,0 +1,323 @@
+/* Named snapshots (docs/snapshots.md).
+ *
+ * POST /v1/sandboxes/{id}/snapshots {"name"?}: a running sandbox of the tenant; the gateway
+ *   picks the snapshot id, sends SandboxSnapshotRequested to the sandbox's worker and answers
+ *   201 with the snapshot once SandboxSnapshotted answers it (409 with the reason when the
+ *   worker refused, 504 past the create timeout).
+ * GET /v1/snapshots: the tenant's snapshots, from the log (db.h sp_db_snapshot_each).
+ * DELETE /v1/snapshots/{id}: SnapshotDeleteRequested to the worker that took it; 204 once
+ *   SnapshotDeleted (its artifacts are gone). From the moment the intent is in the log, no
+ *   create may use the snapshot.
+ * POST /v1/sandboxes {"snapshot": "<id>"} is the create (gateway_sandboxes.c). */
+#include "gateway.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "db.h"
+#include "envelope.h"
+#include "error.h"
+#include "ids.h"
+#include "log.h"
+#include "publish.h"
+#include "xmalloc.h"
+
+typedef enum { S_PUBLISHED = 1, S_NOT_FOUND, S_STATE, S_DB_ERROR, S_BUS_ERROR, S_LISTED } outcome_t;
+
+typedef struct {
+    gw_job_t job;
+    gw_req_t *rq;
+    char sandbox_id[SP_ID_MAX + 1];
+    char snapshot_id[SP_SNAPSHOT_ID_LEN + 1];
+    char name[SP_SNAPSHOT_NAME_MAX + 1];
+    char tenant[SP_ID_MAX + 1];
+    char actor[SP_ID_MAX + 1];
+    char request_id[GW_REQUEST_ID_MAX + 1];
+    char event_id[GW_EVENT_ID_LEN + 1];
+    char state[32];
+    outcome_t outcome;
+    int bus_rc;
+    sp_buf_t out; /* the list */
+} snap_job_t;
+
+void gw_snapshot_json(const sp_envelope_t *ev, int64_t at_us, sp_buf_t *b)
+{
+    const Space__V1__SandboxSnapshotted *sd = ev->sandbox_snapshotted;
+    uint64_t size = 0;
+    for (size_t i = 0; i < sd->n_artifacts; i++)
+        size += sd->artifacts[i]->size;
+    sp_buf_puts(b, "{\"snapshot_id\":");
+    sp_buf_json_str(b, sd->snapshot_id);
+    sp_buf_puts(b, ",\"name\":");
+    sp_buf_json_str(b, sd->name);
+    sp_buf_puts(b, ",\"sandbox_id\":");
+    sp_buf_json_str(b, ev->aggregate->id);
+    sp_buf_puts(b, ",\"template\":");
+    sp_buf_json_str(b, sd->template_);
+    sp_buf_printf(b, ",\"size_bytes\":%llu,\"created_at\":", (unsigned long long)size);
+    gw_json_time(b, at_us);
+    sp_buf_putc(b, '}');
+}
+
+/* Publishes env (stamped here) on the subject of worker; the outcome into s. */
+static void publish(snap_job_t *s, sp_envelope_t *env, const char *worker)
+{
+    char subject[192];
+    uint8_t *data = NULL;
+    size_t len = 0;
+    env->tenant = s->tenant;
+    env->actor = s->actor;
+    env->correlation_id = s->request_id;
+    sp_envelope_stamp(env, s->event_id);
+    int rc = sp_envelope_subject(env, worker, subject, sizeof(subject));
+    if (rc >= 0)
+        rc = sp_publish_pack(env, &data, &len);
+    if (rc >= 0)
+        rc = sp_bus_publish(s->job.gw->bus, subject, data, len, s->event_id, NULL, NULL);
+    free(data);
+    s->bus_rc = rc;
+    s->outcome = rc < 0 ? S_BUS_ERROR : S_PUBLISHED;
+}
+
+static void take_run(gw_job_t *job, PGconn *db)
+{
+    snap_job_t *s = (snap_job_t *)job;
+    const char *p[2] = {s->sandbox_id, s->tenant};
+    PGresult *r = PQexecParams(db,
+                               "SELECT state, coalesce(worker, '') FROM sandboxes WHERE id = $1 "
+                               "AND tenant = $2",
+                               2, NULL, p, NULL, NULL, 0);
+    if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
+        sp_log(SP_LOG_WARN, "query failed", SP_KS("query", "snapshot sandbox"),
+               SP_KS("error", PQerrorMessage(db)));
+        PQclear(r);
+        s->outcome = S_DB_ERROR;
+        return;
+    }
+    if (PQntuples(r) != 1 || strcmp(PQgetvalue(r, 0, 0), "deleted") == 0) {
+        PQclear(r);
+        s->outcome = S_NOT_FOUND;
+        return;
+    }
+    snprintf(s->state, sizeof(s->state), "%s", PQgetvalue(r, 0, 0));
+    char worker[SP_ID_MAX + 1];
+    snprintf(worker, sizeof(worker), "%s", PQgetvalue(r, 0, 1));
+    PQclear(r);
+    if (strcmp(s->state, "running") != 0 || !worker[0]) {
+        s->outcome = S_STATE;
+        return;
+    }
+    sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
+    Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
+    Space__V1__SandboxSnapshotRequested req = SPACE__V1__SANDBOX_SNAPSHOT_REQUESTED__INIT;
+    agg.kind = "sandbox";
+    agg.id = s->sandbox_id;
+    env.aggregate = &agg;
+    req.snapshot_id = s->snapshot_id;
+    req.name = s->name;
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SNAPSHOT_REQUESTED;
+    env.sandbox_snapshot_requested = &req;
+    publish(s, &env, worker);
+}
+
+static void delete_run(gw_job_t *job, PGconn *db)
+{
+    snap_job_t *s = (snap_job_t *)job;
+    sp_envelope_t *se = NULL;
+    int rc = sp_db_snapshot_find(db, s->tenant, s->snapshot_id, &se);
+    if (rc < 0) {
+        s->outcome = rc == SP_ENOTFOUND ? S_NOT_FOUND : S_DB_ERROR;
+        return;
+    }
+    snprintf(s->sandbox_id, sizeof(s->sandbox_id), "%s", se->aggregate->id);
+    sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
+    Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
+    Space__V1__SnapshotDeleteRequested req = SPACE__V1__SNAPSHOT_DELETE_REQUESTED__INIT;
+    agg.kind = "sandbox";
+    agg.id = s->sandbox_id;
+    env.aggregate = &agg;
+    req.snapshot_id = s->snapshot_id;
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETE_REQUESTED;
+    env.snapshot_delete_requested = &req;
+    /* To the worker that took it: it stored the artifacts. */
+    publish(s, &env, se->sandbox_snapshotted->worker);
+    sp_envelope_free(se);
+}
+
+static int list_one(void *arg, const sp_envelope_t *ev, int64_t at_us)
+{
+    snap_job_t *s = arg;
+    if (s->out.len > 1)
+        sp_buf_putc(&s->out, ',');
+    gw_snapshot_json(ev, at_us, &s->out);
+    return 0;
+}
+
+static void list_run(gw_job_t *job, PGconn *db)
+{
+    snap_job_t *s = (snap_job_t *)job;
+    sp_buf_puts(&s->out, "[");
+    if (sp_db_snapshot_each(db, s->tenant, list_one, s) < 0) {
+        s->outcome = S_DB_ERROR;
+        return;
+    }
+    sp_buf_puts(&s->out, "]");
+    s->outcome = S_LISTED;
+}
+
+static void snap_done(gw_job_t *job)
+{
+    snap_job_t *s = (snap_job_t *)job;
+    gw_req_t *rq = s->rq;
+    gw_t *gw = job->gw;
+    bool deleting = job->run == delete_run;
+
+    switch (s->outcome) {
+    case S_LISTED: {
+        sp_buf_t b;
+        sp_buf_init(&b);
+        sp_buf_puts(&b, "{\"snapshots\":");
+        sp_buf_append(&b, s->out.data, s->out.len);
+        sp_buf_putc(&b, '}');
+        gw_respond_json(rq, 200, &b);
+        sp_buf_dispose(&b);
+        break;
+    }
+    case S_PUBLISHED:
+        gw_wait_register(gw, rq, deleting ? GW_WAIT_SNAPSHOT_DELETE : GW_WAIT_SNAPSHOT,
+                         s->sandbox_id, s->event_id, (int)gw->cfg->create_timeout_s);
+        break;
+    case S_NOT_FOUND:
+        if (deleting)
+            gw_respond_error(rq, 404, "snapshot_not_found", NULL, "no such snapshot");
+        else
+            gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
+        break;
+    case S_STATE: {
+        sp_buf_t extra;
+        sp_buf_init(&extra);
+        sp_buf_puts(&extra, "\"state\":");
+        sp_buf_json_str(&extra, s->state);
+        gw_respond_error(rq, 409, "illegal_transition", extra.data,
+                         "cannot snapshot a sandbox that is %s (only a running one)", s->state);
+        sp_buf_dispose(&extra);
+        break;
+    }
+    case S_BUS_ERROR:
+        gw->metrics.publish_failures++;
+        sp_log(SP_LOG_WARN, "publish failed", SP_KS("snapshot", s->snapshot_id),
+               SP_KS("error", sp_strerror(s->bus_rc)), SP_KS("request_id", rq->request_id));
+        gw_respond_error(rq, 503, "bus_unavailable", NULL,
+                         "the event bus did not accept the request; retry");
+        break;
+    case S_DB_ERROR:
+    default:
+        gw_respond_error(rq, 503, "unavailable", NULL, "the database is not available; retry");
+        break;
+    }
+    gw_req_unref(rq);
+    sp_buf_dispose(&s->out);
+    free(s);
+}
+
+static snap_job_t *snap_new(gw_req_t *rq, void (*run)(gw_job_t *, PGconn *))
+{
+    snap_job_t *s = sp_xcalloc(1, sizeof(*s));
+    s->rq = rq;
+    sp_buf_init(&s->out);
+    snprintf(s->tenant, sizeof(s->tenant), "%s", rq->tenant);
+    snprintf(s->actor, sizeof(s->actor), "%s", rq->key_id);
+    snprintf(s->request_id, sizeof(s->request_id), "%s", rq->request_id);
+    s->job.run = run;
+    s->job.done = snap_done;
+    return s;
+}
+
+static void snap_submit(gw_req_t *rq, snap_job_t *s)
+{
+    gw_req_ref(rq);
+    if (gw_job_submit(rq->gw, &s->job) < 0) {
+        gw_req_unref(rq);
+        sp_buf_dispose(&s->out);
+        free(s);
+        gw_respond_error(rq, 503, "overloaded", NULL, "too many requests are waiting");
+    }
+}
+
+/* {"name"?: 1..SP_SNAPSHOT_NAME_MAX printable ASCII}, an empty body too; answers the 4xx
+ * itself. */
+static int parse_take(gw_req_t *rq, char name[SP_SNAPSHOT_NAME_MAX + 1])
+{
+    h2o_req_t *req = rq->req;
+    const h2o_iovec_t *ct = gw_req_header(rq, "content-type", NULL);
+    size_t len = req->entity.base ? req->entity.len : 0;
+    name[0] = '\0';
+    if (len == 0)
+        return 0;
+    if (ct && !gw_json_content_type(ct)) {
+        gw_respond_error(rq, 415, "unsupported_media_type", NULL,
+                         "send the body as application/json");
+        return -EINVAL;
+    }
+    char jerr[SP_JSON_ERR_MAX];
+    sp_json_doc_t *doc = NULL;
+    sp_json_limits_t lim = {.max_bytes = 4096, .max_depth = 2, .max_nodes = 8, .max_string = 256};
+    if (len > 4096 || sp_json_parse(req->entity.base, len, &lim, &doc, jerr) < 0 ||
+        sp_json_type(sp_json_root(doc)) != SP_JSON_OBJECT) {
+        sp_json_doc_free(doc);
+        gw_respond_error(rq, 400, "invalid_json", NULL, "the body must be {\"name\": \"...\"}");
+        return -EINVAL;
+    }
+    const sp_json_t *root = sp_json_root(doc);
+    int rc = 0;
+    for (size_t i = 0; i < sp_json_len(root) && rc == 0; i++) {
+        const char *k = sp_json_key_at(root, i);
+        const char *v = sp_json_str(sp_json_at(root, i), NULL);
+        if (strcmp(k, "name") != 0) {
+            gw_respond_error(rq, 400, "unknown_field", NULL, "unknown field %s", k);
+            rc = -EINVAL;
+        } else if (!v || !sp_snapshot_name_valid(v)) {
+            gw_respond_error(rq, 400, "invalid_field", NULL,
+                             "name must be 1..%d printable ASCII characters", SP_SNAPSHOT_NAME_MAX);
+            rc = -EINVAL;
+        } else {
+            snprintf(name, SP_SNAPSHOT_NAME_MAX + 1, "%s", v);
+        }
+    }
+    sp_json_doc_free(doc);
+    return rc;
+}
+
+void gw_snapshot_take(gw_req_t *rq)
+{
+    if (!sp_id_valid(rq->path_id)) {
+        gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
+        return;
+    }
+    char name[SP_SNAPSHOT_NAME_MAX + 1];
+    if (parse_take(rq, name) < 0)
+        return;
+    snap_job_t *s = snap_new(rq, take_run);
+    snprintf(s->sandbox_id, sizeof(s->sandbox_id), "%s", rq->path_id);
+    sp_snapshot_id_new(s->snapshot_id);
+    snprintf(s->name, sizeof(s->name), "%s", name[0] ? name : s->snapshot_id);
+    snap_submit(rq, s);
+}
+
+void gw_snapshot_list(gw_req_t *rq)
+{
+    snap_submit(rq, snap_new(rq, list_run));
+}
+
+void gw_snapshot_delete(gw_req_t *rq)
+{
+    if (!sp_snapshot_id_valid(rq->path_id)) {
+        gw_respond_error(rq, 404, "snapshot_not_found", NULL, "no such snapshot");
+        return;
+    }
+    snap_job_t *s = snap_new(rq, delete_run);
+    snprintf(s->snapshot_id, sizeof(s->snapshot_id), "%.30s", rq->path_id);
+    snap_submit(rq, s);
+}
