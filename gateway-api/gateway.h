@@ -443,6 +443,9 @@ void gw_snapshot_json(const sp_envelope_t *snapshotted, int64_t at_us, sp_buf_t 
 void gw_snapshot_take(gw_req_t *rq);
 void gw_snapshot_list(gw_req_t *rq);
 void gw_snapshot_delete(gw_req_t *rq);
+/* POST /v1/sandboxes/{id}/fork {"count"} (gateway_snapshots.c): one anonymous snapshot, count
+ * sandboxes restored from it, the snapshot deleted; 201 with the copies. */
+void gw_sandbox_fork(gw_req_t *rq);
 
 /* Waiting for the projection to show the outcome of an intent (read-your-writes). */
 typedef enum {

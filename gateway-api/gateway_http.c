@@ -598,6 +598,7 @@ const gw_route_def_t gw_routes[] = {
     {"POST", "/v1/sandboxes/{id}/timeout", GW_R_SANDBOX_LIFECYCLE, gw_sandbox_lifecycle, 0,
      "timeout"},
     {"POST", "/v1/sandboxes/{id}/snapshots", GW_R_SNAPSHOTS, gw_snapshot_take, 0, NULL},
+    {"POST", "/v1/sandboxes/{id}/fork", GW_R_SNAPSHOTS, gw_sandbox_fork, 0, NULL},
     {"GET", "/v1/snapshots", GW_R_SNAPSHOTS, gw_snapshot_list, 0, NULL},
     {"DELETE", "/v1/snapshots/{id}", GW_R_SNAPSHOTS, gw_snapshot_delete, 0, NULL},
     {"GET", "/v1/sandboxes/{id}/commands", GW_R_COMMAND_LIST, gw_command_list, 0, NULL},

@@ -12,9 +12,11 @@
 #include "gateway.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "db.h"
 #include "envelope.h"
@@ -320,4 +322,331 @@ void gw_snapshot_delete(gw_req_t *rq)
     snap_job_t *s = snap_new(rq, delete_run);
     snprintf(s->snapshot_id, sizeof(s->snapshot_id), "%.30s", rq->path_id);
     snap_submit(rq, s);
+}
+
+/* ---- fork (docs/snapshots.md, "Fork") ----
+ * One anonymous snapshot, then count creates from it, then the snapshot is deleted (the copies
+ * share nothing with it or each other: each received its own disk and loaded the image). The
+ * whole fork runs as one job on a pool connection, polling the log for each step's outcome. */
+
+#define FORK_POLL_MS 25
+
+typedef struct {
+    snap_job_t s;
+    uint32_t count;
+    int status; /* the answer */
+    char code[64];
+    sp_buf_t body;
+} fork_job_t;
+
+static void fork_fail(fork_job_t *f, int status, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void fork_fail(fork_job_t *f, int status, const char *code, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    f->status = status;
+    snprintf(f->code, sizeof(f->code), "%s", code);
+    sp_buf_reset(&f->body);
+    sp_buf_puts(&f->body, msg);
+}
+
+/* The answer to the snapshot intent: 1 with *ret when SandboxSnapshotted, 0 when refused (f
+ * answered), -1 past the deadline or on a database error (f answered). */
+static int fork_wait_snapshot(fork_job_t *f, PGconn *db, int64_t deadline_ns, sp_envelope_t **ret)
+{
+    const char *p[2] = {f->s.event_id, f->s.sandbox_id};
+    while (sp_mono_ns() < deadline_ns) {
+        PGresult *r = PQexecParams(db,
+                                   "SELECT payload FROM events WHERE causation_id = $1::uuid AND "
+                                   "status = 'accepted' AND type IN ('SandboxSnapshotted', "
+                                   "'SandboxRequestRejected', 'SandboxFailed') AND aggregate_id = "
+                                   "$2 LIMIT 1",
+                                   2, NULL, p, NULL, NULL, 1);
+        if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
+            PQclear(r);
+            fork_fail(f, 503, "unavailable", "the database is not available; retry");
+            return -1;
+        }
+        sp_envelope_t *e = NULL;
+        char why[SP_REASON_MAX];
+        if (PQntuples(r) == 1 && sp_envelope_decode((const uint8_t *)PQgetvalue(r, 0, 0),
+                                                    (size_t)PQgetlength(r, 0, 0), &e, why) == 0) {
+            PQclear(r);
+            if (e->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SNAPSHOTTED) {
+                *ret = e;
+                return 1;
+            }
+            if (e->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_REQUEST_REJECTED)
+                fork_fail(f, 409, e->sandbox_request_rejected->reason,
+                          "the checkpoint of the fork was refused: %s",
+                          e->sandbox_request_rejected->detail);
+            else
+                fork_fail(f, 500, "sandbox_failed", "the sandbox failed during its checkpoint: %s",
+                          e->sandbox_failed->detail);
+            sp_envelope_free(e);
+            return 0;
+        }
+        PQclear(r);
+        usleep(FORK_POLL_MS * 1000);
+    }
+    fork_fail(f, 504, "timeout", "the checkpoint of the fork did not finish in time");
+    return -1;
+}
+
+/* Waits until every sandbox of ids (a text[] literal) is out of requested/placed; the count
+ * still starting, or < 0 on a database error. */
+static int fork_wait_started(PGconn *db, const char *ids, int64_t deadline_ns)
+{
+    const char *p[1] = {ids};
+    int left = -1;
+    while (sp_mono_ns() < deadline_ns) {
+        PGresult *r = PQexecParams(db,
+                                   "SELECT count(*) FROM sandboxes WHERE id = ANY($1::text[]) AND "
+                                   "state IN ('requested', 'placed')",
+                                   1, NULL, p, NULL, NULL, 0);
+        if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
+            PQclear(r);
+            return SP_EDB;
+        }
+        left = atoi(PQgetvalue(r, 0, 0));
+        PQclear(r);
+        /* The rows appear when the log stored the creates: none at all is not yet either. */
+        r = PQexecParams(db, "SELECT count(*) FROM sandboxes WHERE id = ANY($1::text[])", 1, NULL,
+                         p, NULL, NULL, 0);
+        int have = sp_db_check(r, PGRES_TUPLES_OK) == 0 ? atoi(PQgetvalue(r, 0, 0)) : -1;
+        PQclear(r);
+        size_t want = 1;
+        for (const char *c = ids; *c; c++)
+            want += *c == ',';
+        if (left == 0 && have == (int)want)
+            return 0;
+        usleep(FORK_POLL_MS * 1000);
+    }
+    return left < 0 ? 1 : left;
+}
+
+static void fork_run(gw_job_t *job, PGconn *db)
+{
+    fork_job_t *f = (fork_job_t *)job;
+    snap_job_t *s = &f->s;
+    gw_t *gw = job->gw;
+    int64_t t0 = sp_mono_ns();
+    int64_t deadline = t0 + (int64_t)gw->cfg->create_timeout_s * 1000000000LL;
+    sp_envelope_t *se = NULL;
+    char **ids = NULL;
+
+    take_run(job, db); /* the anonymous snapshot's intent, to the sandbox's worker */
+    if (s->outcome == S_NOT_FOUND) {
+        fork_fail(f, 404, "not_found", "no such sandbox");
+        return;
+    }
+    if (s->outcome == S_STATE) {
+        fork_fail(f, 409, "illegal_transition", "cannot fork a sandbox that is %s", s->state);
+        return;
+    }
+    if (s->outcome != S_PUBLISHED) {
+        fork_fail(f, 503, s->outcome == S_BUS_ERROR ? "bus_unavailable" : "unavailable",
+                  "the request could not be sent; retry");
+        return;
+    }
+    if (fork_wait_snapshot(f, db, deadline, &se) <= 0)
+        return;
+    int64_t snapshot_ms = (sp_mono_ns() - t0) / 1000000;
+    const Space__V1__SandboxSnapshotted *sd = se->sandbox_snapshotted;
+    gw_create_base_t base = {0};
+    snprintf(base.snapshot_id, sizeof(base.snapshot_id), "%s", s->snapshot_id);
+    snprintf(base.template_, sizeof(base.template_), "%s", sd->template_);
+    if (sd->resources) {
+        base.vcpu = sd->resources->vcpu;
+        base.memory_mb = sd->resources->memory_mb;
+        base.disk_mb = sd->resources->disk_mb;
+    }
+    /* The copies: creates from the snapshot, as POST /v1/sandboxes {"snapshot"} makes them
+     * (the gateway's default network policy, no project: no credential binding follows). */
+    char body[96];
+    int blen = snprintf(body, sizeof(body), "{\"snapshot\":\"%s\"}", s->snapshot_id);
+    ids = sp_xcalloc(f->count, sizeof(*ids));
+    sp_buf_t lit;
+    sp_buf_init(&lit);
+    sp_buf_putc(&lit, '{');
+    int rc = 0;
+    for (uint32_t i = 0; i < f->count && rc == 0; i++) {
+        char sbx[SP_SANDBOX_ID_LEN + 1], subject[192], event_id[GW_EVENT_ID_LEN + 1],
+            err[GW_ERR_MSG_MAX], wanted[SP_SNAPSHOT_ID_LEN + 1];
+        const char *code = NULL;
+        uint8_t *data = NULL;
+        size_t len = 0;
+        char *env_json = NULL;
+        sp_sandbox_id_new(sbx);
+        ids[i] = sp_xstrdup(sbx);
+        rc = gw_create_build(s->rq, body, (size_t)blen, sbx, NULL, &base, wanted, &data, &len,
+                             subject, event_id, &env_json, &code, err);
+        if (rc == 0)
+            rc = sp_bus_publish(gw->bus, subject, data, len, event_id, NULL, NULL);
+        free(data);
+        free(env_json);
+        sp_buf_printf(&lit, "%s%s", i ? "," : "", sbx);
+    }
+    sp_buf_putc(&lit, '}');
+    if (rc < 0) {
+        fork_fail(f, 503, "bus_unavailable", "the copies could not all be requested; retry");
+    } else {
+        int left = fork_wait_started(db, lit.data, deadline);
+        const char *p[1] = {lit.data};
+        PGresult *r = left < 0 ? NULL
+                               : PQexecParams(db,
+                                              "SELECT " GW_SBX_COLUMNS " FROM sandboxes WHERE id "
+                                              "= ANY($1::text[]) ORDER BY id",
+                                              1, NULL, p, NULL, NULL, 0);
+        if (!r || sp_db_check(r, PGRES_TUPLES_OK) < 0) {
+            fork_fail(f, 503, "unavailable", "the database is not available");
+        } else {
+            int running = 0;
+            sp_buf_reset(&f->body);
+            sp_buf_puts(&f->body, "{\"snapshot_id\":");
+            sp_buf_json_str(&f->body, s->snapshot_id);
+            sp_buf_puts(&f->body, ",\"sandbox_ids\":[");
+            for (uint32_t i = 0; i < f->count; i++) {
+                sp_buf_puts(&f->body, i ? "," : "");
+                sp_buf_json_str(&f->body, ids[i]);
+            }
+            sp_buf_puts(&f->body, "],\"sandboxes\":[");
+            for (int i = 0; i < PQntuples(r); i++) {
+                if (i)
+                    sp_buf_putc(&f->body, ',');
+                gw_sandbox_json(r, i, &f->body);
+                running += strcmp(PQgetvalue(r, i, 3), "running") == 0;
+            }
+            int64_t ms = (sp_mono_ns() - t0) / 1000000;
+            sp_buf_printf(&f->body, "],\"snapshot_ms\":%lld,\"took_ms\":%lld}",
+                          (long long)snapshot_ms, (long long)ms);
+            f->status = running == (int)f->count ? 201 : left > 0 ? 504 : 500;
+            snprintf(f->code, sizeof(f->code), "%s",
+                     f->status == 201 ? ""
+                     : left > 0       ? "timeout"
+                                      : "fork_partial");
+            sp_log(SP_LOG_INFO, "forked", SP_KS("sandbox", s->sandbox_id), SP_KU("count", f->count),
+                   SP_KI("running", running), SP_KI("snapshot_ms", snapshot_ms), SP_KI("ms", ms));
+        }
+        PQclear(r);
+    }
+    sp_buf_dispose(&lit);
+    /* The anonymous snapshot has served: the copies have their own disks and memory. */
+    sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
+    Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
+    Space__V1__SnapshotDeleteRequested del = SPACE__V1__SNAPSHOT_DELETE_REQUESTED__INIT;
+    agg.kind = "sandbox";
+    agg.id = s->sandbox_id;
+    env.aggregate = &agg;
+    del.snapshot_id = s->snapshot_id;
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETE_REQUESTED;
+    env.snapshot_delete_requested = &del;
+    char keep_event[GW_EVENT_ID_LEN + 1];
+    memcpy(keep_event, s->event_id, sizeof(keep_event));
+    publish(s, &env, sd->worker);
+    memcpy(s->event_id, keep_event, sizeof(keep_event));
+    for (uint32_t i = 0; i < f->count; i++)
+        free(ids[i]);
+    free(ids);
+    sp_envelope_free(se);
+}
+
+static void fork_done(gw_job_t *job)
+{
+    fork_job_t *f = (fork_job_t *)job;
+    gw_req_t *rq = f->s.rq;
+    if (gw_req_live(rq)) {
+        if (f->status == 201)
+            gw_respond_json(rq, 201, &f->body);
+        else if (f->status >= 500 && f->body.len && f->body.data[0] == '{')
+            gw_respond(rq, f->status, "application/json", f->body.data, f->body.len);
+        else
+            gw_respond_error(rq, f->status ? f->status : 500, f->code[0] ? f->code : "internal",
+                             NULL, "%s", f->body.data ? f->body.data : "fork failed");
+    }
+    gw_req_unref(rq);
+    sp_buf_dispose(&f->body);
+    sp_buf_dispose(&f->s.out);
+    free(f);
+}
+
+/* {"count": 1..SP_FORK_COUNT_MAX} (default 1); answers the 4xx itself. */
+static int parse_fork(gw_req_t *rq, uint32_t *ret)
+{
+    h2o_req_t *req = rq->req;
+    const h2o_iovec_t *ct = gw_req_header(rq, "content-type", NULL);
+    size_t len = req->entity.base ? req->entity.len : 0;
+    *ret = 1;
+    if (len == 0)
+        return 0;
+    if (ct && !gw_json_content_type(ct)) {
+        gw_respond_error(rq, 415, "unsupported_media_type", NULL,
+                         "send the body as application/json");
+        return -EINVAL;
+    }
+    char jerr[SP_JSON_ERR_MAX];
+    sp_json_doc_t *doc = NULL;
+    sp_json_limits_t lim = {.max_bytes = 4096, .max_depth = 2, .max_nodes = 8, .max_string = 64};
+    if (len > 4096 || sp_json_parse(req->entity.base, len, &lim, &doc, jerr) < 0 ||
+        sp_json_type(sp_json_root(doc)) != SP_JSON_OBJECT) {
+        sp_json_doc_free(doc);
+        gw_respond_error(rq, 400, "invalid_json", NULL, "the body must be {\"count\": N}");
+        return -EINVAL;
+    }
+    const sp_json_t *root = sp_json_root(doc);
+    int rc = 0;
+    for (size_t i = 0; i < sp_json_len(root) && rc == 0; i++) {
+        const char *k = sp_json_key_at(root, i);
+        int64_t v = 0;
+        if (strcmp(k, "count") != 0) {
+            gw_respond_error(rq, 400, "unknown_field", NULL, "unknown field %s", k);
+            rc = -EINVAL;
+        } else if (sp_json_int(sp_json_at(root, i), 1, SP_FORK_COUNT_MAX, &v) < 0) {
+            gw_respond_error(rq, 400, "invalid_field", NULL,
+                             "count must be an integer within 1..%d", SP_FORK_COUNT_MAX);
+            rc = -EINVAL;
+        } else {
+            *ret = (uint32_t)v;
+        }
+    }
+    sp_json_doc_free(doc);
+    return rc;
+}
+
+void gw_sandbox_fork(gw_req_t *rq)
+{
+    if (!sp_id_valid(rq->path_id)) {
+        gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
+        return;
+    }
+    uint32_t count;
+    if (parse_fork(rq, &count) < 0)
+        return;
+    fork_job_t *f = sp_xcalloc(1, sizeof(*f));
+    snap_job_t *s = &f->s;
+    s->rq = rq;
+    sp_buf_init(&s->out);
+    sp_buf_init(&f->body);
+    f->count = count;
+    snprintf(s->tenant, sizeof(s->tenant), "%s", rq->tenant);
+    snprintf(s->actor, sizeof(s->actor), "%s", rq->key_id);
+    snprintf(s->request_id, sizeof(s->request_id), "%s", rq->request_id);
+    snprintf(s->sandbox_id, sizeof(s->sandbox_id), "%s", rq->path_id);
+    sp_snapshot_id_new(s->snapshot_id);
+    snprintf(s->name, sizeof(s->name), "fork of %.40s", rq->path_id);
+    s->job.run = fork_run;
+    s->job.done = fork_done;
+    gw_req_ref(rq);
+    if (gw_job_submit(rq->gw, &s->job) < 0) {
+        gw_req_unref(rq);
+        sp_buf_dispose(&f->body);
+        sp_buf_dispose(&s->out);
+        free(f);
+        gw_respond_error(rq, 503, "overloaded", NULL, "too many requests are waiting");
+    }
 }

@@ -136,6 +136,9 @@ const sp_consumer_def_t *sp_contract_consumers(size_t *ret_n);
 #define SP_SNAPSHOT_NAME_MAX   64
 #define SP_SNAPSHOT_KEY_PREFIX "named"
 #define SP_SNAPSHOT_ID_LEN     30
+/* A fork (POST /v1/sandboxes/{id}/fork {"count"}): one checkpoint, then this many creates from
+ * it at most. */
+#define SP_FORK_COUNT_MAX 16
 void sp_snapshot_id_new(char out[SP_SNAPSHOT_ID_LEN + 1]);
 bool sp_snapshot_id_valid(const char *s);
 bool sp_snapshot_name_valid(const char *s);

@@ -18,6 +18,8 @@
 
 #include "apikey.h"
 #include "buf.h"
+#include "db.h"
+#include "envelope.h"
 #include "harness.h"
 #include "json.h"
 #include "xmalloc.h"
@@ -232,13 +234,110 @@ static void test_delete(void **state)
     sp_test_http_free(&r);
 }
 
+/* The address a sandbox started with (SandboxStarted), into out. */
+static void started_address(PGconn *db, const char *id, char *out, size_t len)
+{
+    sp_envelope_t *ev = NULL;
+    assert_int_equal(sp_db_last_sandbox_event(db, id, "SandboxStarted", &ev), 0);
+    snprintf(out, len, "%s", ev->sandbox_started->address);
+    sp_envelope_free(ev);
+}
+
+static long counter(const char *id)
+{
+    char out[64];
+    if (run(id, "cat /tmp/c", out, sizeof(out)) != 0)
+        return -1;
+    return strtol(out, NULL, 10);
+}
+
+/* Fork of a sandbox running a counter loop: every copy counts on, on its own; each has its
+ * own id and address; the anonymous snapshot is gone afterwards. */
+static void test_fork(void **state)
+{
+    (void)state;
+    char fsrc[64], out[256], path[128];
+    sp_test_create_sandbox(port, key, "tiny", fsrc);
+    sp_test_cmd_t c = sp_test_run(port, key, fsrc,
+                                  "{\"cmd\":\"n=0; while [ ! -e /tmp/stop ]; do n=$((n+1)); "
+                                  "echo $n > /tmp/c; sleep 0.2; done\",\"background\":true}");
+    sp_test_cmd_free(&c);
+    usleep(600 * 1000);
+    assert_true(counter(fsrc) > 0);
+    sp_test_http_resp_t r;
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/fork", fsrc);
+    assert_int_equal(http("POST", path, key, "{\"count\":0}", &r), 400);
+    sp_test_http_free(&r);
+    assert_int_equal(http("POST", path, key, "{\"count\":17}", &r), 400);
+    sp_test_http_free(&r);
+    assert_int_equal(http("POST", path, key, "{\"count\":3}", &r), 201);
+    sp_json_doc_t *doc = sp_test_json(&r);
+    const sp_json_t *arr = sp_json_get(sp_json_root(doc), "sandbox_ids");
+    assert_int_equal(sp_json_len(arr), 3);
+    char ids[3][64];
+    for (size_t i = 0; i < 3; i++)
+        snprintf(ids[i], sizeof(ids[i]), "%s", sp_json_str(sp_json_at(arr, i), NULL));
+    char fsnap[64];
+    snprintf(fsnap, sizeof(fsnap), "%s",
+             sp_json_str(sp_json_get(sp_json_root(doc), "snapshot_id"), NULL));
+    sp_json_doc_free(doc);
+    sp_test_http_free(&r);
+
+    /* Each counts on from where the source was. */
+    long before[3], after[3];
+    for (int i = 0; i < 3; i++)
+        assert_true((before[i] = counter(ids[i])) > 0);
+    /* One copy's counter stopped: the others and the source count on. */
+    assert_int_equal(run(ids[0], "touch /tmp/stop", out, sizeof(out)), 0);
+    usleep(500 * 1000);
+    before[0] = counter(ids[0]);
+    long src_before = counter(fsrc);
+    sleep(2);
+    for (int i = 0; i < 3; i++)
+        after[i] = counter(ids[i]);
+    long src_after = counter(fsrc);
+    print_message("fork counters: %ld->%ld (stopped), %ld->%ld, %ld->%ld; source %ld->%ld\n",
+                  before[0], after[0], before[1], after[1], before[2], after[2], src_before,
+                  src_after);
+    assert_true(after[1] > before[1]);
+    assert_true(after[2] > before[2]);
+    assert_true(src_after > src_before);
+    assert_true(after[0] == before[0]);
+
+    /* Own addresses, own hostnames (measured). */
+    PGconn *db = sp_test_db();
+    char addr[3][32], host[3][128];
+    for (int i = 0; i < 3; i++) {
+        started_address(db, ids[i], addr[i], sizeof(addr[i]));
+        run(ids[i], "hostname", host[i], sizeof(host[i]));
+        print_message("copy %s: address %s, hostname %s\n", ids[i], addr[i], host[i]);
+    }
+    assert_string_not_equal(addr[0], addr[1]);
+    assert_string_not_equal(addr[0], addr[2]);
+    assert_string_not_equal(addr[1], addr[2]);
+    PQfinish(db);
+
+    /* The anonymous snapshot is deleted once the copies run. */
+    char dir[512];
+    snprintf(dir, sizeof(dir), "%s/snapshots/named/%s", sp_test_env("SPACE_HOME"), fsnap);
+    struct stat st;
+    for (int i = 0; i < 100 && stat(dir, &st) == 0; i++)
+        usleep(50 * 1000);
+    assert_int_not_equal(stat(dir, &st), 0);
+    assert_int_equal(http("GET", "/v1/snapshots", key, NULL, &r), 200);
+    assert_null(strstr(r.body, fsnap));
+    sp_test_http_free(&r);
+    /* Another tenant cannot fork it. */
+    assert_int_equal(http("POST", path, key2, "{\"count\":1}", &r), 404);
+    sp_test_http_free(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_take),
-        cmocka_unit_test(test_create_from),
-        cmocka_unit_test(test_other_tenant),
-        cmocka_unit_test(test_delete),
+        cmocka_unit_test(test_take),         cmocka_unit_test(test_create_from),
+        cmocka_unit_test(test_other_tenant), cmocka_unit_test(test_delete),
+        cmocka_unit_test(test_fork),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
