@@ -438,6 +438,8 @@ void gw_console(gw_req_t *rq);
 void gw_sandbox_json(const PGresult *r, int row, sp_buf_t *out);
 /* A named snapshot's API JSON from its SandboxSnapshotted (gateway_snapshots.c). */
 void gw_snapshot_json(const sp_envelope_t *snapshotted, int64_t at_us, sp_buf_t *out);
+/* The same as E2B's SnapshotInfo: {"snapshotID", "names": [name]}. */
+void gw_snapshot_json_e2b(const sp_envelope_t *snapshotted, sp_buf_t *out);
 /* POST /v1/sandboxes/{id}/snapshots, GET /v1/snapshots, DELETE /v1/snapshots/{id}
  * (gateway_snapshots.c, docs/snapshots.md). */
 void gw_snapshot_take(gw_req_t *rq);
@@ -446,6 +448,10 @@ void gw_snapshot_delete(gw_req_t *rq);
 /* POST /v1/sandboxes/{id}/fork {"count"} (gateway_snapshots.c): one anonymous snapshot, count
  * sandboxes restored from it, the snapshot deleted; 201 with the copies. */
 void gw_sandbox_fork(gw_req_t *rq);
+/* E2B's Sandbox of sandbox_id with an access token for rq's key (gateway_e2b.c): a bearer
+ * secret in b, which the caller wipes. */
+void gw_e2b_sandbox_json(const gw_req_t *rq, const char *sandbox_id, const char *template_,
+                         sp_buf_t *b);
 
 /* Waiting for the projection to show the outcome of an intent (read-your-writes). */
 typedef enum {

@@ -143,6 +143,7 @@ typedef struct {
      * wants (docs/snapshots.md). */
     bool done;
     char *json; /* the snapshot (SandboxSnapshotted) */
+    char *e2b;  /* the same in E2B's shape */
 } reject_t;
 
 typedef struct {
@@ -248,6 +249,9 @@ static void check_run(gw_job_t *job, PGconn *db)
             sp_buf_init(&b);
             gw_snapshot_json(env, env->occurred_at_us, &b);
             x->json = sp_buf_take(&b);
+            sp_buf_init(&b);
+            gw_snapshot_json_e2b(env, &b);
+            x->e2b = sp_buf_take(&b);
         } else if (env->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED) {
             x->done = true;
         }
@@ -355,8 +359,9 @@ static bool settle(gw_waiter_t *w, const check_job_t *c)
             const reject_t *x = &c->rejects[i];
             if (strcmp(x->event_id, w->event_id) != 0)
                 continue;
-            if (x->done && w->kind == GW_WAIT_SNAPSHOT && x->json)
-                gw_respond(w->rq, 201, "application/json", x->json, strlen(x->json));
+            const char *json = w->rq->dialect == GW_DIALECT_E2B ? x->e2b : x->json;
+            if (x->done && w->kind == GW_WAIT_SNAPSHOT && json)
+                gw_respond(w->rq, 201, "application/json", json, strlen(json));
             else if (x->done)
                 gw_respond(w->rq, 204, "application/json", NULL, 0);
             else
@@ -457,8 +462,10 @@ static void check_done(gw_job_t *job)
     for (size_t i = 0; i < c->n_rows; i++)
         free(c->rows[i].json);
     free(c->rows);
-    for (size_t i = 0; i < c->n_rejects; i++)
+    for (size_t i = 0; i < c->n_rejects; i++) {
         free(c->rejects[i].json);
+        free(c->rejects[i].e2b);
+    }
     free(c->rejects);
     free(c->stored);
     free(c->stored_ok);

@@ -63,6 +63,15 @@ void gw_snapshot_json(const sp_envelope_t *ev, int64_t at_us, sp_buf_t *b)
     sp_buf_putc(b, '}');
 }
 
+void gw_snapshot_json_e2b(const sp_envelope_t *ev, sp_buf_t *b)
+{
+    sp_buf_puts(b, "{\"snapshotID\":");
+    sp_buf_json_str(b, ev->sandbox_snapshotted->snapshot_id);
+    sp_buf_puts(b, ",\"names\":[");
+    sp_buf_json_str(b, ev->sandbox_snapshotted->name);
+    sp_buf_puts(b, "]}");
+}
+
 /* Publishes env (stamped here) on the subject of worker; the outcome into s. */
 static void publish(snap_job_t *s, sp_envelope_t *env, const char *worker)
 {
@@ -151,9 +160,16 @@ static void delete_run(gw_job_t *job, PGconn *db)
 static int list_one(void *arg, const sp_envelope_t *ev, int64_t at_us)
 {
     snap_job_t *s = arg;
+    /* E2B's filters (listSnapshots({sandboxId, name})) in sandbox_id and name. */
+    if ((s->sandbox_id[0] && strcmp(ev->aggregate->id, s->sandbox_id) != 0) ||
+        (s->name[0] && strcmp(ev->sandbox_snapshotted->name, s->name) != 0))
+        return 0;
     if (s->out.len > 1)
         sp_buf_putc(&s->out, ',');
-    gw_snapshot_json(ev, at_us, &s->out);
+    if (s->rq->dialect == GW_DIALECT_E2B)
+        gw_snapshot_json_e2b(ev, &s->out);
+    else
+        gw_snapshot_json(ev, at_us, &s->out);
     return 0;
 }
 
@@ -178,6 +194,10 @@ static void snap_done(gw_job_t *job)
 
     switch (s->outcome) {
     case S_LISTED: {
+        if (rq->dialect == GW_DIALECT_E2B) { /* a bare array, one page */
+            gw_respond_json(rq, 200, &s->out);
+            break;
+        }
         sp_buf_t b;
         sp_buf_init(&b);
         sp_buf_puts(&b, "{\"snapshots\":");
@@ -310,7 +330,28 @@ void gw_snapshot_take(gw_req_t *rq)
 
 void gw_snapshot_list(gw_req_t *rq)
 {
-    snap_submit(rq, snap_new(rq, list_run));
+    snap_job_t *s = snap_new(rq, list_run);
+    gw_query_t q;
+    if (gw_query_parse(rq->req, &q) < 0) {
+        gw_respond_error(rq, 400, "invalid_query", NULL, "the query string is malformed");
+        sp_buf_dispose(&s->out);
+        free(s);
+        return;
+    }
+    for (size_t i = 0; i < q.n; i++) {
+        if (strcmp(q.p[i].key, "sandboxID") == 0 && rq->dialect == GW_DIALECT_E2B)
+            snprintf(s->sandbox_id, sizeof(s->sandbox_id), "%.64s", q.p[i].value);
+        else if (strcmp(q.p[i].key, "name") == 0 && rq->dialect == GW_DIALECT_E2B)
+            snprintf(s->name, sizeof(s->name), "%.64s", q.p[i].value);
+        else if (rq->dialect != GW_DIALECT_E2B) {
+            gw_respond_error(rq, 400, "unknown_parameter", NULL, "unknown query parameter %s",
+                             q.p[i].key);
+            sp_buf_dispose(&s->out);
+            free(s);
+            return;
+        } /* E2B's limit and nextToken: one page holds them all */
+    }
+    snap_submit(rq, s);
 }
 
 void gw_snapshot_delete(gw_req_t *rq)
@@ -337,6 +378,9 @@ typedef struct {
     int status; /* the answer */
     char code[64];
     sp_buf_t body;
+    char (*ids)[SP_SANDBOX_ID_LEN + 1]; /* the copies, and whether each runs */
+    bool *running;
+    char template_[SP_ID_MAX + 1];
 } fork_job_t;
 
 static void fork_fail(fork_job_t *f, int status, const char *code, const char *fmt, ...)
@@ -413,12 +457,13 @@ static int fork_wait_started(PGconn *db, const char *ids, int64_t deadline_ns)
             PQclear(r);
             return SP_EDB;
         }
-        left = atoi(PQgetvalue(r, 0, 0));
+        left = (int)strtol(PQgetvalue(r, 0, 0), NULL, 10);
         PQclear(r);
         /* The rows appear when the log stored the creates: none at all is not yet either. */
         r = PQexecParams(db, "SELECT count(*) FROM sandboxes WHERE id = ANY($1::text[])", 1, NULL,
                          p, NULL, NULL, 0);
-        int have = sp_db_check(r, PGRES_TUPLES_OK) == 0 ? atoi(PQgetvalue(r, 0, 0)) : -1;
+        int have =
+            sp_db_check(r, PGRES_TUPLES_OK) == 0 ? (int)strtol(PQgetvalue(r, 0, 0), NULL, 10) : -1;
         PQclear(r);
         size_t want = 1;
         for (const char *c = ids; *c; c++)
@@ -461,6 +506,7 @@ static void fork_run(gw_job_t *job, PGconn *db)
     gw_create_base_t base = {0};
     snprintf(base.snapshot_id, sizeof(base.snapshot_id), "%s", s->snapshot_id);
     snprintf(base.template_, sizeof(base.template_), "%s", sd->template_);
+    snprintf(f->template_, sizeof(f->template_), "%s", sd->template_);
     if (sd->resources) {
         base.vcpu = sd->resources->vcpu;
         base.memory_mb = sd->resources->memory_mb;
@@ -484,6 +530,7 @@ static void fork_run(gw_job_t *job, PGconn *db)
         char *env_json = NULL;
         sp_sandbox_id_new(sbx);
         ids[i] = sp_xstrdup(sbx);
+        snprintf(f->ids[i], sizeof(f->ids[i]), "%s", sbx);
         rc = gw_create_build(s->rq, body, (size_t)blen, sbx, NULL, &base, wanted, &data, &len,
                              subject, event_id, &env_json, &code, err);
         if (rc == 0)
@@ -520,7 +567,11 @@ static void fork_run(gw_job_t *job, PGconn *db)
                 if (i)
                     sp_buf_putc(&f->body, ',');
                 gw_sandbox_json(r, i, &f->body);
-                running += strcmp(PQgetvalue(r, i, 3), "running") == 0;
+                bool up = strcmp(PQgetvalue(r, i, 3), "running") == 0;
+                running += up;
+                for (uint32_t k = 0; k < f->count; k++)
+                    if (strcmp(f->ids[k], PQgetvalue(r, i, 0)) == 0)
+                        f->running[k] = up;
             }
             int64_t ms = (sp_mono_ns() - t0) / 1000000;
             sp_buf_printf(&f->body, "],\"snapshot_ms\":%lld,\"took_ms\":%lld}",
@@ -560,10 +611,31 @@ static void fork_done(gw_job_t *job)
 {
     fork_job_t *f = (fork_job_t *)job;
     gw_req_t *rq = f->s.rq;
-    if (gw_req_live(rq)) {
+    if (gw_req_live(rq) && rq->dialect == GW_DIALECT_E2B && f->ids[0][0] &&
+        (f->status == 201 || (f->body.data && f->body.data[0] == '{'))) {
+        /* E2B's fork answer: one entry per copy, {"sandbox"} or {"error"}. */
+        sp_buf_t b;
+        sp_buf_init(&b);
+        sp_buf_putc(&b, '[');
+        for (uint32_t i = 0; i < f->count; i++) {
+            sp_buf_puts(&b, i ? "," : "");
+            if (f->running[i]) {
+                sp_buf_puts(&b, "{\"sandbox\":");
+                gw_e2b_sandbox_json(rq, f->ids[i], f->template_, &b);
+                sp_buf_putc(&b, '}');
+            } else {
+                sp_buf_puts(&b, "{\"error\":{\"code\":500,\"message\":\"the copy did not "
+                                "start\"}}");
+            }
+        }
+        sp_buf_putc(&b, ']');
+        gw_respond_json(rq, 201, &b);
+        explicit_bzero(b.data, b.len); /* access tokens */
+        sp_buf_dispose(&b);
+    } else if (gw_req_live(rq)) {
         if (f->status == 201)
             gw_respond_json(rq, 201, &f->body);
-        else if (f->status >= 500 && f->body.len && f->body.data[0] == '{')
+        else if (f->status >= 500 && f->body.data && f->body.len && f->body.data[0] == '{')
             gw_respond(rq, f->status, "application/json", f->body.data, f->body.len);
         else
             gw_respond_error(rq, f->status ? f->status : 500, f->code[0] ? f->code : "internal",
@@ -572,6 +644,8 @@ static void fork_done(gw_job_t *job)
     gw_req_unref(rq);
     sp_buf_dispose(&f->body);
     sp_buf_dispose(&f->s.out);
+    free(f->ids);
+    free(f->running);
     free(f);
 }
 
@@ -603,7 +677,9 @@ static int parse_fork(gw_req_t *rq, uint32_t *ret)
     for (size_t i = 0; i < sp_json_len(root) && rc == 0; i++) {
         const char *k = sp_json_key_at(root, i);
         int64_t v = 0;
-        if (strcmp(k, "count") != 0) {
+        if (strcmp(k, "timeout") == 0 && rq->dialect == GW_DIALECT_E2B) {
+            continue; /* E2B's copies' timeout: ours get the default one */
+        } else if (strcmp(k, "count") != 0) {
             gw_respond_error(rq, 400, "unknown_field", NULL, "unknown field %s", k);
             rc = -EINVAL;
         } else if (sp_json_int(sp_json_at(root, i), 1, SP_FORK_COUNT_MAX, &v) < 0) {
@@ -633,6 +709,8 @@ void gw_sandbox_fork(gw_req_t *rq)
     sp_buf_init(&s->out);
     sp_buf_init(&f->body);
     f->count = count;
+    f->ids = sp_xcalloc(count, sizeof(*f->ids));
+    f->running = sp_xcalloc(count, sizeof(*f->running));
     snprintf(s->tenant, sizeof(s->tenant), "%s", rq->tenant);
     snprintf(s->actor, sizeof(s->actor), "%s", rq->key_id);
     snprintf(s->request_id, sizeof(s->request_id), "%s", rq->request_id);
@@ -646,6 +724,8 @@ void gw_sandbox_fork(gw_req_t *rq)
         gw_req_unref(rq);
         sp_buf_dispose(&f->body);
         sp_buf_dispose(&s->out);
+        free(f->ids);
+        free(f->running);
         free(f);
         gw_respond_error(rq, 503, "overloaded", NULL, "too many requests are waiting");
     }

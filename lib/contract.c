@@ -371,7 +371,9 @@ unsigned sp_event_emitters(sp_event_type_t t)
 void sp_snapshot_id_new(char out[SP_SNAPSHOT_ID_LEN + 1])
 {
     sp_sandbox_id_new(out); /* the same shape, "snp_" instead of "sbx_" */
-    memcpy(out, "snp_", 4);
+    out[0] = 's';
+    out[1] = 'n';
+    out[2] = 'p';
 }
 
 bool sp_snapshot_id_valid(const char *s)

@@ -229,7 +229,7 @@ static int snapshots_load(PGconn *conn, const char *tenant, snapshots_t *s)
         return rc;
     }
     size_t n = (size_t)PQntuples(r);
-    s->ev = sp_xcalloc(n + 1, sizeof(*s->ev));
+    s->ev = sp_xcalloc(n + 1, sizeof(sp_envelope_t *));
     s->at_us = sp_xcalloc(n + 1, sizeof(*s->at_us));
     for (size_t i = 0; i < n; i++) {
         sp_envelope_t *e = NULL;
