@@ -81,6 +81,7 @@ int bench_eventlog(bench_ctx_t *c);
 int bench_create(bench_ctx_t *c);
 int bench_exec(bench_ctx_t *c);
 int bench_lifecycle(bench_ctx_t *c);
+int bench_fork(bench_ctx_t *c);
 /* CPU cost of signing and verifying envelopes against encode+decode (no stack). */
 int bench_sign(bench_ctx_t *c);
 

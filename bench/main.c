@@ -80,6 +80,8 @@ static void usage(FILE *out)
             "  create     sandbox creates through the API (--api-url, --api-key)\n"
             "  exec       commands through the API in one sandbox\n"
             "  lifecycle  pause/resume/suspend/resume rounds\n"
+            "  fork       fork into 1, 4 and 8 copies, --rounds times, beside a raw runsc "
+            "restore\n"
             "  sign       event signing and verifying, CPU only\n"
             "  api        a deployment's latency over its HTTP API alone, at a concurrency\n"
             "             and an open-loop rate; JSON and an SVG plot (space-bench api --help)\n"
@@ -124,7 +126,7 @@ int main(int argc, char **argv)
     if (argi + 1 != argc ||
         (strcmp(argv[argi], "eventlog") != 0 && strcmp(argv[argi], "create") != 0 &&
          strcmp(argv[argi], "exec") != 0 && strcmp(argv[argi], "lifecycle") != 0 &&
-         strcmp(argv[argi], "sign") != 0)) {
+         strcmp(argv[argi], "fork") != 0 && strcmp(argv[argi], "sign") != 0)) {
         if (argi < argc)
             fprintf(stderr, "space-bench: unknown command '%s'\n", argv[argi]);
         usage(stderr);
@@ -178,6 +180,7 @@ int main(int argc, char **argv)
         }
         code = strcmp(argv[argi], "create") == 0 ? bench_create(&c)
                : strcmp(argv[argi], "exec") == 0 ? bench_exec(&c)
+               : strcmp(argv[argi], "fork") == 0 ? bench_fork(&c)
                                                  : bench_lifecycle(&c);
     } else {
         code = bench_eventlog(&c);

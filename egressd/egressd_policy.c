@@ -213,6 +213,14 @@ void eg_apply_event(eg_t *eg, const sp_envelope_t *ev, uint64_t seq)
             strcmp(ev->sandbox_resumed->worker, eg->cfg->worker_id) == 0)
             set_address(eg, ev, ev->sandbox_resumed->address);
         break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SNAPSHOTTED:
+        /* A named snapshot (docs/snapshots.md): restored in place, in a new netns. */
+        if ((s = eg_sbx_by_id(eg, id)))
+            s->frozen_until_ms = 0;
+        if (ev->sandbox_snapshotted->address[0] &&
+            strcmp(ev->sandbox_snapshotted->worker, eg->cfg->worker_id) == 0)
+            set_address(eg, ev, ev->sandbox_snapshotted->address);
+        break;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDED:
         /* Its address goes back to the pool; the policy stays for the resume. The checkpoint
          * held no endpoint in TIME_WAIT. */

@@ -27,6 +27,7 @@
 
 #include "buf.h"
 #include "bus.h"
+#include "contract.h"
 #include "dataplane.pb-c.h"
 #include "envelope.h"
 #include "hash.h"
@@ -98,6 +99,7 @@ typedef enum {
     GW_R_SANDBOX_FILES,
     GW_R_SANDBOX_NETWORK,
     GW_R_SANDBOX_LIFECYCLE,
+    GW_R_SNAPSHOTS,   /* named snapshots (gateway_snapshots.c) */
     GW_R_CREDENTIALS, /* /v1/credentials[/{id}] (gateway_credentials.c) */
     GW_R_KEYS,        /* /v1/keys[/{id}] (gateway_keys.c) */
     GW_R_OPENAPI,     /* GET /v1/openapi.json */
@@ -459,15 +461,33 @@ void gw_console(gw_req_t *rq);
     "(extract(epoch FROM last_activity_at) * 1000000)::int8, disk_mb"
 #define GW_SBX_NCOLUMNS 18
 void gw_sandbox_json(const PGresult *r, int row, sp_buf_t *out);
+/* A named snapshot's API JSON from its SandboxSnapshotted (gateway_snapshots.c). */
+void gw_snapshot_json(const sp_envelope_t *snapshotted, int64_t at_us, sp_buf_t *out);
+/* The same as E2B's SnapshotInfo: {"snapshotID", "names": [name]}. */
+void gw_snapshot_json_e2b(const sp_envelope_t *snapshotted, sp_buf_t *out);
+/* POST /v1/sandboxes/{id}/snapshots, GET /v1/snapshots, DELETE /v1/snapshots/{id}
+ * (gateway_snapshots.c, docs/snapshots.md). */
+void gw_snapshot_take(gw_req_t *rq);
+void gw_snapshot_list(gw_req_t *rq);
+void gw_snapshot_delete(gw_req_t *rq);
+/* POST /v1/sandboxes/{id}/fork {"count"} (gateway_snapshots.c): one anonymous snapshot, count
+ * sandboxes restored from it, the snapshot deleted; 201 with the copies. */
+void gw_sandbox_fork(gw_req_t *rq);
+/* E2B's Sandbox of sandbox_id with an access token for rq's key (gateway_e2b.c): a bearer
+ * secret in b, which the caller wipes. */
+void gw_e2b_sandbox_json(const gw_req_t *rq, const char *sandbox_id, const char *template_,
+                         sp_buf_t *b);
 
 /* Waiting for the projection to show the outcome of an intent (read-your-writes). */
 typedef enum {
     GW_WAIT_CREATE = 1,
     GW_WAIT_DELETE,
-    GW_WAIT_PAUSE,   /* until paused */
-    GW_WAIT_RESUME,  /* until running */
-    GW_WAIT_SUSPEND, /* until suspended */
-    GW_WAIT_STORED,  /* until the event log stored the intent (accepted or rejected) */
+    GW_WAIT_PAUSE,           /* until paused */
+    GW_WAIT_RESUME,          /* until running */
+    GW_WAIT_SUSPEND,         /* until suspended */
+    GW_WAIT_STORED,          /* until the event log stored the intent (accepted or rejected) */
+    GW_WAIT_SNAPSHOT,        /* until SandboxSnapshotted (or a refusal) answers the intent */
+    GW_WAIT_SNAPSHOT_DELETE, /* until SnapshotDeleted answers the intent */
 } gw_wait_kind_t;
 
 typedef struct gw_waiter gw_waiter_t;
@@ -511,8 +531,17 @@ bool gw_json_content_type(const h2o_iovec_t *ct);
  * with an error code and message for a 400. The event carries env names only; the values come
  * back as a JSON object in *ret_env_json (heap, NULL without env; the caller wipes and frees
  * it). */
+/* A create from a named snapshot (docs/snapshots.md): the body's "snapshot" as the log has it
+ * for the tenant. Without base, a body naming a snapshot returns 1 with its id in
+ * base_wanted (nothing built): the caller looks it up and builds again with it. */
+typedef struct {
+    char snapshot_id[SP_SNAPSHOT_ID_LEN + 1];
+    char template_[SP_ID_MAX + 1];
+    uint32_t vcpu, memory_mb, disk_mb;
+} gw_create_base_t;
 int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char *sandbox_id,
-                    const char *idempotency_key, uint8_t **ret_buf, size_t *ret_len,
+                    const char *idempotency_key, const gw_create_base_t *base,
+                    char base_wanted[SP_SNAPSHOT_ID_LEN + 1], uint8_t **ret_buf, size_t *ret_len,
                     char ret_subject[192], char ret_event_id[GW_EVENT_ID_LEN + 1],
                     char **ret_env_json, const char **ret_code, char err[GW_ERR_MSG_MAX]);
 /* POST /v1/sandboxes with a body in our shape, already checked for size and type: what the

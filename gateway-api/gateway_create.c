@@ -62,6 +62,8 @@ typedef struct {
     const sp_json_t *env;
     gw_netpol_t net;
     bool have_net;
+    const char *snapshot; /* a named snapshot to restore from (docs/snapshots.md) */
+    bool have_resources;
 } spec_t;
 
 static int parse_metadata(const sp_json_t *v, spec_t *s, gw_verr_t *e)
@@ -183,6 +185,11 @@ static int parse_body(const sp_json_t *root, spec_t *s, gw_verr_t *e)
             rc = parse_env(v, s, e);
         } else if (strcmp(k, "resources") == 0) {
             rc = parse_resources(v, s, e);
+            s->have_resources = true;
+        } else if (strcmp(k, "snapshot") == 0) {
+            s->snapshot = sp_json_str(v, NULL);
+            if (!s->snapshot || !sp_snapshot_id_valid(s->snapshot))
+                rc = gw_bad(e, "invalid_field", "snapshot must be a snapshot id (snp_...)");
         } else if (strcmp(k, "network") == 0 && !s->have_net) {
             rc = gw_network_parse(v, &s->net, e);
             s->have_net = rc == 0;
@@ -190,13 +197,17 @@ static int parse_body(const sp_json_t *root, spec_t *s, gw_verr_t *e)
             rc = gw_bad(e, "unknown_field", "unknown field %s", k);
         }
     }
-    if (rc == 0 && !s->template_)
+    if (rc == 0 && !s->template_ && !s->snapshot)
         rc = gw_bad(e, "missing_field", "template is required");
+    if (rc == 0 && s->snapshot && s->have_resources)
+        rc = gw_bad(e, "invalid_field",
+                    "resources come from the snapshot (its memory image is of that size)");
     return rc;
 }
 
 int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char *sandbox_id,
-                    const char *idempotency_key, uint8_t **ret_buf, size_t *ret_len,
+                    const char *idempotency_key, const gw_create_base_t *base,
+                    char base_wanted[SP_SNAPSHOT_ID_LEN + 1], uint8_t **ret_buf, size_t *ret_len,
                     char ret_subject[192], char ret_event_id[GW_EVENT_ID_LEN + 1],
                     char **ret_env_json, const char **ret_code, char err[GW_ERR_MSG_MAX])
 {
@@ -220,6 +231,28 @@ int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char
     s = sp_xcalloc(1, sizeof(*s));
     if ((rc = parse_body(sp_json_root(doc), s, &e)) < 0)
         goto out;
+    if (s->snapshot && !base) {
+        snprintf(base_wanted, SP_SNAPSHOT_ID_LEN + 1, "%s", s->snapshot);
+        rc = 1;
+        goto out;
+    }
+    if (s->snapshot) {
+        /* The snapshot's template and resources: its disk is a delta against that template,
+         * its memory image is of that size. */
+        if (strcmp(base->snapshot_id, s->snapshot) != 0) {
+            rc = gw_bad(&e, "invalid_field", "snapshot changed while it was looked up");
+            goto out;
+        }
+        if (s->template_ && strcmp(s->template_, base->template_) != 0) {
+            rc = gw_bad(&e, "invalid_field", "snapshot %s is of template %s, not %s", s->snapshot,
+                        base->template_, s->template_);
+            goto out;
+        }
+        s->template_ = base->template_;
+        s->vcpu = base->vcpu ? base->vcpu : s->vcpu;
+        s->memory_mb = base->memory_mb ? base->memory_mb : s->memory_mb;
+        s->disk_mb = base->disk_mb;
+    }
 
     sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
     Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
@@ -241,6 +274,7 @@ int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char
     res.disk_mb = s->disk_mb;
     create.resources = &res;
     create.idempotency_key = (char *)(idempotency_key ? idempotency_key : "");
+    create.snapshot = (char *)(s->snapshot ? s->snapshot : "");
     if (!s->have_net)
         gw_network_default(rq->gw, &s->net);
     create.network = &s->net.msg;

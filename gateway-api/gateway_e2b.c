@@ -73,6 +73,21 @@ static void json_token(sp_buf_t *b, const gw_t *gw, const char *sandbox, const c
 
 /* ---- JSON ---- */
 
+void gw_e2b_sandbox_json(const gw_req_t *rq, const char *sandbox_id, const char *template_,
+                         sp_buf_t *b)
+{
+    sp_buf_puts(b, "{\"sandboxID\":");
+    sp_buf_json_str(b, sandbox_id);
+    sp_buf_puts(b, ",\"templateID\":");
+    sp_buf_json_str(b, template_);
+    sp_buf_puts(b, ",\"alias\":");
+    sp_buf_json_str(b, template_);
+    sp_buf_puts(b, ",\"clientID\":\"" E2B_CLIENT_ID "\",\"envdVersion\":\"" E2B_ENVD_VERSION
+                   "\",\"envdAccessToken\":");
+    json_token(b, rq->gw, sandbox_id, rq->tenant, rq->key_id);
+    sp_buf_puts(b, ",\"trafficAccessToken\":null,\"domain\":null}");
+}
+
 void gw_e2b_answer_sandbox(gw_req_t *rq, int status, const char *sandbox_id, const char *template_)
 {
     sp_buf_t b;
@@ -573,7 +588,8 @@ static void e2b_create(gw_req_t *rq)
                          E2B_TIMEOUT_MAX);
         goto out;
     }
-    sp_buf_puts(&b, "{\"template\":");
+    /* Sandbox.create(snapshotId): E2B names a snapshot where a template goes. */
+    sp_buf_puts(&b, strncmp(template_, "snp_", 4) == 0 ? "{\"snapshot\":" : "{\"template\":");
     sp_buf_json_str(&b, template_);
     sp_buf_printf(&b, ",\"timeout_s\":%" PRId64, timeout);
     if (md && sp_json_type(md) != SP_JSON_NULL) {
@@ -696,9 +712,8 @@ static void not_allowed(gw_req_t *rq)
  * workers, not through an API; volumes, secrets and snapshots are not served). */
 static bool unserved_resource(const char *path, size_t len, const char **ret_name)
 {
-    static const char *const names[] = {"/snapshots",    "/templates", "/v2/templates",
-                                        "/v3/templates", "/volumes",   "/volumecontent",
-                                        "/secrets"};
+    static const char *const names[] = {"/templates", "/v2/templates",  "/v3/templates",
+                                        "/volumes",   "/volumecontent", "/secrets"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         size_t n = strlen(names[i]);
         if (len >= n && memcmp(path, names[i], n) == 0 && (len == n || path[n] == '/')) {
@@ -712,6 +727,26 @@ static bool unserved_resource(const char *path, size_t len, const char **ret_nam
 bool gw_e2b_route(gw_req_t *rq, const char *path, size_t len)
 {
     const char *resource = NULL;
+    /* Snapshots (docs/snapshots.md): the list, and deleteSnapshot's DELETE /templates/{id}
+     * with a snapshot id. */
+    if (h2o_memis(path, len, H2O_STRLIT("/snapshots"))) {
+        rq->dialect = GW_DIALECT_E2B;
+        rq->route = GW_R_E2B_API;
+        if (is_method(rq->req, "GET"))
+            with_key(rq, gw_snapshot_list);
+        else
+            not_allowed(rq);
+        return true;
+    }
+    if (len > 14 && memcmp(path, "/templates/snp_", 15) == 0 && len - 11 <= SP_ID_MAX &&
+        !memchr(path + 11, '/', len - 11) && is_method(rq->req, "DELETE")) {
+        rq->dialect = GW_DIALECT_E2B;
+        rq->route = GW_R_E2B_API;
+        memcpy(rq->path_id, path + 11, len - 11);
+        rq->path_id[len - 11] = '\0';
+        with_key(rq, gw_snapshot_delete);
+        return true;
+    }
     if (unserved_resource(path, len, &resource)) {
         rq->dialect = GW_DIALECT_E2B;
         rq->route = GW_R_E2B_API;
@@ -770,10 +805,14 @@ bool gw_e2b_route(gw_req_t *rq, const char *path, size_t len)
         fn = e2b_timeout;
     else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("metrics")))
         fn = e2b_metrics, post = false;
+    else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("snapshots")))
+        fn = gw_snapshot_take;
+    else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("fork")))
+        fn = gw_sandbox_fork;
     if (!fn) {
         /* E2B routes this server does not serve: 501, which the SDK reports as it is (a 404
          * would read as SandboxNotFoundError). */
-        static const char *const unserved[] = {"fork", "snapshots", "network", "refreshes", "logs"};
+        static const char *const unserved[] = {"network", "refreshes", "logs"};
         for (size_t i = 0; i < sizeof(unserved) / sizeof(unserved[0]); i++) {
             if (h2o_memis(action, alen, unserved[i], strlen(unserved[i]))) {
                 gw_respond_error(rq, 501, "not_implemented", NULL,

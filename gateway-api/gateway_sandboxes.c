@@ -139,6 +139,11 @@ typedef struct {
     bool failed; /* SandboxSuspendFailed / SandboxResumeFailed: tried, and it did not work */
     char reason[SP_REASON_MAX];
     char detail[SP_REASON_MAX];
+    /* Not a refusal: SandboxSnapshotted / SnapshotDeleted, the outcome a snapshot waiter
+     * wants (docs/snapshots.md). */
+    bool done;
+    char *json; /* the snapshot (SandboxSnapshotted) */
+    char *e2b;  /* the same in E2B's shape */
 } reject_t;
 
 typedef struct {
@@ -204,7 +209,8 @@ static void check_run(gw_job_t *job, PGconn *db)
                      "SELECT coalesce(causation_id::text, ''), payload, coalesce(correlation_id, "
                      "'') FROM events WHERE aggregate_kind = 'sandbox' AND aggregate_id = "
                      "ANY($1::text[]) AND status = 'accepted' AND ((type IN "
-                     "('SandboxRequestRejected', 'SandboxSuspendFailed') AND causation_id = "
+                     "('SandboxRequestRejected', 'SandboxSuspendFailed', "
+                     "'SandboxSnapshotted', 'SnapshotDeleted') AND causation_id = "
                      "ANY($2::uuid[])) OR (type = 'SandboxResumeFailed' AND correlation_id = "
                      "ANY($3::text[])))",
                      3, NULL, p2, NULL, NULL, 1);
@@ -237,6 +243,17 @@ static void check_run(gw_job_t *job, PGconn *db)
             x->failed = true;
             reason = env->sandbox_resume_failed->reason;
             detail = env->sandbox_resume_failed->detail;
+        } else if (env->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SNAPSHOTTED) {
+            x->done = true;
+            sp_buf_t b;
+            sp_buf_init(&b);
+            gw_snapshot_json(env, env->occurred_at_us, &b);
+            x->json = sp_buf_take(&b);
+            sp_buf_init(&b);
+            gw_snapshot_json_e2b(env, &b);
+            x->e2b = sp_buf_take(&b);
+        } else if (env->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED) {
+            x->done = true;
         }
         snprintf(x->reason, sizeof(x->reason), "%s", reason);
         snprintf(x->detail, sizeof(x->detail), "%s", detail);
@@ -335,6 +352,30 @@ static bool settle(gw_waiter_t *w, const check_job_t *c)
         answer_create(w, v);
         return true;
     }
+    if (w->kind == GW_WAIT_SNAPSHOT || w->kind == GW_WAIT_SNAPSHOT_DELETE) {
+        /* The answer to the intent, whatever the state of the sandbox (a snapshot of a deleted
+         * sandbox may still be deleted). */
+        for (size_t i = 0; i < c->n_rejects; i++) {
+            const reject_t *x = &c->rejects[i];
+            if (strcmp(x->event_id, w->event_id) != 0)
+                continue;
+            const char *json = w->rq->dialect == GW_DIALECT_E2B ? x->e2b : x->json;
+            if (x->done && w->kind == GW_WAIT_SNAPSHOT && json)
+                gw_respond(w->rq, 201, "application/json", json, strlen(json));
+            else if (x->done)
+                gw_respond(w->rq, 204, "application/json", NULL, 0);
+            else
+                gw_respond_error(w->rq, 409, x->reason, NULL, "the snapshot was refused: %s",
+                                 x->detail[0] ? x->detail : x->reason);
+            return true;
+        }
+        if (w->kind == GW_WAIT_SNAPSHOT && v && v->state == SP_SBX_FAILED) {
+            gw_respond_error(w->rq, 500, "sandbox_failed", NULL,
+                             "the sandbox failed during its snapshot: %s", v->failure_reason);
+            return true;
+        }
+        return false;
+    }
     if (w->kind == GW_WAIT_DELETE && v && v->state == SP_SBX_DELETED) {
         gw_respond(w->rq, 204, "application/json", NULL, 0);
         return true;
@@ -377,7 +418,8 @@ static bool settle(gw_waiter_t *w, const check_job_t *c)
                                        [GW_WAIT_SUSPEND] = "suspend"};
     for (size_t i = 0; i < c->n_rejects; i++) {
         const reject_t *x = &c->rejects[i];
-        if (strcmp(x->event_id, w->event_id) != 0 && strcmp(x->corr, w->rq->request_id) != 0)
+        if (x->done ||
+            (strcmp(x->event_id, w->event_id) != 0 && strcmp(x->corr, w->rq->request_id) != 0))
             continue;
         char extra[128];
         snprintf(extra, sizeof(extra), "\"sandbox_id\":\"%s\"", w->sandbox_id);
@@ -420,6 +462,10 @@ static void check_done(gw_job_t *job)
     for (size_t i = 0; i < c->n_rows; i++)
         free(c->rows[i].json);
     free(c->rows);
+    for (size_t i = 0; i < c->n_rejects; i++) {
+        free(c->rejects[i].json);
+        free(c->rejects[i].e2b);
+    }
     free(c->rejects);
     free(c->stored);
     free(c->stored_ok);
@@ -582,6 +628,11 @@ typedef struct {
     create_outcome_t outcome;
     char existing_id[SP_ID_MAX + 1];
     int bus_rc;
+    /* A create from a named snapshot: looked up first (snapshot_run), then built. */
+    char *body;
+    size_t body_len;
+    gw_create_base_t base;
+    int base_rc; /* 0 found, SP_ENOTFOUND, SP_EDB */
 } create_job_t;
 
 /* Claims the Idempotency-Key for this request, or finds the request that claimed it. Returns
@@ -665,6 +716,7 @@ static void create_run(gw_job_t *job, PGconn *db)
 
 static void create_free(create_job_t *c)
 {
+    free(c->body);
     free(c->data);
     free(c->idem_key);
     if (c->env_json) {
@@ -732,23 +784,95 @@ bool gw_json_content_type(const h2o_iovec_t *ct)
     return ct->len == n || ct->base[n] == ';' || ct->base[n] == ' ';
 }
 
+static void create_submit(gw_req_t *rq, create_job_t *c);
+
+/* The named snapshot a create restores from, as the log has it for the tenant. */
+static void snapshot_run(gw_job_t *job, PGconn *db)
+{
+    create_job_t *c = (create_job_t *)job;
+    sp_envelope_t *se = NULL;
+    c->base_rc = sp_db_snapshot_find(db, c->tenant, c->base.snapshot_id, &se);
+    if (c->base_rc == 0) {
+        const Space__V1__SandboxSnapshotted *sd = se->sandbox_snapshotted;
+        snprintf(c->base.template_, sizeof(c->base.template_), "%s", sd->template_);
+        if (sd->resources) {
+            c->base.vcpu = sd->resources->vcpu;
+            c->base.memory_mb = sd->resources->memory_mb;
+            c->base.disk_mb = sd->resources->disk_mb;
+        }
+    } else if (c->base_rc != SP_ENOTFOUND) {
+        log_db_error("snapshot lookup", db);
+    }
+    sp_envelope_free(se);
+}
+
+static void snapshot_done(gw_job_t *job)
+{
+    create_job_t *c = (create_job_t *)job;
+    gw_req_t *rq = c->rq;
+    const char *code = NULL;
+    char err[GW_ERR_MSG_MAX], wanted[SP_SNAPSHOT_ID_LEN + 1] = "";
+
+    if (!gw_req_live(rq)) {
+        gw_req_unref(rq);
+        create_free(c);
+        return;
+    }
+    if (c->base_rc == SP_ENOTFOUND) {
+        gw_respond_error(rq, 404, "snapshot_not_found", NULL,
+                         "no snapshot %s (deleted, or never taken by this tenant)",
+                         c->base.snapshot_id);
+    } else if (c->base_rc < 0) {
+        db_unavailable(rq);
+    } else if (gw_create_build(rq, c->body, c->body_len, c->sandbox_id, c->idem_key, &c->base,
+                               wanted, &c->data, &c->len, c->subject, c->event_id, &c->env_json,
+                               &code, err) < 0) {
+        gw_respond_error(rq, 400, code, NULL, "%s", err);
+    } else {
+        c->job.run = create_run;
+        c->job.done = create_done;
+        create_submit(rq, c);
+        gw_req_unref(rq); /* create_submit took its own */
+        return;
+    }
+    gw_req_unref(rq);
+    create_free(c);
+}
+
 /* Everything after the headers: validation, the intent, the wait. Takes over c. */
 static void create_start(gw_req_t *rq, create_job_t *c, const char *body, size_t len)
 {
     const char *code = NULL;
-    char err[GW_ERR_MSG_MAX];
+    char err[GW_ERR_MSG_MAX], wanted[SP_SNAPSHOT_ID_LEN + 1] = "";
 
     sp_sandbox_id_new(c->sandbox_id);
     snprintf(c->tenant, sizeof(c->tenant), "%s", rq->tenant);
-    if (gw_create_build(rq, body, len, c->sandbox_id, c->idem_key, &c->data, &c->len, c->subject,
-                        c->event_id, &c->env_json, &code, err) < 0) {
+    int rc = gw_create_build(rq, body, len, c->sandbox_id, c->idem_key, NULL, wanted, &c->data,
+                             &c->len, c->subject, c->event_id, &c->env_json, &code, err);
+    if (rc < 0) {
         gw_respond_error(rq, 400, code, NULL, "%s", err);
         create_free(c);
         return;
     }
     c->rq = rq;
-    c->job.run = create_run;
-    c->job.done = create_done;
+    if (rc == 1) {
+        /* From a named snapshot: looked up first, then built again with it. */
+        snprintf(c->base.snapshot_id, sizeof(c->base.snapshot_id), "%s", wanted);
+        c->body = sp_xmalloc(len + 1);
+        memcpy(c->body, body, len);
+        c->body[len] = '\0';
+        c->body_len = len;
+        c->job.run = snapshot_run;
+        c->job.done = snapshot_done;
+    } else {
+        c->job.run = create_run;
+        c->job.done = create_done;
+    }
+    create_submit(rq, c);
+}
+
+static void create_submit(gw_req_t *rq, create_job_t *c)
+{
     gw_req_ref(rq);
     if (gw_job_submit(rq->gw, &c->job) < 0) {
         gw_req_unref(rq);

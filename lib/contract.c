@@ -283,6 +283,9 @@ static unsigned emitters(sp_event_type_t t)
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_TIMEOUT_REQUESTED:
     case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED:
     case SPACE__V1__ENVELOPE__PAYLOAD_NETWORK_POLICY_UPDATE_REQUESTED:
+    /* Named snapshots (docs/snapshots.md): to the sandbox's worker, to the worker that took it. */
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SNAPSHOT_REQUESTED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETE_REQUESTED:
         return K(GATEWAY);
     /* The scheduler's controllers: delete when the timeout runs out, suspend when idle. */
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED:
@@ -305,6 +308,8 @@ static unsigned emitters(sp_event_type_t t)
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMING:
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_ADOPTED:
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_FAILED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SNAPSHOTTED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED:
     case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED:
     case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT:
     case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED:
@@ -361,6 +366,30 @@ sp_subject_id_t sp_event_subject_id(sp_event_type_t t)
 unsigned sp_event_emitters(sp_event_type_t t)
 {
     return emitters(t);
+}
+
+void sp_snapshot_id_new(char out[SP_SNAPSHOT_ID_LEN + 1])
+{
+    sp_sandbox_id_new(out); /* the same shape, "snp_" instead of "sbx_" */
+    out[0] = 's';
+    out[1] = 'n';
+    out[2] = 'p';
+}
+
+bool sp_snapshot_id_valid(const char *s)
+{
+    return s && strlen(s) == SP_SNAPSHOT_ID_LEN && strncmp(s, "snp_", 4) == 0 && sp_id_valid(s);
+}
+
+bool sp_snapshot_name_valid(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n > SP_SNAPSHOT_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < 0x20 || s[i] > 0x7e)
+            return false;
+    return true;
 }
 
 const char *sp_trust_refusal_name(int code)

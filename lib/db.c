@@ -199,6 +199,102 @@ int sp_db_last_sandbox_event(PGconn *conn, const char *id, const char *type,
     return rc;
 }
 
+/* The tenant's snapshots from the log, oldest first; an entry a delete names is NULL. */
+typedef struct {
+    sp_envelope_t **ev;
+    int64_t *at_us;
+    size_t n;
+} snapshots_t;
+
+static void snapshots_free(snapshots_t *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        sp_envelope_free(s->ev[i]);
+    free(s->ev);
+    free(s->at_us);
+}
+
+static int snapshots_load(PGconn *conn, const char *tenant, snapshots_t *s)
+{
+    memset(s, 0, sizeof(*s));
+    const char *p[1] = {tenant};
+    PGresult *r = PQexecParams(conn,
+                               "SELECT payload FROM events WHERE tenant = $1 AND type IN "
+                               "('SandboxSnapshotted', 'SnapshotDeleteRequested', "
+                               "'SnapshotDeleted') AND status = 'accepted' ORDER BY stream_seq",
+                               1, NULL, p, NULL, NULL, 1);
+    int rc = sp_db_check(r, PGRES_TUPLES_OK);
+    if (rc < 0) {
+        PQclear(r);
+        return rc;
+    }
+    size_t n = (size_t)PQntuples(r);
+    s->ev = sp_xcalloc(n + 1, sizeof(sp_envelope_t *));
+    s->at_us = sp_xcalloc(n + 1, sizeof(*s->at_us));
+    for (size_t i = 0; i < n; i++) {
+        sp_envelope_t *e = NULL;
+        char why[SP_REASON_MAX];
+        if (sp_envelope_decode((const uint8_t *)PQgetvalue(r, (int)i, 0),
+                               (size_t)PQgetlength(r, (int)i, 0), &e, why) < 0)
+            continue;
+        const char *gone = NULL;
+        if (e->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETE_REQUESTED)
+            gone = e->snapshot_delete_requested->snapshot_id;
+        else if (e->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED)
+            gone = e->snapshot_deleted->snapshot_id;
+        if (gone) {
+            for (size_t k = 0; k < s->n; k++)
+                if (s->ev[k] && strcmp(s->ev[k]->sandbox_snapshotted->snapshot_id, gone) == 0) {
+                    sp_envelope_free(s->ev[k]);
+                    s->ev[k] = NULL;
+                }
+            sp_envelope_free(e);
+            continue;
+        }
+        if (e->payload_case != SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SNAPSHOTTED ||
+            strcmp(e->tenant, tenant) != 0) {
+            sp_envelope_free(e);
+            continue;
+        }
+        s->at_us[s->n] = e->occurred_at_us;
+        s->ev[s->n++] = e;
+    }
+    PQclear(r);
+    return 0;
+}
+
+int sp_db_snapshot_each(PGconn *conn, const char *tenant,
+                        int (*fn)(void *arg, const sp_envelope_t *snapshotted, int64_t at_us),
+                        void *arg)
+{
+    snapshots_t s;
+    int rc = snapshots_load(conn, tenant, &s);
+    for (size_t i = 0; rc == 0 && i < s.n; i++)
+        if (s.ev[i])
+            rc = fn(arg, s.ev[i], s.at_us[i]);
+    snapshots_free(&s);
+    return rc < 0 ? rc : 0;
+}
+
+int sp_db_snapshot_find(PGconn *conn, const char *tenant, const char *snapshot_id,
+                        sp_envelope_t **ret_snapshotted)
+{
+    snapshots_t s;
+    *ret_snapshotted = NULL;
+    int rc = snapshots_load(conn, tenant, &s);
+    if (rc < 0)
+        return rc;
+    rc = SP_ENOTFOUND;
+    for (size_t i = 0; i < s.n; i++)
+        if (s.ev[i] && strcmp(s.ev[i]->sandbox_snapshotted->snapshot_id, snapshot_id) == 0) {
+            *ret_snapshotted = s.ev[i];
+            s.ev[i] = NULL;
+            rc = 0;
+        }
+    snapshots_free(&s);
+    return rc;
+}
+
 int sp_db_accepted_seq(void *conn, const char *event_id, uint64_t *ret_seq)
 {
     const char *params[1] = {event_id};

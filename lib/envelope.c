@@ -215,6 +215,8 @@ static int validate_create(const Space__V1__SandboxCreateRequested *p, char reas
     CHECK_TEXT(p->idempotency_key, CORR_MAX, "idempotency_key");
     CHECK_TEXT(p->on_timeout, 16, "on_timeout");
     CHECK_TEXT(p->project, SP_CRED_NAME_MAX, "project");
+    if (p->snapshot[0] && !sp_snapshot_id_valid(p->snapshot))
+        return fail(reason, SP_ESCHEMA, "snapshot: not a snapshot id");
     return validate_network(p->network, reason);
 }
 
@@ -497,6 +499,45 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMING:
         CHECK_ID(e->sandbox_resuming->worker, "worker");
         return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SNAPSHOT_REQUESTED:
+        if (!sp_snapshot_id_valid(e->sandbox_snapshot_requested->snapshot_id))
+            return fail(reason, SP_ESCHEMA, "snapshot_id: not a snapshot id");
+        if (!sp_snapshot_name_valid(e->sandbox_snapshot_requested->name))
+            return fail(reason, SP_ESCHEMA, "name: 1..%d printable ASCII characters",
+                        SP_SNAPSHOT_NAME_MAX);
+        return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETE_REQUESTED:
+        if (!sp_snapshot_id_valid(e->snapshot_delete_requested->snapshot_id))
+            return fail(reason, SP_ESCHEMA, "snapshot_id: not a snapshot id");
+        return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED:
+        if (!sp_snapshot_id_valid(e->snapshot_deleted->snapshot_id))
+            return fail(reason, SP_ESCHEMA, "snapshot_id: not a snapshot id");
+        return 0;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SNAPSHOTTED: {
+        const Space__V1__SandboxSnapshotted *p = e->sandbox_snapshotted;
+        if (!sp_snapshot_id_valid(p->snapshot_id))
+            return fail(reason, SP_ESCHEMA, "snapshot_id: not a snapshot id");
+        if (!sp_snapshot_name_valid(p->name))
+            return fail(reason, SP_ESCHEMA, "name: 1..%d printable ASCII characters",
+                        SP_SNAPSHOT_NAME_MAX);
+        if (p->n_artifacts == 0 || p->n_artifacts > ARTIFACTS_MAX)
+            return fail(reason, SP_ESCHEMA, "artifacts: %zu, want 1..%d", p->n_artifacts,
+                        ARTIFACTS_MAX);
+        for (size_t i = 0; i < p->n_artifacts; i++) {
+            const Space__V1__SnapshotArtifact *a = p->artifacts[i];
+            CHECK_TEXT(a->name, ID_MAX, "artifact name");
+            CHECK_TEXT(a->store_key, TEXT_MAX, "artifact store_key");
+            if (a->sha256.len != 32)
+                return fail(reason, SP_ESCHEMA, "artifacts[%zu].sha256: %zu bytes, want 32", i,
+                            a->sha256.len);
+        }
+        CHECK_ID(p->worker, "worker");
+        CHECK_ID(p->template_, "template");
+        CHECK_TEXT(p->store, ID_MAX, "store");
+        CHECK_TEXT(p->address, ID_MAX, "address");
+        return 0;
+    }
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETED:
         CHECK_TEXT(e->sandbox_deleted->reason, TEXT_MAX, "reason");
         return 0;

@@ -216,7 +216,14 @@ static int place(sched_t *s, const sp_envelope_t *intent)
         return rc;
     uint32_t vcpu = req->resources && req->resources->vcpu ? req->resources->vcpu : 1;
     uint32_t disk_mb = req->resources ? req->resources->disk_mb : 0;
-    if ((rc = pick_worker(s, req->template_, vcpu, disk_mb, NULL, worker, &pick)) < 0)
+    /* From a named snapshot (docs/snapshots.md): the worker that took it first, it has the
+     * artifacts (any other reads the shared store or the bucket). */
+    char taken_on[65] = "";
+    sp_envelope_t *snap = NULL;
+    if (req->snapshot[0] && sp_db_snapshot_find(s->db, intent->tenant, req->snapshot, &snap) == 0)
+        snprintf(taken_on, sizeof(taken_on), "%s", snap->sandbox_snapshotted->worker);
+    sp_envelope_free(snap);
+    if ((rc = pick_worker(s, req->template_, vcpu, disk_mb, taken_on, worker, &pick)) < 0)
         return rc;
     char detail[160];
     switch (pick) {

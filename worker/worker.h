@@ -280,6 +280,16 @@ int wk_on_pause(wk_t *w, const sp_envelope_t *ev);
 int wk_on_resume(wk_t *w, const sp_envelope_t *ev);
 int wk_on_suspend(wk_t *w, const sp_envelope_t *ev);
 int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev);
+/* Named snapshots (docs/snapshots.md). wk_on_snapshot: checkpoint of an owned running
+ * sandbox, its artifacts into the store under named/<snapshot>/, the sandbox restored in place,
+ * SandboxSnapshotted. wk_on_snapshot_delete: the artifacts removed, SnapshotDeleted.
+ * wk_create_from_snapshot: the placed create's sandbox restored from its request's snapshot
+ * (the tenant's, digests checked) and owned; the caller publishes SandboxStarted or
+ * SandboxFailed. */
+int wk_on_snapshot(wk_t *w, const sp_envelope_t *ev);
+int wk_on_snapshot_delete(wk_t *w, const sp_envelope_t *ev);
+int wk_create_from_snapshot(wk_t *w, const sp_envelope_t *ev, const wk_sandbox_spec_t *spec,
+                            wk_sandbox_info_t *ret_info, char err[WK_ERR_MAX]);
 /* At start, for a sandbox the log says is suspending on this worker: waits for a checkpoint
  * the previous worker's runsc may still be writing; when it wrote an image, completes the
  * suspend (artifacts stored, SandboxSuspended answering the SandboxSuspendRequested, host

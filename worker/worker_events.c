@@ -115,12 +115,17 @@ static int on_placed(wk_t *w, const sp_envelope_t *ev)
         spec.memory_mb = 512;
     wk_sandbox_info_t info = {0};
     int64_t t0 = sp_mono_ns();
-    /* A warm pool's sandbox when one is ready (worker_pool.c); else made from scratch. */
-    wk_box_t *box = wk_pool_claim(w, &spec, ev->tenant, &info);
-    rc = box ? 0 : wk_template_ensure(w->host, spec.template_, err);
-    if (rc >= 0 && !box)
+    bool from_snapshot = p->request->snapshot[0] != '\0';
+    /* A warm pool's sandbox when one is ready (worker_pool.c); else made from scratch; from a
+     * named snapshot, restored (owned already when it worked). */
+    wk_box_t *box = from_snapshot ? NULL : wk_pool_claim(w, &spec, ev->tenant, &info);
+    if (from_snapshot)
+        rc = wk_create_from_snapshot(w, ev, &spec, &info, err);
+    else
+        rc = box ? 0 : wk_template_ensure(w->host, spec.template_, err);
+    if (rc >= 0 && !box && !from_snapshot)
         rc = wk_sandbox_create(w->host, &spec, &info, err);
-    if (rc == -EEXIST) {
+    if (rc == -EEXIST && !from_snapshot) {
         /* Leftovers of this id that nobody owns: a worker killed while creating it (its
          * placement came back). Released, and the create starts over once. Never a live
          * sandbox: an owned one returned above, and one id's placement runs on one thread. */
@@ -137,7 +142,10 @@ static int on_placed(wk_t *w, const sp_envelope_t *ev)
     if (rc < 0) {
         Space__V1__SandboxFailed failed = SPACE__V1__SANDBOX_FAILED__INIT;
         /* The disk reserve (wk_sandbox_create): the scheduler may place it elsewhere. */
-        failed.reason = rc == -ENOSPC ? "no_capacity" : "create_failed";
+        failed.reason = rc == -ENOSPC                         ? "no_capacity"
+                        : from_snapshot && rc == SP_ENOTFOUND ? "snapshot_not_found"
+                        : from_snapshot                       ? "restore_failed"
+                                                              : "create_failed";
         failed.detail = err;
         env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_FAILED;
         env.sandbox_failed = &failed;
@@ -147,7 +155,7 @@ static int on_placed(wk_t *w, const sp_envelope_t *ev)
         return wk_publish_fact(w, &env, "failed", ev->event_id);
     }
     bool from_pool = box != NULL;
-    if (!box) {
+    if (!box && !from_snapshot) {
         box = wk_owned_add(w, sbx, ev->tenant, spec.template_, spec.vcpu, spec.memory_mb);
         if (box && wk_box_attach_agent(box, info.agent_to_fd, info.agent_from_fd) < 0)
             sp_log(SP_LOG_WARN, "no agent channel: commands will be refused", SP_KS("sandbox", sbx),
@@ -235,6 +243,8 @@ static int handle(wk_t *w, const sp_bus_msg_t *m)
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSE_REQUESTED:
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUME_REQUESTED:
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_REQUESTED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SNAPSHOT_REQUESTED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETE_REQUESTED:
         /* What the worker acts on: intents and placements (the gateway's, the scheduler's,
          * a platform's), never a worker's fact, so no placement hook is needed. */
         rc = sp_verifier_admit(w->verifier, ev, m->data, m->len, m->subject, m->stream_seq, NULL,
@@ -270,6 +280,12 @@ static int handle(wk_t *w, const sp_bus_msg_t *m)
         break;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_REQUESTED:
         rc = wk_on_suspend(w, ev);
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SNAPSHOT_REQUESTED:
+        rc = wk_on_snapshot(w, ev);
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETE_REQUESTED:
+        rc = wk_on_snapshot_delete(w, ev);
         break;
     default:
         break; /* our own facts, and intents of later issues */

@@ -670,3 +670,300 @@ int wk_resume_after_restart(wk_t *w, PGconn *db, const char *sbx, const char *te
            SP_KS("address", addr));
     return 1;
 }
+
+/* ---- named snapshots (docs/snapshots.md) ---- */
+
+/* The artifacts' store keys of a named snapshot: named/<snapshot>/<artifact>. */
+static void named_keys(const char *snap, char key[ARTIFACTS][256])
+{
+    for (int i = 0; i < ARTIFACTS; i++)
+        snprintf(key[i], sizeof(key[i]), SP_SNAPSHOT_KEY_PREFIX "/%s/%s", snap, ARTIFACT_NAMES[i]);
+}
+
+/* The sandbox's disk limit as it started (0: the worker's default). */
+static uint32_t sandbox_disk_mb(wk_t *w, const char *sbx)
+{
+    PGconn *db = NULL;
+    uint32_t mb = 0;
+    if (sp_db_connect(w->cfg->pg_url, "space-worker", 10000, &db) < 0) {
+        PQfinish(db);
+        return 0;
+    }
+    const char *p[1] = {sbx};
+    PGresult *r =
+        PQexecParams(db, "SELECT disk_mb FROM sandboxes WHERE id = $1", 1, NULL, p, NULL, NULL, 0);
+    if (sp_db_check(r, PGRES_TUPLES_OK) == 0 && PQntuples(r) == 1)
+        mb = (uint32_t)strtoul(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    PQfinish(db);
+    return mb;
+}
+
+/* Waits (bounded) for the agent of b to connect back; whether it did. */
+static bool agent_back(wk_box_t *b)
+{
+    bool back = false;
+    for (int i = 0; i < AGENT_BACK_MS / 5 && !back; i++) {
+        pthread_mutex_lock(&b->mu);
+        back = b->agent != NULL && !b->agent_lost;
+        pthread_mutex_unlock(&b->mu);
+        if (!back)
+            usleep(5000);
+    }
+    return back;
+}
+
+/* Makes sandbox spec->id from the artifacts at paths (image, rootfs) and owns it: the box is
+ * in the owned table, listening for its agent. *ret_info has its address. */
+static int restore_owned(wk_t *w, const wk_sandbox_spec_t *spec, const char *tenant,
+                         char *const paths[ARTIFACTS], wk_sandbox_info_t *ret_info,
+                         char err[WK_ERR_MAX])
+{
+    wk_box_t *b = wk_owned_add(w, spec->id, tenant, spec->template_, spec->vcpu, spec->memory_mb);
+    if (!b) {
+        snprintf(err, WK_ERR_MAX, "sandbox %s is owned already", spec->id);
+        return -EEXIST;
+    }
+    pthread_mutex_lock(&b->mu);
+    b->restoring = true;
+    snprintf(b->lost_why, sizeof(b->lost_why), "the sandbox was restored from a snapshot");
+    pthread_mutex_unlock(&b->mu);
+    wk_box_listen(b); /* before the restore: the agent connects back as soon as it runs */
+    char *work = sp_xasprintf("%s/.staging/restore-%s", w->cfg->snapshot_dir, spec->id);
+    wk_mkdir_p(work);
+    int rc = wk_sandbox_restore(w->host, spec, paths[0], paths[1], work, ret_info, err);
+    wk_rm_rf(work);
+    free(work);
+    pthread_mutex_lock(&b->mu);
+    b->restoring = false;
+    pthread_mutex_unlock(&b->mu);
+    if (rc < 0) {
+        wk_box_put(wk_owned_remove(w, spec->id));
+        wk_box_put(b);
+        return rc;
+    }
+    if (!agent_back(b))
+        sp_log(SP_LOG_WARN, "restored, but the agent has not connected back yet",
+               SP_KS("sandbox", spec->id));
+    wk_box_put(b);
+    return 0;
+}
+
+int wk_on_snapshot(wk_t *w, const sp_envelope_t *ev)
+{
+    const Space__V1__SandboxSnapshotRequested *req = ev->sandbox_snapshot_requested;
+    const char *sbx = ev->aggregate->id, *snap = req->snapshot_id;
+    char err[WK_ERR_MAX] = "", key[ARTIFACTS][256];
+    named_keys(snap, key);
+    {
+        /* A redelivery after the snapshot was stored: done. */
+        char *dir = sp_xasprintf("%s/" SP_SNAPSHOT_KEY_PREFIX "/%s", w->cfg->snapshot_dir, snap);
+        bool done = access(dir, F_OK) == 0;
+        free(dir);
+        if (done)
+            return 0;
+    }
+    wk_box_t *b = wk_owned_get(w, sbx);
+    if (!b)
+        return reject(w, ev, "not_running", "sandbox %s does not run on worker %s", sbx,
+                      w->cfg->id);
+    int64_t t0 = sp_mono_ns();
+    pthread_mutex_lock(&b->mu);
+    bool paused = b->paused;
+    pthread_mutex_unlock(&b->mu);
+    if (paused) {
+        wk_box_put(b);
+        return reject(w, ev, "illegal_transition", "sandbox %s is paused: resume it first", sbx);
+    }
+    uint32_t time_wait_ms;
+    uint32_t reset = egress_reset(w, sbx, &time_wait_ms);
+    if (time_wait_ms > 0) {
+        wk_box_put(b);
+        return reject(w, ev, "tcp_time_wait",
+                      "a TCP connection of the sandbox was closed from both ends at once: its "
+                      "end inside stays in TIME_WAIT, which the checkpoint cannot save, for %u "
+                      "more s; retry then",
+                      (time_wait_ms + 999) / 1000);
+    }
+    wk_sandbox_spec_t spec = {.id = sbx,
+                              .template_ = b->template_,
+                              .vcpu = b->vcpu,
+                              .memory_mb = b->memory_mb,
+                              .disk_mb = sandbox_disk_mb(w, sbx)};
+    char tenant[65];
+    snprintf(tenant, sizeof(tenant), "%s", b->tenant);
+    /* As for a suspend: out of the table, the agent channel closed (the checkpoint cannot
+     * hold it); the commands run on inside, and the agent connects back after the restore. */
+    wk_box_t *owned = wk_owned_remove(w, sbx);
+    wk_box_put(owned);
+    wk_box_fail_files(b, "the sandbox is being snapshotted");
+    wk_box_forget_commands(b);
+    pthread_mutex_lock(&b->mu);
+    wk_agent_t *agent = b->agent;
+    b->agent = NULL;
+    pthread_mutex_unlock(&b->mu);
+    wk_agent_close(agent);
+
+    /* runsc checkpoint stops the sandbox (its --leave-running is a restore of runsc's own,
+     * without this worker's netns and cgroup wrapping: docs/machine-notes.md): taken, then
+     * restored in place from the stored artifacts. */
+    char *staging =
+        sp_xasprintf("%s/.staging/" SP_SNAPSHOT_KEY_PREFIX "-%s", w->cfg->snapshot_dir, snap);
+    wk_checkpoint_t ck = {0};
+    int rc = wk_mkdir_p(staging) < 0 ? -errno : 0;
+    if (rc < 0)
+        snprintf(err, sizeof(err), "mkdir %s: %s", staging, strerror(-rc));
+    else
+        rc = wk_sandbox_checkpoint(w->host, sbx, spec.template_, staging, &ck, err);
+    int64_t checkpoint_ms = ms_since(t0);
+    if (rc < 0) {
+        wk_rm_rf(staging);
+        free(staging);
+        if (wk_sandbox_running(w->host, sbx) == 1) {
+            wk_box_t *again =
+                wk_owned_add(w, sbx, tenant, spec.template_, spec.vcpu, spec.memory_mb);
+            if (again) {
+                wk_box_listen(again);
+                wk_box_put(again);
+            }
+            rc = reject(w, ev, "checkpoint_failed", "%s", err);
+        } else {
+            rc = suspend_lost(w, ev, sbx, err);
+        }
+        wk_box_put(b);
+        return rc;
+    }
+    wk_box_put(b);
+    Space__V1__SnapshotArtifact art[ARTIFACTS], *arts[ARTIFACTS];
+    uint8_t sha[ARTIFACTS][SP_SHA256_LEN];
+    const char *src[ARTIFACTS] = {ck.image_path, ck.rootfs_path};
+    char *paths[ARTIFACTS] = {0};
+    for (int i = 0; i < ARTIFACTS && rc == 0; i++) {
+        space__v1__snapshot_artifact__init(&art[i]);
+        art[i].name = (char *)ARTIFACT_NAMES[i];
+        art[i].store_key = key[i];
+        art[i].sha256 = (ProtobufCBinaryData){SP_SHA256_LEN, sha[i]};
+        rc = wk_snap_put(w, key[i], src[i], sha[i], &art[i].size, err);
+        arts[i] = &art[i];
+    }
+    wk_checkpoint_dispose(&ck);
+    wk_rm_rf(staging);
+    free(staging);
+    /* The sandbox again, in place, from what was stored (its digests checked on the way). */
+    bool downloaded = false;
+    for (int i = 0; i < ARTIFACTS && rc == 0; i++)
+        rc = wk_snap_fetch(w, key[i], art[i].size, sha[i], &paths[i], &downloaded, err);
+    wk_sandbox_info_t info = {0};
+    if (rc == 0 && (rc = wk_sandbox_destroy(w->host, sbx, err)) == 0)
+        rc = restore_owned(w, &spec, tenant, paths, &info, err);
+    for (int i = 0; i < ARTIFACTS; i++)
+        free(paths[i]);
+    if (rc < 0) {
+        const char *keys[ARTIFACTS] = {key[0], key[1]};
+        wk_snap_forget(w, keys, ARTIFACTS);
+        return suspend_lost(w, ev, sbx, err);
+    }
+    sp_envelope_t env;
+    Space__V1__Aggregate agg;
+    Space__V1__SandboxSnapshotted sd = SPACE__V1__SANDBOX_SNAPSHOTTED__INIT;
+    Space__V1__Resources res = SPACE__V1__RESOURCES__INIT;
+    char store[WK_SNAP_STORE_MAX];
+    wk_snap_store_name(w, store);
+    res.vcpu = spec.vcpu;
+    res.memory_mb = spec.memory_mb;
+    res.disk_mb = spec.disk_mb;
+    sp_envelope_answer(&env, &agg, ev, "svc:worker");
+    sd.snapshot_id = (char *)snap;
+    sd.name = req->name;
+    sd.artifacts = arts;
+    sd.n_artifacts = ARTIFACTS;
+    sd.worker = w->cfg->id;
+    sd.store = store;
+    sd.template_ = (char *)spec.template_;
+    sd.resources = &res;
+    sd.took_ms = (uint32_t)ms_since(t0);
+    sd.address = info.address;
+    sd.connections_reset = reset;
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SNAPSHOTTED;
+    env.sandbox_snapshotted = &sd;
+    sp_log(SP_LOG_INFO, "snapshot taken", SP_KS("sandbox", sbx), SP_KS("snapshot", snap),
+           SP_KU("ms", sd.took_ms), SP_KI("checkpoint_ms", checkpoint_ms),
+           SP_KU("image_bytes", art[0].size), SP_KU("rootfs_bytes", art[1].size),
+           SP_KS("address", info.address));
+    return wk_publish_fact(w, &env, "snapshotted", ev->event_id);
+}
+
+int wk_on_snapshot_delete(wk_t *w, const sp_envelope_t *ev)
+{
+    const char *snap = ev->snapshot_delete_requested->snapshot_id;
+    char key[ARTIFACTS][256];
+    named_keys(snap, key);
+    const char *keys[ARTIFACTS] = {key[0], key[1]};
+    wk_snap_forget(w, keys, ARTIFACTS);
+    sp_envelope_t env;
+    Space__V1__Aggregate agg;
+    Space__V1__SnapshotDeleted sd = SPACE__V1__SNAPSHOT_DELETED__INIT;
+    sp_envelope_answer(&env, &agg, ev, "svc:worker");
+    sd.snapshot_id = (char *)snap;
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED;
+    env.snapshot_deleted = &sd;
+    sp_log(SP_LOG_INFO, "snapshot deleted", SP_KS("snapshot", snap),
+           SP_KS("sandbox", ev->aggregate->id));
+    return wk_publish_fact(w, &env, "snapshot-deleted", ev->event_id);
+}
+
+int wk_create_from_snapshot(wk_t *w, const sp_envelope_t *ev, const wk_sandbox_spec_t *want,
+                            wk_sandbox_info_t *ret_info, char err[WK_ERR_MAX])
+{
+    const char *snap = ev->sandbox_placed->request->snapshot;
+    PGconn *db = NULL;
+    sp_envelope_t *se = NULL;
+    char *paths[ARTIFACTS] = {0};
+    int rc = sp_db_connect(w->cfg->pg_url, "space-worker", 10000, &db);
+    if (rc < 0) {
+        snprintf(err, WK_ERR_MAX, "PostgreSQL: %s", sp_strerror(rc));
+        goto out;
+    }
+    /* The tenant's own snapshot only, and not one being deleted. */
+    if ((rc = sp_db_snapshot_find(db, ev->tenant, snap, &se)) < 0) {
+        snprintf(err, WK_ERR_MAX, "snapshot %s: %s", snap,
+                 rc == SP_ENOTFOUND ? "no such snapshot" : sp_strerror(rc));
+        goto out;
+    }
+    const Space__V1__SandboxSnapshotted *sd = se->sandbox_snapshotted;
+    for (int i = 0; i < ARTIFACTS && rc == 0; i++) {
+        const Space__V1__SnapshotArtifact *a = NULL;
+        for (size_t k = 0; k < sd->n_artifacts; k++)
+            if (strcmp(sd->artifacts[k]->name, ARTIFACT_NAMES[i]) == 0)
+                a = sd->artifacts[k];
+        bool downloaded = false;
+        if (!a || a->sha256.len != SP_SHA256_LEN) {
+            snprintf(err, WK_ERR_MAX, "artifact %s: missing from the snapshot record",
+                     ARTIFACT_NAMES[i]);
+            rc = -ENOENT;
+        } else {
+            rc = wk_snap_fetch(w, a->store_key, a->size, a->sha256.data, &paths[i], &downloaded,
+                               err);
+        }
+    }
+    if (rc < 0)
+        goto out;
+    if ((rc = wk_template_ensure(w->host, sd->template_, err)) < 0)
+        goto out;
+    /* The snapshot's template and resources: its memory image is of that size. */
+    wk_sandbox_spec_t spec = *want;
+    spec.template_ = sd->template_;
+    spec.image_of = se->aggregate->id;
+    if (sd->resources) {
+        spec.vcpu = sd->resources->vcpu ? sd->resources->vcpu : spec.vcpu;
+        spec.memory_mb = sd->resources->memory_mb ? sd->resources->memory_mb : spec.memory_mb;
+        spec.disk_mb = sd->resources->disk_mb;
+    }
+    rc = restore_owned(w, &spec, ev->tenant, paths, ret_info, err);
+out:
+    for (int i = 0; i < ARTIFACTS; i++)
+        free(paths[i]);
+    sp_envelope_free(se);
+    PQfinish(db);
+    return rc;
+}

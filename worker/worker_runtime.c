@@ -1332,7 +1332,8 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
                        char err[WK_ERR_MAX])
 {
     if (!h || !spec || !spec->id || !sp_id_valid(spec->id) || wk_pool_id_is(spec->id) ||
-        !spec->template_ || !sp_id_valid(spec->template_))
+        !spec->template_ || !sp_id_valid(spec->template_) ||
+        (spec->image_of && !sp_id_valid(spec->image_of)))
         return wk__fail(err, -EINVAL, "invalid sandbox id or template");
     if (spec->disk_mb > MAX_DISK_MB || spec->pids > MAX_PIDS)
         return wk__fail(err, -EINVAL, "disk_mb or pids out of range");
@@ -1342,7 +1343,11 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
     char *bundle = sp_xasprintf("%s/%s", h->bundles_dir, id);
     char *chan = sp_xasprintf("%s/%s", bundle, AGENT_CHAN_DIR);
     char *rootfs = sp_xasprintf("%s/%s", h->sandboxes_dir, id);
-    char *ro = sp_xasprintf("%s/%s.ro", h->sandboxes_dir, id);
+    const char *of = spec->image_of ? spec->image_of : id;
+    /* The stream makes <of>.ro: received into a directory of this restore's own, so that
+     * restores of one snapshot under several ids at once do not meet. */
+    char *recv_dir = sp_xasprintf("%s/.recv-%s", h->sandboxes_dir, id);
+    char *ro = sp_xasprintf("%s/%s.ro", recv_dir, of);
     char *img = sp_xasprintf("%s/image", work_dir);
     char *img_file = sp_xasprintf("%s/checkpoint.img", img);
     char *stream = sp_xasprintf("%s/rootfs.btrfs", work_dir);
@@ -1369,13 +1374,19 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
      * of what it made. */
     const char *z1[] = {"zstd", "-d", "-q", "-f", rootfs_zst, "-o", stream, NULL};
     const char *z2[] = {"zstd", "-d", "-q", "-f", image_zst, "-o", img_file, NULL};
-    const char *recv[] = {"btrfs", "receive", "-q", "-f", stream, h->sandboxes_dir, NULL};
+    const char *recv[] = {"btrfs", "receive", "-q", "-f", stream, recv_dir, NULL};
     (void)wk__subvol_delete(ro, NULL);
+    (void)rmdir(recv_dir);
+    if (mkdir(recv_dir, 0700) < 0) {
+        rc = wk__fail(err, -errno, "mkdir %s: %s", recv_dir, strerror(errno));
+        goto out;
+    }
     if ((rc = run_tool(z1, "zstd rootfs", err)) < 0 || (rc = run_tool(z2, "zstd image", err)) < 0 ||
         (rc = run_tool(recv, "btrfs receive", err)) < 0)
         goto out;
     rc = wk__subvol_snapshot(ro, rootfs, false, err);
     (void)wk__subvol_delete(ro, NULL);
+    (void)rmdir(recv_dir);
     /* The new subvolume's qgroup starts without a limit. With the received one deleted, what
      * the sandbox wrote before its suspend counts as its own again. */
     if (rc >= 0 && !h->disk_quota_off)
@@ -1406,6 +1417,9 @@ out:
         (void)wk_sandbox_destroy(h, id, NULL);
     unlink(stream);
     (void)wk__rm_rf(img);
+    (void)wk__subvol_delete(ro, NULL);
+    (void)rmdir(recv_dir);
+    free(recv_dir);
     free(netns_path);
     free(stream);
     free(img_file);

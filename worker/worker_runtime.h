@@ -122,6 +122,10 @@ typedef struct {
     /* A warm-pool sandbox (docs/pools.md): id is a pool id (wk_pool_id_new) and its init may
      * set the hostname once, at its claim (wk_sandbox_claim, wk_agent_claim). */
     bool pooled;
+    /* wk_sandbox_restore only: the sandbox the checkpoint was taken of, whose name its disk
+     * stream carries; NULL = id (a resume). Another id makes a new sandbox from a named
+     * snapshot (docs/snapshots.md). */
+    const char *image_of;
 } wk_sandbox_spec_t;
 
 typedef struct {

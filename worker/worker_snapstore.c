@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "contract.h"
 #include "db.h"
 #include "error.h"
 #include "hash.h"
@@ -293,8 +294,8 @@ static int sweep_object(void *arg, const char *name)
         return 0; /* not one of our keys */
     memcpy(sbx, name, n);
     sbx[n] = '\0';
-    if (!sp_id_valid(sbx))
-        return 0;
+    if (!sp_id_valid(sbx) || strcmp(sbx, SP_SNAPSHOT_KEY_PREFIX) == 0)
+        return 0; /* a named snapshot's: it lives until deleted */
     if (sandbox_state(bs->db, sbx, state) < 0)
         return -EIO; /* the database is away: the next sweep */
     if (gone_for_good(state) && sp_obj_delete(bs->w->bus, bs->w->cfg->snapshot_bucket, name) == 0)
@@ -312,7 +313,9 @@ void wk_snap_sweep(wk_t *w, PGconn *db)
     size_t swept = 0;
     for (struct dirent *e; d && (e = readdir(d));) {
         char state[32];
-        if (e->d_name[0] == '.' || !sp_id_valid(e->d_name))
+        /* Named snapshots (docs/snapshots.md) live until deleted: never swept. */
+        if (e->d_name[0] == '.' || !sp_id_valid(e->d_name) ||
+            strcmp(e->d_name, SP_SNAPSHOT_KEY_PREFIX) == 0)
             continue;
         if (sandbox_state(db, e->d_name, state) < 0)
             break; /* the database is away: try at the next sweep */

@@ -129,6 +129,20 @@ const sp_consumer_def_t *sp_contract_consumers(size_t *ret_n);
  * could capture any subject, the data plane included). */
 #define SP_SNAPSHOT_BUCKET "space-snapshots"
 
+/* Named snapshots (docs/snapshots.md): ids are "snp_" + 26 chars (sp_snapshot_id_new), a
+ * name is 1..SP_SNAPSHOT_NAME_MAX printable ASCII characters. Their artifacts are under
+ * SP_SNAPSHOT_KEY_PREFIX "/<snapshot id>/" in the snapshot store, apart from the suspends'
+ * "<sandbox>/<snapshot>/" (the store's sweep never takes them: they live until deleted). */
+#define SP_SNAPSHOT_NAME_MAX   64
+#define SP_SNAPSHOT_KEY_PREFIX "named"
+#define SP_SNAPSHOT_ID_LEN     30
+/* A fork (POST /v1/sandboxes/{id}/fork {"count"}): one checkpoint, then this many creates from
+ * it at most. */
+#define SP_FORK_COUNT_MAX 16
+void sp_snapshot_id_new(char out[SP_SNAPSHOT_ID_LEN + 1]);
+bool sp_snapshot_id_valid(const char *s);
+bool sp_snapshot_name_valid(const char *s);
+
 /* The error of the IoExit a worker makes up for each command still running when its sandbox
  * is deleted: the gateway reads it to end an E2B stream as E2B does then (the connection drops,
  * gateway_commands.c). */

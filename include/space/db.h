@@ -43,6 +43,18 @@ int sp_db_check(PGresult *res, ExecStatusType expected);
 int sp_db_last_sandbox_event(PGconn *conn, const char *id, const char *type,
                              sp_envelope_t **ret_event);
 
+/* Named snapshots (docs/snapshots.md) are read from the log itself: the tenant's accepted
+ * SandboxSnapshotted events, less those a SnapshotDeleted names (or being deleted: a
+ * SnapshotDeleteRequested, so that nothing starts from a snapshot whose artifacts go).
+ * sp_db_snapshot_each calls fn with every live one of tenant, oldest first (a non-zero return
+ * stops); sp_db_snapshot_find gets one (SP_ENOTFOUND: none of that tenant, or deleted). The
+ * events are decoded and checked like any event from the log. */
+int sp_db_snapshot_each(PGconn *conn, const char *tenant,
+                        int (*fn)(void *arg, const sp_envelope_t *snapshotted, int64_t at_us),
+                        void *arg);
+int sp_db_snapshot_find(PGconn *conn, const char *tenant, const char *snapshot_id,
+                        sp_envelope_t **ret_snapshotted);
+
 /* The stream sequence at which the log accepted event_id: 1 and *ret_seq, 0 when it has no
  * accepted row of it, < 0 on failure. The lookup of sp_verifier_once (verifier.h), with the
  * connection as arg. */

@@ -9,6 +9,7 @@
 
 #include <cmocka.h>
 
+#include "contract.h"
 #include "envelope.h"
 #include "error.h"
 #include "ids.h"
@@ -537,6 +538,60 @@ static void test_heartbeat_disk(void **state)
     assert_int_equal(sp_envelope_validate(&env, reason), SP_ESCHEMA);
 }
 
+/* Named snapshots (docs/snapshots.md): ids of their own shape, names bounded, a create names a
+ * snapshot by its id only, a snapshot fact carries digests of 32 bytes. */
+static void test_snapshot_events(void **state)
+{
+    (void)state;
+    char reason[SP_REASON_MAX], snp[SP_SNAPSHOT_ID_LEN + 1];
+    sp_snapshot_id_new(snp);
+    assert_true(sp_snapshot_id_valid(snp));
+    assert_false(sp_snapshot_id_valid("sbx_06h42friadonr92q7p2l5ps40c"));
+    assert_false(sp_snapshot_id_valid("snp_../../etc"));
+    fixture_t f;
+    make_create(&f);
+    f.create.snapshot = snp;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+    f.create.snapshot = "snp_nope";
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+
+    Space__V1__SandboxSnapshotRequested rq = SPACE__V1__SANDBOX_SNAPSHOT_REQUESTED__INIT;
+    make_create(&f);
+    f.env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SNAPSHOT_REQUESTED;
+    f.env.sandbox_snapshot_requested = &rq;
+    f.env.type = "SandboxSnapshotRequested";
+    rq.snapshot_id = snp;
+    rq.name = "before the upgrade";
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+    rq.name = "";
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    rq.name = "tab\there";
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+
+    Space__V1__SandboxSnapshotted sd = SPACE__V1__SANDBOX_SNAPSHOTTED__INIT;
+    Space__V1__SnapshotArtifact a = SPACE__V1__SNAPSHOT_ARTIFACT__INIT, *arts[1] = {&a};
+    uint8_t sha[32] = {1};
+    a.name = "checkpoint.img.zst";
+    a.store_key = "named/x/checkpoint.img.zst";
+    a.sha256 = (ProtobufCBinaryData){32, sha};
+    sd.snapshot_id = snp;
+    sd.name = "n";
+    sd.artifacts = arts;
+    sd.n_artifacts = 1;
+    sd.worker = "w1";
+    sd.template_ = "tiny";
+    sd.store = "dir";
+    f.env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SNAPSHOTTED;
+    f.env.sandbox_snapshotted = &sd;
+    f.env.type = "SandboxSnapshotted";
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+    a.sha256.len = 31;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    a.sha256.len = 32;
+    sd.n_artifacts = 0;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -553,6 +608,7 @@ int main(void)
         cmocka_unit_test(test_sealed_command_line),
         cmocka_unit_test(test_sealed_file_paths),
         cmocka_unit_test(test_network),
+        cmocka_unit_test(test_snapshot_events),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
