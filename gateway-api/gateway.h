@@ -98,12 +98,13 @@ typedef enum {
     GW_R_SANDBOX_FILES,
     GW_R_SANDBOX_NETWORK,
     GW_R_SANDBOX_LIFECYCLE,
-    GW_R_CREDENTIALS, /* /v1/credentials[/{id}] (gateway_credentials.c) */
-    GW_R_KEYS,        /* /v1/keys[/{id}] (gateway_keys.c) */
-    GW_R_OPENAPI,     /* GET /v1/openapi.json */
-    GW_R_CONSOLE,     /* the web console's static files (gateway_console.c) */
-    GW_R_E2B_API,     /* the E2B control plane (gateway_e2b.c) */
-    GW_R_E2B_ENVD,    /* the E2B in-sandbox API: Connect RPC, /files, /health */
+    GW_R_SANDBOX_METRICS, /* GET /v1/sandboxes/{id}/metrics (gateway_samples.c) */
+    GW_R_CREDENTIALS,     /* /v1/credentials[/{id}] (gateway_credentials.c) */
+    GW_R_KEYS,            /* /v1/keys[/{id}] (gateway_keys.c) */
+    GW_R_OPENAPI,         /* GET /v1/openapi.json */
+    GW_R_CONSOLE,         /* the web console's static files (gateway_console.c) */
+    GW_R_E2B_API,         /* the E2B control plane (gateway_e2b.c) */
+    GW_R_E2B_ENVD,        /* the E2B in-sandbox API: Connect RPC, /files, /health */
     GW_R_OTHER, /* unknown routes and responses h2o itself produced (413 while reading a body) */
     GW_R_COUNT
 } gw_route_t;
@@ -419,6 +420,9 @@ void gw_network_default(const gw_t *gw, gw_netpol_t *p);
 void gw_network_dispose(gw_netpol_t *p);
 /* PUT /v1/sandboxes/{id}/network */
 void gw_sandbox_network_put(gw_req_t *rq);
+/* GET /v1/sandboxes/{id}/metrics and, with rq->dialect GW_DIALECT_E2B, E2B's
+ * GET /sandboxes/{id}/metrics: the usage samples the sandbox's worker keeps (gateway_samples.c). */
+void gw_sandbox_metrics(gw_req_t *rq);
 void gw_health(gw_req_t *rq);
 /* GET /, /console/ and /console/{file}: the web console's files, compiled in from
  * gateway-api/console/ (gateway_console.c); public, the page sends the key on its API calls. */

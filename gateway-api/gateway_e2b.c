@@ -10,7 +10,8 @@
  *   POST /sandboxes/{id}/timeout                    timeout  (validated; see below)
  *   POST /sandboxes/{id}/pause                      pause    -> SandboxSuspendRequested
  *   POST /[v2/]sandboxes/{id}/connect, .../resume   connect  -> SandboxResumeRequested if paused
- *   GET  /sandboxes/{id}/metrics                    metrics  (an empty series: none is kept)
+ *   GET  /sandboxes/{id}/metrics                    metrics  (the worker's usage samples:
+ *                                                   gateway_samples.c)
  *
  * Nothing here is a second implementation: a create's E2B body is translated into our body and
  * goes through gw_sandbox_create_body (validation, the SandboxCreateRequested intent, the wait);
@@ -146,9 +147,9 @@ static void sandbox_row(sp_buf_t *b, const PGresult *r, int row, bool detail, co
     sp_buf_putc(b, '}');
 }
 
-/* ---- reads: get, list, and the existence checks of timeout and metrics ---- */
+/* ---- reads: get and list ---- */
 
-typedef enum { R_GET = 1, R_LIST, R_EXISTS_METRICS } read_kind_t;
+typedef enum { R_GET = 1, R_LIST } read_kind_t;
 
 typedef struct {
     gw_job_t job;
@@ -246,8 +247,6 @@ static void read_done(gw_job_t *job)
         gw_respond_error(rq, 503, "unavailable", NULL, "the database is not available; retry");
     } else if (j->kind != R_LIST && j->n != 1) {
         gw_respond_error(rq, 404, "not_found", NULL, "sandbox %s not found", j->id);
-    } else if (j->kind == R_EXISTS_METRICS) {
-        gw_respond(rq, 200, "application/json", "[]", 2);
     } else {
         if (j->next[0] && gw_req_live(rq)) {
             h2o_iovec_t v = h2o_strdup(&rq->req->pool, j->next, strlen(j->next));
@@ -292,11 +291,6 @@ static void read_one(gw_req_t *rq, read_kind_t kind)
 static void e2b_get(gw_req_t *rq)
 {
     read_one(rq, R_GET);
-}
-
-static void e2b_metrics(gw_req_t *rq)
-{
-    read_one(rq, R_EXISTS_METRICS);
 }
 
 /* metadata=k1%3Dv1%26k2%3Dv2: after the query's own decoding, "k1=v1&k2=v2" in
@@ -769,7 +763,7 @@ bool gw_e2b_route(gw_req_t *rq, const char *path, size_t len)
     else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("timeout")))
         fn = e2b_timeout;
     else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("metrics")))
-        fn = e2b_metrics, post = false;
+        fn = gw_sandbox_metrics, post = false;
     if (!fn) {
         /* E2B routes this server does not serve: 501, which the SDK reports as it is (a 404
          * would read as SandboxNotFoundError). */

@@ -597,6 +597,7 @@ const gw_route_def_t gw_routes[] = {
      "suspend"},
     {"POST", "/v1/sandboxes/{id}/timeout", GW_R_SANDBOX_LIFECYCLE, gw_sandbox_lifecycle, 0,
      "timeout"},
+    {"GET", "/v1/sandboxes/{id}/metrics", GW_R_SANDBOX_METRICS, gw_sandbox_metrics, 0, NULL},
     {"GET", "/v1/sandboxes/{id}/commands", GW_R_COMMAND_LIST, gw_command_list, 0, NULL},
     {"POST", "/v1/sandboxes/{id}/commands", GW_R_SANDBOX_COMMANDS, gw_command_run, 0, NULL},
     {"GET", "/v1/sandboxes/{id}/commands/{cid}/stream", GW_R_COMMAND_STREAM, gw_command_attach, 0,
