@@ -30,6 +30,9 @@
  * E2B's states: our running is "running"; paused, suspending, suspended and resuming are
  * "paused" (E2B pause keeps the sandbox restorable with its resources released: our suspend).
  *
+ * autoPause at create (SDK 2.51: lifecycle.onTimeout "pause") is our on_timeout "suspend", kept
+ * in the create intent and the projection and shown as lifecycle.onTimeout "pause".
+ *
  * The timeout: POST .../timeout is our SandboxTimeoutRequested (a new deadline from now), and
  * connect {"timeout"} on a running sandbox the same when it moves the deadline later; endAt is
  * the deadline the log keeps (timeout_at). */
@@ -142,7 +145,11 @@ static void sandbox_row(sp_buf_t *b, const PGresult *r, int row, bool detail, co
     if (detail) {
         sp_buf_puts(b, ",\"domain\":null,\"envdAccessToken\":");
         json_token(b, gw, id, PQgetvalue(r, row, 1), key_id);
-        sp_buf_puts(b, ",\"lifecycle\":{\"onTimeout\":\"kill\",\"autoResume\":false}");
+        /* autoPause at create is our on_timeout "suspend" (the create intent and the
+         * projection keep it); a resume is always explicit here (connect). */
+        sp_buf_puts(b, ",\"lifecycle\":{\"onTimeout\":");
+        sp_buf_json_str(b, strcmp(PQgetvalue(r, row, 14), "suspend") == 0 ? "pause" : "kill");
+        sp_buf_puts(b, ",\"autoResume\":false}");
     }
     sp_buf_putc(b, '}');
 }
@@ -528,6 +535,46 @@ static int network_policy(sp_buf_t *b, const sp_json_t *root, char *err)
     return 0;
 }
 
+/* autoPause (SDK 2.51: lifecycle.onTimeout "pause") as our on_timeout "suspend": at the
+ * deadline the scheduler suspends the sandbox (memory, processes and disk kept) instead of
+ * deleting it, and connect resumes it. What E2B has beyond that is refused, not ignored:
+ * autoPauseMemory false (a pause keeping only the filesystem, which a suspend here is not) and
+ * autoResume (a resume by incoming traffic: this server resumes on connect only). */
+static int auto_pause(sp_buf_t *b, const sp_json_t *root, char *err)
+{
+    const sp_json_t *ap = member(root, "autoPause"), *mem = member(root, "autoPauseMemory");
+    const sp_json_t *ar = member(root, "autoResume");
+    bool on = false, keep_memory = true, resume = false;
+    if (ap && sp_json_type(ap) != SP_JSON_NULL && sp_json_bool(ap, &on) < 0) {
+        snprintf(err, GW_ERR_MSG_MAX, "autoPause must be a boolean");
+        return -EINVAL;
+    }
+    if (mem && sp_json_type(mem) != SP_JSON_NULL && sp_json_bool(mem, &keep_memory) < 0) {
+        snprintf(err, GW_ERR_MSG_MAX, "autoPauseMemory must be a boolean");
+        return -EINVAL;
+    }
+    if (ar && sp_json_type(ar) != SP_JSON_NULL &&
+        (sp_json_type(ar) != SP_JSON_OBJECT ||
+         (member(ar, "enabled") && sp_json_bool(member(ar, "enabled"), &resume) < 0))) {
+        snprintf(err, GW_ERR_MSG_MAX, "autoResume must be {\"enabled\": boolean}");
+        return -EINVAL;
+    }
+    if (!keep_memory) {
+        snprintf(err, GW_ERR_MSG_MAX,
+                 "autoPauseMemory false is not served: a pause here keeps memory, processes "
+                 "and files (leave keepMemory out)");
+        return -ENOTSUP;
+    }
+    if (resume) {
+        snprintf(err, GW_ERR_MSG_MAX,
+                 "autoResume is not served: a paused sandbox resumes on Sandbox.connect()");
+        return -ENOTSUP;
+    }
+    if (on)
+        sp_buf_puts(b, ",\"on_timeout\":\"suspend\"");
+    return 0;
+}
+
 static void e2b_create(gw_req_t *rq)
 {
     h2o_req_t *req = rq->req;
@@ -584,7 +631,7 @@ static void e2b_create(gw_req_t *rq)
             goto out;
         }
     }
-    if (network_policy(&b, root, err) < 0) {
+    if (network_policy(&b, root, err) < 0 || auto_pause(&b, root, err) < 0) {
         gw_respond_error(rq, 400, "invalid_field", NULL, "%s", err);
         goto out;
     }

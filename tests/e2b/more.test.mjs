@@ -1,5 +1,6 @@
 // Issue 19, the rest of E2B's lifecycle surface, with the real SDK (e2b@2.51.0): getMetrics
-// (the worker's usage samples, E2B's shape and ours). Run by run.sh (CTest: e2b).
+// (the worker's usage samples, E2B's shape and ours), autoPause (lifecycle.onTimeout 'pause').
+// Run by run.sh (CTest: e2b).
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { Sandbox } from 'e2b'
@@ -77,4 +78,52 @@ test('getMetrics: non-zero CPU and memory after work, in E2B\'s shape; ours the 
   }
   // Killed: E2B's not-found.
   await assert.rejects(Sandbox.getMetrics(box.sandboxId), (e) => e.name === 'SandboxNotFoundError')
+})
+
+const waitState = async (id, want, ms) => {
+  let info
+  for (const t0 = Date.now(); Date.now() - t0 < ms; await sleep(1000)) {
+    info = await Sandbox.getInfo(id)
+    if (info.state === want) return info
+  }
+  return info
+}
+
+test('autoPause: at its timeout the sandbox is paused, not killed; connect brings back its files and processes', { timeout: 240_000 }, async () => {
+  const plain = await Sandbox.create({ template: 'tiny' })
+  try {
+    assert.equal((await Sandbox.getInfo(plain.sandboxId)).lifecycle.onTimeout, 'kill')
+  } finally {
+    await plain.kill()
+  }
+
+  const box = await Sandbox.create({ timeoutMs: 15_000, lifecycle: { onTimeout: 'pause' } })
+  try {
+    assert.equal((await Sandbox.getInfo(box.sandboxId)).lifecycle.onTimeout, 'pause')
+    await box.files.write('/home/user/kept.txt', 'kept across the pause')
+    await box.commands.run("sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 1; done'", { background: true })
+    await sleep(2000)
+    const info = await waitState(box.sandboxId, 'paused', 120_000)
+    assert.equal(info.state, 'paused', 'the timeout paused it')
+    // Still listed (a kill would have removed it), and still paused a while later.
+    const listed = await Sandbox.list({ query: { state: ['paused'] } }).nextItems()
+    assert.ok(listed.some((s) => s.sandboxId === box.sandboxId), 'listed as paused')
+
+    const back = await Sandbox.connect(box.sandboxId, { timeoutMs: 120_000 })
+    assert.equal((await Sandbox.getInfo(box.sandboxId)).state, 'running')
+    assert.equal(await back.files.read('/home/user/kept.txt'), 'kept across the pause')
+    const n1 = Number((await back.files.read('/tmp/n')).trim())
+    await sleep(2500)
+    const n2 = Number((await back.files.read('/tmp/n')).trim())
+    assert.ok(n1 > 0 && n2 > n1, `the counter runs on after the resume: ${n1} then ${n2}`)
+  } finally {
+    await Sandbox.kill(box.sandboxId).catch(() => {})
+  }
+})
+
+test('autoPause: what is not served is refused clearly, before anything is created', async () => {
+  await assert.rejects(Sandbox.create({ template: 'tiny', lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } }),
+    (e) => /autoPauseMemory false is not served/.test(e.message))
+  await assert.rejects(Sandbox.create({ template: 'tiny', lifecycle: { onTimeout: 'pause', autoResume: true } }),
+    (e) => /autoResume is not served/.test(e.message))
 })
