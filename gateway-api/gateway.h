@@ -420,6 +420,9 @@ void gw_network_default(const gw_t *gw, gw_netpol_t *p);
 void gw_network_dispose(gw_netpol_t *p);
 /* PUT /v1/sandboxes/{id}/network */
 void gw_sandbox_network_put(gw_req_t *rq);
+/* The same with a policy body of ours (len bytes, not yet checked beyond its size), for
+ * rq->path_id: what E2B's PUT /sandboxes/{id}/network calls after translating its body. */
+void gw_sandbox_network_put_body(gw_req_t *rq, const char *body, size_t len);
 /* GET /v1/sandboxes/{id}/metrics and, with rq->dialect GW_DIALECT_E2B, E2B's
  * GET /sandboxes/{id}/metrics: the usage samples the sandbox's worker keeps (gateway_samples.c). */
 void gw_sandbox_metrics(gw_req_t *rq);

@@ -10,6 +10,7 @@
  *   POST /sandboxes/{id}/timeout                    timeout  (validated; see below)
  *   POST /sandboxes/{id}/pause                      pause    -> SandboxSuspendRequested
  *   POST /[v2/]sandboxes/{id}/connect, .../resume   connect  -> SandboxResumeRequested if paused
+ *   PUT  /sandboxes/{id}/network                    updateNetwork -> PUT /v1/.../network's path
  *   GET  /sandboxes/{id}/metrics                    metrics  (the worker's usage samples:
  *                                                   gateway_samples.c)
  *
@@ -487,14 +488,14 @@ static int copy_list(sp_buf_t *b, const sp_json_t *v, bool skip_all, size_t *ret
     return 0;
 }
 
-/* allow_internet_access and network{allowOut, denyOut} as our policy: an allowOut list is an
- * allowlist (denyOut still applies, "0.0.0.0/0" there being E2B's way to say "nothing else");
- * denyOut "0.0.0.0/0" alone, or no internet, is deny_all; internet (or a denyOut list) is
- * allow_all with that deny list. Nothing said: the gateway's network-default. */
-static int network_policy(sp_buf_t *b, const sp_json_t *root, char *err)
+/* allow_internet_access (aia) and {allowOut, denyOut} (net) as our policy, after prefix: an
+ * allowOut list is an allowlist (denyOut still applies, "0.0.0.0/0" there being E2B's way to
+ * say "nothing else"); denyOut "0.0.0.0/0" alone, or no internet, is deny_all; internet (or a
+ * denyOut list) is allow_all with that deny list. Nothing said: nothing written (the gateway's
+ * network-default applies). The same translation serves a create's body and updateNetwork's. */
+static int network_policy(sp_buf_t *b, const char *prefix, const sp_json_t *net,
+                          const sp_json_t *aia, char *err)
 {
-    const sp_json_t *net = member(root, "network");
-    const sp_json_t *aia = member(root, "allow_internet_access");
     const sp_json_t *allow = member(net, "allowOut"), *deny = member(net, "denyOut");
     bool internet = true, have_internet = aia != NULL, deny_everything = false;
     if (aia && sp_json_bool(aia, &internet) < 0) {
@@ -514,7 +515,8 @@ static int network_policy(sp_buf_t *b, const sp_json_t *root, char *err)
     size_t n_allow = allow ? sp_json_len(allow) : 0, n_deny = deny ? sp_json_len(deny) : 0;
     if (!have_internet && n_allow == 0 && n_deny == 0)
         return 0;
-    sp_buf_puts(b, ",\"network\":{\"mode\":");
+    sp_buf_puts(b, prefix);
+    sp_buf_puts(b, "{\"mode\":");
     size_t n = 0;
     if (n_allow > 0) {
         sp_buf_puts(b, "\"allowlist\",\"allow\":");
@@ -631,7 +633,9 @@ static void e2b_create(gw_req_t *rq)
             goto out;
         }
     }
-    if (network_policy(&b, root, err) < 0 || auto_pause(&b, root, err) < 0) {
+    if (network_policy(&b, ",\"network\":", member(root, "network"),
+                       member(root, "allow_internet_access"), err) < 0 ||
+        auto_pause(&b, root, err) < 0) {
         gw_respond_error(rq, 400, "invalid_field", NULL, "%s", err);
         goto out;
     }
@@ -640,6 +644,62 @@ static void e2b_create(gw_req_t *rq)
 out:
     if (b.data)
         explicit_bzero(b.data, b.len); /* environment values */
+    sp_buf_dispose(&b);
+    sp_json_doc_free(doc);
+}
+
+/* updateNetwork: PUT {allowOut, denyOut, allow_internet_access} at the top level, replacing
+ * the whole policy ("fields that are omitted are cleared"), translated as a create's network
+ * is and applied through PUT /v1/sandboxes/{id}/network's code path (NetworkPolicyUpdate-
+ * Requested, answered once egressd enforces it). Nothing said is the gateway's
+ * network-default, as at create. egressProxy and rules (E2B's own proxy and per-host header
+ * transforms) are refused: a policy here has no such thing. */
+static void e2b_network(gw_req_t *rq)
+{
+    h2o_req_t *req = rq->req;
+    const char *body = req->entity.base ? req->entity.base : "";
+    size_t len = req->entity.base ? req->entity.len : 0;
+    char err[GW_ERR_MSG_MAX], jerr[SP_JSON_ERR_MAX];
+    sp_json_doc_t *doc = NULL;
+    sp_buf_t b;
+
+    sp_buf_init(&b);
+    if (len > (size_t)rq->gw->cfg->max_body_bytes) {
+        gw_respond_error(rq, 413, "body_too_large", NULL, "the body exceeds %lld bytes",
+                         (long long)rq->gw->cfg->max_body_bytes);
+        goto out;
+    }
+    sp_json_limits_t lim = {
+        .max_bytes = len + 1, .max_depth = 4, .max_nodes = 1024, .max_string = 1024};
+    if (len > 0 && sp_json_parse(body, len, &lim, &doc, jerr) < 0) {
+        gw_respond_error(rq, 400, "invalid_json", NULL, "the body is not valid JSON: %s", jerr);
+        goto out;
+    }
+    const sp_json_t *root = doc ? sp_json_root(doc) : NULL;
+    if (root && sp_json_type(root) != SP_JSON_OBJECT) {
+        gw_respond_error(rq, 400, "invalid_json", NULL, "the body must be a JSON object");
+        goto out;
+    }
+    static const char *const unserved[] = {"egressProxy", "rules"};
+    for (size_t i = 0; i < sizeof(unserved) / sizeof(unserved[0]); i++) {
+        const sp_json_t *v = member(root, unserved[i]);
+        if (v && sp_json_type(v) != SP_JSON_NULL) {
+            gw_respond_error(rq, 400, "invalid_field", NULL,
+                             "network.%s is not served by this server (SPACE-C)", unserved[i]);
+            goto out;
+        }
+    }
+    if (network_policy(&b, "", root, member(root, "allow_internet_access"), err) < 0) {
+        gw_respond_error(rq, 400, "invalid_field", NULL, "%s", err);
+        goto out;
+    }
+    if (b.len == 0) {
+        sp_buf_puts(&b, "{\"mode\":");
+        sp_buf_json_str(&b, rq->gw->cfg->network_default);
+        sp_buf_putc(&b, '}');
+    }
+    gw_sandbox_network_put_body(rq, b.data, b.len);
+out:
     sp_buf_dispose(&b);
     sp_json_doc_free(doc);
 }
@@ -801,7 +861,7 @@ bool gw_e2b_route(gw_req_t *rq, const char *path, size_t len)
         return true;
     }
     void (*fn)(gw_req_t *) = NULL;
-    bool post = true;
+    bool post = true, put = false;
     if (h2o_memis(action, alen, H2O_STRLIT("connect")) ||
         (!v2 && h2o_memis(action, alen, H2O_STRLIT("resume"))))
         fn = e2b_connect;
@@ -811,10 +871,12 @@ bool gw_e2b_route(gw_req_t *rq, const char *path, size_t len)
         fn = e2b_timeout;
     else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("metrics")))
         fn = gw_sandbox_metrics, post = false;
+    else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("network")))
+        fn = e2b_network, put = true;
     if (!fn) {
         /* E2B routes this server does not serve: 501, which the SDK reports as it is (a 404
          * would read as SandboxNotFoundError). */
-        static const char *const unserved[] = {"fork", "snapshots", "network", "refreshes", "logs"};
+        static const char *const unserved[] = {"fork", "snapshots", "refreshes", "logs"};
         for (size_t i = 0; i < sizeof(unserved) / sizeof(unserved[0]); i++) {
             if (h2o_memis(action, alen, unserved[i], strlen(unserved[i]))) {
                 gw_respond_error(rq, 501, "not_implemented", NULL,
@@ -826,7 +888,7 @@ bool gw_e2b_route(gw_req_t *rq, const char *path, size_t len)
         gw_respond_error(rq, 404, "not_found", NULL, "no such route");
         return true;
     }
-    if (!is_method(req, post ? "POST" : "GET")) {
+    if (!is_method(req, put ? "PUT" : post ? "POST" : "GET")) {
         not_allowed(rq);
         return true;
     }

@@ -1,5 +1,6 @@
 // Issue 19, the rest of E2B's lifecycle surface, with the real SDK (e2b@2.51.0): getMetrics
-// (the worker's usage samples, E2B's shape and ours), autoPause (lifecycle.onTimeout 'pause').
+// (the worker's usage samples, E2B's shape and ours), autoPause (lifecycle.onTimeout 'pause'),
+// updateNetwork (enforced by egressd: seen through its DNS answers, nothing leaves the host).
 // Run by run.sh (CTest: e2b).
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
@@ -126,4 +127,42 @@ test('autoPause: what is not served is refused clearly, before anything is creat
     (e) => /autoPauseMemory false is not served/.test(e.message))
   await assert.rejects(Sandbox.create({ template: 'tiny', lifecycle: { onTimeout: 'pause', autoResume: true } }),
     (e) => /autoResume is not served/.test(e.message))
+})
+
+// A DNS query from inside the sandbox, to the resolver it has (the firewall sends every DNS
+// query to egressd's): the answer's rcode. egressd answers a name its policy denies REFUSED (5)
+// itself; an allowed one goes to the stack's upstream, a closed port on loopback (CMakeLists:
+// SPACE_UPSTREAM_DNS), which makes it SERVFAIL (2). No query leaves the host either way.
+const RCODE = (name) => `python3 - <<'EOF'
+import random, socket, struct
+q = struct.pack('>HHHHHH', random.randint(0, 65535), 0x0100, 1, 0, 0, 0)
+q += b''.join(bytes([len(p)]) + p.encode() for p in '${name}'.split('.')) + b'\\0' + struct.pack('>HH', 1, 1)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(15)
+ns = next(l.split()[1] for l in open('/etc/resolv.conf') if l.startswith('nameserver'))
+s.sendto(q, (ns, 53))
+print(s.recv(512)[3] & 15)
+EOF`
+
+test('updateNetwork: the new policy is what egressd enforces, both ways', { timeout: 180_000 }, async () => {
+  const box = await Sandbox.create({ network: { allowOut: ['allowed.space.test'] } })
+  try {
+    const rcode = async (name) => Number((await box.commands.run(RCODE(name), { timeoutMs: 30_000 })).stdout.trim())
+    assert.equal(await rcode('denied.space.test'), 5, 'not in the allowlist: REFUSED by egressd')
+    assert.equal(await rcode('allowed.space.test'), 2, 'allowed: asked upstream (SERVFAIL there)')
+
+    await box.updateNetwork({ allowOut: ['denied.space.test'] })
+    assert.equal(await rcode('denied.space.test'), 2, 'allowed after the update')
+    assert.equal(await rcode('allowed.space.test'), 5, 'the old allowlist is gone')
+
+    await Sandbox.updateNetwork(box.sandboxId, { allowInternetAccess: false })
+    assert.equal(await rcode('denied.space.test'), 5, 'deny_all')
+
+    // What is not served is refused, not dropped; a bad entry is refused by our validator.
+    await assert.rejects(box.updateNetwork({ egressProxy: { address: 'http://127.0.0.1:3128' } }), /egressProxy is not served/)
+    await assert.rejects(box.updateNetwork({ allowOut: ['Not A Host!'] }), /network.allow\[0\]/)
+    await assert.rejects(Sandbox.updateNetwork('sbx_none', { allowOut: [] }), (e) => e.name === 'SandboxNotFoundError')
+  } finally {
+    await Sandbox.kill(box.sandboxId).catch(() => {})
+  }
 })

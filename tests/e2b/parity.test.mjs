@@ -139,7 +139,7 @@ test('unknown routes answer {"code":404}; E2B routes not served answer 501, not 
   assert.equal(b404.code, 404)
   assert.equal(typeof b404.message, 'string')
   for (const [m, p] of [['POST', `/sandboxes/${sbx.sandboxId}/fork`], ['POST', `/sandboxes/${sbx.sandboxId}/snapshots`],
-    ['PUT', `/sandboxes/${sbx.sandboxId}/network`], ['GET', '/snapshots'], ['GET', '/templates']]) {
+    ['GET', '/snapshots'], ['GET', '/templates']]) {
     const [s, b] = await get(m, p)
     assert.equal(s, 501, `${m} ${p}`)
     assert.equal(b.code, 501)
