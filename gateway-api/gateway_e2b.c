@@ -733,9 +733,50 @@ static void e2b_timeout(gw_req_t *rq)
     gw_sandbox_set_timeout(rq, t > 0 ? (uint32_t)t : 1);
 }
 
-/* E2B pause is our suspend; connect (and resume) of a paused sandbox our resume. */
+/* A body's "memory": absent or null is true. -EINVAL when it is not a boolean. E2B's false
+ * (SDK keepMemory: false on pause, onResume "reboot" on connect) asks for a filesystem-only
+ * snapshot that a resume cold-boots; a suspend here always keeps memory, processes and files
+ * together (a checkpoint with its disk), so false is refused with 400 rather than ignored:
+ * ignoring it would keep processes the caller asked to lose. */
+static int memory_flag(const sp_json_t *root, bool *ret)
+{
+    const sp_json_t *m = member(root, "memory");
+    *ret = true;
+    if (!m || sp_json_type(m) == SP_JSON_NULL)
+        return 0;
+    return sp_json_bool(m, ret);
+}
+
+/* E2B pause is our suspend (memory kept); connect (and resume) of a paused sandbox our
+ * resume. The body, {"memory": bool} since SDK 2.x, is optional. */
 static void e2b_pause(gw_req_t *rq)
 {
+    h2o_req_t *req = rq->req;
+    char jerr[SP_JSON_ERR_MAX];
+    sp_json_doc_t *doc = NULL;
+    bool memory = true;
+    size_t len = req->entity.base ? req->entity.len : 0;
+    sp_json_limits_t lim = {.max_bytes = 4096, .max_depth = 2, .max_nodes = 16, .max_string = 256};
+
+    if (len > 4096) {
+        gw_respond_error(rq, 413, "body_too_large", NULL, "the body exceeds 4096 bytes");
+        return;
+    }
+    if (len > 0 && (sp_json_parse(req->entity.base, len, &lim, &doc, jerr) < 0 ||
+                    sp_json_type(sp_json_root(doc)) != SP_JSON_OBJECT ||
+                    memory_flag(sp_json_root(doc), &memory) < 0)) {
+        gw_respond_error(rq, 400, "invalid_field", NULL, "the body must be {\"memory\": boolean}");
+        sp_json_doc_free(doc);
+        return;
+    }
+    sp_json_doc_free(doc);
+    if (!memory) {
+        gw_respond_error(rq, 400, "invalid_field", NULL,
+                         "pause with memory false (keepMemory: false, a filesystem-only "
+                         "snapshot) is not served: a pause here keeps memory, processes and "
+                         "files; pause without keepMemory, or kill the sandbox");
+        return;
+    }
     snprintf(rq->path_action, sizeof(rq->path_action), "suspend");
     gw_sandbox_lifecycle(rq);
 }
@@ -748,6 +789,7 @@ static void e2b_connect(gw_req_t *rq)
     char jerr[SP_JSON_ERR_MAX];
     sp_json_doc_t *doc = NULL;
     int64_t t = 0;
+    bool memory = true;
     size_t len = req->entity.base ? req->entity.len : 0;
     sp_json_limits_t lim = {.max_bytes = 4096, .max_depth = 2, .max_nodes = 16, .max_string = 256};
 
@@ -760,13 +802,23 @@ static void e2b_connect(gw_req_t *rq)
         if (sp_json_parse(req->entity.base, len, &lim, &doc, jerr) < 0 ||
             sp_json_type(sp_json_root(doc)) != SP_JSON_OBJECT ||
             ((to = member(sp_json_root(doc), "timeout")) && sp_json_type(to) != SP_JSON_NULL &&
-             sp_json_int(to, 0, E2B_TIMEOUT_MAX, &t) < 0)) {
+             sp_json_int(to, 0, E2B_TIMEOUT_MAX, &t) < 0) ||
+            memory_flag(sp_json_root(doc), &memory) < 0) {
             gw_respond_error(rq, 400, "invalid_field", NULL,
-                             "the body must be {\"timeout\": seconds} with 0..%d", E2B_TIMEOUT_MAX);
+                             "the body must be {\"timeout\": seconds with 0..%d, \"memory\": "
+                             "boolean}",
+                             E2B_TIMEOUT_MAX);
             sp_json_doc_free(doc);
             return;
         }
         sp_json_doc_free(doc);
+    }
+    if (!memory) {
+        gw_respond_error(rq, 400, "invalid_field", NULL,
+                         "connect with memory false (onResume: 'reboot', a cold boot from the "
+                         "filesystem) is not served: a resume here restores memory and "
+                         "processes; connect without onResume");
+        return;
     }
     snprintf(rq->path_action, sizeof(rq->path_action), "resume");
     gw_sandbox_connect(rq, (uint32_t)t);

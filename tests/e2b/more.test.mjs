@@ -1,6 +1,7 @@
 // Issue 19, the rest of E2B's lifecycle surface, with the real SDK (e2b@2.51.0): getMetrics
 // (the worker's usage samples, E2B's shape and ours), autoPause (lifecycle.onTimeout 'pause'),
-// updateNetwork (enforced by egressd: seen through its DNS answers, nothing leaves the host).
+// updateNetwork (enforced by egressd: seen through its DNS answers, nothing leaves the host),
+// pause {memory: false} (refused: a pause here always keeps memory).
 // Run by run.sh (CTest: e2b).
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
@@ -162,6 +163,24 @@ test('updateNetwork: the new policy is what egressd enforces, both ways', { time
     await assert.rejects(box.updateNetwork({ egressProxy: { address: 'http://127.0.0.1:3128' } }), /egressProxy is not served/)
     await assert.rejects(box.updateNetwork({ allowOut: ['Not A Host!'] }), /network.allow\[0\]/)
     await assert.rejects(Sandbox.updateNetwork('sbx_none', { allowOut: [] }), (e) => e.name === 'SandboxNotFoundError')
+  } finally {
+    await Sandbox.kill(box.sandboxId).catch(() => {})
+  }
+})
+
+test('pause with keepMemory false and connect with onResume reboot are refused with 400; the sandbox runs on', async () => {
+  const box = await Sandbox.create({ template: 'tiny' })
+  try {
+    await assert.rejects(box.pause({ keepMemory: false }), (e) => /memory false .*is not served/.test(e.message) && !(e.name === 'SandboxNotFoundError'))
+    assert.equal((await Sandbox.getInfo(box.sandboxId)).state, 'running', 'not paused')
+    await assert.rejects(Sandbox.connect(box.sandboxId, { onResume: 'reboot' }), /memory false .*is not served/)
+    const raw = await fetch(`${API}/sandboxes/${box.sandboxId}/pause`, { method: 'POST', headers: { 'X-API-KEY': KEY, 'Content-Type': 'application/json' }, body: '{"memory":"no"}' })
+    assert.equal(raw.status, 400)
+    assert.equal((await raw.json()).code, 400)
+    assert.equal((await Sandbox.getInfo(box.sandboxId)).state, 'running')
+    // keepMemory true is E2B's default pause: ours.
+    assert.equal(await box.pause({ keepMemory: true }), true)
+    assert.equal((await Sandbox.getInfo(box.sandboxId)).state, 'paused')
   } finally {
     await Sandbox.kill(box.sandboxId).catch(() => {})
   }
