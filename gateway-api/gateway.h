@@ -100,6 +100,7 @@ typedef enum {
     GW_R_SANDBOX_NETWORK,
     GW_R_SANDBOX_LIFECYCLE,
     GW_R_SNAPSHOTS,   /* named snapshots (gateway_snapshots.c) */
+    GW_R_SANDBOX_METRICS, /* GET /v1/sandboxes/{id}/metrics (gateway_samples.c) */
     GW_R_CREDENTIALS, /* /v1/credentials[/{id}] (gateway_credentials.c) */
     GW_R_KEYS,        /* /v1/keys[/{id}] (gateway_keys.c) */
     GW_R_OPENAPI,     /* GET /v1/openapi.json */
@@ -446,6 +447,12 @@ void gw_network_default(const gw_t *gw, gw_netpol_t *p);
 void gw_network_dispose(gw_netpol_t *p);
 /* PUT /v1/sandboxes/{id}/network */
 void gw_sandbox_network_put(gw_req_t *rq);
+/* The same with a policy body of ours (len bytes, not yet checked beyond its size), for
+ * rq->path_id: what E2B's PUT /sandboxes/{id}/network calls after translating its body. */
+void gw_sandbox_network_put_body(gw_req_t *rq, const char *body, size_t len);
+/* GET /v1/sandboxes/{id}/metrics and, with rq->dialect GW_DIALECT_E2B, E2B's
+ * GET /sandboxes/{id}/metrics: the usage samples the sandbox's worker keeps (gateway_samples.c). */
+void gw_sandbox_metrics(gw_req_t *rq);
 void gw_health(gw_req_t *rq);
 /* GET /, /console/ and /console/{file}: the web console's files, compiled in from
  * gateway-api/console/ (gateway_console.c); public, the page sends the key on its API calls. */

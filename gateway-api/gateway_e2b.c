@@ -10,7 +10,9 @@
  *   POST /sandboxes/{id}/timeout                    timeout  (validated; see below)
  *   POST /sandboxes/{id}/pause                      pause    -> SandboxSuspendRequested
  *   POST /[v2/]sandboxes/{id}/connect, .../resume   connect  -> SandboxResumeRequested if paused
- *   GET  /sandboxes/{id}/metrics                    metrics  (an empty series: none is kept)
+ *   PUT  /sandboxes/{id}/network                    updateNetwork -> PUT /v1/.../network's path
+ *   GET  /sandboxes/{id}/metrics                    metrics  (the worker's usage samples:
+ *                                                   gateway_samples.c)
  *
  * Nothing here is a second implementation: a create's E2B body is translated into our body and
  * goes through gw_sandbox_create_body (validation, the SandboxCreateRequested intent, the wait);
@@ -28,6 +30,9 @@
  *
  * E2B's states: our running is "running"; paused, suspending, suspended and resuming are
  * "paused" (E2B pause keeps the sandbox restorable with its resources released: our suspend).
+ *
+ * autoPause at create (SDK 2.51: lifecycle.onTimeout "pause") is our on_timeout "suspend", kept
+ * in the create intent and the projection and shown as lifecycle.onTimeout "pause".
  *
  * The timeout: POST .../timeout is our SandboxTimeoutRequested (a new deadline from now), and
  * connect {"timeout"} on a running sandbox the same when it moves the deadline later; endAt is
@@ -156,14 +161,18 @@ static void sandbox_row(sp_buf_t *b, const PGresult *r, int row, bool detail, co
     if (detail) {
         sp_buf_puts(b, ",\"domain\":null,\"envdAccessToken\":");
         json_token(b, gw, id, PQgetvalue(r, row, 1), key_id);
-        sp_buf_puts(b, ",\"lifecycle\":{\"onTimeout\":\"kill\",\"autoResume\":false}");
+        /* autoPause at create is our on_timeout "suspend" (the create intent and the
+         * projection keep it); a resume is always explicit here (connect). */
+        sp_buf_puts(b, ",\"lifecycle\":{\"onTimeout\":");
+        sp_buf_json_str(b, strcmp(PQgetvalue(r, row, 14), "suspend") == 0 ? "pause" : "kill");
+        sp_buf_puts(b, ",\"autoResume\":false}");
     }
     sp_buf_putc(b, '}');
 }
 
-/* ---- reads: get, list, and the existence checks of timeout and metrics ---- */
+/* ---- reads: get and list ---- */
 
-typedef enum { R_GET = 1, R_LIST, R_EXISTS_METRICS } read_kind_t;
+typedef enum { R_GET = 1, R_LIST } read_kind_t;
 
 typedef struct {
     gw_job_t job;
@@ -261,8 +270,6 @@ static void read_done(gw_job_t *job)
         gw_respond_error(rq, 503, "unavailable", NULL, "the database is not available; retry");
     } else if (j->kind != R_LIST && j->n != 1) {
         gw_respond_error(rq, 404, "not_found", NULL, "sandbox %s not found", j->id);
-    } else if (j->kind == R_EXISTS_METRICS) {
-        gw_respond(rq, 200, "application/json", "[]", 2);
     } else {
         if (j->next[0] && gw_req_live(rq)) {
             h2o_iovec_t v = h2o_strdup(&rq->req->pool, j->next, strlen(j->next));
@@ -307,11 +314,6 @@ static void read_one(gw_req_t *rq, read_kind_t kind)
 static void e2b_get(gw_req_t *rq)
 {
     read_one(rq, R_GET);
-}
-
-static void e2b_metrics(gw_req_t *rq)
-{
-    read_one(rq, R_EXISTS_METRICS);
 }
 
 /* metadata=k1%3Dv1%26k2%3Dv2: after the query's own decoding, "k1=v1&k2=v2" in
@@ -501,14 +503,14 @@ static int copy_list(sp_buf_t *b, const sp_json_t *v, bool skip_all, size_t *ret
     return 0;
 }
 
-/* allow_internet_access and network{allowOut, denyOut} as our policy: an allowOut list is an
- * allowlist (denyOut still applies, "0.0.0.0/0" there being E2B's way to say "nothing else");
- * denyOut "0.0.0.0/0" alone, or no internet, is deny_all; internet (or a denyOut list) is
- * allow_all with that deny list. Nothing said: the gateway's network-default. */
-static int network_policy(sp_buf_t *b, const sp_json_t *root, char *err)
+/* allow_internet_access (aia) and {allowOut, denyOut} (net) as our policy, after prefix: an
+ * allowOut list is an allowlist (denyOut still applies, "0.0.0.0/0" there being E2B's way to
+ * say "nothing else"); denyOut "0.0.0.0/0" alone, or no internet, is deny_all; internet (or a
+ * denyOut list) is allow_all with that deny list. Nothing said: nothing written (the gateway's
+ * network-default applies). The same translation serves a create's body and updateNetwork's. */
+static int network_policy(sp_buf_t *b, const char *prefix, const sp_json_t *net,
+                          const sp_json_t *aia, char *err)
 {
-    const sp_json_t *net = member(root, "network");
-    const sp_json_t *aia = member(root, "allow_internet_access");
     const sp_json_t *allow = member(net, "allowOut"), *deny = member(net, "denyOut");
     bool internet = true, have_internet = aia != NULL, deny_everything = false;
     if (aia && sp_json_bool(aia, &internet) < 0) {
@@ -528,7 +530,8 @@ static int network_policy(sp_buf_t *b, const sp_json_t *root, char *err)
     size_t n_allow = allow ? sp_json_len(allow) : 0, n_deny = deny ? sp_json_len(deny) : 0;
     if (!have_internet && n_allow == 0 && n_deny == 0)
         return 0;
-    sp_buf_puts(b, ",\"network\":{\"mode\":");
+    sp_buf_puts(b, prefix);
+    sp_buf_puts(b, "{\"mode\":");
     size_t n = 0;
     if (n_allow > 0) {
         sp_buf_puts(b, "\"allowlist\",\"allow\":");
@@ -546,6 +549,46 @@ static int network_policy(sp_buf_t *b, const sp_json_t *root, char *err)
             return -EINVAL;
     }
     sp_buf_putc(b, '}');
+    return 0;
+}
+
+/* autoPause (SDK 2.51: lifecycle.onTimeout "pause") as our on_timeout "suspend": at the
+ * deadline the scheduler suspends the sandbox (memory, processes and disk kept) instead of
+ * deleting it, and connect resumes it. What E2B has beyond that is refused, not ignored:
+ * autoPauseMemory false (a pause keeping only the filesystem, which a suspend here is not) and
+ * autoResume (a resume by incoming traffic: this server resumes on connect only). */
+static int auto_pause(sp_buf_t *b, const sp_json_t *root, char *err)
+{
+    const sp_json_t *ap = member(root, "autoPause"), *mem = member(root, "autoPauseMemory");
+    const sp_json_t *ar = member(root, "autoResume");
+    bool on = false, keep_memory = true, resume = false;
+    if (ap && sp_json_type(ap) != SP_JSON_NULL && sp_json_bool(ap, &on) < 0) {
+        snprintf(err, GW_ERR_MSG_MAX, "autoPause must be a boolean");
+        return -EINVAL;
+    }
+    if (mem && sp_json_type(mem) != SP_JSON_NULL && sp_json_bool(mem, &keep_memory) < 0) {
+        snprintf(err, GW_ERR_MSG_MAX, "autoPauseMemory must be a boolean");
+        return -EINVAL;
+    }
+    if (ar && sp_json_type(ar) != SP_JSON_NULL &&
+        (sp_json_type(ar) != SP_JSON_OBJECT ||
+         (member(ar, "enabled") && sp_json_bool(member(ar, "enabled"), &resume) < 0))) {
+        snprintf(err, GW_ERR_MSG_MAX, "autoResume must be {\"enabled\": boolean}");
+        return -EINVAL;
+    }
+    if (!keep_memory) {
+        snprintf(err, GW_ERR_MSG_MAX,
+                 "autoPauseMemory false is not served: a pause here keeps memory, processes "
+                 "and files (leave keepMemory out)");
+        return -ENOTSUP;
+    }
+    if (resume) {
+        snprintf(err, GW_ERR_MSG_MAX,
+                 "autoResume is not served: a paused sandbox resumes on Sandbox.connect()");
+        return -ENOTSUP;
+    }
+    if (on)
+        sp_buf_puts(b, ",\"on_timeout\":\"suspend\"");
     return 0;
 }
 
@@ -606,7 +649,9 @@ static void e2b_create(gw_req_t *rq)
             goto out;
         }
     }
-    if (network_policy(&b, root, err) < 0) {
+    if (network_policy(&b, ",\"network\":", member(root, "network"),
+                       member(root, "allow_internet_access"), err) < 0 ||
+        auto_pause(&b, root, err) < 0) {
         gw_respond_error(rq, 400, "invalid_field", NULL, "%s", err);
         goto out;
     }
@@ -615,6 +660,62 @@ static void e2b_create(gw_req_t *rq)
 out:
     if (b.data)
         explicit_bzero(b.data, b.len); /* environment values */
+    sp_buf_dispose(&b);
+    sp_json_doc_free(doc);
+}
+
+/* updateNetwork: PUT {allowOut, denyOut, allow_internet_access} at the top level, replacing
+ * the whole policy ("fields that are omitted are cleared"), translated as a create's network
+ * is and applied through PUT /v1/sandboxes/{id}/network's code path (NetworkPolicyUpdate-
+ * Requested, answered once egressd enforces it). Nothing said is the gateway's
+ * network-default, as at create. egressProxy and rules (E2B's own proxy and per-host header
+ * transforms) are refused: a policy here has no such thing. */
+static void e2b_network(gw_req_t *rq)
+{
+    h2o_req_t *req = rq->req;
+    const char *body = req->entity.base ? req->entity.base : "";
+    size_t len = req->entity.base ? req->entity.len : 0;
+    char err[GW_ERR_MSG_MAX], jerr[SP_JSON_ERR_MAX];
+    sp_json_doc_t *doc = NULL;
+    sp_buf_t b;
+
+    sp_buf_init(&b);
+    if (len > (size_t)rq->gw->cfg->max_body_bytes) {
+        gw_respond_error(rq, 413, "body_too_large", NULL, "the body exceeds %lld bytes",
+                         (long long)rq->gw->cfg->max_body_bytes);
+        goto out;
+    }
+    sp_json_limits_t lim = {
+        .max_bytes = len + 1, .max_depth = 4, .max_nodes = 1024, .max_string = 1024};
+    if (len > 0 && sp_json_parse(body, len, &lim, &doc, jerr) < 0) {
+        gw_respond_error(rq, 400, "invalid_json", NULL, "the body is not valid JSON: %s", jerr);
+        goto out;
+    }
+    const sp_json_t *root = doc ? sp_json_root(doc) : NULL;
+    if (root && sp_json_type(root) != SP_JSON_OBJECT) {
+        gw_respond_error(rq, 400, "invalid_json", NULL, "the body must be a JSON object");
+        goto out;
+    }
+    static const char *const unserved[] = {"egressProxy", "rules"};
+    for (size_t i = 0; i < sizeof(unserved) / sizeof(unserved[0]); i++) {
+        const sp_json_t *v = member(root, unserved[i]);
+        if (v && sp_json_type(v) != SP_JSON_NULL) {
+            gw_respond_error(rq, 400, "invalid_field", NULL,
+                             "network.%s is not served by this server (SPACE-C)", unserved[i]);
+            goto out;
+        }
+    }
+    if (network_policy(&b, "", root, member(root, "allow_internet_access"), err) < 0) {
+        gw_respond_error(rq, 400, "invalid_field", NULL, "%s", err);
+        goto out;
+    }
+    if (b.len == 0) {
+        sp_buf_puts(&b, "{\"mode\":");
+        sp_buf_json_str(&b, rq->gw->cfg->network_default);
+        sp_buf_putc(&b, '}');
+    }
+    gw_sandbox_network_put_body(rq, b.data, b.len);
+out:
     sp_buf_dispose(&b);
     sp_json_doc_free(doc);
 }
@@ -648,9 +749,50 @@ static void e2b_timeout(gw_req_t *rq)
     gw_sandbox_set_timeout(rq, t > 0 ? (uint32_t)t : 1);
 }
 
-/* E2B pause is our suspend; connect (and resume) of a paused sandbox our resume. */
+/* A body's "memory": absent or null is true. -EINVAL when it is not a boolean. E2B's false
+ * (SDK keepMemory: false on pause, onResume "reboot" on connect) asks for a filesystem-only
+ * snapshot that a resume cold-boots; a suspend here always keeps memory, processes and files
+ * together (a checkpoint with its disk), so false is refused with 400 rather than ignored:
+ * ignoring it would keep processes the caller asked to lose. */
+static int memory_flag(const sp_json_t *root, bool *ret)
+{
+    const sp_json_t *m = member(root, "memory");
+    *ret = true;
+    if (!m || sp_json_type(m) == SP_JSON_NULL)
+        return 0;
+    return sp_json_bool(m, ret);
+}
+
+/* E2B pause is our suspend (memory kept); connect (and resume) of a paused sandbox our
+ * resume. The body, {"memory": bool} since SDK 2.x, is optional. */
 static void e2b_pause(gw_req_t *rq)
 {
+    h2o_req_t *req = rq->req;
+    char jerr[SP_JSON_ERR_MAX];
+    sp_json_doc_t *doc = NULL;
+    bool memory = true;
+    size_t len = req->entity.base ? req->entity.len : 0;
+    sp_json_limits_t lim = {.max_bytes = 4096, .max_depth = 2, .max_nodes = 16, .max_string = 256};
+
+    if (len > 4096) {
+        gw_respond_error(rq, 413, "body_too_large", NULL, "the body exceeds 4096 bytes");
+        return;
+    }
+    if (len > 0 && (sp_json_parse(req->entity.base, len, &lim, &doc, jerr) < 0 ||
+                    sp_json_type(sp_json_root(doc)) != SP_JSON_OBJECT ||
+                    memory_flag(sp_json_root(doc), &memory) < 0)) {
+        gw_respond_error(rq, 400, "invalid_field", NULL, "the body must be {\"memory\": boolean}");
+        sp_json_doc_free(doc);
+        return;
+    }
+    sp_json_doc_free(doc);
+    if (!memory) {
+        gw_respond_error(rq, 400, "invalid_field", NULL,
+                         "pause with memory false (keepMemory: false, a filesystem-only "
+                         "snapshot) is not served: a pause here keeps memory, processes and "
+                         "files; pause without keepMemory, or kill the sandbox");
+        return;
+    }
     snprintf(rq->path_action, sizeof(rq->path_action), "suspend");
     gw_sandbox_lifecycle(rq);
 }
@@ -663,6 +805,7 @@ static void e2b_connect(gw_req_t *rq)
     char jerr[SP_JSON_ERR_MAX];
     sp_json_doc_t *doc = NULL;
     int64_t t = 0;
+    bool memory = true;
     size_t len = req->entity.base ? req->entity.len : 0;
     sp_json_limits_t lim = {.max_bytes = 4096, .max_depth = 2, .max_nodes = 16, .max_string = 256};
 
@@ -675,13 +818,23 @@ static void e2b_connect(gw_req_t *rq)
         if (sp_json_parse(req->entity.base, len, &lim, &doc, jerr) < 0 ||
             sp_json_type(sp_json_root(doc)) != SP_JSON_OBJECT ||
             ((to = member(sp_json_root(doc), "timeout")) && sp_json_type(to) != SP_JSON_NULL &&
-             sp_json_int(to, 0, E2B_TIMEOUT_MAX, &t) < 0)) {
+             sp_json_int(to, 0, E2B_TIMEOUT_MAX, &t) < 0) ||
+            memory_flag(sp_json_root(doc), &memory) < 0) {
             gw_respond_error(rq, 400, "invalid_field", NULL,
-                             "the body must be {\"timeout\": seconds} with 0..%d", E2B_TIMEOUT_MAX);
+                             "the body must be {\"timeout\": seconds with 0..%d, \"memory\": "
+                             "boolean}",
+                             E2B_TIMEOUT_MAX);
             sp_json_doc_free(doc);
             return;
         }
         sp_json_doc_free(doc);
+    }
+    if (!memory) {
+        gw_respond_error(rq, 400, "invalid_field", NULL,
+                         "connect with memory false (onResume: 'reboot', a cold boot from the "
+                         "filesystem) is not served: a resume here restores memory and "
+                         "processes; connect without onResume");
+        return;
     }
     snprintf(rq->path_action, sizeof(rq->path_action), "resume");
     gw_sandbox_connect(rq, (uint32_t)t);
@@ -795,7 +948,7 @@ bool gw_e2b_route(gw_req_t *rq, const char *path, size_t len)
         return true;
     }
     void (*fn)(gw_req_t *) = NULL;
-    bool post = true;
+    bool post = true, put = false;
     if (h2o_memis(action, alen, H2O_STRLIT("connect")) ||
         (!v2 && h2o_memis(action, alen, H2O_STRLIT("resume"))))
         fn = e2b_connect;
@@ -804,7 +957,9 @@ bool gw_e2b_route(gw_req_t *rq, const char *path, size_t len)
     else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("timeout")))
         fn = e2b_timeout;
     else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("metrics")))
-        fn = e2b_metrics, post = false;
+        fn = gw_sandbox_metrics, post = false;
+    else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("network")))
+        fn = e2b_network, put = true;
     else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("snapshots")))
         fn = gw_snapshot_take;
     else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("fork")))
@@ -812,7 +967,7 @@ bool gw_e2b_route(gw_req_t *rq, const char *path, size_t len)
     if (!fn) {
         /* E2B routes this server does not serve: 501, which the SDK reports as it is (a 404
          * would read as SandboxNotFoundError). */
-        static const char *const unserved[] = {"network", "refreshes", "logs"};
+        static const char *const unserved[] = {"refreshes", "logs"};
         for (size_t i = 0; i < sizeof(unserved) / sizeof(unserved[0]); i++) {
             if (h2o_memis(action, alen, unserved[i], strlen(unserved[i]))) {
                 gw_respond_error(rq, 501, "not_implemented", NULL,
@@ -824,7 +979,7 @@ bool gw_e2b_route(gw_req_t *rq, const char *path, size_t len)
         gw_respond_error(rq, 404, "not_found", NULL, "no such route");
         return true;
     }
-    if (!is_method(req, post ? "POST" : "GET")) {
+    if (!is_method(req, put ? "PUT" : post ? "POST" : "GET")) {
         not_allowed(rq);
         return true;
     }

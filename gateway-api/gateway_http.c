@@ -602,6 +602,7 @@ const gw_route_def_t gw_routes[] = {
     {"POST", "/v1/sandboxes/{id}/fork", GW_R_SNAPSHOTS, gw_sandbox_fork, 0, NULL},
     {"GET", "/v1/snapshots", GW_R_SNAPSHOTS, gw_snapshot_list, 0, NULL},
     {"DELETE", "/v1/snapshots/{id}", GW_R_SNAPSHOTS, gw_snapshot_delete, 0, NULL},
+    {"GET", "/v1/sandboxes/{id}/metrics", GW_R_SANDBOX_METRICS, gw_sandbox_metrics, 0, NULL},
     {"GET", "/v1/sandboxes/{id}/commands", GW_R_COMMAND_LIST, gw_command_list, 0, NULL},
     {"POST", "/v1/sandboxes/{id}/commands", GW_R_SANDBOX_COMMANDS, gw_command_run, 0, NULL},
     {"GET", "/v1/sandboxes/{id}/commands/{cid}/stream", GW_R_COMMAND_STREAM, gw_command_attach, 0,

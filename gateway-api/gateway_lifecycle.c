@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "db.h"
 #include "envelope.h"
@@ -29,6 +30,9 @@
 #include "xmalloc.h"
 
 typedef enum { OP_PAUSE = 0, OP_RESUME, OP_SUSPEND, OP_TIMEOUT, OP_DELETE } op_t;
+
+#define CONNECT_SUSPENDING_WAIT_MS 60000
+#define CONNECT_SUSPENDING_POLL_MS 100
 
 typedef enum { L_PUBLISHED = 1, L_NOT_FOUND, L_STATE, L_DB_ERROR, L_BUS_ERROR } outcome_t;
 
@@ -73,13 +77,13 @@ static bool allowed(op_t op, sp_sbx_state_t st, bool *ret_to_scheduler)
     return false;
 }
 
-static void lc_run(gw_job_t *job, PGconn *db)
+/* The sandbox's state, worker, template and whether its deadline is sooner than timeout_s from
+ * now, into l; 0 or the outcome that ends the job. */
+static outcome_t lookup(lc_job_t *l, PGconn *db, char worker[SP_ID_MAX + 1], bool *ret_sooner)
 {
-    lc_job_t *l = (lc_job_t *)job;
     char secs[16];
     snprintf(secs, sizeof(secs), "%" PRIu32, l->timeout_s);
     const char *p[3] = {l->id, l->tenant, secs};
-    char worker[SP_ID_MAX + 1];
     PGresult *r = PQexecParams(db,
                                "SELECT state, coalesce(worker, ''), template, "
                                "timeout_at IS NOT NULL AND timeout_at < now() + "
@@ -90,19 +94,40 @@ static void lc_run(gw_job_t *job, PGconn *db)
         sp_log(SP_LOG_WARN, "query failed", SP_KS("query", "lifecycle lookup"),
                SP_KS("error", PQerrorMessage(db)));
         PQclear(r);
-        l->outcome = L_DB_ERROR;
-        return;
+        return L_DB_ERROR;
     }
     if (PQntuples(r) != 1 || strcmp(PQgetvalue(r, 0, 0), "deleted") == 0) {
         PQclear(r);
-        l->outcome = L_NOT_FOUND;
-        return;
+        return L_NOT_FOUND;
     }
     snprintf(l->state, sizeof(l->state), "%s", PQgetvalue(r, 0, 0));
-    snprintf(worker, sizeof(worker), "%s", PQgetvalue(r, 0, 1));
+    snprintf(worker, SP_ID_MAX + 1, "%s", PQgetvalue(r, 0, 1));
     snprintf(l->template_, sizeof(l->template_), "%s", PQgetvalue(r, 0, 2));
-    bool sooner = strcmp(PQgetvalue(r, 0, 3), "t") == 0;
+    *ret_sooner = strcmp(PQgetvalue(r, 0, 3), "t") == 0;
     PQclear(r);
+    return 0;
+}
+
+static void lc_run(gw_job_t *job, PGconn *db)
+{
+    lc_job_t *l = (lc_job_t *)job;
+    char worker[SP_ID_MAX + 1];
+    bool sooner = false;
+    outcome_t o = lookup(l, db, worker, &sooner);
+    /* E2B's connect to a sandbox that is being paused (E2B shows it paused already) waits for
+     * the suspend to end and then resumes it, as E2B's connect does: a connect that comes while
+     * autoPause suspends the sandbox at its timeout must not fail. A short poll on this pool
+     * thread, bounded; past it the 409 says the state. */
+    for (int waited = 0; o == 0 && l->e2b_connect && strcmp(l->state, "suspending") == 0 &&
+                         waited < CONNECT_SUSPENDING_WAIT_MS;
+         waited += CONNECT_SUSPENDING_POLL_MS) {
+        usleep(CONNECT_SUSPENDING_POLL_MS * 1000);
+        o = lookup(l, db, worker, &sooner);
+    }
+    if (o != 0) {
+        l->outcome = o;
+        return;
+    }
     /* E2B's connect to a running sandbox with a timeout: the deadline moves to timeout_s from
      * now when that is later (SandboxTimeoutRequested), else the answer is the sandbox. */
     if (l->e2b_connect && l->op == OP_RESUME && l->timeout_s > 0 && sooner &&

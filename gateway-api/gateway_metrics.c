@@ -22,6 +22,7 @@ static const char *const route_names[GW_R_COUNT] = {
     [GW_R_SANDBOX_NETWORK] = "sandbox_network",
     [GW_R_SANDBOX_LIFECYCLE] = "sandbox_lifecycle",
     [GW_R_SNAPSHOTS] = "snapshots",
+    [GW_R_SANDBOX_METRICS] = "sandbox_metrics",
     [GW_R_CREDENTIALS] = "credentials",
     [GW_R_KEYS] = "keys",
     [GW_R_OPENAPI] = "openapi",

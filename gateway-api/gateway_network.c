@@ -295,18 +295,22 @@ void gw_sandbox_network_put(gw_req_t *rq)
 {
     h2o_req_t *req = rq->req;
     const h2o_iovec_t *ct = gw_req_header(rq, "content-type", NULL);
-    const char *body = req->entity.base ? req->entity.base : "";
-    size_t len = req->entity.base ? req->entity.len : 0;
+    if (ct && !gw_json_content_type(ct)) {
+        gw_respond_error(rq, 415, "unsupported_media_type", NULL,
+                         "send the body as application/json");
+        return;
+    }
+    gw_sandbox_network_put_body(rq, req->entity.base ? req->entity.base : "",
+                                req->entity.base ? req->entity.len : 0);
+}
+
+void gw_sandbox_network_put_body(gw_req_t *rq, const char *body, size_t len)
+{
     char err[GW_ERR_MSG_MAX], jerr[SP_JSON_ERR_MAX];
     gw_verr_t e = {.code = NULL, .msg = err};
 
     if (!sp_id_valid(rq->path_id)) {
         gw_respond_error(rq, 404, "not_found", NULL, "no such sandbox");
-        return;
-    }
-    if (ct && !gw_json_content_type(ct)) {
-        gw_respond_error(rq, 415, "unsupported_media_type", NULL,
-                         "send the body as application/json");
         return;
     }
     if (len > (size_t)rq->gw->cfg->max_body_bytes) {

@@ -124,6 +124,8 @@ static const sp_subject_t subjects[SP_SUBJ__COUNT] = {
       K(WORKER), "FileCall -> FileReply"),
     S(SP_SUBJ_IO_WATCH, "io.watch", "space.io.wkr.{worker}.watch", false, true, K(GATEWAY), 0, 0,
       K(WORKER), "WatchCall -> WatchReply"),
+    S(SP_SUBJ_IO_METRICS, "io.metrics", "space.io.wkr.{worker}.metrics", false, true, K(GATEWAY), 0,
+      0, K(WORKER), "MetricsCall -> MetricsReply: a sandbox's usage samples"),
     S(SP_SUBJ_IO_CMD, "io.cmd", "space.io.cmd.{cmd}.{part}", false, false, K(WORKER), 0, K(GATEWAY),
       0, "IoStart, IoChunk, IoExit of a command"),
     S(SP_SUBJ_IO_WATCH_EV, "io.watch.ev", "space.io.watch.{watch}.{part}", false, false, K(WORKER),

@@ -91,6 +91,9 @@ static const sp_cfg_opt_t options[] = {
                    "(agent_error); stat, list and mkdir fail after 30 s"),
     SP_CFG_INT_OPT("heartbeat-ms", wk_config_t, heartbeat_ms, 100, 600000, "2000",
                    "heartbeat interval"),
+    SP_CFG_INT_OPT("sample-ms", wk_config_t, sample_ms, 100, 600000, "5000",
+                   "each running sandbox's CPU, memory and disk are sampled this often for "
+                   "GET /v1/sandboxes/{id}/metrics (an hour's worth kept per sandbox at 5 s)"),
     SP_CFG_INT_OPT("ack-wait-ms", wk_config_t, ack_wait_ms, 3000, 3600000, "15000",
                    "redelivery of an event this worker died handling"),
     SP_CFG_INT_OPT("batch-max", wk_config_t, batch_max, 1, 1000, "64", "events per fetch"),
@@ -502,7 +505,7 @@ int main(int argc, char **argv)
         goto out;
     wk_snap_sweep(&w, db);
     if (wk_commands_start(&w) < 0 || wk_files_start(&w) < 0 || wk_watches_start(&w) < 0 ||
-        wk_take_placements(&w, db) < 0)
+        wk_samples_start(&w) < 0 || wk_take_placements(&w, db) < 0)
         goto out;
     PQfinish(db);
     db = NULL;
@@ -536,6 +539,7 @@ out:
     PQfinish(db);
     wk_files_stop(&w); /* joins the reaper, which may still reply on the bus */
     wk_watches_stop(&w);
+    wk_samples_stop(&w);
     wk_commands_stop(&w);
     /* The sandboxes go on without us (the next worker adopts them and their agents connect
      * back): their commands are dropped, not ended. Listener threads notice the stop within

@@ -51,6 +51,7 @@ typedef struct {
     int64_t file_call_ms;  /* a data-plane file call is answered (pending if need be) within */
     int64_t file_op_max_s; /* a remove or move the agent has not finished by then fails */
     int64_t heartbeat_ms;
+    int64_t sample_ms; /* each running sandbox's usage is sampled this often (worker_samples.c) */
     int64_t ack_wait_ms;
     int64_t batch_max;
     int64_t parallel;            /* sandboxes created or deleted at once */
@@ -110,6 +111,7 @@ void wk_factq_free(wk_factq_t *q);
 typedef struct wk_cmd wk_cmd_t;
 typedef struct wk_xfer wk_xfer_t;
 typedef struct wk_watch wk_watch_t;
+typedef struct wk_samples wk_samples_t;
 #define WK_WATCH_MAX 16 /* watched directories per sandbox (agent_files.h AGENT_MAX_WATCHES) */
 
 /* A sandbox this worker owns. Heap, reference-counted: the owned table holds one reference,
@@ -140,6 +142,7 @@ typedef struct {
     size_t n_xfers;
     wk_watch_t *watches; /* directory watches (worker_watch.c) */
     size_t n_watches;
+    wk_samples_t *samples; /* usage samples (worker_samples.c); NULL until the first */
 } wk_box_t;
 
 struct wk {
@@ -170,6 +173,9 @@ struct wk {
     sp_bus_sub_t *exec_sub;                /* space.io.wkr.<id>.exec */
     sp_bus_sub_t *file_subs[WK_FILE_SUBS]; /* space.io.wkr.<id>.file, one queue group */
     sp_bus_sub_t *watch_sub;               /* space.io.wkr.<id>.watch */
+    sp_bus_sub_t *metrics_sub;             /* space.io.wkr.<id>.metrics */
+    pthread_t sampler;
+    bool sampler_started;
     pthread_t files_reaper;
     bool files_reaper_started;
     wk_pool_t *pool; /* NULL: pools off (worker_pool.c) */
@@ -359,6 +365,16 @@ void wk_files_callbacks(wk_agent_callbacks_t *cb);
 /* Watches (worker_watch.c): serve WatchCalls from the data plane. */
 int wk_watches_start(wk_t *w);
 void wk_watches_stop(wk_t *w);
+
+/* Usage samples (worker_samples.c): a thread samples every owned running sandbox's CPU, memory
+ * and disk every sample-ms into a ring in its box (SP_METRICS_SAMPLES_MAX, the oldest dropped), and
+ * space.io.wkr.<id>.metrics answers a sandbox's ring (MetricsCall -> MetricsReply). A box's
+ * ring goes with the box (a suspend or a delete forgets it). Samples are never events. start:
+ * after the owned table is filled; stop: joins the thread and unsubscribes. */
+int wk_samples_start(wk_t *w);
+void wk_samples_stop(wk_t *w);
+/* Frees a box's ring (its last reference went). */
+void wk_samples_free(wk_samples_t *s);
 /* The channel callbacks for watches, with the box as arg. */
 void wk_watch_callbacks(wk_agent_callbacks_t *cb);
 /* Ends every watch of the box (WatchEnd with error; the agent is not asked: its channel is

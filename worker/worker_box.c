@@ -145,6 +145,7 @@ void wk_box_put(wk_box_t *b)
     wk_box_fail_files(b, "sandbox released");
     pthread_mutex_destroy(&b->mu);
     sp_cred_key_wipe(&b->dk);
+    wk_samples_free(b->samples);
     free(b);
 }
 

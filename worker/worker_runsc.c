@@ -724,6 +724,8 @@ int wk_sandbox_usage(const wk_host_t *h, const char *sandbox, wk_sandbox_usage_t
         u.has_disk = true;
         u.disk_bytes = excl;
     }
+    if (u.has_disk && wk__subvol_max_exclusive(path, &u.disk_limit_bytes) == 0)
+        u.has_disk_limit = true;
     *ret = u;
     return 0;
 }

@@ -277,9 +277,10 @@ int wk_host_teardown(wk_host_t *h, char err[WK_ERR_MAX]);
  * (exclusive bytes, what its disk limit counts; as of btrfs's last commit). Each has_* says
  * whether that number could be read (no cgroup yet, quotas off). 0, or -EINVAL for a bad id. */
 typedef struct {
-    bool has_cpu, has_memory, has_disk;
+    bool has_cpu, has_memory, has_disk, has_disk_limit;
     double cpu_seconds;
     uint64_t memory_bytes, disk_bytes;
+    uint64_t disk_limit_bytes; /* its qgroup's exclusive limit (disk_mb) */
 } wk_sandbox_usage_t;
 int wk_sandbox_usage(const wk_host_t *h, const char *id, wk_sandbox_usage_t *ret);
 

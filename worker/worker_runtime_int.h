@@ -191,6 +191,8 @@ int wk__subvol_usage(const char *path, uint64_t *ret_exclusive, uint64_t *ret_re
 /* Limits what the subvolume at path may hold beyond what it shares with others (its qgroup's
  * exclusive bytes): writes past it fail with EDQUOT. */
 int wk__subvol_limit(const char *path, uint64_t max_exclusive, char err[WK_ERR_MAX]);
+/* The exclusive-bytes limit wk__subvol_limit set; -ENOENT when none (or quotas are off). */
+int wk__subvol_max_exclusive(const char *path, uint64_t *ret_max);
 int wk__subvol_create(const char *path, char err[WK_ERR_MAX]);
 int wk__subvol_snapshot(const char *src, const char *dst, bool read_only, char err[WK_ERR_MAX]);
 /* A missing path is success. */

@@ -276,6 +276,40 @@ int wk__subvol_usage(const char *path, uint64_t *ret_exclusive, uint64_t *ret_re
     return 0;
 }
 
+int wk__subvol_max_exclusive(const char *path, uint64_t *ret_max)
+{
+    uint64_t id = 0;
+    if (btrfs_util_subvolume_id(path, &id) != BTRFS_UTIL_OK)
+        return errno ? -errno : -EINVAL;
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    /* The level-0 qgroup's limit item (0/<id>), found by its key as the info item is. */
+    struct btrfs_ioctl_search_args a;
+    memset(&a, 0, sizeof(a));
+    a.key.tree_id = BTRFS_QUOTA_TREE_OBJECTID;
+    a.key.min_type = a.key.max_type = BTRFS_QGROUP_LIMIT_KEY;
+    a.key.min_offset = a.key.max_offset = id;
+    a.key.max_transid = UINT64_MAX;
+    a.key.nr_items = 1;
+    int rc = ioctl(fd, BTRFS_IOC_TREE_SEARCH, &a) < 0 ? -errno : 0;
+    close(fd);
+    if (rc < 0)
+        return rc;
+    struct btrfs_ioctl_search_header hd;
+    struct btrfs_qgroup_limit_item lim;
+    if (a.key.nr_items < 1)
+        return -ENOENT;
+    memcpy(&hd, a.buf, sizeof(hd));
+    if (hd.type != BTRFS_QGROUP_LIMIT_KEY || hd.offset != id || hd.len < sizeof(lim))
+        return -ENOENT;
+    memcpy(&lim, a.buf + sizeof(hd), sizeof(lim));
+    if (!(le64toh(lim.flags) & BTRFS_QGROUP_LIMIT_MAX_EXCL) || !le64toh(lim.max_excl))
+        return -ENOENT;
+    *ret_max = le64toh(lim.max_excl);
+    return 0;
+}
+
 int wk__subvol_limit(const char *path, uint64_t max_exclusive, char err[WK_ERR_MAX])
 {
     uint64_t id = 0;

@@ -69,6 +69,7 @@ typedef enum {
     SP_SUBJ_IO_CTL,          /* space.io.wkr.{worker}.ctl */
     SP_SUBJ_IO_FILE,         /* space.io.wkr.{worker}.file */
     SP_SUBJ_IO_WATCH,        /* space.io.wkr.{worker}.watch */
+    SP_SUBJ_IO_METRICS,      /* space.io.wkr.{worker}.metrics: a sandbox's usage samples */
     SP_SUBJ_IO_CMD,          /* space.io.cmd.{cmd}.{part}: start, out, exit */
     SP_SUBJ_IO_WATCH_EV,     /* space.io.watch.{watch}.{part}: ev, end */
     SP_SUBJ_IO_EGRESS_RST,   /* space.io.egress.{worker}.reset */
@@ -147,6 +148,11 @@ bool sp_snapshot_name_valid(const char *s);
  * is deleted: the gateway reads it to end an E2B stream as E2B does then (the connection drops,
  * gateway_commands.c). */
 #define SP_CMD_ERROR_SANDBOX_DELETED "sandbox deleted"
+
+/* The usage samples a worker keeps per sandbox (an hour at its 5 s default sample-ms) and so
+ * the most a MetricsReply carries (proto/dataplane.proto): the gateway refuses a reply with
+ * more. */
+#define SP_METRICS_SAMPLES_MAX 720
 
 /* ---- event types ---- */
 

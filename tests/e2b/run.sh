@@ -41,5 +41,5 @@ for _ in $(seq 1 300); do
 done
 
 # SPACE_E2B_TESTS: a subset of the files (a developer's shortcut; CTest runs them all).
-exec node --test --test-concurrency=1 ${SPACE_E2B_TESTS:-hostile.test.mjs network.test.mjs \
+exec node --test --test-concurrency=1 ${SPACE_E2B_TESTS:-hostile.test.mjs network.test.mjs more.test.mjs \
   parity.test.mjs snapshots.test.mjs sdk-2.51.test.mjs sdk-2.50.test.mjs}

@@ -312,12 +312,79 @@ static void test_forged_exec(void **state)
     sp_test_cmd_free(&r);
 }
 
+/* A MetricsCall on the worker's metrics subject (raw bytes), decoded as its reply: a refusal
+ * (RequestRefused) reads as one, not ok, error "unauthorized". */
+static Space__Io__V1__MetricsReply *metrics_raw(const uint8_t *data, size_t len)
+{
+    char subject[128];
+    uint8_t *rep = NULL;
+    size_t n = 0;
+    snprintf(subject, sizeof(subject), "space.io.wkr.%s.metrics", worker);
+    assert_int_equal(sp_bus_request(bus, subject, data, len, 5000, &rep, &n), 0);
+    Space__Io__V1__MetricsReply *x = space__io__v1__metrics_reply__unpack(NULL, n, rep);
+    free(rep);
+    assert_non_null(x);
+    return x;
+}
+
+static Space__Io__V1__MetricsReply *metrics_as(const char *tenant, const char *signer,
+                                               const sp_sign_key_t *k)
+{
+    Space__Io__V1__MetricsCall q = SPACE__IO__V1__METRICS_CALL__INIT;
+    char subject[128];
+    q.sandbox = sbx;
+    q.tenant = (char *)tenant;
+    q.correlation_id = "forgery";
+    size_t blen = space__io__v1__metrics_call__get_packed_size(&q);
+    uint8_t *body = sp_xmalloc(blen), *m = NULL;
+    size_t n = 0;
+    space__io__v1__metrics_call__pack(&q, body);
+    snprintf(subject, sizeof(subject), "space.io.wkr.%s.metrics", worker);
+    if (signer) {
+        assert_int_equal(sp_request_seal_as(subject, body, blen, signer, k, sp_now_us(), &m, &n),
+                         0);
+    } else {
+        m = body, n = blen, body = NULL;
+    }
+    Space__Io__V1__MetricsReply *x = metrics_raw(m, n);
+    free(m);
+    free(body);
+    return x;
+}
+
+/* The usage samples are a sandbox's own: the worker answers only the gateway's signed call,
+ * and only for the sandbox's tenant. */
+static void test_forged_metrics(void **state)
+{
+    (void)state;
+    char wid[96];
+    snprintf(wid, sizeof(wid), "worker-%s", worker);
+    Space__Io__V1__MetricsReply *x = metrics_as("t1", NULL, NULL);
+    assert_false(x->ok);
+    assert_string_equal(x->error, "unauthorized");
+    space__io__v1__metrics_reply__free_unpacked(x, NULL);
+    x = metrics_as("t1", wid, k_worker);
+    assert_false(x->ok);
+    assert_string_equal(x->error, "unauthorized");
+    assert_non_null(strstr(x->detail, "type_not_allowed"));
+    space__io__v1__metrics_reply__free_unpacked(x, NULL);
+    x = metrics_as("t2", "gateway", k_gateway);
+    assert_false(x->ok);
+    assert_string_equal(x->error, "sandbox_not_running");
+    assert_int_equal(x->n_samples, 0);
+    space__io__v1__metrics_reply__free_unpacked(x, NULL);
+    x = metrics_as("t1", "gateway", k_gateway);
+    if (!x->ok)
+        fail_msg("the valid call was refused: %s %s", x->error, x->detail);
+    space__io__v1__metrics_reply__free_unpacked(x, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forged_create),    cmocka_unit_test(test_forged_lifecycle),
         cmocka_unit_test(test_forged_heartbeat), cmocka_unit_test(test_replayed_intent),
-        cmocka_unit_test(test_forged_exec),
+        cmocka_unit_test(test_forged_exec),      cmocka_unit_test(test_forged_metrics),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -98,6 +98,9 @@ static void test_subject_builders_match_old_literals(void **state)
     snprintf(want, sizeof(want), "space.io.wkr.%s.watch", w);
     sp_subject_build(b, sizeof(b), SP_SUBJ_IO_WATCH, w, NULL, NULL);
     assert_string_equal(b, want);
+    snprintf(want, sizeof(want), "space.io.wkr.%s.metrics", w);
+    sp_subject_build(b, sizeof(b), SP_SUBJ_IO_METRICS, w, NULL, NULL);
+    assert_string_equal(b, want);
     snprintf(want, sizeof(want), "space.io.egress.%s.reset", w);
     sp_subject_build(b, sizeof(b), SP_SUBJ_IO_EGRESS_RST, w, NULL, NULL);
     assert_string_equal(b, want);
