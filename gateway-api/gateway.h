@@ -99,14 +99,14 @@ typedef enum {
     GW_R_SANDBOX_FILES,
     GW_R_SANDBOX_NETWORK,
     GW_R_SANDBOX_LIFECYCLE,
-    GW_R_SNAPSHOTS,   /* named snapshots (gateway_snapshots.c) */
+    GW_R_SNAPSHOTS,       /* named snapshots (gateway_snapshots.c) */
     GW_R_SANDBOX_METRICS, /* GET /v1/sandboxes/{id}/metrics (gateway_samples.c) */
-    GW_R_CREDENTIALS, /* /v1/credentials[/{id}] (gateway_credentials.c) */
-    GW_R_KEYS,        /* /v1/keys[/{id}] (gateway_keys.c) */
-    GW_R_OPENAPI,     /* GET /v1/openapi.json */
-    GW_R_CONSOLE,     /* the web console's static files (gateway_console.c) */
-    GW_R_E2B_API,     /* the E2B control plane (gateway_e2b.c) */
-    GW_R_E2B_ENVD,    /* the E2B in-sandbox API: Connect RPC, /files, /health */
+    GW_R_CREDENTIALS,     /* /v1/credentials[/{id}] (gateway_credentials.c) */
+    GW_R_KEYS,            /* /v1/keys[/{id}] (gateway_keys.c) */
+    GW_R_OPENAPI,         /* GET /v1/openapi.json */
+    GW_R_CONSOLE,         /* the web console's static files (gateway_console.c) */
+    GW_R_E2B_API,         /* the E2B control plane (gateway_e2b.c) */
+    GW_R_E2B_ENVD,        /* the E2B in-sandbox API: Connect RPC, /files, /health */
     GW_R_OTHER, /* unknown routes and responses h2o itself produced (413 while reading a body) */
     GW_R_COUNT
 } gw_route_t;
