@@ -785,8 +785,12 @@ int wk_on_snapshot(wk_t *w, const sp_envelope_t *ev)
                       "more s; retry then",
                       (time_wait_ms + 999) / 1000);
     }
+    /* The box goes (wk_box_put below) before the restore: spec holds copies, not pointers
+     * into it. */
+    char template_[sizeof(b->template_)];
+    snprintf(template_, sizeof(template_), "%s", b->template_);
     wk_sandbox_spec_t spec = {.id = sbx,
-                              .template_ = b->template_,
+                              .template_ = template_,
                               .vcpu = b->vcpu,
                               .memory_mb = b->memory_mb,
                               .disk_mb = sandbox_disk_mb(w, sbx)};

@@ -150,10 +150,17 @@ void sp_test_start_counter(int port, const char *key, const char *id)
 
 long sp_test_counter(int port, const char *key, const char *id)
 {
-    sp_test_cmd_t r = sp_test_run(port, key, id, "{\"cmd\":\"cat /tmp/count\"}");
-    if (r.status != 200 || !r.stdout_s)
-        fail_msg("count: %d %s", r.status, r.error);
-    long n = r.stdout_s ? strtol(r.stdout_s, NULL, 10) : -1; /* fail_msg does not return */
-    sp_test_cmd_free(&r);
-    return n;
+    /* `echo $i > /tmp/count` truncates before it writes: a read in between finds the file
+     * empty (CI once read 0 so), which is not a count; read again. */
+    for (int i = 0;; i++) {
+        sp_test_cmd_t r = sp_test_run(port, key, id, "{\"cmd\":\"cat /tmp/count\"}");
+        if (r.status != 200 || !r.stdout_s)
+            fail_msg("count: %d %s", r.status, r.error);
+        bool empty = r.stdout_s && r.stdout_s[0] == '\0';
+        long n = r.stdout_s ? strtol(r.stdout_s, NULL, 10) : -1; /* fail_msg does not return */
+        sp_test_cmd_free(&r);
+        if (!empty || i == 20)
+            return n;
+        usleep(20 * 1000);
+    }
 }
