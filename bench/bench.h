@@ -99,5 +99,12 @@ char *bench_make_bundle(const char *rootfs, const char *args_json);
 int bench_run_quiet(char *const argv[]);
 /* One table row: name, p50, p90, p99 of v (sorted in place). */
 void bench_row(const char *name, double *v, size_t n);
+/* utime + stime of pid in clock ticks (0 when it cannot be read); *ret_ppid its parent. */
+long long bench_proc_ticks(long pid, long *ret_ppid);
+/* The pid in $home/run/<name>.pid, 0 for none. */
+long bench_pid_file(const char *home, const char *name);
+/* The CPU ticks so far of the stack's daemon name (postgres: with its live backends but the
+ * one whose pid is except, e.g. the bench's own: PQbackendPID). */
+long long bench_daemon_ticks(const char *home, const char *name, long except);
 
 #endif

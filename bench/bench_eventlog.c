@@ -307,7 +307,8 @@ typedef struct {
     size_t batch;
     double sign_s;
     size_t n_signed;
-    uint64_t rejected; /* rows of the measured events the log rejected (should be 0) */
+    uint64_t rejected;    /* rows of the measured events the log rejected (should be 0) */
+    size_t bytes, n_msgs; /* the measured messages' bytes as published (signatures included) */
 } signing_t;
 
 static void maybe_sign(signing_t *sg, sp_eventgen_msg_t *m, size_t n)
@@ -329,13 +330,34 @@ static void count_rejected(bench_ctx_t *c, signing_t *sg, uint64_t first, uint64
     sg->rejected += r > 0 ? (uint64_t)r : 0;
 }
 
+/* The CPU the stack spends on events, per process that handles them (bench_daemon_ticks),
+ * without the bench's own PostgreSQL backend (it polls the log's head every millisecond, so
+ * its share grows with the run's length): unlike throughput, it hardly moves when other work
+ * shares the cores. */
+#define CPU_PARTS 3
+static const char *const cpu_part[CPU_PARTS] = {"space-eventlog", "postgres", "nats-server"};
+
+static void cpu_ticks(const bench_ctx_t *c, long long t[CPU_PARTS])
+{
+    for (int i = 0; i < CPU_PARTS; i++)
+        t[i] = bench_daemon_ticks(c->home, cpu_part[i], PQbackendPID(c->db));
+}
+
+/* One measured run: returns events per second from the first publish to the last stored;
+ * *ret_publish_eps the publish rate, ret_cpu_us[i] the microseconds of CPU cpu_part[i] spent
+ * per event meanwhile. */
 static double run_eventlog(bench_ctx_t *c, size_t n, unsigned run, signing_t *sg,
-                           double *ret_publish_eps)
+                           double *ret_publish_eps, double ret_cpu_us[CPU_PARTS])
 {
     sp_eventgen_msg_t *m = make_events(n, run);
     uint64_t first = 0, msgs = 0, last = 0;
+    long long cpu0[CPU_PARTS], cpu1[CPU_PARTS];
     maybe_sign(sg, m, n);
+    for (size_t i = 0; i < n; i++)
+        sg->bytes += m[i].len;
+    sg->n_msgs += n;
     sp_bus_stream_info(c->bus, &first, &msgs);
+    cpu_ticks(c, cpu0);
     int64_t t0 = sp_mono_ns();
     if (publish_all(c->bus, m, n, &last) < 0) {
         fprintf(stderr, "space-bench: publish failed\n");
@@ -343,6 +365,10 @@ static double run_eventlog(bench_ctx_t *c, size_t n, unsigned run, signing_t *sg
     }
     int64_t t_pub = sp_mono_ns();
     int64_t t_end = wait_stored(c->db, last, 300);
+    cpu_ticks(c, cpu1);
+    double tick_us = 1e6 / (double)sysconf(_SC_CLK_TCK);
+    for (int i = 0; i < CPU_PARTS; i++)
+        ret_cpu_us[i] = (double)(cpu1[i] - cpu0[i]) * tick_us / (double)n;
     free_events(m, n);
     if (t_end < 0) {
         fprintf(stderr, "space-bench: the event log did not catch up within 300 s\n");
@@ -465,9 +491,39 @@ static int mode_at(unsigned r, int k)
 
 typedef struct {
     double *log_eps, *pub_eps, *lat;
+    double *cpu_us[CPU_PARTS + 1]; /* per run: each part's CPU per event, then their sum */
     size_t nl;
     signing_t sg;
 } mode_result_t;
+
+/* Runs one mode once and keeps its numbers as run r of *m. */
+static void run_mode(bench_ctx_t *c, size_t n, unsigned r, unsigned seed, mode_result_t *m)
+{
+    double cpu[CPU_PARTS];
+    m->log_eps[r] = run_eventlog(c, n, seed, &m->sg, &m->pub_eps[r], cpu);
+    m->cpu_us[CPU_PARTS][r] = 0;
+    for (int i = 0; i < CPU_PARTS; i++) {
+        m->cpu_us[i][r] = cpu[i];
+        m->cpu_us[CPU_PARTS][r] += cpu[i];
+    }
+}
+
+static void mode_alloc(mode_result_t *m, unsigned runs)
+{
+    m->log_eps = sp_xcalloc(runs, sizeof(double));
+    m->pub_eps = sp_xcalloc(runs, sizeof(double));
+    for (int i = 0; i <= CPU_PARTS; i++)
+        m->cpu_us[i] = sp_xcalloc(runs, sizeof(double));
+}
+
+static void mode_dispose(mode_result_t *m)
+{
+    free(m->log_eps);
+    free(m->pub_eps);
+    free(m->lat);
+    for (int i = 0; i <= CPU_PARTS; i++)
+        free(m->cpu_us[i]);
+}
 
 /* ---- sealed output ---- */
 
@@ -636,16 +692,14 @@ int bench_eventlog(bench_ctx_t *c)
         return 1;
     }
     for (int md = 0; md < N_MODES; md++) {
-        res[md].log_eps = sp_xcalloc(runs, sizeof(double));
-        res[md].pub_eps = sp_xcalloc(runs, sizeof(double));
+        mode_alloc(&res[md], runs);
         res[md].sg.keys = md == MODE_OFF ? NULL : &keys;
         res[md].sg.batch = md == MODE_BATCH || md == MODE_NOCKPT ? c->sign_batch : 1;
     }
     if (c->baseline_bin) {
         base = sp_xcalloc(N_MODES, sizeof(*base));
         for (int md = 0; md < N_MODES; md++) {
-            base[md].log_eps = sp_xcalloc(runs, sizeof(double));
-            base[md].pub_eps = sp_xcalloc(runs, sizeof(double));
+            mode_alloc(&base[md], runs);
             base[md].sg.keys = res[md].sg.keys;
             base[md].sg.batch = res[md].sg.batch;
         }
@@ -668,17 +722,18 @@ int bench_eventlog(bench_ctx_t *c)
                 restart_eventlog_from(c, &keys, verify_mode[md], md != MODE_NOCKPT,
                                       other ? c->baseline_bin : NULL);
                 if (other)
-                    base[md].log_eps[r] = run_eventlog(c, n, r + 100 * (unsigned)md + 1000,
-                                                       &base[md].sg, &base[md].pub_eps[r]);
+                    run_mode(c, n, r, r + 100 * (unsigned)md + 1000, &base[md]);
                 else
-                    res[md].log_eps[r] = run_eventlog(c, n, r + 100 * (unsigned)md, &res[md].sg,
-                                                      &res[md].pub_eps[r]);
+                    run_mode(c, n, r, r + 100 * (unsigned)md, &res[md]);
             }
         }
         for (int md = 0; md < N_MODES; md++)
-            printf("  run %u %-22s eventlog %.0f ev/s (x%.2f), publish-only %.0f ev/s\n", r + 1,
-                   mode_name[md], res[md].log_eps[r], res[md].log_eps[r] / res[MODE_OFF].log_eps[r],
-                   res[md].pub_eps[r]);
+            printf("  run %u %-22s eventlog %.0f ev/s (x%.2f), publish-only %.0f ev/s, CPU "
+                   "%.1f us/event (x%.2f)\n",
+                   r + 1, mode_name[md], res[md].log_eps[r],
+                   res[md].log_eps[r] / res[MODE_OFF].log_eps[r], res[md].pub_eps[r],
+                   res[md].cpu_us[CPU_PARTS][r],
+                   res[md].cpu_us[CPU_PARTS][r] / res[MODE_OFF].cpu_us[CPU_PARTS][r]);
         for (int md = 0; base && md < N_MODES; md++)
             printf("  run %u %-22s baseline build %.0f ev/s (x%.2f), this build x%.2f of it\n",
                    r + 1, mode_name[md], base[md].log_eps[r],
@@ -707,9 +762,12 @@ int bench_eventlog(bench_ctx_t *c)
     unsetenv("SPACE_KEYRING_DIR");
     restart_eventlog(c, &keys, "auto", true);
 
-    double run_ratio[N_MODES];
-    for (int md = 0; md < N_MODES; md++)
+    double run_ratio[N_MODES], cpu_ratio[N_MODES];
+    for (int md = 0; md < N_MODES; md++) {
         run_ratio[md] = run_ratio_p50(res[md].log_eps, res[MODE_OFF].log_eps, runs);
+        cpu_ratio[md] =
+            run_ratio_p50(res[md].cpu_us[CPU_PARTS], res[MODE_OFF].cpu_us[CPU_PARTS], runs);
+    }
     /* This build against the baseline build, mode by mode, and the baseline's own ratios to
      * its unsigned runs (before bench_pct sorts the arrays in place). */
     double vs_base[N_MODES], vs_base_p50s[N_MODES], base_ratio[N_MODES];
@@ -746,6 +804,27 @@ int bench_eventlog(bench_ctx_t *c)
               -1);
     print_row("insert per event (baseline)", "ev/s", ins_eps, runs, base_eps, -1);
 
+    /* CPU per event: what signing costs the machine whatever else runs on it. The producers'
+     * signing happens before the clock, in this process: added to the signed modes' sums. */
+    double sign_us[N_MODES] = {0};
+    for (int md = 0; md < N_MODES; md++)
+        if (res[md].sg.n_signed)
+            sign_us[md] = res[md].sg.sign_s / (double)res[md].sg.n_signed * 1e6;
+    double cpu_p50[N_MODES];
+    printf("\n  %-34s %9s %9s %9s %9s %9s %6s  %s\n", "CPU us per event (p50 over runs)",
+           cpu_part[0], cpu_part[1], cpu_part[2], "sum", "+signing", "bytes",
+           "sum vs unsigned: per-run p50, with signing");
+    for (int md = 0; md < N_MODES; md++) {
+        double p[CPU_PARTS + 1];
+        for (int i = 0; i <= CPU_PARTS; i++)
+            p[i] = bench_pct(res[md].cpu_us[i], runs, 50);
+        cpu_p50[md] = p[CPU_PARTS];
+        printf("  %-34s %9.1f %9.1f %9.1f %9.1f %9.1f %6.0f  x%.2f, x%.2f\n", mode_name[md], p[0],
+               p[1], p[2], p[CPU_PARTS], p[CPU_PARTS] + sign_us[md],
+               res[md].sg.n_msgs ? (double)res[md].sg.bytes / (double)res[md].sg.n_msgs : 0,
+               cpu_ratio[md], (p[CPU_PARTS] + sign_us[md]) / cpu_p50[MODE_OFF]);
+    }
+
     printf("\n  publish-to-persisted lag at %u ev/s   %8s %8s %8s %8s   %s\n", c->rate, "p50",
            "p90", "p99", "max", "p50/p99 vs unsigned");
     double l[N_MODES][4];
@@ -780,7 +859,9 @@ int bench_eventlog(bench_ctx_t *c)
            "\"batch\":[%.3f,%.3f,%.3f],\"single\":[%.3f,%.3f,%.3f],"
            "\"batch_no_ckpt\":[%.3f,%.3f,%.3f]},\"no_ckpt_eps_p50\":%.0f,"
            "\"ratio_ckpt\":%.3f,\"run_ratio_ckpt_p50\":%.3f,"
-           "\"rejected\":[%" PRIu64 ",%" PRIu64 ",%" PRIu64 "]}\n",
+           "\"rejected\":[%" PRIu64 ",%" PRIu64 ",%" PRIu64 "],"
+           "\"cpu_us_per_event_p50\":[%.2f,%.2f,%.2f,%.2f],\"sign_us_per_event\":[%.2f,%.2f],"
+           "\"cpu_run_ratio_p50\":[%.3f,%.3f,%.3f]}\n",
            n, runs, c->sign_batch, base_eps, bench_pct(res[MODE_BATCH].log_eps, runs, 50),
            bench_pct(res[MODE_SINGLE].log_eps, runs, 50),
            bench_pct(res[MODE_BATCH].log_eps, runs, 50) / base_eps,
@@ -789,7 +870,9 @@ int bench_eventlog(bench_ctx_t *c)
            l[0][0], l[0][1], l[0][2], l[1][0], l[1][1], l[1][2], l[2][0], l[2][1], l[2][2], l[3][0],
            l[3][1], l[3][2], bench_pct(res[MODE_NOCKPT].log_eps, runs, 50), ckpt_ratio,
            ckpt_run_ratio, res[MODE_OFF].sg.rejected, res[MODE_BATCH].sg.rejected,
-           res[MODE_SINGLE].sg.rejected);
+           res[MODE_SINGLE].sg.rejected, cpu_p50[MODE_OFF], cpu_p50[MODE_BATCH],
+           cpu_p50[MODE_SINGLE], cpu_p50[MODE_NOCKPT], sign_us[MODE_BATCH], sign_us[MODE_SINGLE],
+           cpu_ratio[MODE_BATCH], cpu_ratio[MODE_SINGLE], cpu_ratio[MODE_NOCKPT]);
     if (base) {
         printf("JSON {\"bench\":\"eventlog-baseline\",\"baseline_bin\":\"%s\",\"runs\":%u,"
                "\"eps_p50\":[%.0f,%.0f,%.0f,%.0f],\"run_ratio_p50\":[%.3f,%.3f,%.3f,%.3f],"
@@ -800,17 +883,12 @@ int bench_eventlog(bench_ctx_t *c)
                bench_pct(base[3].log_eps, runs, 50), base_ratio[0], base_ratio[1], base_ratio[2],
                base_ratio[3], vs_base[0], vs_base[1], vs_base[2], vs_base[3], base[0].sg.rejected,
                base[1].sg.rejected, base[2].sg.rejected, base[3].sg.rejected);
-        for (int md = 0; md < N_MODES; md++) {
-            free(base[md].log_eps);
-            free(base[md].pub_eps);
-        }
+        for (int md = 0; md < N_MODES; md++)
+            mode_dispose(&base[md]);
         free(base);
     }
-    for (int md = 0; md < N_MODES; md++) {
-        free(res[md].log_eps);
-        free(res[md].pub_eps);
-        free(res[md].lat);
-    }
+    for (int md = 0; md < N_MODES; md++)
+        mode_dispose(&res[md]);
     free(ins_eps);
     keys_free(&keys);
     return 0;

@@ -1,4 +1,5 @@
 /* Pieces the benchmarks share (bench.h). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -94,4 +95,76 @@ void bench_row(const char *name, double *v, size_t n)
 {
     printf("  %-48s %9.1f %9.1f %9.1f\n", name, bench_pct(v, n, 50), bench_pct(v, n, 90),
            bench_pct(v, n, 99));
+}
+
+/* ---- CPU time of the stack's processes, from /proc ---- */
+
+long long bench_proc_ticks(long pid, long *ret_ppid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    /* After the command name's closing parenthesis, fields 3 on: state, ppid (4), ...,
+     * utime (14), stime (15). */
+    const char *p = strrchr(buf, ')');
+    if (!p)
+        return 0;
+    long long field[16] = {0};
+    p += 2;
+    for (int k = 3; k <= 15 && *p; k++) {
+        char *end;
+        field[k] = k == 3 ? 0 : strtoll(p, &end, 10);
+        if (k != 3 && end == p)
+            return 0;
+        p = strchr(p, ' ');
+        if (!p)
+            break;
+        p++;
+    }
+    if (ret_ppid)
+        *ret_ppid = (long)field[4];
+    return field[14] + field[15];
+}
+
+long bench_pid_file(const char *home, const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/run/%s.pid", home, name);
+    FILE *f = fopen(path, "re");
+    char line[32] = "";
+    if (f) {
+        if (!fgets(line, sizeof(line), f))
+            line[0] = '\0';
+        fclose(f);
+    }
+    return strtol(line, NULL, 10);
+}
+
+long long bench_daemon_ticks(const char *home, const char *name, long except)
+{
+    long pid = bench_pid_file(home, name);
+    if (pid <= 0)
+        return 0;
+    long long t = bench_proc_ticks(pid, NULL);
+    if (strcmp(name, "postgres") != 0)
+        return t;
+    /* PostgreSQL's work is done in its backends, the postmaster's children. */
+    DIR *d = opendir("/proc");
+    for (struct dirent *e; d && (e = readdir(d));) {
+        char *end;
+        long child = strtol(e->d_name, &end, 10), ppid = 0;
+        if (*end || child <= 0 || child == except)
+            continue;
+        long long ct = bench_proc_ticks(child, &ppid);
+        if (ppid == pid)
+            t += ct;
+    }
+    if (d)
+        closedir(d);
+    return t;
 }
