@@ -23,6 +23,7 @@ typedef struct {
     size_t pool_size; /* create: the warm pool of the pooled part */
     size_t execs;
     size_t rounds;    /* lifecycle */
+    size_t sandboxes; /* density */
     const char *home; /* SPACE_HOME: the worker's template rootfs for the baseline */
     /* eventlog: a directory holding another build's space-eventlog to compare with; NULL: none */
     const char *baseline_bin;
@@ -82,6 +83,7 @@ int bench_create(bench_ctx_t *c);
 int bench_exec(bench_ctx_t *c);
 int bench_lifecycle(bench_ctx_t *c);
 int bench_fork(bench_ctx_t *c);
+int bench_density(bench_ctx_t *c);
 /* CPU cost of signing and verifying envelopes against encode+decode (no stack). */
 int bench_sign(bench_ctx_t *c);
 

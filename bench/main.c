@@ -29,6 +29,7 @@ typedef struct {
     int64_t pool_size;
     int64_t execs;
     int64_t rounds;
+    int64_t sandboxes;
     char *api_url;
     char *api_key;
     char *home;
@@ -57,6 +58,8 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_INT_OPT("creates", bench_config_t, creates, 1, 100000, "200",
                    "sandboxes created (create bench)"),
     SP_CFG_INT_OPT("execs", bench_config_t, execs, 1, 1000000, "1000", "commands run (exec bench)"),
+    SP_CFG_INT_OPT("sandboxes", bench_config_t, sandboxes, 1, 1000, "20",
+                   "idle sandboxes, and as many bare containers (density bench)"),
     SP_CFG_INT_OPT("rounds", bench_config_t, rounds, 1, 100000, "20",
                    "pause/resume/suspend/resume rounds (lifecycle bench)"),
     SP_CFG_STR_OPT("api-url", bench_config_t, api_url, "http://127.0.0.1:8080", "the HTTP API"),
@@ -82,6 +85,8 @@ static void usage(FILE *out)
             "  lifecycle  pause/resume/suspend/resume rounds\n"
             "  fork       fork into 1, 4 and 8 copies, --rounds times, beside a raw runsc "
             "restore\n"
+            "  density    PSS of --sandboxes idle sandboxes beside as many bare runsc "
+            "containers\n"
             "  sign       event signing and verifying, CPU only\n"
             "  api        a deployment's latency over its HTTP API alone, at a concurrency\n"
             "             and an open-loop rate; JSON and an SVG plot (space-bench api --help)\n"
@@ -126,7 +131,8 @@ int main(int argc, char **argv)
     if (argi + 1 != argc ||
         (strcmp(argv[argi], "eventlog") != 0 && strcmp(argv[argi], "create") != 0 &&
          strcmp(argv[argi], "exec") != 0 && strcmp(argv[argi], "lifecycle") != 0 &&
-         strcmp(argv[argi], "fork") != 0 && strcmp(argv[argi], "sign") != 0)) {
+         strcmp(argv[argi], "fork") != 0 && strcmp(argv[argi], "sign") != 0 &&
+         strcmp(argv[argi], "density") != 0)) {
         if (argi < argc)
             fprintf(stderr, "space-bench: unknown command '%s'\n", argv[argi]);
         usage(stderr);
@@ -170,6 +176,7 @@ int main(int argc, char **argv)
     c.pool_size = (size_t)cfg.pool_size;
     c.execs = (size_t)cfg.execs;
     c.rounds = (size_t)cfg.rounds;
+    c.sandboxes = (size_t)cfg.sandboxes;
     c.home = cfg.home;
     c.baseline_bin = cfg.baseline_bin && cfg.baseline_bin[0] ? cfg.baseline_bin : NULL;
     c.api_key = cfg.api_key;
@@ -178,10 +185,11 @@ int main(int argc, char **argv)
             fprintf(stderr, "space-bench: bad --api-url\n");
             goto out;
         }
-        code = strcmp(argv[argi], "create") == 0 ? bench_create(&c)
-               : strcmp(argv[argi], "exec") == 0 ? bench_exec(&c)
-               : strcmp(argv[argi], "fork") == 0 ? bench_fork(&c)
-                                                 : bench_lifecycle(&c);
+        code = strcmp(argv[argi], "create") == 0    ? bench_create(&c)
+               : strcmp(argv[argi], "exec") == 0    ? bench_exec(&c)
+               : strcmp(argv[argi], "fork") == 0    ? bench_fork(&c)
+               : strcmp(argv[argi], "density") == 0 ? bench_density(&c)
+                                                    : bench_lifecycle(&c);
     } else {
         code = bench_eventlog(&c);
     }

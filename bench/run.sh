@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs one benchmark against a fresh local stack in a temporary SPACE_HOME, then removes it.
-# Usage: bench/run.sh eventlog|create|exec|lifecycle|lifecycle-nats|fork [space-bench options]
+# Usage: bench/run.sh eventlog|create|exec|lifecycle|lifecycle-nats|fork|density [space-bench options]
 #        (build first: see README.md; lifecycle-nats: snapshots in the NATS object store)
 #        bench/run.sh egress   (bench/egress.sh: root, a test internet in a network namespace)
 #        bench/run.sh cred     (egress.sh's credential rows only: injected against plain)
@@ -21,6 +21,11 @@ if [ "$what" = lifecycle-nats ]; then
 fi
 if [ "$what" = eventlog ]; then
   export SPACE_DAEMONS=space-eventlog # heartbeats would mix into the measured events
+fi
+if [ "$what" = density ]; then
+  # A claimed pool sandbox runs under its pool id's processes; pools off, every sandbox's
+  # processes name it (bench/bench_density.c).
+  export SPACE_POOL_SIZE=0
 fi
 if [ "$what" = create ]; then
   # Its cold part runs with warm pools off; space-bench restarts the worker with a pool
