@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1227,6 +1228,50 @@ static int run_tool(const char *const *argv, const char *what, char err[WK_ERR_M
     return wk__run_tool(argv, what, WK_RUNSC_TIMEOUT_MS, err);
 }
 
+/* A host tool run on a thread of its own beside the caller's next steps: a suspend compresses
+ * the memory image while it sends the disk, a resume decompresses it while it receives the
+ * disk (issue 21 part 3: what is independent runs at once). */
+typedef struct {
+    const char *const *argv;
+    const char *what;
+    pthread_t th;
+    bool started;
+    int rc;
+    char err[WK_ERR_MAX];
+} tool_job_t;
+
+static void *tool_job_main(void *arg)
+{
+    tool_job_t *j = arg;
+    j->rc = run_tool(j->argv, j->what, j->err);
+    return NULL;
+}
+
+/* Starts argv; when no thread can be made it runs here and now. */
+static void tool_job_start(tool_job_t *j, const char *const *argv, const char *what)
+{
+    memset(j, 0, sizeof(*j));
+    j->argv = argv;
+    j->what = what;
+    j->started = pthread_create(&j->th, NULL, tool_job_main, j) == 0;
+    if (!j->started)
+        tool_job_main(j);
+}
+
+/* Waits for the job; rc is the caller's own outcome so far: the first failure is the one
+ * reported in err. */
+static int tool_job_join(tool_job_t *j, int rc, char err[WK_ERR_MAX])
+{
+    if (j->started)
+        pthread_join(j->th, NULL);
+    j->started = false;
+    if (rc == 0 && j->rc < 0) {
+        snprintf(err, WK_ERR_MAX, "%s", j->err);
+        return j->rc;
+    }
+    return rc;
+}
+
 /* Where a checkpoint's raw image and runsc's exit status go inside out_dir. */
 #define CK_IMAGE_DIR "image"
 #define CK_RC_FILE   "image/rc"
@@ -1291,6 +1336,10 @@ int wk_sandbox_checkpoint_finish(wk_host_t *h, const char *id, const char *tmpl,
     ret->rootfs_path = sp_xasprintf("%s/rootfs.btrfs.zst", out_dir);
     /* The disk as a delta against the template: a read-only snapshot, sent with the template
      * as parent, then compressed. The sandbox is stopped: its disk is what the image saw. */
+    /* The image is compressed while the disk is snapshotted, sent and compressed. */
+    const char *z2[] = {"zstd", "-1", "-q", "-f", img_file, "-o", ret->image_path, NULL};
+    tool_job_t zimg;
+    tool_job_start(&zimg, z2, "zstd checkpoint");
     (void)wk__subvol_delete(ro, NULL);
     int rc = wk__subvol_snapshot(rootfs, ro, true, err);
     if (rc == 0) {
@@ -1299,9 +1348,9 @@ int wk_sandbox_checkpoint_finish(wk_host_t *h, const char *id, const char *tmpl,
     }
     (void)wk__subvol_delete(ro, NULL);
     const char *z1[] = {"zstd", "-1", "-q", "-f", "--rm", stream, "-o", ret->rootfs_path, NULL};
-    const char *z2[] = {"zstd", "-1", "-q", "-f", img_file, "-o", ret->image_path, NULL};
-    if (rc == 0 && (rc = run_tool(z1, "zstd rootfs", err)) == 0)
-        rc = run_tool(z2, "zstd checkpoint", err);
+    if (rc == 0)
+        rc = run_tool(z1, "zstd rootfs", err);
+    rc = tool_job_join(&zimg, rc, err);
     ret->rootfs_ms = (uint32_t)ms_since(t);
     if (rc < 0) {
         free(ret->image_path);
@@ -1381,21 +1430,25 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
         rc = wk__fail(err, -errno, "mkdir %s: %s", recv_dir, strerror(errno));
         goto out;
     }
-    if ((rc = run_tool(z1, "zstd rootfs", err)) < 0 || (rc = run_tool(z2, "zstd image", err)) < 0 ||
-        (rc = run_tool(recv, "btrfs receive", err)) < 0)
-        goto out;
-    rc = wk__subvol_snapshot(ro, rootfs, false, err);
-    (void)wk__subvol_delete(ro, NULL);
-    (void)rmdir(recv_dir);
-    /* The new subvolume's qgroup starts without a limit. With the received one deleted, what
-     * the sandbox wrote before its suspend counts as its own again. */
-    if (rc >= 0 && !h->disk_quota_off)
-        rc = wk__subvol_limit(rootfs, (uint64_t)disk_mb << 20, err);
-    if (rc < 0)
-        goto out;
-    info.disk_mb = wk_sandbox_disk_mb(h, spec->disk_mb);
-    unlink(stream);
-    if ((rc = wk__net_create(h, id, info.address, err)) < 0)
+    /* The image is decompressed while the disk is received and the network made. */
+    tool_job_t zimg;
+    tool_job_start(&zimg, z2, "zstd image");
+    if ((rc = run_tool(z1, "zstd rootfs", err)) == 0 &&
+        (rc = run_tool(recv, "btrfs receive", err)) == 0) {
+        rc = wk__subvol_snapshot(ro, rootfs, false, err);
+        (void)wk__subvol_delete(ro, NULL);
+        (void)rmdir(recv_dir);
+        /* The new subvolume's qgroup starts without a limit. With the received one deleted,
+         * what the sandbox wrote before its suspend counts as its own again. */
+        if (rc >= 0 && !h->disk_quota_off)
+            rc = wk__subvol_limit(rootfs, (uint64_t)disk_mb << 20, err);
+    }
+    if (rc == 0) {
+        info.disk_mb = wk_sandbox_disk_mb(h, spec->disk_mb);
+        unlink(stream);
+        rc = wk__net_create(h, id, info.address, err);
+    }
+    if ((rc = tool_job_join(&zimg, rc, err)) < 0)
         goto out;
     wk__bundle_t bd = {.id = id,
                        .rootfs = rootfs,
