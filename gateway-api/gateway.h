@@ -545,6 +545,9 @@ typedef struct {
     char snapshot_id[SP_SNAPSHOT_ID_LEN + 1];
     char template_[SP_ID_MAX + 1];
     uint32_t vcpu, memory_mb, disk_mb;
+    /* The network policy of a create without "network" (a fork's copies: the source's);
+     * NULL: the gateway's default. */
+    const Space__V1__NetworkPolicy *network;
 } gw_create_base_t;
 int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char *sandbox_id,
                     const char *idempotency_key, const gw_create_base_t *base,

@@ -275,9 +275,11 @@ int gw_create_build(const gw_req_t *rq, const char *body, size_t len, const char
     create.resources = &res;
     create.idempotency_key = (char *)(idempotency_key ? idempotency_key : "");
     create.snapshot = (char *)(s->snapshot ? s->snapshot : "");
-    if (!s->have_net)
+    if (!s->have_net && !(base && base->network))
         gw_network_default(rq->gw, &s->net);
-    create.network = &s->net.msg;
+    create.network = !s->have_net && base && base->network
+                         ? (Space__V1__NetworkPolicy *)base->network
+                         : &s->net.msg;
     env.aggregate = &agg;
     env.tenant = (char *)rq->tenant;
     env.actor = (char *)rq->key_id;

@@ -467,6 +467,32 @@ static int fork_wait_started(PGconn *db, const char *ids, int64_t deadline_ns)
     return left < 0 ? 1 : left;
 }
 
+/* The network policy sandbox sbx runs with now: the last one egressd applied to it
+ * (NetworkPolicyChanged), else its create's; NULL when the log has neither. It points into
+ * *ret_ev, which the caller frees. */
+static const Space__V1__NetworkPolicy *source_policy(PGconn *db, const char *sbx,
+                                                     sp_envelope_t **ret_ev)
+{
+    sp_envelope_t *ev = NULL;
+    *ret_ev = NULL;
+    if (sp_db_last_sandbox_event(db, sbx, "NetworkPolicyChanged", &ev) == 0 &&
+        ev->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_NETWORK_POLICY_CHANGED &&
+        ev->network_policy_changed->network) {
+        *ret_ev = ev;
+        return ev->network_policy_changed->network;
+    }
+    sp_envelope_free(ev);
+    ev = NULL;
+    if (sp_db_last_sandbox_event(db, sbx, "SandboxCreateRequested", &ev) == 0 &&
+        ev->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED &&
+        ev->sandbox_create_requested->network) {
+        *ret_ev = ev;
+        return ev->sandbox_create_requested->network;
+    }
+    sp_envelope_free(ev);
+    return NULL;
+}
+
 static void fork_run(gw_job_t *job, PGconn *db)
 {
     fork_job_t *f = (fork_job_t *)job;
@@ -504,8 +530,11 @@ static void fork_run(gw_job_t *job, PGconn *db)
         base.memory_mb = sd->resources->memory_mb;
         base.disk_mb = sd->resources->disk_mb;
     }
-    /* The copies: creates from the snapshot, as POST /v1/sandboxes {"snapshot"} makes them
-     * (the gateway's default network policy, no project: no credential binding follows). */
+    /* The copies: creates from the snapshot, as POST /v1/sandboxes {"snapshot"} makes them,
+     * with the source's network policy as it is now (the last one egressd applied, else the
+     * create's), and no project: no credential binding follows. */
+    sp_envelope_t *pol = NULL;
+    base.network = source_policy(db, s->sandbox_id, &pol);
     char body[96];
     int blen = snprintf(body, sizeof(body), "{\"snapshot\":\"%s\"}", s->snapshot_id);
     ids = sp_xcalloc(f->count, sizeof(*ids));
@@ -596,6 +625,7 @@ static void fork_run(gw_job_t *job, PGconn *db)
     for (uint32_t i = 0; i < f->count; i++)
         free(ids[i]);
     free(ids);
+    sp_envelope_free(pol);
     sp_envelope_free(se);
 }
 

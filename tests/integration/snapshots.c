@@ -252,12 +252,16 @@ static long counter(const char *id)
 }
 
 /* Fork of a sandbox running a counter loop: every copy counts on, on its own; each has its
- * own id and address; the anonymous snapshot is gone afterwards. */
+ * own id and address, and the source's network policy; the anonymous snapshot is gone
+ * afterwards. */
 static void test_fork(void **state)
 {
     (void)state;
     char fsrc[64], out[256], path[128];
-    sp_test_create_sandbox(port, key, "tiny", fsrc);
+    sp_test_create_sandbox_body(port, key,
+                                "{\"template\":\"tiny\",\"network\":{\"mode\":\"allowlist\","
+                                "\"allow\":[\"fork-allowed.test\"]}}",
+                                fsrc);
     sp_test_cmd_t c = sp_test_run(port, key, fsrc,
                                   "{\"cmd\":\"n=0; while [ ! -e /tmp/stop ]; do n=$((n+1)); "
                                   "echo $n > /tmp/c; sleep 0.2; done\",\"background\":true}");
@@ -315,6 +319,18 @@ static void test_fork(void **state)
     assert_string_not_equal(addr[0], addr[1]);
     assert_string_not_equal(addr[0], addr[2]);
     assert_string_not_equal(addr[1], addr[2]);
+    /* The copies were created with the source's allowlist, not the gateway's default (what
+     * egressd enforces for each: it reads the policy from the create). */
+    for (int i = 0; i < 3; i++) {
+        char sql[512];
+        snprintf(sql, sizeof(sql),
+                 "SELECT count(*) FROM events WHERE aggregate_id = '%.63s' AND type = "
+                 "'SandboxCreateRequested' AND status = 'accepted' AND position(convert_to("
+                 "'fork-allowed.test', 'UTF8') in payload) > 0 AND position(convert_to("
+                 "'allowlist', 'UTF8') in payload) > 0",
+                 ids[i]);
+        assert_int_equal(sp_test_db_scalar(db, sql), 1);
+    }
     PQfinish(db);
 
     /* The anonymous snapshot is deleted once the copies run. */
