@@ -307,6 +307,13 @@ int wk_suspend_complete(wk_t *w, PGconn *db, const char *sbx, const char *tmpl);
  * adopts it). Otherwise its leftovers are released and SandboxResumeFailed makes it suspended
  * again with its snapshot, 0. < 0 when a fact could not be published. */
 int wk_resume_after_restart(wk_t *w, PGconn *db, const char *sbx, const char *tenant, bool alive);
+/* At start, for a sandbox the log says runs on this worker, when the previous worker died in
+ * a named snapshot of it: if the host does not run it (!alive) and the checkpoint wrote an
+ * image, the sandbox is restored in place from that checkpoint and owned again, 1 (the caller
+ * announces it adopted). The unannounced snapshot's staging and artifacts are removed either
+ * way (its intent, redelivered, takes it again). 0 otherwise. */
+int wk_snapshot_recover(wk_t *w, const char *sbx, const char *tenant, const char *tmpl,
+                        uint32_t vcpu, uint32_t memory_mb, bool alive);
 /* Publishes a sandbox fact that no intent caused (the worker's restart did); what names it in
  * the message id. */
 int wk_publish_restart_fact(wk_t *w, const char *tenant, const char *sbx, const char *what,

@@ -680,6 +680,51 @@ static void named_keys(const char *snap, char key[ARTIFACTS][256])
         snprintf(key[i], sizeof(key[i]), SP_SNAPSHOT_KEY_PREFIX "/%s/%s", snap, ARTIFACT_NAMES[i]);
 }
 
+/* A named snapshot's staging directory names the sandbox it is of in this file, so that a
+ * restarted worker knows which sandbox a checkpoint left stopped. */
+#define STAGING_OWNER "sandbox"
+
+static int staging_mark(const char *staging, const char *sbx)
+{
+    char *path = sp_xasprintf("%s/" STAGING_OWNER, staging);
+    FILE *f = fopen(path, "we");
+    int rc = f && fputs(sbx, f) >= 0 ? 0 : -errno;
+    if (f && fclose(f) != 0 && rc == 0)
+        rc = -errno;
+    free(path);
+    return rc < 0 ? rc : 0;
+}
+
+/* The staging directory of an unfinished named snapshot of sbx (heap), and its snapshot id;
+ * NULL when there is none. */
+static char *staging_of(wk_t *w, const char *sbx, char snap[SP_SNAPSHOT_ID_LEN + 1])
+{
+    char *dir = sp_xasprintf("%s/.staging", w->cfg->snapshot_dir), *found = NULL;
+    const size_t plen = strlen(SP_SNAPSHOT_KEY_PREFIX "-");
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && !found && (e = readdir(d));) {
+        if (strncmp(e->d_name, SP_SNAPSHOT_KEY_PREFIX "-", plen) != 0 ||
+            !sp_snapshot_id_valid(e->d_name + plen))
+            continue;
+        char *owner = sp_xasprintf("%s/%s/" STAGING_OWNER, dir, e->d_name), line[80] = "";
+        FILE *f = fopen(owner, "re");
+        if (f) {
+            if (!fgets(line, sizeof(line), f))
+                line[0] = '\0';
+            fclose(f);
+        }
+        free(owner);
+        if (strcmp(line, sbx) == 0) {
+            found = sp_xasprintf("%s/%s", dir, e->d_name);
+            snprintf(snap, SP_SNAPSHOT_ID_LEN + 1, "%s", e->d_name + plen);
+        }
+    }
+    if (d)
+        closedir(d);
+    free(dir);
+    return found;
+}
+
 /* The sandbox's disk limit as it started (0: the worker's default). */
 static uint32_t sandbox_disk_mb(wk_t *w, const char *sbx)
 {
@@ -817,6 +862,8 @@ int wk_on_snapshot(wk_t *w, const sp_envelope_t *ev)
     int rc = wk_mkdir_p(staging) < 0 ? -errno : 0;
     if (rc < 0)
         snprintf(err, sizeof(err), "mkdir %s: %s", staging, strerror(-rc));
+    else if ((rc = staging_mark(staging, sbx)) < 0)
+        snprintf(err, sizeof(err), "%s/" STAGING_OWNER ": %s", staging, strerror(-rc));
     else
         rc = wk_sandbox_checkpoint(w->host, sbx, spec.template_, staging, &ck, err);
     int64_t checkpoint_ms = ms_since(t0);
@@ -851,15 +898,17 @@ int wk_on_snapshot(wk_t *w, const sp_envelope_t *ev)
         arts[i] = &art[i];
     }
     wk_checkpoint_dispose(&ck);
-    wk_rm_rf(staging);
-    free(staging);
-    /* The sandbox again, in place, from what was stored (its digests checked on the way). */
+    /* The sandbox again, in place, from what was stored (its digests checked on the way).
+     * The staging directory stays until then: a worker that dies before the sandbox runs
+     * again restores it from there when it starts (wk_snapshot_recover). */
     bool downloaded = false;
     for (int i = 0; i < ARTIFACTS && rc == 0; i++)
         rc = wk_snap_fetch(w, key[i], art[i].size, sha[i], &paths[i], &downloaded, err);
     wk_sandbox_info_t info = {0};
     if (rc == 0 && (rc = wk_sandbox_destroy(w->host, sbx, err)) == 0)
         rc = restore_owned(w, &spec, tenant, paths, &info, err);
+    wk_rm_rf(staging);
+    free(staging);
     for (int i = 0; i < ARTIFACTS; i++)
         free(paths[i]);
     if (rc < 0) {
@@ -895,6 +944,61 @@ int wk_on_snapshot(wk_t *w, const sp_envelope_t *ev)
            SP_KU("image_bytes", art[0].size), SP_KU("rootfs_bytes", art[1].size),
            SP_KS("address", info.address));
     return wk_publish_fact(w, &env, "snapshotted", ev->event_id);
+}
+
+int wk_snapshot_recover(wk_t *w, const char *sbx, const char *tenant, const char *tmpl,
+                        uint32_t vcpu, uint32_t memory_mb, bool alive)
+{
+    char snap[SP_SNAPSHOT_ID_LEN + 1] = "", err[WK_ERR_MAX] = "", key[ARTIFACTS][256];
+    char *staging = staging_of(w, sbx, snap);
+    if (!staging)
+        return 0;
+    named_keys(snap, key);
+    const char *keys[ARTIFACTS] = {key[0], key[1]};
+    char *paths[ARTIFACTS] = {sp_xasprintf("%s/checkpoint.img.zst", staging),
+                              sp_xasprintf("%s/rootfs.btrfs.zst", staging)};
+    char *raw = sp_xasprintf("%s/image/checkpoint.img", staging);
+    int rc = 0;
+    /* Alive: the restore had run (the staging is its leftover). No image: the checkpoint
+     * never stopped the sandbox, or failed. Either way it is what runsc says. */
+    if (alive || wk_checkpoint_outcome(staging, CHECKPOINT_WAIT_MS) != 1)
+        goto out;
+    sp_log(SP_LOG_INFO, "restoring a sandbox the previous worker stopped for a snapshot",
+           SP_KS("sandbox", sbx), SP_KS("snapshot", snap));
+    if (access(raw, F_OK) == 0) {
+        /* Stopped before its artifacts were made (or while): made again from the image. */
+        wk_checkpoint_t ck = {0};
+        rc = wk_sandbox_checkpoint_finish(w->host, sbx, tmpl, staging, &ck, err);
+        wk_checkpoint_dispose(&ck);
+    }
+    for (int i = 0; i < ARTIFACTS && rc == 0; i++)
+        if (access(paths[i], F_OK) != 0) {
+            rc = -errno;
+            snprintf(err, sizeof(err), "%s: %s", paths[i], strerror(errno));
+        }
+    wk_sandbox_spec_t spec = {.id = sbx,
+                              .template_ = tmpl,
+                              .vcpu = vcpu,
+                              .memory_mb = memory_mb,
+                              .disk_mb = sandbox_disk_mb(w, sbx)};
+    wk_sandbox_info_t info = {0};
+    if (rc == 0)
+        (void)wk_sandbox_destroy(w->host, sbx, NULL); /* the stopped container, if any */
+    if (rc == 0 && (rc = restore_owned(w, &spec, tenant, paths, &info, err)) == 0)
+        rc = 1;
+out:
+    if (rc < 0)
+        sp_log(SP_LOG_ERROR, "cannot restore the sandbox stopped for a snapshot",
+               SP_KS("sandbox", sbx), SP_KS("snapshot", snap), SP_KS("error", err));
+    /* The snapshot was never announced (no SandboxSnapshotted): what it stored goes, and the
+     * intent, redelivered, takes it again. */
+    wk_snap_forget(w, keys, ARTIFACTS);
+    wk_rm_rf(staging);
+    for (int i = 0; i < ARTIFACTS; i++)
+        free(paths[i]);
+    free(raw);
+    free(staging);
+    return rc == 1 ? 1 : 0;
 }
 
 int wk_on_snapshot_delete(wk_t *w, const sp_envelope_t *ev)

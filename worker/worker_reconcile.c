@@ -142,6 +142,17 @@ int wk_reconcile(wk_t *w, PGconn *db)
                 continue;
             }
         }
+        /* Stopped by a named snapshot's checkpoint when the previous worker died: restored
+         * in place from it, and owned again (by the restore). */
+        bool recovered = false;
+        if (state == SP_SBX_RUNNING) {
+            recovered = wk_snapshot_recover(w, sbx, tenant, PQgetvalue(r, i, 5),
+                                            (uint32_t)strtoul(PQgetvalue(r, i, 3), NULL, 10),
+                                            (uint32_t)strtoul(PQgetvalue(r, i, 4), NULL, 10),
+                                            hs == WK_RUNNING || hs == WK_PAUSED) == 1;
+            if (recovered)
+                hs = WK_RUNNING;
+        }
         sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
         Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
         if ((hs == WK_RUNNING || hs == WK_PAUSED) && state == SP_SBX_SUSPENDING) {
@@ -161,9 +172,11 @@ int wk_reconcile(wk_t *w, PGconn *db)
             /* The agent's pipes died with the previous worker: it connects back to the
              * sandbox's channel socket (worker_chan.c); until then commands are refused
              * ("agent_unavailable"). */
-            wk_box_t *box = wk_owned_add(w, sbx, tenant, PQgetvalue(r, i, 5),
-                                         (uint32_t)strtoul(PQgetvalue(r, i, 3), NULL, 10),
-                                         (uint32_t)strtoul(PQgetvalue(r, i, 4), NULL, 10));
+            wk_box_t *box = recovered
+                                ? NULL
+                                : wk_owned_add(w, sbx, tenant, PQgetvalue(r, i, 5),
+                                               (uint32_t)strtoul(PQgetvalue(r, i, 3), NULL, 10),
+                                               (uint32_t)strtoul(PQgetvalue(r, i, 4), NULL, 10));
             if (box) {
                 pthread_mutex_lock(&box->mu);
                 snprintf(box->lost_why, sizeof(box->lost_why), "the worker restarted");
@@ -175,7 +188,7 @@ int wk_reconcile(wk_t *w, PGconn *db)
             /* The chains were rebuilt at open; the element normally survived in the set,
              * and re-adding it is idempotent (it is what lets the sandbox talk at all). */
             char nerr[WK_ERR_MAX] = "";
-            if (wk_sandbox_net_restore(w->host, sbx, nerr) < 0)
+            if (!recovered && wk_sandbox_net_restore(w->host, sbx, nerr) < 0)
                 sp_log(SP_LOG_ERROR, "cannot restore the sandbox firewall: it stays cut off",
                        SP_KS("sandbox", sbx), SP_KS("error", nerr));
             Space__V1__SandboxAdopted ad = SPACE__V1__SANDBOX_ADOPTED__INIT;
