@@ -61,61 +61,14 @@ static const char *const cpu_names[CPU_PARTS] = {
     "nats-server",  "postgres",      "space-eventlog", "space-scheduler",
     "space-worker", "space-egressd", "space-gateway",  "sandbox (runsc)"};
 
-/* utime + stime of pid in clock ticks; 0 when it cannot be read. */
-static long long proc_ticks(long pid, long *ret_ppid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
-    FILE *f = fopen(path, "re");
-    if (!f)
-        return 0;
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    /* After the command name's closing parenthesis, fields 3 on: state, ppid (4), ...,
-     * utime (14), stime (15). */
-    const char *p = strrchr(buf, ')');
-    if (!p)
-        return 0;
-    long long field[16] = {0};
-    p += 2;
-    for (int k = 3; k <= 15 && *p; k++) {
-        char *end;
-        field[k] = k == 3 ? 0 : strtoll(p, &end, 10);
-        if (k != 3 && end == p)
-            return 0;
-        p = strchr(p, ' ');
-        if (!p)
-            break;
-        p++;
-    }
-    if (ret_ppid)
-        *ret_ppid = (long)field[4];
-    return field[14] + field[15];
-}
-
-static long pid_file(const char *home, const char *name)
-{
-    char path[512];
-    snprintf(path, sizeof(path), "%s/run/%s.pid", home, name);
-    FILE *f = fopen(path, "re");
-    char line[32] = "";
-    if (f) {
-        if (!fgets(line, sizeof(line), f))
-            line[0] = '\0';
-        fclose(f);
-    }
-    return strtol(line, NULL, 10);
-}
-
 /* CPU ticks so far of the stack's daemons (postgres with its backends) and of the processes
  * of sandbox id (every process whose command line names it: runsc's sandbox and gofer). */
 static void cpu_snapshot(const char *home, const char *id, long long out[CPU_PARTS])
 {
     long pids[CPU_PARTS - 1];
     for (int i = 0; i < CPU_PARTS - 1; i++) {
-        pids[i] = pid_file(home, cpu_names[i]);
-        out[i] = pids[i] ? proc_ticks(pids[i], NULL) : 0;
+        pids[i] = bench_pid_file(home, cpu_names[i]);
+        out[i] = pids[i] ? bench_proc_ticks(pids[i], NULL) : 0;
     }
     out[CPU_PARTS - 1] = 0;
     DIR *d = opendir("/proc");
@@ -125,7 +78,7 @@ static void cpu_snapshot(const char *home, const char *id, long long out[CPU_PAR
         if (*end || pid <= 0)
             continue;
         long ppid = 0;
-        long long t = proc_ticks(pid, &ppid);
+        long long t = bench_proc_ticks(pid, &ppid);
         if (pids[1] && ppid == pids[1]) {
             out[1] += t; /* a postgres backend */
             continue;
