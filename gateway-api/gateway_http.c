@@ -9,6 +9,7 @@
 #include "gateway.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -548,6 +549,16 @@ static void metrics_page(gw_req_t *rq)
     sp_buf_init(&b);
     gw_metrics_render(&rq->gw->metrics, &b);
     gw_metrics_render_locs(&rq->gw->notify.locs, &b);
+    sp_buf_printf(&b,
+                  "# HELP space_gateway_signed_url_failures_total E2B signed /files requests "
+                  "refused: no indexed token matched their signature.\n"
+                  "# TYPE space_gateway_signed_url_failures_total counter\n"
+                  "space_gateway_signed_url_failures_total %" PRIu64 "\n"
+                  "# HELP space_gateway_signed_url_limited_total E2B signed /files requests "
+                  "answered 429: their client failed too many lookups.\n"
+                  "# TYPE space_gateway_signed_url_limited_total counter\n"
+                  "space_gateway_signed_url_limited_total %" PRIu64 "\n",
+                  rq->gw->signed_urls.failures, rq->gw->signed_urls.limited);
     gw_respond(rq, 200, "text/plain; version=0.0.4", b.data, b.len);
     sp_buf_dispose(&b);
 }

@@ -86,7 +86,6 @@ void gw_signed_note(gw_signed_t *s, const char *sandbox, const char *token, size
     for (size_t i = 0; i < GW_SIGNED_MAX; i++) {
         if (s->e[i].stamp != 0 && s->e[i].len == len && memcmp(s->e[i].token, token, len) == 0) {
             slot = i; /* known: only newer now */
-            oldest = 0;
             break;
         }
         if (s->e[i].stamp < oldest) {

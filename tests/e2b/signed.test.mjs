@@ -209,6 +209,9 @@ test('failed lookups are rate-limited per client: 429 with Retry-After, then ser
   }
   assert.ok(codes.includes(401) && codes.includes(429), codes.join(','))
   assert.equal(retryAfter, '1')
+  const metrics = await (await fetch(`${API}/metrics`)).text()
+  assert.match(metrics, /^space_gateway_signed_url_limited_total [1-9]/m)
+  assert.match(metrics, /^space_gateway_signed_url_failures_total [1-9]/m)
   // A good URL is served again once the bucket refilled (10 a second, burst 20).
   const good = await sbx.downloadUrl('/home/user/hello.txt')
   signatureOf(good)
