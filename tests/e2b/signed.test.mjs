@@ -45,6 +45,12 @@ test('downloadUrl() opens with plain fetch, with and without an expiration', asy
     assert.equal(res.status, 200, await res.clone().text())
     assert.equal(await res.text(), 'hello from the first sandbox')
   }
+  // The parameter's name percent-encoded is the same parameter (and is redacted in the log).
+  const odd = (await sbx.downloadUrl('/home/user/hello.txt')).replace('signature=', 'sig%6Eature=')
+  signatureOf(odd.replace('sig%6Eature=', 'signature='))
+  const r = await fetch(odd)
+  assert.equal(r.status, 200)
+  assert.equal(await r.text(), 'hello from the first sandbox')
   // A relative path and an explicit user are part of what is signed.
   const url = await sbx.downloadUrl('hello.txt', { user: 'user' })
   assert.equal(new URL(url).searchParams.get('username'), 'user')
@@ -183,6 +189,7 @@ test('signatures appear in neither the gateway\'s log nor the event log', async 
   let text = ''
   for (const dir of logs) for (const f of readdirSync(dir)) text += readFileSync(`${dir}/${f}`, 'latin1')
   assert.match(text, /signature=REDACTED/, 'the signed requests are logged, their signature redacted')
+  assert.match(text, /sig%6Eature=REDACTED/, 'under any spelling of its name')
   for (const sig of seen) {
     // As sent (percent-encoded in the query) and decoded.
     for (const form of [sig, encodeURIComponent(sig), sig.slice(3)]) {
