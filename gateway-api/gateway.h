@@ -339,6 +339,9 @@ const char *gw_connect_code(int status, const char *code, int *ret_status);
 /* A stream took over the response: gw_respond no longer applies and the request stops
  * counting as in flight (it counts as a stream). */
 void gw_req_mark_streaming(gw_req_t *rq);
+/* The request target as the log shows it: at most cap - 1 bytes, a signature's value in the
+ * query replaced by REDACTED. */
+void gw_log_path(char *dst, size_t cap, h2o_iovec_t path);
 /* The request line for the log, at the end of a request or a stream. */
 void gw_log_request(gw_req_t *rq, int status);
 /* Adds the headers every response carries (X-Request-Id, Content-Type, Cache-Control). */
@@ -399,6 +402,45 @@ void gw_auth_flush(gw_t *gw);
  * Any thread. */
 int gw_access_token(const gw_t *gw, const char *sandbox, const char *tenant, const char *key_id,
                     sp_buf_t *out);
+
+/* ---- E2B signed /files URLs (gateway_signed.c, docs/e2b-signed-urls.md) ---- */
+
+#define GW_SIGNED_MAX       1024 /* indexed tokens = the most candidates one request hashes */
+#define GW_SIGNED_TOKEN_MAX 160  /* "<sandbox>.<key id>.<88 base64url>" fits */
+#define GW_SIGNED_CLIENTS   256  /* buckets of failed lookups, by remote address */
+
+/* The access tokens this gateway computed, to find a signed URL's sandbox, and the rates of
+ * failed lookups. The entries are under mu (any thread: answers on pool threads note tokens);
+ * the buckets and the fill state belong to the loop thread. */
+typedef struct {
+    pthread_mutex_t mu;
+    struct {
+        char sandbox[SP_ID_MAX + 1];
+        char token[GW_SIGNED_TOKEN_MAX];
+        size_t len;
+        uint64_t stamp; /* 0: empty; the largest is the newest */
+    } e[GW_SIGNED_MAX];
+    uint64_t clock;
+    struct {
+        double tokens;
+        int64_t at_ns;
+    } client[GW_SIGNED_CLIENTS], global;
+    bool filling;          /* a fill of the newest sandboxes is running */
+    int64_t fill_after_ns; /* and the next may start then */
+    uint64_t failures, limited;
+} gw_signed_t;
+
+void gw_signed_init(gw_signed_t *s);
+/* Wipes the tokens. */
+void gw_signed_dispose(gw_signed_t *s);
+/* Indexes sandbox's token (len bytes, copied); the oldest entry makes room. Any thread. */
+void gw_signed_note(gw_signed_t *s, const char *sandbox, const char *token, size_t len);
+/* Drops the entries of a sandbox (deleted). Any thread. */
+void gw_signed_forget(gw_signed_t *s, const char *sandbox);
+/* A /files request with no credential header: checks its signature (named: the sandbox the
+ * request names, "" or NULL when none) and, when it matches, authenticates it with the
+ * sandbox's token and calls serve (rq->path_id set); otherwise answers 400/401/429/503. */
+void gw_signed_files(gw_req_t *rq, const char *named, void (*serve)(gw_req_t *rq));
 
 /* ---- API keys through the API (gateway_keys.c) ---- */
 
@@ -876,6 +918,8 @@ struct gw {
     /* gw_gone_note's ring: the newest gone sandboxes. */
     char gone[GW_GONE_MAX][SP_ID_MAX + 1];
     size_t gone_next;
+    /* E2B signed URLs: the token index and the failure rates (gateway_signed.c). */
+    gw_signed_t signed_urls;
     bool stopping;
 };
 

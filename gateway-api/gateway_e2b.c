@@ -60,7 +60,7 @@
 /* ---- keys and tokens ---- */
 
 /* The sandbox's access token for the key that asked (gateway_auth.c): a JSON string. */
-static void json_token(sp_buf_t *b, const gw_t *gw, const char *sandbox, const char *tenant,
+static void json_token(sp_buf_t *b, gw_t *gw, const char *sandbox, const char *tenant,
                        const char *key_id)
 {
     sp_buf_t t;
@@ -68,6 +68,8 @@ static void json_token(sp_buf_t *b, const gw_t *gw, const char *sandbox, const c
     if (gw_access_token(gw, sandbox, tenant, key_id, &t) < 0) {
         sp_buf_puts(b, "null");
     } else {
+        /* The SDK signs /files URLs with it: index it to find their sandbox (gateway_signed.c). */
+        gw_signed_note(&gw->signed_urls, sandbox, t.data, t.len);
         sp_buf_putc(b, '"');
         sp_buf_append(b, t.data, t.len); /* [a-zA-Z0-9_.=-] */
         sp_buf_putc(b, '"');
@@ -128,7 +130,7 @@ static int64_t col_i64(const PGresult *r, int row, int col)
 }
 
 /* A row of GW_SBX_COLUMNS as E2B's ListedSandbox, or SandboxDetail with detail. */
-static void sandbox_row(sp_buf_t *b, const PGresult *r, int row, bool detail, const gw_t *gw,
+static void sandbox_row(sp_buf_t *b, const PGresult *r, int row, bool detail, gw_t *gw,
                         const char *key_id)
 {
     const char *id = PQgetvalue(r, row, 0), *tpl = PQgetvalue(r, row, 2);
@@ -187,7 +189,7 @@ typedef struct {
     char started_after[24];        /* list: microseconds since the epoch, "" = no bound */
     char template_[SP_ID_MAX + 1]; /* list: "" = any */
     char key_id[SP_ID_MAX + 1];    /* get: the key that asks, for the access token */
-    const gw_t *gw;
+    gw_t *gw;
     int limit;
     bool failed;
     int n;

@@ -7,13 +7,15 @@
  *   POST /filesystem.Filesystem/WatchDir             Connect streaming
  *   POST /filesystem.Filesystem/{CreateWatcher,GetWatcherEvents,RemoveWatcher}  Connect unary
  *   GET  /files?path=&username=     download;   POST /files   upload (multipart or raw)
+ *        with &signature=v1_...[&signature_expiration=] and no header: a signed URL
  *   GET  /health
  *
  * Which sandbox: the E2b-Sandbox-Id header, else the sandbox part of X-Access-Token, else the
  * Host header "<port>-<id>.<domain>". Who asks: X-Access-Token, the sandbox's own access token
  * (gateway_auth.c; valid for the sandbox it names only), else X-API-KEY, an API key of the
  * sandbox's tenant, like on every other route. A token naming another sandbox than
- * E2b-Sandbox-Id is refused.
+ * E2b-Sandbox-Id is refused. /files without either may carry the SDK's signature instead
+ * (downloadUrl, uploadUrl): gateway_signed.c finds its sandbox and token.
  *
  * Each call becomes one of our own operations and nothing more:
  * - Start translates its request into our command body (argv = cmd + args, envs, cwd, the
@@ -58,8 +60,10 @@
 /* ---- requests: sandbox, key, user, messages ---- */
 
 /* Finds the sandbox and the key; false when the request names neither consistently (answered
- * with 401). */
-static bool target(gw_req_t *rq)
+ * with 401). signed: a /files request, which may come without a credential header and carry
+ * a signature in its query instead (gateway_signed.c): then *signed stays true and path_id holds
+ * the sandbox the request names, if any. */
+static bool target(gw_req_t *rq, bool *signed_url)
 {
     const h2o_iovec_t *sid = gw_req_header(rq, "e2b-sandbox-id", NULL);
     const h2o_iovec_t *tok = gw_req_header(rq, "x-access-token", NULL);
@@ -97,11 +101,13 @@ static bool target(gw_req_t *rq)
                          "the access token belongs to another sandbox");
         return false;
     }
-    if (!rq->auth_key.base) {
+    if (!rq->auth_key.base && !signed_url) {
         gw_respond_error(rq, 401, "unauthorized", NULL,
                          "send X-Access-Token (the sandbox's envdAccessToken) or X-API-KEY");
         return false;
     }
+    if (signed_url)
+        *signed_url = !rq->auth_key.base;
     /* A malformed id reads as an unknown sandbox (checked after authentication). */
     size_t n = id.len < SP_ID_MAX ? id.len : SP_ID_MAX;
     memcpy(rq->path_id, id.base ? id.base : "", n);
@@ -934,9 +940,26 @@ static bool is_method(const h2o_req_t *req, const char *m)
 
 static void routed(gw_req_t *rq, void (*fn)(gw_req_t *))
 {
-    if (!target(rq))
+    if (!target(rq, NULL))
         return;
     rq->after_auth = fn;
+    gw_auth(rq);
+}
+
+/* /files: a credential header, else a signed URL (gateway_signed.c). */
+static void routed_files(gw_req_t *rq)
+{
+    bool signed_url = false;
+    if (!target(rq, &signed_url))
+        return;
+    if (signed_url) {
+        char named[SP_ID_MAX + 1];
+        snprintf(named, sizeof(named), "%s", rq->path_id);
+        rq->path_id[0] = '\0';
+        gw_signed_files(rq, named, files_http);
+        return;
+    }
+    rq->after_auth = files_http;
     gw_auth(rq);
 }
 
@@ -975,7 +998,7 @@ bool gw_e2b_envd_route(gw_req_t *rq, const char *path, size_t len)
         }
         if (is_method(req, "POST"))
             rq->body_limit = rq->gw->cfg->max_file_bytes;
-        routed(rq, files_http);
+        routed_files(rq);
         return true;
     }
     if (h2o_memis(path, len, H2O_STRLIT("/health"))) {

@@ -9,6 +9,7 @@
 #include "gateway.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -145,6 +146,65 @@ static void copy_iovec(char *dst, size_t cap, h2o_iovec_t v)
     dst[n] = '\0';
 }
 
+/* Whether a query key (raw, percent-encoded or not) decodes to "signature". */
+static bool is_signature_key(const char *k, size_t n)
+{
+    static const char want[] = "signature";
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++, o++) {
+        int c = (unsigned char)k[i];
+        if (c == '%' && i + 2 < n && sp_hex_digit(k[i + 1]) >= 0 && sp_hex_digit(k[i + 2]) >= 0) {
+            c = sp_hex_digit(k[i + 1]) * 16 + sp_hex_digit(k[i + 2]);
+            i += 2;
+        }
+        if (o >= sizeof(want) - 1 || c != want[o])
+            return false;
+    }
+    return o == sizeof(want) - 1;
+}
+
+void gw_log_path(char *dst, size_t cap, h2o_iovec_t path)
+{
+    /* A signed E2B URL's signature is a credential (gateway_signed.c): the log keeps the
+     * parameter, not its value. */
+    const char *q = memchr(path.base, '?', path.len);
+    size_t o = 0;
+    if (!q) {
+        copy_iovec(dst, cap, path);
+        return;
+    }
+    size_t head = (size_t)(q - path.base) + 1;
+    if (head > cap - 1)
+        head = cap - 1;
+    memcpy(dst, path.base, head);
+    o = head;
+    const char *p = q + 1, *end = path.base + path.len;
+    while (p < end && o < cap - 1) {
+        const char *amp = memchr(p, '&', (size_t)(end - p));
+        const char *seg_end = amp ? amp + 1 : end;
+        const char *eq = memchr(p, '=', (size_t)(seg_end - p));
+        const char *keep_end = seg_end;
+        static const char mask[] = "REDACTED";
+        bool redact = eq && is_signature_key(p, (size_t)(eq - p));
+        if (redact)
+            keep_end = eq + 1;
+        size_t n = (size_t)(keep_end - p);
+        if (n > cap - 1 - o)
+            n = cap - 1 - o;
+        memcpy(dst + o, p, n);
+        o += n;
+        if (redact) {
+            size_t m = sizeof(mask) - 1 < cap - 1 - o ? sizeof(mask) - 1 : cap - 1 - o;
+            memcpy(dst + o, mask, m);
+            o += m;
+            if (amp && o < cap - 1)
+                dst[o++] = '&';
+        }
+        p = seg_end;
+    }
+    dst[o] = '\0';
+}
+
 int gw_req_fd(h2o_req_t *req)
 {
     if (!req->conn || !req->conn->callbacks->get_socket)
@@ -213,7 +273,7 @@ static gw_req_t *req_new(gw_t *gw, h2o_req_t *req)
     rq->start_ns = sp_mono_ns();
     pick_request_id(req, rq->request_id);
     copy_iovec(rq->method, sizeof(rq->method), req->method);
-    copy_iovec(rq->path, sizeof(rq->path), req->path);
+    gw_log_path(rq->path, sizeof(rq->path), req->path);
     gw_req_t **link = h2o_mem_alloc_shared(&req->pool, sizeof(gw_req_t *), on_pool_dispose);
     *link = rq;
     rq->counted_in_flight = true;
@@ -489,6 +549,16 @@ static void metrics_page(gw_req_t *rq)
     sp_buf_init(&b);
     gw_metrics_render(&rq->gw->metrics, &b);
     gw_metrics_render_locs(&rq->gw->notify.locs, &b);
+    sp_buf_printf(&b,
+                  "# HELP space_gateway_signed_url_failures_total E2B signed /files requests "
+                  "refused: no indexed token matched their signature.\n"
+                  "# TYPE space_gateway_signed_url_failures_total counter\n"
+                  "space_gateway_signed_url_failures_total %" PRIu64 "\n"
+                  "# HELP space_gateway_signed_url_limited_total E2B signed /files requests "
+                  "answered 429: their client failed too many lookups.\n"
+                  "# TYPE space_gateway_signed_url_limited_total counter\n"
+                  "space_gateway_signed_url_limited_total %" PRIu64 "\n",
+                  rq->gw->signed_urls.failures, rq->gw->signed_urls.limited);
     gw_respond(rq, 200, "text/plain; version=0.0.4", b.data, b.len);
     sp_buf_dispose(&b);
 }
@@ -875,7 +945,7 @@ static void on_setup_ostream(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t *
 
     char method[16], path[512];
     copy_iovec(method, sizeof(method), req->input.method);
-    copy_iovec(path, sizeof(path), req->input.path);
+    gw_log_path(path, sizeof(path), req->input.path);
     gw_metrics_request(&gw->metrics, GW_R_OTHER, req->res.status);
     sp_log(SP_LOG_INFO, "request", SP_KS("method", method), SP_KS("path", path),
            SP_KI("status", req->res.status), SP_KF("duration_ms", 0.0), SP_KS("request_id", rid),

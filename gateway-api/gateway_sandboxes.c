@@ -599,6 +599,7 @@ void gw_gone_note(gw_t *gw, const char *sandbox_id)
         return;
     snprintf(gw->gone[gw->gone_next], sizeof(gw->gone[0]), "%s", sandbox_id);
     gw->gone_next = (gw->gone_next + 1) % GW_GONE_MAX;
+    gw_signed_forget(&gw->signed_urls, sandbox_id);
 }
 
 bool gw_gone_known(const gw_t *gw, const char *sandbox_id)

@@ -42,7 +42,22 @@ typedef struct {
     outcome_t outcome;
     int bus_rc;
     sp_buf_t out; /* the list */
+    /* E2B's list is paged (the SDK's SnapshotPaginator): the matching snapshots are gathered,
+     * ordered by id, and limit of those after the cursor (an id, the nextToken) answered; the
+     * last one's id is the next token when more follow. Ordering by id keeps a page boundary
+     * stable when snapshots are added or deleted between pages. */
+    struct snap_item {
+        char id[SP_SNAPSHOT_ID_LEN + 1];
+        sp_buf_t json;
+    } * items;
+    size_t n_items, cap_items;
+    int64_t limit;
+    char cursor[SP_SNAPSHOT_ID_LEN + 1];
+    char next[SP_SNAPSHOT_ID_LEN + 1];
 } snap_job_t;
+
+#define SNAP_LIMIT_DEF 100
+#define SNAP_LIMIT_MAX 1000
 
 void gw_snapshot_json(const sp_envelope_t *ev, int64_t at_us, sp_buf_t *b)
 {
@@ -156,13 +171,37 @@ static int list_one(void *arg, const sp_envelope_t *ev, int64_t at_us)
     if ((s->sandbox_id[0] && strcmp(ev->aggregate->id, s->sandbox_id) != 0) ||
         (s->name[0] && strcmp(ev->sandbox_snapshotted->name, s->name) != 0))
         return 0;
+    if (s->rq->dialect == GW_DIALECT_E2B) {
+        if (s->cursor[0] && strcmp(ev->sandbox_snapshotted->snapshot_id, s->cursor) <= 0)
+            return 0; /* on an earlier page */
+        if (s->n_items == s->cap_items) {
+            s->cap_items = s->cap_items ? s->cap_items * 2 : 16;
+            s->items = sp_xrealloc(s->items, s->cap_items * sizeof(*s->items));
+        }
+        struct snap_item *it = &s->items[s->n_items++];
+        snprintf(it->id, sizeof(it->id), "%s", ev->sandbox_snapshotted->snapshot_id);
+        sp_buf_init(&it->json);
+        gw_snapshot_json_e2b(ev, &it->json);
+        return 0;
+    }
     if (s->out.len > 1)
         sp_buf_putc(&s->out, ',');
-    if (s->rq->dialect == GW_DIALECT_E2B)
-        gw_snapshot_json_e2b(ev, &s->out);
-    else
-        gw_snapshot_json(ev, at_us, &s->out);
+    gw_snapshot_json(ev, at_us, &s->out);
     return 0;
+}
+
+static int by_id(const void *a, const void *b)
+{
+    return strcmp(((const struct snap_item *)a)->id, ((const struct snap_item *)b)->id);
+}
+
+static void items_free(snap_job_t *s)
+{
+    for (size_t i = 0; i < s->n_items; i++)
+        sp_buf_dispose(&s->items[i].json);
+    free(s->items);
+    s->items = NULL;
+    s->n_items = s->cap_items = 0;
 }
 
 static void list_run(gw_job_t *job, PGconn *db)
@@ -170,8 +209,21 @@ static void list_run(gw_job_t *job, PGconn *db)
     snap_job_t *s = (snap_job_t *)job;
     sp_buf_puts(&s->out, "[");
     if (sp_db_snapshot_each(db, s->tenant, list_one, s) < 0) {
+        items_free(s);
         s->outcome = S_DB_ERROR;
         return;
+    }
+    if (s->items) {
+        qsort(s->items, s->n_items, sizeof(*s->items), by_id);
+        size_t shown = s->n_items < (size_t)s->limit ? s->n_items : (size_t)s->limit;
+        for (size_t i = 0; i < shown; i++) {
+            if (i)
+                sp_buf_putc(&s->out, ',');
+            sp_buf_append(&s->out, s->items[i].json.data, s->items[i].json.len);
+        }
+        if (shown < s->n_items)
+            snprintf(s->next, sizeof(s->next), "%s", s->items[shown - 1].id);
+        items_free(s);
     }
     sp_buf_puts(&s->out, "]");
     s->outcome = S_LISTED;
@@ -186,7 +238,11 @@ static void snap_done(gw_job_t *job)
 
     switch (s->outcome) {
     case S_LISTED: {
-        if (rq->dialect == GW_DIALECT_E2B) { /* a bare array, one page */
+        if (rq->dialect == GW_DIALECT_E2B) { /* a bare array, a page of it */
+            if (s->next[0] && gw_req_live(rq))
+                h2o_add_header_by_str(
+                    &rq->req->pool, &rq->req->res.headers, H2O_STRLIT("x-next-token"), 0, NULL,
+                    h2o_strdup(&rq->req->pool, s->next, strlen(s->next)).base, strlen(s->next));
             gw_respond_json(rq, 200, &s->out);
             break;
         }
@@ -330,8 +386,31 @@ void gw_snapshot_list(gw_req_t *rq)
         free(s);
         return;
     }
+    s->limit = SNAP_LIMIT_DEF;
     for (size_t i = 0; i < q.n; i++) {
-        if (strcmp(q.p[i].key, "sandboxID") == 0 && rq->dialect == GW_DIALECT_E2B)
+        const char *k = q.p[i].key, *v = q.p[i].value;
+        bool e2b = rq->dialect == GW_DIALECT_E2B;
+        if (e2b && strcmp(k, "limit") == 0) {
+            char *end = NULL;
+            errno = 0;
+            long long x = strtoll(v, &end, 10);
+            if (errno || end == v || *end || x < 1 || x > SNAP_LIMIT_MAX) {
+                gw_respond_error(rq, 400, "invalid_query", NULL, "limit must be 1..%d",
+                                 SNAP_LIMIT_MAX);
+                sp_buf_dispose(&s->out);
+                free(s);
+                return;
+            }
+            s->limit = x;
+        } else if (e2b && strcmp(k, "nextToken") == 0) {
+            if (v[0] && !sp_snapshot_id_valid(v)) {
+                gw_respond_error(rq, 400, "invalid_query", NULL, "nextToken is not valid");
+                sp_buf_dispose(&s->out);
+                free(s);
+                return;
+            }
+            snprintf(s->cursor, sizeof(s->cursor), "%s", v);
+        } else if (strcmp(q.p[i].key, "sandboxID") == 0 && rq->dialect == GW_DIALECT_E2B)
             snprintf(s->sandbox_id, sizeof(s->sandbox_id), "%.64s", q.p[i].value);
         else if (strcmp(q.p[i].key, "name") == 0 && rq->dialect == GW_DIALECT_E2B)
             snprintf(s->name, sizeof(s->name), "%.64s", q.p[i].value);
@@ -341,7 +420,7 @@ void gw_snapshot_list(gw_req_t *rq)
             sp_buf_dispose(&s->out);
             free(s);
             return;
-        } /* E2B's limit and nextToken: one page holds them all */
+        } /* other E2B parameters are ignored, as E2B's API does */
     }
     snap_submit(rq, s);
 }

@@ -316,6 +316,7 @@ int main(int argc, char **argv)
     setenv("UV_THREADPOOL_SIZE", pool_threads, 1);
 
     gw.cfg = &cfg;
+    gw_signed_init(&gw.signed_urls);
     sp_bus_opts_t bo = {.url = cfg.nats_url,
                         .name = GW_DAEMON,
                         .user = cfg.nats_user[0] ? cfg.nats_user : NULL,
@@ -406,6 +407,7 @@ out:
     sp_bus_free(gw.bus);
     sp_busid_dispose(&busid);
     sp_sign_key_free(own_token_key);
+    gw_signed_dispose(&gw.signed_urls);
     sp_config_dispose(options, N_OPTIONS, &cfg);
     free(err);
     return exit_code;

@@ -42,4 +42,4 @@ done
 
 # SPACE_E2B_TESTS: a subset of the files (a developer's shortcut; CTest runs them all).
 exec node --test --test-concurrency=1 ${SPACE_E2B_TESTS:-hostile.test.mjs network.test.mjs more.test.mjs \
-  parity.test.mjs snapshots.test.mjs sdk-2.51.test.mjs sdk-2.50.test.mjs}
+  parity.test.mjs snapshots.test.mjs signed.test.mjs sdk-2.51.test.mjs sdk-2.50.test.mjs}

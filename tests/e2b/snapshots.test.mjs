@@ -39,6 +39,37 @@ test('a snapshot: both sandboxes made from it have what was written before, none
   await assert.rejects(Sandbox.create(snap.snapshotId))
 })
 
+test('listSnapshots pages: limit per page, x-next-token to the next, each snapshot once', async () => {
+  const ids = []
+  for (let i = 0; i < 3; i++) ids.push((await sbx.createSnapshot({ name: `paged-${i}` })).snapshotId)
+  try {
+    const pages = []
+    for (const p = Sandbox.listSnapshots({ sandboxId: sbx.sandboxId, limit: 2 }); p.hasNext;) pages.push(await p.nextItems())
+    assert.deepEqual(pages.map((pg) => pg.length), [2, 1], JSON.stringify(pages))
+    const seen = pages.flat().map((x) => x.snapshotId)
+    assert.deepEqual([...seen].sort(), [...ids].sort())
+    // One page at a time, by hand: the token is the header, and a deleted boundary is no hole.
+    const api = process.env.E2B_API_URL
+    const headers = { 'X-API-KEY': process.env.E2B_API_KEY }
+    let res = await fetch(`${api}/snapshots?sandboxID=${sbx.sandboxId}&limit=1`, { headers })
+    const first = await res.json()
+    const token = res.headers.get('x-next-token')
+    assert.equal(first.length, 1)
+    assert.equal(token, first[0].snapshotID)
+    assert.equal(await Sandbox.deleteSnapshot(token), true)
+    res = await fetch(`${api}/snapshots?sandboxID=${sbx.sandboxId}&limit=5&nextToken=${token}`, { headers })
+    assert.equal(res.status, 200)
+    assert.equal(res.headers.get('x-next-token'), null, 'the last page has no token')
+    assert.deepEqual((await res.json()).map((x) => x.snapshotID), seen.filter((x) => x !== token))
+    res = await fetch(`${api}/snapshots?limit=0`, { headers })
+    assert.equal(res.status, 400)
+    res = await fetch(`${api}/snapshots?nextToken=..%2F`, { headers })
+    assert.equal(res.status, 400)
+  } finally {
+    for (const id of ids) await Sandbox.deleteSnapshot(id).catch(() => {})
+  }
+})
+
 test('fork: copies that count on by themselves, each with its own network', async () => {
   await sbx.commands.run('n=0; while :; do n=$((n+1)); echo $n > /tmp/c; sleep 0.2; done', {
     background: true,
