@@ -24,7 +24,7 @@ typedef struct {
     size_t execs;
     size_t rounds;    /* lifecycle */
     const char *home; /* SPACE_HOME: the worker's template rootfs for the baseline */
-    /* eventlog: a directory holding another build's space-eventlog to compare with; NULL: none */
+    /* eventlog, exec: a directory holding another build's daemons to compare with; NULL: none */
     const char *baseline_bin;
     char api_host[64];
     int api_port;
@@ -97,6 +97,11 @@ int bench_create_sandbox(bench_ctx_t *c, char id[80]);
 char *bench_make_bundle(const char *rootfs, const char *args_json);
 /* Runs argv with stdio on /dev/null; its exit status, or -1. */
 int bench_run_quiet(char *const argv[]);
+/* Stops the stack's daemons names[0..n) (SIGTERM to run/NAME.pid, waiting until each is gone)
+ * and starts them again with `space up` (it starts what is not running), from bin_dir's
+ * build, or NULL: the stack's own SPACE_BIN_DIR as the bench found it. Sets SPACE_HOME and
+ * SPACE_BIN_DIR in the bench's environment. 0, or -1 when space up keeps failing. */
+int bench_restart_daemons(bench_ctx_t *c, const char *const *names, size_t n, const char *bin_dir);
 /* One table row: name, p50, p90, p99 of v (sorted in place). */
 void bench_row(const char *name, double *v, size_t n);
 
