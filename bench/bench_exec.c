@@ -4,6 +4,8 @@
  * the same run. */
 #include <dirent.h>
 #include <fcntl.h>
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +18,7 @@
 #include "httpc.h"
 #include "ids.h"
 #include "json.h"
+#include "metrics.h"
 #include "xmalloc.h"
 
 static double api_exec(bench_ctx_t *c, const char *path)
@@ -95,10 +98,11 @@ static long long proc_ticks(long pid, long *ret_ppid)
     return field[14] + field[15];
 }
 
-static long pid_file(const char *home, const char *name)
+/* The number in $home/run/<name><suffix>; 0 when none. */
+static long run_file(const char *home, const char *name, const char *suffix)
 {
     char path[512];
-    snprintf(path, sizeof(path), "%s/run/%s.pid", home, name);
+    snprintf(path, sizeof(path), "%s/run/%s%s", home, name, suffix);
     FILE *f = fopen(path, "re");
     char line[32] = "";
     if (f) {
@@ -107,6 +111,11 @@ static long pid_file(const char *home, const char *name)
         fclose(f);
     }
     return strtol(line, NULL, 10);
+}
+
+static long pid_file(const char *home, const char *name)
+{
+    return run_file(home, name, ".pid");
 }
 
 /* CPU ticks so far of the stack's daemons (postgres with its backends) and of the processes
@@ -156,7 +165,33 @@ typedef struct {
     long long cpu[CPU_PARTS]; /* ticks over the back-to-back commands */
     long long events;         /* messages the stream stored over them */
     long long sandbox_events; /* of them, rows in the log about the sandbox (aggregate id) */
+    double batches;           /* transactions the event log committed over them */
+    double store_s;           /* seconds the event log spent in them */
 } exec_run_t;
+
+/* The event log's batch count (its transactions) and the seconds spent storing them, from its
+ * metrics (docs/metrics.md: the port in run/space-eventlog.metrics); false when unreadable. */
+static bool eventlog_batches(bench_ctx_t *c, double *ret_batches, double *ret_store_s)
+{
+    long port = run_file(c->home, "space-eventlog", SP_METRICS_PORT_SUFFIX);
+    if (port <= 0 || port > 65535)
+        return false;
+    sp_httpc_req_t req = {
+        .host = "127.0.0.1", .port = (int)port, .method = "GET", .path = "/metrics"};
+    sp_httpc_resp_t r = {0};
+    bool ok = false;
+    if (sp_httpc_do(&req, &r) == 0 && r.status == 200 && r.body) {
+        const char *b = strstr(r.body, "\nspace_eventlog_batch_events_count ");
+        const char *t = strstr(r.body, "\nspace_eventlog_store_seconds_sum ");
+        if (b && t) {
+            *ret_batches = strtod(strchr(b + 1, ' '), NULL);
+            *ret_store_s = strtod(strchr(t + 1, ' '), NULL);
+            ok = true;
+        }
+    }
+    sp_httpc_resp_free(&r);
+    return ok;
+}
 
 static long long scalar_ll(PGconn *db, const char *sql, const char *arg)
 {
@@ -221,7 +256,9 @@ static void exec_block(bench_ctx_t *c, const char *id, const char *path, const c
      * stored, acked, written to PostgreSQL), on the same two cores. The CPU each process spent
      * per command says where a command's cost goes. */
     long long cpu0[CPU_PARTS], cpu1[CPU_PARTS];
+    double tx0 = 0, tx1 = 0, st0 = 0, st1 = 0;
     uint64_t seq0 = stream_settled(c);
+    bool tx = eventlog_batches(c, &tx0, &st0);
     long long sb0 = scalar_ll(c->db, "SELECT count(*) FROM events WHERE aggregate_id = $1", id);
     cpu_snapshot(c->home, id, cpu0);
     for (size_t i = 0; i < m; i++)
@@ -231,6 +268,12 @@ static void exec_block(bench_ctx_t *c, const char *id, const char *path, const c
     uint64_t seq1 = stream_settled(c);
     cpu_snapshot(c->home, id, cpu1);
     long long sb1 = scalar_ll(c->db, "SELECT count(*) FROM events WHERE aggregate_id = $1", id);
+    if (tx && eventlog_batches(c, &tx1, &st1)) {
+        x->batches += tx1 - tx0;
+        x->store_s += st1 - st0;
+    } else {
+        x->batches = x->store_s = NAN;
+    }
     x->m += m;
     for (int i = 0; i < CPU_PARTS; i++)
         x->cpu[i] += cpu1[i] - cpu0[i];
@@ -271,6 +314,8 @@ static void exec_report(const char *what, const char *build, exec_run_t *x, cons
     printf("    %-20s %6.2f ms (two cores here)\n", "all", all);
     printf("  events per command: %.2f stored in the stream (%.2f about the sandbox)\n",
            (double)x->events / (double)x->m, (double)x->sandbox_events / (double)x->m);
+    printf("  event log transactions per command: %.2f, %.3f ms each in the event log (metrics)\n",
+           x->batches / (double)x->m, x->store_s * 1e3 / x->batches);
     out[0] = a[0];
     out[1] = b[0];
     out[2] = k[0];
@@ -280,8 +325,10 @@ static void exec_report(const char *what, const char *build, exec_run_t *x, cons
            "\"api_ms_p90\":%.2f,\"api_ms_p99\":%.2f,\"runsc_exec_ms_p50\":%.2f,"
            "\"runsc_exec_ms_p90\":%.2f,\"runsc_exec_ms_p99\":%.2f,\"api_runsc_ratio_p50\":%.3f,"
            "\"back_to_back_ms_p50\":%.2f,\"cpu_ms_per_command\":%.2f,"
-           "\"host_cpu_ms_per_command\":%.2f,\"events_per_command\":%.2f}\n",
-           build, x->n, a[0], a[1], a[2], b[0], b[1], b[2], a[0] / b[0], k[0], all, host, out[4]);
+           "\"host_cpu_ms_per_command\":%.2f,\"events_per_command\":%.2f,"
+           "\"eventlog_tx_per_command\":%.2f}\n",
+           build, x->n, a[0], a[1], a[2], b[0], b[1], b[2], a[0] / b[0], k[0], all, host, out[4],
+           x->batches / (double)x->m);
 }
 
 /* The daemons a command goes through, restarted from the other build between blocks. */
