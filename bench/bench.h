@@ -25,7 +25,7 @@ typedef struct {
     size_t rounds;    /* lifecycle */
     size_t sandboxes; /* density */
     const char *home; /* SPACE_HOME: the worker's template rootfs for the baseline */
-    /* eventlog: a directory holding another build's space-eventlog to compare with; NULL: none */
+    /* eventlog, exec: a directory holding another build's daemons to compare with; NULL: none */
     const char *baseline_bin;
     char api_host[64];
     int api_port;
@@ -99,12 +99,19 @@ int bench_create_sandbox(bench_ctx_t *c, char id[80]);
 char *bench_make_bundle(const char *rootfs, const char *args_json);
 /* Runs argv with stdio on /dev/null; its exit status, or -1. */
 int bench_run_quiet(char *const argv[]);
+/* Stops the stack's daemons names[0..n) (SIGTERM to run/NAME.pid, waiting until each is gone)
+ * and starts them again with `space up` (it starts what is not running), from bin_dir's
+ * build, or NULL: the stack's own SPACE_BIN_DIR as the bench found it. Sets SPACE_HOME and
+ * SPACE_BIN_DIR in the bench's environment. 0, or -1 when space up keeps failing. */
+int bench_restart_daemons(bench_ctx_t *c, const char *const *names, size_t n, const char *bin_dir);
 /* One table row: name, p50, p90, p99 of v (sorted in place). */
 void bench_row(const char *name, double *v, size_t n);
 /* utime + stime of pid in clock ticks (0 when it cannot be read); *ret_ppid its parent. */
 long long bench_proc_ticks(long pid, long *ret_ppid);
 /* The pid in $home/run/<name>.pid, 0 for none. */
 long bench_pid_file(const char *home, const char *name);
+/* The number in $home/run/<name><suffix> (a pid, a port), 0 for none. */
+long bench_run_file(const char *home, const char *name, const char *suffix);
 /* The CPU ticks so far of the stack's daemon name (postgres: with its live backends but the
  * one whose pid is except, e.g. the bench's own: PQbackendPID). */
 long long bench_daemon_ticks(const char *home, const char *name, long except);

@@ -169,40 +169,13 @@ static double sign_events(const bench_keys_t *k, sp_eventgen_msg_t *m, size_t n,
 static long long scalar(PGconn *db, const char *sql);
 static int64_t wait_stored(PGconn *db, uint64_t seq, int timeout_s);
 
-/* The stack's own SPACE_BIN_DIR, as the bench found it (NULL: unset). */
-static char *own_bin_dir;
-static bool own_bin_dir_read;
-
 /* Restarts the eventlog in $SPACE_HOME with verify-signatures=mode (on/off), the bench's
  * keyring and checkpoints on or off, from the stack's own build or (bin_dir) another one's
  * space-eventlog, and waits until it stores again (one probe event). */
 static void restart_eventlog_from(bench_ctx_t *c, const bench_keys_t *k, const char *mode,
                                   bool checkpoints, const char *bin_dir)
 {
-    char path[4096], exe[4096], line[32];
-    ssize_t el;
-    FILE *f;
-    int pid = 0;
-
-    snprintf(path, sizeof(path), "%s/run/space-eventlog.pid", c->home);
-    if ((f = fopen(path, "re"))) {
-        if (fgets(line, sizeof(line), f))
-            pid = (int)strtol(line, NULL, 10);
-        fclose(f);
-    }
-    if (pid > 0 && kill(pid, SIGTERM) == 0)
-        for (int i = 0; i < 3000 && kill(pid, 0) == 0; i++) {
-            char st = 'Z';
-            snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-            if ((f = fopen(path, "re"))) {
-                if (fscanf(f, "%*d %*s %c", &st) != 1)
-                    st = 'Z';
-                fclose(f);
-            }
-            if (st == 'Z')
-                break;
-            nanosleep(&(struct timespec){.tv_nsec = 10000000}, NULL);
-        }
+    static const char *const eventlog[] = {"space-eventlog"};
     setenv("SPACE_VERIFY_SIGNATURES", mode, 1);
     setenv("SPACE_KEYRING_DIR", k->dir, 1);
     if (checkpoints) {
@@ -212,36 +185,7 @@ static void restart_eventlog_from(bench_ctx_t *c, const bench_keys_t *k, const c
         setenv("SPACE_CHECKPOINT_EVENTS", "0", 1);
         setenv("SPACE_CHECKPOINT_MS", "0", 1);
     }
-    setenv("SPACE_HOME", c->home, 1);
-    if (!own_bin_dir_read) {
-        const char *own = getenv("SPACE_BIN_DIR");
-        own_bin_dir = own ? sp_xstrdup(own) : NULL;
-        own_bin_dir_read = true;
-    }
-    /* space up starts what is not running (here the eventlog alone) from SPACE_BIN_DIR. */
-    if (bin_dir)
-        setenv("SPACE_BIN_DIR", bin_dir, 1);
-    else if (own_bin_dir)
-        setenv("SPACE_BIN_DIR", own_bin_dir, 1);
-    else
-        unsetenv("SPACE_BIN_DIR");
-    el = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    exe[el > 0 ? el : 0] = '\0';
-    char *slash = strrchr(exe, '/');
-    if (slash)
-        *slash = '\0';
-    char *cmd = sp_xasprintf("'%s/space' up >/dev/null", exe);
-    /* A loaded machine can time out one of space up's JetStream calls (docs/machine-notes.md):
-     * try again before giving the whole invocation up. */
-    int rc = -1;
-    for (int attempt = 0; attempt < 6 && rc != 0; attempt++) {
-        if (attempt) {
-            fprintf(stderr, "space-bench: space up failed; trying again\n");
-            sleep(5);
-        }
-        rc = system(cmd); /* NOLINT(cert-env33-c): the stack's own CLI */
-    }
-    free(cmd);
+    int rc = bench_restart_daemons(c, eventlog, 1, bin_dir);
     sp_eventgen_msg_t probe;
     uint64_t last = 0, msgs = 0;
     if (rc != 0 ||

@@ -68,7 +68,8 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_STR_OPT("home", bench_config_t, home, "./var", "SPACE_HOME of the stack"),
     SP_CFG_STR_OPT("baseline-bin", bench_config_t, baseline_bin, "",
                    "eventlog: also run each throughput mode with DIR/space-eventlog (another "
-                   "build), alternating with this one run by run"),
+                   "build), alternating with this one run by run; exec: the same commands with "
+                   "DIR's gateway, worker and event log, in blocks taking turns with this build"),
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 

@@ -32,6 +32,12 @@ if [ "$what" = create ]; then
   # (--warm-pool, default 2) for the pooled part and the burst (bench/bench_create.c).
   export SPACE_POOL_SIZE=0
 fi
+if [ "$what" = exec ]; then
+  # `runsc exec` beside each command names the sandbox's container, whose id is the sandbox's
+  # only when it was created cold: a sandbox claimed from a warm pool runs in the pooled
+  # container (pool_...), and runsc answers "file does not exist".
+  export SPACE_POOL_SIZE=0
+fi
 if [ "$what" = cred ]; then
   what=egress
   set -- cred "$@"
