@@ -1,4 +1,5 @@
-/* PostgreSQL killed (SIGKILL on the postmaster) while a bounded workload runs in threads
+/* PostgreSQL killed (SIGKILL on the postmaster), or stopped fast (SIGINT, as `pg_ctl restart -m
+ * fast` does first), while a bounded workload runs in threads
  * (creates, commands, file writes, deletes), and started again by `space up` some seconds
  * later (issue 18). What must hold:
  * - during the outage the API answers, and what it cannot do it refuses with a 503 and a JSON
@@ -36,6 +37,7 @@
 
 #define THREADS        4
 #define OPS_PER_THREAD 40
+#define OPS_MIN        8
 #define OUTAGE_MS      4000
 #define CLIENT_MS      60000 /* a client's deadline: no answer may take longer */
 #define RECOVER_MS     60000
@@ -123,7 +125,8 @@ static void *worker_main(void *arg)
 {
     worker_t *w = arg;
     char created[64] = "";
-    for (int i = 0; i < OPS_PER_THREAD && !atomic_load(&stop); i++) {
+    /* At least OPS_MIN calls (each kind twice), then until PostgreSQL is back and working. */
+    for (int i = 0; i < OPS_PER_THREAD && (i < OPS_MIN || !atomic_load(&stop)); i++) {
         call_t *c = &w->calls[w->ncalls++];
         char path[256], body[256];
         const char *sbx = busy[(w->n + i) % 2];
@@ -207,9 +210,11 @@ static int64_t wait_working(void)
     return -1;
 }
 
-static void test_postgres_killed_under_load(void **state)
+/* sig: SIGKILL (a crash: the backends follow the postmaster, the server recovers from its WAL
+ * at the next start) or SIGINT (`pg_ctl stop -m fast`: every session is told FATAL
+ * "terminating connection due to administrator command" and the server stops cleanly). */
+static void postgres_lost_under_load(int sig)
 {
-    (void)state;
     int pids[N_DAEMONS];
     for (size_t i = 0; i < N_DAEMONS; i++) {
         pids[i] = sp_test_daemon_pid(daemons[i]);
@@ -225,7 +230,7 @@ static void test_postgres_killed_under_load(void **state)
     /* The outage: the postmaster killed, its backends follow it (they watch its death). */
     PQfinish(db);
     db = NULL;
-    sp_test_daemon_kill9("postgres");
+    sp_test_daemon_stop("postgres", sig);
     int64_t down_at = now_ms();
     int probes = 0;
     while (now_ms() - down_at < OUTAGE_MS) {
@@ -361,10 +366,24 @@ static void test_postgres_killed_under_load(void **state)
     assert_int_equal(sp_test_replay("verify", out, sizeof(out)), 0);
 }
 
+static void test_postgres_killed_under_load(void **state)
+{
+    (void)state;
+    postgres_lost_under_load(SIGKILL);
+}
+
+static void test_postgres_stopped_fast_under_load(void **state)
+{
+    (void)state;
+    atomic_store(&stop, false);
+    postgres_lost_under_load(SIGINT);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_postgres_killed_under_load),
+        cmocka_unit_test(test_postgres_stopped_fast_under_load),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
