@@ -4,11 +4,60 @@
 #        (build first: see README.md; lifecycle-nats: snapshots in the NATS object store)
 #        bench/run.sh egress   (bench/egress.sh: root, a test internet in a network namespace)
 #        bench/run.sh cred     (egress.sh's credential rows only: injected against plain)
+#        bench/run.sh eventlog --nats-nodes 1,3 [space-bench options]
+#          (the eventlog bench once per NATS cluster size, each on a fresh stack of its own with
+#          SPACE_NATS_NODES=n and its streams R(min(3, n)); then throughput and lag side by side
+#          with the ratio to the first size; docs/operations.md "Cluster bench")
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${SPACE_BIN_DIR:-$here/build/bin}
 what=${1:-eventlog}
 shift || true
+if [ "$what" = eventlog ] && [ "${1:-}" = --nats-nodes ]; then
+  # One stack per size, torn down before the next: each phase's stream stays small (a stream
+  # of a million events has made `space up` time out creating a durable consumer).
+  sizes=${2:?--nats-nodes needs a list, e.g. 1,3}
+  shift 2
+  out=$(mktemp "${SPACE_BENCH_TMP:-/tmp/space-bench}-nodes.XXXXXX")
+  trap 'rm -f "$out" "$out".*' EXIT
+  for n in ${sizes//,/ }; do
+    echo "== eventlog on $n NATS node(s)"
+    # Into a file first: tee to /dev/stderr would reopen (and truncate) a redirected log.
+    SPACE_NATS_NODES=$n "$0" eventlog "$@" >"$out.$n"
+    cat "$out.$n"
+    sed -n "s/^JSON \({\"bench\":\"eventlog\",.*\)/$n \1/p" "$out.$n" >>"$out"
+    rm -f "$out.$n"
+  done
+  # The durability the streams ran with (docs/operations.md "Durability"): `space up` writes
+  # sync_interval "always" only for nats-server 2.10 or later.
+  ver=$(nats-server --version 2>/dev/null | sed -n 's/.*v\([0-9][0-9.]*\).*/\1/p')
+  case $ver in
+    2.[0-9].* | "") sync="sync_interval default, 2 min (nats-server ${ver:-unknown} has no such field)" ;;
+    *) sync="sync_interval always (nats-server $ver)" ;;
+  esac
+  echo
+  echo "durability: $sync; streams R(min(3, nodes)); PostgreSQL fsync=on"
+  python3 - "$out" <<'PY'
+import json, sys
+rows = [(int(l.split(" ", 1)[0]), json.loads(l.split(" ", 1)[1])) for l in open(sys.argv[1])]
+if not rows:
+    sys.exit("no eventlog result")
+n0, b = rows[0]
+print("\nNATS cluster size (unsigned mode, checkpoints on; lag at %d ev/s)" % b["lag_rate"])
+print("  %-6s %12s %9s %9s %9s   %s" % ("nodes", "ev/s p50", "lag p50", "lag p90", "lag p99",
+                                         "vs %d node(s): ev/s, lag p50, lag p99" % n0))
+for n, r in rows:
+    l, l0 = r["lag_ms"]["unsigned"], b["lag_ms"]["unsigned"]
+    print("  %-6d %12.0f %7.2fms %7.2fms %7.2fms   x%.2f, x%.2f, x%.2f" % (
+        n, r["eventlog_eps_p50"], l[0], l[1], l[2], r["eventlog_eps_p50"] / b["eventlog_eps_p50"],
+        l[0] / l0[0], l[2] / l0[2]))
+print("JSON " + json.dumps({"bench": "eventlog-nodes", "runs": b["runs"],
+      "events_per_run": b["events_per_run"],
+      "nodes": {str(n): {"eps_p50": r["eventlog_eps_p50"], "lag_ms": r["lag_ms"]["unsigned"]}
+                for n, r in rows}}))
+PY
+  exit
+fi
 home=$(mktemp -d "${SPACE_BENCH_TMP:-/tmp/space-bench}.XXXXXX")
 chmod 0755 "$home"
 trap 'SPACE_HOME=$home "$bin/space" down --purge >/dev/null 2>&1 || rm -rf "$home"' EXIT
