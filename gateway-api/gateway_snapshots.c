@@ -520,21 +520,20 @@ static int fork_wait_started(PGconn *db, const char *ids, int64_t deadline_ns)
     const char *p[1] = {ids};
     int left = -1;
     while (sp_mono_ns() < deadline_ns) {
+        /* One statement, one snapshot: the rows appear when the log stored the creates (none at
+         * all is not yet either), and two queries could see a row absent in the first and
+         * present, still requested, in the second. */
         PGresult *r = PQexecParams(db,
-                                   "SELECT count(*) FROM sandboxes WHERE id = ANY($1::text[]) AND "
-                                   "state IN ('requested', 'placed')",
+                                   "SELECT count(*) FILTER (WHERE state IN ('requested', "
+                                   "'placed')), count(*) FROM sandboxes WHERE id = "
+                                   "ANY($1::text[])",
                                    1, NULL, p, NULL, NULL, 0);
         if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
             PQclear(r);
             return SP_EDB;
         }
         left = (int)strtol(PQgetvalue(r, 0, 0), NULL, 10);
-        PQclear(r);
-        /* The rows appear when the log stored the creates: none at all is not yet either. */
-        r = PQexecParams(db, "SELECT count(*) FROM sandboxes WHERE id = ANY($1::text[])", 1, NULL,
-                         p, NULL, NULL, 0);
-        int have =
-            sp_db_check(r, PGRES_TUPLES_OK) == 0 ? (int)strtol(PQgetvalue(r, 0, 0), NULL, 10) : -1;
+        int have = (int)strtol(PQgetvalue(r, 0, 1), NULL, 10);
         PQclear(r);
         size_t want = 1;
         for (const char *c = ids; *c; c++)

@@ -689,7 +689,8 @@ static void test_fork_no_bindings(void **state)
             sleep(1);
     }
     assert_true(copy[0] != '\0');
-    /* The copy's policy is the gateway's default: the source's, given explicitly. */
+    /* The copy runs with the source's policy (docs/snapshots.md); put again, the answer says
+     * egressd holds it for the copy before the copy's requests go out. */
     snprintf(path, sizeof(path), "/v1/sandboxes/%s/network", copy);
     sp_test_http_resp_t r;
     sp_test_http(port, "PUT", path, key, NULL, POLICY, strlen(POLICY), &r);
