@@ -347,6 +347,12 @@ static int placement_from_projection(void *arg, const char *tenant, const char *
     return 1;
 }
 
+static int snapshot_from_log(void *arg, const char *tenant, const char *sandbox,
+                             const char *snapshot_id, char worker[SP_INSTANCE_MAX + 1])
+{
+    return sp_db_snapshot_taker(arg, tenant, sandbox, snapshot_id, worker, SP_INSTANCE_MAX + 1);
+}
+
 static void refused(const el_store_t *st, item_t *it, const char *reason)
 {
     if (st->verify == EL_VERIFY_ON) {
@@ -437,6 +443,8 @@ static void authorize(el_store_t *st, item_t *it)
         return; /* log mode: already reported */
     t.placement = placement_from_projection;
     t.placement_arg = st->proj;
+    t.snapshot_taker = snapshot_from_log;
+    t.snapshot_arg = st->db;
     if (sp_trust_authorize(&t, it->env, it->msg->subject, reason) < 0)
         refused(st, it, reason);
 }

@@ -544,6 +544,27 @@ void gw_wait_register(gw_t *gw, gw_req_t *rq, gw_wait_kind_t kind, const char *s
     gw_waiters_check(gw);
 }
 
+/* What a waiter waits for, in its timeout's message. */
+static const char *wait_name(gw_wait_kind_t kind)
+{
+    switch (kind) {
+    case GW_WAIT_DELETE:
+        return "delete";
+    case GW_WAIT_PAUSE:
+        return "pause";
+    case GW_WAIT_SUSPEND:
+        return "suspend";
+    case GW_WAIT_STORED:
+        return "request";
+    case GW_WAIT_SNAPSHOT:
+        return "snapshot";
+    case GW_WAIT_SNAPSHOT_DELETE:
+        return "snapshot's delete";
+    default:
+        return "resume";
+    }
+}
+
 void gw_waiters_expire(gw_t *gw)
 {
     int64_t now = sp_mono_ns();
@@ -565,13 +586,7 @@ void gw_waiters_expire(gw_t *gw)
                 gw_respond_error(w->rq, 504, "timeout", extra,
                                  "sandbox %s: the %s did not complete in time; it may still "
                                  "happen: GET /v1/sandboxes/%s",
-                                 w->sandbox_id,
-                                 w->kind == GW_WAIT_DELETE    ? "delete"
-                                 : w->kind == GW_WAIT_SUSPEND ? "suspend"
-                                 : w->kind == GW_WAIT_PAUSE   ? "pause"
-                                 : w->kind == GW_WAIT_STORED  ? "request"
-                                                              : "resume",
-                                 w->sandbox_id);
+                                 w->sandbox_id, wait_name(w->kind), w->sandbox_id);
             waiter_free(gw, w);
         }
         w = next;

@@ -199,6 +199,33 @@ int sp_db_last_sandbox_event(PGconn *conn, const char *id, const char *type,
     return rc;
 }
 
+int sp_db_snapshot_taker(PGconn *conn, const char *tenant, const char *sandbox,
+                         const char *snapshot_id, char *worker, size_t worker_len)
+{
+    const char *p[2] = {sandbox, tenant};
+    PGresult *r = PQexecParams(conn,
+                               "SELECT payload FROM events WHERE aggregate_kind = 'sandbox' AND "
+                               "aggregate_id = $1 AND tenant = $2 AND type = "
+                               "'SandboxSnapshotted' AND status = 'accepted' ORDER BY stream_seq",
+                               2, NULL, p, NULL, NULL, 1);
+    int rc = sp_db_check(r, PGRES_TUPLES_OK);
+    for (int i = 0; rc == 0 && i < PQntuples(r); i++) {
+        sp_envelope_t *e = NULL;
+        char why[SP_REASON_MAX];
+        if (sp_envelope_decode((const uint8_t *)PQgetvalue(r, i, 0), (size_t)PQgetlength(r, i, 0),
+                               &e, why) < 0)
+            continue;
+        if (e->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SNAPSHOTTED &&
+            strcmp(e->sandbox_snapshotted->snapshot_id, snapshot_id) == 0) {
+            snprintf(worker, worker_len, "%s", e->sandbox_snapshotted->worker);
+            rc = 1;
+        }
+        sp_envelope_free(e);
+    }
+    PQclear(r);
+    return rc;
+}
+
 /* The tenant's snapshots from the log, oldest first; an entry a delete names is NULL. */
 typedef struct {
     sp_envelope_t **ev;

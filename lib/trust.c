@@ -103,6 +103,24 @@ static int check_placed(const sp_trust_t *t, const sp_envelope_t *env, const cha
     return 0;
 }
 
+/* A SnapshotDeleted: its signer must be the worker that took the snapshot. */
+static int check_taker(const sp_trust_t *t, const sp_envelope_t *env, const char *signer,
+                       const char *worker, char reason[SP_REASON_MAX])
+{
+    char taker[SP_INSTANCE_MAX + 1] = "";
+    const char *snap = env->snapshot_deleted->snapshot_id;
+    int rc = t->snapshot_taker(t->snapshot_arg, env->tenant, env->aggregate->id, snap, taker);
+
+    if (rc != 1)
+        return refuse(reason, SP_ENOTOWN, "%s: sandbox %s has no snapshot %.64s", signer,
+                      env->aggregate->id, snap);
+    taker[SP_INSTANCE_MAX] = '\0';
+    if (strcmp(taker, worker) != 0)
+        return refuse(reason, SP_ENOTOWN, "%s: snapshot %.64s was taken by %s", signer, snap,
+                      taker);
+    return 0;
+}
+
 int sp_trust_verify(const sp_trust_t *t, const sp_envelope_t *env, const uint8_t *raw,
                     size_t raw_len, char reason[SP_REASON_MAX])
 {
@@ -172,6 +190,8 @@ int sp_trust_authorize(const sp_trust_t *t, const sp_envelope_t *env, const char
         if (pw && pw[0] && strcmp(pw, id.instance) != 0)
             return refuse(reason, SP_ENOTOWN, "%s names worker %s in %s", env->signer, pw,
                           env->type);
+        if (env->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED && t->snapshot_taker)
+            return check_taker(t, env, env->signer, id.instance, reason);
         return check_placed(t, env, env->signer, id.instance, reason);
     }
     case SP_KIND_EGRESSD: {

@@ -55,6 +55,12 @@ int sp_db_snapshot_each(PGconn *conn, const char *tenant,
 int sp_db_snapshot_find(PGconn *conn, const char *tenant, const char *snapshot_id,
                         sp_envelope_t **ret_snapshotted);
 
+/* The worker that took snapshot_id of sandbox (the tenant's): its accepted SandboxSnapshotted,
+ * whether the snapshot was deleted since or not. 1 and the worker's id, 0 when there is none,
+ * SP_EDB. The eventlog's sp_trust_snapshot_fn (trust.h). */
+int sp_db_snapshot_taker(PGconn *conn, const char *tenant, const char *sandbox,
+                         const char *snapshot_id, char *worker, size_t worker_len);
+
 /* The stream sequence at which the log accepted event_id: 1 and *ret_seq, 0 when it has no
  * accepted row of it, < 0 on failure. The lookup of sp_verifier_once (verifier.h), with the
  * connection as arg. */

@@ -37,10 +37,21 @@
 typedef int (*sp_trust_placement_fn)(void *arg, const char *tenant, const char *sandbox,
                                      char worker[SP_INSTANCE_MAX + 1]);
 
+/* Which worker took snapshot_id of sandbox (the tenant's), from the caller's log: 1 and its id
+ * in worker, 0 when no accepted SandboxSnapshotted of that sandbox names it, < 0 on failure.
+ * A snapshot's artifacts stay with the worker that took it (SnapshotDeleteRequested goes
+ * there), so its SnapshotDeleted is that worker's to say, wherever the sandbox is now
+ * (suspended, resumed on another worker, lost with its host). Runs on the caller's thread. */
+typedef int (*sp_trust_snapshot_fn)(void *arg, const char *tenant, const char *sandbox,
+                                    const char *snapshot_id, char worker[SP_INSTANCE_MAX + 1]);
+
 typedef struct {
     const sp_keyring_t *keyring;     /* borrowed */
     sp_trust_placement_fn placement; /* NULL: worker and egressd sandbox events are refused */
     void *placement_arg;
+    /* NULL: a SnapshotDeleted is judged by placement like the worker's other facts. */
+    sp_trust_snapshot_fn snapshot_taker;
+    void *snapshot_arg;
     /* Batch signatures already verified (sign.h), borrowed; NULL: every envelope costs one
      * Ed25519 verification. */
     sp_sigcache_t *cache;

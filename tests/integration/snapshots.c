@@ -2,8 +2,8 @@
  * gateway; docs/snapshots.md): a snapshot of a running sandbox leaves it running; what was on
  * its disk and in its memory before the snapshot is in every sandbox made from it, what it
  * wrote after is in none; two sandboxes from one snapshot are apart from each other; another
- * tenant neither sees nor uses nor deletes it; a delete removes its artifacts and a later
- * create from it is refused with a clear error. */
+ * tenant neither sees nor uses nor deletes it; a delete (its sandbox suspended meanwhile)
+ * removes its artifacts and a later create from it is refused with a clear error. */
 #include <dirent.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -218,7 +218,12 @@ static void test_delete(void **state)
 {
     (void)state;
     sp_test_http_resp_t r;
-    char path[128], body[128], code[64], dir[512];
+    char path[128], body[128], code[64], dir[512], state_s[64];
+    /* Its sandbox is suspended first: placed on no worker now, and the worker that took the
+     * snapshot still removes it and says so (docs/snapshots.md, "Delete"). */
+    assert_int_equal(sp_test_lifecycle(port, key, src, "suspend", "", state_s, sizeof(state_s)),
+                     200);
+    assert_string_equal(state_s, "suspended");
     snprintf(path, sizeof(path), "/v1/snapshots/%s", snap);
     assert_int_equal(http("DELETE", path, key, NULL, &r), 204);
     sp_test_http_free(&r);

@@ -271,6 +271,8 @@ static int placement(void *arg, const char *tenant, const char *sandbox,
     return 0;
 }
 
+#define SNP_ONE "snp_0000000000000000000000one1"
+
 typedef struct {
     sp_envelope_t env;
     Space__V1__Aggregate agg;
@@ -279,6 +281,7 @@ typedef struct {
     Space__V1__WorkerHeartbeat hb;
     Space__V1__EgressDenied denied;
     Space__V1__EgressDecision decision;
+    Space__V1__SnapshotDeleted snap_deleted;
     char id[37];
     uint8_t *raw;
     size_t len;
@@ -320,6 +323,11 @@ static void msg_init(msg_t *m, sp_event_type_t t, const char *tenant, const char
         m->decision.count = 1;
         m->denied.decision = &m->decision;
         m->env.egress_denied = &m->denied;
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED:
+        space__v1__snapshot_deleted__init(&m->snap_deleted);
+        m->snap_deleted.snapshot_id = SNP_ONE;
+        m->env.snapshot_deleted = &m->snap_deleted;
         break;
     default:
         fail();
@@ -485,6 +493,68 @@ static void test_trust_worker_on_other_workers_subject(void **state)
     assert_int_equal(check(&m, &t, reason), SP_ENOTOWN);
 }
 
+/* The test double of the log's snapshot lookup: w1 took SNP_ONE of sbx_b (now on w2) and of
+ * sbx_gone (placed on no worker: suspended since). */
+static int snapshot_taker(void *arg, const char *tenant, const char *sandbox,
+                          const char *snapshot_id, char worker[SP_INSTANCE_MAX + 1])
+{
+    int *calls = arg;
+    (*calls)++;
+    if (strcmp(tenant, "acme") != 0 || strcmp(snapshot_id, SNP_ONE) != 0 ||
+        (strcmp(sandbox, "sbx_b") != 0 && strcmp(sandbox, "sbx_gone") != 0))
+        return 0;
+    memcpy(worker, "w1", 3);
+    return 1;
+}
+
+/* A snapshot's artifacts stay with the worker that took it: its SnapshotDeleted is that
+ * worker's to say after the sandbox moved (or went nowhere), and nobody else's. */
+static void test_trust_snapshot_deleted_by_taker(void **state)
+{
+    int calls = 0, taken = 0;
+    sp_trust_t t = {.keyring = ring,
+                    .placement = placement,
+                    .placement_arg = &calls,
+                    .snapshot_taker = snapshot_taker,
+                    .snapshot_arg = &taken};
+    char reason[SP_REASON_MAX] = "";
+    msg_t m;
+
+    msg_init(&m, SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED, "acme", "sbx_b");
+    msg_sign(&m, W1, "w1");
+    assert_int_equal(check(&m, &t, reason), 0);
+    msg_init(&m, SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED, "acme", "sbx_gone");
+    msg_sign(&m, W1, "w1");
+    assert_int_equal(check(&m, &t, reason), 0);
+    assert_int_equal(taken, 2);
+
+    /* The worker the sandbox is on now did not take it. */
+    msg_init(&m, SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED, "acme", "sbx_b");
+    msg_sign(&m, W2, "w2");
+    assert_int_equal(check(&m, &t, reason), SP_ENOTOWN);
+    assert_non_null(strstr(reason, "taken by w1"));
+    /* A snapshot the log does not have, another tenant's sandbox. */
+    msg_init(&m, SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED, "acme", "sbx_b");
+    m.snap_deleted.snapshot_id = "snp_00000000000000000000other1";
+    msg_sign(&m, W1, "w1");
+    assert_int_equal(check(&m, &t, reason), SP_ENOTOWN);
+    msg_init(&m, SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED, "globex", "sbx_b");
+    msg_sign(&m, W1, "w1");
+    assert_int_equal(check(&m, &t, reason), SP_ENOTOWN);
+    /* On another worker's subject. */
+    msg_init(&m, SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED, "acme", "sbx_b");
+    msg_sign(&m, W1, "w2");
+    assert_int_equal(check(&m, &t, reason), SP_ENOTOWN);
+    assert_int_equal(calls, 0);
+
+    /* Without the lookup, placement decides, as for the worker's other facts. */
+    sp_trust_t placed_only = {.keyring = ring, .placement = placement, .placement_arg = &calls};
+    msg_init(&m, SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED, "acme", "sbx_b");
+    msg_sign(&m, W1, "w1");
+    assert_int_equal(check(&m, &placed_only, reason), SP_ENOTOWN);
+    assert_non_null(strstr(reason, "placed on w2"));
+}
+
 static void test_trust_kind_may_not_emit(void **state)
 {
     int calls = 0;
@@ -558,6 +628,7 @@ int main(void)
         cmocka_unit_test(test_trust_tampered_payload),
         cmocka_unit_test(test_trust_wrong_identity),
         cmocka_unit_test(test_trust_worker_on_other_workers_subject),
+        cmocka_unit_test(test_trust_snapshot_deleted_by_taker),
         cmocka_unit_test(test_trust_kind_may_not_emit),
         cmocka_unit_test(test_trust_platform_tenant),
         cmocka_unit_test(test_trust_subject_must_agree),
