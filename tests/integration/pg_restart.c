@@ -11,11 +11,9 @@
  *   sequence equals the log's highest stream_seq (the eventlog stored what the stream held while
  *   PostgreSQL was away: nothing acknowledged is lost), no sandbox is left in a transient state,
  *   and space-replay verify is clean. */
-#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -33,6 +31,7 @@
 #include "httpc.h"
 #include "ids.h"
 #include "json.h"
+#include "workload.h"
 #include "xmalloc.h"
 
 #define THREADS        4
@@ -42,57 +41,20 @@
 #define CLIENT_MS      60000 /* a client's deadline: no answer may take longer */
 #define RECOVER_MS     60000
 
-enum { OP_CREATE, OP_COMMAND, OP_WRITE, OP_DELETE };
-static const char *const op_names[] = {"create", "command", "write", "delete"};
-
-typedef struct {
-    int op;
-    int rc; /* sp_httpc_do's: < 0 when the exchange itself failed */
-    int status;
-    int64_t ms;
-    bool json_error; /* a non-2xx answer carried {"error": {...}} */
-    char id[64];     /* the sandbox (create, delete, write) or the command's cmd_id */
-    char path[64];   /* a write's path */
-    char body[256];
-} call_t;
-
-typedef struct {
-    pthread_t t;
-    call_t calls[OPS_PER_THREAD];
-    int n;
-    int ncalls;
-} worker_t;
-
 static PGconn *db;
 static char *key;
 static int port;
 static char busy[2][64]; /* running sandboxes the commands and writes go to */
-static atomic_bool stop;
 
 static int64_t now_ms(void)
 {
     return sp_mono_ns() / 1000000;
 }
 
-static void json_field(const sp_httpc_resp_t *r, const char *field, char out[64], bool *ret_err)
-{
-    out[0] = '\0';
-    sp_json_doc_t *doc = NULL;
-    char err[SP_JSON_ERR_MAX];
-    if (!r->body || sp_json_parse(r->body, r->body_len, NULL, &doc, err) < 0)
-        return;
-    const sp_json_t *root = sp_json_root(doc);
-    /* The API's error shape: {"code", "message", ...}. */
-    if (ret_err)
-        *ret_err = sp_json_get(root, "code") && sp_json_get(root, "message");
-    const sp_json_t *v = sp_json_get(root, field);
-    const char *s = v ? sp_json_str(v, NULL) : NULL;
-    snprintf(out, 64, "%s", s ? s : "");
-    sp_json_doc_free(doc);
-}
-
-static void call(call_t *c, const char *method, const char *path, const char *hdrs,
-                 const char *body, const char *ctype, const char *field)
+/* One call outside the workload (the probes and the recovery check): its status, and whether a
+ * non-2xx answer had the API's JSON error. */
+static int probe(const char *method, const char *path, const char *hdrs, const char *body,
+                 const char *ctype, bool *ret_json_error, char *out, size_t out_len)
 {
     sp_httpc_req_t req = {.host = "127.0.0.1",
                           .port = port,
@@ -105,63 +67,23 @@ static void call(call_t *c, const char *method, const char *path, const char *hd
                           .content_type = ctype,
                           .timeout_ms = CLIENT_MS};
     sp_httpc_resp_t r = {0};
-    char id[64];
-    int64_t t0 = now_ms();
-    c->rc = sp_httpc_do(&req, &r);
-    c->ms = now_ms() - t0;
-    if (c->rc < 0)
-        return;
-    c->status = r.status;
-    json_field(&r, field ? field : "id", id, &c->json_error);
-    if (field && id[0])
-        snprintf(c->id, sizeof(c->id), "%s", id);
-    snprintf(c->body, sizeof(c->body), "%.*s",
-             (int)(r.body_len < sizeof(c->body) ? r.body_len : sizeof(c->body) - 1),
-             r.body ? r.body : "");
-    sp_httpc_resp_free(&r);
-}
-
-static void *worker_main(void *arg)
-{
-    worker_t *w = arg;
-    char created[64] = "";
-    /* At least OPS_MIN calls (each kind twice), then until PostgreSQL is back and working. */
-    for (int i = 0; i < OPS_PER_THREAD && (i < OPS_MIN || !atomic_load(&stop)); i++) {
-        call_t *c = &w->calls[w->ncalls++];
-        char path[256], body[256];
-        const char *sbx = busy[(w->n + i) % 2];
-        c->op = (w->n + i) % 4;
-        if (c->op == OP_DELETE && !created[0])
-            c->op = OP_CREATE;
-        switch (c->op) {
-        case OP_CREATE:
-            call(c, "POST", "/v1/sandboxes", NULL, "{\"template\":\"tiny\"}", NULL, "id");
-            if (c->status == 201)
-                snprintf(created, sizeof(created), "%s", c->id);
-            break;
-        case OP_COMMAND:
-            snprintf(path, sizeof(path), "/v1/sandboxes/%s/commands", sbx);
-            snprintf(body, sizeof(body), "{\"cmd\":\"echo w%d-%d\",\"timeout_s\":5}", w->n, i);
-            call(c, "POST", path, "Accept: application/json\r\n", body, NULL, "cmd_id");
-            break;
-        case OP_WRITE:
-            snprintf(c->path, sizeof(c->path), "pgr-%d-%d.txt", w->n, i);
-            snprintf(c->id, sizeof(c->id), "%s", sbx);
-            snprintf(path, sizeof(path), "/v1/sandboxes/%s/files?path=%s", sbx, c->path);
-            call(c, "PUT", path, NULL, "written while postgres restarts\n",
-                 "application/octet-stream", NULL);
-            break;
-        default:
-            snprintf(c->id, sizeof(c->id), "%s", created);
-            snprintf(path, sizeof(path), "/v1/sandboxes/%s", created);
-            call(c, "DELETE", path, NULL, NULL, NULL, NULL);
-            if (c->status == 204 || c->status == 404)
-                created[0] = '\0';
-            break;
-        }
-        nanosleep(&(struct timespec){.tv_nsec = 100 * 1000 * 1000}, NULL);
+    int rc = sp_httpc_do(&req, &r);
+    if (rc < 0)
+        return rc;
+    if (ret_json_error) {
+        sp_json_doc_t *doc = NULL;
+        char err[SP_JSON_ERR_MAX];
+        *ret_json_error = r.body && sp_json_parse(r.body, r.body_len, NULL, &doc, err) == 0 &&
+                          sp_json_get(sp_json_root(doc), "code") &&
+                          sp_json_get(sp_json_root(doc), "message");
+        sp_json_doc_free(doc);
     }
-    return NULL;
+    if (out)
+        snprintf(out, out_len, "%.*s", (int)(r.body_len < out_len ? r.body_len : out_len - 1),
+                 r.body ? r.body : "");
+    rc = r.status;
+    sp_httpc_resp_free(&r);
+    return rc;
 }
 
 static int setup(void **state)
@@ -195,14 +117,14 @@ static int64_t wait_working(void)
     int64_t t0 = now_ms();
     char path[256];
     while (now_ms() - t0 < RECOVER_MS) {
-        call_t c = {0}, d = {0}, e = {0};
-        call(&c, "POST", "/v1/sandboxes", NULL, "{\"template\":\"tiny\"}", NULL, "id");
+        int c =
+            probe("POST", "/v1/sandboxes", NULL, "{\"template\":\"tiny\"}", NULL, NULL, NULL, 0);
         snprintf(path, sizeof(path), "/v1/sandboxes/%s/commands", busy[0]);
-        call(&d, "POST", path, "Accept: application/json\r\n", "{\"cmd\":\"echo back\"}", NULL,
-             "cmd_id");
+        int d = probe("POST", path, "Accept: application/json\r\n", "{\"cmd\":\"echo back\"}", NULL,
+                      NULL, NULL, 0);
         snprintf(path, sizeof(path), "/v1/sandboxes/%s/files?path=back.txt", busy[1]);
-        call(&e, "PUT", path, NULL, "back\n", "application/octet-stream", NULL);
-        if (c.status == 201 && d.status == 200 && e.status == 200)
+        int e = probe("PUT", path, NULL, "back\n", "application/octet-stream", NULL, NULL, 0);
+        if (c == 201 && d == 200 && e == 200)
             return now_ms() - t0;
         nanosleep(&(struct timespec){.tv_nsec = 250 * 1000 * 1000}, NULL);
     }
@@ -220,11 +142,16 @@ static void postgres_lost_under_load(int sig)
         pids[i] = sp_test_daemon_pid(daemons[i]);
         assert_true(pids[i] > 0);
     }
-    worker_t ws[THREADS] = {0};
-    for (int i = 0; i < THREADS; i++) {
-        ws[i].n = i;
-        assert_int_equal(pthread_create(&ws[i].t, NULL, worker_main, &ws[i]), 0);
-    }
+    sp_test_workload_cfg_t cfg = {.port = port,
+                                  .key = key,
+                                  .threads = THREADS,
+                                  .min_calls = OPS_MIN,
+                                  .max_calls = OPS_PER_THREAD,
+                                  .ops = SP_TEST_OPS_BASIC,
+                                  .busy = {busy[0], busy[1]},
+                                  .pause_ms = 100,
+                                  .client_ms = CLIENT_MS};
+    sp_test_workload_t *wl = sp_test_workload_start(&cfg);
     nanosleep(&(struct timespec){.tv_nsec = 500 * 1000 * 1000}, NULL);
 
     /* The outage: the postmaster killed, its backends follow it (they watch its death). */
@@ -234,23 +161,24 @@ static void postgres_lost_under_load(int sig)
     int64_t down_at = now_ms();
     int probes = 0;
     while (now_ms() - down_at < OUTAGE_MS) {
-        call_t p = {0};
-        call(&p, "GET", "/v1/sandboxes", NULL, NULL, NULL, NULL);
-        if (p.rc < 0)
-            fail_msg("GET /v1/sandboxes during the outage: %s", sp_strerror(p.rc));
-        if (p.status != 503 || !p.json_error)
-            fail_msg("GET /v1/sandboxes during the outage answered %d: %s", p.status, p.body);
-        if (p.ms > 20000)
-            fail_msg("GET /v1/sandboxes during the outage took %lld ms", (long long)p.ms);
+        bool json_error = false;
+        char body[256];
+        int64_t t0 = now_ms();
+        int status =
+            probe("GET", "/v1/sandboxes", NULL, NULL, NULL, &json_error, body, sizeof(body));
+        if (status < 0)
+            fail_msg("GET /v1/sandboxes during the outage: %s", sp_strerror(status));
+        if (status != 503 || !json_error)
+            fail_msg("GET /v1/sandboxes during the outage answered %d: %s", status, body);
+        if (now_ms() - t0 > 20000)
+            fail_msg("GET /v1/sandboxes during the outage took %lld ms",
+                     (long long)(now_ms() - t0));
         probes++;
         nanosleep(&(struct timespec){.tv_nsec = 200 * 1000 * 1000}, NULL);
     }
     assert_int_equal(sp_test_space("up >/dev/null"), 0);
     int64_t recovered_ms = wait_working();
-    atomic_store(&stop, true);
-    for (int i = 0; i < THREADS; i++)
-        pthread_join(ws[i].t, NULL);
-    int64_t up_at = now_ms();
+    sp_test_workload_stop(wl);
     fprintf(stderr,
             "outage probes: %d, all 503 with a JSON error; working again %lld ms after "
             "`space up`\n",
@@ -263,86 +191,11 @@ static void postgres_lost_under_load(int sig)
                      sp_test_daemon_pid(daemons[i]));
     assert_int_equal(sp_test_daemon_pid("nats-server"), pids[N_DAEMONS - 1]);
 
+    /* Every answer clear (2xx, or a refusal with a JSON error that is not a 500; none past the
+     * deadline, no connection dropped), every 2xx with its fact. */
     db = sp_test_db();
-    /* Every answer clear: 2xx, or a refusal with a JSON error ({code, message}) that is not a 500;
-     * none past the deadline, no connection dropped. */
-    int by_status[4][6] = {{0}}; /* op x {2xx, 4xx, 503, other 5xx, failed, total} */
-    int64_t slowest = 0;
-    for (int t = 0; t < THREADS; t++)
-        for (int i = 0; i < ws[t].ncalls; i++) {
-            const call_t *c = &ws[t].calls[i];
-            int *row = by_status[c->op];
-            row[5]++;
-            slowest = c->ms > slowest ? c->ms : slowest;
-            if (c->rc < 0) {
-                row[4]++;
-                fail_msg("%s: the exchange failed (%s) after %lld ms", op_names[c->op],
-                         sp_strerror(c->rc), (long long)c->ms);
-            }
-            if (c->status >= 200 && c->status < 300) {
-                row[0]++;
-                continue;
-            }
-            if (!c->json_error)
-                fail_msg("%s answered %d without a JSON error: %s", op_names[c->op], c->status,
-                         c->body);
-            if (c->status == 503)
-                row[2]++;
-            else if (c->status >= 500) {
-                row[3]++;
-                fail_msg("%s answered %d: %s", op_names[c->op], c->status, c->body);
-            } else
-                row[1]++;
-        }
-    for (int op = 0; op < 4; op++)
-        fprintf(stderr, "%-8s %2d calls: %2d 2xx, %2d 4xx, %2d 503\n", op_names[op],
-                by_status[op][5], by_status[op][0], by_status[op][1], by_status[op][2]);
-    fprintf(stderr, "slowest answer: %lld ms\n", (long long)slowest);
-
-    /* Every 2xx with its fact. */
-    for (int t = 0; t < THREADS; t++)
-        for (int i = 0; i < ws[t].ncalls; i++) {
-            const call_t *c = &ws[t].calls[i];
-            if (c->status < 200 || c->status >= 300)
-                continue;
-            char sql[512];
-            const char *what = "";
-            switch (c->op) {
-            case OP_CREATE:
-                what = "SandboxStarted";
-                snprintf(sql, sizeof(sql),
-                         "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type = "
-                         "'SandboxStarted' AND status = 'accepted'",
-                         c->id);
-                break;
-            case OP_COMMAND:
-                what = "CommandExited";
-                snprintf(sql, sizeof(sql),
-                         "SELECT count(*) FROM events WHERE type = 'CommandExited' AND status = "
-                         "'accepted' AND position(convert_to('%s', 'UTF8') in payload) > 0",
-                         c->id);
-                break;
-            case OP_WRITE:
-                what = "FileWritten";
-                snprintf(sql, sizeof(sql),
-                         "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type = "
-                         "'FileWritten' AND status = 'accepted' AND position(convert_to('%s', "
-                         "'UTF8') in payload) > 0",
-                         c->id, c->path);
-                break;
-            default:
-                what = "SandboxDeleted";
-                snprintf(sql, sizeof(sql),
-                         "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type = "
-                         "'SandboxDeleted' AND status = 'accepted'",
-                         c->id);
-                break;
-            }
-            int64_t left = RECOVER_MS - (now_ms() - up_at);
-            if (sp_test_db_wait_scalar(db, sql, 1, left > 2000 ? (int)left : 2000) < 1)
-                fail_msg("%s %s answered %d but its %s is not in the log", op_names[c->op], c->id,
-                         c->status, what);
-        }
+    sp_test_workload_check(wl, db, SP_TEST_ANSWERS_OUTAGE, RECOVER_MS);
+    sp_test_workload_free(wl);
 
     /* Nothing transient. */
     long long transient = sp_test_db_wait_scalar(
@@ -375,7 +228,6 @@ static void test_postgres_killed_under_load(void **state)
 static void test_postgres_stopped_fast_under_load(void **state)
 {
     (void)state;
-    atomic_store(&stop, false);
     postgres_lost_under_load(SIGINT);
 }
 
