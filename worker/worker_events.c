@@ -46,34 +46,45 @@ static void give_up(wk_t *w, const char *id)
     pthread_mutex_unlock(&w->mu);
 }
 
-/* Whether a placement that waited for this worker is still wanted: not when the log has the
- * sandbox failed or deleted (the scheduler's lost-worker controller gave up on it while this
- * worker was away) or on another worker (placed again elsewhere). Anything else, the database
+/* Whether a placement that waited for this worker, or comes again, is still wanted: not when
+ * the log has the sandbox failed or deleted (the scheduler's lost-worker controller gave up on
+ * it while this worker was away) or on another worker (placed again elsewhere), nor when the
+ * log has this worker's answer to it already: a redelivery whose ack was lost with a NATS
+ * node, after the sandbox was started and maybe suspended since (it is not owned then, and
+ * would be started a second time: tests/integration/cluster.c). Anything else, the database
  * unreachable included, goes ahead as before: the log refuses facts it cannot take. */
-static bool placement_wanted(wk_t *w, const sp_envelope_t *ev)
+static bool placement_wanted(wk_t *w, const sp_envelope_t *ev, bool redelivered)
 {
     if (given_up(w, ev->event_id)) {
         sp_log(SP_LOG_INFO, "placement failed here before: not acted on again",
                SP_KS("sandbox", ev->aggregate->id), SP_KS("corr", ev->correlation_id));
         return false;
     }
-    if (sp_now_us() - ev->occurred_at_us < STALE_PLACEMENT_US)
+    if (!redelivered && sp_now_us() - ev->occurred_at_us < STALE_PLACEMENT_US)
         return true;
     PGconn *db = NULL;
     if (sp_db_connect(w->cfg->pg_url, "space-worker", 5000, &db) < 0) {
         PQfinish(db);
         return true;
     }
-    const char *p[1] = {ev->aggregate->id};
-    PGresult *r = PQexecParams(db, "SELECT state, worker FROM sandboxes WHERE id = $1", 1, NULL, p,
-                               NULL, NULL, 0);
+    const char *p[2] = {ev->aggregate->id, ev->event_id};
+    PGresult *r = PQexecParams(
+        db,
+        "SELECT state, worker, EXISTS (SELECT 1 FROM events WHERE aggregate_kind = 'sandbox' AND "
+        "aggregate_id = $1 AND causation_id = $2::uuid AND status = 'accepted' AND type IN "
+        "('SandboxStarted', 'SandboxFailed', 'SandboxResuming', 'SandboxResumed', "
+        "'SandboxResumeFailed')) FROM sandboxes WHERE id = $1",
+        2, NULL, p, NULL, NULL, 0);
     bool wanted = true;
     if (sp_db_check(r, PGRES_TUPLES_OK) == 0 && PQntuples(r) == 1) {
         const char *state = PQgetvalue(r, 0, 0), *owner = PQgetvalue(r, 0, 1);
-        wanted = strcmp(state, "failed") != 0 && strcmp(state, "deleted") != 0 &&
+        bool answered = PQgetvalue(r, 0, 2)[0] == 't';
+        wanted = !answered && strcmp(state, "failed") != 0 && strcmp(state, "deleted") != 0 &&
                  (!owner[0] || strcmp(owner, w->cfg->id) == 0);
         if (!wanted)
-            sp_log(SP_LOG_WARN, "placement given up by the log: not acted on",
+            sp_log(SP_LOG_WARN,
+                   answered ? "placement answered before: a redelivery, not acted on again"
+                            : "placement given up by the log: not acted on",
                    SP_KS("sandbox", ev->aggregate->id), SP_KS("state", state),
                    SP_KS("worker", owner), SP_KS("corr", ev->correlation_id));
     }
@@ -82,7 +93,7 @@ static bool placement_wanted(wk_t *w, const sp_envelope_t *ev)
     return wanted;
 }
 
-static int on_placed(wk_t *w, const sp_envelope_t *ev)
+static int on_placed(wk_t *w, const sp_envelope_t *ev, bool redelivered)
 {
     const Space__V1__SandboxPlaced *p = ev->sandbox_placed;
     const char *sbx = ev->aggregate->id;
@@ -98,7 +109,7 @@ static int on_placed(wk_t *w, const sp_envelope_t *ev)
     }
     if (wk_owned_has(w, sbx))
         return 0; /* created before: a redelivery */
-    if (!placement_wanted(w, ev))
+    if (!placement_wanted(w, ev, redelivered))
         return 0;
     if (!p->request)
         return wk_on_resume_placed(w, ev); /* a suspended sandbox, placed here to resume */
@@ -267,7 +278,7 @@ static int handle(wk_t *w, const sp_bus_msg_t *m)
     }
     switch (ev->payload_case) {
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED:
-        rc = on_placed(w, ev);
+        rc = on_placed(w, ev, m->delivered > 1);
         break;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED:
         rc = on_delete(w, ev);

@@ -287,7 +287,7 @@ static void publish_file_event(wk_box_t *b, const char *corr, sp_envelope_t *env
                SP_KS("error", sp_strerror(rc)), SP_KS("corr", corr));
         return;
     }
-    rc = sp_publish_event(b->w->bus, env, id, b->w->cfg->id, NULL, NULL);
+    rc = sp_publish_fact(b->w->bus, env, id, b->w->cfg->id, NULL, 0);
     free(ct);
     if (rc < 0)
         sp_log(SP_LOG_WARN, "cannot record file event", SP_KS("type", env->type),
