@@ -144,7 +144,7 @@ static void answer_update(eg_t *eg, const sp_envelope_t *ev)
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_NETWORK_POLICY_CHANGED;
     env.network_policy_changed = &ch;
     snprintf(msg_id, sizeof(msg_id), "netpol:%s", ev->event_id);
-    int rc = sp_publish_fact(eg->bus, &env, id, NULL, msg_id, 0);
+    int rc = sp_publish_event_retry(eg->bus, &env, id, NULL, msg_id, SP_PUBLISH_FACT_BUDGET_MS);
     if (rc < 0)
         sp_log(SP_LOG_ERROR, "cannot publish NetworkPolicyChanged",
                SP_KS("sandbox", ev->aggregate->id), SP_KS("error", sp_strerror(rc)),

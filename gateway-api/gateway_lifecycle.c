@@ -180,7 +180,8 @@ static void lc_run(gw_job_t *job, PGconn *db)
     if (rc >= 0)
         rc = sp_publish_pack(&env, &data, &len);
     if (rc >= 0)
-        rc = sp_bus_publish(job->gw->bus, subject, data, len, l->event_id, NULL, NULL);
+        rc = sp_bus_publish_retry(job->gw->bus, subject, data, len, l->event_id,
+                                  SP_PUBLISH_INTENT_BUDGET_MS, NULL);
     free(data);
     l->bus_rc = rc;
     l->outcome = rc < 0 ? L_BUS_ERROR : L_PUBLISHED;

@@ -214,7 +214,8 @@ static void net_run(gw_job_t *job, PGconn *db)
     if (rc >= 0)
         rc = sp_publish_pack(&env, &data, &len);
     if (rc >= 0)
-        rc = sp_bus_publish(job->gw->bus, subject, data, len, n->event_id, NULL, NULL);
+        rc = sp_bus_publish_retry(job->gw->bus, subject, data, len, n->event_id,
+                                  SP_PUBLISH_INTENT_BUDGET_MS, NULL);
     free(data);
     if (rc < 0) {
         n->bus_rc = rc;

@@ -22,6 +22,7 @@
 #include "error.h"
 #include "ids.h"
 #include "log.h"
+#include "publish.h"
 #include "xmalloc.h"
 
 #define LIST_LIMIT_DEFAULT 100
@@ -714,7 +715,8 @@ static void create_run(gw_job_t *job, PGconn *db)
             return;
         }
     }
-    c->bus_rc = sp_bus_publish(job->gw->bus, c->subject, c->data, c->len, c->event_id, NULL, NULL);
+    c->bus_rc = sp_bus_publish_retry(job->gw->bus, c->subject, c->data, c->len, c->event_id,
+                                     SP_PUBLISH_INTENT_BUDGET_MS, NULL);
     if (c->bus_rc < 0) {
         c->outcome = C_BUS_ERROR;
         if (c->idem_key) {

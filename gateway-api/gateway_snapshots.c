@@ -101,7 +101,8 @@ static void publish(snap_job_t *s, sp_envelope_t *env, const char *worker)
     if (rc >= 0)
         rc = sp_publish_pack(env, &data, &len);
     if (rc >= 0)
-        rc = sp_bus_publish(s->job.gw->bus, subject, data, len, s->event_id, NULL, NULL);
+        rc = sp_bus_publish_retry(s->job.gw->bus, subject, data, len, s->event_id,
+                                  SP_PUBLISH_INTENT_BUDGET_MS, NULL);
     free(data);
     s->bus_rc = rc;
     s->outcome = rc < 0 ? S_BUS_ERROR : S_PUBLISHED;
@@ -633,7 +634,8 @@ static void fork_run(gw_job_t *job, PGconn *db)
         rc = gw_create_build(s->rq, body, (size_t)blen, sbx, NULL, &base, wanted, &data, &len,
                              subject, event_id, &env_json, &code, err);
         if (rc == 0)
-            rc = sp_bus_publish(gw->bus, subject, data, len, event_id, NULL, NULL);
+            rc = sp_bus_publish_retry(gw->bus, subject, data, len, event_id,
+                                      SP_PUBLISH_INTENT_BUDGET_MS, NULL);
         free(data);
         free(env_json);
         sp_buf_printf(&lit, "%s%s", i ? "," : "", sbx);

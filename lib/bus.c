@@ -519,6 +519,34 @@ int sp_bus_publish(sp_bus_t *bus, const char *subject, const void *data, size_t 
     return rc;
 }
 
+int sp_bus_publish_retry(sp_bus_t *bus, const char *subject, const void *data, size_t len,
+                         const char *msg_id, int budget_ms, uint64_t *ret_seq)
+{
+    int64_t wait_ms = 50, deadline = mono_ms() + (budget_ms > 0 ? budget_ms : 0);
+    int rc, tries = 0;
+
+    if (!msg_id || !*msg_id)
+        return -EINVAL;
+    for (;;) {
+        rc = sp_bus_publish(bus, subject, data, len, msg_id, ret_seq, NULL);
+        tries++;
+        if (rc == 0 || (rc != SP_EBUS && rc != SP_ETIMEOUT) || mono_ms() + wait_ms > deadline)
+            break;
+        if (tries == 1)
+            sp_log(SP_LOG_WARN, "the bus failed a publish; trying again", SP_KS("subject", subject),
+                   SP_KS("msg_id", msg_id), SP_KS("error", sp_strerror(rc)));
+        nanosleep(&(struct timespec){.tv_sec = wait_ms / 1000,
+                                     .tv_nsec = (long)(wait_ms % 1000) * 1000000},
+                  NULL);
+        wait_ms = wait_ms * 2 > 1000 ? 1000 : wait_ms * 2;
+    }
+    if (tries > 1)
+        sp_log(rc == 0 ? SP_LOG_INFO : SP_LOG_WARN,
+               rc == 0 ? "published after the bus came back" : "the bus stayed away: not published",
+               SP_KS("subject", subject), SP_KS("msg_id", msg_id), SP_KI("tries", tries));
+    return rc;
+}
+
 int sp_bus_publish_async(sp_bus_t *bus, const char *subject, const void *data, size_t len,
                          const char *msg_id)
 {

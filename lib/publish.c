@@ -5,11 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "error.h"
-#include "ids.h"
-#include "log.h"
 #include "xmalloc.h"
 
 /* Set once at startup, before publishing threads exist (publish.h). */
@@ -65,36 +62,18 @@ int sp_publish_event(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const c
     return rc;
 }
 
-int sp_publish_fact(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const char *worker,
-                    const char *msg_id, int budget_ms)
+int sp_publish_event_retry(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const char *worker,
+                           const char *msg_id, int budget_ms)
 {
     char subject[SP_PUBLISH_SUBJECT_MAX];
     uint8_t *buf = NULL;
     size_t len = 0;
-    int rc, tries = 0;
-    int64_t wait_ms = 50;
-    int64_t deadline =
-        sp_mono_ns() / 1000000 + (budget_ms > 0 ? budget_ms : SP_PUBLISH_FACT_BUDGET_MS);
+    int rc;
 
     if ((rc = sp_publish_encode(env, id_buf, worker, subject, &buf, &len)) < 0)
         return rc;
-    for (;;) {
-        rc = sp_bus_publish(bus, subject, buf, len, msg_id ? msg_id : env->event_id, NULL, NULL);
-        tries++;
-        if (rc == 0 || (rc != SP_EBUS && rc != SP_ETIMEOUT) ||
-            sp_mono_ns() / 1000000 + wait_ms > deadline)
-            break;
-        if (tries == 1)
-            sp_log(SP_LOG_WARN, "the bus failed a fact; trying again", SP_KS("type", env->type),
-                   SP_KS("event_id", env->event_id), SP_KS("error", sp_strerror(rc)));
-        nanosleep(&(struct timespec){.tv_sec = wait_ms / 1000,
-                                     .tv_nsec = (long)(wait_ms % 1000) * 1000000},
-                  NULL);
-        wait_ms = wait_ms * 2 > 1000 ? 1000 : wait_ms * 2;
-    }
-    if (rc == 0 && tries > 1)
-        sp_log(SP_LOG_INFO, "fact published after the bus came back", SP_KS("type", env->type),
-               SP_KS("event_id", env->event_id), SP_KI("tries", tries));
+    rc = sp_bus_publish_retry(bus, subject, buf, len, msg_id ? msg_id : env->event_id, budget_ms,
+                              NULL);
     free(buf);
     return rc;
 }

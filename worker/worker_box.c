@@ -116,7 +116,8 @@ int wk_publish_box_event(wk_box_t *b, sp_envelope_t *env, const char *msg_id)
     env->aggregate = &agg;
     env->tenant = b->tenant;
     env->actor = "svc:worker";
-    int rc = sp_publish_fact(b->w->bus, env, id, b->w->cfg->id, msg_id, 0);
+    int rc = sp_publish_event_retry(b->w->bus, env, id, b->w->cfg->id, msg_id,
+                                    SP_PUBLISH_FACT_BUDGET_MS);
     if (rc < 0)
         sp_log(SP_LOG_WARN, "cannot record a sandbox event", SP_KS("type", env->type),
                SP_KS("sandbox", b->id), SP_KS("error", sp_strerror(rc)));
@@ -223,7 +224,7 @@ int wk_publish_fact(wk_t *w, sp_envelope_t *env, const char *prefix, const char 
     char id[37], msg_id[96];
     snprintf(msg_id, sizeof(msg_id), "%s:%s", prefix, cause_id);
     facts_first(w);
-    int rc = sp_publish_fact(w->bus, env, id, w->cfg->id, msg_id, 0);
+    int rc = sp_publish_event_retry(w->bus, env, id, w->cfg->id, msg_id, SP_PUBLISH_FACT_BUDGET_MS);
     if (rc < 0)
         sp_log(SP_LOG_ERROR, "cannot publish", SP_KS("type", env->type),
                SP_KS("sandbox", env->aggregate->id), SP_KS("error", sp_strerror(rc)),

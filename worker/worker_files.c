@@ -287,7 +287,7 @@ static void publish_file_event(wk_box_t *b, const char *corr, sp_envelope_t *env
                SP_KS("error", sp_strerror(rc)), SP_KS("corr", corr));
         return;
     }
-    rc = sp_publish_fact(b->w->bus, env, id, b->w->cfg->id, NULL, 0);
+    rc = sp_publish_event_retry(b->w->bus, env, id, b->w->cfg->id, NULL, SP_PUBLISH_FACT_BUDGET_MS);
     free(ct);
     if (rc < 0)
         sp_log(SP_LOG_WARN, "cannot record file event", SP_KS("type", env->type),

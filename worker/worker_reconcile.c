@@ -47,7 +47,7 @@ int wk_publish_restart_fact(wk_t *w, const char *tenant, const char *sbx, const 
     env->actor = "svc:worker";
     /* One per sandbox and worker start: the host's boot-unique pid is not stable, the time is. */
     snprintf(msg_id, sizeof(msg_id), "%s:%s:%lld", what, sbx, (long long)(sp_now_us() / 1000000));
-    return sp_publish_fact(w->bus, env, id, w->cfg->id, msg_id, 0);
+    return sp_publish_event_retry(w->bus, env, id, w->cfg->id, msg_id, SP_PUBLISH_FACT_BUDGET_MS);
 }
 
 #define RECONCILED_PER_EVENT 256

@@ -87,6 +87,17 @@ int sp_bus_stream_info(sp_bus_t *bus, uint64_t *ret_last_seq, uint64_t *ret_msgs
  * server recognised msg_id as a duplicate (then *ret_seq is the original's sequence). */
 int sp_bus_publish(sp_bus_t *bus, const char *subject, const void *data, size_t len,
                    const char *msg_id, uint64_t *ret_seq, int *ret_duplicate);
+
+/* A publish must not fail for a moment without the bus: when the NATS node a connection is
+ * on dies it reconnects to another, and JetStream publishes fail at once meanwhile (measured
+ * 0.2-7 s on a 3-node cluster; docs/operations.md, "Faults one after another").
+ * sp_bus_publish_retry is sp_bus_publish that, on SP_EBUS or SP_ETIMEOUT, sends the same bytes
+ * with the same msg_id again (the stream keeps one copy), waiting 50 ms doubling to 1 s between
+ * tries, for at most budget_ms. msg_id is required. Other errors, and the last failure, are
+ * returned. Budgets (publish.h): SP_PUBLISH_FACT_BUDGET_MS for facts, which must not be lost,
+ * SP_PUBLISH_INTENT_BUDGET_MS for a caller that answers a client meanwhile. */
+int sp_bus_publish_retry(sp_bus_t *bus, const char *subject, const void *data, size_t len,
+                         const char *msg_id, int budget_ms, uint64_t *ret_seq);
 /* Publishes without waiting for the ack (pipelined; at most 4096 in flight, then it blocks
  * until acks make room, for up to timeout_ms of the connection, then SP_ETIMEOUT).
  * Use sp_bus_publish_async_complete to wait for every ack. */

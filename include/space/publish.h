@@ -23,15 +23,16 @@
 int sp_publish_event(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const char *worker,
                      const char *msg_id, uint64_t *ret_seq);
 
-/* A fact must not be lost to a moment without the bus (the NATS node the connection was on
- * died, the stream is electing a leader: measured up to ~7 s on a 3-node cluster,
- * tests/integration/cluster.c): sp_publish_fact is sp_publish_event that, when the bus fails
- * (SP_EBUS, SP_ETIMEOUT), sends the same bytes with the same Nats-Msg-Id again (the stream
- * keeps one), waiting 50 ms doubling to 1 s between tries, for at most budget_ms
- * (SP_PUBLISH_FACT_BUDGET_MS when 0). Other errors, and the last failure, are returned. */
-#define SP_PUBLISH_FACT_BUDGET_MS 30000
-int sp_publish_fact(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const char *worker,
-                    const char *msg_id, int budget_ms);
+/* sp_publish_event with sp_bus_publish_retry (bus.h): the same envelope bytes and Nats-Msg-Id
+ * again while the bus fails, for at most budget_ms. Facts use SP_PUBLISH_FACT_BUDGET_MS (a
+ * worker's fact must not be lost to a NATS node's death); the gateway's lifecycle, create,
+ * network and snapshot intents SP_PUBLISH_INTENT_BUDGET_MS: short, since each try holds one of
+ * its pool's threads while a client waits (a command's intent goes through the bus lane, one
+ * thread for all commands, and is not retried: a client asks again after its 503). */
+#define SP_PUBLISH_FACT_BUDGET_MS   30000
+#define SP_PUBLISH_INTENT_BUDGET_MS 3000
+int sp_publish_event_retry(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const char *worker,
+                           const char *msg_id, int budget_ms);
 
 /* The first half of sp_publish_event, for a caller that publishes later (in order, from a
  * thread of its own): stamps env as sp_publish_event does (occurred_at is now), writes its
