@@ -75,7 +75,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     if (bus) {
-        const char *names[] = {"empty", "dup", "bulk", "bulk2", "redeliver", "wake"};
+        const char *names[] = {"empty", "dup", "bulk", "bulk2", "redeliver", "wake", "retry"};
         for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
             sp_bus_consumer_delete(bus, durable(names[i]));
     }
@@ -364,6 +364,56 @@ static void test_publish_core_and_limits(void **state)
     assert_int_equal(sp_bus_publish_core(bus, s, big, sizeof(big)), SP_ETOOBIG);
 }
 
+typedef struct {
+    char id[96];
+    int rc;
+    uint64_t seq;
+} retry_t;
+
+static void *retry_main(void *arg)
+{
+    retry_t *r = arg;
+    r->rc = sp_bus_publish_retry(bus, subj("retry"), "kept", 4, r->id, 30000, &r->seq);
+    return NULL;
+}
+
+/* sp_bus_publish_retry (bus.h) rides out nats-server's death: what was published while it was
+ * away is in the stream once it is back, once. Without the bus for longer than its budget, it
+ * gives up with a bus error. Last: the server restarts under the other tests' connections. */
+static void test_publish_retry_rides_out_a_restart(void **state)
+{
+    retry_t r = {.rc = 1};
+    snprintf(r.id, sizeof(r.id), "bus-rt-%s-retry", run);
+
+    sp_test_daemon_kill9("nats-server");
+    int64_t t0 = mono_ms();
+    int rc = sp_bus_publish_retry(bus, subj("retry"), "lost", 4, "bus-rt-lost", 1000, NULL);
+    assert_true(rc == SP_EBUS || rc == SP_ETIMEOUT);
+    assert_true(mono_ms() - t0 < 15000);
+
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, retry_main, &r), 0);
+    sleep(1);
+    assert_int_equal(sp_test_space("up >/dev/null"), 0);
+    pthread_join(t, NULL);
+    assert_int_equal(r.rc, 0);
+    assert_true(r.seq > 0);
+
+    /* Stored once, with the bytes sent. */
+    sp_bus_consumer_t *c = NULL;
+    sp_bus_batch_t *b = NULL;
+    assert_int_equal(sp_bus_consumer_open(bus, durable("retry"), subj("retry"), 0, 0, &c), 0);
+    assert_int_equal(sp_bus_fetch(c, 10, 1000, &b), 0);
+    assert_int_equal(sp_bus_batch_len(b), 1);
+    const sp_bus_msg_t *m = sp_bus_batch_msg(b, 0);
+    assert_int_equal(m->stream_seq, r.seq);
+    assert_int_equal(m->len, 4);
+    assert_memory_equal(m->data, "kept", 4);
+    assert_int_equal(sp_bus_batch_ack(b), 0);
+    sp_bus_batch_free(b);
+    sp_bus_consumer_free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -375,6 +425,7 @@ int main(void)
         cmocka_unit_test(test_unacked_redelivered),
         cmocka_unit_test(test_fetch_wakes_on_publish),
         cmocka_unit_test(test_publish_core_and_limits),
+        cmocka_unit_test(test_publish_retry_rides_out_a_restart),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
