@@ -399,16 +399,25 @@ static void test_publish_retry_rides_out_a_restart(void **state)
     assert_int_equal(r.rc, 0);
     assert_true(r.seq > 0);
 
-    /* Stored once, with the bytes sent. */
+    /* Stored once, with the bytes sent. (The publish that gave up may be there too: a request
+     * cnats held while it reconnected goes out after, and a client's timeout says nothing of
+     * the server. That is why a retry keeps its msg_id.) */
     sp_bus_consumer_t *c = NULL;
     sp_bus_batch_t *b = NULL;
     assert_int_equal(sp_bus_consumer_open(bus, durable("retry"), subj("retry"), 0, 0, &c), 0);
     assert_int_equal(sp_bus_fetch(c, 10, 1000, &b), 0);
-    assert_int_equal(sp_bus_batch_len(b), 1);
-    const sp_bus_msg_t *m = sp_bus_batch_msg(b, 0);
-    assert_int_equal(m->stream_seq, r.seq);
-    assert_int_equal(m->len, 4);
-    assert_memory_equal(m->data, "kept", 4);
+    int kept = 0;
+    for (size_t i = 0; i < sp_bus_batch_len(b); i++) {
+        const sp_bus_msg_t *m = sp_bus_batch_msg(b, i);
+        assert_int_equal(m->len, 4);
+        if (memcmp(m->data, "kept", 4) == 0) {
+            kept++;
+            assert_int_equal(m->stream_seq, r.seq);
+        } else {
+            assert_memory_equal(m->data, "lost", 4);
+        }
+    }
+    assert_int_equal(kept, 1);
     assert_int_equal(sp_bus_batch_ack(b), 0);
     sp_bus_batch_free(b);
     sp_bus_consumer_free(c);
