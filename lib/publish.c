@@ -47,23 +47,9 @@ int sp_publish_encode(sp_envelope_t *env, char id_buf[37], const char *worker,
     return sp_publish_pack(env, ret_buf, ret_len);
 }
 
-int sp_publish_event(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const char *worker,
-                     const char *msg_id, uint64_t *ret_seq)
-{
-    char subject[SP_PUBLISH_SUBJECT_MAX];
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    int rc;
-
-    if ((rc = sp_publish_encode(env, id_buf, worker, subject, &buf, &len)) < 0)
-        return rc;
-    rc = sp_bus_publish(bus, subject, buf, len, msg_id ? msg_id : env->event_id, ret_seq, NULL);
-    free(buf);
-    return rc;
-}
-
-int sp_publish_event_retry(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const char *worker,
-                           const char *msg_id, int budget_ms)
+/* Encodes env and publishes it, trying again for budget_ms (0: once). */
+static int publish(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const char *worker,
+                   const char *msg_id, int budget_ms, uint64_t *ret_seq)
 {
     char subject[SP_PUBLISH_SUBJECT_MAX];
     uint8_t *buf = NULL;
@@ -73,9 +59,21 @@ int sp_publish_event_retry(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], c
     if ((rc = sp_publish_encode(env, id_buf, worker, subject, &buf, &len)) < 0)
         return rc;
     rc = sp_bus_publish_retry(bus, subject, buf, len, msg_id ? msg_id : env->event_id, budget_ms,
-                              NULL);
+                              ret_seq);
     free(buf);
     return rc;
+}
+
+int sp_publish_event(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const char *worker,
+                     const char *msg_id, uint64_t *ret_seq)
+{
+    return publish(bus, env, id_buf, worker, msg_id, 0, ret_seq);
+}
+
+int sp_publish_event_retry(sp_bus_t *bus, sp_envelope_t *env, char id_buf[37], const char *worker,
+                           const char *msg_id, int budget_ms)
+{
+    return publish(bus, env, id_buf, worker, msg_id, budget_ms, NULL);
 }
 
 void sp_envelope_answer(sp_envelope_t *env, Space__V1__Aggregate *agg, const sp_envelope_t *cause,
