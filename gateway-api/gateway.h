@@ -71,6 +71,11 @@ typedef struct {
     int64_t max_file_transfers;
     int64_t file_threads;
     int64_t watcher_idle_s;
+    int64_t signed_url_index;        /* tokens indexed: the most candidates one request hashes */
+    int64_t signed_url_fail_per_s;   /* failed signed-URL lookups a client may make a second */
+    int64_t signed_url_fail_burst;   /* and at once */
+    int64_t signed_url_global_per_s; /* the same for the gateway as a whole */
+    int64_t signed_url_global_burst;
     char *tmp_dir;
     char *network_default; /* policy mode of a create without "network" (netpolicy.h) */
     bool seal_output;      /* command lines sealed by the workers, not in the intent */
@@ -405,22 +410,26 @@ int gw_access_token(const gw_t *gw, const char *sandbox, const char *tenant, con
 
 /* ---- E2B signed /files URLs (gateway_signed.c, docs/e2b-signed-urls.md) ---- */
 
-#define GW_SIGNED_MAX       1024 /* indexed tokens = the most candidates one request hashes */
-#define GW_SIGNED_TOKEN_MAX 160  /* "<sandbox>.<key id>.<88 base64url>" fits */
-#define GW_SIGNED_CLIENTS   256  /* buckets of failed lookups, by remote address */
+#define GW_SIGNED_TOKEN_MAX 160 /* "<sandbox>.<key id>.<88 base64url>" fits */
+#define GW_SIGNED_CLIENTS   256 /* buckets of failed lookups, by remote address */
 
 /* The access tokens this gateway computed, to find a signed URL's sandbox, and the rates of
  * failed lookups. The entries are under mu (any thread: answers on pool threads note tokens);
  * the buckets and the fill state belong to the loop thread. */
 typedef struct {
+    char sandbox[SP_ID_MAX + 1];
+    char token[GW_SIGNED_TOKEN_MAX];
+    size_t len;
+    uint64_t stamp; /* 0: empty; the largest is the newest */
+} gw_signed_entry_t;
+typedef struct {
     pthread_mutex_t mu;
-    struct {
-        char sandbox[SP_ID_MAX + 1];
-        char token[GW_SIGNED_TOKEN_MAX];
-        size_t len;
-        uint64_t stamp; /* 0: empty; the largest is the newest */
-    } e[GW_SIGNED_MAX];
+    gw_signed_entry_t *e; /* n entries (signed-url-index), owned */
+    size_t n;
     uint64_t clock;
+    /* The failure rates' buckets: tokens a second and at most (signed-url-fail-*,
+     * signed-url-global-*). */
+    double fail_per_s, fail_burst, global_per_s, global_burst;
     struct {
         double tokens;
         int64_t at_ns;
@@ -430,8 +439,9 @@ typedef struct {
     uint64_t failures, limited;
 } gw_signed_t;
 
-void gw_signed_init(gw_signed_t *s);
-/* Wipes the tokens. */
+/* Sizes the index and the rates from cfg. */
+void gw_signed_init(gw_signed_t *s, const gw_config_t *cfg);
+/* Wipes the tokens and frees the index. */
 void gw_signed_dispose(gw_signed_t *s);
 /* Indexes sandbox's token (len bytes, copied); the oldest entry makes room. Any thread. */
 void gw_signed_note(gw_signed_t *s, const char *sandbox, const char *token, size_t len);
