@@ -71,6 +71,11 @@ typedef struct {
     int64_t max_file_transfers;
     int64_t file_threads;
     int64_t watcher_idle_s;
+    int64_t signed_url_index;        /* tokens indexed: the most candidates one request hashes */
+    int64_t signed_url_fail_per_s;   /* failed signed-URL lookups a client may make a second */
+    int64_t signed_url_fail_burst;   /* and at once */
+    int64_t signed_url_global_per_s; /* the same for the gateway as a whole */
+    int64_t signed_url_global_burst;
     char *tmp_dir;
     char *network_default; /* policy mode of a create without "network" (netpolicy.h) */
     bool seal_output;      /* command lines sealed by the workers, not in the intent */
@@ -405,22 +410,26 @@ int gw_access_token(const gw_t *gw, const char *sandbox, const char *tenant, con
 
 /* ---- E2B signed /files URLs (gateway_signed.c, docs/e2b-signed-urls.md) ---- */
 
-#define GW_SIGNED_MAX       1024 /* indexed tokens = the most candidates one request hashes */
-#define GW_SIGNED_TOKEN_MAX 160  /* "<sandbox>.<key id>.<88 base64url>" fits */
-#define GW_SIGNED_CLIENTS   256  /* buckets of failed lookups, by remote address */
+#define GW_SIGNED_TOKEN_MAX 160 /* "<sandbox>.<key id>.<88 base64url>" fits */
+#define GW_SIGNED_CLIENTS   256 /* buckets of failed lookups, by remote address */
 
 /* The access tokens this gateway computed, to find a signed URL's sandbox, and the rates of
  * failed lookups. The entries are under mu (any thread: answers on pool threads note tokens);
  * the buckets and the fill state belong to the loop thread. */
 typedef struct {
+    char sandbox[SP_ID_MAX + 1];
+    char token[GW_SIGNED_TOKEN_MAX];
+    size_t len;
+    uint64_t stamp; /* 0: empty; the largest is the newest */
+} gw_signed_entry_t;
+typedef struct {
     pthread_mutex_t mu;
-    struct {
-        char sandbox[SP_ID_MAX + 1];
-        char token[GW_SIGNED_TOKEN_MAX];
-        size_t len;
-        uint64_t stamp; /* 0: empty; the largest is the newest */
-    } e[GW_SIGNED_MAX];
+    gw_signed_entry_t *e; /* n entries (signed-url-index), owned */
+    size_t n;
     uint64_t clock;
+    /* The failure rates' buckets: tokens a second and at most (signed-url-fail-*,
+     * signed-url-global-*). */
+    double fail_per_s, fail_burst, global_per_s, global_burst;
     struct {
         double tokens;
         int64_t at_ns;
@@ -430,8 +439,9 @@ typedef struct {
     uint64_t failures, limited;
 } gw_signed_t;
 
-void gw_signed_init(gw_signed_t *s);
-/* Wipes the tokens. */
+/* Sizes the index and the rates from cfg. */
+void gw_signed_init(gw_signed_t *s, const gw_config_t *cfg);
+/* Wipes the tokens and frees the index. */
 void gw_signed_dispose(gw_signed_t *s);
 /* Indexes sandbox's token (len bytes, copied); the oldest entry makes room. Any thread. */
 void gw_signed_note(gw_signed_t *s, const char *sandbox, const char *token, size_t len);
@@ -786,9 +796,6 @@ void gw_watches_close_all(gw_t *gw, bool force);
 
 /* ---- E2B compatibility (gateway_e2b.c: control plane, gateway_e2b_envd.c: envd) ---- */
 
-/* Take the request when its path is one of E2B's (true: answered or under way). */
-bool gw_e2b_route(gw_req_t *rq, const char *path, size_t len);
-bool gw_e2b_envd_route(gw_req_t *rq, const char *path, size_t len);
 /* E2B's Sandbox JSON (create, connect), with the access token for the presented key. */
 void gw_e2b_answer_sandbox(gw_req_t *rq, int status, const char *sandbox_id, const char *template_);
 /* A file operation's success in E2B's shapes (Connect messages; /files upload list). */
@@ -980,27 +987,65 @@ void gw__route_head(gw_t *gw, h2o_req_t *req, gw_gate_t *g);
 /* A connection's file descriptor, for shutdown(2) when a stream must end now. -1 if unknown. */
 int gw_req_fd(h2o_req_t *req);
 
-/* ---- routes (gateway_http.c) ---- */
+/* ---- routes (gateway_http.c) ----
+ *
+ * One row type and one matcher for every API the gateway speaks: ours (/v1, /healthz,
+ * /metrics, the console), E2B's control plane and envd's in-sandbox API. The rows live in
+ * three tables (gateway_http.c, gateway_e2b.c, gateway_e2b_envd.c, so each file's handlers
+ * stay static) that the matcher scans in that order as one list. */
 
-#define GW_ROUTE_PUBLIC    1u /* answered without an API key */
-#define GW_ROUTE_FILE_BODY 2u /* the body may be max-file-bytes, not max-body-bytes */
+/* How a row's caller proves who it is, checked before the handler runs. */
+typedef enum {
+    GW_AUTH_PUBLIC = 0, /* nobody: the handler runs at once */
+    GW_AUTH_KEY,        /* our API key, Authorization: Bearer */
+    GW_AUTH_E2B_KEY,    /* E2B's X-API-KEY (else Authorization: Bearer) */
+    /* envd: X-Access-Token (the sandbox's envdAccessToken, good for that sandbox only) or
+     * X-API-KEY; the sandbox from E2b-Sandbox-Id, the token or the Host name. */
+    GW_AUTH_ENVD,
+    GW_AUTH_ENVD_SIGNED /* GW_AUTH_ENVD, else a signed URL (gateway_signed.c) */
+} gw_auth_kind_t;
 
-/* One route the gateway serves: method and path pattern ("/v1/sandboxes/{id}/files"), the
- * metrics label, the handler (run after authentication unless GW_ROUTE_PUBLIC) and, for a
- * handler of several routes, the action it reads from rq->path_action. */
+#define GW_ROUTE_FILE_BODY 1u /* the body may be max-file-bytes, not max-body-bytes */
+#define GW_ROUTE_SNAPSHOT  2u /* the {id} is a snapshot's: it begins with "snp_" */
+
+/* One route: method ("*": any, see below) and path pattern, the dialect its answers and
+ * errors speak (set on the request as soon as the row is chosen, so authentication's errors
+ * speak it too), how it authenticates, the metrics label, the handler and, for a handler of
+ * several routes, the action it reads from rq->path_action.
+ *
+ * Patterns: literal segments compare exactly; a {name} segment takes 1..SP_ID_MAX bytes
+ * without '/' ({cid} goes to rq->path_sub_id, {id} and {file} to rq->path_id, other names
+ * are matched only: the handler reads them from the path); a last segment "*" takes the rest
+ * of the path, nothing included (so "/templates" then "*" matches "/templates" and
+ * "/templates/a/b").
+ *
+ * The first row whose pattern and method match answers. A row of method "*" is a fallback:
+ * when an earlier row had the path but not the method, the answer is 405 naming the methods
+ * of those rows (Allow), in the path's dialect; with no row at all, 404 (E2B's shape outside
+ * /v1). */
 typedef struct {
     const char *method;
     const char *path;
+    gw_dialect_t dialect;
+    gw_auth_kind_t auth;
     gw_route_t metric;
     void (*fn)(gw_req_t *rq);
     unsigned flags;
     const char *action;
 } gw_route_def_t;
 
-/* The table route() dispatches by (every /v1 route, /healthz, /metrics, the console's files);
- * the E2B routes are matched after it, in gateway_e2b.c and gateway_e2b_envd.c. */
+/* Our rows (every /v1 route, /healthz, /metrics, the console's files). */
 extern const gw_route_def_t gw_routes[];
 extern const size_t gw_n_routes;
+/* E2B's control plane (gateway_e2b.c) and envd (gateway_e2b_envd.c). */
+extern const gw_route_def_t gw_e2b_routes[];
+extern const size_t gw_n_e2b_routes;
+extern const gw_route_def_t gw_envd_routes[];
+extern const size_t gw_n_envd_routes;
+
+/* GW_AUTH_ENVD[_SIGNED] (gateway_e2b_envd.c): finds the sandbox and the credential, then
+ * runs rq->after_auth once verified, or answers 401 itself. */
+void gw_e2b_envd_auth(gw_req_t *rq, bool signed_ok);
 
 /* "METHOD PATH" per line, the table's order: `space-gateway --list-routes`. */
 void gw_routes_print(FILE *out);

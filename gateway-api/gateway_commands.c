@@ -65,6 +65,8 @@
 
 typedef enum { PH_LOOKUP = 1, PH_SETUP, PH_RUNNING, PH_DONE } phase_t;
 
+typedef struct cmd_encoder cmd_encoder_t; /* how the response is written ("output encoders") */
+
 typedef struct io_chunk io_chunk_t;
 struct io_chunk {
     io_chunk_t *next;
@@ -88,15 +90,15 @@ struct gw_cmd {       /* NOLINT(clang-analyzer-optin.performance.Padding) */
     gw_sse_t sse;     /* the streamed response (SSE or Connect) */
     uv_async_t async; /* cnats thread -> loop; closed last */
     gw_t *gw;
-    gw_req_t *rq;           /* holds a reference */
-    sp_json_doc_t *env_doc; /* the sandbox's create-time environment; spec borrows from it */
-    bool streaming;         /* SSE or Connect records; else one JSON answer at the end */
+    gw_req_t *rq;             /* holds a reference */
+    sp_json_doc_t *env_doc;   /* the sandbox's create-time environment; spec borrows from it */
+    const cmd_encoder_t *enc; /* chosen once, from the route's dialect and Accept */
+    bool streaming;           /* enc streams (SSE or Connect); else one JSON answer at the end */
     bool attach;       /* GET .../stream: no intent, no exec; the worker replays what it kept */
     uint64_t from_seq; /* attach: output after this seq */
     bool skipped;      /* attach: output between from_seq and the oldest kept chunk is gone */
     bool start_sent;   /* SSE: the start record is written */
-    bool connect; /* E2B envd: Connect streaming envelopes instead of SSE records (sse is set) */
-    bool pty;     /* runs in a pty: E2B's data.pty (started so, or attached to such a command) */
+    bool pty; /* runs in a pty: E2B's data.pty (started so, or attached to such a command) */
     phase_t phase;
     gw_cmd_spec_t spec;
     char cmd_id[SP_ID_MAX + 1];
@@ -535,6 +537,38 @@ static void on_closed(gw_sse_t *w)
     resp_over(c);
 }
 
+/* ---- output encoders ----
+ *
+ * How a command's response is written, chosen once when the command starts (cmd_start), from
+ * the route's dialect and the Accept header: SSE records (ours, by default), one JSON answer at
+ * the end (ours, Accept: application/json) or Connect streaming envelopes (E2B envd's
+ * Process.Start and Connect). Every place that writes command output calls the encoder. */
+
+/* What the end of a command reports besides its IoExit. */
+typedef struct {
+    bool truncated, lost;
+    uint64_t last_seq;
+} cmd_totals_t;
+
+struct cmd_encoder {
+    /* The streamed response's type and writer callbacks; NULL: one answer at the end. */
+    const char *content_type;
+    const gw_sse_ops_t *ops;
+    /* A background command's output still streams here (E2B: Start answers with its output);
+     * else the answer to a background command is 202 and the client attaches. */
+    bool follows_background;
+    /* Without timeout_s the command is not bounded by a default one (envd: only
+     * Connect-Timeout-Ms bounds it). */
+    bool unbounded;
+    /* The start record (pid 0: not known yet); NULL: none. Once, before any output. */
+    void (*start)(gw_cmd_t *c, uint32_t pid);
+    /* One chunk of output, in seq order. */
+    void (*output)(gw_cmd_t *c, uint64_t seq, uint32_t stream, const uint8_t *p, size_t n);
+    /* The end (ex: the worker's IoExit, or one the gateway made): the last records, and the
+     * response ends. */
+    void (*end)(gw_cmd_t *c, gw_cmd_end_t how, const exit_info_t *ex, const cmd_totals_t *t);
+};
+
 static void connect_event(gw_cmd_t *c, const char *json, size_t len)
 {
     gw_connect_envelope(&c->sse.pending, 0, json, len);
@@ -602,22 +636,31 @@ static void sse_record(gw_cmd_t *c, uint64_t seq, const char *event, const uint8
     sp_sse_record_end(b);
 }
 
-/* One chunk as SSE records: text while it is well-formed UTF-8 (a sequence cut by the chunk's
+/* The client reads slower than the command writes: past command-buffer-bytes of backlog, what
+ * this chunk added (from before) is taken back and the rest of the output is dropped. */
+static void bound_backlog(gw_cmd_t *c, uint32_t stream, size_t before)
+{
+    sp_buf_t *pending = &c->sse.pending;
+    if (gw_sse_backlog(&c->sse) <= (size_t)c->gw->cfg->command_buffer_bytes)
+        return;
+    pending->len = before;
+    if (pending->data)
+        pending->data[before] = '\0';
+    c->carry_len[stream] = 0;
+    c->loop_dropped = true;
+}
+
+/* SSE: one chunk as records, text while it is well-formed UTF-8 (a sequence cut by the chunk's
  * end waits for the next chunk of its stream), else base64. */
 static void sse_output(gw_cmd_t *c, uint64_t seq, uint32_t stream, const uint8_t *data, size_t len)
 {
     uint8_t *joined = NULL;
     const uint8_t *p = data;
-    sp_buf_t *pending = &c->sse.pending;
-    size_t n = len, before = pending->len;
+    size_t n = len, before = c->sse.pending.len;
     bool partial;
 
     if (c->loop_dropped)
         return;
-    if (c->connect) {
-        connect_data(c, stream, data, len);
-        goto bound;
-    }
     if (c->carry_len[stream] > 0) {
         joined = sp_xmalloc(c->carry_len[stream] + len);
         memcpy(joined, c->carry[stream], c->carry_len[stream]);
@@ -638,18 +681,26 @@ static void sse_output(gw_cmd_t *c, uint64_t seq, uint32_t stream, const uint8_t
         sse_record(c, seq, stream_name(stream), p, n, true);
     }
     free(joined);
-bound:
-    if (gw_sse_backlog(&c->sse) > (size_t)c->gw->cfg->command_buffer_bytes) {
-        /* The client reads slower than the command writes: drop from here on. */
-        pending->len = before;
-        if (pending->data)
-            pending->data[before] = '\0';
-        c->carry_len[stream] = 0;
-        c->loop_dropped = true;
-    }
+    bound_backlog(c, stream, before);
 }
 
-/* ---- ending ---- */
+/* Connect: one chunk, one ProcessEvent.data (base64, as protobuf's JSON has bytes). */
+static void connect_output(gw_cmd_t *c, uint64_t seq, uint32_t stream, const uint8_t *p, size_t n)
+{
+    size_t before = c->sse.pending.len;
+    (void)seq;
+    if (c->loop_dropped)
+        return;
+    connect_data(c, stream, p, n);
+    bound_backlog(c, stream, before);
+}
+
+/* JSON: collected until the end (bounded by JSON_CAP on the cnats thread). */
+static void json_collect(gw_cmd_t *c, uint64_t seq, uint32_t stream, const uint8_t *p, size_t n)
+{
+    (void)seq;
+    sp_buf_append(&c->out[stream], p, n);
+}
 
 static void json_exit_fields(sp_buf_t *b, const exit_info_t *ex, bool truncated, bool lost)
 {
@@ -664,20 +715,19 @@ static void json_exit_fields(sp_buf_t *b, const exit_info_t *ex, bool truncated,
 }
 
 /* The start record, once, before any output: with the pid when the worker has told it. */
-static void sse_start(gw_cmd_t *c)
+static void send_start(gw_cmd_t *c)
 {
-    if (!c->streaming || c->start_sent)
+    if (!c->enc->start || c->start_sent)
         return;
     c->start_sent = true;
     pthread_mutex_lock(&c->mu);
     uint32_t pid = c->pid;
     pthread_mutex_unlock(&c->mu);
-    if (c->connect) {
-        char ev[64];
-        int n = snprintf(ev, sizeof(ev), "{\"event\":{\"start\":{\"pid\":%" PRIu32 "}}}", pid);
-        connect_event(c, ev, (size_t)n);
-        return;
-    }
+    c->enc->start(c, pid);
+}
+
+static void sse_start(gw_cmd_t *c, uint32_t pid)
+{
     sp_buf_t *b = &c->sse.pending;
     sp_sse_record_begin(b, 0, "start");
     sp_buf_puts(b, "{\"cmd_id\":");
@@ -691,6 +741,13 @@ static void sse_start(gw_cmd_t *c)
                       c->from_seq, c->skipped ? "true" : "false");
     sp_buf_putc(b, '}');
     sp_sse_record_end(b);
+}
+
+static void connect_start(gw_cmd_t *c, uint32_t pid)
+{
+    char ev[64];
+    int n = snprintf(ev, sizeof(ev), "{\"event\":{\"start\":{\"pid\":%" PRIu32 "}}}", pid);
+    connect_event(c, ev, (size_t)n);
 }
 
 static void json_output(sp_buf_t *b, const char *name, const sp_buf_t *o)
@@ -738,58 +795,46 @@ static void connect_end(gw_cmd_t *c, const exit_info_t *ex)
     sp_buf_dispose(&b);
 }
 
-/* The answer once the command is over: ex is the worker's IoExit, or one the gateway made. */
-static void conclude(gw_cmd_t *c, gw_cmd_end_t how, const exit_info_t *ex)
+static void connect_finish(gw_cmd_t *c, gw_cmd_end_t how, const exit_info_t *ex,
+                           const cmd_totals_t *t)
 {
-    gw_t *gw = c->gw;
-    bool lost, truncated;
-    uint64_t last_seq;
-
-    if (c->phase != PH_RUNNING)
-        return;
-    c->phase = PH_DONE;
-    pthread_mutex_lock(&c->mu);
-    lost = c->lost;
-    truncated = ex->truncated || c->dropped || c->capped || c->loop_dropped;
-    last_seq = c->last_seq;
-    pthread_mutex_unlock(&c->mu);
-    gw->metrics.command_ends[how]++;
-    if (lost)
-        gw->metrics.commands_output_lost++;
-    if (truncated)
-        gw->metrics.commands_truncated++;
-    sp_log(SP_LOG_INFO, "command ended", SP_KS("cmd_id", c->cmd_id), SP_KS("sandbox", c->sandbox),
-           SP_KI("exit_code", ex->exit_code), SP_KU("signal", ex->signal),
-           SP_KS("error", ex->error), SP_KI("truncated", truncated), SP_KI("output_lost", lost),
-           SP_KS("request_id", c->request_id));
-
-    if (c->connect && how == GW_CMD_END_EXIT && ex->exit_code == -1 && !ex->signal &&
+    (void)t;
+    if (how == GW_CMD_END_EXIT && ex->exit_code == -1 && !ex->signal &&
         strcmp(ex->error, SP_CMD_ERROR_SANDBOX_DELETED) == 0) {
         /* E2B: the sandbox's VM is gone, and with it the connection: no end event, no
          * end-stream. The SDK then probes /health, which must say gone at once (even while
          * the log has not stored the delete yet), and raises TimeoutError. */
-        gw_gone_note(gw, c->sandbox);
-        sse_start(c);
+        gw_gone_note(c->gw, c->sandbox);
+        send_start(c);
         gw_sse_cut(&c->sse, SP_CMD_ERROR_SANDBOX_DELETED);
         publish_loop_bytes(c);
-    } else if (c->connect) {
-        sse_start(c);
-        connect_end(c, ex);
-        gw_sse_end(&c->sse);
-        publish_loop_bytes(c);
-    } else if (c->streaming) {
-        for (uint32_t s = 1; s <= 2; s++)
-            if (c->carry_len[s] > 0 && !c->loop_dropped)
-                sse_record(c, last_seq, stream_name(s), c->carry[s], c->carry_len[s], true);
-        sse_start(c);
-        sp_sse_record_begin(&c->sse.pending, 0, "exit");
-        sp_buf_putc(&c->sse.pending, '{');
-        json_exit_fields(&c->sse.pending, ex, truncated, lost);
-        sp_buf_putc(&c->sse.pending, '}');
-        sp_sse_record_end(&c->sse.pending);
-        gw_sse_end(&c->sse);
-        publish_loop_bytes(c);
-    } else if (how == GW_CMD_END_SHUTDOWN) {
+        return;
+    }
+    send_start(c);
+    connect_end(c, ex);
+    gw_sse_end(&c->sse);
+    publish_loop_bytes(c);
+}
+
+static void sse_finish(gw_cmd_t *c, gw_cmd_end_t how, const exit_info_t *ex, const cmd_totals_t *t)
+{
+    (void)how;
+    for (uint32_t s = 1; s <= 2; s++)
+        if (c->carry_len[s] > 0 && !c->loop_dropped)
+            sse_record(c, t->last_seq, stream_name(s), c->carry[s], c->carry_len[s], true);
+    send_start(c);
+    sp_sse_record_begin(&c->sse.pending, 0, "exit");
+    sp_buf_putc(&c->sse.pending, '{');
+    json_exit_fields(&c->sse.pending, ex, t->truncated, t->lost);
+    sp_buf_putc(&c->sse.pending, '}');
+    sp_sse_record_end(&c->sse.pending);
+    gw_sse_end(&c->sse);
+    publish_loop_bytes(c);
+}
+
+static void json_finish(gw_cmd_t *c, gw_cmd_end_t how, const exit_info_t *ex, const cmd_totals_t *t)
+{
+    if (how == GW_CMD_END_SHUTDOWN) {
         sp_buf_t extra;
         sp_buf_init(&extra);
         sp_buf_puts(&extra, "\"cmd_id\":");
@@ -798,24 +843,66 @@ static void conclude(gw_cmd_t *c, gw_cmd_end_t how, const exit_info_t *ex)
                          "the gateway is stopping; the command keeps running");
         sp_buf_dispose(&extra);
         c->resp_done = true;
-    } else {
-        sp_buf_t b;
-        sp_buf_init(&b);
-        sp_buf_puts(&b, "{\"cmd_id\":");
-        sp_buf_json_str(&b, c->cmd_id);
-        json_output(&b, "stdout", &c->out[1]);
-        sp_buf_dispose(&c->out[1]);
-        json_output(&b, "stderr", &c->out[2]);
-        sp_buf_dispose(&c->out[2]);
-        sp_buf_putc(&b, ',');
-        json_exit_fields(&b, ex, truncated, lost);
-        sp_buf_putc(&b, '}');
-        if (gw_req_live(c->rq))
-            command_id_header(c->rq->req, c->cmd_id);
-        gw_respond_json(c->rq, 200, &b);
-        sp_buf_dispose(&b);
-        c->resp_done = true;
+        return;
     }
+    sp_buf_t b;
+    sp_buf_init(&b);
+    sp_buf_puts(&b, "{\"cmd_id\":");
+    sp_buf_json_str(&b, c->cmd_id);
+    json_output(&b, "stdout", &c->out[1]);
+    sp_buf_dispose(&c->out[1]);
+    json_output(&b, "stderr", &c->out[2]);
+    sp_buf_dispose(&c->out[2]);
+    sp_buf_putc(&b, ',');
+    json_exit_fields(&b, ex, t->truncated, t->lost);
+    sp_buf_putc(&b, '}');
+    if (gw_req_live(c->rq))
+        command_id_header(c->rq->req, c->cmd_id);
+    gw_respond_json(c->rq, 200, &b);
+    sp_buf_dispose(&b);
+    c->resp_done = true;
+}
+
+static const cmd_encoder_t sse_encoder = {.content_type = "text/event-stream",
+                                          .ops = &sse_ops,
+                                          .start = sse_start,
+                                          .output = sse_output,
+                                          .end = sse_finish};
+static const cmd_encoder_t json_encoder = {.output = json_collect, .end = json_finish};
+static const cmd_encoder_t connect_encoder = {.content_type = "application/connect+json",
+                                              .ops = &connect_ops,
+                                              .follows_background = true,
+                                              .unbounded = true,
+                                              .start = connect_start,
+                                              .output = connect_output,
+                                              .end = connect_finish};
+
+/* ---- ending ---- */
+
+/* The answer once the command is over: ex is the worker's IoExit, or one the gateway made. */
+static void conclude(gw_cmd_t *c, gw_cmd_end_t how, const exit_info_t *ex)
+{
+    gw_t *gw = c->gw;
+    cmd_totals_t t;
+
+    if (c->phase != PH_RUNNING)
+        return;
+    c->phase = PH_DONE;
+    pthread_mutex_lock(&c->mu);
+    t.lost = c->lost;
+    t.truncated = ex->truncated || c->dropped || c->capped || c->loop_dropped;
+    t.last_seq = c->last_seq;
+    pthread_mutex_unlock(&c->mu);
+    gw->metrics.command_ends[how]++;
+    if (t.lost)
+        gw->metrics.commands_output_lost++;
+    if (t.truncated)
+        gw->metrics.commands_truncated++;
+    sp_log(SP_LOG_INFO, "command ended", SP_KS("cmd_id", c->cmd_id), SP_KS("sandbox", c->sandbox),
+           SP_KI("exit_code", ex->exit_code), SP_KU("signal", ex->signal),
+           SP_KS("error", ex->error), SP_KI("truncated", t.truncated), SP_KI("output_lost", t.lost),
+           SP_KS("request_id", c->request_id));
+    c->enc->end(c, how, ex, &t);
     drop_sub(c);
     maybe_free(c);
 }
@@ -849,13 +936,10 @@ static void process_io(gw_cmd_t *c)
     pthread_mutex_unlock(&c->mu);
 
     if (start)
-        sse_start(c);
+        send_start(c);
     while (q) {
         io_chunk_t *next = q->next;
-        if (c->streaming)
-            sse_output(c, q->seq, q->stream, q->data, q->len);
-        else
-            sp_buf_append(&c->out[q->stream], q->data, q->len);
+        c->enc->output(c, q->seq, q->stream, q->data, q->len);
         free(q);
         q = next;
     }
@@ -881,7 +965,7 @@ static void start_output(gw_cmd_t *c)
 
     c->phase = PH_RUNNING;
     /* An attached command's timeout is not known here: it ends with its exit, or the client. */
-    c->deadline_ns = c->attach || (c->connect && !c->spec.timeout_s)
+    c->deadline_ns = c->attach || (c->enc->unbounded && !c->spec.timeout_s)
                          ? INT64_MAX
                          : sp_mono_ns() + (timeout_s + EXIT_GRACE_S) * 1000000000LL;
     if (!gw_req_live(c->rq)) {
@@ -891,12 +975,8 @@ static void start_output(gw_cmd_t *c)
         resp_over(c);
         return;
     }
-    if (c->streaming) {
-        if (c->connect)
-            gw_sse_start(&c->sse, c->rq, "application/connect+json", &connect_ops);
-        else
-            gw_sse_start(&c->sse, c->rq, "text/event-stream", &sse_ops);
-    }
+    if (c->streaming)
+        gw_sse_start(&c->sse, c->rq, c->enc->content_type, c->enc->ops);
     process_io(c);
 }
 
@@ -1015,7 +1095,7 @@ static void setup_run(gw_cmd_t *c)
 
     c->exec_s = -1;
     c->outcome = GW_CMD_BUS_ERROR;
-    if (!c->spec.background || c->connect) {
+    if (!c->spec.background || c->enc->follows_background) {
         c->bus_step = "subscribe";
         /* The filter of the command's output subjects, space.io.cmd.<cmd_id>.> (contract.h);
          * -EINVAL for a command id that is no subject token. */
@@ -1102,7 +1182,7 @@ static void setup_done(gw_cmd_t *c)
     gw->metrics.commands[c->outcome]++;
     if (c->exec_s >= 0 && !c->attach)
         gw_metrics_exec_latency(&gw->metrics, c->exec_s);
-    if (c->outcome == GW_CMD_ACCEPTED && c->spec.background && !c->connect) {
+    if (c->outcome == GW_CMD_ACCEPTED && c->spec.background && !c->enc->follows_background) {
         /* Started: the client follows it with GET .../commands/{cid}/stream. */
         sp_buf_t b;
         sp_buf_init(&b);
@@ -1281,9 +1361,11 @@ static void cmd_start(gw_req_t *rq, const char *cmd_id, gw_cmd_spec_t *spec, boo
     c->gw = gw;
     c->rq = rq;
     gw_req_ref(rq);
-    c->connect = rq->dialect == GW_DIALECT_CONNECT_STREAM;
+    c->enc = rq->dialect == GW_DIALECT_CONNECT_STREAM ? &connect_encoder
+             : wants_json(rq)                         ? &json_encoder
+                                                      : &sse_encoder;
     c->pty = spec->pty_rows != 0;
-    c->streaming = c->connect || !wants_json(rq);
+    c->streaming = c->enc->content_type != NULL;
     c->attach = attach;
     c->attaching = attach;
     c->from_seq = from_seq;

@@ -844,147 +844,80 @@ static void e2b_connect(gw_req_t *rq)
 
 /* ---- routing ---- */
 
-static bool is_method(const h2o_req_t *req, const char *m)
-{
-    return h2o_memis(req->method.base, req->method.len, m, strlen(m));
-}
-
-static void with_key(gw_req_t *rq, void (*fn)(gw_req_t *))
-{
-    const h2o_iovec_t *k = gw_req_header(rq, "x-api-key", NULL);
-    if (k)
-        rq->auth_key = *k;
-    rq->after_auth = fn;
-    gw_auth(rq);
-}
-
-static void not_allowed(gw_req_t *rq)
-{
-    gw_respond_error(rq, 405, "method_not_allowed", NULL, "%s is not allowed here", rq->method);
-}
-
 /* E2B's control-plane resources that have no counterpart here (templates are built by the
- * workers, not through an API; volumes, secrets and snapshots are not served). */
-static bool unserved_resource(const char *path, size_t len, const char **ret_name)
+ * workers, not through an API; volumes and secrets are not served): 501, which the SDK
+ * reports as it is (a 404 would read as SandboxNotFoundError). The row's action names the
+ * resource. */
+static void e2b_unserved(gw_req_t *rq)
 {
-    static const char *const names[] = {"/templates", "/v2/templates",  "/v3/templates",
-                                        "/volumes",   "/volumecontent", "/secrets"};
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        size_t n = strlen(names[i]);
-        if (len >= n && memcmp(path, names[i], n) == 0 && (len == n || path[n] == '/')) {
-            *ret_name = names[i];
-            return true;
-        }
-    }
-    return false;
+    gw_respond_error(rq, 501, "not_implemented", NULL,
+                     "E2B's %s routes are not served by this server (SPACE-C)", rq->path_action);
 }
 
-bool gw_e2b_route(gw_req_t *rq, const char *path, size_t len)
+/* A sandbox's route this server does not serve (the row's action names it). */
+static void e2b_unserved_sub(gw_req_t *rq)
 {
-    const char *resource = NULL;
+    gw_respond_error(rq, 501, "not_implemented", NULL,
+                     "%s/sandboxes/{id}/%s is not served by this server (SPACE-C)",
+                     strncmp(rq->path, "/v2/", 4) == 0 ? "/v2" : "", rq->path_action);
+}
+
+/* Anything else under /sandboxes: an id that cannot be one reads as an unknown sandbox. */
+static void e2b_no_route(gw_req_t *rq)
+{
+    const char *p = rq->path + (strncmp(rq->path, "/v2/", 4) == 0 ? 3 : 0) + 10;
+    size_t idlen = *p == '/' ? strcspn(p + 1, "/?") : 0;
+    if (idlen == 0 || idlen > SP_ID_MAX)
+        gw_respond_error(rq, 404, "not_found", NULL, "sandbox not found");
+    else
+        gw_respond_error(rq, 404, "not_found", NULL, "no such route");
+}
+
+/* clang-format off */
+#define E2B(m, path, fn) {m, path, GW_DIALECT_E2B, GW_AUTH_E2B_KEY, GW_R_E2B_API, fn, 0, NULL}
+#define E2B_UNSERVED(path, name, fn) \
+    {"*", path, GW_DIALECT_E2B, GW_AUTH_PUBLIC, GW_R_E2B_API, fn, 0, name}
+/* clang-format on */
+
+/* E2B's control plane (api.e2b.app), rows of the one route table (gateway.h). */
+const gw_route_def_t gw_e2b_routes[] = {
     /* Snapshots (docs/snapshots.md): the list, and deleteSnapshot's DELETE /templates/{id}
      * with a snapshot id. */
-    if (h2o_memis(path, len, H2O_STRLIT("/snapshots"))) {
-        rq->dialect = GW_DIALECT_E2B;
-        rq->route = GW_R_E2B_API;
-        if (is_method(rq->req, "GET"))
-            with_key(rq, gw_snapshot_list);
-        else
-            not_allowed(rq);
-        return true;
-    }
-    if (len > 14 && memcmp(path, "/templates/snp_", 15) == 0 && len - 11 <= SP_ID_MAX &&
-        !memchr(path + 11, '/', len - 11) && is_method(rq->req, "DELETE")) {
-        rq->dialect = GW_DIALECT_E2B;
-        rq->route = GW_R_E2B_API;
-        memcpy(rq->path_id, path + 11, len - 11);
-        rq->path_id[len - 11] = '\0';
-        with_key(rq, gw_snapshot_delete);
-        return true;
-    }
-    if (unserved_resource(path, len, &resource)) {
-        rq->dialect = GW_DIALECT_E2B;
-        rq->route = GW_R_E2B_API;
-        gw_respond_error(rq, 501, "not_implemented", NULL,
-                         "E2B's %s routes are not served by this server (SPACE-C)", resource);
-        return true;
-    }
-
-    h2o_req_t *req = rq->req;
-    bool v2 = len >= 3 && memcmp(path, "/v2", 3) == 0;
-    const char *p = v2 ? path + 3 : path;
-    size_t n = v2 ? len - 3 : len;
-
-    if (n < 10 || memcmp(p, "/sandboxes", 10) != 0 || (n > 10 && p[10] != '/'))
-        return false;
-    rq->dialect = GW_DIALECT_E2B;
-    rq->route = GW_R_E2B_API;
-    if (n == 10 || n == 11) {
-        if (is_method(req, "POST"))
-            with_key(rq, e2b_create);
-        else if (is_method(req, "GET"))
-            with_key(rq, e2b_list);
-        else
-            not_allowed(rq);
-        return true;
-    }
-    const char *id = p + 11;
-    size_t rest = n - 11;
-    const char *slash = memchr(id, '/', rest);
-    size_t idlen = slash ? (size_t)(slash - id) : rest;
-    const char *action = slash ? slash + 1 : "";
-    size_t alen = slash ? rest - idlen - 1 : 0;
-    if (idlen == 0 || idlen > SP_ID_MAX) {
-        gw_respond_error(rq, 404, "not_found", NULL, "sandbox not found");
-        return true;
-    }
-    memcpy(rq->path_id, id, idlen);
-    rq->path_id[idlen] = '\0';
-    if (alen == 0 && !v2) {
-        if (is_method(req, "GET"))
-            with_key(rq, e2b_get);
-        else if (is_method(req, "DELETE"))
-            with_key(rq, gw_sandbox_delete);
-        else
-            not_allowed(rq);
-        return true;
-    }
-    void (*fn)(gw_req_t *) = NULL;
-    bool post = true, put = false;
-    if (h2o_memis(action, alen, H2O_STRLIT("connect")) ||
-        (!v2 && h2o_memis(action, alen, H2O_STRLIT("resume"))))
-        fn = e2b_connect;
-    else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("pause")))
-        fn = e2b_pause;
-    else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("timeout")))
-        fn = e2b_timeout;
-    else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("metrics")))
-        fn = gw_sandbox_metrics, post = false;
-    else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("network")))
-        fn = e2b_network, put = true;
-    else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("snapshots")))
-        fn = gw_snapshot_take;
-    else if (!v2 && h2o_memis(action, alen, H2O_STRLIT("fork")))
-        fn = gw_sandbox_fork;
-    if (!fn) {
-        /* E2B routes this server does not serve: 501, which the SDK reports as it is (a 404
-         * would read as SandboxNotFoundError). */
-        static const char *const unserved[] = {"refreshes", "logs"};
-        for (size_t i = 0; i < sizeof(unserved) / sizeof(unserved[0]); i++) {
-            if (h2o_memis(action, alen, unserved[i], strlen(unserved[i]))) {
-                gw_respond_error(rq, 501, "not_implemented", NULL,
-                                 "%s/sandboxes/{id}/%s is not served by this server (SPACE-C)",
-                                 v2 ? "/v2" : "", unserved[i]);
-                return true;
-            }
-        }
-        gw_respond_error(rq, 404, "not_found", NULL, "no such route");
-        return true;
-    }
-    if (!is_method(req, put ? "PUT" : post ? "POST" : "GET")) {
-        not_allowed(rq);
-        return true;
-    }
-    with_key(rq, fn);
-    return true;
-}
+    E2B("GET", "/snapshots", gw_snapshot_list),
+    {"DELETE", "/templates/{id}", GW_DIALECT_E2B, GW_AUTH_E2B_KEY, GW_R_E2B_API, gw_snapshot_delete,
+     GW_ROUTE_SNAPSHOT, NULL},
+    E2B_UNSERVED("/templates/*", "/templates", e2b_unserved),
+    E2B_UNSERVED("/v2/templates/*", "/v2/templates", e2b_unserved),
+    E2B_UNSERVED("/v3/templates/*", "/v3/templates", e2b_unserved),
+    E2B_UNSERVED("/volumes/*", "/volumes", e2b_unserved),
+    E2B_UNSERVED("/volumecontent/*", "/volumecontent", e2b_unserved),
+    E2B_UNSERVED("/secrets/*", "/secrets", e2b_unserved),
+    E2B("POST", "/sandboxes", e2b_create),
+    E2B("GET", "/sandboxes", e2b_list),
+    E2B("POST", "/sandboxes/", e2b_create),
+    E2B("GET", "/sandboxes/", e2b_list),
+    E2B("POST", "/v2/sandboxes", e2b_create),
+    E2B("GET", "/v2/sandboxes", e2b_list),
+    E2B("POST", "/v2/sandboxes/", e2b_create),
+    E2B("GET", "/v2/sandboxes/", e2b_list),
+    E2B("GET", "/sandboxes/{id}", e2b_get),
+    E2B("DELETE", "/sandboxes/{id}", gw_sandbox_delete),
+    E2B("GET", "/sandboxes/{id}/", e2b_get),
+    E2B("DELETE", "/sandboxes/{id}/", gw_sandbox_delete),
+    E2B("POST", "/sandboxes/{id}/connect", e2b_connect),
+    E2B("POST", "/v2/sandboxes/{id}/connect", e2b_connect),
+    E2B("POST", "/sandboxes/{id}/resume", e2b_connect),
+    E2B("POST", "/sandboxes/{id}/pause", e2b_pause),
+    E2B("POST", "/sandboxes/{id}/timeout", e2b_timeout),
+    E2B("GET", "/sandboxes/{id}/metrics", gw_sandbox_metrics),
+    E2B("PUT", "/sandboxes/{id}/network", e2b_network),
+    E2B("POST", "/sandboxes/{id}/snapshots", gw_snapshot_take),
+    E2B("POST", "/sandboxes/{id}/fork", gw_sandbox_fork),
+    E2B_UNSERVED("/sandboxes/{id}/refreshes", "refreshes", e2b_unserved_sub),
+    E2B_UNSERVED("/sandboxes/{id}/logs", "logs", e2b_unserved_sub),
+    E2B_UNSERVED("/v2/sandboxes/{id}/refreshes", "refreshes", e2b_unserved_sub),
+    E2B_UNSERVED("/v2/sandboxes/{id}/logs", "logs", e2b_unserved_sub),
+    E2B_UNSERVED("/sandboxes/*", NULL, e2b_no_route),
+    E2B_UNSERVED("/v2/sandboxes/*", NULL, e2b_no_route),
+};
+const size_t gw_n_e2b_routes = sizeof(gw_e2b_routes) / sizeof(gw_e2b_routes[0]);

@@ -909,9 +909,8 @@ static void rpc(gw_req_t *rq)
         n = sizeof(m) - 1;
     memcpy(m, method, n);
     m[n] = '\0';
-    bool stream =
-        process ? strcmp(m, "Start") == 0 || strcmp(m, "Connect") == 0 : strcmp(m, "WatchDir") == 0;
-    rq->dialect = stream ? GW_DIALECT_CONNECT_STREAM : GW_DIALECT_CONNECT;
+    /* The route's row chose the dialect: Start, Connect and WatchDir stream. */
+    bool stream = rq->dialect == GW_DIALECT_CONNECT_STREAM;
     sp_json_doc_t *doc = message(rq, stream);
     if (!doc)
         return;
@@ -933,89 +932,56 @@ static void rpc(gw_req_t *rq)
     sp_json_doc_free(doc);
 }
 
-static bool is_method(const h2o_req_t *req, const char *m)
-{
-    return h2o_memis(req->method.base, req->method.len, m, strlen(m));
-}
-
-static void routed(gw_req_t *rq, void (*fn)(gw_req_t *))
-{
-    if (!target(rq, NULL))
-        return;
-    rq->after_auth = fn;
-    gw_auth(rq);
-}
-
-/* /files: a credential header, else a signed URL (gateway_signed.c). */
-static void routed_files(gw_req_t *rq)
+void gw_e2b_envd_auth(gw_req_t *rq, bool signed_ok)
 {
     bool signed_url = false;
-    if (!target(rq, &signed_url))
+    if (!target(rq, signed_ok ? &signed_url : NULL))
         return;
     if (signed_url) {
         char named[SP_ID_MAX + 1];
         snprintf(named, sizeof(named), "%s", rq->path_id);
         rq->path_id[0] = '\0';
-        gw_signed_files(rq, named, files_http);
+        gw_signed_files(rq, named, rq->after_auth);
         return;
     }
-    rq->after_auth = files_http;
     gw_auth(rq);
 }
 
-bool gw_e2b_envd_route(gw_req_t *rq, const char *path, size_t len)
+/* /health without a sandbox or key: the gateway answers for itself. */
+static void envd_health(gw_req_t *rq)
 {
-    h2o_req_t *req = rq->req;
-    bool process = len > 17 && memcmp(path, "/process.Process/", 17) == 0;
-    bool fs = len > 23 && memcmp(path, "/filesystem.Filesystem/", 23) == 0;
-
-    if (process || fs) {
-        const char *m = path + (process ? 17 : 23);
-        size_t mlen = len - (process ? 17 : 23);
-        bool stream = process ? h2o_memis(m, mlen, H2O_STRLIT("Start")) ||
-                                    h2o_memis(m, mlen, H2O_STRLIT("Connect"))
-                              : h2o_memis(m, mlen, H2O_STRLIT("WatchDir"));
-        rq->route = GW_R_E2B_ENVD;
-        /* Set now: a stream's errors, authentication's included, are end-stream messages. */
-        rq->dialect = stream ? GW_DIALECT_CONNECT_STREAM : GW_DIALECT_CONNECT;
-        if (!is_method(req, "POST")) {
-            gw_respond_error(rq, 405, "method_not_allowed", NULL, "Connect RPC is POST");
-            return true;
-        }
-        if (memchr(path + (process ? 17 : 23), '/', len - (process ? 17 : 23))) {
-            gw_respond_error(rq, 404, "not_found", NULL, "no such procedure");
-            return true;
-        }
-        routed(rq, rpc);
-        return true;
+    if (!gw_req_header(rq, "e2b-sandbox-id", NULL) && !gw_req_header(rq, "x-access-token", NULL)) {
+        gw_respond(rq, 204, "application/json", NULL, 0);
+        return;
     }
-    if (h2o_memis(path, len, H2O_STRLIT("/files"))) {
-        rq->route = GW_R_E2B_ENVD;
-        rq->dialect = GW_DIALECT_E2B;
-        if (!is_method(req, "GET") && !is_method(req, "POST")) {
-            gw_respond_error(rq, 405, "method_not_allowed", NULL, "use GET or POST");
-            return true;
-        }
-        if (is_method(req, "POST"))
-            rq->body_limit = rq->gw->cfg->max_file_bytes;
-        routed_files(rq);
-        return true;
-    }
-    if (h2o_memis(path, len, H2O_STRLIT("/health"))) {
-        rq->route = GW_R_E2B_ENVD;
-        rq->dialect = GW_DIALECT_E2B;
-        if (!is_method(req, "GET")) {
-            gw_respond_error(rq, 405, "method_not_allowed", NULL, "use GET");
-            return true;
-        }
-        /* Without a sandbox or key: the gateway answers for itself. */
-        if (!gw_req_header(rq, "e2b-sandbox-id", NULL) &&
-            !gw_req_header(rq, "x-access-token", NULL)) {
-            gw_respond(rq, 204, "application/json", NULL, 0);
-            return true;
-        }
-        routed(rq, health);
-        return true;
-    }
-    return false;
+    rq->after_auth = health;
+    gw_e2b_envd_auth(rq, false);
 }
+
+static void no_procedure(gw_req_t *rq)
+{
+    gw_respond_error(rq, 404, "not_found", NULL, "no such procedure");
+}
+
+/* clang-format off */
+#define ENVD_RPC(path, dialect) {"POST", path, dialect, GW_AUTH_ENVD, GW_R_E2B_ENVD, rpc, 0, NULL}
+/* clang-format on */
+
+/* envd's API (port 49983 of a sandbox), rows of the one route table (gateway.h). The
+ * streaming procedures come before the unary ones their {procedure} row would take too. */
+const gw_route_def_t gw_envd_routes[] = {
+    ENVD_RPC("/process.Process/Start", GW_DIALECT_CONNECT_STREAM),
+    ENVD_RPC("/process.Process/Connect", GW_DIALECT_CONNECT_STREAM),
+    ENVD_RPC("/filesystem.Filesystem/WatchDir", GW_DIALECT_CONNECT_STREAM),
+    ENVD_RPC("/process.Process/{procedure}", GW_DIALECT_CONNECT),
+    ENVD_RPC("/filesystem.Filesystem/{procedure}", GW_DIALECT_CONNECT),
+    {"*", "/process.Process/*", GW_DIALECT_CONNECT, GW_AUTH_PUBLIC, GW_R_E2B_ENVD, no_procedure, 0,
+     NULL},
+    {"*", "/filesystem.Filesystem/*", GW_DIALECT_CONNECT, GW_AUTH_PUBLIC, GW_R_E2B_ENVD,
+     no_procedure, 0, NULL},
+    {"GET", "/files", GW_DIALECT_E2B, GW_AUTH_ENVD_SIGNED, GW_R_E2B_ENVD, files_http, 0, NULL},
+    {"POST", "/files", GW_DIALECT_E2B, GW_AUTH_ENVD_SIGNED, GW_R_E2B_ENVD, files_http,
+     GW_ROUTE_FILE_BODY, NULL},
+    {"GET", "/health", GW_DIALECT_E2B, GW_AUTH_PUBLIC, GW_R_E2B_ENVD, envd_health, 0, NULL},
+};
+const size_t gw_n_envd_routes = sizeof(gw_envd_routes) / sizeof(gw_envd_routes[0]);

@@ -576,12 +576,6 @@ static bool is_method(const h2o_req_t *req, const char *m)
     return h2o_memis(req->method.base, req->method.len, m, strlen(m));
 }
 
-static void with_auth(gw_req_t *rq, void (*fn)(gw_req_t *))
-{
-    rq->after_auth = fn;
-    gw_auth(rq);
-}
-
 void gw__req_authed(gw_req_t *rq)
 {
     if (rq->head_only && rq->gate)
@@ -630,67 +624,74 @@ static void openapi_document(gw_req_t *rq)
     gw_respond(rq, 200, "application/json", (const char *)gw_openapi_json, gw_openapi_json_len);
 }
 
-/* Every /v1 route, /healthz, /metrics and the web console's files (gateway_console.c), in one
- * table: route() matches requests against it, `space-gateway --list-routes` prints it, and
- * tests/openapi checks api/openapi.json against that list (both ways). A route served but not
- * here does not exist. Path segments in braces are parameters: {cid} goes to rq->path_sub_id,
- * any other ({id}, the console's {file}) to rq->path_id (each 1..SP_ID_MAX bytes without '/',
- * checked by the handler after authentication, so a malformed id reads as unknown). action,
- * when set, goes to rq->path_action for handlers that serve several. Rows of one path are
- * listed together, in the order the Allow header of a 405 names them. */
+/* Our rows of the route table (gateway.h: gw_route_def_t): every /v1 route, /healthz, /metrics
+ * and the web console's files (gateway_console.c). route() matches requests against them
+ * (then E2B's rows), `space-gateway --list-routes` prints them, and tests/openapi checks
+ * api/openapi.json against that list (both ways). A route served but not here does not
+ * exist. {id} and {cid} are checked by the handler after authentication, so a malformed id
+ * reads as unknown. Rows of one path are listed together, in the order the Allow header of a
+ * 405 names them. */
+/* clang-format off */
+#define V1(m, path, metric, fn) {m, path, GW_DIALECT_V1, GW_AUTH_KEY, metric, fn, 0, NULL}
+#define V1_PUBLIC(m, path, metric, fn) \
+    {m, path, GW_DIALECT_V1, GW_AUTH_PUBLIC, metric, fn, 0, NULL}
+/* clang-format on */
+
 const gw_route_def_t gw_routes[] = {
-    {"GET", "/healthz", GW_R_HEALTHZ, gw_health, GW_ROUTE_PUBLIC, NULL},
-    {"GET", "/metrics", GW_R_METRICS, metrics_page, GW_ROUTE_PUBLIC, NULL},
-    {"GET", "/v1/openapi.json", GW_R_OPENAPI, openapi_document, GW_ROUTE_PUBLIC, NULL},
-    {"GET", "/", GW_R_CONSOLE, gw_console, GW_ROUTE_PUBLIC, NULL},
-    {"GET", "/console/", GW_R_CONSOLE, gw_console, GW_ROUTE_PUBLIC, NULL},
-    {"GET", "/console/{file}", GW_R_CONSOLE, gw_console, GW_ROUTE_PUBLIC, NULL},
-    {"GET", "/v1/sandboxes", GW_R_SANDBOX_LIST, gw_sandbox_list, 0, NULL},
-    {"POST", "/v1/sandboxes", GW_R_SANDBOX_CREATE, gw_sandbox_create, 0, NULL},
-    {"GET", "/v1/templates", GW_R_TEMPLATES, gw_templates, 0, NULL},
-    {"GET", "/v1/events", GW_R_EVENTS, events_all, 0, NULL},
-    {"GET", "/v1/credentials", GW_R_CREDENTIALS, gw_credentials, 0, NULL},
-    {"POST", "/v1/credentials", GW_R_CREDENTIALS, gw_credentials, 0, NULL},
-    {"GET", "/v1/credentials/{id}", GW_R_CREDENTIALS, gw_credentials, 0, NULL},
-    {"PUT", "/v1/credentials/{id}", GW_R_CREDENTIALS, gw_credentials, 0, NULL},
-    {"DELETE", "/v1/credentials/{id}", GW_R_CREDENTIALS, gw_credentials, 0, NULL},
-    {"GET", "/v1/keys", GW_R_KEYS, gw_keys, 0, NULL},
-    {"POST", "/v1/keys", GW_R_KEYS, gw_keys, 0, NULL},
-    {"DELETE", "/v1/keys/{id}", GW_R_KEYS, gw_keys, 0, NULL},
-    {"GET", "/v1/sandboxes/{id}", GW_R_SANDBOX_GET, gw_sandbox_get, 0, NULL},
-    {"DELETE", "/v1/sandboxes/{id}", GW_R_SANDBOX_DELETE, gw_sandbox_delete, 0, NULL},
-    {"GET", "/v1/sandboxes/{id}/events", GW_R_SANDBOX_EVENTS, events_sandbox, 0, NULL},
-    {"PUT", "/v1/sandboxes/{id}/network", GW_R_SANDBOX_NETWORK, gw_sandbox_network_put, 0, NULL},
-    {"POST", "/v1/sandboxes/{id}/pause", GW_R_SANDBOX_LIFECYCLE, gw_sandbox_lifecycle, 0, "pause"},
-    {"POST", "/v1/sandboxes/{id}/resume", GW_R_SANDBOX_LIFECYCLE, gw_sandbox_lifecycle, 0,
-     "resume"},
-    {"POST", "/v1/sandboxes/{id}/suspend", GW_R_SANDBOX_LIFECYCLE, gw_sandbox_lifecycle, 0,
-     "suspend"},
-    {"POST", "/v1/sandboxes/{id}/timeout", GW_R_SANDBOX_LIFECYCLE, gw_sandbox_lifecycle, 0,
-     "timeout"},
-    {"POST", "/v1/sandboxes/{id}/snapshots", GW_R_SNAPSHOTS, gw_snapshot_take, 0, NULL},
-    {"POST", "/v1/sandboxes/{id}/fork", GW_R_SNAPSHOTS, gw_sandbox_fork, 0, NULL},
-    {"GET", "/v1/snapshots", GW_R_SNAPSHOTS, gw_snapshot_list, 0, NULL},
-    {"DELETE", "/v1/snapshots/{id}", GW_R_SNAPSHOTS, gw_snapshot_delete, 0, NULL},
-    {"GET", "/v1/sandboxes/{id}/metrics", GW_R_SANDBOX_METRICS, gw_sandbox_metrics, 0, NULL},
-    {"GET", "/v1/sandboxes/{id}/commands", GW_R_COMMAND_LIST, gw_command_list, 0, NULL},
-    {"POST", "/v1/sandboxes/{id}/commands", GW_R_SANDBOX_COMMANDS, gw_command_run, 0, NULL},
-    {"GET", "/v1/sandboxes/{id}/commands/{cid}/stream", GW_R_COMMAND_STREAM, gw_command_attach, 0,
-     "stream"},
-    {"POST", "/v1/sandboxes/{id}/commands/{cid}/stdin", GW_R_COMMAND_CTL, gw_command_ctl, 0,
-     "stdin"},
-    {"POST", "/v1/sandboxes/{id}/commands/{cid}/signal", GW_R_COMMAND_CTL, gw_command_ctl, 0,
-     "signal"},
-    {"POST", "/v1/sandboxes/{id}/commands/{cid}/resize", GW_R_COMMAND_CTL, gw_command_ctl, 0,
-     "resize"},
-    {"GET", "/v1/sandboxes/{id}/files", GW_R_SANDBOX_FILES, files_root, 0, NULL},
-    {"PUT", "/v1/sandboxes/{id}/files", GW_R_SANDBOX_FILES, files_root, GW_ROUTE_FILE_BODY, NULL},
-    {"DELETE", "/v1/sandboxes/{id}/files", GW_R_SANDBOX_FILES, files_root, 0, NULL},
-    {"GET", "/v1/sandboxes/{id}/files/stat", GW_R_SANDBOX_FILES, files_stat, 0, NULL},
-    {"GET", "/v1/sandboxes/{id}/files/list", GW_R_SANDBOX_FILES, files_list, 0, NULL},
-    {"POST", "/v1/sandboxes/{id}/files/mkdir", GW_R_SANDBOX_FILES, files_mkdir, 0, NULL},
-    {"POST", "/v1/sandboxes/{id}/files/move", GW_R_SANDBOX_FILES, files_move, 0, NULL},
-    {"GET", "/v1/sandboxes/{id}/files/watch", GW_R_SANDBOX_FILES, gw_watch_run, 0, NULL},
+    V1_PUBLIC("GET", "/healthz", GW_R_HEALTHZ, gw_health),
+    V1_PUBLIC("GET", "/metrics", GW_R_METRICS, metrics_page),
+    V1_PUBLIC("GET", "/v1/openapi.json", GW_R_OPENAPI, openapi_document),
+    V1_PUBLIC("GET", "/", GW_R_CONSOLE, gw_console),
+    V1_PUBLIC("GET", "/console/", GW_R_CONSOLE, gw_console),
+    V1_PUBLIC("GET", "/console/{file}", GW_R_CONSOLE, gw_console),
+    V1("GET", "/v1/sandboxes", GW_R_SANDBOX_LIST, gw_sandbox_list),
+    V1("POST", "/v1/sandboxes", GW_R_SANDBOX_CREATE, gw_sandbox_create),
+    V1("GET", "/v1/templates", GW_R_TEMPLATES, gw_templates),
+    V1("GET", "/v1/events", GW_R_EVENTS, events_all),
+    V1("GET", "/v1/credentials", GW_R_CREDENTIALS, gw_credentials),
+    V1("POST", "/v1/credentials", GW_R_CREDENTIALS, gw_credentials),
+    V1("GET", "/v1/credentials/{id}", GW_R_CREDENTIALS, gw_credentials),
+    V1("PUT", "/v1/credentials/{id}", GW_R_CREDENTIALS, gw_credentials),
+    V1("DELETE", "/v1/credentials/{id}", GW_R_CREDENTIALS, gw_credentials),
+    V1("GET", "/v1/keys", GW_R_KEYS, gw_keys),
+    V1("POST", "/v1/keys", GW_R_KEYS, gw_keys),
+    V1("DELETE", "/v1/keys/{id}", GW_R_KEYS, gw_keys),
+    V1("GET", "/v1/sandboxes/{id}", GW_R_SANDBOX_GET, gw_sandbox_get),
+    V1("DELETE", "/v1/sandboxes/{id}", GW_R_SANDBOX_DELETE, gw_sandbox_delete),
+    V1("GET", "/v1/sandboxes/{id}/events", GW_R_SANDBOX_EVENTS, events_sandbox),
+    V1("PUT", "/v1/sandboxes/{id}/network", GW_R_SANDBOX_NETWORK, gw_sandbox_network_put),
+    {"POST", "/v1/sandboxes/{id}/pause", GW_DIALECT_V1, GW_AUTH_KEY, GW_R_SANDBOX_LIFECYCLE,
+     gw_sandbox_lifecycle, 0, "pause"},
+    {"POST", "/v1/sandboxes/{id}/resume", GW_DIALECT_V1, GW_AUTH_KEY, GW_R_SANDBOX_LIFECYCLE,
+     gw_sandbox_lifecycle, 0, "resume"},
+    {"POST", "/v1/sandboxes/{id}/suspend", GW_DIALECT_V1, GW_AUTH_KEY, GW_R_SANDBOX_LIFECYCLE,
+     gw_sandbox_lifecycle, 0, "suspend"},
+    {"POST", "/v1/sandboxes/{id}/timeout", GW_DIALECT_V1, GW_AUTH_KEY, GW_R_SANDBOX_LIFECYCLE,
+     gw_sandbox_lifecycle, 0, "timeout"},
+    V1("POST", "/v1/sandboxes/{id}/snapshots", GW_R_SNAPSHOTS, gw_snapshot_take),
+    V1("POST", "/v1/sandboxes/{id}/fork", GW_R_SNAPSHOTS, gw_sandbox_fork),
+    V1("GET", "/v1/snapshots", GW_R_SNAPSHOTS, gw_snapshot_list),
+    V1("DELETE", "/v1/snapshots/{id}", GW_R_SNAPSHOTS, gw_snapshot_delete),
+    V1("GET", "/v1/sandboxes/{id}/metrics", GW_R_SANDBOX_METRICS, gw_sandbox_metrics),
+    V1("GET", "/v1/sandboxes/{id}/commands", GW_R_COMMAND_LIST, gw_command_list),
+    V1("POST", "/v1/sandboxes/{id}/commands", GW_R_SANDBOX_COMMANDS, gw_command_run),
+    {"GET", "/v1/sandboxes/{id}/commands/{cid}/stream", GW_DIALECT_V1, GW_AUTH_KEY,
+     GW_R_COMMAND_STREAM, gw_command_attach, 0, "stream"},
+    {"POST", "/v1/sandboxes/{id}/commands/{cid}/stdin", GW_DIALECT_V1, GW_AUTH_KEY,
+     GW_R_COMMAND_CTL, gw_command_ctl, 0, "stdin"},
+    {"POST", "/v1/sandboxes/{id}/commands/{cid}/signal", GW_DIALECT_V1, GW_AUTH_KEY,
+     GW_R_COMMAND_CTL, gw_command_ctl, 0, "signal"},
+    {"POST", "/v1/sandboxes/{id}/commands/{cid}/resize", GW_DIALECT_V1, GW_AUTH_KEY,
+     GW_R_COMMAND_CTL, gw_command_ctl, 0, "resize"},
+    V1("GET", "/v1/sandboxes/{id}/files", GW_R_SANDBOX_FILES, files_root),
+    {"PUT", "/v1/sandboxes/{id}/files", GW_DIALECT_V1, GW_AUTH_KEY, GW_R_SANDBOX_FILES, files_root,
+     GW_ROUTE_FILE_BODY, NULL},
+    V1("DELETE", "/v1/sandboxes/{id}/files", GW_R_SANDBOX_FILES, files_root),
+    V1("GET", "/v1/sandboxes/{id}/files/stat", GW_R_SANDBOX_FILES, files_stat),
+    V1("GET", "/v1/sandboxes/{id}/files/list", GW_R_SANDBOX_FILES, files_list),
+    V1("POST", "/v1/sandboxes/{id}/files/mkdir", GW_R_SANDBOX_FILES, files_mkdir),
+    V1("POST", "/v1/sandboxes/{id}/files/move", GW_R_SANDBOX_FILES, files_move),
+    V1("GET", "/v1/sandboxes/{id}/files/watch", GW_R_SANDBOX_FILES, gw_watch_run),
 };
 const size_t gw_n_routes = sizeof(gw_routes) / sizeof(gw_routes[0]);
 
@@ -700,18 +701,29 @@ void gw_routes_print(FILE *out)
         fprintf(out, "%s %s\n", gw_routes[i].method, gw_routes[i].path);
 }
 
+/* The tables the matcher scans, in this order, as one list of rows. */
+static const struct {
+    const gw_route_def_t *rows;
+    const size_t *n;
+} route_tables[] = {
+    {gw_routes, &gw_n_routes},
+    {gw_e2b_routes, &gw_n_e2b_routes},
+    {gw_envd_routes, &gw_n_envd_routes},
+};
+
 /* The parameters a path gave a pattern, kept apart until a row is chosen. */
 typedef struct {
     char id[SP_ID_MAX + 1];
     char cid[SP_ID_MAX + 1];
 } route_params_t;
 
-/* Does path (len bytes, no query) have pattern's shape? Literal segments compare exactly, a
- * {name} segment takes 1..SP_ID_MAX bytes without '/'. */
+/* Does path (len bytes, no query) have pattern's shape (gateway.h, gw_route_def_t)? */
 static bool route_match(const char *pattern, const char *path, size_t len, route_params_t *p)
 {
     const char *end = path + len;
     while (*pattern) {
+        if (pattern[0] == '/' && pattern[1] == '*' && pattern[2] == '\0')
+            return path == end || *path == '/';
         if (*pattern != '/' || path == end || *path != '/')
             return false;
         pattern++;
@@ -721,11 +733,18 @@ static bool route_match(const char *pattern, const char *path, size_t len, route
         const char *seg_end = memchr(path, '/', (size_t)(end - path));
         size_t slen = seg_end ? (size_t)(seg_end - path) : (size_t)(end - path);
         if (plen > 2 && pattern[0] == '{' && pattern[plen - 1] == '}') {
-            char *dst = h2o_memis(pattern, plen, H2O_STRLIT("{cid}")) ? p->cid : p->id;
+            char *dst = NULL;
+            if (h2o_memis(pattern, plen, H2O_STRLIT("{cid}")))
+                dst = p->cid;
+            else if (h2o_memis(pattern, plen, H2O_STRLIT("{id}")) ||
+                     h2o_memis(pattern, plen, H2O_STRLIT("{file}")))
+                dst = p->id;
             if (slen == 0 || slen > SP_ID_MAX)
                 return false;
-            memcpy(dst, path, slen);
-            dst[slen] = '\0';
+            if (dst) {
+                memcpy(dst, path, slen);
+                dst[slen] = '\0';
+            }
         } else if (!h2o_memis(pattern, plen, path, slen)) {
             return false;
         }
@@ -735,41 +754,94 @@ static bool route_match(const char *pattern, const char *path, size_t len, route
     return path == end;
 }
 
-/* Answers a request the table has: true, or false when no row has its path. */
+static bool row_matches(const gw_route_def_t *r, const char *path, size_t len, route_params_t *p)
+{
+    if (!route_match(r->path, path, len, p))
+        return false;
+    return !(r->flags & GW_ROUTE_SNAPSHOT) || strncmp(p->id, "snp_", 4) == 0;
+}
+
+/* Runs the row's authentication, then its handler (gw__req_authed). */
+static void authenticate(gw_req_t *rq, const gw_route_def_t *r)
+{
+    rq->after_auth = r->fn;
+    switch (r->auth) {
+    case GW_AUTH_PUBLIC:
+        r->fn(rq);
+        return;
+    case GW_AUTH_E2B_KEY: {
+        const h2o_iovec_t *k = gw_req_header(rq, "x-api-key", NULL);
+        if (k)
+            rq->auth_key = *k;
+        gw_auth(rq);
+        return;
+    }
+    case GW_AUTH_ENVD:
+    case GW_AUTH_ENVD_SIGNED:
+        gw_e2b_envd_auth(rq, r->auth == GW_AUTH_ENVD_SIGNED);
+        return;
+    case GW_AUTH_KEY:
+    default:
+        gw_auth(rq);
+        return;
+    }
+}
+
+/* Appends m to the Allow list unless it is there already (rows of one method may repeat a
+ * path, e.g. envd's streaming procedures before the unary ones). */
+static void allow_add(char *allow, size_t cap, size_t *n, const char *m)
+{
+    size_t ml = strlen(m);
+    for (const char *s = allow; *s;) {
+        size_t l = strcspn(s, ",");
+        if (l == ml && memcmp(s, m, ml) == 0)
+            return;
+        s += l;
+        s += strspn(s, ", ");
+    }
+    int w = snprintf(allow + *n, cap - *n, "%s%s", *n ? ", " : "", m);
+    if (w > 0 && (size_t)w < cap - *n)
+        *n += (size_t)w;
+}
+
+/* Answers a request a row has: true, or false when no row has its path. */
 static bool route_table(gw_req_t *rq, const char *path, size_t len)
 {
     const gw_route_def_t *shape = NULL;
     char allow[64] = "";
     size_t n = 0;
-    for (size_t i = 0; i < gw_n_routes; i++) {
-        const gw_route_def_t *r = &gw_routes[i];
-        route_params_t p = {0};
-        if (!route_match(r->path, path, len, &p))
-            continue;
-        if (!shape)
-            shape = r;
-        if (!is_method(rq->req, r->method)) {
-            int w = snprintf(allow + n, sizeof(allow) - n, "%s%s", n ? ", " : "", r->method);
-            if (w > 0 && (size_t)w < sizeof(allow) - n)
-                n += (size_t)w;
-            continue;
+    for (size_t t = 0; t < sizeof(route_tables) / sizeof(route_tables[0]); t++) {
+        for (size_t i = 0; i < *route_tables[t].n; i++) {
+            const gw_route_def_t *r = &route_tables[t].rows[i];
+            bool any = r->method[0] == '*';
+            route_params_t p = {0};
+            if (!row_matches(r, path, len, &p))
+                continue;
+            if (any && shape)
+                goto not_allowed;
+            if (!shape)
+                shape = r;
+            if (!any && !is_method(rq->req, r->method)) {
+                allow_add(allow, sizeof(allow), &n, r->method);
+                continue;
+            }
+            rq->route = r->metric;
+            rq->dialect = r->dialect;
+            memcpy(rq->path_id, p.id, sizeof(p.id));
+            memcpy(rq->path_sub_id, p.cid, sizeof(p.cid));
+            if (r->action)
+                snprintf(rq->path_action, sizeof(rq->path_action), "%s", r->action);
+            if (r->flags & GW_ROUTE_FILE_BODY)
+                rq->body_limit = rq->gw->cfg->max_file_bytes;
+            authenticate(rq, r);
+            return true;
         }
-        rq->route = r->metric;
-        memcpy(rq->path_id, p.id, sizeof(p.id));
-        memcpy(rq->path_sub_id, p.cid, sizeof(p.cid));
-        if (r->action)
-            snprintf(rq->path_action, sizeof(rq->path_action), "%s", r->action);
-        if (r->flags & GW_ROUTE_FILE_BODY)
-            rq->body_limit = rq->gw->cfg->max_file_bytes;
-        if (r->flags & GW_ROUTE_PUBLIC)
-            r->fn(rq);
-        else
-            with_auth(rq, r->fn);
-        return true;
     }
     if (!shape)
         return false;
+not_allowed:
     rq->route = shape->metric;
+    rq->dialect = shape->dialect;
     method_not_allowed(rq, allow);
     return true;
 }
@@ -791,8 +863,6 @@ static void route(gw_req_t *rq)
         return;
     }
     if (route_table(rq, path, len))
-        return;
-    if (gw_e2b_route(rq, path, len) || gw_e2b_envd_route(rq, path, len))
         return;
     /* Outside /v1 the clients are E2B's SDKs: their error shape, {"code": 404, "message"}. */
     if (len < 4 || memcmp(path, "/v1/", 4) != 0)

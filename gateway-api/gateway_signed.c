@@ -14,7 +14,7 @@
  * PostgreSQL (running sandboxes times the live keys of their tenant, at most
  * SIGNED_KEYS_PER_SANDBOX keys each). A request hashes its string once per candidate: the
  * entries of the sandbox it names (E2b-Sandbox-Id, Host 49983-<id>.<domain>) when it names
- * one, else every entry, and there are at most GW_SIGNED_MAX (the bound of the work one
+ * one, else every entry, and there are at most signed-url-index (the bound of the work one
  * request buys: ~0.3 us per hash here, docs/e2b-signed-urls.md). A miss may fill the index
  * once (the named sandbox's tokens; or, at most every SIGNED_FILL_EVERY_NS per gateway, the
  * newest running sandboxes') and look again.
@@ -25,8 +25,8 @@
  *
  * Order of the checks: signature_expiration first (an expired URL costs no hashing and
  * answers E2B's exact 401 body), then the rate of failed lookups (a client address may fail
- * SIGNED_FAIL_PER_S a second with a burst of SIGNED_FAIL_BURST, the gateway as a whole
- * SIGNED_GLOBAL_PER_S; past that 429 with Retry-After before any hashing), then the
+ * signed-url-fail-per-s a second with a burst of signed-url-fail-burst, the gateway as a
+ * whole signed-url-global-per-s; past that 429 with Retry-After before any hashing), then the
  * candidates, compared with CRYPTO_memcmp. No match: 401 "invalid signature" (envd's words).
  *
  * Secrets: tokens live in this memory only (wiped when evicted and at exit); a signature is
@@ -52,27 +52,33 @@
 #define SIG_PREFIX              "v1_"
 #define SIG_B64_LEN             43 /* base64 of 32 bytes without its one '=' */
 #define SIG_LEN                 (sizeof(SIG_PREFIX) - 1 + SIG_B64_LEN)
-#define SIGNED_FAIL_PER_S       10.0
-#define SIGNED_FAIL_BURST       20.0
-#define SIGNED_GLOBAL_PER_S     100.0
-#define SIGNED_GLOBAL_BURST     200.0
 #define SIGNED_FILL_EVERY_NS    (5LL * 1000 * 1000 * 1000)
 #define SIGNED_KEYS_PER_SANDBOX 16
 
 /* ---- the index ---- */
 
-void gw_signed_init(gw_signed_t *s)
+void gw_signed_init(gw_signed_t *s, const gw_config_t *cfg)
 {
     memset(s, 0, sizeof(*s));
     pthread_mutex_init(&s->mu, NULL);
-    s->global.tokens = SIGNED_GLOBAL_BURST;
+    s->n = (size_t)cfg->signed_url_index;
+    s->e = sp_xcalloc(s->n, sizeof(*s->e));
+    s->fail_per_s = (double)cfg->signed_url_fail_per_s;
+    s->fail_burst = (double)cfg->signed_url_fail_burst;
+    s->global_per_s = (double)cfg->signed_url_global_per_s;
+    s->global_burst = (double)cfg->signed_url_global_burst;
+    s->global.tokens = s->global_burst;
     for (size_t i = 0; i < GW_SIGNED_CLIENTS; i++)
-        s->client[i].tokens = SIGNED_FAIL_BURST;
+        s->client[i].tokens = s->fail_burst;
 }
 
 void gw_signed_dispose(gw_signed_t *s)
 {
-    explicit_bzero(s->e, sizeof(s->e));
+    if (s->e)
+        explicit_bzero(s->e, s->n * sizeof(*s->e));
+    free(s->e);
+    s->e = NULL;
+    s->n = 0;
     pthread_mutex_destroy(&s->mu);
 }
 
@@ -83,7 +89,7 @@ void gw_signed_note(gw_signed_t *s, const char *sandbox, const char *token, size
     pthread_mutex_lock(&s->mu);
     size_t slot = 0;
     uint64_t oldest = UINT64_MAX;
-    for (size_t i = 0; i < GW_SIGNED_MAX; i++) {
+    for (size_t i = 0; i < s->n; i++) {
         if (s->e[i].stamp != 0 && s->e[i].len == len && memcmp(s->e[i].token, token, len) == 0) {
             slot = i; /* known: only newer now */
             break;
@@ -104,7 +110,7 @@ void gw_signed_note(gw_signed_t *s, const char *sandbox, const char *token, size
 void gw_signed_forget(gw_signed_t *s, const char *sandbox)
 {
     pthread_mutex_lock(&s->mu);
-    for (size_t i = 0; i < GW_SIGNED_MAX; i++)
+    for (size_t i = 0; i < s->n; i++)
         if (s->e[i].stamp != 0 && strcmp(s->e[i].sandbox, sandbox) == 0)
             memset(&s->e[i], 0, sizeof(s->e[i]));
     pthread_mutex_unlock(&s->mu);
@@ -116,7 +122,7 @@ static bool indexed(gw_signed_t *s, const char *sandbox, const char *key_id)
     size_t sl = strlen(sandbox), kl = strlen(key_id);
     bool hit = false;
     pthread_mutex_lock(&s->mu);
-    for (size_t i = 0; i < GW_SIGNED_MAX && !hit; i++)
+    for (size_t i = 0; i < s->n && !hit; i++)
         hit = s->e[i].stamp != 0 && s->e[i].len > sl + kl + 2 &&
               memcmp(s->e[i].token, sandbox, sl) == 0 && s->e[i].token[sl] == '.' &&
               memcmp(s->e[i].token + sl + 1, key_id, kl) == 0 && s->e[i].token[sl + 1 + kl] == '.';
@@ -157,7 +163,7 @@ static bool scan(signed_req_t *q)
 
     sp_buf_init(&b64);
     pthread_mutex_lock(&s->mu);
-    for (size_t i = 0; i < GW_SIGNED_MAX && !hit; i++) {
+    for (size_t i = 0; i < s->n && !hit; i++) {
         if (s->e[i].stamp == 0 || (q->named[0] && strcmp(s->e[i].sandbox, q->named) != 0))
             continue;
         q->raw.len = q->prefix_len;
@@ -200,9 +206,8 @@ static void refill(int64_t now, double *tokens, int64_t *at, double rate, double
 static bool may_fail(gw_signed_t *s, size_t client)
 {
     int64_t now = sp_mono_ns();
-    refill(now, &s->client[client].tokens, &s->client[client].at_ns, SIGNED_FAIL_PER_S,
-           SIGNED_FAIL_BURST);
-    refill(now, &s->global.tokens, &s->global.at_ns, SIGNED_GLOBAL_PER_S, SIGNED_GLOBAL_BURST);
+    refill(now, &s->client[client].tokens, &s->client[client].at_ns, s->fail_per_s, s->fail_burst);
+    refill(now, &s->global.tokens, &s->global.at_ns, s->global_per_s, s->global_burst);
     return s->client[client].tokens >= 1.0 && s->global.tokens >= 1.0;
 }
 
@@ -232,7 +237,7 @@ static void fill_run(gw_job_t *job, PGconn *db)
     signed_req_t *q = (signed_req_t *)job;
     gw_t *gw = q->rq->gw;
     char limit[16];
-    snprintf(limit, sizeof(limit), "%d", GW_SIGNED_MAX);
+    snprintf(limit, sizeof(limit), "%zu", gw->signed_urls.n);
     const char *p[3] = {q->named, limit, NULL};
     char per[16];
     snprintf(per, sizeof(per), "%d", SIGNED_KEYS_PER_SANDBOX);

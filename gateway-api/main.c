@@ -90,6 +90,17 @@ static const sp_cfg_opt_t options[] = {
                    "threads for the blocking NATS calls of file transfers"),
     SP_CFG_INT_OPT("watcher-idle-s", gw_config_t, watcher_idle_s, 1, 3600, "60",
                    "an E2B polling watcher (CreateWatcher) not polled for this long is removed"),
+    SP_CFG_INT_OPT("signed-url-index", gw_config_t, signed_url_index, 16, 1048576, "1024",
+                   "E2B signed URLs: tokens indexed to find a URL's sandbox, the most one "
+                   "request hashes (~0.3 us each)"),
+    SP_CFG_INT_OPT("signed-url-fail-per-s", gw_config_t, signed_url_fail_per_s, 1, 100000, "10",
+                   "failed signed-URL checks a client address may make a second (429 beyond)"),
+    SP_CFG_INT_OPT("signed-url-fail-burst", gw_config_t, signed_url_fail_burst, 1, 100000, "20",
+                   "failed signed-URL checks a client address may make at once"),
+    SP_CFG_INT_OPT("signed-url-global-per-s", gw_config_t, signed_url_global_per_s, 1, 1000000,
+                   "100", "failed signed-URL checks the gateway allows a second, all clients"),
+    SP_CFG_INT_OPT("signed-url-global-burst", gw_config_t, signed_url_global_burst, 1, 1000000,
+                   "200", "failed signed-URL checks the gateway allows at once, all clients"),
     SP_CFG_STR_OPT("tmp-dir", gw_config_t, tmp_dir, "/tmp",
                    "where request bodies over 4 MiB spill (unlinked temporary files)"),
     SP_CFG_STR_OPT("network-default", gw_config_t, network_default, "deny_all",
@@ -316,7 +327,7 @@ int main(int argc, char **argv)
     setenv("UV_THREADPOOL_SIZE", pool_threads, 1);
 
     gw.cfg = &cfg;
-    gw_signed_init(&gw.signed_urls);
+    gw_signed_init(&gw.signed_urls, &cfg);
     sp_bus_opts_t bo = {.url = cfg.nats_url,
                         .name = GW_DAEMON,
                         .user = cfg.nats_user[0] ? cfg.nats_user : NULL,

@@ -1205,6 +1205,68 @@ static void test_console(void **state)
     resp_free(&r);
 }
 
+/* One route table serves every dialect: a wrong method is a 405 naming the allowed methods
+ * (Allow) in the route's own error shape; E2B's resources this server lacks are 501 without a
+ * key; unknown paths under E2B's prefixes are E2B's numeric 404. */
+static void test_routes_dialects(void **state)
+{
+    resp_t r;
+    char v[128];
+    int64_t code = 0;
+    (void)state;
+
+    /* E2B's control plane: {"code": 405, "message"}. */
+    http("DELETE", "/v2/sandboxes", key1, NULL, NULL, 0, false, &r);
+    assert_int_equal(r.status, 405);
+    assert_string_equal(resp_header(&r, "allow", v, sizeof(v)), "POST, GET");
+    assert_non_null(r.doc);
+    assert_int_equal(sp_json_int(sp_json_get(sp_json_root(r.doc), "code"), 0, 999, &code), 0);
+    assert_int_equal(code, 405);
+    resp_free(&r);
+    http("GET", "/sandboxes/sbx_x/connect", key1, NULL, NULL, 0, false, &r);
+    assert_int_equal(r.status, 405);
+    assert_string_equal(resp_header(&r, "allow", v, sizeof(v)), "POST");
+    resp_free(&r);
+    /* envd's Connect RPC: unary procedures answer Connect's JSON error (405 is unimplemented,
+     * HTTP 501 in Connect's table), still naming POST; once, though two rows have the path. */
+    http("GET", "/filesystem.Filesystem/Stat", NULL, NULL, NULL, 0, false, &r);
+    assert_int_equal(r.status, 501);
+    assert_string_equal(resp_header(&r, "allow", v, sizeof(v)), "POST");
+    assert_non_null(r.doc);
+    assert_string_equal(jstr(&r, "code"), "unimplemented");
+    resp_free(&r);
+    http("PUT", "/files", NULL, NULL, NULL, 0, false, &r);
+    assert_int_equal(r.status, 405);
+    assert_string_equal(resp_header(&r, "allow", v, sizeof(v)), "GET, POST");
+    resp_free(&r);
+    /* No procedure of that name: Connect's not_found. */
+    http("POST", "/process.Process/Start/more", NULL, NULL, "{}", 2, false, &r);
+    assert_int_equal(r.status, 404);
+    assert_string_equal(jstr(&r, "code"), "not_found");
+    resp_free(&r);
+
+    /* Unserved E2B resources: 501 before any key is asked for. */
+    http("GET", "/v3/templates/abc", NULL, NULL, NULL, 0, false, &r);
+    assert_int_equal(r.status, 501);
+    assert_non_null(strstr(jstr(&r, "message"), "/v3/templates"));
+    resp_free(&r);
+    http("POST", "/v2/sandboxes/sbx_x/refreshes", NULL, NULL, NULL, 0, false, &r);
+    assert_int_equal(r.status, 501);
+    assert_non_null(strstr(jstr(&r, "message"), "/v2/sandboxes/{id}/refreshes"));
+    resp_free(&r);
+    /* Unknown routes under /sandboxes: E2B's numeric 404. */
+    http("GET", "/v2/sandboxes/sbx_x", key1, NULL, NULL, 0, false, &r);
+    assert_int_equal(r.status, 404);
+    assert_int_equal(sp_json_int(sp_json_get(sp_json_root(r.doc), "code"), 0, 999, &code), 0);
+    assert_int_equal(code, 404);
+    assert_string_equal(jstr(&r, "message"), "no such route");
+    resp_free(&r);
+    http("GET", "/sandboxes//connect", key1, NULL, NULL, 0, false, &r);
+    assert_int_equal(r.status, 404);
+    assert_string_equal(jstr(&r, "message"), "sandbox not found");
+    resp_free(&r);
+}
+
 static void test_sigterm(void **state)
 {
     sse_t s;
@@ -1243,7 +1305,8 @@ int main(void)
         cmocka_unit_test(test_refusals),        cmocka_unit_test(test_idempotency),
         cmocka_unit_test(test_concurrent),      cmocka_unit_test(test_sse_resume),
         cmocka_unit_test(test_sse_slow_client), cmocka_unit_test(test_metrics_and_latency),
-        cmocka_unit_test(test_console),         cmocka_unit_test(test_sigterm),
+        cmocka_unit_test(test_console),         cmocka_unit_test(test_routes_dialects),
+        cmocka_unit_test(test_sigterm),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

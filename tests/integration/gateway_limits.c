@@ -36,6 +36,7 @@
 #include "xmalloc.h"
 
 #define FILE_LIMIT       (8 << 20) /* --max-file-bytes */
+#define SIGNED_BURST     "3"       /* --signed-url-fail-burst, with --signed-url-fail-per-s 1 */
 #define GW_HEAD_TEST_MAX 100000
 
 static PGconn *db;
@@ -283,7 +284,9 @@ static void start_gateway(void)
             dup2(fd, 1);
         }
         execl(bin, "space-gateway", "--listen-host", "127.0.0.1", "--port", "0", "--port-file",
-              port_file, "--max-file-bytes", maxfile, "--tmp-dir", bodydir, (char *)NULL);
+              port_file, "--max-file-bytes", maxfile, "--tmp-dir", bodydir,
+              "--signed-url-fail-per-s", "1", "--signed-url-fail-burst", SIGNED_BURST,
+              (char *)NULL);
         _exit(127);
     }
     port = sp_test_port_file(port_file, log_file);
@@ -593,6 +596,36 @@ static void test_errors_are_json(void **state)
     exchange(big, 431, "header_fields_too_large", true);
 }
 
+/* The signed-URL failure rate is configuration: with a burst of 3 (and 1 a second), three
+ * wrong signatures from one client are checked (401) and the next is refused before any
+ * hashing (429, Retry-After), where the default burst (20) would still check it. */
+static void test_signed_url_rate_config(void **state)
+{
+    static const char bad[] =
+        "GET /files?path=/home/user/a&signature=v1_"
+        "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA HTTP/1.1\r\nHost: t\r\n\r\n";
+    int codes[5] = {0};
+    char v[16];
+    (void)state;
+    for (int i = 0; i < 5; i++) {
+        resp_t r;
+        int fd = connect_local();
+        send_str(fd, bad);
+        read_resp(fd, 5000, &r);
+        codes[i] = r.status;
+        if (i == 4) {
+            assert_true(head_value(r.head, "retry-after", v, sizeof(v)));
+            assert_string_equal(v, "1");
+        }
+        resp_free(&r);
+        close(fd);
+    }
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(codes[i], 401);
+    assert_int_equal(codes[3], 429);
+    assert_int_equal(codes[4], 429);
+}
+
 /* The checks hold on a kept-alive connection and for a pipelined request. */
 static void test_keepalive_and_pipelining(void **state)
 {
@@ -648,6 +681,7 @@ int main(void)
         cmocka_unit_test(test_framing),
         cmocka_unit_test(test_errors_are_json),
         cmocka_unit_test(test_keepalive_and_pipelining),
+        cmocka_unit_test(test_signed_url_rate_config),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
