@@ -266,11 +266,20 @@ static void respond_failure(gw_file_t *f)
     static const struct {
         const char *error;
         int status;
-    } map[] = {{"not_found", 404},          {"exists", 409},      {"is_directory", 409},
-               {"not_directory", 409},      {"not_empty", 409},   {"permission", 403},
-               {"bad_path", 400},           {"no_space", 507},    {"io", 500},
-               {"agent_unavailable", 503},  {"agent_error", 502}, {"too_many_transfers", 429},
-               {"sandbox_not_running", 409}};
+    } map[] = {{"not_found", 404},
+               {"exists", 409},
+               {"is_directory", 409},
+               {"not_directory", 409},
+               {"not_empty", 409},
+               {"permission", 403},
+               {"bad_path", 400},
+               {"no_space", 507},
+               {"io", 500},
+               {"agent_unavailable", 503},
+               {"agent_error", 502},
+               {"too_many_transfers", 429},
+               {"sandbox_not_running", 409},
+               {"bus_unavailable", 503}};
     for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) {
         if (strcmp(e, map[i].error) == 0) {
             gw_respond_error(rq, map[i].status, map[i].error, NULL, "%s", d);
