@@ -128,8 +128,10 @@ SELECT 'xact_commit/cmd', round(xact_commit::numeric / :n, 2), 'xact_rollback', 
 SELECT round(calls::numeric / :n, 2) AS calls_per_cmd,
        round((total_exec_time / :n)::numeric * 1000, 1) AS exec_us_per_cmd,
        round((total_exec_time / greatest(calls, 1))::numeric * 1000, 1) AS us_per_call,
+       round(plans::numeric / :n, 2) AS plans_per_cmd,
+       round((total_plan_time / :n)::numeric * 1000, 1) AS plan_us_per_cmd,
        rows, left(regexp_replace(query, '\s+', ' ', 'g'), 150)
-  FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 40;
+  FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC LIMIT 25;
 SQL
 else
   "$bin/space-bench" --home "$home" "$@" "$what"
