@@ -111,4 +111,28 @@ if [ "$what" = egress ]; then
   SPACE_BIN_DIR=$bin "$here/bench/egress.sh" "$@"
   exit
 fi
-"$bin/space-bench" --home "$home" "$@" "$what"
+if [ "${SPACE_PG_STAT_STATEMENTS:-}" = 1 ]; then
+  # Measurement only: `space up` loaded pg_stat_statements; count from here on (the bench's
+  # own setup, one sandbox create, counts too). Statement by statement afterwards, per
+  # command when the bench ran commands (docs/machine-notes.md "exec, fourth pass").
+  psql -qAt "$SPACE_PG_URL" -c 'CREATE EXTENSION IF NOT EXISTS pg_stat_statements' \
+    -c 'SELECT pg_stat_statements_reset()' -c 'SELECT pg_stat_reset()' >/dev/null
+  "$bin/space-bench" --home "$home" "$@" "$what" | tee "$home/bench.out"
+  # Every command's intent is one CommandRequested row: the exact count, both builds.
+  cmds=$(psql -qAt "$SPACE_PG_URL" -c "SELECT count(*) FROM events WHERE type = 'CommandRequested'")
+  echo
+  echo "pg_stat_statements over ${cmds:-?} commands (all builds); per command:"
+  psql -qAt -F $'\t' "$SPACE_PG_URL" -v n="${cmds:-1}" <<'SQL'
+SELECT 'xact_commit/cmd', round(xact_commit::numeric / :n, 2), 'xact_rollback', xact_rollback
+  FROM pg_stat_database WHERE datname = current_database();
+SELECT round(calls::numeric / :n, 2) AS calls_per_cmd,
+       round((total_exec_time / :n)::numeric * 1000, 1) AS exec_us_per_cmd,
+       round((total_exec_time / greatest(calls, 1))::numeric * 1000, 1) AS us_per_call,
+       round(plans::numeric / :n, 2) AS plans_per_cmd,
+       round((total_plan_time / :n)::numeric * 1000, 1) AS plan_us_per_cmd,
+       rows, left(regexp_replace(query, '\s+', ' ', 'g'), 150)
+  FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC LIMIT 25;
+SQL
+else
+  "$bin/space-bench" --home "$home" "$@" "$what"
+fi

@@ -426,8 +426,20 @@ static int start_server(const sp_stack_t *st, const pg_paths_t *p, const sp_proc
                     "-c", "fsync=on",
                     "-c", "shared_buffers=128MB",
                     "-c", "max_connections=100",
-                    NULL};
+                    NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     /* clang-format on */
+    /* Measurement only (bench/run.sh exec with SPACE_PG_STAT_STATEMENTS=1): what each
+     * statement costs per command, docs/machine-notes.md "exec, fourth pass". */
+    const char *pgss = getenv("SPACE_PG_STAT_STATEMENTS");
+    if (pgss && strcmp(pgss, "1") == 0) {
+        size_t n = sizeof(argv) / sizeof(argv[0]) - 7;
+        argv[n++] = "-c";
+        argv[n++] = "shared_preload_libraries=pg_stat_statements";
+        argv[n++] = "-c";
+        argv[n++] = "pg_stat_statements.track=all";
+        argv[n++] = "-c";
+        argv[n] = "pg_stat_statements.track_planning=on";
+    }
     sp_proc_spec_t spec = {
         .path = prog, .argv = argv, .cwd = p->data, .log_path = p->log, .as = as, .detach = true};
     int r;

@@ -298,10 +298,10 @@ static int find_duplicates(el_store_t *st, item_t *items, size_t n)
         goto out;
 
     const char *params[1] = {arr.data};
-    PGresult *r = PQexecParams(st->db,
-                               "SELECT event_id::text, payload FROM events WHERE status = "
-                               "'accepted' AND event_id = ANY($1::uuid[])",
-                               1, NULL, params, NULL, NULL, 1 /* binary results */);
+    PGresult *r = sp_db_exec_prepared(st->db,
+                                      "SELECT event_id::text, payload FROM events WHERE status = "
+                                      "'accepted' AND event_id = ANY($1::uuid[])",
+                                      1, params, 1 /* binary results */);
     if ((rc = sp_db_check(r, PGRES_TUPLES_OK)) < 0) {
         remember_error(st, "duplicate lookup");
         PQclear(r);

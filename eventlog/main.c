@@ -146,6 +146,15 @@ static int open_db(const el_config_t *cfg, PGconn **ret_db)
         PQfinish(db);
         return rc;
     }
+    /* The store path's statements are prepared (sp_db_exec_prepared); left to choose,
+     * PostgreSQL plans `= ANY($1)` with a short array anew on every call, which cost more than
+     * running it (docs/machine-notes.md, "exec, fourth pass"). Their generic plans are index
+     * lookups. */
+    if ((rc = sp_db_exec(db, "SET plan_cache_mode = force_generic_plan")) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot set plan_cache_mode", SP_KS("error", PQerrorMessage(db)));
+        PQfinish(db);
+        return rc;
+    }
     sp_log(SP_LOG_INFO, "database ready", SP_KI("schema_version", version));
     *ret_db = db;
     return 0;

@@ -2,6 +2,8 @@
 #include "db.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +38,64 @@ int sp_db_exec(PGconn *conn, const char *sql)
         sp_log(SP_LOG_DEBUG, "db exec failed", SP_KS("error", PQerrorMessage(conn)));
     PQclear(res);
     return rc;
+}
+
+/* The statements prepared per connection, by a hash of their text: the connection (with its
+ * backend's pid, so a new connection at a freed one's address is not taken for it) and the
+ * statement. Full, a statement runs unprepared: correct, only planned each time. */
+#define PREPARED_MAX 256
+static struct {
+    const PGconn *conn;
+    int pid;
+    uint64_t hash;
+} prepared[PREPARED_MAX];
+static size_t n_prepared;
+static pthread_mutex_t prepared_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t fnv1a(const char *s)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    return h;
+}
+
+PGresult *sp_db_exec_prepared(PGconn *conn, const char *sql, int nparams, const char *const *params,
+                              int result_format)
+{
+    uint64_t h = fnv1a(sql);
+    int pid = PQbackendPID(conn);
+    char name[24];
+    snprintf(name, sizeof(name), "sp_%016llx", (unsigned long long)h);
+    pthread_mutex_lock(&prepared_mu);
+    size_t i, slot = PREPARED_MAX;
+    for (i = 0; i < n_prepared; i++) {
+        if (prepared[i].conn == conn && prepared[i].hash == h) {
+            if (prepared[i].pid == pid)
+                break;
+            slot = i; /* that address's earlier connection: this one has not got it */
+        }
+    }
+    int known = i < n_prepared;
+    if (!known && slot == PREPARED_MAX && n_prepared < PREPARED_MAX)
+        slot = n_prepared;
+    pthread_mutex_unlock(&prepared_mu);
+    if (!known && slot == PREPARED_MAX)
+        return PQexecParams(conn, sql, nparams, NULL, params, NULL, NULL, result_format);
+    if (!known) {
+        PGresult *r = PQprepare(conn, name, sql, nparams, NULL);
+        if (sp_db_check(r, PGRES_COMMAND_OK) < 0)
+            return r; /* the caller reports it as the statement's failure */
+        PQclear(r);
+        pthread_mutex_lock(&prepared_mu);
+        if (slot == n_prepared && n_prepared < PREPARED_MAX)
+            n_prepared++;
+        prepared[slot].conn = conn;
+        prepared[slot].pid = pid;
+        prepared[slot].hash = h;
+        pthread_mutex_unlock(&prepared_mu);
+    }
+    return PQexecPrepared(conn, name, nparams, params, NULL, NULL, result_format);
 }
 
 /* Server NOTICEs ("relation already exists, skipping") would go to stderr unformatted; they

@@ -307,7 +307,7 @@ int sp_projection_load_sandboxes(sp_projection_t *p, PGconn *db, const char *con
         schema);
     /* clang-format on */
     const char *params[1] = {arr.data};
-    PGresult *r = PQexecParams(db, sql.data, 1, NULL, params, NULL, NULL, 0);
+    PGresult *r = sp_db_exec_prepared(db, sql.data, 1, params, 0);
     if ((rc = sp_db_check(r, PGRES_TUPLES_OK)) < 0) {
         PQclear(r);
         goto out;
@@ -489,7 +489,7 @@ static int flush_sandboxes(sp_projection_t *p, PGconn *db, const char *schema)
     const char *params[NCOL];
     for (int c = 0; c < NCOL; c++)
         params[c] = col[c].data;
-    PGresult *r = PQexecParams(db, sql.data, NCOL, NULL, params, NULL, NULL, 0);
+    PGresult *r = sp_db_exec_prepared(db, sql.data, NCOL, params, 0);
     rc = sp_db_check(r, PGRES_COMMAND_OK);
     if (rc < 0)
         sp_log(SP_LOG_DEBUG, "sandboxes upsert failed", SP_KS("error", PQerrorMessage(db)));

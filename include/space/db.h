@@ -33,6 +33,13 @@ int sp_db_schema_version(void);
 
 /* Runs one statement without parameters and checks its status (COMMAND_OK or TUPLES_OK). */
 int sp_db_exec(PGconn *conn, const char *sql);
+/* PQexecParams for a statement run again and again on one connection (the event log's store
+ * path): prepared on conn the first time, then executed by name, so PostgreSQL neither parses
+ * nor (once it keeps a generic plan) plans it per call. params are text; the result is the
+ * caller's to check and clear, as PQexecParams's (a PREPARE that fails is returned as the
+ * statement's failure, as running it would have failed). Statements with parameters only. */
+PGresult *sp_db_exec_prepared(PGconn *conn, const char *sql, int nparams, const char *const *params,
+                              int result_format);
 /* 0 when res has status expected (TUPLES_OK also satisfies COMMAND_OK), else SP_EDB; res is
  * not cleared. The error text stays in the connection (PQerrorMessage). */
 int sp_db_check(PGresult *res, ExecStatusType expected);

@@ -10,6 +10,7 @@
 
 #include <cmocka.h>
 
+#include "db.h"
 #include "eventgen.h"
 #include "harness.h"
 #include "xmalloc.h"
@@ -214,9 +215,49 @@ static void test_unstorable_message(void **state)
     sp_bus_free(bus);
 }
 
+/* The event log's store path runs its statements prepared (sp_db_exec_prepared): the answer
+ * is the statement's on every call, on a new connection (which must prepare it again, even at
+ * a freed connection's address), and past the cache's size, where statements run unprepared. */
+static long long prepared_value(PGconn *c, const char *sql, const char *arg)
+{
+    const char *params[1] = {arg};
+    PGresult *r = sp_db_exec_prepared(c, sql, 1, params, 0);
+    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+    long long v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    return v;
+}
+
+static void test_prepared_statements(void **state)
+{
+    (void)state;
+    const char *sql = "SELECT $1::int8 * 2";
+    for (int round = 0; round < 3; round++) {
+        PGconn *c = sp_test_db();
+        assert_int_equal(prepared_value(c, sql, "21"), 42);
+        assert_int_equal(prepared_value(c, sql, "5"), 10);
+        PQfinish(c); /* the next connection may get this one's address */
+    }
+    PGconn *c = sp_test_db();
+    for (int i = 0; i < 300; i++) {
+        char q[64], arg[16];
+        snprintf(q, sizeof(q), "SELECT $1::int8 + %d", i);
+        snprintf(arg, sizeof(arg), "%d", i);
+        assert_int_equal(prepared_value(c, q, arg), 2LL * i);
+        assert_int_equal(prepared_value(c, q, arg), 2LL * i);
+    }
+    /* A statement that cannot be prepared fails as running it would. */
+    const char *params[1] = {"1"};
+    PGresult *r = sp_db_exec_prepared(c, "SELECT $1::int8 FROM no_such_table", 1, params, 0);
+    assert_int_not_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+    PQclear(r);
+    PQfinish(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_rejects),
-                                       cmocka_unit_test(test_unstorable_message)};
+                                       cmocka_unit_test(test_unstorable_message),
+                                       cmocka_unit_test(test_prepared_statements)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
