@@ -3,6 +3,7 @@
  * JetStream objects only the operator may create (the stream, the durables of the contract,
  * the snapshot bucket). */
 #include "space_stack.h"
+#include "space_proc.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -15,6 +16,7 @@
 #include "busid.h"
 #include "contract.h"
 #include "error.h"
+#include "ids.h"
 #include "natsauth.h"
 #include "objstore.h"
 #include "publish.h"
@@ -168,6 +170,25 @@ static void expand(char *out, size_t len, const char *s, const char *instance)
         snprintf(out, len, "%.*s%s%s", (int)(p - s), s, instance, p + 8);
 }
 
+/* Right after `up` restarted a cluster node (one that led a stream, or the meta leader),
+ * JetStream API calls time out or fail at once while the cluster elects and the node catches
+ * up (both seen in integration.cluster). Whether to try again the call that failed with e:
+ * such failures for up to SETTLE_MS since *start_ns (0: the first failure), a second apart;
+ * any other error fails at once. */
+#define SETTLE_MS 20000
+static bool js_settling(int e, int64_t *start_ns)
+{
+    if (e != SP_ETIMEOUT && e != SP_EBUS)
+        return false;
+    if (!*start_ns)
+        *start_ns = sp_mono_ns();
+    if (sp_mono_ns() - *start_ns > (int64_t)SETTLE_MS * 1000000)
+        return false;
+    if (e == SP_EBUS)
+        sp_proc_sleep_ms(1000);
+    return true;
+}
+
 /* The durables of the contract for identity name, made by the operator's connection. */
 static int durables_for(sp_bus_t *op, const char *name)
 {
@@ -188,7 +209,11 @@ static int durables_for(sp_bus_t *op, const char *name)
         expand(durable, sizeof(durable), defs[i].durable, id.instance);
         expand(filter, sizeof(filter), defs[i].filter, id.instance);
         /* Bind: created when missing, an existing one (with its delivery state) is kept. */
-        if ((r = sp_bus_consumer_bind(op, durable, filter, defs[i].ack_wait_ms, &c)) < 0) {
+        int64_t settle = 0;
+        do
+            r = sp_bus_consumer_bind(op, durable, filter, defs[i].ack_wait_ms, &c);
+        while (r < 0 && js_settling(r, &settle));
+        if (r < 0) {
             fprintf(stderr, "space: cannot create the durable %s (%s) as operator: %s\n", durable,
                     filter, r == -EEXIST ? "it exists with another filter" : sp_strerror(r));
             return -1;
@@ -242,17 +267,12 @@ int sp__identity_js_up(const sp_stack_t *st, const char *nats_url, const char *o
         goto out;
     }
     /* The event log's checkpoints have a stream of their own (docs/audit.md): the operator
-     * creates it, the event log only publishes there. Right after `up` restarted a cluster node
-     * that had led the stream, JetStream API calls can time out while the cluster elects and
-     * the node catches up (seen once in a full run of integration.cluster): timeouts are
-     * retried for up to 20 s; any other error fails at once. */
-    for (int i = 0; i < 10; i++) {
-        if ((e = sp_bus_ensure_stream(op)) >= 0 && (e = sp_bus_ensure_ckpt_stream(op)) >= 0 &&
-            (e = sp_obj_bucket_ensure(op, SP_SNAPSHOT_BUCKET)) >= 0)
-            break;
-        if (e != SP_ETIMEOUT)
-            break;
-    }
+     * creates it, the event log only publishes there. */
+    int64_t settle = 0;
+    do
+        if ((e = sp_bus_ensure_stream(op)) >= 0 && (e = sp_bus_ensure_ckpt_stream(op)) >= 0)
+            e = sp_obj_bucket_ensure(op, SP_SNAPSHOT_BUCKET);
+    while (e < 0 && js_settling(e, &settle));
     if (e < 0) {
         fprintf(stderr, "space: cannot create the streams or the snapshot bucket as operator: %s\n",
                 sp_strerror(e));
