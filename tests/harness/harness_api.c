@@ -122,16 +122,24 @@ bool sp_test_sandbox_held(const char *state_dir, const char *id)
     snprintf(path, sizeof(path), "runsc --root=%s/runsc list | grep -q %s", state_dir, id);
     if (system(path) == 0) /* NOLINT(cert-env33-c): the test looks as an operator would */
         return true;
+    /* Its netns (sp-<tag>-<id>) and cgroup (<controller>/space-<tag>/<id>, cgroup v1 here) are
+     * named after the tag of the worker that made them, recorded in the state directory's
+     * identities file ("<tag> <worker id> <volume dir>" per line): other workers on the machine
+     * have their own. */
+    snprintf(path, sizeof(path), "%s/identities", state_dir);
+    FILE *f = fopen(path, "r");
+    char line[1024], tag[64];
     bool found = false;
-    DIR *d = opendir("/run/netns");
-    struct dirent *de;
-    while (d && (de = readdir(d)))
-        found |= strstr(de->d_name, id) != NULL;
-    if (d)
-        closedir(d);
-    /* Its cgroup: <controller>/space-<worker tag>/<id> (cgroup v1 here). */
-    snprintf(path, sizeof(path), "ls -d /sys/fs/cgroup/*/space-*/%s >/dev/null 2>&1", id);
-    found |= system(path) == 0; /* NOLINT(cert-env33-c): as an operator would look */
+    while (!found && f && fgets(line, sizeof(line), f)) {
+        if (sscanf(line, "%63s", tag) != 1)
+            continue;
+        snprintf(path, sizeof(path), "/run/netns/sp-%s-%s", tag, id);
+        found = access(path, F_OK) == 0;
+        snprintf(path, sizeof(path), "ls -d /sys/fs/cgroup/*/space-%s/%s >/dev/null 2>&1", tag, id);
+        found = found || system(path) == 0; /* NOLINT(cert-env33-c): as an operator would look */
+    }
+    if (f)
+        fclose(f);
     return found;
 }
 
