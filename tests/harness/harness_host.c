@@ -294,45 +294,62 @@ const char *sp_test_host_log(const sp_test_host_t *h)
     return h->log;
 }
 
-bool sp_test_host_live(const sp_test_host_t *h)
+static bool worker_live(const char *id)
 {
     char sql[256];
     snprintf(sql, sizeof(sql),
              "SELECT count(*) FROM workers WHERE id = '%s' AND templates ? 'tiny' AND "
              "last_heartbeat_at > now() - interval '3 seconds'",
-             h->id);
+             id);
     PGconn *db = sp_test_db();
     bool live = sp_test_db_scalar(db, sql) == 1;
     PQfinish(db);
     return live;
 }
 
-void sp_test_host_wait_live(const sp_test_host_t *h, bool want)
+static void wait_live(const char *id, pid_t pid, const char *log, bool want)
 {
-    for (int i = 0; i < 600 && sp_test_host_live(h) != want; i++) {
+    for (int i = 0; i < 600 && worker_live(id) != want; i++) {
         int status;
-        if (want && h->worker_pid > 0 && waitpid(h->worker_pid, &status, WNOHANG) > 0)
-            fail_msg("host %d: its worker exited (see %s)", h->n, h->log);
+        if (want && pid > 0 && waitpid(pid, &status, WNOHANG) > 0)
+            fail_msg("worker %s exited (see %s)", id, log);
         nanosleep(&(struct timespec){.tv_nsec = 100 * 1000 * 1000}, NULL);
     }
-    if (sp_test_host_live(h) != want)
-        fail_msg("host %d (%s) is %s after 60 s (see %s)", h->n, h->id, want ? "not live" : "live",
-                 h->log);
+    if (worker_live(id) != want)
+        fail_msg("worker %s is %s after 60 s (see %s)", id, want ? "not live" : "live", log);
     if (!want)
-        sleep(7); /* the scheduler counts a worker lost after 3 missed heartbeats (2 s each) */
+        sleep(7); /* the scheduler counts a worker gone after 3 missed heartbeats (2 s each) */
+}
+
+void sp_test_host_wait_live(const sp_test_host_t *h, bool want)
+{
+    wait_live(h->id, h->worker_pid, h->log, want);
 }
 
 void sp_test_host_gone(sp_test_host_t *h)
 {
     reap(&h->worker_pid, SIGKILL, 10);
     reap(&h->egressd_pid, SIGKILL, 10);
+    /* Its sandboxes go with it: every runsc process of this host (sandbox, gofer) is started
+     * with its runsc root. */
+    (void)sh("pkill -KILL -f -- '--root=%s/runsc( |$)'", h->dir);
+    for (int i = 0; i < 100 && sh("pgrep -f -- '--root=%s/runsc( |$)' >/dev/null", h->dir) == 0;
+         i++)
+        nanosleep(&(struct timespec){.tv_nsec = 100 * 1000 * 1000}, NULL);
     net_down(h);
+}
+
+void sp_test_host_stop(sp_test_host_t *h)
+{
+    reap(&h->worker_pid, SIGTERM, 30);
+    reap(&h->egressd_pid, SIGTERM, 30);
 }
 
 void sp_test_host_back(sp_test_host_t *h)
 {
-    assert_false(h->net_up);
-    net_up(h);
+    assert_true(h->worker_pid == 0);
+    if (!h->net_up)
+        net_up(h);
     daemons_up(h);
     sp_test_host_wait_live(h, true);
 }
@@ -342,8 +359,7 @@ int sp_test_host_free(sp_test_host_t *h)
     if (!h)
         return 0;
     int rc = 0;
-    reap(&h->worker_pid, SIGTERM, 30);
-    reap(&h->egressd_pid, SIGTERM, 30);
+    sp_test_host_stop(h);
     /* The teardown runs where the worker ran: its firewall table is in the host's namespace
      * (made again, empty, when the host is gone). */
     if (!h->net_up) {

@@ -31,17 +31,21 @@ const char *sp_test_host_id(const sp_test_host_t *h);    /* the worker's id */
 const char *sp_test_host_dir(const sp_test_host_t *h);   /* its state directory */
 const char *sp_test_host_cache(const sp_test_host_t *h); /* its snapshot cache */
 const char *sp_test_host_log(const sp_test_host_t *h);   /* its worker's log */
-/* Whether the worker heartbeats within the last 3 s and offers template tiny. */
-bool sp_test_host_live(const sp_test_host_t *h);
-/* Waits (60 s at most) until sp_test_host_live is want; when false, also until the scheduler
- * counts the worker lost (three missed heartbeats). */
+/* Waits (60 s at most) until the host's worker heartbeats (within the last 3 s, offering
+ * template tiny) or, want false, no longer does; then also until the scheduler counts it gone
+ * (three missed heartbeats) and places nothing more on it. Fails at once, naming its log, when
+ * the worker exited while it should come up. */
 void sp_test_host_wait_live(const sp_test_host_t *h, bool want);
-/* The host is gone at once, as a machine whose power failed: its daemons are SIGKILLed and
- * its network (namespace, veth, forwarding) removed. What it left on disk stays until
+/* The host is gone at once, as a machine whose power failed: its daemons and its sandboxes'
+ * processes (every runsc process of its runsc root) are SIGKILLed and its network (namespace,
+ * veth, forwarding) removed. What it left on disk stays, for sp_test_host_back or
  * sp_test_host_free. */
 void sp_test_host_gone(sp_test_host_t *h);
-/* The host comes back after sp_test_host_gone: its network made again, its daemons started on
- * what it left on disk; waits until the worker heartbeats. */
+/* Its daemons stop cleanly (SIGTERM, waited for), its sandboxes and network stay. */
+void sp_test_host_stop(sp_test_host_t *h);
+/* The host comes back after sp_test_host_gone or sp_test_host_stop: its network made again if
+ * it was gone, its daemons started on what it left on disk; waits until the worker
+ * heartbeats. */
 void sp_test_host_back(sp_test_host_t *h);
 /* Stops what runs (SIGTERM), releases what the worker made (space-worker --teardown inside the
  * host's namespace), removes the namespace, veth, forwarding table and state directory, and

@@ -1,9 +1,11 @@
 /* A three-node NATS JetStream cluster (`space up` with SPACE_NATS_NODES=3, docs/operations.md):
- * every stream has three replicas; the route ports refuse strangers; and faults one after
- * another while a workload runs (a NATS node, the node leading SPACE_EVENTS, the event log's
- * writer with a standby taking over, PostgreSQL), after which the log holds every fact of
- * every answered call, verified against the stream, and nothing is stuck or leaked.
- * Stack: eventlog + scheduler + worker + gateway on three nats-server nodes. */
+ * every stream has three replicas; the route ports refuse strangers; faults one after another
+ * while a workload runs (a NATS node, the node leading SPACE_EVENTS, a worker host, the event
+ * log's writer with a standby taking over, PostgreSQL), after which the log holds every fact of
+ * every answered call, verified against the stream, and nothing is stuck or leaked; and a
+ * suspended sandbox resumes on the other host after its own is gone.
+ * Stack: eventlog + scheduler + gateway on three nats-server nodes; the workers are two hosts
+ * in network namespaces of their own that the test starts (tests/harness/host.h). */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -39,6 +41,10 @@ static int port;
 static pid_t standby; /* the second event log, once started */
 static const char *key;
 static int http_port[NODES + 1], route_port[NODES + 1];
+/* The worker hosts, each in a network namespace of its own (tests/harness/host.h), with the
+ * snapshot store in the cluster's R3 object store (the stack runs no worker of its own). */
+static sp_test_host_t *hosts[2];
+static const char *const host_args[] = {"--snapshot-store", "nats", NULL};
 
 /* The monitoring ports `space up` chose (nats/cluster.ports: "node client route http"). */
 static void load_ports(void)
@@ -275,12 +281,13 @@ static void http_delete(const char *id)
 
 /* Faults one after another while a bounded workload (creates, commands, file writes,
  * suspends, resumes, deletes in three threads) runs through them all (issue 18): a NATS node
- * that leads nothing killed and brought back, then the node leading SPACE_EVENTS, then the
- * event log's writer (its standby takes over), then PostgreSQL (SIGKILL, started again by
- * `space up`). Afterwards: every answer was a 2xx or a clear refusal (503 with the JSON error
- * while something was away), every 2xx has its fact in the log, no sandbox is left in a
- * transient state, the host holds exactly the sandboxes the log says run, the stream's last
- * sequence is the log's, and space-replay verify and rebuild are clean. */
+ * that leads nothing killed and brought back, then the node leading SPACE_EVENTS, then a worker
+ * host (gone with its sandboxes, back 3 s later), then the event log's writer (its standby
+ * takes over), then PostgreSQL (SIGKILL, started again by `space up`). Afterwards: every answer
+ * was a 2xx or a clear refusal (503 with the JSON error while something was away), every 2xx
+ * has its fact in the log, no sandbox is left in a transient state, each host holds exactly
+ * the sandboxes the log says run on it, the stream's last sequence is the log's, and
+ * space-replay verify and rebuild are clean. */
 static void test_cluster_survives_faults(void **state)
 {
     (void)state;
@@ -303,10 +310,13 @@ static void test_cluster_survives_faults(void **state)
     }
     assert_true(leader >= 1 && leader <= NODES);
 
+    /* Two worker hosts; the busy sandboxes a and b on the first, which stays. */
+    hosts[0] = sp_test_host_start(1, host_args);
     char a[64], b[64];
     int ok = 0;
     sp_test_create_sandbox(port, key, "tiny", a);
     sp_test_create_sandbox(port, key, "tiny", b);
+    hosts[1] = sp_test_host_start(2, host_args);
     run_until_ok(a, "one", &ok);
     sp_test_workload_cfg_t cfg = {.port = port,
                                   .key = key,
@@ -349,7 +359,16 @@ static void test_cluster_survives_faults(void **state)
         assert_true(stream_view(i, &v));
     wait_caught_up(leader, other);
 
-    /* 3. The event log's writer dies; the standby takes the writer lock and goes on from the
+    /* 3. The second worker host goes at once, its sandboxes with it (a power loss), and comes
+     * back 3 s later: it reconciles with the log, which records its sandboxes that ran as
+     * lost. The first host serves meanwhile. */
+    sp_test_host_gone(hosts[1]);
+    run_until_ok(a, "host-gone", &ok);
+    sleep(3);
+    sp_test_host_back(hosts[1]);
+    run_until_ok(b, "host-back", &ok);
+
+    /* 4. The event log's writer dies; the standby takes the writer lock and goes on from the
      * log's head. */
     standby = start_standby();
     assert_true(standby_says("standing by", 30));
@@ -363,7 +382,7 @@ static void test_cluster_survives_faults(void **state)
             (long long)(sp_mono_ns() / 1000000 - killed_ms));
     run_until_ok(a, "after-failover", &ok);
 
-    /* 4. PostgreSQL dies (its backends follow the postmaster) and `space up` starts it again
+    /* 5. PostgreSQL dies (its backends follow the postmaster) and `space up` starts it again
      * a few seconds later (and a new event log, which stands by behind the standby). */
     sp_test_daemon_stop("postgres", SIGKILL);
     sleep(3);
@@ -397,16 +416,17 @@ static void test_cluster_survives_faults(void **state)
                                             "('requested', 'placed', 'suspending', 'resuming')",
                                             0, 60000),
                      0);
-    char dir[512];
-    snprintf(dir, sizeof(dir), "%s/worker", sp_test_env("SPACE_HOME"));
-    PGresult *r = PQexec(db, "SELECT id, state FROM sandboxes");
+    PGresult *r = PQexec(db, "SELECT id, state, coalesce(worker, '') FROM sandboxes");
     assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
     for (int i = 0; i < PQntuples(r); i++) {
-        const char *id = PQgetvalue(r, i, 0), *st = PQgetvalue(r, i, 1);
+        const char *id = PQgetvalue(r, i, 0), *st = PQgetvalue(r, i, 1), *w = PQgetvalue(r, i, 2);
         bool live = strcmp(st, "running") == 0;
-        if (sp_test_sandbox_held(dir, id) != live)
-            fail_msg("sandbox %s is %s in the log but %s on the host", id, st,
-                     live ? "not held" : "still held");
+        for (int k = 0; k < 2; k++) {
+            bool want = live && strcmp(w, sp_test_host_id(hosts[k])) == 0;
+            if (sp_test_sandbox_held(sp_test_host_dir(hosts[k]), id) != want)
+                fail_msg("sandbox %s is %s on %s in the log but %s on host %s", id, st, w,
+                         want ? "not held" : "held", sp_test_host_id(hosts[k]));
+        }
     }
     PQclear(r);
 
@@ -447,8 +467,6 @@ static int stop_standby(void **state)
 }
 
 /* ---- a host gone, its suspended sandbox resumed on another ---- */
-
-static sp_test_host_t *hosts[2];
 
 static char *worker_of(PGconn *db, const char *id)
 {
@@ -512,11 +530,10 @@ static void test_resume_after_host_gone(void **state)
     PGconn *db = sp_test_db();
     sp_bus_t *bus = sp_test_bus();
 
-    /* The stack's own worker leaves: the two hosts are the cluster's workers. */
-    sp_test_daemon_stop("space-worker", SIGTERM);
-    static const char *const args[] = {"--snapshot-store", "nats", NULL};
+    /* The two hosts of the test before, or new ones when it stopped early. */
     for (int i = 0; i < 2; i++)
-        hosts[i] = sp_test_host_start(i + 1, args);
+        if (!hosts[i])
+            hosts[i] = sp_test_host_start(i + 1, host_args);
 
     char sbx[64], st[64], keys[2][256];
     sp_test_create_sandbox(port, key, "tiny", sbx);
@@ -582,10 +599,11 @@ static void test_resume_after_host_gone(void **state)
     PQfinish(db);
 }
 
-/* The hosts are this test's: stopped and removed whether it passed or not; their removal
+/* The hosts are the tests': stopped and removed whether they passed or not, their removal
  * checked (namespace, veth, forwarding, mounts). */
 static int stop_hosts(void **state)
 {
+    (void)stop_standby(state);
     (void)state;
     int rc = 0;
     for (int i = 0; i < 2; i++) {
@@ -600,7 +618,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_routes_refuse_strangers),
         cmocka_unit_test_teardown(test_cluster_survives_faults, stop_standby),
-        cmocka_unit_test_teardown(test_resume_after_host_gone, stop_hosts),
+        cmocka_unit_test(test_resume_after_host_gone),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, NULL, stop_hosts);
 }

@@ -1,13 +1,14 @@
-/* Suspend on one worker, resume on another: two space-workers, each with its own state
- * directory, btrfs volume, runsc root, firewall table and snapshot cache, sharing only NATS,
- * PostgreSQL and the snapshot store, which here is the NATS object store (the stack runs with
- * SPACE_SNAPSHOT_STORE=nats). The stack's worker is one; the test starts the second.
+/* Suspend on one worker, resume on another: two worker hosts, each in a network namespace of
+ * its own with its own state directory, btrfs volume, runsc root, firewall table and snapshot
+ * cache (tests/harness/host.h), sharing only NATS, PostgreSQL and the snapshot store, which
+ * here is the NATS object store (--snapshot-store nats). The stack runs no worker of its own.
  *
- *   - a sandbox counting in memory and holding a file is suspended on its worker, that worker
- *     is stopped (a host gone), and the resume lands on the other worker, which fetches the
- *     artifacts from the bucket: the counter goes on, the file is there, the bucket and both
- *     caches are empty afterwards (the stopped worker sweeps its stale copy when it returns);
- *   - with both workers up, a resume goes back to the worker that has the snapshot cached,
+ *   - a sandbox counting in memory and holding a file is suspended on its host, that host's
+ *     worker is stopped (a host gone), and the resume lands on the other host, which fetches
+ *     the artifacts from the bucket: the counter goes on, the file is there, the bucket and
+ *     both caches are empty afterwards (the stopped worker sweeps its stale copy when it
+ *     returns);
+ *   - with both hosts up, a resume goes back to the host that has the snapshot cached,
  *     although the other one is less loaded;
  *   - an artifact replaced in the bucket by other bytes (the store lies) fails the resume with
  *     digest_mismatch, keeps the snapshot, and once the bytes are right again it resumes. */
@@ -30,6 +31,7 @@
 
 #include "error.h"
 #include "harness.h"
+#include "host.h"
 #include "objstore.h"
 #include "xmalloc.h"
 
@@ -37,102 +39,26 @@
 
 static int port;
 static const char *key;
-static char w1[64], w2[64]; /* the stack's worker, the test's */
-static char w1_dir[512], w2_dir[512];
-static pid_t w2_pid;
+static sp_test_host_t *hosts[2];
+static const char *w1, *w2; /* their workers' ids */
 static PGconn *db;
 static sp_bus_t *bus;
 
-/* ---- the second worker ---- */
-
-static void w2_args(char **argv, const char *extra)
+static sp_test_host_t *host_of(const char *id)
 {
-    int n = 0;
-    char *bin = sp_xasprintf("%s/space-worker", sp_test_env("SPACE_BIN_DIR"));
-    argv[n++] = bin;
-    argv[n++] = "--id";
-    argv[n++] = w2;
-    argv[n++] = "--state-dir";
-    argv[n++] = w2_dir;
-    argv[n++] = "--snapshot-store";
-    argv[n++] = "nats";
-    argv[n++] = "--heartbeat-ms";
-    argv[n++] = "1000";
-    argv[n++] = "--snapshot-sweep-s";
-    argv[n++] = "2";
-    if (extra)
-        argv[n++] = (char *)extra;
-    argv[n] = NULL;
+    return strcmp(id, w2) == 0 ? hosts[1] : hosts[0];
 }
 
-static pid_t w2_spawn(const char *extra)
-{
-    char *argv[16];
-    w2_args(argv, extra);
-    char *log = sp_xasprintf("%s/log/space-worker-2.log", sp_test_env("SPACE_HOME"));
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    free(log);
-    free(argv[0]);
-    return pid;
-}
-
-static void w2_stop(void)
-{
-    if (w2_pid <= 0)
-        return;
-    kill(w2_pid, SIGTERM);
-    int status = 0;
-    waitpid(w2_pid, &status, 0);
-    w2_pid = 0;
-}
-
-/* Whether worker id heartbeats now (within 3 s) and offers tiny. */
-static bool live(const char *id)
-{
-    char sql[256];
-    snprintf(sql, sizeof(sql),
-             "SELECT count(*) FROM workers WHERE id = '%s' AND templates ? 'tiny' AND "
-             "last_heartbeat_at > now() - interval '3 seconds'",
-             id);
-    return sp_test_db_scalar(db, sql) == 1;
-}
-
-static void wait_live(const char *id, bool want)
-{
-    /* The scheduler counts a worker dead after 3 missed heartbeats (2 s each by default). */
-    for (int i = 0; i < 600 && live(id) != want; i++)
-        usleep(100 * 1000);
-    assert_true(live(id) == want);
-    if (!want)
-        sleep(7); /* until the scheduler's own view agrees */
-}
-
+/* A host gone (its worker stopped cleanly, as on a machine shut down) and back. */
 static void stop_worker(const char *id)
 {
-    if (strcmp(id, w2) == 0)
-        w2_stop();
-    else
-        sp_test_daemon_stop("space-worker", SIGTERM);
-    wait_live(id, false);
+    sp_test_host_stop(host_of(id));
+    sp_test_host_wait_live(host_of(id), false);
 }
 
 static void start_worker(const char *id)
 {
-    if (strcmp(id, w2) == 0)
-        w2_pid = w2_spawn(NULL);
-    else
-        assert_int_equal(sp_test_space("up"), 0);
-    wait_live(id, true);
+    sp_test_host_back(host_of(id));
 }
 
 static int setup(void **state)
@@ -140,35 +66,27 @@ static int setup(void **state)
     sp_test_stack_load();
     port = sp_test_api_port();
     key = sp_test_env("SPACE_API_KEY");
-    const char *home = sp_test_env("SPACE_HOME");
-    snprintf(w1, sizeof(w1), "%s", sp_test_env("SPACE_ID"));
-    snprintf(w2, sizeof(w2), "%.60s-w2", w1);
-    snprintf(w1_dir, sizeof(w1_dir), "%s/worker", home);
-    snprintf(w2_dir, sizeof(w2_dir), "%s/worker2", home);
     db = sp_test_db();
     bus = sp_test_bus();
-    /* The second worker is an identity of its own, worker-<w2>: credentials, a line in
-     * nats.conf (reloaded) and its durable, as on a host added to a deployment. */
-    char add[128];
-    snprintf(add, sizeof(add), "identity add worker %s >/dev/null", w2);
-    assert_int_equal(sp_test_space(add), 0);
-    w2_pid = w2_spawn(NULL);
-    wait_live(w1, true);
-    wait_live(w2, true);
+    static const char *const args[] = {"--snapshot-store", "nats", "--snapshot-sweep-s", "2",
+                                       NULL};
+    for (int i = 0; i < 2; i++)
+        hosts[i] = sp_test_host_start(i + 1, args);
+    w1 = sp_test_host_id(hosts[0]);
+    w2 = sp_test_host_id(hosts[1]);
     return 0;
 }
 
-/* The second worker is stopped and releases everything it holds (its sandboxes, its volume),
- * so `space down --purge` can remove the stack's directory. */
+/* The hosts release everything they hold (their sandboxes, their volumes) and leave nothing
+ * of their own behind, so `space down --purge` can remove the stack's directory. */
 static int teardown(void **state)
 {
-    w2_stop();
-    pid_t pid = w2_spawn("--teardown");
-    int status = 0;
-    waitpid(pid, &status, 0);
+    int rc = 0;
+    for (int i = 0; i < 2; i++)
+        rc |= sp_test_host_free(hosts[i]);
     sp_bus_free(bus);
     PQfinish(db);
-    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+    return rc;
 }
 
 /* ---- helpers ---- */
@@ -230,14 +148,9 @@ static bool in_cache(const char *state_dir_snapshots, const char *id)
     return access(path, F_OK) == 0;
 }
 
-/* The stack passes the worker its snapshot directory (SPACE_HOME/snapshots); the second
- * worker keeps the default, <state-dir>/snapshots. */
 static const char *cache_of(const char *worker)
 {
-    static char c1[600], c2[600];
-    snprintf(c1, sizeof(c1), "%s/snapshots", sp_test_env("SPACE_HOME"));
-    snprintf(c2, sizeof(c2), "%s/snapshots", w2_dir);
-    return strcmp(worker, w2) == 0 ? c2 : c1;
+    return sp_test_host_cache(host_of(worker));
 }
 
 /* ---- scenarios ---- */
@@ -249,7 +162,7 @@ static void test_resume_on_another_worker(void **state)
     start_counter(sbx);
     char *origin = worker_of(sbx);
     const char *other = strcmp(origin, w1) == 0 ? w2 : w1;
-    const char *origin_dir = strcmp(origin, w1) == 0 ? w1_dir : w2_dir;
+    const char *origin_dir = sp_test_host_dir(host_of(origin));
     print_message("sandbox %s on %s; resuming on %s\n", sbx, origin, other);
 
     long before = count(sbx);
