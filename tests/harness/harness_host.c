@@ -178,6 +178,26 @@ static void net_down(sp_test_host_t *h)
     h->net_up = false;
 }
 
+/* What tests/harness/hosts-down.sh needs to remove the host when the test could not (killed at
+ * its timeout): $SPACE_HOME/run/host-<n>.state, shell assignments; rewritten whenever a daemon
+ * starts. */
+static char *record_path(const sp_test_host_t *h)
+{
+    return sp_xasprintf("%s/run/host-%d.state", sp_test_env("SPACE_HOME"), h->n);
+}
+
+static void record(const sp_test_host_t *h)
+{
+    char *path = record_path(h);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        fail_msg("%s: %s", path, strerror(errno));
+    fprintf(f, "netns=%s\nveth=%s\ndir='%s'\nworker_pid=%d\negressd_pid=%d\n", h->netns, h->veth,
+            h->dir, (int)h->worker_pid, (int)h->egressd_pid);
+    fclose(f);
+    free(path);
+}
+
 /* Forks argv[0] inside the host's namespace, env set, output into log. */
 static pid_t spawn_inside(const sp_test_host_t *h, const char *identity, const char *log,
                           const char *const *argv)
@@ -226,6 +246,7 @@ static void daemons_up(sp_test_host_t *h)
         free(eid);
         free(ebin);
     }
+    record(h);
 }
 
 static void reap(pid_t *pid, int sig, int wait_s)
@@ -387,8 +408,12 @@ int sp_test_host_free(sp_test_host_t *h)
         fprintf(stderr, "host %d: something of %s is left\n", h->n, h->netns);
         rc = -1;
     }
-    if (rc == 0)
+    if (rc == 0) {
         (void)sh("rm -rf '%s'", h->dir);
+        char *path = record_path(h);
+        unlink(path);
+        free(path);
+    }
     free(h);
     return rc;
 }

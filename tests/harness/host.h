@@ -16,7 +16,9 @@
  *     and route_localnet on the veth; docs/operations.md). PostgreSQL, which a worker only
  *     reads from, stays on its unix socket (a file path crosses network namespaces).
  *
- * Logs: $SPACE_HOME/log/host-<n>-worker.log, host-<n>-egressd.log. */
+ * Logs: $SPACE_HOME/log/host-<n>-worker.log, host-<n>-egressd.log. A host the test could not
+ * remove (killed at its timeout) is removed by the stack's fixtures (hosts-down.sh, from its
+ * record $SPACE_HOME/run/host-<n>.state). */
 #ifndef SPACE_TEST_HOST_H
 #define SPACE_TEST_HOST_H
 

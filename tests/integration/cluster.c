@@ -279,6 +279,24 @@ static void http_delete(const char *id)
     sp_test_http_free(&r);
 }
 
+/* The sandbox's events as the log holds them (for a failure's message). */
+static void print_history(PGconn *db, const char *id)
+{
+    const char *params[1] = {id};
+    PGresult *r = PQexecParams(db,
+                               "SELECT stream_seq, type, status, coalesce(actor, '') || ' ' || "
+                               "coalesce(reject_reason, ''), "
+                               "to_char(published_at, 'HH24:MI:SS.MS') FROM events "
+                               "WHERE aggregate_id = $1 ORDER BY stream_seq",
+                               1, NULL, params, NULL, NULL, 0);
+    for (int i = 0; PQresultStatus(r) == PGRES_TUPLES_OK && i < PQntuples(r); i++)
+        fprintf(stderr, "  %s %s %s %s %s\n", PQgetvalue(r, i, 0), PQgetvalue(r, i, 4),
+                PQgetvalue(r, i, 1), PQgetvalue(r, i, 2), PQgetvalue(r, i, 3));
+    if (PQresultStatus(r) != PGRES_TUPLES_OK)
+        fprintf(stderr, "  (no history: %s)\n", PQerrorMessage(db));
+    PQclear(r);
+}
+
 /* Faults one after another while a bounded workload (creates, commands, file writes,
  * suspends, resumes, deletes in three threads) runs through them all (issue 18): a NATS node
  * that leads nothing killed and brought back, then the node leading SPACE_EVENTS, then a worker
@@ -423,9 +441,11 @@ static void test_cluster_survives_faults(void **state)
         bool live = strcmp(st, "running") == 0;
         for (int k = 0; k < 2; k++) {
             bool want = live && strcmp(w, sp_test_host_id(hosts[k])) == 0;
-            if (sp_test_sandbox_held(sp_test_host_dir(hosts[k]), id) != want)
+            if (sp_test_sandbox_held(sp_test_host_dir(hosts[k]), id) != want) {
+                print_history(db, id);
                 fail_msg("sandbox %s is %s on %s in the log but %s on host %s", id, st, w,
                          want ? "not held" : "held", sp_test_host_id(hosts[k]));
+            }
         }
     }
     PQclear(r);
