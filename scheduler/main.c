@@ -103,8 +103,15 @@ static int run(sched_t *s)
         s->burst = NULL;
         size_t answers = burst.n;
         rc = sp_burst_publish_async(s->bus, &burst);
-        if (rc == 0 && answers)
-            rc = sp_bus_publish_async_complete(s->bus, 0);
+        /* Even after a failed call, the ones before it are in flight: wait for them too. A
+         * count of refused publishes is a failure like any other: acking the intents then
+         * lost their placements for good (a create stuck `requested`, seen when a NATS node
+         * died in integration.cluster). */
+        int failed = answers ? sp_bus_publish_async_complete(s->bus, 0) : 0;
+        if (rc == 0 && failed > 0)
+            rc = SP_EBUS;
+        else if (rc == 0 && failed < 0)
+            rc = failed;
         sp_burst_dispose(&burst);
         if (rc < 0) {
             sp_log(SP_LOG_WARN, "answers not published; the intents will be redelivered",
