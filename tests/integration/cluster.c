@@ -344,7 +344,10 @@ static void test_cluster_survives_faults(void **state)
                                   .ops = SP_TEST_OPS_BASIC | SP_TEST_OP_BIT(SP_TEST_OP_SUSPEND) |
                                          SP_TEST_OP_BIT(SP_TEST_OP_RESUME),
                                   .busy = {a, b},
-                                  .pause_ms = 200};
+                                  .pause_ms = 200,
+                                  /* Past the gateway's own waits (60 s after the intent's up
+                                   * to 3 s of publishing): its answer is what is judged. */
+                                  .client_ms = 90000};
     sp_test_workload_t *wl = sp_test_workload_start(&cfg);
 
     /* 1. A node that does not lead the stream dies without a word, and comes back. */
