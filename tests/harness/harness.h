@@ -59,6 +59,14 @@ void sp_test_daemon_stop(const char *name, int sig);
 /* Whether anything of sandbox id is on the host of the worker whose state directory is
  * state_dir: runsc container, bundle (and its agent socket), disk, netns, cgroup. */
 bool sp_test_sandbox_held(const char *state_dir, const char *id);
+/* Runs a shell command line (printf-style); its exit status, -1 when it did not exit. */
+int sp_test_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The worker the log places sandbox id on ("" when none); fails the test when there is no such
+ * sandbox. Free the result. */
+char *sp_test_worker_of(PGconn *db, const char *id);
+/* The store keys of the sandbox's newest snapshot (its checkpoint image, then its disk), from
+ * its last SandboxSuspended. */
+void sp_test_snapshot_keys(PGconn *db, const char *id, char keys[2][256]);
 /* Runs space-replay (next to the test binaries) with args, captures stdout into out (may be
  * NULL) and returns its exit status. */
 int sp_test_replay(const char *args, char *out, size_t outlen);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -171,4 +172,43 @@ long sp_test_counter(int port, const char *key, const char *id)
             return n;
         usleep(20 * 1000);
     }
+}
+
+int sp_test_sh(const char *fmt, ...)
+{
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    int st = system(cmd); /* NOLINT(cert-env33-c): the test's own command lines */
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+char *sp_test_worker_of(PGconn *db, const char *id)
+{
+    const char *params[1] = {id};
+    PGresult *r = PQexecParams(db, "SELECT coalesce(worker, '') FROM sandboxes WHERE id = $1", 1,
+                               NULL, params, NULL, NULL, 0);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1)
+        fail_msg("sandbox %s: not in the log (%s)", id, PQerrorMessage(db));
+    char *w = sp_xstrdup(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return w;
+}
+
+void sp_test_snapshot_keys(PGconn *db, const char *id, char keys[2][256])
+{
+    static const char *names[2] = {"checkpoint.img.zst", "rootfs.btrfs.zst"};
+    const char *params[1] = {id};
+    PGresult *r = PQexecParams(db,
+                               "SELECT substring(encode(payload, 'escape') from $1 || "
+                               "'/([a-z0-9_]+)/checkpoint') FROM events WHERE aggregate_id = $1 "
+                               "AND type = 'SandboxSuspended' ORDER BY stream_seq DESC LIMIT 1",
+                               1, NULL, params, NULL, NULL, 0);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1 || PQgetisnull(r, 0, 0))
+        fail_msg("sandbox %s: no SandboxSuspended with a snapshot (%s)", id, PQerrorMessage(db));
+    for (int i = 0; i < 2; i++)
+        snprintf(keys[i], 256, "%s/%s/%s", id, PQgetvalue(r, 0, 0), names[i]);
+    PQclear(r);
 }

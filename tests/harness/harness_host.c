@@ -47,19 +47,6 @@ struct sp_test_host {
     bool net_up;
 };
 
-/* Runs a shell command line; its status (0: success). */
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    int st = system(cmd); /* NOLINT(cert-env33-c): the test's own command lines */
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static void must(int rc, const char *what)
 {
     if (rc != 0)
@@ -139,17 +126,17 @@ static void net_up(sp_test_host_t *h)
              sha[5]);
     snprintf(h->veth, sizeof(h->veth), "sph%02x%02x%02x%02x", sha[2], sha[3], sha[4], sha[5]);
     /* Left over by an interrupted run of the same stack: gone first. */
-    (void)sh("ip netns del %s 2>/dev/null; ip link del %s 2>/dev/null; "
-             "nft delete table ip %s 2>/dev/null",
-             h->netns, h->veth, h->veth);
+    (void)sp_test_sh("ip netns del %s 2>/dev/null; ip link del %s 2>/dev/null; "
+                     "nft delete table ip %s 2>/dev/null",
+                     h->netns, h->veth, h->veth);
     h->net_up = true;
-    must(sh("ip netns add %s", h->netns), "ip netns add");
-    must(sh("ip link add %s type veth peer name eth0 netns %s && "
-            "ip addr add %s/30 dev %s && ip link set %s up && "
-            "ip -n %s addr add %s/30 dev eth0 && ip -n %s link set eth0 up && "
-            "ip -n %s link set lo up && ip -n %s route add default via %s",
-            h->veth, h->netns, h->outside, h->veth, h->veth, h->netns, h->inside, h->netns,
-            h->netns, h->netns, h->outside),
+    must(sp_test_sh("ip netns add %s", h->netns), "ip netns add");
+    must(sp_test_sh("ip link add %s type veth peer name eth0 netns %s && "
+                    "ip addr add %s/30 dev %s && ip link set %s up && "
+                    "ip -n %s addr add %s/30 dev eth0 && ip -n %s link set eth0 up && "
+                    "ip -n %s link set lo up && ip -n %s route add default via %s",
+                    h->veth, h->netns, h->outside, h->veth, h->veth, h->netns, h->inside, h->netns,
+                    h->netns, h->netns, h->outside),
          "veth");
     (void)flock(lock, LOCK_UN);
     close(lock);
@@ -160,11 +147,12 @@ static void net_up(sp_test_host_t *h)
     size_t len = 0;
     for (int i = 0; i < n; i++)
         len += (size_t)snprintf(set + len, sizeof(set) - len, "%s%d", i ? ", " : "", ports[i]);
-    must(sh("sysctl -q -w net.ipv4.conf.%s.route_localnet=1", h->veth), "route_localnet");
-    must(sh("nft 'add table ip %s; add chain ip %s pre { type nat hook prerouting priority "
-            "dstnat; policy accept; }; add rule ip %s pre iifname \"%s\" ip daddr %s tcp dport "
-            "{ %s } dnat to 127.0.0.1'",
-            h->veth, h->veth, h->veth, h->veth, h->outside, set),
+    must(sp_test_sh("sysctl -q -w net.ipv4.conf.%s.route_localnet=1", h->veth), "route_localnet");
+    must(sp_test_sh(
+             "nft 'add table ip %s; add chain ip %s pre { type nat hook prerouting priority "
+             "dstnat; policy accept; }; add rule ip %s pre iifname \"%s\" ip daddr %s tcp dport "
+             "{ %s } dnat to 127.0.0.1'",
+             h->veth, h->veth, h->veth, h->veth, h->outside, set),
          "nft forwarding");
 }
 
@@ -172,9 +160,9 @@ static void net_down(sp_test_host_t *h)
 {
     if (!h->net_up)
         return;
-    (void)sh("ip netns del %s 2>/dev/null; ip link del %s 2>/dev/null; "
-             "nft delete table ip %s 2>/dev/null",
-             h->netns, h->veth, h->veth);
+    (void)sp_test_sh("ip netns del %s 2>/dev/null; ip link del %s 2>/dev/null; "
+                     "nft delete table ip %s 2>/dev/null",
+                     h->netns, h->veth, h->veth);
     h->net_up = false;
 }
 
@@ -353,9 +341,9 @@ void sp_test_host_gone(sp_test_host_t *h)
     reap(&h->egressd_pid, SIGKILL, 10);
     /* Its sandboxes go with it: every runsc process of this host (sandbox, gofer) is started
      * with its runsc root. */
-    (void)sh("pkill -KILL -f -- '--root=%s/runsc( |$)'", h->dir);
-    for (int i = 0; i < 100 && sh("pgrep -f -- '--root=%s/runsc( |$)' >/dev/null", h->dir) == 0;
-         i++)
+    (void)sp_test_sh("pkill -KILL -f -- '--root=%s/runsc( |$)'", h->dir);
+    for (int i = 0;
+         i < 100 && sp_test_sh("pgrep -f -- '--root=%s/runsc( |$)' >/dev/null", h->dir) == 0; i++)
         nanosleep(&(struct timespec){.tv_nsec = 100 * 1000 * 1000}, NULL);
     net_down(h);
 }
@@ -384,7 +372,7 @@ int sp_test_host_free(sp_test_host_t *h)
     /* The teardown runs where the worker ran: its firewall table is in the host's namespace
      * (made again, empty, when the host is gone). */
     if (!h->net_up) {
-        (void)sh("ip netns add %s", h->netns);
+        (void)sp_test_sh("ip netns add %s", h->netns);
         h->net_up = true;
     }
     char *bin = sp_xasprintf("%s/space-worker", sp_test_env("SPACE_BIN_DIR"));
@@ -401,15 +389,15 @@ int sp_test_host_free(sp_test_host_t *h)
     free(bin);
     net_down(h);
     /* Nothing of it left: namespace, veth, forwarding, mounts under its directory. */
-    if (sh("ip netns list | grep -qw %s", h->netns) == 0 ||
-        sh("ip link show %s >/dev/null 2>&1", h->veth) == 0 ||
-        sh("nft list table ip %s >/dev/null 2>&1", h->veth) == 0 ||
-        sh("grep -q ' %s' /proc/mounts", h->dir) == 0) {
+    if (sp_test_sh("ip netns list | grep -qw %s", h->netns) == 0 ||
+        sp_test_sh("ip link show %s >/dev/null 2>&1", h->veth) == 0 ||
+        sp_test_sh("nft list table ip %s >/dev/null 2>&1", h->veth) == 0 ||
+        sp_test_sh("grep -q ' %s' /proc/mounts", h->dir) == 0) {
         fprintf(stderr, "host %d: something of %s is left\n", h->n, h->netns);
         rc = -1;
     }
     if (rc == 0) {
-        (void)sh("rm -rf '%s'", h->dir);
+        (void)sp_test_sh("rm -rf '%s'", h->dir);
         char *path = record_path(h);
         unlink(path);
         free(path);

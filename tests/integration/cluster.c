@@ -491,37 +491,6 @@ static int stop_standby(void **state)
 
 /* ---- a host gone, its suspended sandbox resumed on another ---- */
 
-static char *worker_of(PGconn *db, const char *id)
-{
-    char sql[256];
-    snprintf(sql, sizeof(sql), "SELECT coalesce(worker, '') FROM sandboxes WHERE id = '%s'", id);
-    PGresult *r = PQexec(db, sql);
-    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
-    assert_int_equal(PQntuples(r), 1);
-    char *w = sp_xstrdup(PQgetvalue(r, 0, 0));
-    PQclear(r);
-    return w;
-}
-
-/* The store keys of the sandbox's newest snapshot, from its SandboxSuspended. */
-static int snapshot_keys(PGconn *db, const char *id, char keys[2][256])
-{
-    static const char *names[2] = {"checkpoint.img.zst", "rootfs.btrfs.zst"};
-    char sql[512];
-    snprintf(sql, sizeof(sql),
-             "SELECT substring(encode(payload, 'escape') from '%s/([a-z0-9_]+)/checkpoint') "
-             "FROM events WHERE aggregate_id = '%s' AND type = 'SandboxSuspended' "
-             "ORDER BY stream_seq DESC LIMIT 1",
-             id, id);
-    PGresult *r = PQexec(db, sql);
-    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
-    assert_int_equal(PQntuples(r), 1);
-    for (int i = 0; i < 2; i++)
-        snprintf(keys[i], 256, "%s/%s/%s", id, PQgetvalue(r, 0, 0), names[i]);
-    PQclear(r);
-    return 2;
-}
-
 /* Whether the host's worker log has a line with both needles. */
 static bool log_has(const char *path, const char *a, const char *b)
 {
@@ -561,7 +530,7 @@ static void test_resume_after_host_gone(void **state)
     char sbx[64], st[64], keys[2][256];
     sp_test_create_sandbox(port, key, "tiny", sbx);
     sp_test_start_counter(port, key, sbx);
-    char *origin = worker_of(db, sbx);
+    char *origin = sp_test_worker_of(db, sbx);
     int o = strcmp(origin, sp_test_host_id(hosts[0])) == 0 ? 0 : 1;
     assert_string_equal(origin, sp_test_host_id(hosts[o]));
     sp_test_host_t *gone = hosts[o], *other = hosts[1 - o];
@@ -571,7 +540,7 @@ static void test_resume_after_host_gone(void **state)
     long before = sp_test_counter(port, key, sbx);
     assert_int_equal(sp_test_lifecycle(port, key, sbx, "suspend", NULL, st, sizeof(st)), 200);
     assert_int_equal(sp_test_events(db, sbx, "SandboxSuspended", "nats:" SP_SNAPSHOT_BUCKET), 1);
-    snapshot_keys(db, sbx, keys);
+    sp_test_snapshot_keys(db, sbx, keys);
     for (int i = 0; i < 2; i++) {
         sp_obj_info_t info;
         assert_int_equal(sp_obj_stat(bus, SP_SNAPSHOT_BUCKET, keys[i], &info), 0);
@@ -583,7 +552,7 @@ static void test_resume_after_host_gone(void **state)
     sp_test_host_wait_live(gone, false);
     assert_int_equal(sp_test_lifecycle(port, key, sbx, "resume", NULL, st, sizeof(st)), 200);
     assert_string_equal(st, "running");
-    char *now = worker_of(db, sbx);
+    char *now = sp_test_worker_of(db, sbx);
     assert_string_equal(now, sp_test_host_id(other));
     free(now);
     long after = sp_test_counter(port, key, sbx);

@@ -68,8 +68,7 @@ static int setup(void **state)
     key = sp_test_env("SPACE_API_KEY");
     db = sp_test_db();
     bus = sp_test_bus();
-    static const char *const args[] = {"--snapshot-store", "nats", "--snapshot-sweep-s", "2",
-                                       NULL};
+    static const char *const args[] = {"--snapshot-store", "nats", "--snapshot-sweep-s", "2", NULL};
     for (int i = 0; i < 2; i++)
         hosts[i] = sp_test_host_start(i + 1, args);
     w1 = sp_test_host_id(hosts[0]);
@@ -91,18 +90,6 @@ static int teardown(void **state)
 
 /* ---- helpers ---- */
 
-static char *worker_of(const char *id)
-{
-    char sql[256];
-    snprintf(sql, sizeof(sql), "SELECT coalesce(worker, '') FROM sandboxes WHERE id = '%s'", id);
-    PGresult *r = PQexec(db, sql);
-    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
-    assert_int_equal(PQntuples(r), 1);
-    char *w = sp_xstrdup(PQgetvalue(r, 0, 0));
-    PQclear(r);
-    return w;
-}
-
 static void start_counter(const char *id)
 {
     sp_test_start_counter(port, key, id);
@@ -121,24 +108,6 @@ static void assert_intact(const char *id, long before)
     sp_test_cmd_t r = sp_test_run(port, key, id, "{\"cmd\":\"cat /root/file\"}");
     assert_string_equal(r.stdout_s, "kept\n");
     sp_test_cmd_free(&r);
-}
-
-/* The store keys of the sandbox's newest snapshot, from the SandboxSuspended in the log. */
-static void snapshot_keys(const char *id, char keys[2][256])
-{
-    static const char *names[2] = {"checkpoint.img.zst", "rootfs.btrfs.zst"};
-    char sql[512];
-    snprintf(sql, sizeof(sql),
-             "SELECT substring(encode(payload, 'escape') from '%s/([a-z0-9_]+)/checkpoint') "
-             "FROM events WHERE aggregate_id = '%s' AND type = 'SandboxSuspended' "
-             "ORDER BY stream_seq DESC LIMIT 1",
-             id, id);
-    PGresult *r = PQexec(db, sql);
-    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
-    assert_int_equal(PQntuples(r), 1);
-    for (int i = 0; i < 2; i++)
-        snprintf(keys[i], 256, "%s/%s/%s", id, PQgetvalue(r, 0, 0), names[i]);
-    PQclear(r);
 }
 
 static bool in_cache(const char *state_dir_snapshots, const char *id)
@@ -160,7 +129,7 @@ static void test_resume_on_another_worker(void **state)
     char sbx[64], st[64], keys[2][256], sql[512];
     sp_test_create_sandbox(port, key, "tiny", sbx);
     start_counter(sbx);
-    char *origin = worker_of(sbx);
+    char *origin = sp_test_worker_of(db, sbx);
     const char *other = strcmp(origin, w1) == 0 ? w2 : w1;
     const char *origin_dir = sp_test_host_dir(host_of(origin));
     print_message("sandbox %s on %s; resuming on %s\n", sbx, origin, other);
@@ -173,7 +142,7 @@ static void test_resume_on_another_worker(void **state)
     /* The record names the store and the worker with the cache; the bucket has both. */
     assert_int_equal(sp_test_events(db, sbx, "SandboxSuspended", "nats:" BUCKET), 1);
     assert_int_equal(sp_test_events(db, sbx, "SandboxSuspended", origin), 1);
-    snapshot_keys(sbx, keys);
+    sp_test_snapshot_keys(db, sbx, keys);
     sp_obj_info_t info;
     for (int i = 0; i < 2; i++) {
         assert_int_equal(sp_obj_stat(bus, BUCKET, keys[i], &info), 0);
@@ -184,7 +153,7 @@ static void test_resume_on_another_worker(void **state)
     stop_worker(origin); /* the host is gone */
     assert_int_equal(sp_test_lifecycle(port, key, sbx, "resume", NULL, st, sizeof(st)), 200);
     assert_string_equal(st, "running");
-    char *now = worker_of(sbx);
+    char *now = sp_test_worker_of(db, sbx);
     assert_string_equal(now, other);
     free(now);
     assert_intact(sbx, before);
@@ -215,7 +184,7 @@ static void test_resume_prefers_the_cache(void **state)
     for (;;) {
         assert_true(n_fill < 8);
         sp_test_create_sandbox(port, key, "tiny", sbx);
-        char *w = worker_of(sbx);
+        char *w = sp_test_worker_of(db, sbx);
         bool on_w2 = strcmp(w, w2) == 0;
         free(w);
         if (on_w2)
@@ -247,7 +216,7 @@ static void test_resume_prefers_the_cache(void **state)
     /* Placement alone would take the first: least loaded, or tied and first by id. */
     assert_true(load[0] <= load[1] && strcmp(w1, w2) < 0);
     assert_int_equal(sp_test_lifecycle(port, key, sbx, "resume", NULL, st, sizeof(st)), 200);
-    char *w = worker_of(sbx);
+    char *w = sp_test_worker_of(db, sbx);
     assert_string_equal(w, w2);
     free(w);
     assert_intact(sbx, before);
@@ -259,9 +228,9 @@ static void test_store_that_lies(void **state)
     char sbx[64], st[64], keys[2][256], sql[512];
     sp_test_create_sandbox(port, key, "tiny", sbx);
     start_counter(sbx);
-    char *origin = worker_of(sbx);
+    char *origin = sp_test_worker_of(db, sbx);
     assert_int_equal(sp_test_lifecycle(port, key, sbx, "suspend", NULL, st, sizeof(st)), 200);
-    snapshot_keys(sbx, keys);
+    sp_test_snapshot_keys(db, sbx, keys);
     /* The true bytes kept aside, other bytes stored under the key (as a consistent object,
      * so only the event log's digest can tell), and the cache emptied so the worker must
      * fetch. */
@@ -300,7 +269,7 @@ static void test_deleted_while_suspended(void **state)
     char sbx[64], st[64], keys[2][256], path[128];
     sp_test_create_sandbox(port, key, "tiny", sbx);
     assert_int_equal(sp_test_lifecycle(port, key, sbx, "suspend", NULL, st, sizeof(st)), 200);
-    snapshot_keys(sbx, keys);
+    sp_test_snapshot_keys(db, sbx, keys);
     assert_int_equal(sp_obj_stat(bus, BUCKET, keys[0], NULL), 0);
     sp_test_http_resp_t r;
     snprintf(path, sizeof(path), "/v1/sandboxes/%s", sbx);

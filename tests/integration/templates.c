@@ -31,18 +31,6 @@
 
 static char stacks[PATH_MAX]; /* the directory the fixture's home is in */
 
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    int st = system(cmd); /* NOLINT(cert-env33-c): the test runs the CLI as a user would */
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static char *slurp(const char *path)
 {
     sp_buf_t b;
@@ -62,9 +50,9 @@ static char *slurp(const char *path)
  * assignments; stdout and stderr into <stacks>/<name>.out. The exit status. */
 static int space(const char *name, const char *env, const char *args)
 {
-    return sh("env -u SPACE_API_URL -u SPACE_API_KEY -u SPACE_NATS_URL -u SPACE_PG_URL "
-              "SPACE_HOME='%s/%s' SPACE_ID='it-%s' %s '%s/space' %s >'%s/%s.out' 2>&1",
-              stacks, name, name, env, sp_test_env("SPACE_BIN_DIR"), args, stacks, name);
+    return sp_test_sh("env -u SPACE_API_URL -u SPACE_API_KEY -u SPACE_NATS_URL -u SPACE_PG_URL "
+                      "SPACE_HOME='%s/%s' SPACE_ID='it-%s' %s '%s/space' %s >'%s/%s.out' 2>&1",
+                      stacks, name, name, env, sp_test_env("SPACE_BIN_DIR"), args, stacks, name);
 }
 
 static char *output(const char *name)
@@ -112,10 +100,11 @@ static void test_second_home_uses_the_cache(void **state)
     assert_non_null(strstr(log, "msg=\"template ready\" template=tiny source=cache"));
     free(log);
     snprintf(path, sizeof(path), "%s/%s/space.env", stacks, name);
-    assert_int_equal(sh("set -a; . '%s'; curl -sf -H \"Authorization: Bearer $SPACE_API_KEY\" "
-                        "\"$SPACE_API_URL/v1/templates\" | grep -q '\"name\":\"tiny\"'",
-                        path),
-                     0);
+    assert_int_equal(
+        sp_test_sh("set -a; . '%s'; curl -sf -H \"Authorization: Bearer $SPACE_API_KEY\" "
+                   "\"$SPACE_API_URL/v1/templates\" | grep -q '\"name\":\"tiny\"'",
+                   path),
+        0);
     assert_int_equal(space(name, "", "down --purge"), 0);
 }
 
@@ -127,11 +116,12 @@ static void test_broken_template_fails_up(void **state)
     snprintf(defs, sizeof(defs), "%s/%s-defs", stacks, name);
     snprintf(cache, sizeof(cache), "%s/%s-cache", stacks, name);
     (void)space(name, "", "down --purge");
-    assert_int_equal(sh("rm -rf '%s' '%s' && mkdir -p '%s'", defs, cache, defs), 0);
-    assert_int_equal(sh("printf '#!/bin/sh\\necho \"broken.sh: starting\"\\n"
-                        "echo \"broken.sh: no such mirror\" >&2\\nexit 3\\n' >'%s/broken.sh'",
-                        defs),
-                     0);
+    assert_int_equal(sp_test_sh("rm -rf '%s' '%s' && mkdir -p '%s'", defs, cache, defs), 0);
+    assert_int_equal(
+        sp_test_sh("printf '#!/bin/sh\\necho \"broken.sh: starting\"\\n"
+                   "echo \"broken.sh: no such mirror\" >&2\\nexit 3\\n' >'%s/broken.sh'",
+                   defs),
+        0);
     /* Its own definitions and cache: the host's cache is not given a test's template. */
     snprintf(env, sizeof(env),
              "SPACE_TEMPLATES=tiny,broken SPACE_TEMPLATE_DEFS='%s' "
@@ -152,9 +142,9 @@ static void test_broken_template_fails_up(void **state)
 
     /* Mended: up restarts the worker, which makes it. */
     assert_int_equal(
-        sh("printf '#!/bin/sh\\nmkdir -p \"$1/etc\" && echo mended >\"$1/etc/broken\"\\n' "
-           ">'%s/broken.sh'",
-           defs),
+        sp_test_sh("printf '#!/bin/sh\\nmkdir -p \"$1/etc\" && echo mended >\"$1/etc/broken\"\\n' "
+                   ">'%s/broken.sh'",
+                   defs),
         0);
     rc = space(name, env, "up");
     out = output(name);
@@ -164,7 +154,7 @@ static void test_broken_template_fails_up(void **state)
     assert_non_null(strstr(out, "broken (built,"));
     free(out);
     assert_int_equal(space(name, env, "down --purge"), 0);
-    assert_int_equal(sh("rm -rf '%s' '%s'", defs, cache), 0);
+    assert_int_equal(sp_test_sh("rm -rf '%s' '%s'", defs, cache), 0);
 }
 
 int main(void)
