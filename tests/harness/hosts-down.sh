@@ -7,7 +7,8 @@
 set -u
 for rec in "$SPACE_HOME"/run/host-*.state; do
   [ -f "$rec" ] || continue
-  netns= veth= dir= worker_pid= egressd_pid=
+  netns='' veth='' dir='' worker_pid='' egressd_pid=''
+  # shellcheck source=/dev/null
   . "$rec"
   for pid in $worker_pid $egressd_pid; do
     [ "$pid" -gt 0 ] 2>/dev/null && kill -KILL "$pid" 2>/dev/null
