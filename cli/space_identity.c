@@ -204,7 +204,9 @@ static int durables_for(sp_bus_t *op, const char *name)
         sp_bus_consumer_t *c = NULL;
         int r;
 
-        if (defs[i].kind != id.kind)
+        /* Its daemon deletes and recreates it at each start and after each failure (the
+         * event log when PostgreSQL comes back): made here too, it would race that. */
+        if (defs[i].kind != id.kind || defs[i].recreated)
             continue;
         expand(durable, sizeof(durable), defs[i].durable, id.instance);
         expand(filter, sizeof(filter), defs[i].filter, id.instance);

@@ -816,23 +816,31 @@ int sp_bus_consumer_bind(sp_bus_t *bus, const char *durable, const char *filter,
     if (!filter || !*filter)
         filter = SP_BUS_SUBJECTS;
 
-    s = js_GetConsumerInfo(&ci, bus->js, SP_BUS_STREAM, durable, NULL, &jerr);
-    if (s == NATS_OK) {
-        int same = ci->Config && ci->Config->FilterSubject &&
-                   strcmp(ci->Config->FilterSubject, filter) == 0;
-        jsConsumerInfo_Destroy(ci);
-        if (!same)
-            return -EEXIST;
-        return subscribe_bound(bus, durable, filter, ret_consumer);
+    /* Deleted between the lookup and the subscription (by an operator, or by a daemon that
+     * recreates its own): looked up again, a few times. */
+    int rc = SP_ENOTFOUND;
+    for (int attempt = 0; attempt < 3 && rc == SP_ENOTFOUND; attempt++) {
+        jerr = 0;
+        s = js_GetConsumerInfo(&ci, bus->js, SP_BUS_STREAM, durable, NULL, &jerr);
+        if (s == NATS_OK) {
+            int same = ci->Config && ci->Config->FilterSubject &&
+                       strcmp(ci->Config->FilterSubject, filter) == 0;
+            jsConsumerInfo_Destroy(ci);
+            ci = NULL;
+            if (!same)
+                return -EEXIST;
+            rc = subscribe_bound(bus, durable, filter, ret_consumer);
+            continue;
+        }
+        if ((rc = sp__bus_status(s, jerr, "js_GetConsumerInfo")) != SP_ENOTFOUND)
+            return rc;
+        /* Another instance may create it at the same moment: the server accepts an identical
+         * configuration twice, so both then bind to the one consumer. */
+        if ((rc = consumer_create(bus, durable, filter, 0, ack_wait_ms)) < 0)
+            return rc;
+        rc = subscribe_bound(bus, durable, filter, ret_consumer);
     }
-    if (sp__bus_status(s, jerr, "js_GetConsumerInfo") != SP_ENOTFOUND)
-        return sp__bus_status(s, jerr, "js_GetConsumerInfo");
-    /* Another instance may create it at the same moment: the server accepts an identical
-     * configuration twice, so both then bind to the one consumer. */
-    int rc = consumer_create(bus, durable, filter, 0, ack_wait_ms);
-    if (rc < 0)
-        return rc;
-    return subscribe_bound(bus, durable, filter, ret_consumer);
+    return rc;
 }
 
 static void consumer_destroy(sp_bus_consumer_t *c)
