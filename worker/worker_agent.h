@@ -127,8 +127,9 @@ int wk_agent_file_write(wk_agent_t *a, uint64_t xfer, uint64_t offset, const uin
 /* Asks for length (<= WK_AGENT_READ_MAX) bytes at offset; one read at a time per transfer. */
 int wk_agent_file_read(wk_agent_t *a, uint64_t xfer, uint64_t offset, uint32_t length);
 
-/* Gives a warm-pool sandbox its identity (proto/agent.proto Claim, docs/pools.md): its
- * hostname, after which the agent holds no CAP_SYS_ADMIN. Once per channel (-EALREADY after).
+/* Gives a sandbox its identity (proto/agent.proto Claim): its hostname, for a warm-pool
+ * sandbox at its claim (docs/pools.md) or a copy after its restore. Once per channel
+ * (-EALREADY after).
  * 0 when the agent answered that it did; -EIO with its reason in err when it could not;
  * SP_ETIMEOUT without an answer in timeout_ms; -EPIPE when the channel is lost. */
 int wk_agent_claim(wk_agent_t *a, const char *hostname, int timeout_ms, char err[256]);

@@ -758,6 +758,23 @@ static bool agent_back(wk_box_t *b)
     return back;
 }
 
+/* A copy (fork, or a sandbox made from a named snapshot) was restored with its source's
+ * kernel, hostname included: it takes its own before anything of it runs (proto/agent.proto,
+ * Claim). A source whose agent had no CAP_SYS_ADMIN (made before it was given) cannot: its
+ * copies keep the source's hostname, which is logged, not a failure. */
+static void copy_identity(wk_box_t *b, const wk_sandbox_spec_t *spec)
+{
+    char err[WK_ERR_MAX] = "";
+    pthread_mutex_lock(&b->mu);
+    wk_agent_t *a = b->agent_lost ? NULL : b->agent;
+    pthread_mutex_unlock(&b->mu);
+    int rc = a ? wk_agent_claim(a, spec->id, AGENT_BACK_MS, err) : -EPIPE;
+    if (rc < 0)
+        sp_log(SP_LOG_WARN, "a copy keeps its source's hostname", SP_KS("sandbox", spec->id),
+               SP_KS("source", spec->image_of), SP_KS("code", sp_strerror(rc)),
+               SP_KS("error", err));
+}
+
 /* Makes sandbox spec->id from the artifacts at paths (image, rootfs) and owns it: the box is
  * in the owned table, listening for its agent. *ret_info has its address. */
 static int restore_owned(wk_t *w, const wk_sandbox_spec_t *spec, const char *tenant,
@@ -790,6 +807,8 @@ static int restore_owned(wk_t *w, const wk_sandbox_spec_t *spec, const char *ten
     if (!agent_back(b))
         sp_log(SP_LOG_WARN, "restored, but the agent has not connected back yet",
                SP_KS("sandbox", spec->id));
+    else if (spec->image_of && strcmp(spec->image_of, spec->id) != 0)
+        copy_identity(b, spec);
     wk_box_put(b);
     return 0;
 }

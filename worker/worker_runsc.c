@@ -82,8 +82,8 @@ int wk__runsc_write_config(const wk_host_t *h, const wk__bundle_t *bd, const cha
             sp_buf_json_str(&b, wk__trust_env[i]);
         }
     }
-    /* A warm-pool sandbox's init also has CAP_SYS_ADMIN, for the hostname it is given at its
-     * claim; the agent drops it then, before any command runs (docs/pools.md). */
+    /* The agent also has CAP_SYS_ADMIN, for the hostname it is given at a pool claim or after
+     * a copy's restore; it keeps it to itself (proto/agent.proto, Claim). */
     const char *caps[sizeof(CAPS) / sizeof(CAPS[0]) + 1];
     memcpy(caps, CAPS, sizeof(CAPS));
     if (bd->claimable)

@@ -770,7 +770,7 @@ int wk_sandbox_create(wk_host_t *h, const wk_sandbox_spec_t *spec, wk_sandbox_in
                        .pids = spec->pids ? spec->pids : h->pids_default,
                        .init = h->agent_path ? AGENT_GUEST_PATH : NULL,
                        .chan_dir = h->agent_path ? chan : NULL,
-                       .claimable = spec->pooled && h->agent_path};
+                       .claimable = h->agent_path != NULL};
     rc = wk__runsc_write_config(h, &bd, bundle, err);
     if (rc < 0)
         goto out;
@@ -1457,7 +1457,9 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
                        .memory_mb = spec->memory_mb,
                        .pids = spec->pids ? spec->pids : h->pids_default,
                        .init = h->agent_path ? AGENT_GUEST_PATH : NULL,
-                       .chan_dir = h->agent_path ? chan : NULL};
+                       .chan_dir = h->agent_path ? chan : NULL,
+                       /* the image's processes keep what they had; the same spec as created */
+                       .claimable = h->agent_path != NULL};
     if ((rc = wk__runsc_write_config(h, &bd, bundle, err)) < 0)
         goto out;
     if ((rc = wk__runsc_restore(h, id, bundle, img, err)) < 0)

@@ -252,7 +252,7 @@ typedef struct {
     uint32_t pids;        /* RLIMIT_NPROC of the init, inherited by every guest process */
     const char *init;     /* path of the init inside the sandbox; NULL: the placeholder */
     const char *chan_dir; /* host directory mounted read-only at /.space/chan, or NULL */
-    bool claimable;       /* a warm-pool sandbox: its init may set the hostname once */
+    bool claimable;       /* its init (the agent) gets CAP_SYS_ADMIN, to set hostnames */
 } wk__bundle_t;
 
 /* Writes <bundle_dir>/config.json (OCI runtime spec). */

@@ -86,6 +86,10 @@ test('fork: copies that count on by themselves, each with its own network', asyn
   await new Promise((resolve) => setTimeout(resolve, 1500))
   const later = await Promise.all(copies.map(read))
   for (let i = 0; i < copies.length; i++) assert.ok(later[i] > first[i], `${first[i]} -> ${later[i]}`)
+  // Each its own hostname, its id: the restored kernel had the source's.
+  const host = async (box) => (await box.commands.run('hostname')).stdout.trim()
+  assert.equal(await host(sbx), sbx.sandboxId)
+  for (const c of copies) assert.equal(await host(c), c.sandboxId)
   await copies[0].files.write('/tmp/only-here', 'x')
   assert.equal(await copies[1].files.exists('/tmp/only-here'), false)
 })

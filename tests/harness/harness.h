@@ -102,6 +102,10 @@ typedef struct {
     bool timed_out, truncated;
 } sp_test_cmd_t;
 sp_test_cmd_t sp_test_run(int port, const char *key, const char *id, const char *body);
+/* The build's program name (from SPACE_BIN_DIR) into guest_path of sandbox id, mode 0755,
+ * through the files API (for the tiny template, which has few tools). */
+void sp_test_put_program(int port, const char *key, const char *id, const char *name,
+                         const char *guest_path);
 void sp_test_cmd_free(sp_test_cmd_t *r);
 /* A process in sandbox id that counts ten times a second into /tmp/count (gVisor's /tmp is
  * memory: the count survives only with the sandbox's memory), and "kept" in /root/file (the

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -211,4 +212,28 @@ void sp_test_snapshot_keys(PGconn *db, const char *id, char keys[2][256])
     for (int i = 0; i < 2; i++)
         snprintf(keys[i], 256, "%s/%s/%s", id, PQgetvalue(r, 0, 0), names[i]);
     PQclear(r);
+}
+
+void sp_test_put_program(int port, const char *key, const char *id, const char *name,
+                         const char *guest_path)
+{
+    char path[512], url[512];
+    snprintf(path, sizeof(path), "%s/%s", sp_test_env("SPACE_BIN_DIR"), name);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        fail_msg("no %s", path);
+    struct stat st;
+    fstat(fileno(f), &st);
+    char *bin = sp_xmalloc((size_t)st.st_size);
+    if (fread(bin, 1, (size_t)st.st_size, f) != (size_t)st.st_size)
+        fail_msg("read %s", path);
+    fclose(f);
+    snprintf(url, sizeof(url), "/v1/sandboxes/%s/files?path=%s&mode=0755", id, guest_path);
+    sp_test_http_resp_t r;
+    sp_test_http(port, "PUT", url, key, "Content-Type: application/octet-stream\r\n", bin,
+                 (size_t)st.st_size, &r);
+    free(bin);
+    if (r.status != 200 && r.status != 201)
+        fail_msg("PUT %s: %d %s", name, r.status, r.body);
+    sp_test_http_free(&r);
 }

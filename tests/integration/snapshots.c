@@ -159,11 +159,49 @@ static void test_create_from(void **state)
     assert_int_not_equal(run(src, "cat /root/mine", out, sizeof(out)), 0);
     assert_int_equal(run(a, "cat /root/mine", out, sizeof(out)), 0);
     assert_string_equal(out, "only-a");
-    /* Measured, not asserted (docs/snapshots.md): the restore keeps the kernel's hostname. */
-    run(src, "hostname", host_src, sizeof(host_src));
-    run(a, "hostname", host_a, sizeof(host_a));
-    run(b, "hostname", host_b, sizeof(host_b));
+    /* Each its own hostname, its id: the restored kernel had the source's (docs/snapshots.md). */
+    assert_int_equal(run(src, "hostname", host_src, sizeof(host_src)), 0);
+    assert_int_equal(run(a, "hostname", host_a, sizeof(host_a)), 0);
+    assert_int_equal(run(b, "hostname", host_b, sizeof(host_b)), 0);
     print_message("hostnames: source %s, copies %s and %s\n", host_src, host_a, host_b);
+    assert_string_equal(host_src, src);
+    assert_string_equal(host_a, a);
+    assert_string_equal(host_b, b);
+    /* The agent sets it with CAP_SYS_ADMIN, which it keeps to itself: root in a copy has it in
+     * no set, cannot set the hostname, and cannot reach into the agent (ptrace's access rules,
+     * the agent is not dumpable). */
+    assert_int_equal(
+        run(a, "grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb):' /proc/self/status", out, sizeof(out)), 0);
+    print_message("a root command's capabilities:\n%s\n", out);
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        const char *hex = strchr(line, ':');
+        assert_non_null(hex);
+        unsigned long long caps = strtoull(hex + 1, NULL, 16);
+        if (strncmp(line, "CapBnd", 6) == 0)
+            assert_true(caps & (1ULL << 0)); /* CAP_CHOWN, which root has: parsed right */
+        assert_false(caps & (1ULL << 21));   /* CAP_SYS_ADMIN */
+    }
+    assert_int_not_equal(run(a, "hostname evil", out, sizeof(out)), 0);
+    assert_int_equal(run(a, "hostname", out, sizeof(out)), 0);
+    assert_string_equal(out, a);
+    sp_test_put_program(port, key, a, "reach-probe", "/root/reach-probe");
+    char probe[512];
+    assert_int_equal(run(a, "/root/reach-probe 1", probe, sizeof(probe)), 0);
+    print_message("root in a copy, at its agent:\n%s\n", probe);
+    /* (this runsc has no process_vm_readv/writev: ENOSYS) */
+    static const char *const denied[] = {"ptrace_attach", "ptrace_seize", "process_vm_readv",
+                                         "process_vm_writev", "open_mem"};
+    for (size_t i = 0; i < sizeof(denied) / sizeof(denied[0]); i++) {
+        char ok[64];
+        snprintf(ok, sizeof(ok), "%s: ok", denied[i]);
+        if (!strstr(probe, denied[i]) || strstr(probe, ok))
+            fail_msg("%s: not refused", denied[i]);
+    }
+    /* The probe can tell: at a child of its own, the same calls succeed. */
+    assert_int_equal(run(a, "/root/reach-probe 0", probe, sizeof(probe)), 0);
+    print_message("root at its own child:\n%s\n", probe);
+    assert_non_null(strstr(probe, "ptrace_attach: ok"));
+    assert_non_null(strstr(probe, "open_mem: ok"));
 
     /* Each has a network of its own: its own SandboxStarted address. */
     PGconn *db = sp_test_db();

@@ -538,7 +538,15 @@ static void home_of(uint32_t uid, char *out, size_t len, char *name)
         snprintf(out, len, "%s", home);
 }
 
-enum { STAGE_DUP = 1, STAGE_SETGROUPS, STAGE_SETGID, STAGE_SETUID, STAGE_CHDIR, STAGE_EXEC };
+enum {
+    STAGE_DUP = 1,
+    STAGE_CAPS,
+    STAGE_SETGROUPS,
+    STAGE_SETGID,
+    STAGE_SETUID,
+    STAGE_CHDIR,
+    STAGE_EXEC
+};
 
 /* Signals the agent must neither die nor stop from (setup). It catches them with a handler
  * that does nothing rather than ignoring them: an ignored disposition survives execve, a
@@ -573,6 +581,46 @@ typedef struct {
     volatile int stage, err;
 } spawn_t;
 
+/* CAP_SYS_ADMIN (proto/agent.proto, Claim): the init of every sandbox with an agent is
+ * given it, for sethostname when the sandbox takes an identity: a warm-pool sandbox at its
+ * claim, a fork or snapshot copy after its restore (the restored kernel keeps the source's
+ * hostname). The agent alone keeps it, non-dumpable (setup), so no guest process can ptrace
+ * it, read or write its memory or take its descriptors (gVisor applies ptrace(2)'s access
+ * rules, docs/snapshots.md); every process it starts drops it from all its sets, the bounding
+ * set included, before exec, so not even a setuid-root program gets it back. */
+static bool holds_admin;
+
+/* Drops CAP_SYS_ADMIN from the calling task's sets (bounding: CAP_SETPCAP, which every
+ * sandbox's init has). System calls and the stack only: a vfork child may call it. */
+static int drop_sys_admin(void)
+{
+    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof(data));
+    if (prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0) < 0 && errno != EINVAL)
+        return -errno;
+    if (syscall(SYS_capget, &hdr, data) < 0)
+        return -errno;
+    uint32_t bit = 1u << (CAP_SYS_ADMIN % 32);
+    size_t i = CAP_SYS_ADMIN / 32;
+    data[i].effective &= ~bit;
+    data[i].permitted &= ~bit;
+    data[i].inheritable &= ~bit;
+    if (syscall(SYS_capset, &hdr, data) < 0)
+        return -errno;
+    return 0;
+}
+
+static bool has_sys_admin(void)
+{
+    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof(data));
+    if (syscall(SYS_capget, &hdr, data) < 0)
+        return false;
+    return data[CAP_SYS_ADMIN / 32].effective & (1u << (CAP_SYS_ADMIN % 32));
+}
+
 /* The child, sharing the agent's memory until it execs or exits: system calls only, and no
  * writes to memory but s->stage and s->err (and errno). */
 __attribute__((noreturn)) static void child_run(spawn_t *s)
@@ -584,6 +632,9 @@ __attribute__((noreturn)) static void child_run(spawn_t *s)
             goto fail;
     }
     if (s->ctty && ioctl(0, TIOCSCTTY, 0) < 0)
+        goto fail;
+    stage = STAGE_CAPS;
+    if (holds_admin && drop_sys_admin() < 0)
         goto fail;
     if (!s->same_creds) {
         stage = STAGE_SETGROUPS;
@@ -843,6 +894,9 @@ static void do_exec(const Space__Agent__V1__Exec *e)
         case STAGE_DUP:
             send_error(id, "%s: %s", s.ctty ? "controlling tty" : "stdio", what);
             break;
+        case STAGE_CAPS:
+            send_error(id, "dropping CAP_SYS_ADMIN: %s", what);
+            break;
         case STAGE_SETGID:
         case STAGE_SETGROUPS:
             send_error(id, "setgid %u: %s", e->gid, what);
@@ -942,10 +996,7 @@ static void do_signal(const Space__Agent__V1__Signal *s)
     (void)kill(-c->pid, (int)s->signal);
 }
 
-/* Claim (proto/agent.proto, docs/pools.md): a warm-pool sandbox takes its identity. Its init
- * alone was given CAP_SYS_ADMIN, for sethostname; it goes from every set right after, before
- * the answer, so no command of the sandbox (all start after the claim) ever has it, and a
- * second Claim fails. */
+/* Claim: the sandbox takes its identity, its id as the hostname (holds_admin above). */
 static bool hostname_ok(const char *s)
 {
     size_t n = 0;
@@ -958,25 +1009,6 @@ static bool hostname_ok(const char *s)
     return n > 0;
 }
 
-static int drop_sys_admin(void)
-{
-    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
-    struct __user_cap_data_struct data[2];
-    memset(data, 0, sizeof(data));
-    if (prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0) < 0 && errno != EINVAL)
-        return -errno;
-    if (syscall(SYS_capget, &hdr, data) < 0)
-        return -errno;
-    uint32_t bit = 1u << (CAP_SYS_ADMIN % 32);
-    size_t i = CAP_SYS_ADMIN / 32;
-    data[i].effective &= ~bit;
-    data[i].permitted &= ~bit;
-    data[i].inheritable &= ~bit;
-    if (syscall(SYS_capset, &hdr, data) < 0)
-        return -errno;
-    return 0;
-}
-
 static void do_claim(const Space__Agent__V1__Claim *c)
 {
     char msg[ERR_MSG_MAX] = "";
@@ -985,9 +1017,6 @@ static void do_claim(const Space__Agent__V1__Claim *c)
         snprintf(msg, sizeof(msg), "hostname must be [a-z0-9_-], 1..64 chars");
     else if (sethostname(name, strlen(name)) < 0)
         snprintf(msg, sizeof(msg), "sethostname: %s", strerror(errno));
-    int rc = drop_sys_admin();
-    if (rc < 0 && !msg[0])
-        snprintf(msg, sizeof(msg), "dropping CAP_SYS_ADMIN: %s", strerror(-rc));
     Space__Agent__V1__Claimed d = SPACE__AGENT__V1__CLAIMED__INIT;
     d.error = msg;
     frame_t f = SPACE__AGENT__V1__AGENT_FRAME__INIT;
@@ -1196,6 +1225,9 @@ static void setup(void)
      * return. The others: PID 1 does not stop or end on a job-control or terminal signal. */
     for (size_t i = 0; i < N_IGNORED; i++)
         (void)sigaction(IGNORED[i], &sa, NULL);
+    /* Before anything else: no guest process may ptrace the agent or open its memory. */
+    (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    holds_admin = has_sys_admin();
     own_uid = getuid();
     own_gid = getgid();
     own_creds = setgroups(1, &own_gid) == 0;

@@ -539,6 +539,8 @@ static bool remove_in_child(const Space__Agent__V1__FileRequest *r)
     if (pid < 0)
         return false;
     if (pid == 0) {
+        /* It keeps the agent's credentials, CAP_SYS_ADMIN included, and its non-dumpable
+         * memory (agent.c, holds_admin); it runs no program of the guest. */
         close_inherited();
         int rc = nftw(r->path, rm_one, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
         if (rc < 0)

@@ -255,23 +255,5 @@ int sp_inet_run(int port, const char *key, const char *id, char *out, size_t len
 /* egress-probe into /root/probe of sandbox id, through the files API. */
 void sp_inet_put_probe(int port, const char *key, const char *id)
 {
-    char path[512], url[160];
-    snprintf(path, sizeof(path), "%s/egress-probe", sp_test_env("SPACE_BIN_DIR"));
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        fail_msg("no %s", path);
-    struct stat st;
-    fstat(fileno(f), &st);
-    char *bin = sp_xmalloc((size_t)st.st_size);
-    if (fread(bin, 1, (size_t)st.st_size, f) != (size_t)st.st_size)
-        fail_msg("read %s", path);
-    fclose(f);
-    snprintf(url, sizeof(url), "/v1/sandboxes/%s/files?path=/root/probe&mode=0755", id);
-    sp_test_http_resp_t r;
-    sp_test_http(port, "PUT", url, key, "Content-Type: application/octet-stream\r\n", bin,
-                 (size_t)st.st_size, &r);
-    free(bin);
-    if (r.status != 200 && r.status != 201)
-        fail_msg("PUT probe: %d %s", r.status, r.body);
-    sp_test_http_free(&r);
+    sp_test_put_program(port, key, id, "egress-probe", "/root/probe");
 }
