@@ -11,9 +11,11 @@
  * unknown sandbox is 404 (E2B: SandboxNotFoundError).
  *
  * Ours: {"sandbox_id", "state", "samples": [{at, cpu_count, cpu_used_pct, memory_used_bytes,
- * memory_total_bytes, disk_used_bytes, disk_total_bytes}]}. E2B's: [{timestamp,
- * timestampUnix, cpuCount, cpuUsedPct, memUsed, memTotal, diskUsed, diskTotal}]; memCache is
- * left out: the cgroup's figure counts the page cache in memUsed and we do not split it.
+ * memory_total_bytes, disk_used_bytes, disk_total_bytes, memory_cache_bytes}]}. E2B's:
+ * [{timestamp, timestampUnix, cpuCount, cpuUsedPct, memUsed, memTotal, diskUsed, diskTotal,
+ * memCache}]. The cache is the guest's own (its /proc/meminfo Cached, from the agent): the
+ * host's cgroup, whose figure is memUsed, cannot tell it apart. It is absent from a sample
+ * taken before the agent answered (or whose agent cannot: made before it could).
  *
  * The reply is untrusted: its size is checked before decoding, the count against
  * SP_METRICS_SAMPLES_MAX, and every number is bounded before it is printed. */
@@ -79,15 +81,19 @@ static bool sample_ok(const Space__Io__V1__MetricsSample *s)
 
 static void json_sample(sp_buf_t *b, const Space__Io__V1__MetricsSample *s, bool e2b)
 {
+    bool cache = s->has_mem_cache && s->mem_cache <= s->mem_total; /* else not shown */
     if (e2b) {
         sp_buf_puts(b, "{\"timestamp\":");
         gw_json_time(b, s->at_us);
         sp_buf_printf(b,
                       ",\"timestampUnix\":%" PRId64 ",\"cpuCount\":%" PRIu32
                       ",\"cpuUsedPct\":%.2f,\"memUsed\":%" PRIu64 ",\"memTotal\":%" PRIu64
-                      ",\"diskUsed\":%" PRIu64 ",\"diskTotal\":%" PRIu64 "}",
+                      ",\"diskUsed\":%" PRIu64 ",\"diskTotal\":%" PRIu64,
                       s->at_us / 1000000, s->cpu_count, s->cpu_used_pct, s->mem_used, s->mem_total,
                       s->disk_used, s->disk_total);
+        if (cache)
+            sp_buf_printf(b, ",\"memCache\":%" PRIu64, s->mem_cache);
+        sp_buf_putc(b, '}');
         return;
     }
     sp_buf_puts(b, "{\"at\":");
@@ -95,9 +101,12 @@ static void json_sample(sp_buf_t *b, const Space__Io__V1__MetricsSample *s, bool
     sp_buf_printf(b,
                   ",\"cpu_count\":%" PRIu32 ",\"cpu_used_pct\":%.2f,\"memory_used_bytes\":%" PRIu64
                   ",\"memory_total_bytes\":%" PRIu64 ",\"disk_used_bytes\":%" PRIu64
-                  ",\"disk_total_bytes\":%" PRIu64 "}",
+                  ",\"disk_total_bytes\":%" PRIu64,
                   s->cpu_count, s->cpu_used_pct, s->mem_used, s->mem_total, s->disk_used,
                   s->disk_total);
+    if (cache)
+        sp_buf_printf(b, ",\"memory_cache_bytes\":%" PRIu64, s->mem_cache);
+    sp_buf_putc(b, '}');
 }
 
 static void respond(samples_t *x)

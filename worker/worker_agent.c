@@ -106,7 +106,10 @@ struct wk_agent {
     uint64_t next_xfer; /* the next transfer id to issue; ids below it were issued */
     int claim;          /* 0: no Claim sent; 1: sent, Claimed awaited; 2: answered */
     char claim_error[WHY_MAX];
-    uint64_t dropped_frames; /* file frames for finished transfers */
+    bool meminfo_asked;         /* a MemInfoRequest is unanswered */
+    bool has_meminfo;           /* meminfo holds an answer */
+    wk_agent_meminfo_t meminfo; /* the latest answer */
+    uint64_t dropped_frames;    /* file frames for finished transfers */
 
     /* The reader thread's own. */
     double tokens;
@@ -258,6 +261,42 @@ static int send_frame(wk_agent_t *a, const frame_t *f)
     return rc;
 }
 
+/* A small frame (<= PIPE_BUF) written only if it goes out at once: -EBUSY when another writer
+ * holds the channel, -EAGAIN when it is full (the agent does not read: it holds back while a
+ * command's stdin is full). A part written (a socket may take less) breaks the stream. */
+static int send_frame_now(wk_agent_t *a, const frame_t *f)
+{
+    uint8_t buf[64];
+    size_t n = space__agent__v1__agent_frame__get_packed_size(f);
+    if (n + 4 > sizeof(buf))
+        return SP_ETOOBIG;
+    buf[0] = (uint8_t)(n >> 24);
+    buf[1] = (uint8_t)(n >> 16);
+    buf[2] = (uint8_t)(n >> 8);
+    buf[3] = (uint8_t)n;
+    space__agent__v1__agent_frame__pack(f, buf + 4);
+    if (pthread_mutex_trylock(&a->wmu) != 0)
+        return -EBUSY;
+    pthread_mutex_lock(&a->mu);
+    bool usable = a->state == ST_UP && !a->closing && !a->broken;
+    pthread_mutex_unlock(&a->mu);
+    ssize_t w = -1;
+    do
+        w = usable ? write(a->to_fd, buf, n + 4) : -1;
+    while (usable && w < 0 && errno == EINTR);
+    int rc = !usable                    ? -EPIPE
+             : w == (ssize_t)(n + 4)    ? 0
+             : w < 0 && errno == EAGAIN ? -EAGAIN
+                                        : -EPIPE;
+    if (rc == -EPIPE && usable) {
+        pthread_mutex_lock(&a->mu);
+        a->broken = true;
+        pthread_mutex_unlock(&a->mu);
+    }
+    pthread_mutex_unlock(&a->wmu);
+    return rc;
+}
+
 int wk_agent_exec(wk_agent_t *a, const Space__Agent__V1__Exec *exec)
 {
     if (!a || !exec || !exec->cmd_id || !cmd_id_valid(exec->cmd_id) || exec->n_argv == 0 ||
@@ -335,6 +374,31 @@ int wk_agent_claim(wk_agent_t *a, const char *hostname, int timeout_ms, char err
         rc = a->state == ST_UP ? SP_ETIMEOUT : -EPIPE;
     snprintf(err, WHY_MAX, "%s", a->claim == 2 ? a->claim_error : a->why);
     pthread_mutex_unlock(&a->mu);
+    return rc;
+}
+
+int wk_agent_meminfo(wk_agent_t *a, wk_agent_meminfo_t *ret)
+{
+    if (!a)
+        return -EINVAL;
+    frame_t f = SPACE__AGENT__V1__AGENT_FRAME__INIT;
+    Space__Agent__V1__MemInfoRequest q = SPACE__AGENT__V1__MEM_INFO_REQUEST__INIT;
+    f.msg_case = SPACE__AGENT__V1__AGENT_FRAME__MSG_MEMINFO_REQUEST;
+    f.meminfo_request = &q;
+    pthread_mutex_lock(&a->mu);
+    int rc = a->has_meminfo ? 0 : -ENODATA;
+    if (rc == 0)
+        *ret = a->meminfo;
+    bool ask = !a->meminfo_asked;
+    a->meminfo_asked = true; /* before the frame: the answer may come before send_frame returns */
+    pthread_mutex_unlock(&a->mu);
+    /* Never behind a writer that waits, nor into a full channel: one guest cannot hold up the
+     * sampling of the others. Not sent: the next sample asks again. */
+    if (ask && send_frame_now(a, &f) < 0) {
+        pthread_mutex_lock(&a->mu);
+        a->meminfo_asked = false;
+        pthread_mutex_unlock(&a->mu);
+    }
     return rc;
 }
 
@@ -580,6 +644,21 @@ static verdict_t handle(wk_agent_t *a, const frame_t *f, char why[WHY_MAX])
         pthread_mutex_unlock(&a->mu);
         free(m);
         return awaited ? FRAME_OK : violation(why, "Claimed without a Claim");
+    }
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_MEMINFO: {
+        const Space__Agent__V1__MemInfo *m = f->meminfo;
+        if (m->available > m->total || m->cached > m->total)
+            return violation(why, "MemInfo with a part larger than its total");
+        pthread_mutex_lock(&a->mu);
+        bool awaited = a->meminfo_asked;
+        if (awaited) {
+            a->meminfo_asked = false;
+            a->has_meminfo = true;
+            a->meminfo = (wk_agent_meminfo_t){
+                .total = m->total, .available = m->available, .cached = m->cached};
+        }
+        pthread_mutex_unlock(&a->mu);
+        return awaited ? FRAME_OK : violation(why, "MemInfo without a MemInfoRequest");
     }
     default:
         return violation(why, "unexpected frame (case %d)", (int)f->msg_case);

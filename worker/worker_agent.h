@@ -134,6 +134,15 @@ int wk_agent_file_read(wk_agent_t *a, uint64_t xfer, uint64_t offset, uint32_t l
  * SP_ETIMEOUT without an answer in timeout_ms; -EPIPE when the channel is lost. */
 int wk_agent_claim(wk_agent_t *a, const char *hostname, int timeout_ms, char err[256]);
 
+/* The guest's view of its memory (proto/agent.proto MemInfo), bytes. */
+typedef struct {
+    uint64_t total, available, cached;
+} wk_agent_meminfo_t;
+/* The agent's latest MemInfo into *ret (-ENODATA when it has answered none yet), and asks
+ * for the next one unless a question is open or the channel is busy writing: for a sampler,
+ * which reads each time the answer to its previous question. Never waits for the agent. */
+int wk_agent_meminfo(wk_agent_t *a, wk_agent_meminfo_t *ret);
+
 /* Whether the channel is still up. */
 bool wk_agent_alive(wk_agent_t *a);
 /* Stops the reader, closes the fds, frees. Accepts NULL. */

@@ -35,6 +35,8 @@ typedef struct {
     uint32_t cpu_count;
     double cpu_used_pct;
     uint64_t mem_used, mem_total, disk_used, disk_total;
+    uint64_t mem_cache;
+    bool has_mem_cache;
 } sample_t;
 
 struct wk_samples {
@@ -68,6 +70,10 @@ static void sample_box(wk_t *w, wk_box_t *b, uint64_t volume_bytes)
         b->samples->has_prev = false; /* the next share must not span the pause */
     memcpy(id, b->id, sizeof(id));
     uint32_t vcpu = b->vcpu, memory_mb = b->memory_mb;
+    /* The guest's page cache: the agent's answer to the previous sample's question (under the
+     * box's lock, which keeps the channel from being closed meanwhile; it never waits). */
+    wk_agent_meminfo_t mi;
+    bool has_mi = !skip && b->agent && !b->agent_lost && wk_agent_meminfo(b->agent, &mi) == 0;
     pthread_mutex_unlock(&b->mu);
     if (skip)
         return;
@@ -81,7 +87,9 @@ static void sample_box(wk_t *w, wk_box_t *b, uint64_t volume_bytes)
                   .mem_used = u.has_memory ? u.memory_bytes : 0,
                   .mem_total = (uint64_t)memory_mb << 20,
                   .disk_used = u.has_disk ? u.disk_bytes : 0,
-                  .disk_total = u.has_disk_limit ? u.disk_limit_bytes : volume_bytes};
+                  .disk_total = u.has_disk_limit ? u.disk_limit_bytes : volume_bytes,
+                  .mem_cache = has_mi ? mi.cached : 0,
+                  .has_mem_cache = has_mi};
 
     pthread_mutex_lock(&b->mu);
     if (!b->samples)
@@ -178,6 +186,8 @@ static size_t copy_samples(wk_box_t *b, int64_t start_us, int64_t end_us,
         out[k].mem_total = s->mem_total;
         out[k].disk_used = s->disk_used;
         out[k].disk_total = s->disk_total;
+        out[k].mem_cache = s->mem_cache;
+        out[k].has_mem_cache = s->has_mem_cache;
         k++;
     }
     pthread_mutex_unlock(&b->mu);

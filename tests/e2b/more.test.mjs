@@ -19,7 +19,9 @@ async function ours (path) {
 
 // 128 MiB written (so the pages are really charged), then 12 s of a busy loop: the worker
 // samples every 5 s, so at least two samples fall inside the work.
-const WORK = 'python3 -c "import time\na = bytearray(b\'x\' * (128 << 20))\nt = time.time()\n' +
+// 64 MiB written to /tmp first: the guest's page cache (memCache, which the host cannot see).
+const WORK = 'head -c 67108864 /dev/zero > /tmp/cache64 && ' +
+  'python3 -c "import time\na = bytearray(b\'x\' * (128 << 20))\nt = time.time()\n' +
   'while time.time() - t < 12: pass\nprint(len(a))"'
 
 test('getMetrics: non-zero CPU and memory after work, in E2B\'s shape; ours the same', { timeout: 180_000 }, async (t) => {
@@ -31,13 +33,15 @@ test('getMetrics: non-zero CPU and memory after work, in E2B\'s shape; ours the 
     let metrics = []
     for (let i = 0; i < 30; i++) {
       metrics = await box.getMetrics()
-      if (metrics.some((m) => m.cpuUsedPct > 20) && metrics.some((m) => m.memUsed > 128 * MiB)) break
+      if (metrics.some((m) => m.cpuUsedPct > 20) && metrics.some((m) => m.memUsed > 128 * MiB) &&
+        metrics.some((m) => m.memCache >= 64 * MiB)) break
       await sleep(1000)
     }
     assert.ok(metrics.length > 0, 'samples')
     const busy = metrics.filter((m) => m.cpuUsedPct > 20)
     assert.ok(busy.length > 0, `a sample with the busy loop's CPU: ${JSON.stringify(metrics)}`)
     assert.ok(metrics.some((m) => m.memUsed > 128 * MiB), `a sample with the 128 MiB: ${JSON.stringify(metrics)}`)
+    assert.ok(metrics.some((m) => m.memCache >= 64 * MiB), `a sample with the 64 MiB cached: ${JSON.stringify(metrics)}`)
     for (const m of metrics) {
       assert.ok(m.timestamp instanceof Date && !Number.isNaN(m.timestamp.getTime()), 'timestamp')
       assert.ok(m.timestamp.getTime() > t0.getTime() - 120_000 && m.timestamp.getTime() < Date.now() + 5_000)
@@ -45,10 +49,11 @@ test('getMetrics: non-zero CPU and memory after work, in E2B\'s shape; ours the 
       assert.ok(m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100, 'cpuUsedPct')
       assert.equal(m.memTotal, 512 * MiB, 'memTotal: the sandbox\'s memory_mb')
       assert.ok(m.memUsed > 0 && m.memUsed <= m.memTotal, `memUsed ${m.memUsed}`)
+      assert.ok(m.memCache === undefined || (m.memCache >= 0 && m.memCache <= m.memTotal), `memCache ${m.memCache}`)
       assert.ok(m.diskTotal > 0 && m.diskUsed <= m.diskTotal, `disk ${m.diskUsed}/${m.diskTotal}`)
     }
     const top = busy.reduce((a, m) => (m.cpuUsedPct > a.cpuUsedPct ? m : a))
-    t.diagnostic(`${metrics.length} samples; busiest: cpu ${top.cpuUsedPct}% of ${top.cpuCount}, mem ${(top.memUsed / MiB).toFixed(0)}/${top.memTotal / MiB} MiB, disk ${(top.diskUsed / MiB).toFixed(1)}/${top.diskTotal / MiB} MiB`)
+    t.diagnostic(`${metrics.length} samples; busiest: cpu ${top.cpuUsedPct}% of ${top.cpuCount}, mem ${(top.memUsed / MiB).toFixed(0)}/${top.memTotal / MiB} MiB, disk ${(top.diskUsed / MiB).toFixed(1)}/${top.diskTotal / MiB} MiB; cache up to ${(Math.max(...metrics.map((m) => m.memCache ?? 0)) / MiB).toFixed(0)} MiB`)
     for (let i = 1; i < metrics.length; i++) assert.ok(metrics[i].timestamp >= metrics[i - 1].timestamp, 'oldest first')
 
     // start and end (Unix seconds): a window in the future has nothing; one around the work has the busy sample.
@@ -64,6 +69,7 @@ test('getMetrics: non-zero CPU and memory after work, in E2B\'s shape; ours the 
     assert.equal(body.state, 'running')
     assert.ok(body.samples.some((s) => s.cpu_used_pct > 20), JSON.stringify(body))
     assert.ok(body.samples.some((s) => s.memory_used_bytes > 128 * MiB))
+    assert.ok(body.samples.some((s) => s.memory_cache_bytes >= 64 * MiB), JSON.stringify(body))
     assert.ok(body.samples.every((s) => s.memory_total_bytes === 512 * MiB && s.cpu_count >= 1 && typeof s.at === 'string'))
     const bad = await ours(`/v1/sandboxes/${box.sandboxId}/metrics?start=yesterday`)
     assert.equal(bad.status, 400)

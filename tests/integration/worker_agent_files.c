@@ -324,6 +324,56 @@ static void test_oversized_and_unasked(void **state)
     chan_close(&c);
 }
 
+static void put_meminfo(chan_t *c, uint64_t total, uint64_t available, uint64_t cached)
+{
+    Space__Agent__V1__MemInfo m = SPACE__AGENT__V1__MEM_INFO__INIT;
+    m.total = total;
+    m.available = available;
+    m.cached = cached;
+    frame_t f = SPACE__AGENT__V1__AGENT_FRAME__INIT;
+    f.msg_case = SPACE__AGENT__V1__AGENT_FRAME__MSG_MEMINFO;
+    f.meminfo = &m;
+    put(c->from_agent[1], &f);
+}
+
+/* The sampler's question and its answer (worker_samples.c): nothing before the first answer,
+ * one question open at a time, the answer kept; an answer nobody asked for, or with a part
+ * above its total, closes the channel. */
+static void test_meminfo(void **state)
+{
+    (void)state;
+    chan_t c;
+    wk_agent_meminfo_t mi;
+    chan_open(&c);
+    assert_int_equal(wk_agent_meminfo(c.a, &mi), -ENODATA);
+    frame_t *got = take(c.to_agent[0]);
+    assert_int_equal(got->msg_case, SPACE__AGENT__V1__AGENT_FRAME__MSG_MEMINFO_REQUEST);
+    space__agent__v1__agent_frame__free_unpacked(got, NULL);
+    /* Still unanswered: no second question (the next frame out is asked after the answer). */
+    assert_int_equal(wk_agent_meminfo(c.a, &mi), -ENODATA);
+    put_meminfo(&c, 512u << 20, 400u << 20, 64u << 20);
+    int rc = -ENODATA;
+    for (int i = 0; i < 200 && rc == -ENODATA; i++) {
+        usleep(5000);
+        rc = wk_agent_meminfo(c.a, &mi);
+    }
+    assert_int_equal(rc, 0);
+    assert_int_equal(mi.total, 512u << 20);
+    assert_int_equal(mi.available, 400u << 20);
+    assert_int_equal(mi.cached, 64u << 20);
+    got = take(c.to_agent[0]); /* the question the answered call asked */
+    assert_int_equal(got->msg_case, SPACE__AGENT__V1__AGENT_FRAME__MSG_MEMINFO_REQUEST);
+    space__agent__v1__agent_frame__free_unpacked(got, NULL);
+    put_meminfo(&c, 512u << 20, 0, 600u << 20); /* cached above total */
+    assert_true(wait_lost("MemInfo with a part larger"));
+    chan_close(&c);
+
+    chan_open(&c);
+    put_meminfo(&c, 1, 1, 1); /* never asked */
+    assert_true(wait_lost("MemInfo without a MemInfoRequest"));
+    chan_close(&c);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN); /* worker_agent.c expects it, as the daemon does */
@@ -332,6 +382,7 @@ int main(void)
         cmocka_unit_test(test_unknown_transfer),
         cmocka_unit_test(test_more_data_than_asked),
         cmocka_unit_test(test_oversized_and_unasked),
+        cmocka_unit_test(test_meminfo),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1025,6 +1025,33 @@ static void do_claim(const Space__Agent__V1__Claim *c)
     send_frame(&f);
 }
 
+/* MemInfoRequest: /proc/meminfo's MemTotal, MemAvailable and Cached, in bytes. A line that is
+ * missing counts 0; values are clamped to MemTotal, as the worker requires. */
+static void do_meminfo(void)
+{
+    static const char *const keys[] = {"MemTotal:", "MemAvailable:", "Cached:"};
+    uint64_t v[3] = {0, 0, 0};
+    char line[256];
+    FILE *f = fopen("/proc/meminfo", "re");
+    while (f && fgets(line, sizeof(line), f)) {
+        for (size_t i = 0; i < 3; i++) {
+            size_t k = strlen(keys[i]);
+            if (strncmp(line, keys[i], k) == 0)
+                v[i] = strtoull(line + k, NULL, 10) * 1024;
+        }
+    }
+    if (f)
+        fclose(f);
+    Space__Agent__V1__MemInfo m = SPACE__AGENT__V1__MEM_INFO__INIT;
+    m.total = v[0];
+    m.available = v[1] < v[0] ? v[1] : v[0];
+    m.cached = v[2] < v[0] ? v[2] : v[0];
+    frame_t fr = SPACE__AGENT__V1__AGENT_FRAME__INIT;
+    fr.msg_case = SPACE__AGENT__V1__AGENT_FRAME__MSG_MEMINFO;
+    fr.meminfo = &m;
+    send_frame(&fr);
+}
+
 static void handle_frame(const uint8_t *p, size_t n)
 {
     frame_t *f = space__agent__v1__agent_frame__unpack(NULL, n, p);
@@ -1047,6 +1074,9 @@ static void handle_frame(const uint8_t *p, size_t n)
         break;
     case SPACE__AGENT__V1__AGENT_FRAME__MSG_CLAIM:
         do_claim(f->claim);
+        break;
+    case SPACE__AGENT__V1__AGENT_FRAME__MSG_MEMINFO_REQUEST:
+        do_meminfo();
         break;
     default:
         /* File operations live in agent_files.c. */
