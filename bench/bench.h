@@ -83,6 +83,7 @@ int bench_create(bench_ctx_t *c);
 int bench_exec(bench_ctx_t *c);
 int bench_lifecycle(bench_ctx_t *c);
 int bench_fork(bench_ctx_t *c);
+int bench_signed(bench_ctx_t *c);
 int bench_density(bench_ctx_t *c);
 /* CPU cost of signing and verifying envelopes against encode+decode (no stack). */
 int bench_sign(bench_ctx_t *c);

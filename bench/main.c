@@ -89,6 +89,7 @@ static void usage(FILE *out)
             "  density    PSS of --sandboxes idle sandboxes beside as many bare runsc "
             "containers\n"
             "  sign       event signing and verifying, CPU only\n"
+            "  signed     E2B signed URLs against the SDK's headers, --execs GETs of each\n"
             "  api        a deployment's latency over its HTTP API alone, at a concurrency\n"
             "             and an open-loop rate; JSON and an SVG plot (space-bench api --help)\n"
             "exit: 0 done, 1 the bench failed, 2 bad usage\n\n");
@@ -133,7 +134,7 @@ int main(int argc, char **argv)
         (strcmp(argv[argi], "eventlog") != 0 && strcmp(argv[argi], "create") != 0 &&
          strcmp(argv[argi], "exec") != 0 && strcmp(argv[argi], "lifecycle") != 0 &&
          strcmp(argv[argi], "fork") != 0 && strcmp(argv[argi], "sign") != 0 &&
-         strcmp(argv[argi], "density") != 0)) {
+         strcmp(argv[argi], "signed") != 0 && strcmp(argv[argi], "density") != 0)) {
         if (argi < argc)
             fprintf(stderr, "space-bench: unknown command '%s'\n", argv[argi]);
         usage(stderr);
@@ -189,6 +190,7 @@ int main(int argc, char **argv)
         code = strcmp(argv[argi], "create") == 0    ? bench_create(&c)
                : strcmp(argv[argi], "exec") == 0    ? bench_exec(&c)
                : strcmp(argv[argi], "fork") == 0    ? bench_fork(&c)
+               : strcmp(argv[argi], "signed") == 0  ? bench_signed(&c)
                : strcmp(argv[argi], "density") == 0 ? bench_density(&c)
                                                     : bench_lifecycle(&c);
     } else {

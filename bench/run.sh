@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs one benchmark against a fresh local stack in a temporary SPACE_HOME, then removes it.
-# Usage: bench/run.sh eventlog|create|exec|lifecycle|lifecycle-nats|fork|density [space-bench options]
+# Usage: bench/run.sh eventlog|create|exec|lifecycle|lifecycle-nats|fork|density|signed [space-bench options]
 #        (build first: see README.md; lifecycle-nats: snapshots in the NATS object store)
 #        bench/run.sh egress   (bench/egress.sh: root, a test internet in a network namespace)
 #        bench/run.sh cred     (egress.sh's credential rows only: injected against plain)
