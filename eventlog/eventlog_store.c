@@ -353,6 +353,11 @@ static int snapshot_from_log(void *arg, const char *tenant, const char *sandbox,
     return sp_db_snapshot_taker(arg, tenant, sandbox, snapshot_id, worker, SP_INSTANCE_MAX + 1);
 }
 
+static int worker_live_in_log(void *arg, const char *worker)
+{
+    return sp_db_worker_live(arg, worker);
+}
+
 static void refused(const el_store_t *st, item_t *it, const char *reason)
 {
     if (st->verify == EL_VERIFY_ON) {
@@ -444,6 +449,7 @@ static void authorize(el_store_t *st, item_t *it)
     t.placement = placement_from_projection;
     t.placement_arg = st->proj;
     t.snapshot_taker = snapshot_from_log;
+    t.worker_live = worker_live_in_log;
     t.snapshot_arg = st->db;
     if (sp_trust_authorize(&t, it->env, it->msg->subject, reason) < 0)
         refused(st, it, reason);

@@ -160,8 +160,15 @@ static void delete_run(gw_job_t *job, PGconn *db)
     req.snapshot_id = s->snapshot_id;
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETE_REQUESTED;
     env.snapshot_delete_requested = &req;
-    /* To the worker that took it: it stored the artifacts. */
-    publish(s, &env, se->sandbox_snapshotted->worker);
+    /* To the worker that took it: it stored the artifacts. When it is not live (its host may
+     * be gone for good), to a live one, which removes them from the shared store (and its own
+     * copy); the log accepts that worker's SnapshotDeleted then (trust.h worker_live). None
+     * live: to the taker, for when it comes back. */
+    const char *to = se->sandbox_snapshotted->worker;
+    char live[SP_INSTANCE_MAX + 1] = "";
+    if (sp_db_worker_live(db, to) == 0 && sp_db_live_worker(db, live, sizeof(live)) == 1)
+        to = live;
+    publish(s, &env, to);
     sp_envelope_free(se);
 }
 

@@ -382,6 +382,36 @@ int sp_db_snapshot_find(PGconn *conn, const char *tenant, const char *snapshot_i
     return rc;
 }
 
+/* Live (sp_db_worker_live): up, and a heartbeat within three of its intervals. */
+#define WORKER_LIVE                                                                                \
+    "state = 'up' AND last_heartbeat_at > now() - greatest(interval_ms, 1) * 3 * "                 \
+    "interval '1 millisecond'"
+
+int sp_db_worker_live(PGconn *conn, const char *worker)
+{
+    const char *p[1] = {worker};
+    PGresult *r = PQexecParams(conn, "SELECT 1 FROM workers WHERE id = $1 AND " WORKER_LIVE, 1,
+                               NULL, p, NULL, NULL, 0);
+    int rc = sp_db_check(r, PGRES_TUPLES_OK);
+    if (rc == 0)
+        rc = PQntuples(r) == 1;
+    PQclear(r);
+    return rc;
+}
+
+int sp_db_live_worker(PGconn *conn, char *out, size_t len)
+{
+    PGresult *r = PQexec(conn, "SELECT id FROM workers WHERE " WORKER_LIVE
+                               " ORDER BY last_heartbeat_at DESC LIMIT 1");
+    int rc = sp_db_check(r, PGRES_TUPLES_OK);
+    if (rc == 0 && PQntuples(r) == 1 && strlen(PQgetvalue(r, 0, 0)) < len) {
+        snprintf(out, len, "%s", PQgetvalue(r, 0, 0));
+        rc = 1;
+    }
+    PQclear(r);
+    return rc;
+}
+
 int sp_db_accepted_seq(void *conn, const char *event_id, uint64_t *ret_seq)
 {
     const char *params[1] = {event_id};

@@ -115,10 +115,16 @@ static int check_taker(const sp_trust_t *t, const sp_envelope_t *env, const char
         return refuse(reason, SP_ENOTOWN, "%s: sandbox %s has no snapshot %.64s", signer,
                       env->aggregate->id, snap);
     taker[SP_INSTANCE_MAX] = '\0';
-    if (strcmp(taker, worker) != 0)
-        return refuse(reason, SP_ENOTOWN, "%s: snapshot %.64s was taken by %s", signer, snap,
+    if (strcmp(taker, worker) == 0)
+        return 0;
+    rc = t->worker_live ? t->worker_live(t->snapshot_arg, taker) : 1;
+    if (rc < 0)
+        return refuse(reason, SP_ENOTOWN, "%s: cannot tell whether worker %s is live", signer,
                       taker);
-    return 0;
+    if (rc == 0)
+        return 0; /* the taker is gone: any worker may say it */
+    return refuse(reason, SP_ENOTOWN, "%s: snapshot %.64s was taken by %s, which is live", signer,
+                  snap, taker);
 }
 
 int sp_trust_verify(const sp_trust_t *t, const sp_envelope_t *env, const uint8_t *raw,

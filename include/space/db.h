@@ -68,6 +68,14 @@ int sp_db_snapshot_find(PGconn *conn, const char *tenant, const char *snapshot_i
 int sp_db_snapshot_taker(PGconn *conn, const char *tenant, const char *sandbox,
                          const char *snapshot_id, char *worker, size_t worker_len);
 
+/* Whether worker is live: up in the log (no WorkerStopped since its start, which the
+ * lost-worker controller also publishes) with a heartbeat within three of its intervals. 1
+ * yes, 0 no (or unknown), SP_EDB. One definition for the gateway (where a snapshot delete goes)
+ * and the event log (who may say it is done, trust.h worker_live). */
+int sp_db_worker_live(PGconn *conn, const char *worker);
+/* The live worker with the latest heartbeat: 1 and its id in out, 0 when none is, SP_EDB. */
+int sp_db_live_worker(PGconn *conn, char *out, size_t len);
+
 /* The stream sequence at which the log accepted event_id: 1 and *ret_seq, 0 when it has no
  * accepted row of it, < 0 on failure. The lookup of sp_verifier_once (verifier.h), with the
  * connection as arg. */

@@ -51,6 +51,12 @@ typedef struct {
     void *placement_arg;
     /* NULL: a SnapshotDeleted is judged by placement like the worker's other facts. */
     sp_trust_snapshot_fn snapshot_taker;
+    /* Whether a worker is live (sp_db_worker_live): 1 yes, 0 no, < 0 failure. With it, a
+     * snapshot whose taker is not live may be said deleted by any worker: the gateway sends
+     * the delete to a live one (its own artifacts of it, and the shared store's, go), so a
+     * host gone for good does not make its snapshots undeletable. NULL: the taker only. Both
+     * get snapshot_arg. */
+    int (*worker_live)(void *arg, const char *worker);
     void *snapshot_arg;
     /* Batch signatures already verified (sign.h), borrowed; NULL: every envelope costs one
      * Ed25519 verification. */

@@ -29,6 +29,8 @@
 
 #include <cmocka.h>
 
+#include "db.h"
+#include "envelope.h"
 #include "error.h"
 #include "harness.h"
 #include "host.h"
@@ -284,6 +286,59 @@ static void test_deleted_while_suspended(void **state)
     }
 }
 
+/* A named snapshot whose host is gone (its worker stopped): the delete goes to the live host,
+ * which removes the artifacts from the shared bucket, and the log accepts that worker's
+ * SnapshotDeleted (before: 504, the taker's alone was accepted and it was away). */
+static void test_snapshot_of_a_gone_host(void **state)
+{
+    (void)state;
+    char sbx[64], path[160], snap[64] = "";
+    sp_test_create_sandbox(port, key, "tiny", sbx);
+    char *taker = sp_test_worker_of(db, sbx);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/snapshots", sbx);
+    sp_test_http_resp_t r;
+    sp_test_http(port, "POST", path, key, "Content-Type: application/json\r\n",
+                 "{\"name\":\"gone-host\"}", strlen("{\"name\":\"gone-host\"}"), &r);
+    assert_int_equal(r.status, 201);
+    const char *p = strstr(r.body, "\"snapshot_id\":\"");
+    assert_non_null(p);
+    snprintf(snap, sizeof(snap), "%.30s", p + strlen("\"snapshot_id\":\""));
+    sp_test_http_free(&r);
+    print_message("snapshot %s of %s taken by %s\n", snap, sbx, taker);
+    sp_envelope_t *se = NULL;
+    assert_int_equal(sp_db_snapshot_find(db, "default", snap, &se), 0);
+    const Space__V1__SandboxSnapshotted *sd = se->sandbox_snapshotted;
+    assert_int_equal(sd->n_artifacts, 2);
+    for (size_t k = 0; k < sd->n_artifacts; k++)
+        assert_int_equal(sp_obj_stat(bus, BUCKET, sd->artifacts[k]->store_key, NULL), 0);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", sbx);
+    sp_test_http(port, "DELETE", path, key, NULL, NULL, 0, &r);
+    assert_true(r.status < 300);
+    sp_test_http_free(&r);
+
+    stop_worker(taker);
+    snprintf(path, sizeof(path), "/v1/snapshots/%s", snap);
+    sp_test_http(port, "DELETE", path, key, NULL, NULL, 0, &r);
+    print_message("DELETE %s with its host gone: %d %s\n", path, r.status, r.body ? r.body : "");
+    assert_int_equal(r.status, 204);
+    sp_test_http_free(&r);
+    for (size_t k = 0; k < sd->n_artifacts; k++)
+        assert_int_equal(sp_obj_stat(bus, BUCKET, sd->artifacts[k]->store_key, NULL), SP_ENOTFOUND);
+    char sql[512];
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM events WHERE type = 'SnapshotDeleted' AND status = "
+             "'accepted' AND aggregate_id = '%s' AND subject NOT LIKE 'space.ev.sbx.%s.%%'",
+             sbx, taker);
+    assert_int_equal(sp_test_db_scalar(db, sql), 1);
+    /* Gone from the list; a create from it is refused. */
+    sp_test_http(port, "GET", "/v1/snapshots", key, NULL, NULL, 0, &r);
+    assert_null(strstr(r.body, snap));
+    sp_test_http_free(&r);
+    sp_envelope_free(se);
+    start_worker(taker);
+    free(taker);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -291,6 +346,7 @@ int main(void)
         cmocka_unit_test(test_resume_prefers_the_cache),
         cmocka_unit_test(test_store_that_lies),
         cmocka_unit_test(test_deleted_while_suspended),
+        cmocka_unit_test(test_snapshot_of_a_gone_host),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

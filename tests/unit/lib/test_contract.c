@@ -507,6 +507,14 @@ static int snapshot_taker(void *arg, const char *tenant, const char *sandbox,
     return 1;
 }
 
+/* The test double of sp_db_worker_live: what w1's liveness is. */
+static int w1_live;
+static int worker_live(void *arg, const char *worker)
+{
+    (void)arg;
+    return strcmp(worker, "w1") == 0 ? w1_live : 1;
+}
+
 /* A snapshot's artifacts stay with the worker that took it: its SnapshotDeleted is that
  * worker's to say after the sandbox moved (or went nowhere), and nobody else's. */
 static void test_trust_snapshot_deleted_by_taker(void **state)
@@ -553,6 +561,32 @@ static void test_trust_snapshot_deleted_by_taker(void **state)
     msg_sign(&m, W1, "w1");
     assert_int_equal(check(&m, &placed_only, reason), SP_ENOTOWN);
     assert_non_null(strstr(reason, "placed on w2"));
+
+    /* The taker gone (not live in the log): another worker may say it, the taker too; while it
+     * is live, or when its liveness cannot be read, only the taker. */
+    t.worker_live = worker_live;
+    w1_live = 0;
+    msg_init(&m, SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED, "acme", "sbx_b");
+    msg_sign(&m, W2, "w2");
+    assert_int_equal(check(&m, &t, reason), 0);
+    msg_init(&m, SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED, "acme", "sbx_gone");
+    msg_sign(&m, W1, "w1");
+    assert_int_equal(check(&m, &t, reason), 0);
+    w1_live = 1;
+    msg_init(&m, SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED, "acme", "sbx_b");
+    msg_sign(&m, W2, "w2");
+    assert_int_equal(check(&m, &t, reason), SP_ENOTOWN);
+    assert_non_null(strstr(reason, "which is live"));
+    w1_live = SP_EDB;
+    msg_init(&m, SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED, "acme", "sbx_b");
+    msg_sign(&m, W2, "w2");
+    assert_int_equal(check(&m, &t, reason), SP_ENOTOWN);
+    /* A snapshot that does not exist stays refused whoever is live. */
+    w1_live = 0;
+    msg_init(&m, SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED, "acme", "sbx_b");
+    m.snap_deleted.snapshot_id = "snp_00000000000000000000other1";
+    msg_sign(&m, W2, "w2");
+    assert_int_equal(check(&m, &t, reason), SP_ENOTOWN);
 }
 
 static void test_trust_kind_may_not_emit(void **state)
