@@ -382,6 +382,34 @@ int sp_db_snapshot_find(PGconn *conn, const char *tenant, const char *snapshot_i
     return rc;
 }
 
+int sp_db_snapshot_deleted(PGconn *conn, const char *sandbox, const char *snapshot_id)
+{
+    const char *p[1] = {sandbox};
+    PGresult *r = PQexecParams(conn,
+                               "SELECT payload FROM events WHERE aggregate_kind = 'sandbox' AND "
+                               "aggregate_id = $1 AND type IN ('SnapshotDeleteRequested', "
+                               "'SnapshotDeleted') AND status = 'accepted'",
+                               1, NULL, p, NULL, NULL, 1);
+    int rc = sp_db_check(r, PGRES_TUPLES_OK);
+    for (int i = 0; rc == 0 && i < PQntuples(r); i++) {
+        sp_envelope_t *e = NULL;
+        char why[SP_REASON_MAX];
+        if (sp_envelope_decode((const uint8_t *)PQgetvalue(r, i, 0), (size_t)PQgetlength(r, i, 0),
+                               &e, why) < 0)
+            continue;
+        const char *gone = e->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETE_REQUESTED
+                               ? e->snapshot_delete_requested->snapshot_id
+                           : e->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED
+                               ? e->snapshot_deleted->snapshot_id
+                               : "";
+        if (strcmp(gone, snapshot_id) == 0)
+            rc = 1;
+        sp_envelope_free(e);
+    }
+    PQclear(r);
+    return rc;
+}
+
 /* Live (sp_db_worker_live): up, and a heartbeat within three of its intervals. */
 #define WORKER_LIVE                                                                                \
     "state = 'up' AND last_heartbeat_at > now() - greatest(interval_ms, 1) * 3 * "                 \

@@ -695,6 +695,32 @@ static int staging_mark(const char *staging, const char *sbx)
     return rc < 0 ? rc : 0;
 }
 
+/* A named snapshot's artifacts in this worker's snapshot directory (the taker's, or a copy a
+ * create fetched) name the sandbox it is of the same way, so that the sweep can ask the log
+ * whether it was deleted (wk_snap_sweep): the delete may have been done by another worker
+ * while this one was away (docs/snapshots.md, "A taker that is gone"). */
+static void named_mark(wk_t *w, const char *snap, const char *sbx)
+{
+    char *dir = sp_xasprintf("%s/" SP_SNAPSHOT_KEY_PREFIX "/%s", w->cfg->snapshot_dir, snap);
+    int rc = staging_mark(dir, sbx);
+    if (rc < 0)
+        sp_log(SP_LOG_WARN, "cannot mark a named snapshot's directory: never swept",
+               SP_KS("dir", dir), SP_KS("error", strerror(-rc)));
+    free(dir);
+}
+
+/* A named snapshot's artifacts gone from this worker and the store, its directory with them. */
+static void named_forget(wk_t *w, const char *snap)
+{
+    char key[ARTIFACTS][256];
+    named_keys(snap, key);
+    const char *keys[ARTIFACTS] = {key[0], key[1]};
+    wk_snap_forget(w, keys, ARTIFACTS);
+    char *dir = sp_xasprintf("%s/" SP_SNAPSHOT_KEY_PREFIX "/%s", w->cfg->snapshot_dir, snap);
+    wk_rm_rf(dir);
+    free(dir);
+}
+
 /* The staging directory of an unfinished named snapshot of sbx (heap), and its snapshot id;
  * NULL when there is none. */
 static char *staging_of(wk_t *w, const char *sbx, char snap[SP_SNAPSHOT_ID_LEN + 1])
@@ -923,6 +949,8 @@ int wk_on_snapshot(wk_t *w, const sp_envelope_t *ev)
     bool downloaded = false;
     for (int i = 0; i < ARTIFACTS && rc == 0; i++)
         rc = wk_snap_fetch(w, key[i], art[i].size, sha[i], &paths[i], &downloaded, err);
+    if (rc == 0)
+        named_mark(w, snap, sbx);
     wk_sandbox_info_t info = {0};
     if (rc == 0 && (rc = wk_sandbox_destroy(w->host, sbx, err)) == 0)
         rc = restore_owned(w, &spec, tenant, paths, &info, err);
@@ -931,8 +959,7 @@ int wk_on_snapshot(wk_t *w, const sp_envelope_t *ev)
     for (int i = 0; i < ARTIFACTS; i++)
         free(paths[i]);
     if (rc < 0) {
-        const char *keys[ARTIFACTS] = {key[0], key[1]};
-        wk_snap_forget(w, keys, ARTIFACTS);
+        named_forget(w, snap);
         return suspend_lost(w, ev, sbx, err);
     }
     sp_envelope_t env;
@@ -968,12 +995,10 @@ int wk_on_snapshot(wk_t *w, const sp_envelope_t *ev)
 int wk_snapshot_recover(wk_t *w, const char *sbx, const char *tenant, const char *tmpl,
                         uint32_t vcpu, uint32_t memory_mb, bool alive)
 {
-    char snap[SP_SNAPSHOT_ID_LEN + 1] = "", err[WK_ERR_MAX] = "", key[ARTIFACTS][256];
+    char snap[SP_SNAPSHOT_ID_LEN + 1] = "", err[WK_ERR_MAX] = "";
     char *staging = staging_of(w, sbx, snap);
     if (!staging)
         return 0;
-    named_keys(snap, key);
-    const char *keys[ARTIFACTS] = {key[0], key[1]};
     char *paths[ARTIFACTS] = {sp_xasprintf("%s/checkpoint.img.zst", staging),
                               sp_xasprintf("%s/rootfs.btrfs.zst", staging)};
     char *raw = sp_xasprintf("%s/image/checkpoint.img", staging);
@@ -1011,7 +1036,7 @@ out:
                SP_KS("sandbox", sbx), SP_KS("snapshot", snap), SP_KS("error", err));
     /* The snapshot was never announced (no SandboxSnapshotted): what it stored goes, and the
      * intent, redelivered, takes it again. */
-    wk_snap_forget(w, keys, ARTIFACTS);
+    named_forget(w, snap);
     wk_rm_rf(staging);
     for (int i = 0; i < ARTIFACTS; i++)
         free(paths[i]);
@@ -1023,10 +1048,7 @@ out:
 int wk_on_snapshot_delete(wk_t *w, const sp_envelope_t *ev)
 {
     const char *snap = ev->snapshot_delete_requested->snapshot_id;
-    char key[ARTIFACTS][256];
-    named_keys(snap, key);
-    const char *keys[ARTIFACTS] = {key[0], key[1]};
-    wk_snap_forget(w, keys, ARTIFACTS);
+    named_forget(w, snap);
     sp_envelope_t env;
     Space__V1__Aggregate agg;
     Space__V1__SnapshotDeleted sd = SPACE__V1__SNAPSHOT_DELETED__INIT;
@@ -1075,6 +1097,7 @@ int wk_create_from_snapshot(wk_t *w, const sp_envelope_t *ev, const wk_sandbox_s
     }
     if (rc < 0)
         goto out;
+    named_mark(w, snap, se->aggregate->id);
     if ((rc = wk_template_ensure(w->host, sd->template_, err)) < 0)
         goto out;
     /* The snapshot's template and resources: its memory image is of that size. */

@@ -303,6 +303,39 @@ static int sweep_object(void *arg, const char *name)
     return 0;
 }
 
+/* Named snapshots live until deleted; a delete done while this worker was away (by another
+ * worker: its taker gone, docs/snapshots.md) leaves this worker's copy, which goes here. Only
+ * a directory that names its sandbox (named_mark, worker_lifecycle.c) is judged. */
+static size_t sweep_named(wk_t *w, PGconn *db)
+{
+    char *root = sp_xasprintf("%s/" SP_SNAPSHOT_KEY_PREFIX, w->cfg->snapshot_dir);
+    DIR *d = opendir(root);
+    size_t swept = 0;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (e->d_name[0] == '.' || !sp_id_valid(e->d_name))
+            continue;
+        char *dir = sp_xasprintf("%s/%s", root, e->d_name), *mark = sp_xasprintf("%s/sandbox", dir);
+        char sbx[SP_SANDBOX_ID_LEN + 2] = "";
+        FILE *f = fopen(mark, "re");
+        if (f) {
+            if (!fgets(sbx, sizeof(sbx), f))
+                sbx[0] = '\0';
+            fclose(f);
+        }
+        int rc = sp_id_valid(sbx) ? sp_db_snapshot_deleted(db, sbx, e->d_name) : 0;
+        if (rc == 1 && wk_rm_rf(dir) == 0)
+            swept++;
+        free(mark);
+        free(dir);
+        if (rc < 0)
+            break; /* the database is away: the next sweep */
+    }
+    if (d)
+        closedir(d);
+    free(root);
+    return swept;
+}
+
 void wk_snap_sweep(wk_t *w, PGconn *db)
 {
     /* The directory: with the nats store a cache (kept while the sandbox may resume from it);
@@ -334,7 +367,9 @@ void wk_snap_sweep(wk_t *w, PGconn *db)
     bucket_sweep_t bs = {.w = w, .db = db};
     if (cache)
         (void)sp_obj_list(w->bus, w->cfg->snapshot_bucket, sweep_object, &bs);
-    if (swept || bs.removed)
+    size_t named = sweep_named(w, db);
+    if (swept || bs.removed || named)
         sp_log(SP_LOG_INFO, "snapshots swept", SP_KS("dir", w->cfg->snapshot_dir),
-               SP_KU("sandboxes", swept), SP_KU("bucket_objects", bs.removed));
+               SP_KU("sandboxes", swept), SP_KU("bucket_objects", bs.removed),
+               SP_KU("named", named));
 }

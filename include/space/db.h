@@ -68,6 +68,10 @@ int sp_db_snapshot_find(PGconn *conn, const char *tenant, const char *snapshot_i
 int sp_db_snapshot_taker(PGconn *conn, const char *tenant, const char *sandbox,
                          const char *snapshot_id, char *worker, size_t worker_len);
 
+/* Whether the log holds a delete (SnapshotDeleteRequested or SnapshotDeleted) of snapshot_id
+ * of sandbox: 1 yes, 0 no, SP_EDB. (By the sandbox's events: indexed, any tenant.) */
+int sp_db_snapshot_deleted(PGconn *conn, const char *sandbox, const char *snapshot_id);
+
 /* Whether worker is live: up in the log (no WorkerStopped since its start, which the
  * lost-worker controller also publishes) with a heartbeat within three of its intervals. 1
  * yes, 0 no (or unknown), SP_EDB. One definition for the gateway (where a snapshot delete goes)

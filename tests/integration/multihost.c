@@ -288,7 +288,8 @@ static void test_deleted_while_suspended(void **state)
 
 /* A named snapshot whose host is gone (its worker stopped): the delete goes to the live host,
  * which removes the artifacts from the shared bucket, and the log accepts that worker's
- * SnapshotDeleted (before: 504, the taker's alone was accepted and it was away). */
+ * SnapshotDeleted (before: 504, the taker's alone was accepted and it was away); the taker,
+ * back, sweeps its own copy. */
 static void test_snapshot_of_a_gone_host(void **state)
 {
     (void)state;
@@ -335,7 +336,18 @@ static void test_snapshot_of_a_gone_host(void **state)
     assert_null(strstr(r.body, snap));
     sp_test_http_free(&r);
     sp_envelope_free(se);
+    /* The taker back: its own copy goes at its first sweep (every 2 s here). */
+    char named[160];
+    snprintf(named, sizeof(named), "named/%s", snap);
+    assert_true(in_cache(cache_of(taker), named));
     start_worker(taker);
+    bool gone = false;
+    for (int i = 0; i < 150 && !gone; i++) {
+        gone = !in_cache(cache_of(taker), named);
+        if (!gone)
+            usleep(100 * 1000);
+    }
+    assert_true(gone);
     free(taker);
 }
 
