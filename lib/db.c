@@ -259,31 +259,75 @@ int sp_db_last_sandbox_event(PGconn *conn, const char *id, const char *type,
     return rc;
 }
 
-int sp_db_snapshot_taker(PGconn *conn, const char *tenant, const char *sandbox,
-                         const char *snapshot_id, char *worker, size_t worker_len)
+/* Runs sql (params p, binary results: payload first) and calls fn with each decodable
+ * envelope: 1 when fn said 1 for one of them, 0 when for none, SP_EDB. */
+static int payloads_each(PGconn *conn, const char *sql, int n, const char *const *p,
+                         int (*fn)(void *arg, const sp_envelope_t *e), void *arg)
 {
-    const char *p[2] = {sandbox, tenant};
-    PGresult *r = PQexecParams(conn,
-                               "SELECT payload FROM events WHERE aggregate_kind = 'sandbox' AND "
-                               "aggregate_id = $1 AND tenant = $2 AND type = "
-                               "'SandboxSnapshotted' AND status = 'accepted' ORDER BY stream_seq",
-                               2, NULL, p, NULL, NULL, 1);
+    PGresult *r = PQexecParams(conn, sql, n, NULL, p, NULL, NULL, 1);
     int rc = sp_db_check(r, PGRES_TUPLES_OK);
+    bool hit = false;
     for (int i = 0; rc == 0 && i < PQntuples(r); i++) {
         sp_envelope_t *e = NULL;
         char why[SP_REASON_MAX];
         if (sp_envelope_decode((const uint8_t *)PQgetvalue(r, i, 0), (size_t)PQgetlength(r, i, 0),
                                &e, why) < 0)
             continue;
-        if (e->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SNAPSHOTTED &&
-            strcmp(e->sandbox_snapshotted->snapshot_id, snapshot_id) == 0) {
-            snprintf(worker, worker_len, "%s", e->sandbox_snapshotted->worker);
-            rc = 1;
-        }
+        hit |= fn(arg, e) == 1;
         sp_envelope_free(e);
     }
     PQclear(r);
-    return rc;
+    return rc < 0 ? rc : hit;
+}
+
+typedef struct {
+    const char *snapshot_id;
+    char *worker;
+    size_t worker_len;
+} snap_query_t;
+
+static int taker_of(void *arg, const sp_envelope_t *e)
+{
+    snap_query_t *q = arg;
+    if (e->payload_case != SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SNAPSHOTTED ||
+        strcmp(e->sandbox_snapshotted->snapshot_id, q->snapshot_id) != 0)
+        return 0;
+    snprintf(q->worker, q->worker_len, "%s", e->sandbox_snapshotted->worker);
+    return 1;
+}
+
+int sp_db_snapshot_taker(PGconn *conn, const char *tenant, const char *sandbox,
+                         const char *snapshot_id, char *worker, size_t worker_len)
+{
+    const char *p[2] = {sandbox, tenant};
+    snap_query_t q = {snapshot_id, worker, worker_len};
+    return payloads_each(conn,
+                         "SELECT payload FROM events WHERE aggregate_kind = 'sandbox' AND "
+                         "aggregate_id = $1 AND tenant = $2 AND type = 'SandboxSnapshotted' AND "
+                         "status = 'accepted' ORDER BY stream_seq",
+                         2, p, taker_of, &q);
+}
+
+static int deletes(void *arg, const sp_envelope_t *e)
+{
+    const snap_query_t *q = arg;
+    const char *gone = e->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETE_REQUESTED
+                           ? e->snapshot_delete_requested->snapshot_id
+                       : e->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED
+                           ? e->snapshot_deleted->snapshot_id
+                           : "";
+    return strcmp(gone, q->snapshot_id) == 0;
+}
+
+int sp_db_snapshot_deleted(PGconn *conn, const char *sandbox, const char *snapshot_id)
+{
+    const char *p[1] = {sandbox};
+    snap_query_t q = {.snapshot_id = snapshot_id};
+    return payloads_each(conn,
+                         "SELECT payload FROM events WHERE aggregate_kind = 'sandbox' AND "
+                         "aggregate_id = $1 AND type IN ('SnapshotDeleteRequested', "
+                         "'SnapshotDeleted') AND status = 'accepted'",
+                         1, p, deletes, &q);
 }
 
 /* The tenant's snapshots from the log, oldest first; an entry a delete names is NULL. */
@@ -379,34 +423,6 @@ int sp_db_snapshot_find(PGconn *conn, const char *tenant, const char *snapshot_i
             rc = 0;
         }
     snapshots_free(&s);
-    return rc;
-}
-
-int sp_db_snapshot_deleted(PGconn *conn, const char *sandbox, const char *snapshot_id)
-{
-    const char *p[1] = {sandbox};
-    PGresult *r = PQexecParams(conn,
-                               "SELECT payload FROM events WHERE aggregate_kind = 'sandbox' AND "
-                               "aggregate_id = $1 AND type IN ('SnapshotDeleteRequested', "
-                               "'SnapshotDeleted') AND status = 'accepted'",
-                               1, NULL, p, NULL, NULL, 1);
-    int rc = sp_db_check(r, PGRES_TUPLES_OK);
-    for (int i = 0; rc == 0 && i < PQntuples(r); i++) {
-        sp_envelope_t *e = NULL;
-        char why[SP_REASON_MAX];
-        if (sp_envelope_decode((const uint8_t *)PQgetvalue(r, i, 0), (size_t)PQgetlength(r, i, 0),
-                               &e, why) < 0)
-            continue;
-        const char *gone = e->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETE_REQUESTED
-                               ? e->snapshot_delete_requested->snapshot_id
-                           : e->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED
-                               ? e->snapshot_deleted->snapshot_id
-                               : "";
-        if (strcmp(gone, snapshot_id) == 0)
-            rc = 1;
-        sp_envelope_free(e);
-    }
-    PQclear(r);
     return rc;
 }
 
