@@ -285,7 +285,9 @@ void wk_box_listen(wk_box_t *b);
 int wk_on_pause(wk_t *w, const sp_envelope_t *ev);
 int wk_on_resume(wk_t *w, const sp_envelope_t *ev);
 int wk_on_suspend(wk_t *w, const sp_envelope_t *ev);
-int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev);
+/* began: the log has its SandboxResuming from a previous process already (not published
+ * again). */
+int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev, bool began);
 /* Named snapshots (docs/snapshots.md). wk_on_snapshot: checkpoint of an owned running
  * sandbox, its artifacts into the store under named/<snapshot>/, the sandbox restored in place,
  * SandboxSnapshotted. wk_on_snapshot_delete: the artifacts removed, SnapshotDeleted.
@@ -304,8 +306,8 @@ int wk_create_from_snapshot(wk_t *w, const sp_envelope_t *ev, const wk_sandbox_s
 int wk_suspend_complete(wk_t *w, PGconn *db, const char *sbx, const char *tmpl);
 /* At start, for a sandbox the log says is resuming on this worker: alive (runsc shows it
  * running) means the restore finished: SandboxResumed and its snapshot removed, 1 (the caller
- * adopts it). Otherwise its leftovers are released and SandboxResumeFailed makes it suspended
- * again with its snapshot, 0. < 0 when a fact could not be published. */
+ * adopts it). Otherwise its leftovers are released and it stays resuming, 0: its placement,
+ * taken from the log at start, resumes it again. < 0 when a fact could not be published. */
 int wk_resume_after_restart(wk_t *w, PGconn *db, const char *sbx, const char *tenant, bool alive);
 /* At start, for a sandbox the log says runs on this worker, when the previous worker died in
  * a named snapshot of it: if the host does not run it (!alive) and the checkpoint wrote an

@@ -51,10 +51,15 @@ static void give_up(wk_t *w, const char *id)
  * it while this worker was away) or on another worker (placed again elsewhere), nor when the
  * log has this worker's answer to it already: a redelivery whose ack was lost with a NATS
  * node, after the sandbox was started and maybe suspended since (it is not owned then, and
- * would be started a second time: tests/integration/cluster.c). Anything else, the database
- * unreachable included, goes ahead as before: the log refuses facts it cannot take. */
-static bool placement_wanted(wk_t *w, const sp_envelope_t *ev, bool redelivered)
+ * would be started a second time: tests/integration/cluster.c). A resume the log has begun
+ * here (SandboxResuming, still resuming on this worker) but that nobody holds is wanted again,
+ * *began set: the previous process died in it and its start-up released the leftovers
+ * (wk_resume_after_restart), so the same placement resumes it and answers the intent. Anything
+ * else, the database unreachable included, goes ahead as before: the log refuses facts it
+ * cannot take. */
+static bool placement_wanted(wk_t *w, const sp_envelope_t *ev, bool redelivered, bool *began)
 {
+    *began = false;
     if (given_up(w, ev->event_id)) {
         sp_log(SP_LOG_INFO, "placement failed here before: not acted on again",
                SP_KS("sandbox", ev->aggregate->id), SP_KS("corr", ev->correlation_id));
@@ -72,13 +77,19 @@ static bool placement_wanted(wk_t *w, const sp_envelope_t *ev, bool redelivered)
         db,
         "SELECT state, worker, EXISTS (SELECT 1 FROM events WHERE aggregate_kind = 'sandbox' AND "
         "aggregate_id = $1 AND causation_id = $2::uuid AND status = 'accepted' AND type IN "
-        "('SandboxStarted', 'SandboxFailed', 'SandboxResuming', 'SandboxResumed', "
-        "'SandboxResumeFailed')) FROM sandboxes WHERE id = $1",
+        "('SandboxStarted', 'SandboxFailed', 'SandboxResumed', 'SandboxResumeFailed')), "
+        "EXISTS (SELECT 1 FROM events WHERE aggregate_kind = 'sandbox' AND aggregate_id = $1 AND "
+        "causation_id = $2::uuid AND status = 'accepted' AND type = 'SandboxResuming') "
+        "FROM sandboxes WHERE id = $1",
         2, NULL, p, NULL, NULL, 0);
     bool wanted = true;
     if (sp_db_check(r, PGRES_TUPLES_OK) == 0 && PQntuples(r) == 1) {
         const char *state = PQgetvalue(r, 0, 0), *owner = PQgetvalue(r, 0, 1);
         bool answered = PQgetvalue(r, 0, 2)[0] == 't';
+        bool resuming_here = strcmp(state, "resuming") == 0 && strcmp(owner, w->cfg->id) == 0;
+        *began = PQgetvalue(r, 0, 3)[0] == 't';
+        /* Begun but no longer resuming here: given up (suspended again) or done elsewhere. */
+        answered |= *began && !resuming_here;
         wanted = !answered && strcmp(state, "failed") != 0 && strcmp(state, "deleted") != 0 &&
                  (!owner[0] || strcmp(owner, w->cfg->id) == 0);
         if (!wanted)
@@ -87,6 +98,9 @@ static bool placement_wanted(wk_t *w, const sp_envelope_t *ev, bool redelivered)
                             : "placement given up by the log: not acted on",
                    SP_KS("sandbox", ev->aggregate->id), SP_KS("state", state),
                    SP_KS("worker", owner), SP_KS("corr", ev->correlation_id));
+        else if (*began)
+            sp_log(SP_LOG_INFO, "a resume begun before this worker started: done again",
+                   SP_KS("sandbox", ev->aggregate->id), SP_KS("corr", ev->correlation_id));
     }
     PQclear(r);
     PQfinish(db);
@@ -109,10 +123,11 @@ static int on_placed(wk_t *w, const sp_envelope_t *ev, bool redelivered)
     }
     if (wk_owned_has(w, sbx))
         return 0; /* created before: a redelivery */
-    if (!placement_wanted(w, ev, redelivered))
+    bool began = false;
+    if (!placement_wanted(w, ev, redelivered, &began))
         return 0;
-    if (!p->request)
-        return wk_on_resume_placed(w, ev); /* a suspended sandbox, placed here to resume */
+    if (!p->request) /* a suspended sandbox, placed here to resume */
+        return wk_on_resume_placed(w, ev, began);
     wk_sandbox_spec_t spec = {
         .id = sbx,
         .template_ = p->request->template_,
@@ -320,14 +335,17 @@ bool wk_request_open(wk_t *w, const char *subject, const char *reply_to, const u
 int wk_take_placements(wk_t *w, PGconn *db)
 {
     const char *params[1] = {w->cfg->id};
-    /* Each sandbox the log has placed here and not started: its newest placement as stored
-     * (the bytes the worker would have received), through the same checks as from the bus. */
+    /* Each sandbox the log has placed here and not started, or placed here to resume (still
+     * suspended, or resuming with no process holding it: one that did runs, is adopted and
+     * owned): its newest placement as stored (the bytes the worker would have received),
+     * through the same checks as from the bus. */
     PGresult *r = PQexecParams(
         db,
         "SELECT e.stream_seq, e.subject, e.payload FROM sandboxes s JOIN LATERAL (SELECT "
         "stream_seq, subject, payload FROM events WHERE aggregate_id = s.id AND type = "
         "'SandboxPlaced' AND status = 'accepted' ORDER BY stream_seq DESC LIMIT 1) e ON true "
-        "WHERE s.worker = $1 AND s.state = 'placed' ORDER BY e.stream_seq",
+        "WHERE s.worker = $1 AND s.state IN ('placed', 'suspended', 'resuming') ORDER BY "
+        "e.stream_seq",
         1, NULL, params, NULL, NULL, 1);
     int rc = sp_db_check(r, PGRES_TUPLES_OK);
     if (rc < 0) {

@@ -515,7 +515,7 @@ static int fetch_artifacts(wk_t *w, const Space__V1__SandboxSuspended *sd, char 
     return 0;
 }
 
-int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev)
+int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev, bool began)
 {
     const char *sbx = ev->aggregate->id;
     char err[WK_ERR_MAX] = "";
@@ -537,7 +537,8 @@ int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev)
     ring.worker = w->cfg->id;
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMING;
     env.sandbox_resuming = &ring;
-    if ((rc = wk_publish_fact(w, &env, "resuming", ev->event_id)) < 0)
+    /* Begun by a previous process of this worker: the log says resuming already. */
+    if (!began && (rc = wk_publish_fact(w, &env, "resuming", ev->event_id)) < 0)
         goto out;
     int downloaded = 0;
     int64_t t_fetch = sp_mono_ns();
@@ -635,16 +636,14 @@ int wk_resume_after_restart(wk_t *w, PGconn *db, const char *sbx, const char *te
         alive = false;
     }
     if (!alive) {
-        /* The restore did not finish: its leftovers go, the snapshot stays for another try. */
+        /* The restore did not finish: its leftovers go. The sandbox stays resuming here and
+         * its placement, taken from the log at start (wk_take_placements) or delivered
+         * again, resumes it from the same snapshot and answers the intent: the client
+         * waiting on it gets its sandbox, not a timeout. */
         (void)wk_sandbox_destroy(w->host, sbx, err);
-        Space__V1__SandboxResumeFailed f = SPACE__V1__SANDBOX_RESUME_FAILED__INIT;
-        f.reason = "worker_restarted";
-        f.detail = "the worker stopped during the resume; the sandbox is suspended again";
-        f.worker = w->cfg->id;
-        env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUME_FAILED;
-        env.sandbox_resume_failed = &f;
-        int rc = wk_publish_restart_fact(w, tenant, sbx, "resume-failed", &env, &agg);
-        return rc < 0 ? rc : 0;
+        sp_log(SP_LOG_INFO, "a resume the previous worker began did not finish: done again",
+               SP_KS("sandbox", sbx));
+        return 0;
     }
     /* It runs: the restore finished before the worker died. */
     Space__V1__SandboxResumed r = SPACE__V1__SANDBOX_RESUMED__INIT;

@@ -4,7 +4,8 @@
  * released. A sandbox placed but not started yet is left alone: its SandboxPlaced was never
  * acknowledged and comes back, and the create runs then. A sandbox caught in a suspend ends
  * either suspended (the checkpoint wrote its image: the suspend is completed) or running
- * (SandboxSuspendFailed), never in between. */
+ * (SandboxSuspendFailed), never in between. One caught in a resume is adopted when the restore
+ * had finished, else resumed again from its placement (wk_take_placements). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,8 +130,8 @@ int wk_reconcile(wk_t *w, PGconn *db)
                 hs = WK_STOPPED; /* the checkpoint it waited for stopped it, and failed */
         }
         if (state == SP_SBX_RESUMING) {
-            /* A resume the previous worker began: finished (it runs) or undone (suspended
-             * again, the snapshot kept). */
+            /* A resume the previous worker began: finished (it runs), or its leftovers
+             * released and done again from its placement (wk_take_placements). */
             int done =
                 wk_resume_after_restart(w, db, sbx, tenant, hs == WK_RUNNING || hs == WK_PAUSED);
             if (done < 0) {
