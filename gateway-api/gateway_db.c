@@ -162,10 +162,9 @@ static int connect_and_listen(gw_listener_t *l, PGconn **ret_db)
         PQfinish(db);
         return rc;
     }
-    PGresult *r = PQexec(db, "SELECT coalesce(max(stream_seq), 0) FROM events");
-    if (sp_db_check(r, PGRES_TUPLES_OK) == 0 && PQntuples(r) == 1)
-        store_head(l, strtoull(PQgetvalue(r, 0, 0), NULL, 10));
-    PQclear(r);
+    uint64_t head = 0;
+    if (sp_db_log_head(db, &head) == 0)
+        store_head(l, head);
     *ret_db = db;
     return 0;
 }

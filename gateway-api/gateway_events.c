@@ -125,20 +125,16 @@ static void fetch_run(gw_job_t *job, PGconn *db)
 
     /* The head first: every row up to it is committed (one writer, in stream order), so a page
      * that comes back complete covers everything up to it. */
-    PGresult *r = PQexec(db, "SELECT coalesce(max(stream_seq), 0) FROM events");
-    if (sp_db_check(r, PGRES_TUPLES_OK) < 0 || PQntuples(r) != 1) {
+    if (sp_db_log_head(db, &head) < 0) {
         f->failed = true;
-        PQclear(r);
         return;
     }
-    head = strtoull(PQgetvalue(r, 0, 0), NULL, 10);
-    PQclear(r);
 
     snprintf(cursor, sizeof(cursor), "%" PRIu64, f->cursor);
     const char *params[3] = {f->tenant, cursor, f->sandbox};
     /* A page: at most PAGE_ROWS rows and about PAGE_BYTES of payload; the last column tells
      * how many rows the row limit alone would have given (to know if the page is the end). */
-    r = PQexecParams(
+    PGresult *r = PQexecParams(
         db,
         "WITH page AS (SELECT stream_seq, type, status, payload, reject_reason, "
         "sum(octet_length(payload)) OVER (ORDER BY stream_seq) AS cum FROM events "
@@ -265,11 +261,10 @@ static void open_run(gw_job_t *job, PGconn *db)
             return;
     }
     if (o->need_head) {
-        PGresult *r = PQexec(db, "SELECT coalesce(max(stream_seq), 0) FROM events");
-        o->failed = sp_db_check(r, PGRES_TUPLES_OK) < 0 || PQntuples(r) != 1;
+        uint64_t head = 0;
+        o->failed = sp_db_log_head(db, &head) < 0;
         if (!o->failed)
-            o->start = strtoull(PQgetvalue(r, 0, 0), NULL, 10);
-        PQclear(r);
+            o->start = head;
     }
 }
 

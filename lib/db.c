@@ -456,6 +456,18 @@ int sp_db_live_worker(PGconn *conn, char *out, size_t len)
     return rc;
 }
 
+int sp_db_log_head(PGconn *conn, uint64_t *ret_seq)
+{
+    PGresult *r = PQexec(conn, "SELECT coalesce(max(stream_seq), 0) FROM events");
+    int rc = sp_db_check(r, PGRES_TUPLES_OK);
+    if (rc == 0 && PQntuples(r) != 1)
+        rc = SP_EDB;
+    if (rc == 0)
+        *ret_seq = strtoull(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    return rc;
+}
+
 int sp_db_accepted_seq(void *conn, const char *event_id, uint64_t *ret_seq)
 {
     const char *params[1] = {event_id};

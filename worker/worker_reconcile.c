@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bus.h"
+#include "daemon.h"
 #include "db.h"
 #include "error.h"
 #include "ids.h"
@@ -81,6 +83,38 @@ static int publish_reconciled(wk_t *w, const idlist_t *adopted, const idlist_t *
     return sp_publish_event(w->bus, &env, id, NULL, NULL, NULL);
 }
 
+/* How long a start waits for the log to store what the stream holds. */
+#define LOG_CATCH_UP_MS 15000
+
+/* Waits, bounded, until the log has stored every message the stream held when this worker
+ * started, its previous process's facts among them. Reconciled against an older projection, a
+ * sandbox whose SandboxStarted was still on its way when the host went down was taken for
+ * placed (left to its placement, which then found it answered): nobody recorded it lost, and
+ * the log said it ran on a host that did not have it (integration.cluster, 2026-12). */
+static void wait_for_log(wk_t *w, PGconn *db)
+{
+    uint64_t last = 0, head = 0;
+    int rc = sp_bus_stream_info(w->bus, &last, NULL);
+    if (rc < 0) {
+        sp_log(SP_LOG_WARN,
+               "cannot read the stream's last sequence: reconciling with the log as is",
+               SP_KS("error", sp_strerror(rc)));
+        return;
+    }
+    int64_t t0 = sp_mono_ns();
+    while ((rc = sp_db_log_head(db, &head)) == 0 && head < last && !sp_daemon_stopping) {
+        if (sp_mono_ns() - t0 > LOG_CATCH_UP_MS * 1000000LL) {
+            sp_log(SP_LOG_WARN, "the log is behind the stream: reconciling with it as is",
+                   SP_KU("log_head", head), SP_KU("stream_last", last));
+            return;
+        }
+        sp_daemon_sleep_ms(100);
+    }
+    if (rc == 0 && sp_mono_ns() - t0 > 100000000LL)
+        sp_log(SP_LOG_INFO, "waited for the log to store the stream",
+               SP_KU("ms", (uint64_t)((sp_mono_ns() - t0) / 1000000)), SP_KU("seq", last));
+}
+
 int wk_reconcile(wk_t *w, PGconn *db)
 {
     wk_host_sandbox_t *host = NULL;
@@ -88,6 +122,7 @@ int wk_reconcile(wk_t *w, PGconn *db)
     idlist_t adopted = {0}, lost = {0}, cleaned = {0};
     int rc;
 
+    wait_for_log(w, db);
     if ((rc = wk_host_scan(w->host, &host, &n_host)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot scan the host", SP_KS("error", sp_strerror(rc)));
         return rc;

@@ -85,6 +85,9 @@ int sp_db_live_worker(PGconn *conn, char *out, size_t len);
  * connection as arg. */
 int sp_db_accepted_seq(void *conn, const char *event_id, uint64_t *ret_seq);
 
+/* The log's head: the highest stream sequence stored (0 when empty). 0 or SP_EDB. */
+int sp_db_log_head(PGconn *conn, uint64_t *ret_seq);
+
 /* Big-endian int8 for binary parameters. */
 void sp_db_put_i64(char out[8], int64_t v);
 int64_t sp_db_get_i64(const char *in);
