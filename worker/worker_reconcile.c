@@ -83,14 +83,18 @@ static int publish_reconciled(wk_t *w, const idlist_t *adopted, const idlist_t *
     return sp_publish_event(w->bus, &env, id, NULL, NULL, NULL);
 }
 
-/* How long a start waits for the log to store what the stream holds. */
-#define LOG_CATCH_UP_MS 15000
+/* How long a start waits for the log to store what the stream holds: past the 30 s or more an
+ * event log can take to recreate its consumer after a NATS node died (docs/operations.md), and
+ * well inside the scheduler's worker-lost-s. No heartbeat goes out meanwhile, so nothing is
+ * placed here; and while the log is behind, no answer a client waits for is stored anyway. */
+#define LOG_CATCH_UP_MS 120000
 
 /* Waits, bounded, until the log has stored every message the stream held when this worker
  * started, its previous process's facts among them. Reconciled against an older projection, a
  * sandbox whose SandboxStarted was still on its way when the host went down was taken for
  * placed (left to its placement, which then found it answered): nobody recorded it lost, and
- * the log said it ran on a host that did not have it (integration.cluster, 2026-12). */
+ * the log said it ran on a host that did not have it (integration.cluster, 2026-12: the log
+ * 40 messages and more than 15 s behind after a NATS node's death). */
 static void wait_for_log(wk_t *w, PGconn *db)
 {
     uint64_t last = 0, head = 0;
@@ -101,12 +105,18 @@ static void wait_for_log(wk_t *w, PGconn *db)
                SP_KS("error", sp_strerror(rc)));
         return;
     }
-    int64_t t0 = sp_mono_ns();
+    int64_t t0 = sp_mono_ns(), said = t0;
     while ((rc = sp_db_log_head(db, &head)) == 0 && head < last && !sp_daemon_stopping) {
-        if (sp_mono_ns() - t0 > LOG_CATCH_UP_MS * 1000000LL) {
+        int64_t now = sp_mono_ns();
+        if (now - t0 > LOG_CATCH_UP_MS * 1000000LL) {
             sp_log(SP_LOG_WARN, "the log is behind the stream: reconciling with it as is",
                    SP_KU("log_head", head), SP_KU("stream_last", last));
             return;
+        }
+        if (now - said > 10000000000LL) {
+            sp_log(SP_LOG_INFO, "waiting for the log to store the stream before reconciling",
+                   SP_KU("log_head", head), SP_KU("stream_last", last));
+            said = now;
         }
         sp_daemon_sleep_ms(100);
     }

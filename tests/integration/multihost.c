@@ -14,6 +14,7 @@
  *     digest_mismatch, keeps the snapshot, and once the bytes are right again it resumes. */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -351,6 +352,102 @@ static void test_snapshot_of_a_gone_host(void **state)
     free(taker);
 }
 
+/* The sandboxes a host's worker log says it started, in order: the n-th (from 0) into id. */
+static bool started_nth(const sp_test_host_t *h, size_t n, char id[64])
+{
+    FILE *f = fopen(sp_test_host_log(h), "r");
+    char line[2048];
+    size_t seen = 0;
+    bool found = false;
+    while (f && !found && fgets(line, sizeof(line), f)) {
+        const char *p = strstr(line, "msg=started sandbox=");
+        if (p && seen++ == n) {
+            p += strlen("msg=started sandbox=");
+            size_t len = strcspn(p, " \n");
+            snprintf(id, 64, "%.*s", (int)(len < 63 ? len : 63), p);
+            found = true;
+        }
+    }
+    if (f)
+        fclose(f);
+    return found;
+}
+
+static size_t started_count(const sp_test_host_t *h)
+{
+    char id[64];
+    size_t n = 0;
+    while (started_nth(h, n, id))
+        n++;
+    return n;
+}
+
+static void *create_in_background(void *arg)
+{
+    (void)arg;
+    static const char body[] = "{\"template\":\"tiny\"}";
+    sp_test_http_resp_t r;
+    if (sp_test_http(port, "POST", "/v1/sandboxes", key, "Content-Type: application/json\r\n", body,
+                     strlen(body), &r) == 0)
+        sp_test_http_free(&r);
+    return NULL;
+}
+
+static void *continue_later(void *arg)
+{
+    sleep(3);
+    kill(*(pid_t *)arg, SIGCONT);
+    return NULL;
+}
+
+/* A sandbox started while the event log was behind, and its host gone before the log stored
+ * its SandboxStarted: the returning worker waits for the log to hold what the stream held
+ * before it reconciles, finds the sandbox its own and gone, and records it lost. (Reconciled
+ * against the stale log, it did not: the log said the sandbox ran on a host that did not have
+ * it; integration.cluster found it.) */
+static void test_started_while_the_log_is_behind(void **state)
+{
+    (void)state;
+    size_t before[2] = {started_count(hosts[0]), started_count(hosts[1])};
+    pid_t el = sp_test_daemon_pid("space-eventlog");
+    assert_true(el > 0);
+    assert_int_equal(kill(el, SIGSTOP), 0);
+    pthread_t create, resume;
+    assert_int_equal(pthread_create(&create, NULL, create_in_background, NULL), 0);
+    char sbx[64] = "";
+    int k = -1;
+    for (int i = 0; i < 300 && k < 0; i++) {
+        for (int j = 0; j < 2 && k < 0; j++)
+            if (started_nth(hosts[j], before[j], sbx))
+                k = j;
+        if (k < 0)
+            usleep(100 * 1000);
+    }
+    if (k < 0)
+        kill(el, SIGCONT);
+    assert_true(k >= 0);
+    print_message("%s started on %s with the event log stopped; that host goes\n", sbx,
+                  sp_test_host_id(hosts[k]));
+    sp_test_host_gone(hosts[k]);
+    /* The log goes on 3 s after the host is back (which waits for its first heartbeat). */
+    assert_int_equal(pthread_create(&resume, NULL, continue_later, &el), 0);
+    sp_test_host_back(hosts[k]);
+    pthread_join(resume, NULL);
+    pthread_join(create, NULL);
+
+    char sql[256];
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM sandboxes WHERE id = '%s' AND state = 'failed' AND "
+             "failure_reason = 'lost'",
+             sbx);
+    assert_int_equal(sp_test_db_wait_scalar(db, sql, 1, 30000), 1);
+    assert_false(sp_test_sandbox_held(sp_test_host_dir(hosts[k]), sbx));
+    char log[256];
+    snprintf(log, sizeof(log), "grep -c 'waited for the log to store the stream' '%s'",
+             sp_test_host_log(hosts[k]));
+    assert_int_equal(sp_test_sh("%s >/dev/null", log), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -359,6 +456,7 @@ int main(void)
         cmocka_unit_test(test_store_that_lies),
         cmocka_unit_test(test_deleted_while_suspended),
         cmocka_unit_test(test_snapshot_of_a_gone_host),
+        cmocka_unit_test(test_started_while_the_log_is_behind),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
