@@ -78,21 +78,29 @@ static int node_of(const char *name)
     return i >= 1 && i <= NODES && name[1] && !*end ? (int)i : 0;
 }
 
-/* SPACE_EVENTS as node i sees it (its /jsz); false when the node does not answer. */
-static bool stream_view(int i, stream_view_t *v)
+/* Node i's monitoring answer to path (a /jsz query), parsed; NULL when it does not answer. */
+static sp_json_doc_t *monitor(int i, const char *path)
 {
     sp_test_http_resp_t r = {0};
     sp_httpc_req_t req = {.host = "127.0.0.1",
                           .port = http_port[i],
                           .method = "GET",
-                          .path = "/jsz?streams=true&config=true",
+                          .path = path,
                           .timeout_ms = 2000};
+    sp_json_doc_t *doc = NULL;
+    if (sp_httpc_do(&req, &r) == 0 && r.status == 200)
+        doc = sp_test_json(&r);
+    sp_httpc_resp_free(&r);
+    return doc;
+}
+
+/* SPACE_EVENTS as node i sees it (its /jsz); false when the node does not answer. */
+static bool stream_view(int i, stream_view_t *v)
+{
     memset(v, 0, sizeof(*v));
-    if (sp_httpc_do(&req, &r) < 0 || r.status != 200) {
-        sp_httpc_resp_free(&r);
+    sp_json_doc_t *doc = monitor(i, "/jsz?streams=true&config=true");
+    if (!doc)
         return false;
-    }
-    sp_json_doc_t *doc = sp_test_json(&r);
     const sp_json_t *accs = sp_json_get(sp_json_root(doc), "account_details");
     bool found = false;
     for (size_t a = 0; a < sp_json_len(accs); a++) {
@@ -113,7 +121,6 @@ static bool stream_view(int i, stream_view_t *v)
         }
     }
     sp_json_doc_free(doc);
-    sp_httpc_resp_free(&r);
     return found;
 }
 
@@ -262,17 +269,9 @@ static bool meta_current(int i)
     snprintf(me, sizeof(me), "n%d", i);
     bool current = false;
     for (int j = 1; j <= NODES && !current; j++) {
-        sp_test_http_resp_t r = {0};
-        sp_httpc_req_t req = {.host = "127.0.0.1",
-                              .port = http_port[j],
-                              .method = "GET",
-                              .path = "/jsz",
-                              .timeout_ms = 2000};
-        if (sp_httpc_do(&req, &r) < 0 || r.status != 200) {
-            sp_httpc_resp_free(&r);
+        sp_json_doc_t *doc = monitor(j, "/jsz");
+        if (!doc)
             continue;
-        }
-        sp_json_doc_t *doc = sp_test_json(&r);
         const sp_json_t *meta = sp_json_get(sp_json_root(doc), "meta_cluster");
         const char *leader = sp_json_str(sp_json_get(meta, "leader"), NULL);
         char self[8];
@@ -290,7 +289,6 @@ static bool meta_current(int i)
             }
         }
         sp_json_doc_free(doc);
-        sp_httpc_resp_free(&r);
     }
     return current;
 }
