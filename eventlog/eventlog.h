@@ -164,7 +164,8 @@ void el_ckpt_free(el_ckpt_t *k);
 /* The log's metric families (eventlog_metrics.c, docs/metrics.md). */
 typedef struct {
     sp_bus_t *bus; /* for the lag, read at scrape */
-    sp_metric_t *events, *rejected, *signatures, *batch, *store, *stored_seq, *stream_seq, *lag;
+    sp_metric_t *events, *rejected, *signatures, *batch, *store, *stored_seq, *stream_seq, *lag,
+        *lingers;
 } el_metrics_t;
 /* Adds the families to reg and its collect callback; -1 on a programming error. */
 int el_metrics_init(el_metrics_t *m, sp_metrics_t *reg, sp_bus_t *bus);

@@ -51,8 +51,13 @@ int el_metrics_init(el_metrics_t *m, sp_metrics_t *reg, sp_bus_t *bus)
                             "Messages in the stream not stored yet (stream_seq - stored_seq), "
                             "read at scrape.",
                             NULL, NULL, 0, 1);
+    m->lingers = sp_metrics_add(reg, SP_METRIC_COUNTER, "space_eventlog_lingers_total",
+                                "Batches of command events that waited for their commands' ends "
+                                "(linger-ms), by outcome: joined (the ends or another message "
+                                "came), expired (stored without them).",
+                                "outcome", NULL, 0, 2);
     if (!m->events || !m->rejected || !m->signatures || !m->batch || !m->store || !m->stored_seq ||
-        !m->stream_seq || !m->lag)
+        !m->stream_seq || !m->lag || !m->lingers)
         return -1;
     (void)sp_metric_series1(m->events, "accepted");
     (void)sp_metric_series1(m->events, "rejected");
@@ -60,6 +65,8 @@ int el_metrics_init(el_metrics_t *m, sp_metrics_t *reg, sp_bus_t *bus)
         (void)sp_metric_series1(m->rejected, el_reject_class_names[k]);
     (void)sp_metric_series1(m->signatures, "verified");
     (void)sp_metric_series1(m->signatures, "failed");
+    (void)sp_metric_series1(m->lingers, "joined");
+    (void)sp_metric_series1(m->lingers, "expired");
     sp_metrics_on_collect(reg, collect, m);
     return 0;
 }

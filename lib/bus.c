@@ -930,6 +930,23 @@ const sp_bus_msg_t *sp_bus_batch_msg(const sp_bus_batch_t *b, size_t i)
     return b && i < b->n ? &b->e[i].pub : NULL;
 }
 
+int sp_bus_batch_merge(sp_bus_batch_t *into, sp_bus_batch_t **from)
+{
+    sp_bus_batch_t *f = from ? *from : NULL;
+
+    if (!into || !f || f == into || f->consumer != into->consumer)
+        return -EINVAL;
+    if (f->n > 0) {
+        into->e = sp_xreallocarray(into->e, into->n + f->n, sizeof(*into->e));
+        memcpy(into->e + into->n, f->e, f->n * sizeof(*f->e));
+        into->n += f->n;
+        f->n = 0;
+    }
+    *from = NULL;
+    sp_bus_batch_free(f); /* the consumer outlives it: into still counts as a live batch */
+    return 0;
+}
+
 int sp_bus_batch_ack(sp_bus_batch_t *b)
 {
     jsOptions jo;

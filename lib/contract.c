@@ -365,6 +365,18 @@ sp_subject_id_t sp_event_subject_id(sp_event_type_t t)
     return SP_SUBJ_EV_SBX;
 }
 
+sp_event_type_t sp_subject_event_type(const char *subject)
+{
+    const char *dot = subject ? strrchr(subject, '.') : NULL;
+    if (!dot)
+        return SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET;
+    sp_event_type_t t = sp_event_type_from_name(dot + 1);
+    sp_subject_id_t id = sp_event_subject_id(t);
+    if (id == SP_SUBJ__COUNT || !sp_subject_match(id, subject, NULL))
+        return SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET;
+    return t;
+}
+
 unsigned sp_event_emitters(sp_event_type_t t)
 {
     return emitters(t);

@@ -176,6 +176,10 @@ typedef struct {
 int sp_bus_fetch(sp_bus_consumer_t *c, size_t max, int timeout_ms, sp_bus_batch_t **ret_batch);
 size_t sp_bus_batch_len(const sp_bus_batch_t *b);
 const sp_bus_msg_t *sp_bus_batch_msg(const sp_bus_batch_t *b, size_t i);
+/* Moves every message of *from (fetched from the same consumer) to the end of into, in order,
+ * and frees *from (set to NULL). Pointers from sp_bus_batch_msg(into, ...) taken before are
+ * invalid after. -EINVAL (nothing moved) for batches of two consumers. */
+int sp_bus_batch_merge(sp_bus_batch_t *into, sp_bus_batch_t **from);
 /* Acknowledges every message of the batch. */
 int sp_bus_batch_ack(sp_bus_batch_t *b);
 /* One message: acknowledge, negatively acknowledge (redeliver now), or tell the server it is

@@ -160,6 +160,11 @@ bool sp_snapshot_name_valid(const char *s);
  * SP_SUBJ__COUNT for an unknown type. */
 sp_subject_id_t sp_event_subject_id(sp_event_type_t t);
 
+/* The event type an event subject names by its last token, read before the message is decoded
+ * (the event log's linger); SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET when the subject is not on
+ * that type's stream subject. A hint only: what is stored is checked against the envelope. */
+sp_event_type_t sp_subject_event_type(const char *subject);
+
 /* Mask of the kinds that may emit this event type; 0 for an unknown type. */
 unsigned sp_event_emitters(sp_event_type_t t);
 

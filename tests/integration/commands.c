@@ -427,6 +427,47 @@ static void test_basics(void **state)
     PQfinish(db);
 }
 
+/* Transactions that stored the newest command of sandbox id's CommandRequested and its
+ * CommandExited (their distinct xmin: 1 or 2), once the exit is in. */
+static long long newest_command_transactions(PGconn *db, const char *id)
+{
+    char last[256], sql[768];
+    snprintf(last, sizeof(last),
+             "(SELECT max(stream_seq) FROM events WHERE aggregate_id = '%s' AND "
+             "type = 'CommandRequested')",
+             id);
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type = 'CommandExited' "
+             "AND stream_seq > %s",
+             id, last);
+    assert_int_equal(sp_test_db_wait_scalar(db, sql, 1, 10000), 1);
+    snprintf(sql, sizeof(sql),
+             "SELECT count(DISTINCT xmin::text) FROM events WHERE aggregate_id = '%s' AND "
+             "stream_seq >= %s AND type IN ('CommandRequested', 'CommandExited')",
+             id, last);
+    return sp_test_db_scalar(db, sql);
+}
+
+/* The event log's linger (eventlog/main.c; the stack sets linger-ms to 500 ms so that a busy
+ * sanitizer run cannot make a short command longer than it): a short command's intent and
+ * its facts are stored in one transaction; a command longer than the linger has its intent
+ * stored without waiting for its end. */
+static void test_short_command_one_transaction(void **state)
+{
+    (void)state;
+    PGconn *db = sp_test_db();
+    result_t r = run(sbx[0], "{\"cmd\":\"echo one-transaction\"}");
+    assert_int_equal(r.status, 200);
+    result_free(&r);
+    assert_int_equal(newest_command_transactions(db, sbx[0]), 1);
+
+    r = run(sbx[0], "{\"cmd\":\"sleep 1.5; echo late\"}");
+    assert_string_equal(r.stdout_s, "late\n");
+    result_free(&r);
+    assert_int_equal(newest_command_transactions(db, sbx[0]), 2);
+    PQfinish(db);
+}
+
 typedef struct {
     int i;
     result_t r;
@@ -601,6 +642,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cli),
         cmocka_unit_test(test_basics),
+        cmocka_unit_test(test_short_command_one_transaction),
         cmocka_unit_test(test_fifty_concurrent),
         cmocka_unit_test(test_stdin_signal_pty),
         cmocka_unit_test(test_hostile_guest),

@@ -135,6 +135,30 @@ static void test_subject_match(void **state)
     assert_string_equal(w, "w2");
 }
 
+/* The type an event subject names, read before decoding (the event log's linger): only on
+ * that type's own stream subject. */
+static void test_subject_event_type(void **state)
+{
+    (void)state;
+    assert_int_equal(sp_subject_event_type("space.ev.io.w1.sbx_1.CommandRequested"),
+                     SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED);
+    assert_int_equal(sp_subject_event_type("space.ev.io._.sbx_1.CommandExited"),
+                     SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED);
+    assert_int_equal(sp_subject_event_type("space.ev.sbx.w1.sbx_1.SandboxStarted"),
+                     SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED);
+    assert_int_equal(sp_subject_event_type("space.ev.wkr.w1.WorkerHeartbeat"),
+                     SPACE__V1__ENVELOPE__PAYLOAD_WORKER_HEARTBEAT);
+    /* A command's type on the sandbox subject, an unknown type, not an event subject. */
+    assert_int_equal(sp_subject_event_type("space.ev.sbx.w1.sbx_1.CommandRequested"),
+                     SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET);
+    assert_int_equal(sp_subject_event_type("space.ev.io.w1.sbx_1.NoSuchType"),
+                     SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET);
+    assert_int_equal(sp_subject_event_type("space.io.wkr.w2.CommandExited"),
+                     SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET);
+    assert_int_equal(sp_subject_event_type("CommandExited"), SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET);
+    assert_int_equal(sp_subject_event_type(NULL), SPACE__V1__ENVELOPE__PAYLOAD__NOT_SET);
+}
+
 /* Every event type of space.proto has emitters and a subject, and the subject the envelope
  * module formats is one the contract's pattern matches. */
 static void test_every_event_type_has_owners(void **state)
@@ -655,6 +679,7 @@ int main(void)
         cmocka_unit_test(test_subject_build),
         cmocka_unit_test(test_subject_builders_match_old_literals),
         cmocka_unit_test(test_subject_match),
+        cmocka_unit_test(test_subject_event_type),
         cmocka_unit_test(test_every_event_type_has_owners),
         cmocka_unit_test(test_tables_consistent),
         cmocka_unit_test(test_trust_good_ones_pass),
