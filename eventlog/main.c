@@ -62,6 +62,7 @@ typedef struct {
     int64_t checkpoint_ms;
     char *checkpoint_file;
     bool seal_output;
+    bool synchronous_commit;
     char *metrics_addr; /* metrics.h */
     char *metrics_port_file;
 } el_config_t;
@@ -105,6 +106,10 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_BOOL_OPT("seal-output", el_config_t, seal_output, "false",
                     "refuse plaintext command output and command lines: the deployment seals "
                     "them (docs/audit.md; space up: with space-credstore)"),
+    SP_CFG_BOOL_OPT("synchronous-commit", el_config_t, synchronous_commit, "true",
+                    "wait for each batch's WAL flush before acknowledging it (false: PostgreSQL "
+                    "may lose the last ~0.6 s of stored batches in a crash; they are stored "
+                    "again from the stream: docs/operations.md, \"synchronous_commit\")"),
     SP_CFG_STR_OPT("checkpoint-file", el_config_t, checkpoint_file, NULL,
                    "also append each checkpoint to this file, for a witness to copy (empty: "
                    "none)"),
@@ -159,7 +164,16 @@ static int open_db(const el_config_t *cfg, PGconn **ret_db)
         PQfinish(db);
         return rc;
     }
-    sp_log(SP_LOG_INFO, "database ready", SP_KI("schema_version", version));
+    /* Off: the commit returns before its WAL is flushed. A crash of PostgreSQL may then take
+     * the newest batches back; the head goes back with them, and they are fetched and stored
+     * again from the stream, the same rows (docs/operations.md, "synchronous_commit"). */
+    if (!cfg->synchronous_commit && (rc = sp_db_exec(db, "SET synchronous_commit = off")) < 0) {
+        sp_log(SP_LOG_ERROR, "cannot set synchronous_commit", SP_KS("error", PQerrorMessage(db)));
+        PQfinish(db);
+        return rc;
+    }
+    sp_log(SP_LOG_INFO, "database ready", SP_KI("schema_version", version),
+           SP_KS("synchronous_commit", cfg->synchronous_commit ? "on" : "off"));
     *ret_db = db;
     return 0;
 }
@@ -349,11 +363,17 @@ static void linger(const el_config_t *cfg, sp_bus_consumer_t *c, sp_bus_batch_t 
 static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_pool_t *pool)
 {
     sp_bus_consumer_t *c = NULL;
+    const uint64_t had = st->head.seq; /* what this process stored before, 0 at start */
     int rc = el_store_load_head(st);
     if (rc < 0) {
         sp_log(SP_LOG_ERROR, "cannot read the log head", SP_KS("error", PQerrorMessage(st->db)));
         return rc;
     }
+    /* Commits taken back by a crash of PostgreSQL (synchronous-commit off, or a lost disk
+     * cache): they are fetched and stored again from the stream. */
+    if (st->head.seq < had)
+        sp_log(SP_LOG_WARN, "the log's head went back; storing those events again from the stream",
+               SP_KU("stored_before", had), SP_KU("head", st->head.seq));
     sp_series_set(sp_metric_only(metrics.stored_seq), (double)st->head.seq);
     /* Rows from here on are stored with this process's verification (the checkpoints say
      * from where: a row accepted after it passed sp_trust_verify). */
