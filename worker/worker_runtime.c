@@ -1460,9 +1460,7 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
                        .chan_dir = h->agent_path ? chan : NULL,
                        /* the image's processes keep what they had; the same spec as created */
                        .claimable = h->agent_path != NULL};
-    if ((rc = wk__runsc_write_config(h, &bd, bundle, err)) < 0)
-        goto out;
-    if ((rc = wk__runsc_restore(h, id, bundle, img, err)) < 0)
+    if ((rc = wk__runsc_restore(h, &bd, bundle, img, err)) < 0)
         goto out;
     info.create_ms = (uint32_t)((wk__now_us() - t0) / 1000);
     if (ret_info)

@@ -253,6 +253,7 @@ typedef struct {
     const char *init;     /* path of the init inside the sandbox; NULL: the placeholder */
     const char *chan_dir; /* host directory mounted read-only at /.space/chan, or NULL */
     bool claimable;       /* its init (the agent) gets CAP_SYS_ADMIN, to set hostnames */
+    bool cpu_unlimited;   /* no CPU quota in the spec (wk__runsc_restore sets it afterwards) */
 } wk__bundle_t;
 
 /* Writes <bundle_dir>/config.json (OCI runtime spec). */
@@ -271,8 +272,11 @@ int wk__runsc_checkpoint(const wk_host_t *h, const char *id, const char *image_d
 int wk__checkpoint_status(const char *rc_path);
 int wk__runsc_verb(const wk_host_t *h, const char *verb, const char *id, const char *image_dir,
                    char err[WK_ERR_MAX]);
-/* runsc restore --detach from image_dir into a new container id with bundle_dir. */
-int wk__runsc_restore(const wk_host_t *h, const char *id, const char *bundle_dir,
+/* runsc restore --detach from image_dir into a new container bd->id, with bundle_dir's
+ * config.json written here from bd. Without the sandbox's CPU quota while runsc restores
+ * (docs/machine-notes.md, "Restore under the sandbox's CPU quota"), which is set once it is
+ * done; a restore whose quota cannot be set fails. */
+int wk__runsc_restore(const wk_host_t *h, const wk__bundle_t *bd, const char *bundle_dir,
                       const char *image_dir, char err[WK_ERR_MAX]);
 /* Kills the runsc calls still running on id under our root (a `runsc create` or checkpoint
  * of a worker killed meanwhile: their reapers outlive it) and waits until they are gone.

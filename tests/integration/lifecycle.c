@@ -152,6 +152,16 @@ static void test_suspend_resume(void **state)
     long open2 = open_log_size(sbx);
     print_message("open.log: %ld bytes, %ld half a second later\n", open1, open2);
     assert_true(open1 > 0 && open2 > open1);
+    /* Restored without its CPU quota (faster), the sandbox has it again: the one CPU of its
+     * spec, in its cgroup and its bundle's config. */
+    assert_int_equal(
+        sp_test_sh(
+            "cfg=%s/worker/bundles/%s/config.json; "
+            "grep -q '\"cpu\":{\"quota\":100000,\"period\":100000}' $cfg && "
+            "cg=$(sed -n 's/.*\"cgroupsPath\":\"\\([^\"]*\\)\".*/\\1/p' $cfg) && "
+            "[ -n \"$cg\" ] && [ \"$(cat /sys/fs/cgroup/cpu$cg/cpu.cfs_quota_us)\" = 100000 ]",
+            sp_test_env("SPACE_HOME"), sbx),
+        0);
     /* The snapshot served and is gone. */
     snprintf(path, sizeof(path), "%s/snapshots/%s", sp_test_env("SPACE_HOME"), sbx);
     assert_int_not_equal(access(path, F_OK), 0);
