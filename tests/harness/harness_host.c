@@ -316,16 +316,20 @@ static bool worker_live(const char *id)
     return live;
 }
 
+/* Back: up to 150 s, since a returning worker sends no heartbeat while it waits (up to 120 s,
+ * worker_reconcile.c wait_for_log) for an event log that is behind; gone: up to 60 s. */
 static void wait_live(const char *id, pid_t pid, const char *log, bool want)
 {
-    for (int i = 0; i < 600 && worker_live(id) != want; i++) {
+    const int tenths = want ? 1500 : 600;
+    for (int i = 0; i < tenths && worker_live(id) != want; i++) {
         int status;
         if (want && pid > 0 && waitpid(pid, &status, WNOHANG) > 0)
             fail_msg("worker %s exited (see %s)", id, log);
         nanosleep(&(struct timespec){.tv_nsec = 100 * 1000 * 1000}, NULL);
     }
     if (worker_live(id) != want)
-        fail_msg("worker %s is %s after 60 s (see %s)", id, want ? "not live" : "live", log);
+        fail_msg("worker %s is %s after %d s (see %s)", id, want ? "not live" : "live", tenths / 10,
+                 log);
     if (!want)
         sleep(7); /* the scheduler counts a worker gone after 3 missed heartbeats (2 s each) */
 }
