@@ -303,15 +303,24 @@ static int store_and_ack(el_store_t *st, el_batch_t *b)
     return 0;
 }
 
-/* Commands whose intent is in the batch and whose end is not, when the batch holds only what
- * happens inside sandboxes (space.ev.io); 0 when it holds anything else. By subject: a hint
- * for the linger only. */
+/* Facts nobody waits to see in the log: what happens inside sandboxes (space.ev.io), a
+ * worker's heartbeat (every heartbeat-ms: ending the linger on it made one short command in
+ * ten or twenty cost two transactions again on a slower machine), and egress decisions. */
+static bool unawaited(sp_event_type_t t)
+{
+    return sp_event_is_io(t) || t == SPACE__V1__ENVELOPE__PAYLOAD_WORKER_HEARTBEAT ||
+           t == SPACE__V1__ENVELOPE__PAYLOAD_EGRESS_ALLOWED ||
+           t == SPACE__V1__ENVELOPE__PAYLOAD_EGRESS_DENIED;
+}
+
+/* Commands whose intent is in the batch and whose end is not, when the batch holds only facts
+ * nobody waits on; 0 when it holds anything else. By subject: a hint for the linger only. */
 static long open_commands(const sp_bus_batch_t *b)
 {
     long open = 0;
     for (size_t i = 0; i < sp_bus_batch_len(b); i++) {
         sp_event_type_t t = sp_subject_event_type(sp_bus_batch_msg(b, i)->subject);
-        if (!sp_event_is_io(t))
+        if (!unawaited(t))
             return 0;
         if (t == SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED)
             open++;
