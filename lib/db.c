@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,6 +127,93 @@ int sp_db_connect(const char *url, const char *application_name, int timeout_ms,
             return timeout_ms > 0 ? SP_ETIMEOUT : SP_EDB;
         nanosleep(&(struct timespec){.tv_nsec = 100 * 1000 * 1000}, NULL);
     }
+}
+
+struct sp_db_idle {
+    char *url, *application_name;
+    pthread_mutex_t mu;
+    size_t keep, n;
+    PGconn **conns; /* the idle ones, the most recently given last */
+};
+
+sp_db_idle_t *sp_db_idle_new(const char *url, const char *application_name, size_t keep)
+{
+    sp_db_idle_t *idle = sp_xcalloc(1, sizeof(*idle));
+    idle->url = sp_xstrdup(url);
+    idle->application_name = sp_xstrdup(application_name);
+    idle->keep = keep;
+    idle->conns = sp_xcalloc(keep ? keep : 1, sizeof(PGconn *));
+    pthread_mutex_init(&idle->mu, NULL);
+    return idle;
+}
+
+/* Alive: the server answers an empty query. (PQstatus alone still says CONNECTION_OK for a
+ * connection whose backend is gone until something is sent on it.) */
+static bool idle_alive(PGconn *c)
+{
+    if (PQstatus(c) != CONNECTION_OK)
+        return false;
+    PGresult *r = PQexec(c, "");
+    bool ok = r && PQresultStatus(r) == PGRES_EMPTY_QUERY;
+    PQclear(r);
+    return ok && PQstatus(c) == CONNECTION_OK;
+}
+
+int sp_db_idle_take(sp_db_idle_t *idle, int timeout_ms, PGconn **ret_conn)
+{
+    for (;;) {
+        PGconn *c = NULL;
+        pthread_mutex_lock(&idle->mu);
+        if (idle->n > 0)
+            c = idle->conns[--idle->n];
+        pthread_mutex_unlock(&idle->mu);
+        if (!c)
+            break;
+        if (idle_alive(c)) {
+            *ret_conn = c;
+            return 0;
+        }
+        sp_log(SP_LOG_DEBUG, "idle connection dropped by the server: closed",
+               SP_KS("application_name", idle->application_name));
+        PQfinish(c);
+    }
+    PGconn *c = NULL;
+    int rc = sp_db_connect(idle->url, idle->application_name, timeout_ms, &c);
+    if (rc < 0) {
+        PQfinish(c);
+        return rc;
+    }
+    *ret_conn = c;
+    return 0;
+}
+
+void sp_db_idle_give(sp_db_idle_t *idle, PGconn *conn)
+{
+    if (!conn)
+        return;
+    if (PQstatus(conn) == CONNECTION_OK && PQtransactionStatus(conn) == PQTRANS_IDLE) {
+        pthread_mutex_lock(&idle->mu);
+        bool kept = idle->n < idle->keep;
+        if (kept)
+            idle->conns[idle->n++] = conn;
+        pthread_mutex_unlock(&idle->mu);
+        if (kept)
+            return;
+    }
+    PQfinish(conn);
+}
+
+void sp_db_idle_free(sp_db_idle_t *idle)
+{
+    if (!idle)
+        return;
+    for (size_t i = 0; i < idle->n; i++)
+        PQfinish(idle->conns[i]);
+    pthread_mutex_destroy(&idle->mu);
+    free(idle->conns);
+    free(idle->url);
+    free(idle->application_name);
+    free(idle);
 }
 
 int sp_db_schema_version(void)

@@ -153,9 +153,9 @@ static void *heartbeat_main(void *arg)
             sp_log(SP_LOG_WARN, "heartbeat failed", SP_KS("error", sp_strerror(rc)));
         if (sp_mono_ns() - swept_at > (int64_t)w->cfg->snapshot_sweep_s * 1000000000) {
             PGconn *db = NULL;
-            if (sp_db_connect(w->cfg->pg_url, "space-worker", 5000, &db) == 0)
+            if (sp_db_idle_take(w->db, 5000, &db) == 0)
                 wk_snap_sweep(w, db);
-            PQfinish(db);
+            sp_db_idle_give(w->db, db);
             qgroup_sweep(w, false);
             swept_at = sp_mono_ns();
         }
@@ -494,8 +494,8 @@ int main(int argc, char **argv)
     }
     if (wk_snap_open(&w) < 0)
         goto out;
-    if ((rc = sp_db_connect(cfg.pg_url, "space-worker", 30000, &db)) < 0 ||
-        (rc = sp_db_migrate(db)) < 0) {
+    w.db = sp_db_idle_new(cfg.pg_url, "space-worker", WK_DB_IDLE_KEEP);
+    if ((rc = sp_db_idle_take(w.db, 30000, &db)) < 0 || (rc = sp_db_migrate(db)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot reach PostgreSQL", SP_KS("error", sp_strerror(rc)));
         goto out;
     }
@@ -507,7 +507,7 @@ int main(int argc, char **argv)
     if (wk_commands_start(&w) < 0 || wk_files_start(&w) < 0 || wk_watches_start(&w) < 0 ||
         wk_samples_start(&w) < 0 || wk_take_placements(&w, db) < 0)
         goto out;
-    PQfinish(db);
+    sp_db_idle_give(w.db, db);
     db = NULL;
     /* After the reconciliation released a previous process's pooled sandboxes. */
     if (wk_pool_start(&w) < 0)
@@ -552,6 +552,7 @@ out:
         usleep(10 * 1000);
     wk_factq_free(w.facts);
     sp_bus_free(w.bus);
+    sp_db_idle_free(w.db);
     sp_request_guard_free(w.guard);
     sp_verifier_free(w.verifier);
     sp_busid_dispose(&busid);

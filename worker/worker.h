@@ -10,6 +10,7 @@
 
 #include "bus.h"
 #include "cred.h"
+#include "db.h"
 #include "envelope.h"
 #include "hash.h"
 #include "request.h"
@@ -78,6 +79,8 @@ typedef struct {
 } wk_metrics_t;
 typedef struct wk_pool wk_pool_t;
 #define WK_GIVEN_UP_MAX 64
+/* Idle PostgreSQL connections kept (sp_db_idle_t): the handler threads that read at once. */
+#define WK_DB_IDLE_KEEP 4
 
 /* Command facts (worker_factq.c): published from a thread of their own, in the order queued,
  * each batch retried whole until the stream has it (message ids make that idempotent). A fact
@@ -154,6 +157,9 @@ struct wk {
     sp_request_guard_t *guard;
     wk_factq_t *facts; /* command facts (worker_factq.c) */
     wk_host_t *host;
+    /* PostgreSQL for the handlers' short reads (a resume's snapshot record, an old placement):
+     * connections kept open between them (db.h, sp_db_idle_t). */
+    sp_db_idle_t *db;
     char hostname[256];
     uint32_t vcpu_total;
     uint64_t memory_mb_total;

@@ -68,10 +68,8 @@ static bool placement_wanted(wk_t *w, const sp_envelope_t *ev, bool redelivered,
     if (!redelivered && sp_now_us() - ev->occurred_at_us < STALE_PLACEMENT_US)
         return true;
     PGconn *db = NULL;
-    if (sp_db_connect(w->cfg->pg_url, "space-worker", 5000, &db) < 0) {
-        PQfinish(db);
+    if (sp_db_idle_take(w->db, 5000, &db) < 0)
         return true;
-    }
     const char *p[2] = {ev->aggregate->id, ev->event_id};
     PGresult *r = PQexecParams(
         db,
@@ -103,7 +101,7 @@ static bool placement_wanted(wk_t *w, const sp_envelope_t *ev, bool redelivered,
                    SP_KS("sandbox", ev->aggregate->id), SP_KS("corr", ev->correlation_id));
     }
     PQclear(r);
-    PQfinish(db);
+    sp_db_idle_give(w->db, db);
     return wanted;
 }
 
@@ -233,19 +231,19 @@ static int on_delete(wk_t *w, const sp_envelope_t *ev)
     return wk_publish_fact(w, &env, "deleted", ev->event_id);
 }
 
-/* sp_verifier_once's lookup for a message that is not fresh: a connection of its own (the
- * handlers run on several threads; old messages are rare: after a restart or a replay). */
+/* sp_verifier_once's lookup for a message that is not fresh: a connection of this call's own
+ * (the handlers run on several threads; old messages are rare: after a restart or a replay). */
 static int log_lookup(void *arg, const char *event_id, uint64_t *ret_seq)
 {
     wk_t *w = arg;
     PGconn *db = NULL;
-    int rc = sp_db_connect(w->cfg->pg_url, "space-worker", 5000, &db);
+    int rc = sp_db_idle_take(w->db, 5000, &db);
     if (rc >= 0)
         rc = sp_db_accepted_seq(db, event_id, ret_seq);
     if (rc < 0)
         sp_log(SP_LOG_WARN, "cannot ask the log whether an event is a replay: acted on",
                SP_KS("event_id", event_id), SP_KS("error", sp_strerror(rc)));
-    PQfinish(db);
+    sp_db_idle_give(w->db, db);
     return rc;
 }
 
@@ -527,9 +525,9 @@ int wk_serve(wk_t *w)
             sp_mono_ns() - reconnected_ns >= take_after_ms[takes] * 1000000) {
             takes++;
             PGconn *db = NULL;
-            if (sp_db_connect(w->cfg->pg_url, "space-worker", 5000, &db) == 0)
+            if (sp_db_idle_take(w->db, 5000, &db) == 0)
                 (void)wk_take_placements(w, db);
-            PQfinish(db);
+            sp_db_idle_give(w->db, db);
         }
         sp_bus_batch_t *b = NULL;
         rc = sp_bus_fetch(c, (size_t)w->cfg->batch_max, 500, &b);

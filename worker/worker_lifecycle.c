@@ -437,7 +437,7 @@ typedef struct {
 static int load_snapshot(wk_t *w, const char *sbx, snapshot_info_t *si, char err[WK_ERR_MAX])
 {
     PGconn *db = NULL;
-    int rc = sp_db_connect(w->cfg->pg_url, "space-worker", 10000, &db);
+    int rc = sp_db_idle_take(w->db, 10000, &db);
     if (rc < 0) {
         snprintf(err, WK_ERR_MAX, "PostgreSQL: %s", sp_strerror(rc));
         return rc;
@@ -469,7 +469,7 @@ static int load_snapshot(wk_t *w, const char *sbx, snapshot_info_t *si, char err
     rc = 0;
 out:
     PQclear(r);
-    PQfinish(db);
+    sp_db_idle_give(w->db, db);
     return rc;
 }
 
@@ -755,17 +755,15 @@ static uint32_t sandbox_disk_mb(wk_t *w, const char *sbx)
 {
     PGconn *db = NULL;
     uint32_t mb = 0;
-    if (sp_db_connect(w->cfg->pg_url, "space-worker", 10000, &db) < 0) {
-        PQfinish(db);
+    if (sp_db_idle_take(w->db, 10000, &db) < 0)
         return 0;
-    }
     const char *p[1] = {sbx};
     PGresult *r =
         PQexecParams(db, "SELECT disk_mb FROM sandboxes WHERE id = $1", 1, NULL, p, NULL, NULL, 0);
     if (sp_db_check(r, PGRES_TUPLES_OK) == 0 && PQntuples(r) == 1)
         mb = (uint32_t)strtoul(PQgetvalue(r, 0, 0), NULL, 10);
     PQclear(r);
-    PQfinish(db);
+    sp_db_idle_give(w->db, db);
     return mb;
 }
 
@@ -1067,7 +1065,7 @@ int wk_create_from_snapshot(wk_t *w, const sp_envelope_t *ev, const wk_sandbox_s
     PGconn *db = NULL;
     sp_envelope_t *se = NULL;
     char *paths[ARTIFACTS] = {0};
-    int rc = sp_db_connect(w->cfg->pg_url, "space-worker", 10000, &db);
+    int rc = sp_db_idle_take(w->db, 10000, &db);
     if (rc < 0) {
         snprintf(err, WK_ERR_MAX, "PostgreSQL: %s", sp_strerror(rc));
         goto out;
@@ -1078,6 +1076,9 @@ int wk_create_from_snapshot(wk_t *w, const sp_envelope_t *ev, const wk_sandbox_s
                  rc == SP_ENOTFOUND ? "no such snapshot" : sp_strerror(rc));
         goto out;
     }
+    /* Not held through the download and the restore. */
+    sp_db_idle_give(w->db, db);
+    db = NULL;
     const Space__V1__SandboxSnapshotted *sd = se->sandbox_snapshotted;
     for (int i = 0; i < ARTIFACTS && rc == 0; i++) {
         const Space__V1__SnapshotArtifact *a = NULL;
@@ -1113,6 +1114,6 @@ out:
     for (int i = 0; i < ARTIFACTS; i++)
         free(paths[i]);
     sp_envelope_free(se);
-    PQfinish(db);
+    sp_db_idle_give(w->db, db);
     return rc;
 }

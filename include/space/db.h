@@ -22,6 +22,20 @@
 /* Connects (retrying for up to timeout_ms while the server starts) and sets
  * application_name. url is a libpq connection string or URI. Errors: SP_EDB, SP_ETIMEOUT. */
 int sp_db_connect(const char *url, const char *application_name, int timeout_ms, PGconn **ret_conn);
+/* Idle connections kept between short uses, for a daemon whose threads each need a connection
+ * now and then (the worker's resume reads its snapshot's record: a new connection cost 19.6 ms
+ * on the test machines, a query on an open one 0.06 ms). Thread-safe. sp_db_idle_take gives
+ * an idle connection after one empty round trip proves it alive (one the server dropped, by a
+ * restart or pg_terminate_backend, is closed and the next tried), else a new one
+ * (sp_db_connect with timeout_ms). sp_db_idle_give takes it back: kept when it is healthy and
+ * outside a transaction and fewer than keep are idle, else closed; NULL is ignored. */
+typedef struct sp_db_idle sp_db_idle_t;
+sp_db_idle_t *sp_db_idle_new(const char *url, const char *application_name, size_t keep);
+int sp_db_idle_take(sp_db_idle_t *idle, int timeout_ms, PGconn **ret_conn);
+void sp_db_idle_give(sp_db_idle_t *idle, PGconn *conn);
+/* Closes the idle connections (those taken must have been given back or closed). */
+void sp_db_idle_free(sp_db_idle_t *idle);
+
 /* Applies pending migrations. Returns the schema version now in force. */
 int sp_db_migrate(PGconn *conn);
 /* Creates schema and applies every migration inside it: a scratch copy of the tables, made by
