@@ -24,6 +24,7 @@
 #include "buf.h"
 #include "error.h"
 #include "ids.h"
+#include "json.h"
 #include "worker_runtime_int.h"
 #include "xmalloc.h"
 
@@ -484,6 +485,90 @@ int wk__runsc_calls_stop(const wk_host_t *h, const char *id)
         if (all)
             return n;
         nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    }
+    return -ETIMEDOUT;
+}
+
+/* Whether pid runs one of runsc's processes (runsc-sandbox, runsc-gofer) for bundle under our
+ * root, by its command line. */
+static bool runsc_proc_of(pid_t pid, const char *root_flag, const char *bundle)
+{
+    char path[64], cmd[8192];
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t len = read(fd, cmd, sizeof(cmd) - 1);
+    close(fd);
+    if (len <= 0)
+        return false;
+    cmd[len] = '\0';
+    const char *a0 = strrchr(cmd, '/');
+    if (strncmp(a0 ? a0 + 1 : cmd, "runsc", 5) != 0)
+        return false;
+    size_t bl = strlen(bundle);
+    bool root = false, ours = false;
+    for (const char *a = cmd + strlen(cmd) + 1; a < cmd + len; a += strlen(a) + 1) {
+        root |= strcmp(a, root_flag) == 0;
+        ours |= strcmp(a, bundle) == 0 ||
+                (strncmp(a, "--bundle=", 9) == 0 && strncmp(a + 9, bundle, bl) == 0 && !a[9 + bl]);
+    }
+    return root && ours;
+}
+
+/* The sandbox's and gofer's pids from runsc's state file of root container id (runsc
+ * 2022-12: <root>/<id>_sandbox:<id>.state, {"goferPid":N,"sandbox":{"pid":N}}); 0 where
+ * absent. */
+static void state_pids(const wk_host_t *h, const char *id, pid_t pids[2])
+{
+    pids[0] = pids[1] = 0;
+    char *path = sp_xasprintf("%s/%s_sandbox:%s.state", h->runsc_root, id, id);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    free(path);
+    if (fd < 0)
+        return;
+    sp_buf_t b;
+    sp_buf_init(&b);
+    char chunk[4096];
+    ssize_t n;
+    while (b.len < (1u << 20) && (n = read(fd, chunk, sizeof(chunk))) > 0)
+        sp_buf_append(&b, chunk, (size_t)n);
+    close(fd);
+    sp_json_doc_t *doc = NULL;
+    char jerr[SP_JSON_ERR_MAX];
+    if (sp_json_parse((const char *)b.data, b.len, NULL, &doc, jerr) == 0) {
+        const sp_json_t *root = sp_json_root(doc);
+        int64_t v;
+        if (sp_json_int(sp_json_get(root, "goferPid"), 2, INT32_MAX, &v) == 0)
+            pids[0] = (pid_t)v;
+        if (sp_json_int(sp_json_get(sp_json_get(root, "sandbox"), "pid"), 2, INT32_MAX, &v) == 0)
+            pids[1] = (pid_t)v;
+    }
+    sp_json_doc_free(doc);
+    sp_buf_dispose(&b);
+}
+
+int wk__runsc_procs_end(const wk_host_t *h, const char *id)
+{
+    pid_t pids[2], killed[2];
+    int n = 0;
+    state_pids(h, id, pids);
+    char *root_flag = sp_xasprintf("--root=%s", h->runsc_root);
+    char *bundle = sp_xasprintf("%s/%s", h->bundles_dir, id);
+    for (int i = 0; i < 2; i++)
+        if (pids[i] > 1 && runsc_proc_of(pids[i], root_flag, bundle) && kill(pids[i], SIGKILL) == 0)
+            killed[n++] = pids[i];
+    free(root_flag);
+    free(bundle);
+    /* Gone means reaped (runsc tests with signal 0, which a zombie still takes): the
+     * sandbox's reaper does it at once (worker_spawn.c). */
+    for (int waited = 0; waited < 200; waited++) {
+        bool all = true;
+        for (int i = 0; i < n; i++)
+            all &= kill(killed[i], 0) < 0 && errno == ESRCH;
+        if (all)
+            return n;
+        nanosleep(&(struct timespec){0, 1000 * 1000}, NULL);
     }
     return -ETIMEDOUT;
 }

@@ -858,6 +858,9 @@ int wk_sandbox_destroy(wk_host_t *h, const char *sandbox, char err[WK_ERR_MAX])
     int rc = wk__runsc_calls_stop(h, id);
     if (rc < 0)
         return wk__fail(err, rc, "runsc calls on %s do not end", id);
+    /* Its processes gone first, runsc's delete does not wait 100 ms for them. */
+    int killed = wk__runsc_procs_end(h, id);
+    double kill_ms = ms_since(t0);
     rc = wk__runsc_delete(h, id, err);
     if (rc < 0)
         return rc;
@@ -890,7 +893,8 @@ int wk_sandbox_destroy(wk_host_t *h, const char *sandbox, char err[WK_ERR_MAX])
         free(p);
     }
     sp_log(SP_LOG_DEBUG, "sandbox destroyed", SP_KS("sandbox", sandbox), SP_KS("host_id", id),
-           SP_KI("rc", rc), SP_KF("runsc_ms", runsc_ms), SP_KF("total_ms", ms_since(t0)));
+           SP_KI("rc", rc), SP_KI("killed_first", killed), SP_KF("kill_ms", kill_ms),
+           SP_KF("runsc_ms", runsc_ms), SP_KF("total_ms", ms_since(t0)));
     return rc;
 }
 

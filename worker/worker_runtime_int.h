@@ -282,6 +282,12 @@ int wk__runsc_restore(const wk_host_t *h, const wk__bundle_t *bd, const char *bu
  * of a worker killed meanwhile: their reapers outlive it) and waits until they are gone.
  * Returns how many, or -ETIMEDOUT. */
 int wk__runsc_calls_stop(const wk_host_t *h, const char *id);
+/* Kills the sandbox and gofer processes of id (pids from runsc's state file, each checked
+ * against its command line first) and waits up to 200 ms until they are reaped. runsc's
+ * delete polls for them every 100 ms, and its first look comes right after its own SIGKILL:
+ * gone before it starts, the delete does not wait (docs/machine-notes.md, "runsc delete
+ * waits 100 ms"). Returns how many, or -ETIMEDOUT (then the delete waits as before). */
+int wk__runsc_procs_end(const wk_host_t *h, const char *id);
 /* delete --force (kills the sandbox); a container that does not exist is success. */
 int wk__runsc_delete(const wk_host_t *h, const char *id, char err[WK_ERR_MAX]);
 int wk__runsc_exec(const wk_host_t *h, const char *id, const char *const *argv, char *out,

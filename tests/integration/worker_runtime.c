@@ -17,6 +17,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
+#include <signal.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -643,6 +644,62 @@ static void test_firewall_spoof(void **state)
     assert_int_not_equal(after, 0);
 }
 
+/* The sandbox's and gofer's pids in runsc's state file of id (0 when absent). */
+static void state_pids_of(const char *id, pid_t pids[2])
+{
+    char path[512], buf[65536];
+    snprintf(path, sizeof(path), "%s/%s_sandbox:%s.state", host->runsc_root, id, id);
+    pids[0] = pids[1] = 0;
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *g = strstr(buf, "\"goferPid\":"), *s = strstr(buf, "\"sandbox\":{");
+    if (g)
+        pids[0] = (pid_t)atoi(g + strlen("\"goferPid\":"));
+    if (s && (s = strstr(s, "\"pid\":")))
+        pids[1] = (pid_t)atoi(s + strlen("\"pid\":"));
+}
+
+/* Before runsc's delete, the worker ends the sandbox's processes itself (runsc's delete would
+ * poll for them every 100 ms): both go, reaped. And only they: a pid in a state file that
+ * now belongs to another process (the kernel reuses pids) is left alone. */
+static void test_procs_end(void **state)
+{
+    (void)state;
+    NEED_HOST();
+    pid_t pids[2];
+    state_pids_of(ids[0], pids);
+    assert_true(pids[0] > 1 && pids[1] > 1);
+    assert_int_equal(kill(pids[0], 0), 0);
+    assert_int_equal(kill(pids[1], 0), 0);
+    assert_int_equal(wk__runsc_procs_end(host, ids[0]), 2);
+    assert_true(kill(pids[0], 0) < 0 && errno == ESRCH);
+    assert_true(kill(pids[1], 0) < 0 && errno == ESRCH);
+
+    /* A state file naming a process of ours that is no runsc process of that sandbox. */
+    pid_t decoy = fork();
+    assert_true(decoy >= 0);
+    if (decoy == 0) {
+        execlp("sleep", "sleep", "30", (char *)NULL);
+        _exit(127);
+    }
+    const char *fake = "sbx_decoy000000000000000000";
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s_sandbox:%s.state", host->runsc_root, fake, fake);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"id\":\"%s\",\"goferPid\":%d,\"sandbox\":{\"id\":\"%s\",\"pid\":%d}}", fake,
+            (int)decoy, fake, (int)decoy);
+    fclose(f);
+    assert_int_equal(wk__runsc_procs_end(host, fake), 0);
+    assert_int_equal(waitpid(decoy, NULL, WNOHANG), 0); /* still running: not even a zombie */
+    unlink(path);
+    kill(decoy, SIGKILL);
+    waitpid(decoy, NULL, 0);
+}
+
 static void test_destroy(void **state)
 {
     (void)state;
@@ -803,11 +860,12 @@ static void test_latency(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_template_tiny),    cmocka_unit_test(test_create_parallel),
-        cmocka_unit_test(test_exec_isolation),   cmocka_unit_test(test_firewall),
-        cmocka_unit_test(test_firewall_spoof),   cmocka_unit_test(test_destroy),
-        cmocka_unit_test(test_unknown_template), cmocka_unit_test(test_failed_start),
-        cmocka_unit_test(test_base_template),    cmocka_unit_test(test_latency),
+        cmocka_unit_test(test_template_tiny),  cmocka_unit_test(test_create_parallel),
+        cmocka_unit_test(test_exec_isolation), cmocka_unit_test(test_firewall),
+        cmocka_unit_test(test_firewall_spoof), cmocka_unit_test(test_procs_end),
+        cmocka_unit_test(test_destroy),        cmocka_unit_test(test_unknown_template),
+        cmocka_unit_test(test_failed_start),   cmocka_unit_test(test_base_template),
+        cmocka_unit_test(test_latency),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
