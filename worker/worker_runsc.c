@@ -429,19 +429,28 @@ static bool call_on(const char *cmd, size_t n, const char *runsc, const char *ro
     return root && named;
 }
 
+/* /proc/<pid>/<name> into buf, NUL-terminated: its length, or <= 0 when it cannot be read
+ * (the process is gone). */
+static ssize_t proc_file(long pid, const char *name, char *buf, size_t size)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%ld/%s", pid, name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, size - 1);
+    close(fd);
+    if (n > 0)
+        buf[n] = '\0';
+    return n;
+}
+
 /* Whether pid is gone or a zombie (its reaper, not us, waits for it). */
 static bool gone(pid_t pid)
 {
-    char path[64], st[256];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    char st[256];
+    if (proc_file(pid, "stat", st, sizeof(st)) <= 0)
         return true;
-    ssize_t n = read(fd, st, sizeof(st) - 1);
-    close(fd);
-    if (n <= 0)
-        return true;
-    st[n] = '\0';
     const char *e = strrchr(st, ')'); /* "pid (comm) S ...": comm may hold anything */
     return !e || e[1] == '\0' || e[2] == 'Z' || e[2] == 'X';
 }
@@ -461,16 +470,9 @@ int wk__runsc_calls_stop(const wk_host_t *h, const char *id)
         long pid = strtol(de->d_name, &end, 10);
         if (pid <= 0 || *end || pid == (long)getpid())
             continue;
-        char path[64];
-        snprintf(path, sizeof(path), "/proc/%ld/cmdline", pid);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-            continue;
-        ssize_t len = read(fd, cmd, 8191);
-        close(fd);
+        ssize_t len = proc_file(pid, "cmdline", cmd, 8192);
         if (len <= 0)
             continue;
-        cmd[len] = '\0';
         if (call_on(cmd, (size_t)len, h->runsc, root_flag, id) && kill((pid_t)pid, SIGKILL) == 0)
             pids[n++] = (pid_t)pid;
     }
@@ -493,16 +495,10 @@ int wk__runsc_calls_stop(const wk_host_t *h, const char *id)
  * root, by its command line. */
 static bool runsc_proc_of(pid_t pid, const char *root_flag, const char *bundle)
 {
-    char path[64], cmd[8192];
-    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return false;
-    ssize_t len = read(fd, cmd, sizeof(cmd) - 1);
-    close(fd);
+    char cmd[8192];
+    ssize_t len = proc_file(pid, "cmdline", cmd, sizeof(cmd));
     if (len <= 0)
         return false;
-    cmd[len] = '\0';
     const char *a0 = strrchr(cmd, '/');
     if (strncmp(a0 ? a0 + 1 : cmd, "runsc", 5) != 0)
         return false;

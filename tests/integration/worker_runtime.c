@@ -657,9 +657,9 @@ static void state_pids_of(const char *id, pid_t pids[2])
     buf[n] = '\0';
     const char *g = strstr(buf, "\"goferPid\":"), *s = strstr(buf, "\"sandbox\":{");
     if (g)
-        pids[0] = (pid_t)atoi(g + strlen("\"goferPid\":"));
+        pids[0] = (pid_t)strtol(g + strlen("\"goferPid\":"), NULL, 10);
     if (s && (s = strstr(s, "\"pid\":")))
-        pids[1] = (pid_t)atoi(s + strlen("\"pid\":"));
+        pids[1] = (pid_t)strtol(s + strlen("\"pid\":"), NULL, 10);
 }
 
 /* Before runsc's delete, the worker ends the sandbox's processes itself (runsc's delete would
