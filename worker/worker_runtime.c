@@ -1437,8 +1437,11 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
     /* The image is decompressed while the disk is received and the network made. */
     tool_job_t zimg;
     tool_job_start(&zimg, z2, "zstd image");
+    /* When each step began, for the debug log below. */
+    int64_t t_unzip = wk__now_us(), t_recv = 0, t_snap = 0, t_net = 0;
     if ((rc = run_tool(z1, "zstd rootfs", err)) == 0 &&
-        (rc = run_tool(recv, "btrfs receive", err)) == 0) {
+        (t_recv = wk__now_us(), rc = run_tool(recv, "btrfs receive", err)) == 0) {
+        t_snap = wk__now_us();
         rc = wk__subvol_snapshot(ro, rootfs, false, err);
         (void)wk__subvol_delete(ro, NULL);
         (void)rmdir(recv_dir);
@@ -1450,10 +1453,13 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
     if (rc == 0) {
         info.disk_mb = wk_sandbox_disk_mb(h, spec->disk_mb);
         unlink(stream);
+        t_net = wk__now_us();
         rc = wk__net_create(h, id, info.address, err);
     }
+    int64_t t_join = wk__now_us();
     if ((rc = tool_job_join(&zimg, rc, err)) < 0)
         goto out;
+    int64_t t_runsc = wk__now_us();
     wk__bundle_t bd = {.id = id,
                        .rootfs = rootfs,
                        .netns_path = netns_path,
@@ -1467,6 +1473,13 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
     if ((rc = wk__runsc_restore(h, &bd, bundle, img, err)) < 0)
         goto out;
     info.create_ms = (uint32_t)((wk__now_us() - t0) / 1000);
+    sp_log(SP_LOG_DEBUG, "restore steps", SP_KS("sandbox", id),
+           SP_KF("unzip_ms", (double)(t_recv - t_unzip) / 1000.0),
+           SP_KF("receive_ms", (double)(t_snap - t_recv) / 1000.0),
+           SP_KF("snapshot_limit_ms", (double)(t_net - t_snap) / 1000.0),
+           SP_KF("net_ms", (double)(t_join - t_net) / 1000.0),
+           SP_KF("image_wait_ms", (double)(t_runsc - t_join) / 1000.0),
+           SP_KF("runsc_ms", ms_since(t_runsc)), SP_KF("total_ms", ms_since(t0)));
     if (ret_info)
         *ret_info = info;
 out:
