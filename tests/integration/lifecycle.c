@@ -355,10 +355,21 @@ static void test_kill9_mid_suspend(void **state)
         usleep(10 * 1000);
     assert_int_equal(sp_test_events(db, id, "SandboxSuspending", NULL), 1);
     usleep(150 * 1000); /* into runsc checkpoint */
+    char killed_at[64], live[256];
+    snprintf(killed_at, sizeof(killed_at), "%lld",
+             sp_test_db_scalar(db, "SELECT (extract(epoch FROM now()) * 1000000)::bigint"));
     sp_test_daemon_kill9("space-worker");
     assert_int_equal(sp_test_space("up"), 0);
 
     settled_state(db, id, st, sizeof(st));
+    /* Up again for the scheduler: a heartbeat since the restart (the worker sends one as soon
+     * as its reconciliation, which completes the suspend, is done; a resume asked for in the
+     * moment between is refused no_capacity). */
+    snprintf(live, sizeof(live),
+             "SELECT count(*) FROM workers WHERE state = 'up' AND last_heartbeat_at > "
+             "to_timestamp(%s / 1000000.0)",
+             killed_at);
+    assert_int_equal(sp_test_db_wait_scalar(db, live, 1, 120000), 1);
     char cmd[1024];
     snprintf(cmd, sizeof(cmd), "grep -c 'completing a suspend' '%s/log/space-worker.log'",
              sp_test_env("SPACE_HOME"));
