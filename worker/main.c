@@ -503,12 +503,6 @@ int main(int argc, char **argv)
      * own. */
     if (wk_reconcile(&w, db) < 0)
         goto out;
-    /* Known now: announced at once rather than after the starts below (seconds under a
-     * sanitizer). A suspend the reconciliation completed answers its client, who may resume at
-     * once; until a heartbeat says this worker is up again, the scheduler refuses that resume
-     * (no_capacity). Placements meanwhile wait in the durable for wk_serve. */
-    if ((rc = wk_heartbeat(&w)) < 0)
-        sp_log(SP_LOG_WARN, "heartbeat failed", SP_KS("error", sp_strerror(rc)));
     wk_snap_sweep(&w, db);
     if (wk_commands_start(&w) < 0 || wk_files_start(&w) < 0 || wk_watches_start(&w) < 0 ||
         wk_samples_start(&w) < 0 || wk_take_placements(&w, db) < 0)

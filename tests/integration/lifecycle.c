@@ -362,9 +362,9 @@ static void test_kill9_mid_suspend(void **state)
     assert_int_equal(sp_test_space("up"), 0);
 
     settled_state(db, id, st, sizeof(st));
-    /* Up again for the scheduler: a heartbeat since the restart (the worker sends one as soon
-     * as its reconciliation, which completes the suspend, is done; a resume asked for in the
-     * moment between is refused no_capacity). */
+    /* Up again for the scheduler: a heartbeat since the restart. The reconciliation completes
+     * the suspend before the worker's first heartbeat (it announces itself once it has
+     * started); a resume asked for in between is refused no_capacity. */
     snprintf(live, sizeof(live),
              "SELECT count(*) FROM workers WHERE state = 'up' AND last_heartbeat_at > "
              "to_timestamp(%s / 1000000.0)",
