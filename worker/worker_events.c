@@ -105,6 +105,37 @@ static bool placement_wanted(wk_t *w, const sp_envelope_t *ev, bool redelivered,
     return wanted;
 }
 
+/* Whether the log has an answer to this intent already (an accepted event it caused, other
+ * than one saying the work began): a redelivery of an intent whose handling a previous process
+ * of this worker finished, or that its successor completed at start-up (wk_suspend_complete),
+ * is not acted on again. Acted on again, a suspend request redelivered after the sandbox was
+ * resumed suspended it a second time, under a running command. Asked only of a redelivery or
+ * an intent that waited (the log is then seconds ahead of it); false when the log cannot be
+ * asked: the handlers are idempotent for what the host and the owned table show. */
+static bool intent_answered(wk_t *w, const sp_envelope_t *ev, bool redelivered)
+{
+    if (!redelivered && sp_now_us() - ev->occurred_at_us < STALE_PLACEMENT_US)
+        return false;
+    PGconn *db = NULL;
+    if (sp_db_idle_take(w->db, 5000, &db) < 0)
+        return false;
+    const char *p[3] = {ev->aggregate->kind, ev->aggregate->id, ev->event_id};
+    PGresult *r = PQexecParams(
+        db,
+        "SELECT type FROM events WHERE aggregate_kind = $1 AND aggregate_id = $2 AND "
+        "causation_id = $3::uuid AND status = 'accepted' AND type NOT IN ('SandboxSuspending', "
+        "'SandboxResuming') LIMIT 1",
+        3, NULL, p, NULL, NULL, 0);
+    bool answered = sp_db_check(r, PGRES_TUPLES_OK) == 0 && PQntuples(r) == 1;
+    if (answered)
+        sp_log(SP_LOG_INFO, "intent answered before: a redelivery, not acted on again",
+               SP_KS("type", ev->type), SP_KS("sandbox", ev->aggregate->id),
+               SP_KS("answer", PQgetvalue(r, 0, 0)), SP_KS("corr", ev->correlation_id));
+    PQclear(r);
+    sp_db_idle_give(w->db, db);
+    return answered;
+}
+
 static int on_placed(wk_t *w, const sp_envelope_t *ev, bool redelivered)
 {
     const Space__V1__SandboxPlaced *p = ev->sandbox_placed;
@@ -253,6 +284,7 @@ static int handle(wk_t *w, const sp_bus_msg_t *m)
     sp_envelope_t *ev = NULL;
     char reason[SP_REASON_MAX];
     int rc = 0;
+    bool acted_on = false;
 
     if (sp_envelope_decode(m->data, m->len, &ev, reason) < 0 ||
         sp_envelope_check_subject(ev, m->subject, reason) < 0) {
@@ -271,6 +303,7 @@ static int handle(wk_t *w, const sp_bus_msg_t *m)
     case SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETE_REQUESTED:
         /* What the worker acts on: intents and placements (the gateway's, the scheduler's,
          * a platform's), never a worker's fact, so no placement hook is needed. */
+        acted_on = true;
         rc = sp_verifier_admit(w->verifier, ev, m->data, m->len, m->subject, m->stream_seq, NULL,
                                NULL, log_lookup, w, reason);
         if (rc != 0) {
@@ -288,6 +321,12 @@ static int handle(wk_t *w, const sp_bus_msg_t *m)
         break;
     default:
         break; /* our own facts, and intents of later issues */
+    }
+    /* Placements have checks of their own (placement_wanted); an answered intent is done. */
+    if (acted_on && ev->payload_case != SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED &&
+        intent_answered(w, ev, m->delivered > 1)) {
+        sp_envelope_free(ev);
+        return 0;
     }
     switch (ev->payload_case) {
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED:

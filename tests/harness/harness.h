@@ -59,6 +59,8 @@ void sp_test_daemon_stop(const char *name, int sig);
 /* Whether anything of sandbox id is on the host of the worker whose state directory is
  * state_dir: runsc container, bundle (and its agent socket), disk, netns, cgroup. */
 bool sp_test_sandbox_held(const char *state_dir, const char *id);
+/* Whether the log file at path has a line with both needles. */
+bool sp_test_log_has(const char *path, const char *a, const char *b);
 /* Runs a shell command line (printf-style); its exit status, -1 when it did not exit. */
 int sp_test_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The worker the log places sandbox id on ("" when none); fails the test when there is no such

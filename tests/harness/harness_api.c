@@ -112,6 +112,18 @@ int sp_test_lifecycle(int port, const char *key, const char *id, const char *op,
     return status;
 }
 
+bool sp_test_log_has(const char *path, const char *a, const char *b)
+{
+    FILE *f = fopen(path, "re");
+    char line[8192];
+    bool found = false;
+    while (f && !found && fgets(line, sizeof(line), f))
+        found = strstr(line, a) && strstr(line, b);
+    if (f)
+        fclose(f);
+    return found;
+}
+
 bool sp_test_sandbox_held(const char *state_dir, const char *id)
 {
     char path[1024];

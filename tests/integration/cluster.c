@@ -533,19 +533,6 @@ static int stop_standby(void **state)
 
 /* ---- a host gone, its suspended sandbox resumed on another ---- */
 
-/* Whether the host's worker log has a line with both needles. */
-static bool log_has(const char *path, const char *a, const char *b)
-{
-    FILE *f = fopen(path, "r");
-    char line[8192];
-    bool found = false;
-    while (f && !found && fgets(line, sizeof(line), f))
-        found = strstr(line, a) && strstr(line, b);
-    if (f)
-        fclose(f);
-    return found;
-}
-
 /* Two worker hosts, each in a network namespace of its own (tests/harness/host.h), on the
  * three-node cluster, with the snapshot store in the cluster's R3 object store. A sandbox
  * counting in memory and holding a file is suspended on its host; that host is then gone at
@@ -605,7 +592,7 @@ static void test_resume_after_host_gone(void **state)
     sp_test_cmd_free(&c);
     /* Both artifacts came from the bucket (none was in the other host's cache), each checked
      * before use. */
-    assert_true(log_has(sp_test_host_log(other), "resumed from suspend", "downloaded=2"));
+    assert_true(sp_test_log_has(sp_test_host_log(other), "resumed from suspend", "downloaded=2"));
     assert_int_equal(sp_test_events(db, sbx, "SandboxResumed", sp_test_host_id(other)), 1);
 
     http_delete(sbx);
