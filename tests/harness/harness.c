@@ -26,6 +26,15 @@
 #include "sign.h"
 #include "xmalloc.h"
 
+/* SP_TEST_FILTER=pattern runs only the tests whose names match (cmocka's wildcards), e.g.
+ * SP_TEST_FILTER=test_kill9_mid_suspend: one case of a long test, alone, while debugging. */
+__attribute__((constructor)) static void test_filter(void)
+{
+    const char *f = getenv("SP_TEST_FILTER");
+    if (f && f[0])
+        cmocka_set_test_filter(f);
+}
+
 void sp_test_stack_load(void)
 {
     const char *home = getenv("SPACE_HOME");
