@@ -1,7 +1,8 @@
 /* space-bench lifecycle: pause, resume, suspend and resume from suspend of one sandbox
  * through the HTTP API (each answered once the projection shows the outcome), round after
- * round, with the snapshot sizes; and beside them, in the same run, the raw runsc pause /
- * resume / checkpoint / restore of a bare container over the same template rootfs (no
+ * round, with the snapshot sizes, the resume's wait from its placement to its restore, and the
+ * delete of a new sandbox; and beside them, in the same run, the raw runsc pause /
+ * resume / checkpoint / restore / delete of a bare container over the same template rootfs (no
  * network, no agent, no disk delta, no store, no events): what the platform adds.
  *
  * With the NATS object store as the snapshot store (SPACE_SNAPSHOT_STORE=nats, bench/run.sh
@@ -147,6 +148,53 @@ static void w1_stop(bench_ctx_t *c)
     free(pidfile);
 }
 
+/* The time from the sandbox's newest placement to its worker's SandboxResuming, from the
+ * log (both stamped on this host's clock): a resume's wait before its restore begins. */
+static double placed_to_resuming(bench_ctx_t *c, const char *id)
+{
+    const char *p[1] = {id};
+    PGresult *r = PQexecParams(
+        c->db,
+        "SELECT extract(epoch FROM (r.occurred_at - p.occurred_at)) * 1000 FROM (SELECT "
+        "occurred_at FROM events WHERE aggregate_kind = 'sandbox' AND aggregate_id = $1 AND "
+        "type = 'SandboxPlaced' AND status = 'accepted' ORDER BY stream_seq DESC LIMIT 1) p, "
+        "(SELECT occurred_at FROM events WHERE aggregate_kind = 'sandbox' AND aggregate_id = $1 "
+        "AND type = 'SandboxResuming' AND status = 'accepted' ORDER BY stream_seq DESC LIMIT 1) r",
+        1, NULL, p, NULL, NULL, 0);
+    double ms = sp_db_check(r, PGRES_TUPLES_OK) == 0 && PQntuples(r) == 1
+                    ? strtod(PQgetvalue(r, 0, 0), NULL)
+                    : -1;
+    PQclear(r);
+    if (ms < 0) {
+        fprintf(stderr, "space-bench: no placement and resuming of %s in the log\n", id);
+        exit(1);
+    }
+    return ms;
+}
+
+/* A new sandbox (a warm pool's, when ready: the refill of the one before may still run), then
+ * its DELETE, timed: answered once the log has it deleted. */
+static double create_delete(bench_ctx_t *c)
+{
+    char id[80], path[160];
+    sp_httpc_resp_t r;
+    if (bench_create_sandbox(c, id) < 0) {
+        fprintf(stderr, "space-bench: create failed\n");
+        exit(1);
+    }
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
+    int64_t t0 = sp_mono_ns();
+    int rc = bench_http(c, "DELETE", path, NULL, NULL, &r);
+    double ms = (double)(sp_mono_ns() - t0) / 1e6;
+    if (rc < 0 || r.status >= 300) {
+        fprintf(stderr, "space-bench: delete failed: %s %d %s\n", sp_strerror(rc), r.status,
+                r.body ? r.body : "");
+        exit(1);
+    }
+    sp_httpc_resp_free(&r);
+    return ms;
+}
+
 static double timed(char *const argv[], const char *what)
 {
     int64_t t0 = sp_mono_ns();
@@ -161,10 +209,11 @@ static double timed(char *const argv[], const char *what)
 int bench_lifecycle(bench_ctx_t *c)
 {
     size_t n = c->rounds;
-    double *v[12];
+    enum { V_N = 15 };
+    double *v[V_N];
     const char *store = getenv("SPACE_SNAPSHOT_STORE");
     bool remote = store && strcmp(store, "nats") == 0;
-    for (int i = 0; i < 12; i++)
+    for (int i = 0; i < V_N; i++)
         v[i] = sp_xcalloc(n, sizeof(double));
     pid_t w2 = remote ? w2_start(c) : 0;
     char w1_id[80] = "";
@@ -203,6 +252,7 @@ int bench_lifecycle(bench_ctx_t *c)
         v[2][i] = api_op(c, id, "suspend", "suspended");
         snapshot_sizes(c, id, &v[8][i], &v[9][i]);
         v[3][i] = api_op(c, id, "resume", "running");
+        v[12][i] = placed_to_resuming(c, id);
         if (remote) {
             (void)api_op(c, id, "suspend", "suspended");
             char *cache = sp_xasprintf("%s/snapshots/%s", c->home, id);
@@ -262,11 +312,15 @@ int bench_lifecycle(bench_ctx_t *c)
         v[6][i] = timed(ckpt, "runsc checkpoint");
         bench_run_quiet(del);
         v[7][i] = timed(restore, "runsc restore");
-        bench_run_quiet(del);
+        v[14][i] = timed(del, "runsc delete");
         char *rm[] = {"rm", "-rf", img, NULL}; /* checkpoint writes into an empty directory */
         bench_run_quiet(rm);
         free(ipath);
     }
+    /* Apart from the rounds: each create takes a warm pool's sandbox, and the pool's refill
+     * (a runsc run) would weigh on the next round's steps and baselines. */
+    for (size_t i = 0; i < n; i++)
+        v[13][i] = create_delete(c);
     printf("\n  %-48s %9s %9s %9s\n", "", "p50 ms", "p90 ms", "p99 ms");
     bench_row("pause (HTTP, until paused in the log)", v[0], n);
     bench_row("resume from paused (HTTP)", v[1], n);
@@ -278,10 +332,13 @@ int bench_lifecycle(bench_ctx_t *c)
         bench_row("resume from suspended, fetched from the bucket (HTTP)", v[10], n);
         bench_row("resume from suspended on another worker (HTTP)", v[11], n);
     }
+    bench_row("  of which placed to resuming (log)", v[12], n);
+    bench_row("delete (HTTP, until deleted in the log)", v[13], n);
     bench_row("runsc pause (baseline)", v[4], n);
     bench_row("runsc resume (baseline)", v[5], n);
     bench_row("runsc checkpoint (baseline)", v[6], n);
     bench_row("runsc restore --detach (baseline)", v[7], n);
+    bench_row("runsc delete --force, running (baseline)", v[14], n);
     double img50 = bench_pct(v[8], n, 50), root50 = bench_pct(v[9], n, 50);
     printf("\n  snapshot p50: checkpoint.img.zst %.0f KiB, rootfs.btrfs.zst %.0f KiB\n",
            img50 / 1024, root50 / 1024);
@@ -292,13 +349,16 @@ int bench_lifecycle(bench_ctx_t *c)
            "\"resume_suspended_ms_p90\":%.1f,\"runsc_checkpoint_ms_p50\":%.1f,"
            "\"runsc_restore_ms_p50\":%.1f,\"image_kib_p50\":%.0f,\"rootfs_kib_p50\":%.0f,"
            "\"resume_fetched_ms_p50\":%.1f,\"resume_fetched_ms_p90\":%.1f,"
-           "\"resume_other_worker_ms_p50\":%.1f,\"resume_other_worker_ms_p90\":%.1f}\n",
+           "\"resume_other_worker_ms_p50\":%.1f,\"resume_other_worker_ms_p90\":%.1f,"
+           "\"placed_to_resuming_ms_p50\":%.1f,\"delete_ms_p50\":%.1f,\"delete_ms_p90\":%.1f,"
+           "\"runsc_delete_ms_p50\":%.1f}\n",
            remote ? "nats" : "dir", n, bench_pct(v[0], n, 50), bench_pct(v[1], n, 50),
            bench_pct(v[2], n, 50), bench_pct(v[2], n, 90), bench_pct(v[3], n, 50),
            bench_pct(v[3], n, 90), bench_pct(v[6], n, 50), bench_pct(v[7], n, 50), img50 / 1024,
            root50 / 1024, remote ? bench_pct(v[10], n, 50) : 0.0,
            remote ? bench_pct(v[10], n, 90) : 0.0, remote ? bench_pct(v[11], n, 50) : 0.0,
-           remote ? bench_pct(v[11], n, 90) : 0.0);
+           remote ? bench_pct(v[11], n, 90) : 0.0, bench_pct(v[12], n, 50), bench_pct(v[13], n, 50),
+           bench_pct(v[13], n, 90), bench_pct(v[14], n, 50));
     snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
     if (bench_http(c, "DELETE", path, NULL, NULL, &r) == 0)
         sp_httpc_resp_free(&r);
@@ -315,7 +375,7 @@ int bench_lifecycle(bench_ctx_t *c)
         free(state);
         free(bin);
     }
-    for (int i = 0; i < 12; i++)
+    for (int i = 0; i < V_N; i++)
         free(v[i]);
     free(img);
     free(root);
