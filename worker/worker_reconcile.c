@@ -203,14 +203,24 @@ int wk_reconcile(wk_t *w, PGconn *db)
         Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
         if ((hs == WK_RUNNING || hs == WK_PAUSED) && state == SP_SBX_SUSPENDING) {
             /* The previous worker died in a suspend before the checkpoint stopped the
-             * sandbox: it goes on running (the redelivered intent suspends it again). */
+             * sandbox: it goes on running, and the intent is answered so (its client hears
+             * it; redelivered, it is not acted on: docs/faults.md, step 6). Acted on again,
+             * its facts would carry the first attempt's message ids: the stream would drop
+             * its SandboxSuspending and the log refuse its SandboxSuspended. */
             Space__V1__SandboxSuspendFailed sf = SPACE__V1__SANDBOX_SUSPEND_FAILED__INIT;
             sf.reason = "worker_restarted";
             sf.detail = "the worker stopped during the suspend; the sandbox kept running";
             sf.state = hs == WK_PAUSED ? "paused" : "running";
             env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_FAILED;
             env.sandbox_suspend_failed = &sf;
-            if ((rc = wk_publish_restart_fact(w, tenant, sbx, "suspend-failed", &env, &agg)) < 0)
+            sp_envelope_t *intent = NULL;
+            if (sp_db_last_sandbox_event(db, sbx, "SandboxSuspendRequested", &intent) == 0) {
+                env.causation_id = intent->event_id;
+                env.correlation_id = intent->correlation_id;
+            }
+            rc = wk_publish_restart_fact(w, tenant, sbx, "suspend-failed", &env, &agg);
+            sp_envelope_free(intent);
+            if (rc < 0)
                 goto out;
             env = (sp_envelope_t)SPACE__V1__ENVELOPE__INIT;
         }
