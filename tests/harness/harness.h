@@ -114,6 +114,19 @@ void sp_test_cmd_free(sp_test_cmd_t *r);
  * disk). sp_test_counter reads the count. */
 void sp_test_start_counter(int port, const char *key, const char *id);
 long sp_test_counter(int port, const char *key, const char *id);
+/* The counter across a stop (a pause, a suspend, a host gone): it went on from where it was
+ * (not restarted) and ticked only while the sandbox could run, at most once per 0.1 s. A
+ * fixed bound ("fewer than 8 ticks") failed on a slow CI machine; this one is measured:
+ * begin reads the count, held marks the stop answered, ending marks the resume asked for,
+ * and check reads the count again and asserts it. */
+typedef struct {
+    long before;
+    double t_read, t_held, t_ending; /* CLOCK_MONOTONIC, seconds */
+} sp_test_stop_t;
+void sp_test_stop_begin(sp_test_stop_t *s, int port, const char *key, const char *id);
+void sp_test_stop_held(sp_test_stop_t *s);
+void sp_test_stop_ending(sp_test_stop_t *s);
+long sp_test_stop_check(const sp_test_stop_t *s, int port, const char *key, const char *id);
 /* POST /v1/sandboxes/{id}/{op}{query} (pause, resume, suspend): the status, and the sandbox's
  * state (200) or the error code into out. */
 int sp_test_lifecycle(int port, const char *key, const char *id, const char *op, const char *query,

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -185,6 +186,48 @@ long sp_test_counter(int port, const char *key, const char *id)
             return n;
         usleep(20 * 1000);
     }
+}
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void sp_test_stop_begin(sp_test_stop_t *s, int port, const char *key, const char *id)
+{
+    *s = (sp_test_stop_t){.t_read = mono_s()};
+    s->before = sp_test_counter(port, key, id);
+}
+
+void sp_test_stop_held(sp_test_stop_t *s)
+{
+    s->t_held = mono_s();
+}
+
+void sp_test_stop_ending(sp_test_stop_t *s)
+{
+    s->t_ending = mono_s();
+}
+
+long sp_test_stop_check(const sp_test_stop_t *s, int port, const char *key, const char *id)
+{
+    long after = sp_test_counter(port, key, id);
+    double now = mono_s();
+    /* The sandbox could run from before the first read until the stop answered, and from
+     * the resume asked for until the second read: one tick per 0.1 s at most, and one more
+     * for a sleep cut short across the stop. */
+    double ran = (s->t_held - s->t_read) + (now - s->t_ending);
+    double held = s->t_ending - s->t_held;
+    long most = s->before + (long)(ran / 0.1) + 2;
+    print_message("counter: %ld before the stop, %ld after it; it could run %.2f s, stopped "
+                  "%.2f s between: at most %ld\n",
+                  s->before, after, ran, held, most);
+    assert_true(s->t_held > 0 && s->t_ending >= s->t_held);
+    assert_true(after >= s->before);
+    assert_true(after <= most);
+    return after;
 }
 
 int sp_test_sh(const char *fmt, ...)

@@ -367,6 +367,12 @@ void sp_test_host_back(sp_test_host_t *h)
     sp_test_host_wait_live(h, true);
 }
 
+void sp_test_host_up(sp_test_host_t *h)
+{
+    if (h->worker_pid == 0)
+        sp_test_host_back(h);
+}
+
 int sp_test_host_free(sp_test_host_t *h)
 {
     if (!h)

@@ -49,6 +49,9 @@ void sp_test_host_stop(sp_test_host_t *h);
  * it was gone, its daemons started on what it left on disk; waits until the worker
  * heartbeats. */
 void sp_test_host_back(sp_test_host_t *h);
+/* sp_test_host_back if its worker does not run (a test that failed between a stop and a back
+ * must not leave the next test a host down); nothing otherwise. */
+void sp_test_host_up(sp_test_host_t *h);
 /* Stops what runs (SIGTERM), releases what the worker made (space-worker --teardown inside the
  * host's namespace), removes the namespace, veth, forwarding table and state directory, and
  * checks that none of them is left (for a test's teardown: returns -1 instead of failing).

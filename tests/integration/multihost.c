@@ -91,6 +91,15 @@ static int teardown(void **state)
     return rc;
 }
 
+/* Each test begins with both hosts up, whatever the one before left. */
+static int both_up(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 2; i++)
+        sp_test_host_up(hosts[i]);
+    return 0;
+}
+
 /* ---- helpers ---- */
 
 static void start_counter(const char *id)
@@ -98,16 +107,9 @@ static void start_counter(const char *id)
     sp_test_start_counter(port, key, id);
 }
 
-static long count(const char *id)
+static void assert_intact(const char *id, const sp_test_stop_t *stop)
 {
-    return sp_test_counter(port, key, id);
-}
-
-static void assert_intact(const char *id, long before)
-{
-    long after = count(id);
-    print_message("counter: %ld before the suspend, %ld after the resume\n", before, after);
-    assert_true(after >= before && after < before + 8);
+    sp_test_stop_check(stop, port, key, id);
     sp_test_cmd_t r = sp_test_run(port, key, id, "{\"cmd\":\"cat /root/file\"}");
     assert_string_equal(r.stdout_s, "kept\n");
     sp_test_cmd_free(&r);
@@ -137,8 +139,10 @@ static void test_resume_on_another_worker(void **state)
     const char *origin_dir = sp_test_host_dir(host_of(origin));
     print_message("sandbox %s on %s; resuming on %s\n", sbx, origin, other);
 
-    long before = count(sbx);
+    sp_test_stop_t stop;
+    sp_test_stop_begin(&stop, port, key, sbx);
     assert_int_equal(sp_test_lifecycle(port, key, sbx, "suspend", NULL, st, sizeof(st)), 200);
+    sp_test_stop_held(&stop);
     for (int i = 0; i < 100 && sp_test_sandbox_held(origin_dir, sbx); i++)
         usleep(50 * 1000);
     assert_false(sp_test_sandbox_held(origin_dir, sbx));
@@ -154,12 +158,13 @@ static void test_resume_on_another_worker(void **state)
     assert_true(in_cache(cache_of(origin), sbx));
 
     stop_worker(origin); /* the host is gone */
+    sp_test_stop_ending(&stop);
     assert_int_equal(sp_test_lifecycle(port, key, sbx, "resume", NULL, st, sizeof(st)), 200);
     assert_string_equal(st, "running");
     char *now = sp_test_worker_of(db, sbx);
     assert_string_equal(now, other);
     free(now);
-    assert_intact(sbx, before);
+    assert_intact(sbx, &stop);
     assert_int_equal(sp_test_events(db, sbx, "SandboxResumed", other), 1);
     /* The snapshot served: gone from the bucket and from the resuming worker's cache. */
     for (int i = 0; i < 2; i++)
@@ -205,8 +210,10 @@ static void test_resume_prefers_the_cache(void **state)
         sp_test_http_free(&r);
     }
     sleep(3); /* heartbeats carry the new loads */
-    long before = count(sbx);
+    sp_test_stop_t stop;
+    sp_test_stop_begin(&stop, port, key, sbx);
     assert_int_equal(sp_test_lifecycle(port, key, sbx, "suspend", NULL, st, sizeof(st)), 200);
+    sp_test_stop_held(&stop);
     char sql[256];
     long long load[2];
     for (int i = 0; i < 2; i++) {
@@ -218,11 +225,12 @@ static void test_resume_prefers_the_cache(void **state)
     print_message("running at the resume: %lld on %s, %lld on %s\n", load[0], w1, load[1], w2);
     /* Placement alone would take the first: least loaded, or tied and first by id. */
     assert_true(load[0] <= load[1] && strcmp(w1, w2) < 0);
+    sp_test_stop_ending(&stop);
     assert_int_equal(sp_test_lifecycle(port, key, sbx, "resume", NULL, st, sizeof(st)), 200);
     char *w = sp_test_worker_of(db, sbx);
     assert_string_equal(w, w2);
     free(w);
-    assert_intact(sbx, before);
+    assert_intact(sbx, &stop);
 }
 
 /* The bucket's object replaced by other bytes: refused against the log's digest, kept. */
@@ -451,12 +459,12 @@ static void test_started_while_the_log_is_behind(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_resume_on_another_worker),
-        cmocka_unit_test(test_resume_prefers_the_cache),
-        cmocka_unit_test(test_store_that_lies),
-        cmocka_unit_test(test_deleted_while_suspended),
-        cmocka_unit_test(test_snapshot_of_a_gone_host),
-        cmocka_unit_test(test_started_while_the_log_is_behind),
+        cmocka_unit_test_setup(test_resume_on_another_worker, both_up),
+        cmocka_unit_test_setup(test_resume_prefers_the_cache, both_up),
+        cmocka_unit_test_setup(test_store_that_lies, both_up),
+        cmocka_unit_test_setup(test_deleted_while_suspended, both_up),
+        cmocka_unit_test_setup(test_snapshot_of_a_gone_host, both_up),
+        cmocka_unit_test_setup(test_started_while_the_log_is_behind, both_up),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
