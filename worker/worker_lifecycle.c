@@ -155,6 +155,27 @@ static void artifact_keys(const char *sbx, const char *snap, char key[ARTIFACTS]
         snprintf(key[i], sizeof(key[i]), "%s/%s/%s", sbx, snap, ARTIFACT_NAMES[i]);
 }
 
+/* The snapshot id of a suspend's artifacts (their keys: artifact_keys) into snap, "" when they
+ * do not have that form. */
+static void snapshot_of_key(const Space__V1__SandboxSuspended *sd, const char *sbx,
+                            char snap[SP_SANDBOX_ID_LEN + 1])
+{
+    snap[0] = '\0';
+    size_t n = strlen(sbx);
+    for (size_t i = 0; i < sd->n_artifacts; i++) {
+        const char *k = sd->artifacts[i]->store_key;
+        if (strncmp(k, sbx, n) != 0 || k[n] != '/')
+            continue;
+        const char *rest = k + n + 1, *slash = strchr(rest, '/');
+        if (!slash || (size_t)(slash - rest) > SP_SANDBOX_ID_LEN ||
+            strcmp(slash + 1, ARTIFACT_NAMES[1]) != 0)
+            continue;
+        snprintf(snap, SP_SANDBOX_ID_LEN + 1, "%.*s", (int)(slash - rest), rest);
+        if (!sp_id_valid(snap))
+            snap[0] = '\0';
+    }
+}
+
 static void forget_snapshot(wk_t *w, const char *sbx, const char *snap)
 {
     char key[ARTIFACTS][256];
@@ -357,7 +378,7 @@ int wk_on_suspend(wk_t *w, const sp_envelope_t *ev)
     if (rc < 0)
         snprintf(err, sizeof(err), "mkdir %s: %s", staging, strerror(-rc));
     else
-        rc = wk_sandbox_checkpoint(w->host, sbx, b->template_, staging, &ck, err);
+        rc = wk_sandbox_checkpoint(w->host, sbx, b->template_, staging, snap, &ck, err);
     if (rc < 0) {
         wk_rm_rf(staging);
         free(staging);
@@ -412,7 +433,7 @@ int wk_suspend_complete(wk_t *w, PGconn *db, const char *sbx, const char *tmpl)
     }
     sp_log(SP_LOG_INFO, "completing a suspend the previous worker began", SP_KS("sandbox", sbx),
            SP_KS("snapshot", snap));
-    if (wk_sandbox_checkpoint_finish(w->host, sbx, tmpl, staging, &ck, err) < 0) {
+    if (wk_sandbox_checkpoint_finish(w->host, sbx, tmpl, staging, snap, &ck, err) < 0) {
         wk_rm_rf(staging);
         rc = suspend_lost(w, ev, sbx, err);
     } else {
@@ -559,12 +580,18 @@ int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev, bool began)
     snprintf(b->lost_why, sizeof(b->lost_why), "the sandbox was suspended");
     pthread_mutex_unlock(&b->mu);
     wk_box_listen(b); /* before the restore: the agent connects back as soon as it runs */
+    /* Suspended here: its disk may still be on this host (wk_sandbox_checkpoint's keep_snap). */
+    char kept[SP_SANDBOX_ID_LEN + 1] = "";
+    const Space__V1__SandboxSuspended *sd = si.suspended->sandbox_suspended;
+    if (strcmp(sd->worker, w->cfg->id) == 0)
+        snapshot_of_key(sd, sbx, kept);
     wk_sandbox_spec_t spec = {
         .id = sbx,
         .template_ = si.template_,
         .vcpu = si.vcpu,
         .memory_mb = si.memory_mb,
         .disk_mb = si.disk_mb,
+        .kept_snap = kept[0] ? kept : NULL,
     };
     wk_sandbox_info_t info = {0};
     char *work = sp_xasprintf("%s/.staging/restore-%s", w->cfg->snapshot_dir, sbx);
@@ -604,10 +631,10 @@ int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev, bool began)
     rc = wk_publish_fact(w, &env, "resumed", ev->event_id);
     sp_log(SP_LOG_INFO, "resumed from suspend", SP_KS("sandbox", sbx), SP_KU("ms", r.took_ms),
            SP_KU("restore_ms", (uint64_t)ms_since(t_restore)), SP_KI("fetch_ms", fetch_ms),
-           SP_KI("downloaded", downloaded), SP_KS("address", info.address));
+           SP_KI("downloaded", downloaded), SP_KS("address", info.address),
+           SP_KS("disk", info.disk_kept ? "kept" : "received"));
     if (rc == 0) {
         /* It runs again: the snapshot has served (a new suspend makes a new one). */
-        const Space__V1__SandboxSuspended *sd = si.suspended->sandbox_suspended;
         const char *keys[ARTIFACTS];
         size_t n = 0;
         for (size_t i = 0; i < sd->n_artifacts && n < ARTIFACTS; i++)
@@ -907,7 +934,7 @@ int wk_on_snapshot(wk_t *w, const sp_envelope_t *ev)
     else if ((rc = staging_mark(staging, sbx)) < 0)
         snprintf(err, sizeof(err), "%s/" STAGING_OWNER ": %s", staging, strerror(-rc));
     else
-        rc = wk_sandbox_checkpoint(w->host, sbx, spec.template_, staging, &ck, err);
+        rc = wk_sandbox_checkpoint(w->host, sbx, spec.template_, staging, NULL, &ck, err);
     int64_t checkpoint_ms = ms_since(t0);
     if (rc < 0) {
         wk_rm_rf(staging);
@@ -1009,7 +1036,7 @@ int wk_snapshot_recover(wk_t *w, const char *sbx, const char *tenant, const char
     if (access(raw, F_OK) == 0) {
         /* Stopped before its artifacts were made (or while): made again from the image. */
         wk_checkpoint_t ck = {0};
-        rc = wk_sandbox_checkpoint_finish(w->host, sbx, tmpl, staging, &ck, err);
+        rc = wk_sandbox_checkpoint_finish(w->host, sbx, tmpl, staging, NULL, &ck, err);
         wk_checkpoint_dispose(&ck);
     }
     for (int i = 0; i < ARTIFACTS && rc == 0; i++)

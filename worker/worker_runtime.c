@@ -1121,6 +1121,7 @@ int wk_host_teardown(wk_host_t *h, char err[WK_ERR_MAX])
         }
     }
     free(list);
+    (void)wk_host_kept_sweep(h, NULL, NULL); /* suspended sandboxes' disks */
     if ((rc = wk__nft_teardown(h, err)) < 0)
         return rc;
     /* The per-worker cgroup parents are empty now. */
@@ -1281,7 +1282,7 @@ static int tool_job_join(tool_job_t *j, int rc, char err[WK_ERR_MAX])
 #define CK_RC_FILE   "image/rc"
 
 int wk_sandbox_checkpoint(wk_host_t *h, const char *id, const char *tmpl, const char *out_dir,
-                          wk_checkpoint_t *ret, char err[WK_ERR_MAX])
+                          const char *keep_snap, wk_checkpoint_t *ret, char err[WK_ERR_MAX])
 {
     if (!h || !id || !sp_id_valid(id) || !tmpl || !sp_id_valid(tmpl) || !out_dir)
         return wk__fail(err, -EINVAL, "invalid sandbox id, template or directory");
@@ -1297,7 +1298,7 @@ int wk_sandbox_checkpoint(wk_host_t *h, const char *id, const char *tmpl, const 
     /* The runtime first: runsc stops the container once its image is written. */
     else if ((rc = wk__runsc_checkpoint(h, hid, img, rc_path, err)) == 0) {
         uint32_t ms = (uint32_t)ms_since(t0);
-        rc = wk_sandbox_checkpoint_finish(h, id, tmpl, out_dir, ret, err);
+        rc = wk_sandbox_checkpoint_finish(h, id, tmpl, out_dir, keep_snap, ret, err);
         ret->checkpoint_ms = ms;
     }
     if (rc < 0)
@@ -1319,10 +1320,69 @@ int wk_checkpoint_outcome(const char *out_dir, int wait_ms)
     return st == 0 ? 1 : 0;
 }
 
-int wk_sandbox_checkpoint_finish(wk_host_t *h, const char *id, const char *tmpl,
-                                 const char *out_dir, wk_checkpoint_t *ret, char err[WK_ERR_MAX])
+/* ---- kept disks: <sandboxes>/.kept-<sandbox>-<snapshot> ---- */
+
+#define KEPT_PREFIX ".kept-"
+
+static char *kept_path(const wk_host_t *h, const char *sbx, const char *snap)
 {
-    if (!h || !id || !sp_id_valid(id) || !tmpl || !sp_id_valid(tmpl) || !out_dir)
+    return sp_xasprintf("%s/" KEPT_PREFIX "%s-%s", h->sandboxes_dir, sbx, snap);
+}
+
+/* A kept disk's sandbox and snapshot ids, from its name; false for any other name. */
+static bool kept_parse(const char *name, char sbx[SP_SANDBOX_ID_LEN + 1],
+                       char snap[SP_SANDBOX_ID_LEN + 1])
+{
+    if (strncmp(name, KEPT_PREFIX, strlen(KEPT_PREFIX)) != 0)
+        return false;
+    const char *a = name + strlen(KEPT_PREFIX), *dash = strchr(a, '-');
+    if (!dash || (size_t)(dash - a) > SP_SANDBOX_ID_LEN || strlen(dash + 1) > SP_SANDBOX_ID_LEN)
+        return false;
+    snprintf(sbx, SP_SANDBOX_ID_LEN + 1, "%.*s", (int)(dash - a), a);
+    snprintf(snap, SP_SANDBOX_ID_LEN + 1, "%s", dash + 1);
+    return sp_id_valid(sbx) && sp_id_valid(snap);
+}
+
+typedef struct {
+    const char *sbx; /* drop this sandbox's kept disks, whatever keep says */
+    bool (*keep)(void *ctx, const char *sbx, const char *snap);
+    void *ctx;
+} kept_filter_t;
+
+static size_t kept_drop(wk_host_t *h, const kept_filter_t *f)
+{
+    DIR *d = opendir(h->sandboxes_dir);
+    size_t n = 0;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        char sbx[SP_SANDBOX_ID_LEN + 1], snap[SP_SANDBOX_ID_LEN + 1];
+        if (!kept_parse(e->d_name, sbx, snap))
+            continue;
+        bool drop = f->sbx ? strcmp(sbx, f->sbx) == 0 : !f->keep || !f->keep(f->ctx, sbx, snap);
+        if (!drop)
+            continue;
+        char *p = kept_path(h, sbx, snap);
+        if (wk__subvol_delete(p, NULL) == 0)
+            n++;
+        free(p);
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+size_t wk_host_kept_sweep(wk_host_t *h, bool (*keep)(void *ctx, const char *sbx, const char *snap),
+                          void *ctx)
+{
+    kept_filter_t f = {.keep = keep, .ctx = ctx};
+    return kept_drop(h, &f);
+}
+
+int wk_sandbox_checkpoint_finish(wk_host_t *h, const char *id, const char *tmpl,
+                                 const char *out_dir, const char *keep_snap, wk_checkpoint_t *ret,
+                                 char err[WK_ERR_MAX])
+{
+    if (!h || !id || !sp_id_valid(id) || !tmpl || !sp_id_valid(tmpl) || !out_dir ||
+        (keep_snap && !sp_id_valid(keep_snap)))
         return wk__fail(err, -EINVAL, "invalid sandbox id, template or directory");
     memset(ret, 0, sizeof(*ret));
     int64_t t = wk__now_us();
@@ -1350,7 +1410,17 @@ int wk_sandbox_checkpoint_finish(wk_host_t *h, const char *id, const char *tmpl,
         const char *send[] = {"btrfs", "send", "-q", "-p", parent, "-f", stream, ro, NULL};
         rc = run_tool(send, "btrfs send", err);
     }
-    (void)wk__subvol_delete(ro, NULL);
+    if (rc == 0 && keep_snap) {
+        /* Sent: what the stream holds, here already, for a resume on this host. */
+        kept_filter_t f = {.sbx = id};
+        (void)kept_drop(h, &f);
+        char *kept = kept_path(h, id, keep_snap);
+        if (rename(ro, kept) < 0)
+            sp_log(SP_LOG_WARN, "the suspended disk is not kept", SP_KS("sandbox", id),
+                   SP_KS("error", strerror(errno)));
+        free(kept);
+    }
+    (void)wk__subvol_delete(ro, NULL); /* not kept */
     const char *z1[] = {"zstd", "-1", "-q", "-f", "--rm", stream, "-o", ret->rootfs_path, NULL};
     if (rc == 0)
         rc = run_tool(z1, "zstd rootfs", err);
@@ -1400,6 +1470,10 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
     /* The stream makes <of>.ro: received into a directory of this restore's own, so that
      * restores of one snapshot under several ids at once do not meet. */
     char *recv_dir = sp_xasprintf("%s/.recv-%s", h->sandboxes_dir, id);
+    char *kept = spec->kept_snap && sp_id_valid(spec->kept_snap) && !spec->image_of
+                     ? kept_path(h, id, spec->kept_snap)
+                     : NULL;
+    bool from_kept = kept && access(kept, F_OK) == 0;
     char *ro = sp_xasprintf("%s/%s.ro", recv_dir, of);
     char *img = sp_xasprintf("%s/image", work_dir);
     char *img_file = sp_xasprintf("%s/checkpoint.img", img);
@@ -1424,7 +1498,8 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
         goto out;
     }
     /* The disk: the delta received against this worker's template, then a writable snapshot
-     * of what it made. */
+     * of what it made; or, on the host that suspended it, a writable snapshot of the disk it
+     * kept (the same bytes: what the stream was sent from). */
     const char *z1[] = {"zstd", "-d", "-q", "-f", rootfs_zst, "-o", stream, NULL};
     const char *z2[] = {"zstd", "-d", "-q", "-f", image_zst, "-o", img_file, NULL};
     const char *recv[] = {"btrfs", "receive", "-q", "-f", stream, recv_dir, NULL};
@@ -1439,19 +1514,33 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
     tool_job_start(&zimg, z2, "zstd image");
     /* When each step began, for the debug log below. */
     int64_t t_unzip = wk__now_us(), t_recv = 0, t_snap = 0, t_net = 0;
-    if ((rc = run_tool(z1, "zstd rootfs", err)) == 0 &&
+    if (from_kept) {
+        /* Kept by this host's suspend: the same bytes the stream would make. */
+        t_recv = t_snap = t_unzip;
+        rc = wk__subvol_snapshot(kept, rootfs, false, err);
+        if (rc < 0) {
+            sp_log(SP_LOG_WARN, "the kept disk did not serve: received from the snapshot",
+                   SP_KS("sandbox", id), SP_KS("error", err));
+            from_kept = false;
+            t_snap = 0;
+        }
+    }
+    if (!from_kept && (rc = run_tool(z1, "zstd rootfs", err)) == 0 &&
         (t_recv = wk__now_us(), rc = run_tool(recv, "btrfs receive", err)) == 0) {
         t_snap = wk__now_us();
         rc = wk__subvol_snapshot(ro, rootfs, false, err);
-        (void)wk__subvol_delete(ro, NULL);
+    }
+    if (t_snap) {
+        (void)wk__subvol_delete(from_kept ? kept : ro, NULL);
         (void)rmdir(recv_dir);
-        /* The new subvolume's qgroup starts without a limit. With the received one deleted,
-         * what the sandbox wrote before its suspend counts as its own again. */
+        /* The new subvolume's qgroup starts without a limit. With the received (or kept) one
+         * deleted, what the sandbox wrote before its suspend counts as its own again. */
         if (rc >= 0 && !h->disk_quota_off)
             rc = wk__subvol_limit(rootfs, (uint64_t)disk_mb << 20, err);
     }
     if (rc == 0) {
         info.disk_mb = wk_sandbox_disk_mb(h, spec->disk_mb);
+        info.disk_kept = from_kept;
         unlink(stream);
         t_net = wk__now_us();
         rc = wk__net_create(h, id, info.address, err);
@@ -1479,7 +1568,8 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
            SP_KF("snapshot_limit_ms", (double)(t_net - t_snap) / 1000.0),
            SP_KF("net_ms", (double)(t_join - t_net) / 1000.0),
            SP_KF("image_wait_ms", (double)(t_runsc - t_join) / 1000.0),
-           SP_KF("runsc_ms", ms_since(t_runsc)), SP_KF("total_ms", ms_since(t0)));
+           SP_KF("runsc_ms", ms_since(t_runsc)), SP_KF("total_ms", ms_since(t0)),
+           SP_KS("disk", from_kept ? "kept" : "received"));
     if (ret_info)
         *ret_info = info;
 out:
@@ -1490,6 +1580,7 @@ out:
     (void)wk__subvol_delete(ro, NULL);
     (void)rmdir(recv_dir);
     free(recv_dir);
+    free(kept);
     free(netns_path);
     free(stream);
     free(img_file);

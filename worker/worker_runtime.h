@@ -126,6 +126,10 @@ typedef struct {
      * stream carries; NULL = id (a resume). Another id makes a new sandbox from a named
      * snapshot (docs/snapshots.md). */
     const char *image_of;
+    /* wk_sandbox_restore only: the snapshot whose disk this host may have kept (a resume on
+     * the host that suspended it): when it is there the disk starts from it, and rootfs_zst is
+     * not read; NULL or not there: received from rootfs_zst. */
+    const char *kept_snap;
 } wk_sandbox_spec_t;
 
 typedef struct {
@@ -137,6 +141,7 @@ typedef struct {
     int agent_to_fd;
     int agent_from_fd;
     uint32_t disk_mb; /* the disk limit applied, MiB beyond the template (0: quotas off) */
+    bool disk_kept;   /* wk_sandbox_restore: the disk came from the kept one (spec.kept_snap) */
 } wk_sandbox_info_t;
 
 /* Creates and starts a sandbox: writable btrfs snapshot of the template, netns + veth with a
@@ -201,13 +206,21 @@ typedef struct {
 /* Checkpoints a running sandbox into out_dir (runsc checkpoint stops it; the container and the
  * rest of its resources stay until wk_sandbox_destroy). On failure the sandbox may still run:
  * the caller asks wk_sandbox_running. */
+/* keep_snap (a snapshot id, or NULL): the disk's read-only snapshot, once sent, stays on this
+ * host as the kept disk of that snapshot (replacing the sandbox's older one), for a resume
+ * here to start from instead of receiving the stream (wk_sandbox_spec_t.kept_snap). */
 int wk_sandbox_checkpoint(wk_host_t *h, const char *id, const char *tmpl, const char *out_dir,
-                          wk_checkpoint_t *ret, char err[WK_ERR_MAX]);
+                          const char *keep_snap, wk_checkpoint_t *ret, char err[WK_ERR_MAX]);
 void wk_checkpoint_dispose(wk_checkpoint_t *c);
 /* The part of wk_sandbox_checkpoint after runsc's: the disk delta and both compressed, from a
  * checkpoint image already in out_dir (a restarted worker completing its predecessor's). */
 int wk_sandbox_checkpoint_finish(wk_host_t *h, const char *id, const char *tmpl,
-                                 const char *out_dir, wk_checkpoint_t *ret, char err[WK_ERR_MAX]);
+                                 const char *out_dir, const char *keep_snap, wk_checkpoint_t *ret,
+                                 char err[WK_ERR_MAX]);
+/* Removes the kept disks (wk_sandbox_checkpoint's keep_snap) for which keep (NULL: none)
+ * answers false; how many were removed. keep gets the sandbox and snapshot ids. */
+size_t wk_host_kept_sweep(wk_host_t *h, bool (*keep)(void *ctx, const char *sbx, const char *snap),
+                          void *ctx);
 /* How a checkpoint into out_dir ended, waiting up to wait_ms while its runsc still runs:
  * 1 when runsc wrote the image and said so, 0 otherwise (failed, or never ran). */
 int wk_checkpoint_outcome(const char *out_dir, int wait_ms);

@@ -336,6 +336,19 @@ static size_t sweep_named(wk_t *w, PGconn *db)
     return swept;
 }
 
+/* A suspended sandbox's kept disk (wk_sandbox_checkpoint's keep_snap) stays while the
+ * sandbox may resume here from it: suspending, suspended or resuming. Kept when the database
+ * cannot say. */
+static bool kept_wanted(void *ctx, const char *sbx, const char *snap)
+{
+    (void)snap; /* a newer suspend here replaced an older one's */
+    char state[32];
+    if (sandbox_state(ctx, sbx, state) < 0)
+        return true;
+    return strcmp(state, "suspended") == 0 || strcmp(state, "suspending") == 0 ||
+           strcmp(state, "resuming") == 0;
+}
+
 void wk_snap_sweep(wk_t *w, PGconn *db)
 {
     /* The directory: with the nats store a cache (kept while the sandbox may resume from it);
@@ -368,8 +381,9 @@ void wk_snap_sweep(wk_t *w, PGconn *db)
     if (cache)
         (void)sp_obj_list(w->bus, w->cfg->snapshot_bucket, sweep_object, &bs);
     size_t named = sweep_named(w, db);
-    if (swept || bs.removed || named)
+    size_t kept = wk_host_kept_sweep(w->host, kept_wanted, db);
+    if (swept || bs.removed || named || kept)
         sp_log(SP_LOG_INFO, "snapshots swept", SP_KS("dir", w->cfg->snapshot_dir),
                SP_KU("sandboxes", swept), SP_KU("bucket_objects", bs.removed),
-               SP_KU("named", named));
+               SP_KU("named", named), SP_KU("kept_disks", kept));
 }

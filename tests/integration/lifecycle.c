@@ -98,9 +98,24 @@ static bool held(const char *id)
     return sp_test_sandbox_held(dir, id);
 }
 
+/* How many kept disks of sandbox id its host has (worker_runtime.h, keep_snap). */
+static int kept_disks(const char *id)
+{
+    char dir[512], prefix[64];
+    snprintf(dir, sizeof(dir), "%s/worker/volumes/sandboxes", sp_test_env("SPACE_HOME"));
+    snprintf(prefix, sizeof(prefix), ".kept-%s-", id);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *de; (de = readdir(d));)
+        n += strncmp(de->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
+}
+
 /* SandboxSuspended is recorded before the release (a worker that dies in between leaves
  * leftovers its restart cleans, never a sandbox half suspended): the release follows within
- * moments. */
+ * moments. Its disk stays on the host until the resume here uses it. */
 static void assert_released(const char *id)
 {
     for (int i = 0; i < 100 && held(id); i++)
@@ -133,6 +148,7 @@ static void test_suspend_resume(void **state)
     sp_test_stop_held(&stop);
     assert_string_equal(st, "suspended");
     assert_released(sbx);
+    assert_int_equal(kept_disks(sbx), 1);
     assert_int_equal(lifecycle(sbx, "suspend", NULL, st, sizeof(st)), 409);
     assert_string_equal(st, "already_suspended");
     assert_int_equal(lifecycle(sbx, "pause", NULL, st, sizeof(st)), 409);
@@ -143,6 +159,11 @@ static void test_suspend_resume(void **state)
     sp_test_stop_ending(&stop);
     assert_int_equal(lifecycle(sbx, "resume", NULL, st, sizeof(st)), 200);
     assert_string_equal(st, "running");
+    /* From the disk this host kept, which went with its use. */
+    assert_int_equal(kept_disks(sbx), 0);
+    char wlog[512];
+    snprintf(wlog, sizeof(wlog), "%s/log/space-worker.log", sp_test_env("SPACE_HOME"));
+    assert_true(sp_test_log_has(wlog, sbx, "disk=kept"));
     /* It went on from where it was: the second suspended added nothing. */
     sp_test_stop_check(&stop, port, key, sbx);
     sp_test_cmd_t r = sp_test_run(port, key, sbx, "{\"cmd\":\"cat /root/file\"}");
@@ -283,8 +304,8 @@ static void test_timeouts(void **state)
     PQfinish(db);
 }
 
-/* A sandbox deleted while suspended: its snapshot leaves the store at the next sweep (the
- * stack sweeps every 2 s here: SPACE_SNAPSHOT_SWEEP_S). */
+/* A sandbox deleted while suspended: its snapshot leaves the store, and its kept disk the
+ * host, at the next sweep (the stack sweeps every 2 s here: SPACE_SNAPSHOT_SWEEP_S). */
 static void test_deleted_while_suspended(void **state)
 {
     char id[64], st[64], path[768];
@@ -292,15 +313,17 @@ static void test_deleted_while_suspended(void **state)
     assert_int_equal(lifecycle(id, "suspend", NULL, st, sizeof(st)), 200);
     snprintf(path, sizeof(path), "%s/snapshots/%s", sp_test_env("SPACE_HOME"), id);
     assert_int_equal(access(path, F_OK), 0);
+    assert_int_equal(kept_disks(id), 1);
     sp_test_http_resp_t r;
     char url[128];
     snprintf(url, sizeof(url), "/v1/sandboxes/%s", id);
     sp_test_http(port, "DELETE", url, key, NULL, NULL, 0, &r);
     assert_true(r.status < 300);
     sp_test_http_free(&r);
-    for (int i = 0; i < 100 && access(path, F_OK) == 0; i++)
+    for (int i = 0; i < 100 && (access(path, F_OK) == 0 || kept_disks(id) > 0); i++)
         usleep(100 * 1000);
     assert_int_not_equal(access(path, F_OK), 0);
+    assert_int_equal(kept_disks(id), 0); /* the sweep took its disk too */
 }
 
 /* The sandbox's state once it has left "suspending" (up to 120 s). */

@@ -700,6 +700,58 @@ static void test_procs_end(void **state)
     waitpid(decoy, NULL, 0);
 }
 
+/* One checkpoint of sandbox id into a directory of its own, keeping its disk as snap's. */
+static void checkpoint_kept(const char *id, const char *snap, wk_checkpoint_t *ck)
+{
+    char err[WK_ERR_MAX] = "", dir[256];
+    snprintf(dir, sizeof(dir), "%s/ck-%s", tmpdir, snap);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    if (wk_sandbox_checkpoint(host, id, "tiny", dir, snap, ck, err) < 0)
+        fail_msg("checkpoint %s: %s", id, err);
+    assert_int_equal(wk_sandbox_destroy(host, id, err), 0);
+}
+
+/* A suspended sandbox's disk kept on its host: a restore there starts from it (the disk's
+ * stream is not read: a path to nothing serves), and the kept disk goes once used; one that
+ * the sweep removed is not used (the stream is received), and what was written before the
+ * checkpoint is there both times. */
+static void test_kept_disk(void **state)
+{
+    (void)state;
+    NEED_HOST();
+    char err[WK_ERR_MAX] = "", out[256], id[SP_SANDBOX_ID_LEN + 1], snap[2][SP_SANDBOX_ID_LEN + 1];
+    char work[256], kept[2][512];
+    sp_sandbox_id_new(id);
+    wk_sandbox_spec_t spec = {.id = id, .template_ = "tiny"};
+    if (wk_sandbox_create(host, &spec, NULL, err) < 0)
+        fail_msg("create: %s", err);
+    assert_int_equal(run(id, out, sizeof(out), "sh", "-c", "echo kept > /kept-marker", NULL), 0);
+    snprintf(work, sizeof(work), "%s/restore-%s", tmpdir, id);
+    wk_checkpoint_t ck[2] = {{0}};
+    for (int i = 0; i < 2; i++) {
+        sp_sandbox_id_new(snap[i]);
+        snprintf(kept[i], sizeof(kept[i]), "%s/sandboxes/.kept-%s-%s", vol_dir, id, snap[i]);
+        checkpoint_kept(id, snap[i], &ck[i]);
+        assert_int_equal(access(kept[i], F_OK), 0); /* the destroy leaves it */
+        if (i == 1) /* the sweep takes it: received from the stream instead */
+            assert_int_equal(wk_host_kept_sweep(host, NULL, NULL), 1);
+        spec.kept_snap = snap[i];
+        assert_int_equal(mkdir(work, 0700), 0);
+        int rc = wk_sandbox_restore(host, &spec, ck[i].image_path,
+                                    i == 0 ? "/nonexistent/rootfs.btrfs.zst" : ck[i].rootfs_path,
+                                    work, NULL, err);
+        (void)rmdir(work);
+        if (rc < 0)
+            fail_msg("restore %d: %s", i, err);
+        assert_true(access(kept[i], F_OK) < 0);
+        assert_int_equal(run(id, out, sizeof(out), "cat", "/kept-marker", NULL), 0);
+        assert_string_equal(out, "kept\n");
+    }
+    assert_int_equal(wk_sandbox_destroy(host, id, err), 0);
+    for (int i = 0; i < 2; i++)
+        wk_checkpoint_dispose(&ck[i]);
+}
+
 static void test_destroy(void **state)
 {
     (void)state;
@@ -860,12 +912,12 @@ static void test_latency(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_template_tiny),  cmocka_unit_test(test_create_parallel),
-        cmocka_unit_test(test_exec_isolation), cmocka_unit_test(test_firewall),
-        cmocka_unit_test(test_firewall_spoof), cmocka_unit_test(test_procs_end),
-        cmocka_unit_test(test_destroy),        cmocka_unit_test(test_unknown_template),
-        cmocka_unit_test(test_failed_start),   cmocka_unit_test(test_base_template),
-        cmocka_unit_test(test_latency),
+        cmocka_unit_test(test_template_tiny),    cmocka_unit_test(test_create_parallel),
+        cmocka_unit_test(test_exec_isolation),   cmocka_unit_test(test_firewall),
+        cmocka_unit_test(test_firewall_spoof),   cmocka_unit_test(test_procs_end),
+        cmocka_unit_test(test_kept_disk),        cmocka_unit_test(test_destroy),
+        cmocka_unit_test(test_unknown_template), cmocka_unit_test(test_failed_start),
+        cmocka_unit_test(test_base_template),    cmocka_unit_test(test_latency),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
