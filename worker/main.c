@@ -61,6 +61,9 @@ static const sp_cfg_opt_t options[] = {
                    "nats store: the object-store bucket (stream OBJ_<bucket>)"),
     SP_CFG_INT_OPT("snapshot-sweep-s", wk_config_t, snapshot_sweep_s, 1, 86400, "300",
                    "how often snapshots of deleted sandboxes (and stale cache) are removed"),
+    SP_CFG_INT_OPT("kept-disk-s", wk_config_t, kept_disk_s, 0, 2592000, "900",
+                   "how long a suspended sandbox's disk stays on its host, for a resume there "
+                   "to start from it (0: not kept; removed at the first snapshot sweep after)"),
     SP_CFG_STR_OPT("templates", wk_config_t, templates, "tiny",
                    "templates to prepare at start, comma-separated (base takes minutes); their "
                    "progress is in <state-dir>/templates.status"),

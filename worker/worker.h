@@ -43,6 +43,7 @@ typedef struct {
     char *snapshot_store;     /* "dir" or "nats" (worker_snapstore.c) */
     char *snapshot_bucket;    /* the nats store's bucket */
     int64_t snapshot_sweep_s; /* wk_snap_sweep's period */
+    int64_t kept_disk_s;      /* a suspended sandbox's disk stays on its host so long (0: not) */
     int64_t vcpu_total;       /* 0: the host's CPUs */
     int64_t memory_mb_total;  /* 0: the host's memory */
     int64_t disk_mb_default;  /* per-sandbox limits when a create says 0 (docs/faults.md) */

@@ -176,6 +176,12 @@ static void snapshot_of_key(const Space__V1__SandboxSuspended *sd, const char *s
     }
 }
 
+/* A suspend's keep_snap (wk_sandbox_checkpoint): its snapshot, unless kept-disk-s is 0. */
+static const char *keep_disk(const wk_t *w, const char *snap)
+{
+    return w->cfg->kept_disk_s > 0 ? snap : NULL;
+}
+
 static void forget_snapshot(wk_t *w, const char *sbx, const char *snap)
 {
     char key[ARTIFACTS][256];
@@ -378,7 +384,8 @@ int wk_on_suspend(wk_t *w, const sp_envelope_t *ev)
     if (rc < 0)
         snprintf(err, sizeof(err), "mkdir %s: %s", staging, strerror(-rc));
     else
-        rc = wk_sandbox_checkpoint(w->host, sbx, b->template_, staging, snap, &ck, err);
+        rc = wk_sandbox_checkpoint(w->host, sbx, b->template_, staging, keep_disk(w, snap), &ck,
+                                   err);
     if (rc < 0) {
         wk_rm_rf(staging);
         free(staging);
@@ -433,7 +440,8 @@ int wk_suspend_complete(wk_t *w, PGconn *db, const char *sbx, const char *tmpl)
     }
     sp_log(SP_LOG_INFO, "completing a suspend the previous worker began", SP_KS("sandbox", sbx),
            SP_KS("snapshot", snap));
-    if (wk_sandbox_checkpoint_finish(w->host, sbx, tmpl, staging, snap, &ck, err) < 0) {
+    if (wk_sandbox_checkpoint_finish(w->host, sbx, tmpl, staging, keep_disk(w, snap), &ck, err) <
+        0) {
         wk_rm_rf(staging);
         rc = suspend_lost(w, ev, sbx, err);
     } else {

@@ -21,6 +21,7 @@
 #include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "buf.h"
@@ -1345,7 +1346,7 @@ static bool kept_parse(const char *name, char sbx[SP_SANDBOX_ID_LEN + 1],
 
 typedef struct {
     const char *sbx; /* drop this sandbox's kept disks, whatever keep says */
-    bool (*keep)(void *ctx, const char *sbx, const char *snap);
+    wk_kept_keep_fn keep;
     void *ctx;
 } kept_filter_t;
 
@@ -1357,11 +1358,12 @@ static size_t kept_drop(wk_host_t *h, const kept_filter_t *f)
         char sbx[SP_SANDBOX_ID_LEN + 1], snap[SP_SANDBOX_ID_LEN + 1];
         if (!kept_parse(e->d_name, sbx, snap))
             continue;
-        bool drop = f->sbx ? strcmp(sbx, f->sbx) == 0 : !f->keep || !f->keep(f->ctx, sbx, snap);
-        if (!drop)
-            continue;
         char *p = kept_path(h, sbx, snap);
-        if (wk__subvol_delete(p, NULL) == 0)
+        int64_t made = 0;
+        bool drop = f->sbx ? strcmp(sbx, f->sbx) == 0
+                           : !f->keep || wk__subvol_made_s(p, &made) < 0 ||
+                                 !f->keep(f->ctx, sbx, snap, (int64_t)time(NULL) - made);
+        if (drop && wk__subvol_delete(p, NULL) == 0)
             n++;
         free(p);
     }
@@ -1370,8 +1372,7 @@ static size_t kept_drop(wk_host_t *h, const kept_filter_t *f)
     return n;
 }
 
-size_t wk_host_kept_sweep(wk_host_t *h, bool (*keep)(void *ctx, const char *sbx, const char *snap),
-                          void *ctx)
+size_t wk_host_kept_sweep(wk_host_t *h, wk_kept_keep_fn keep, void *ctx)
 {
     kept_filter_t f = {.keep = keep, .ctx = ctx};
     return kept_drop(h, &f);

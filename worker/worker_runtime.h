@@ -218,9 +218,10 @@ int wk_sandbox_checkpoint_finish(wk_host_t *h, const char *id, const char *tmpl,
                                  const char *out_dir, const char *keep_snap, wk_checkpoint_t *ret,
                                  char err[WK_ERR_MAX]);
 /* Removes the kept disks (wk_sandbox_checkpoint's keep_snap) for which keep (NULL: none)
- * answers false; how many were removed. keep gets the sandbox and snapshot ids. */
-size_t wk_host_kept_sweep(wk_host_t *h, bool (*keep)(void *ctx, const char *sbx, const char *snap),
-                          void *ctx);
+ * answers false, and any whose age cannot be read; how many were removed. keep gets the
+ * sandbox and snapshot ids and the disk's age (seconds since the suspend made it). */
+typedef bool (*wk_kept_keep_fn)(void *ctx, const char *sbx, const char *snap, int64_t age_s);
+size_t wk_host_kept_sweep(wk_host_t *h, wk_kept_keep_fn keep, void *ctx);
 /* How a checkpoint into out_dir ended, waiting up to wait_ms while its runsc still runs:
  * 1 when runsc wrote the image and said so, 0 otherwise (failed, or never ran). */
 int wk_checkpoint_outcome(const char *out_dir, int wait_ms);

@@ -197,6 +197,8 @@ int wk__subvol_create(const char *path, char err[WK_ERR_MAX]);
 int wk__subvol_snapshot(const char *src, const char *dst, bool read_only, char err[WK_ERR_MAX]);
 /* A missing path is success. */
 int wk__subvol_delete(const char *path, char err[WK_ERR_MAX]);
+/* When the subvolume (or snapshot) at path was made, in seconds since the epoch. */
+int wk__subvol_made_s(const char *path, int64_t *ret_s);
 /* 1 if path is a subvolume (and *ret_read_only says whether it is read-only, when non-NULL),
  * 0 if it is missing or a plain directory, < 0 on error. */
 int wk__subvol_is(const char *path, bool *ret_read_only);

@@ -336,14 +336,23 @@ static size_t sweep_named(wk_t *w, PGconn *db)
     return swept;
 }
 
+typedef struct {
+    PGconn *db;
+    int64_t max_s; /* kept-disk-s */
+} kept_ctx_t;
+
 /* A suspended sandbox's kept disk (wk_sandbox_checkpoint's keep_snap) stays while the
- * sandbox may resume here from it: suspending, suspended or resuming. Kept when the database
- * cannot say. */
-static bool kept_wanted(void *ctx, const char *sbx, const char *snap)
+ * sandbox may resume here from it (suspending, suspended or resuming) and for kept-disk-s at
+ * most: a sandbox suspended for long resumes from its snapshot, and the host's disk does not
+ * fill with sandboxes that never come back. Kept when the database cannot say. */
+static bool kept_wanted(void *ctx, const char *sbx, const char *snap, int64_t age_s)
 {
     (void)snap; /* a newer suspend here replaced an older one's */
+    const kept_ctx_t *k = ctx;
+    if (age_s > k->max_s)
+        return false;
     char state[32];
-    if (sandbox_state(ctx, sbx, state) < 0)
+    if (sandbox_state(k->db, sbx, state) < 0)
         return true;
     return strcmp(state, "suspended") == 0 || strcmp(state, "suspending") == 0 ||
            strcmp(state, "resuming") == 0;
@@ -381,7 +390,8 @@ void wk_snap_sweep(wk_t *w, PGconn *db)
     if (cache)
         (void)sp_obj_list(w->bus, w->cfg->snapshot_bucket, sweep_object, &bs);
     size_t named = sweep_named(w, db);
-    size_t kept = wk_host_kept_sweep(w->host, kept_wanted, db);
+    kept_ctx_t kc = {.db = db, .max_s = w->cfg->kept_disk_s};
+    size_t kept = wk_host_kept_sweep(w->host, kept_wanted, &kc);
     if (swept || bs.removed || named || kept)
         sp_log(SP_LOG_INFO, "snapshots swept", SP_KS("dir", w->cfg->snapshot_dir),
                SP_KU("sandboxes", swept), SP_KU("bucket_objects", bs.removed),

@@ -406,6 +406,16 @@ int wk__subvol_snapshot(const char *src, const char *dst, bool read_only, char e
     return 0;
 }
 
+int wk__subvol_made_s(const char *path, int64_t *ret_s)
+{
+    struct btrfs_util_subvolume_info info;
+    errno = 0;
+    if (btrfs_util_subvolume_info(path, 0, &info) != BTRFS_UTIL_OK)
+        return errno ? -errno : -EINVAL;
+    *ret_s = (int64_t)info.otime.tv_sec;
+    return 0;
+}
+
 int wk__subvol_delete(const char *path, char err[WK_ERR_MAX])
 {
     struct stat st;

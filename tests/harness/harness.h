@@ -59,6 +59,8 @@ void sp_test_daemon_stop(const char *name, int sig);
 /* Whether anything of sandbox id is on the host of the worker whose state directory is
  * state_dir: runsc container, bundle (and its agent socket), disk, netns, cgroup. */
 bool sp_test_sandbox_held(const char *state_dir, const char *id);
+/* How many kept disks of suspended sandbox id (worker_runtime.h, keep_snap) that host has. */
+int sp_test_kept_disks(const char *state_dir, const char *id);
 /* Whether the log file at path has a line with both needles. */
 bool sp_test_log_has(const char *path, const char *a, const char *b);
 /* Runs a shell command line (printf-style); its exit status, -1 when it did not exit. */

@@ -125,6 +125,20 @@ bool sp_test_log_has(const char *path, const char *a, const char *b)
     return found;
 }
 
+int sp_test_kept_disks(const char *state_dir, const char *id)
+{
+    char dir[1024], prefix[64];
+    snprintf(dir, sizeof(dir), "%s/volumes/sandboxes", state_dir);
+    snprintf(prefix, sizeof(prefix), ".kept-%s-", id);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *de; (de = readdir(d));)
+        n += strncmp(de->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
+}
+
 bool sp_test_sandbox_held(const char *state_dir, const char *id)
 {
     char path[1024];

@@ -98,19 +98,11 @@ static bool held(const char *id)
     return sp_test_sandbox_held(dir, id);
 }
 
-/* How many kept disks of sandbox id its host has (worker_runtime.h, keep_snap). */
 static int kept_disks(const char *id)
 {
-    char dir[512], prefix[64];
-    snprintf(dir, sizeof(dir), "%s/worker/volumes/sandboxes", sp_test_env("SPACE_HOME"));
-    snprintf(prefix, sizeof(prefix), ".kept-%s-", id);
-    DIR *d = opendir(dir);
-    assert_non_null(d);
-    int n = 0;
-    for (struct dirent *de; (de = readdir(d));)
-        n += strncmp(de->d_name, prefix, strlen(prefix)) == 0;
-    closedir(d);
-    return n;
+    char dir[512];
+    snprintf(dir, sizeof(dir), "%s/worker", sp_test_env("SPACE_HOME"));
+    return sp_test_kept_disks(dir, id);
 }
 
 /* SandboxSuspended is recorded before the release (a worker that dies in between leaves

@@ -156,6 +156,7 @@ static void test_resume_on_another_worker(void **state)
         print_message("%s: %llu bytes in the bucket\n", keys[i], (unsigned long long)info.size);
     }
     assert_true(in_cache(cache_of(origin), sbx));
+    assert_int_equal(sp_test_kept_disks(origin_dir, sbx), 1);
 
     stop_worker(origin); /* the host is gone */
     sp_test_stop_ending(&stop);
@@ -171,9 +172,11 @@ static void test_resume_on_another_worker(void **state)
         assert_int_equal(sp_obj_stat(bus, BUCKET, keys[i], NULL), SP_ENOTFOUND);
     assert_false(in_cache(cache_of(other), sbx));
 
-    /* The first host comes back: its stale copy is swept at start. */
+    /* The first host comes back: its stale copy is swept at start, and the disk it kept for
+     * a resume there too (the sandbox runs elsewhere). */
     start_worker(origin);
     assert_false(in_cache(cache_of(origin), sbx));
+    assert_int_equal(sp_test_kept_disks(origin_dir, sbx), 0);
     free(origin);
     sp_test_http_resp_t r;
     snprintf(sql, sizeof(sql), "/v1/sandboxes/%s", sbx);

@@ -711,6 +711,23 @@ static void checkpoint_kept(const char *id, const char *snap, wk_checkpoint_t *c
     assert_int_equal(wk_sandbox_destroy(host, id, err), 0);
 }
 
+/* A sweep's keep: records what it was asked and keeps. */
+typedef struct {
+    char sbx[SP_SANDBOX_ID_LEN + 1], snap[SP_SANDBOX_ID_LEN + 1];
+    int64_t age_s;
+    int asked;
+} kept_seen_t;
+
+static bool keep_and_note(void *ctx, const char *sbx, const char *snap, int64_t age_s)
+{
+    kept_seen_t *s = ctx;
+    snprintf(s->sbx, sizeof(s->sbx), "%s", sbx);
+    snprintf(s->snap, sizeof(s->snap), "%s", snap);
+    s->age_s = age_s;
+    s->asked++;
+    return true;
+}
+
 /* A suspended sandbox's disk kept on its host: a restore there starts from it (the disk's
  * stream is not read: a path to nothing serves), and the kept disk goes once used; one that
  * the sweep removed is not used (the stream is received), and what was written before the
@@ -733,16 +750,33 @@ static void test_kept_disk(void **state)
         snprintf(kept[i], sizeof(kept[i]), "%s/sandboxes/.kept-%s-%s", vol_dir, id, snap[i]);
         checkpoint_kept(id, snap[i], &ck[i]);
         assert_int_equal(access(kept[i], F_OK), 0); /* the destroy leaves it */
-        if (i == 1) /* the sweep takes it: received from the stream instead */
+        if (i == 1) {
+            /* The sweep asks about it with its age (since the checkpoint, moments ago), and
+             * keeps it when told to; then takes it: received from the stream instead. */
+            kept_seen_t seen = {.age_s = -1};
+            assert_int_equal(wk_host_kept_sweep(host, keep_and_note, &seen), 0);
+            assert_int_equal(seen.asked, 1);
+            assert_string_equal(seen.sbx, id);
+            assert_string_equal(seen.snap, snap[1]);
+            print_message("kept disk's age at the sweep: %lld s\n", (long long)seen.age_s);
+            assert_true(seen.age_s >= 0 && seen.age_s < 60);
+            assert_int_equal(access(kept[i], F_OK), 0);
             assert_int_equal(wk_host_kept_sweep(host, NULL, NULL), 1);
+        }
         spec.kept_snap = snap[i];
         assert_int_equal(mkdir(work, 0700), 0);
+        wk_sandbox_info_t info = {0};
         int rc = wk_sandbox_restore(host, &spec, ck[i].image_path,
                                     i == 0 ? "/nonexistent/rootfs.btrfs.zst" : ck[i].rootfs_path,
-                                    work, NULL, err);
+                                    work, &info, err);
         (void)rmdir(work);
         if (rc < 0)
             fail_msg("restore %d: %s", i, err);
+        if (info.agent_to_fd >= 0)
+            close(info.agent_to_fd);
+        if (info.agent_from_fd >= 0)
+            close(info.agent_from_fd);
+        assert_int_equal(info.disk_kept, i == 0);
         assert_true(access(kept[i], F_OK) < 0);
         assert_int_equal(run(id, out, sizeof(out), "cat", "/kept-marker", NULL), 0);
         assert_string_equal(out, "kept\n");
