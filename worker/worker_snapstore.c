@@ -279,6 +279,14 @@ static bool gone_for_good(const char *state)
     return strcmp(state, "deleted") == 0 || strcmp(state, "failed") == 0;
 }
 
+/* A sandbox in these states may yet resume from its suspend's snapshot: what a resume here
+ * would use (the cache's copy, the kept disk) stays. */
+static bool may_resume(const char *state)
+{
+    return strcmp(state, "suspended") == 0 || strcmp(state, "suspending") == 0 ||
+           strcmp(state, "resuming") == 0;
+}
+
 typedef struct {
     wk_t *w;
     PGconn *db;
@@ -342,9 +350,9 @@ typedef struct {
 } kept_ctx_t;
 
 /* A suspended sandbox's kept disk (wk_sandbox_checkpoint's keep_snap) stays while the
- * sandbox may resume here from it (suspending, suspended or resuming) and for kept-disk-s at
- * most: a sandbox suspended for long resumes from its snapshot, and the host's disk does not
- * fill with sandboxes that never come back. Kept when the database cannot say. */
+ * sandbox may resume here from it (may_resume) and for kept-disk-s at most: a sandbox
+ * suspended for long resumes from its snapshot, and the host's disk does not fill with
+ * sandboxes that never come back. Kept when the database cannot say. */
 static bool kept_wanted(void *ctx, const char *sbx, const char *snap, int64_t age_s)
 {
     (void)snap; /* a newer suspend here replaced an older one's */
@@ -352,10 +360,7 @@ static bool kept_wanted(void *ctx, const char *sbx, const char *snap, int64_t ag
     if (age_s > k->max_s)
         return false;
     char state[32];
-    if (sandbox_state(k->db, sbx, state) < 0)
-        return true;
-    return strcmp(state, "suspended") == 0 || strcmp(state, "suspending") == 0 ||
-           strcmp(state, "resuming") == 0;
+    return sandbox_state(k->db, sbx, state) < 0 || may_resume(state);
 }
 
 void wk_snap_sweep(wk_t *w, PGconn *db)
@@ -374,9 +379,7 @@ void wk_snap_sweep(wk_t *w, PGconn *db)
             continue;
         if (sandbox_state(db, e->d_name, state) < 0)
             break; /* the database is away: try at the next sweep */
-        bool drop = cache ? !(strcmp(state, "suspended") == 0 || strcmp(state, "suspending") == 0 ||
-                              strcmp(state, "resuming") == 0)
-                          : gone_for_good(state);
+        bool drop = cache ? !may_resume(state) : gone_for_good(state);
         if (!drop)
             continue;
         char *dir = sp_xasprintf("%s/%s", w->cfg->snapshot_dir, e->d_name);
