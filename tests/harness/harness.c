@@ -213,6 +213,12 @@ long long sp_test_db_wait_scalar(PGconn *db, const char *sql, long long want, in
             return v;
         nanosleep(&(struct timespec){.tv_nsec = 50 * 1000 * 1000}, NULL);
     }
+    /* Said, because a caller that goes on after the wait ran out (the value was not exactly
+     * want, yet what it checks holds) pays the whole timeout silently: pg_restart paid 60 s a
+     * case that way. */
+    if (timeout_ms > 0)
+        fprintf(stderr, "harness: waited %d ms for %.160s to be %lld: it is %lld\n", timeout_ms,
+                sql, want, v);
     return v;
 }
 

@@ -39,6 +39,7 @@ typedef struct {
 
 struct sp_test_workload {
     sp_test_workload_cfg_t cfg;
+    int run; /* this process's n-th workload: in the paths it writes, so each is written once */
     atomic_bool stop;
     thread_t th[THREADS_MAX];
     const sp_test_call_t *all[THREADS_MAX * CALLS_MAX];
@@ -158,7 +159,7 @@ static void *thread_main(void *arg)
             sp_buf_dispose(&b);
             break;
         case SP_TEST_OP_WRITE:
-            snprintf(c->path, sizeof(c->path), "wl-%d-%d.txt", t->n, i);
+            snprintf(c->path, sizeof(c->path), "wl-%d-%d-%d.txt", t->w->run, t->n, i);
             snprintf(c->id, sizeof(c->id), "%s", target);
             snprintf(path, sizeof(path), "/v1/sandboxes/%s/files?path=%s", target, c->path);
             call(t->w, c, "PUT", path, NULL, "written by the workload\n",
@@ -194,8 +195,10 @@ sp_test_workload_t *sp_test_workload_start(const sp_test_workload_cfg_t *cfg)
     assert_true(cfg->threads >= 1 && cfg->threads <= THREADS_MAX);
     assert_true(cfg->max_calls >= cfg->min_calls && cfg->max_calls <= CALLS_MAX);
     assert_true(cfg->ops != 0);
+    static int runs;
     sp_test_workload_t *w = sp_xcalloc(1, sizeof(*w));
     w->cfg = *cfg;
+    w->run = runs++;
     if (!w->cfg.client_ms)
         w->cfg.client_ms = 60000;
     atomic_init(&w->stop, false);
