@@ -40,6 +40,12 @@
 #define CONNECT_RETRY_MS      100
 #define NKEY_AUTH_RETRIES     3
 #define ASYNC_MAX_PENDING     4096
+/* The wait for the server's answer to a batch's last ack. An answer lost across a nats-server
+ * restart (a known JetStream behaviour, nats-server#6392) would otherwise hold the caller for
+ * the bus's whole timeout: the event log stored nothing for 30 s after each restart and ignored
+ * SIGTERM that long. An ack not answered in time is the caller's warning; the messages come
+ * again and are filtered by the caller (the event log's head). */
+#define ACK_REPLY_WAIT_MS 2000
 /* A batch is at most this many messages and bytes, so one fetch has a bounded footprint; the
  * consumer's MaxAckPending is set above it so a full batch is never held back. */
 #define FETCH_MAX_MSGS  4096
@@ -962,7 +968,8 @@ int sp_bus_batch_ack(sp_bus_batch_t *b)
     if (s != NATS_OK)
         return sp__bus_status(s, 0, "natsMsg_Ack");
     jsOptions_Init(&jo);
-    jo.Wait = b->consumer->bus->timeout_ms;
+    jo.Wait = b->consumer->bus->timeout_ms < ACK_REPLY_WAIT_MS ? b->consumer->bus->timeout_ms
+                                                               : ACK_REPLY_WAIT_MS;
     s = natsMsg_AckSync(b->e[b->n - 1].msg, &jo, &jerr);
     return sp__bus_status(s, jerr, "natsMsg_AckSync");
 }

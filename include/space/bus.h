@@ -180,7 +180,8 @@ const sp_bus_msg_t *sp_bus_batch_msg(const sp_bus_batch_t *b, size_t i);
  * and frees *from (set to NULL). Pointers from sp_bus_batch_msg(into, ...) taken before are
  * invalid after. -EINVAL (nothing moved) for batches of two consumers. */
 int sp_bus_batch_merge(sp_bus_batch_t *into, sp_bus_batch_t **from);
-/* Acknowledges every message of the batch. */
+/* Acknowledges every message of the batch, and waits (at most the bus's timeout, and 2 s) for
+ * the server to confirm the last: an error says it did not, and the messages may come again. */
 int sp_bus_batch_ack(sp_bus_batch_t *b);
 /* One message: acknowledge, negatively acknowledge (redeliver now), or tell the server it is
  * still being worked on (restarts its ack_wait). Safe from any thread while the batch lives. */
