@@ -65,6 +65,7 @@ typedef struct {
     int64_t max_body_bytes;
     int64_t stop_timeout_s;
     int64_t max_commands;
+    int64_t command_grace_s;
     int64_t command_buffer_bytes;
     int64_t bus_threads;
     int64_t max_file_bytes;

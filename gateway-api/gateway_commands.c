@@ -18,7 +18,7 @@
  * 4. The loop turns queued chunks into SSE records (through the stream writer,
  *    gateway_sse.c: one write at a time, the next after proceed) or into the collected JSON
  *    answer, and ends the response at the IoExit, or with an error when none came within
- *    timeout_s + 30 s.
+ *    timeout_s + command-grace-s (30 s).
  * 5. The subscription is drained off the loop (another bus job); when it is gone, no callback
  *    can run, so the async handle is closed and the command freed in its close callback.
  *
@@ -56,7 +56,6 @@
 #define EXEC_TIMEOUT_MS   10000
 #define FLUSH_TIMEOUT_MS  5000
 #define DEFAULT_TIMEOUT_S 60
-#define EXIT_GRACE_S      30                 /* beyond timeout_s before the gateway gives up */
 #define JSON_CAP          (16 * 1024 * 1024) /* bytes per stream in a JSON answer */
 #define CHUNK_DATA_MAX    (64 * 1024)        /* dataplane.proto: IoChunk.data */
 #define IO_MSG_MAX        (CHUNK_DATA_MAX + 1024)
@@ -967,7 +966,7 @@ static void start_output(gw_cmd_t *c)
     /* An attached command's timeout is not known here: it ends with its exit, or the client. */
     c->deadline_ns = c->attach || (c->enc->unbounded && !c->spec.timeout_s)
                          ? INT64_MAX
-                         : sp_mono_ns() + (timeout_s + EXIT_GRACE_S) * 1000000000LL;
+                         : sp_mono_ns() + (timeout_s + gw->cfg->command_grace_s) * 1000000000LL;
     if (!gw_req_live(c->rq)) {
         c->phase = PH_DONE;
         gw->metrics.command_ends[GW_CMD_END_CLIENT]++;

@@ -74,6 +74,9 @@ static const sp_cfg_opt_t options[] = {
                    "largest request body (413 beyond, chunked or not)"),
     SP_CFG_INT_OPT("stop-timeout-s", gw_config_t, stop_timeout_s, 1, 60, "5",
                    "longest graceful stop before the process exits anyway"),
+    SP_CFG_INT_OPT("command-grace-s", gw_config_t, command_grace_s, 1, 3600, "30",
+                   "a command whose end has not come timeout_s plus this after it started is "
+                   "answered exit -1, \"timeout waiting for the worker\""),
     SP_CFG_INT_OPT("max-commands", gw_config_t, max_commands, 0, 100000, "128",
                    "commands handled at once (429 beyond); each may hold 32 MiB in JSON mode"),
     SP_CFG_INT_OPT("command-buffer-bytes", gw_config_t, command_buffer_bytes, 1048576, 1073741824,
