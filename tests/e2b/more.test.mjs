@@ -17,12 +17,13 @@ async function ours (path) {
   return { status: res.status, body: await res.json() }
 }
 
-// 128 MiB written (so the pages are really charged), then 12 s of a busy loop: the worker
-// samples every 5 s, so at least two samples fall inside the work.
+// 128 MiB written (so the pages are really charged), then 6 s of a busy loop: the worker of
+// this test's stack samples every 2 s (SPACE_SAMPLE_MS, tests/CMakeLists.txt), so at least two
+// samples fall inside the work.
 // 64 MiB written to /tmp first: the guest's page cache (memCache, which the host cannot see).
 const WORK = 'head -c 67108864 /dev/zero > /tmp/cache64 && ' +
   'python3 -c "import time\na = bytearray(b\'x\' * (128 << 20))\nt = time.time()\n' +
-  'while time.time() - t < 12: pass\nprint(len(a))"'
+  'while time.time() - t < 6: pass\nprint(len(a))"'
 
 test('getMetrics: non-zero CPU and memory after work, in E2B\'s shape; ours the same', { timeout: 180_000 }, async (t) => {
   const box = await Sandbox.create({ timeoutMs: 300_000 })
@@ -105,7 +106,7 @@ test('autoPause: at its timeout the sandbox is paused, not killed; connect bring
     await plain.kill()
   }
 
-  const box = await Sandbox.create({ timeoutMs: 15_000, lifecycle: { onTimeout: 'pause' } })
+  const box = await Sandbox.create({ timeoutMs: 10_000, lifecycle: { onTimeout: 'pause' } })
   try {
     assert.equal((await Sandbox.getInfo(box.sandboxId)).lifecycle.onTimeout, 'pause')
     await box.files.write('/home/user/kept.txt', 'kept across the pause')

@@ -7,6 +7,7 @@
  * A refused publish is dropped by the server (it answers -ERR to the connection), so a
  * JetStream publish of it gets no ack and times out, and nothing reaches the stream; a refused
  * subscription receives nothing. */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -204,6 +205,29 @@ static int js_call(sp_bus_t *bus, const char *subject, const char *body)
     return err ? 1 : 0;
 }
 
+/* What no daemon identity may do to the stream, each asked by its own thread: a refused call
+ * is one that waits its whole REFUSED_MS unanswered, so 28 of them one after another took 42 s. */
+static const char *const stream_ops[][2] = {
+    {"$JS.API.STREAM.PURGE.SPACE_EVENTS", "{}"},
+    {"$JS.API.STREAM.DELETE.SPACE_EVENTS", ""},
+    {"$JS.API.STREAM.MSG.DELETE.SPACE_EVENTS", "{\"seq\":1}"},
+    {"$JS.API.STREAM.UPDATE.SPACE_EVENTS", "{}"}};
+#define N_STREAM_OPS (sizeof(stream_ops) / sizeof(stream_ops[0]))
+
+typedef struct {
+    sp_bus_t *bus;
+    size_t op;
+    int rc;
+    pthread_t t;
+} stream_try_t;
+
+static void *stream_try_main(void *arg)
+{
+    stream_try_t *a = arg;
+    a->rc = js_call(a->bus, stream_ops[a->op][0], stream_ops[a->op][1]);
+    return NULL;
+}
+
 static void test_stream_not_purged_or_deleted(void **state)
 {
     (void)state;
@@ -211,23 +235,34 @@ static void test_stream_not_purged_or_deleted(void **state)
     snprintf(egressd, sizeof(egressd), "egressd-%s", sp_test_env("SPACE_ID"));
     const char *who[] = {"gateway", "scheduler", "eventlog", stack_worker,
                          egressd,   "reader",    "worker-wa"};
-    sp_busid_t idop;
-    sp_bus_t *op = bus_as("operator", &idop);
+#define N_WHO (sizeof(who) / sizeof(who[0]))
+    sp_busid_t idop, ids[N_WHO];
+    sp_bus_t *op = bus_as("operator", &idop), *buses[N_WHO];
+    stream_try_t tries[N_WHO][N_STREAM_OPS];
     uint64_t before = 0, msgs0 = 0;
     assert_int_equal(sp_bus_stream_info(op, &before, &msgs0), 0);
     assert_true(before > 0);
 
-    for (size_t i = 0; i < sizeof(who) / sizeof(who[0]); i++) {
-        sp_busid_t id;
-        sp_bus_t *b = bus_as(who[i], &id);
-        print_message("%s: purge, delete, message delete, update refused\n", who[i]);
-        assert_true(js_call(b, "$JS.API.STREAM.PURGE.SPACE_EVENTS", "{}") < 0);
-        assert_true(js_call(b, "$JS.API.STREAM.DELETE.SPACE_EVENTS", "") < 0);
-        assert_true(js_call(b, "$JS.API.STREAM.MSG.DELETE.SPACE_EVENTS", "{\"seq\":1}") < 0);
-        assert_true(js_call(b, "$JS.API.STREAM.UPDATE.SPACE_EVENTS", "{}") < 0);
-        sp_bus_free(b);
-        sp_busid_dispose(&id);
+    for (size_t i = 0; i < N_WHO; i++) {
+        buses[i] = bus_as(who[i], &ids[i]); /* one at a time: it sets the process's signer */
+        for (size_t k = 0; k < N_STREAM_OPS; k++) {
+            tries[i][k] = (stream_try_t){.bus = buses[i], .op = k, .rc = 1};
+            assert_int_equal(pthread_create(&tries[i][k].t, NULL, stream_try_main, &tries[i][k]),
+                             0);
+        }
     }
+    for (size_t i = 0; i < N_WHO; i++) {
+        for (size_t k = 0; k < N_STREAM_OPS; k++)
+            pthread_join(tries[i][k].t, NULL);
+        print_message("%s: purge, delete, message delete, update refused\n", who[i]);
+        for (size_t k = 0; k < N_STREAM_OPS; k++)
+            if (tries[i][k].rc >= 0)
+                fail_msg("%s: %s was answered (%d), not refused", who[i], stream_ops[k][0],
+                         tries[i][k].rc);
+        sp_bus_free(buses[i]);
+        sp_busid_dispose(&ids[i]);
+    }
+#undef N_WHO
     /* The operator reaches the API, and the stream itself refuses (deny_purge, deny_delete). */
     assert_int_equal(js_call(op, "$JS.API.STREAM.PURGE.SPACE_EVENTS", "{}"), 1);
     assert_int_equal(js_call(op, "$JS.API.STREAM.MSG.DELETE.SPACE_EVENTS", "{\"seq\":1}"), 1);
