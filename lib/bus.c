@@ -55,6 +55,7 @@
 struct sp_bus_consumer {
     sp_bus_t *bus;
     natsSubscription *sub;
+    int ack_wait_ms; /* the durable's, as the server has it */
     /* Batches not yet freed: their messages need the subscription to be acked, so a consumer
      * freed before them is only unsubscribed and is destroyed with its last batch. */
     size_t live_batches;
@@ -763,7 +764,7 @@ static int consumer_create(sp_bus_t *bus, const char *durable, const char *filte
 
 /* A pull subscription bound to the existing durable: cnats neither creates nor, on
  * unsubscribe, deletes it. cnats requires the subject to equal the consumer's filter. */
-static int subscribe_bound(sp_bus_t *bus, const char *durable, const char *filter,
+static int subscribe_bound(sp_bus_t *bus, const char *durable, const char *filter, int ack_wait_ms,
                            sp_bus_consumer_t **ret_consumer)
 {
     jsSubOptions so;
@@ -785,6 +786,7 @@ static int subscribe_bound(sp_bus_t *bus, const char *durable, const char *filte
     sp_bus_consumer_t *c = sp_xcalloc(1, sizeof(*c));
     c->bus = bus;
     c->sub = sub;
+    c->ack_wait_ms = ack_wait_ms > 0 ? ack_wait_ms : DEFAULT_ACK_WAIT_MS;
     *ret_consumer = c;
     return 0;
 }
@@ -807,7 +809,7 @@ int sp_bus_consumer_open(sp_bus_t *bus, const char *durable, const char *filter,
 
     if ((rc = consumer_create(bus, durable, filter, start_seq, ack_wait_ms)) < 0)
         return rc;
-    return subscribe_bound(bus, durable, filter, ret_consumer);
+    return subscribe_bound(bus, durable, filter, ack_wait_ms, ret_consumer);
 }
 
 int sp_bus_consumer_bind(sp_bus_t *bus, const char *durable, const char *filter, int ack_wait_ms,
@@ -831,11 +833,14 @@ int sp_bus_consumer_bind(sp_bus_t *bus, const char *durable, const char *filter,
         if (s == NATS_OK) {
             int same = ci->Config && ci->Config->FilterSubject &&
                        strcmp(ci->Config->FilterSubject, filter) == 0;
+            /* Its ack wait is the one it was created with (by the operator, contract.c), which
+             * may not be the caller's: the caller learns it (sp_bus_consumer_ack_wait_ms). */
+            int64_t has_ms = same ? ci->Config->AckWait / 1000000 : 0;
             jsConsumerInfo_Destroy(ci);
             ci = NULL;
             if (!same)
                 return -EEXIST;
-            rc = subscribe_bound(bus, durable, filter, ret_consumer);
+            rc = subscribe_bound(bus, durable, filter, (int)has_ms, ret_consumer);
             continue;
         }
         if ((rc = sp__bus_status(s, jerr, "js_GetConsumerInfo")) != SP_ENOTFOUND)
@@ -844,9 +849,14 @@ int sp_bus_consumer_bind(sp_bus_t *bus, const char *durable, const char *filter,
          * configuration twice, so both then bind to the one consumer. */
         if ((rc = consumer_create(bus, durable, filter, 0, ack_wait_ms)) < 0)
             return rc;
-        rc = subscribe_bound(bus, durable, filter, ret_consumer);
+        rc = subscribe_bound(bus, durable, filter, ack_wait_ms, ret_consumer);
     }
     return rc;
+}
+
+int sp_bus_consumer_ack_wait_ms(const sp_bus_consumer_t *c)
+{
+    return c->ack_wait_ms;
 }
 
 static void consumer_destroy(sp_bus_consumer_t *c)

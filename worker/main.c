@@ -98,7 +98,8 @@ static const sp_cfg_opt_t options[] = {
                    "each running sandbox's CPU, memory and disk are sampled this often for "
                    "GET /v1/sandboxes/{id}/metrics (an hour's worth kept per sandbox at 5 s)"),
     SP_CFG_INT_OPT("ack-wait-ms", wk_config_t, ack_wait_ms, 3000, 3600000, "15000",
-                   "redelivery of an event this worker died handling"),
+                   "redelivery of an event this worker died handling, for a durable this worker "
+                   "creates; one `space up` made keeps the contract's 15 s (logged at start)"),
     SP_CFG_INT_OPT("batch-max", wk_config_t, batch_max, 1, 1000, "64", "events per fetch"),
     SP_CFG_INT_OPT("parallel", wk_config_t, parallel, 1, 256, "16",
                    "sandboxes created or deleted at once"),

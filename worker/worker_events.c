@@ -470,12 +470,13 @@ static void sandbox_of(const char *subject, char *out, size_t len)
     out[n] = '\0';
 }
 
-static void process_batch(wk_t *w, sp_bus_batch_t *b)
+/* ack_wait_ms: the durable's (sp_bus_consumer_ack_wait_ms), which the "in progress" must beat. */
+static void process_batch(wk_t *w, sp_bus_batch_t *b, int64_t ack_wait_ms)
 {
     size_t n = sp_bus_batch_len(b);
     acks_t acks = {.b = b, .done = sp_xcalloc(n ? n : 1, sizeof(bool))};
     pthread_mutex_init(&acks.mu, NULL);
-    int64_t every_ms = w->cfg->ack_wait_ms / 3 > 0 ? w->cfg->ack_wait_ms / 3 : 1;
+    int64_t every_ms = ack_wait_ms / 3 > 0 ? ack_wait_ms / 3 : 1;
     group_t *groups = sp_xcalloc(n ? n : 1, sizeof(*groups));
     char(*keys)[65] = sp_xcalloc(n ? n : 1, sizeof(*keys));
     size_t ng = 0;
@@ -544,7 +545,17 @@ int wk_serve(wk_t *w)
         sp_log(SP_LOG_ERROR, "cannot bind the consumer", SP_KS("error", sp_strerror(rc)));
         return rc;
     }
-    sp_log(SP_LOG_INFO, "serving", SP_KS("worker", w->cfg->id), SP_KS("filter", filter));
+    /* The durable the operator made (`space up`) has the contract's ack wait (contract.c);
+     * ack-wait-ms applies only to one this worker creates. "In progress" paced by the wrong
+     * one (ack-wait-ms above three times the durable's) let a long create be redelivered
+     * while it ran. */
+    int64_t ack_wait_ms = sp_bus_consumer_ack_wait_ms(c);
+    if (ack_wait_ms != w->cfg->ack_wait_ms)
+        sp_log(SP_LOG_WARN, "the durable's ack wait is not ack-wait-ms; it is used",
+               SP_KS("durable", durable), SP_KI("ack_wait_ms", ack_wait_ms),
+               SP_KI("configured_ms", w->cfg->ack_wait_ms));
+    sp_log(SP_LOG_INFO, "serving", SP_KS("worker", w->cfg->id), SP_KS("filter", filter),
+           SP_KI("ack_wait_ms", ack_wait_ms));
     /* Reconnected to NATS: a placement the server sent into the dropped connection would come
      * back only after the ack wait (sp_bus_reconnects). The log has it, or soon will (the
      * event log may have lost it the same way and reads it again): it is taken from there a
@@ -576,7 +587,7 @@ int wk_serve(wk_t *w)
             continue;
         }
         if (sp_bus_batch_len(b) > 0)
-            process_batch(w, b);
+            process_batch(w, b, ack_wait_ms);
         sp_bus_batch_free(b);
     }
     sp_bus_consumer_free(c);

@@ -155,6 +155,9 @@ uint64_t sp_bus_reconnects(sp_bus_t *bus);
  * that name exists with another filter. */
 int sp_bus_consumer_bind(sp_bus_t *bus, const char *durable, const char *filter, int ack_wait_ms,
                          sp_bus_consumer_t **ret_consumer);
+/* The durable's redelivery timeout as the server has it: for a bound durable that existed,
+ * the one it was created with, which ack_wait_ms does not change. */
+int sp_bus_consumer_ack_wait_ms(const sp_bus_consumer_t *c);
 /* Unsubscribes (keeps the durable on the server). Accepts NULL. Batches still held stay
  * valid (and can be acked) until freed. */
 void sp_bus_consumer_free(sp_bus_consumer_t *c);

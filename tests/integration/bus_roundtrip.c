@@ -75,7 +75,8 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     if (bus) {
-        const char *names[] = {"empty", "dup", "bulk", "bulk2", "redeliver", "wake", "retry"};
+        const char *names[] = {"empty",     "dup",     "bulk", "bulk2",
+                               "redeliver", "ackwait", "wake", "retry"};
         for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
             sp_bus_consumer_delete(bus, durable(names[i]));
     }
@@ -324,6 +325,38 @@ static void test_unacked_redelivered(void **state)
     sp_bus_batch_free(b);
 }
 
+/* A bound durable that exists keeps the ack wait it was made with, and says which: the worker
+ * paces its "in progress" by it (worker_events.c), whatever it asked for. */
+static void test_bound_durable_keeps_its_ack_wait(void **state)
+{
+    sp_bus_consumer_t *c = NULL;
+    sp_bus_batch_t *b = NULL;
+    (void)state;
+
+    assert_int_equal(sp_bus_consumer_bind(bus, durable("ackwait"), subj("ackwait"), 700, &c), 0);
+    assert_int_equal(sp_bus_consumer_ack_wait_ms(c), 700);
+    sp_bus_consumer_free(c);
+    assert_int_equal(sp_bus_consumer_bind(bus, durable("ackwait"), subj("ackwait"), 9000, &c), 0);
+    assert_int_equal(sp_bus_consumer_ack_wait_ms(c), 700);
+    /* And 700 ms is what the server does: an unacked message comes again well before 9 s. */
+    assert_int_equal(sp_bus_publish(bus, subj("ackwait"), "a", 1, NULL, NULL, NULL), 0);
+    assert_int_equal(sp_bus_fetch(c, 10, 2000, &b), 0);
+    assert_int_equal(sp_bus_batch_len(b), 1);
+    sp_bus_batch_free(b);
+    int64_t t0 = mono_ms();
+    assert_int_equal(sp_bus_fetch(c, 10, 5000, &b), 0);
+    assert_int_equal(sp_bus_batch_len(b), 1);
+    assert_int_equal(sp_bus_batch_msg(b, 0)->delivered, 2);
+    assert_true(mono_ms() - t0 < 4000);
+    assert_int_equal(sp_bus_batch_ack(b), 0);
+    sp_bus_batch_free(b);
+    sp_bus_consumer_free(c);
+    /* A durable opened (recreated) has the ack wait asked for; 0 is 30 s. */
+    assert_int_equal(sp_bus_consumer_open(bus, durable("ackwait"), subj("ackwait"), 0, 0, &c), 0);
+    assert_int_equal(sp_bus_consumer_ack_wait_ms(c), 30000);
+    sp_bus_consumer_free(c);
+}
+
 static void *publish_later(void *arg)
 {
     (void)arg;
@@ -432,6 +465,7 @@ int main(void)
         cmocka_unit_test(test_async_failure_counted),
         cmocka_unit_test(test_async_bulk_in_order),
         cmocka_unit_test(test_unacked_redelivered),
+        cmocka_unit_test(test_bound_durable_keeps_its_ack_wait),
         cmocka_unit_test(test_fetch_wakes_on_publish),
         cmocka_unit_test(test_publish_core_and_limits),
         cmocka_unit_test(test_publish_retry_rides_out_a_restart),
