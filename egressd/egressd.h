@@ -103,6 +103,9 @@ typedef struct {
     /* A close from both ends at once left the guest's endpoint in TIME_WAIT (egressd_proxy.c,
      * input_ended): runsc cannot checkpoint the sandbox before then. */
     int64_t time_wait_until_ms;
+    /* When one of its connections last closed or sent the guest a FIN (egressd_finlog.c: what
+     * counts as crossed when FIN log messages were lost). */
+    int64_t closed_ms;
     /* The scheduler placed it on this egressd's worker (SandboxPlaced) and it has not been
      * suspended, deleted or failed since: only then are the worker's facts about it taken
      * (eg_placement). */
@@ -161,7 +164,8 @@ typedef struct {
     eg_audit_t *audit;
     eg_cred_t *cred;
     eg_tls_t *tls;
-    uv_timer_t tick; /* shutdown check, DNS and attribution expiry */
+    struct eg_finlog *finlog; /* NULL: not read (egressd_finlog.c) */
+    uv_timer_t tick;          /* shutdown check, DNS and attribution expiry */
     uint64_t conns_total, conns_denied;
     uint64_t scrubbed;    /* credential values masked in responses (egressd_cred.c) */
     sp_netentry_t pool;   /* the sandbox address pool (a CIDR), from net_prefix */
@@ -243,6 +247,18 @@ void eg_dns_stop(eg_t *eg);
 
 /* ---- proxy (egressd_proxy.c) ---- */
 int eg_proxy_start(eg_t *eg);
+
+/* ---- the FIN log (egressd_finlog.c, finlog.h) ---- */
+/* Binds the worker's FIN log group; when it cannot, logs why and returns 0 (timing decides). */
+int eg_finlog_start(eg_t *eg);
+void eg_finlog_stop(eg_t *eg);
+bool eg_finlog_running(const eg_t *eg);
+/* Reads what the kernel queued: before anything that depends on the guests' closes. */
+void eg_finlog_drain(eg_t *eg);
+/* A new connection from the guest's addr:port (network order). */
+void eg_finlog_accepted(eg_t *eg, uint32_t addr_be, uint16_t port_be);
+/* Forgets closes seen only halfway more than a minute ago (at most once a second). */
+void eg_finlog_tick(eg_t *eg);
 void eg_proxy_stop(eg_t *eg);
 
 /* ---- TLS (egressd_tls.c) ---- */

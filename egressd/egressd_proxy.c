@@ -54,6 +54,7 @@
 #include "egress_parse.h"
 #include "egressd.h"
 #include "error.h"
+#include "finlog.h"
 #include "ids.h"
 #include "log.h"
 #include "xmalloc.h"
@@ -189,6 +190,14 @@ static void release_slot(conn_t *c)
         s->conns--;
 }
 
+/* When its sandbox last closed a connection (egressd_finlog.c, when log messages are lost). */
+static void note_close(conn_t *c)
+{
+    eg_sbx_t *s = eg_sbx_by_id(c->eg, c->sandbox);
+    if (s)
+        s->closed_ms = eg_now_ms();
+}
+
 /* Closes both sides. reset_guest: the guest's side with an RST rather than a FIN. A guest
  * that closed first and then got our FIN would keep its end in TIME_WAIT for a minute, and
  * gVisor refuses to checkpoint a sandbox holding any TCP endpoint that is not closed (on
@@ -200,6 +209,7 @@ static void conn_close_how(conn_t *c, bool reset_guest)
     if (c->state == C_RESOLVING)
         eg_dns_cancel(c->eg, c);
     c->state = C_CLOSING;
+    note_close(c);
     release_slot(c);
     if (c->deny_held) {
         eg_sbx_t *s = eg_sbx_by_id(c->eg, c->sandbox);
@@ -239,10 +249,6 @@ static bool guest_closed(conn_t *c)
     return st == TCP_CLOSE_WAIT || st == TCP_LAST_ACK;
 }
 
-/* gVisor keeps a TCP endpoint in TIME_WAIT this long (tcp.DefaultTCPTimeWaitTimeout), and
- * ignores an RST there (RFC 1337); plus a margin for the guest's own clock. */
-#define GUEST_TIME_WAIT_MS (62 * 1000)
-
 /* The guest's FIN reached this host after egressd's FIN had left and before the guest had
  * acknowledged it: both ends closed at once. The guest's endpoint goes through CLOSING into
  * TIME_WAIT, where no RST ends it, and runsc refuses to checkpoint a sandbox holding it: the
@@ -251,27 +257,31 @@ static bool guest_closed(conn_t *c)
 static void closes_crossed(conn_t *c)
 {
     eg_sbx_t *s = eg_sbx_by_id(c->eg, c->sandbox);
-    if (s)
-        s->time_wait_until_ms = eg_now_ms() + GUEST_TIME_WAIT_MS;
+    int64_t now = eg_now_ms();
+    if (!s || s->time_wait_until_ms > now + SP_FINLOG_TIME_WAIT_MS - 1000)
+        return; /* the FIN log said so a moment ago */
+    s->time_wait_until_ms = now + SP_FINLOG_TIME_WAIT_MS;
     sp_log(SP_LOG_INFO, "both ends closed at once: the guest's end stays in TIME_WAIT",
-           SP_KS("sandbox", c->sandbox), SP_KU("seconds", GUEST_TIME_WAIT_MS / 1000));
+           SP_KS("sandbox", c->sandbox), SP_KU("seconds", SP_FINLOG_TIME_WAIT_MS / 1000));
 }
 
 /* The guest's end came after egressd asked for its own FIN to the guest: did the two cross?
  * Certainly when this host's socket is in CLOSING. But it leaves CLOSING as soon as the
- * guest's ACK of our FIN arrives, which can be before egressd reads the guest's end; and a
- * guest that had closed before our FIN reached it may send its FIN only after acknowledging
- * ours. So, conservatively, also when our FIN was not out yet (the half-close still queued)
- * or went out less than CROSS_WINDOW_NS ago: a guest that reacts to our FIN needs longer than
- * that to get its own out (gVisor's syscalls), and the cost of a false alarm is one suspend
- * refused with tcp_time_wait within the next minute, never a lost sandbox. */
+ * guest's ACK of our FIN arrives, which can be before egressd reads the guest's end. The FIN
+ * log (egressd_finlog.c) tells every case from the segments themselves. Without it, timing
+ * guesses, conservatively: also when our FIN was not out yet (the half-close still queued) or
+ * went out less than CROSS_WINDOW_NS ago (a guest that reacts to our FIN needs longer than that
+ * to get its own out). That misses a crossing egressd reads late (a busy loop; CI lost a
+ * sandbox so in integration.egress on 2026-12-05) and refuses some suspends for nothing. */
 #define CROSS_WINDOW_NS (2ull * 1000 * 1000)
 
 static bool fins_may_have_crossed(conn_t *c)
 {
-    if (tcp_state(&c->client) == TCP_CLOSING || c->client.shut_ns == 0)
+    if (tcp_state(&c->client) == TCP_CLOSING)
         return true;
-    return uv_hrtime() - c->client.shut_ns < CROSS_WINDOW_NS;
+    if (eg_finlog_running(c->eg))
+        return false;
+    return c->client.shut_ns == 0 || uv_hrtime() - c->client.shut_ns < CROSS_WINDOW_NS;
 }
 
 /* The guest's side is reset when the guest has closed its own already (see above). */
@@ -579,6 +589,8 @@ static void end_output(side_t *s, bool notify)
     if (s->shut)
         return;
     s->shut = true;
+    if (s == &s->c->client)
+        note_close(s->c);
     if (notify && s->ssl && SSL_is_init_finished(s->ssl)) {
         (void)SSL_shutdown(s->ssl);
         ERR_clear_error();
@@ -1598,6 +1610,7 @@ static void on_accept(uv_stream_t *server, int status)
         return;
     }
     c->peer_be = peer_addr.sin_addr.s_addr;
+    eg_finlog_accepted(eg, c->peer_be, peer_addr.sin_port);
     c->dst_be = orig.sin_addr.s_addr;
     c->dst_port = ntohs(orig.sin_port);
     eg_sbx_t *s = eg_sbx_by_addr(eg, c->peer_be);
@@ -1758,6 +1771,8 @@ void eg_reset_drain(eg_t *eg)
     eg_reset_t *r = eg->resets;
     eg->resets = NULL;
     pthread_mutex_unlock(&eg->q_mu);
+    if (r)
+        eg_finlog_drain(eg); /* every close so far is known before the answer */
     while (r) {
         eg_reset_t *next = r->next;
         uint32_t n = 0, time_wait_ms = 0;

@@ -215,6 +215,7 @@ static void on_tick(uv_timer_t *t)
     }
     eg_dns_tick(eg);
     eg_expire_attributions(eg);
+    eg_finlog_tick(eg);
 }
 
 /* ca-cert defaults to the CA `space up` made in $SPACE_HOME/ca (when it exists), ca-key to
@@ -332,7 +333,7 @@ int main(int argc, char **argv)
         /* logged; a configured CA that does not load is an operator's error, not no_ca */
     } else if ((rc = eg_audit_start(&eg)) < 0 || (rc = eg_cred_start(&eg)) < 0 ||
                (rc = eg_dns_start(&eg)) < 0 || (rc = eg_proxy_start(&eg)) < 0 ||
-               (rc = eg_reset_start(&eg)) < 0) {
+               (rc = eg_finlog_start(&eg)) < 0 || (rc = eg_reset_start(&eg)) < 0) {
         sp_log(SP_LOG_ERROR, "cannot listen",
                SP_KS("error", rc < -1000 ? uv_strerror(rc) : sp_strerror(rc)));
     } else if (pthread_create(&et.thread, NULL, events_main, &et) == 0) {
@@ -359,6 +360,7 @@ int main(int argc, char **argv)
     eg_proxy_stop(&eg); /* first: a connection waiting on a DNS answer cancels it */
     eg_dns_stop(&eg);
     eg_tls_stop(&eg);
+    eg_finlog_stop(&eg);
     uv_walk(&loop, close_any, NULL);
     uv_run(&loop, UV_RUN_DEFAULT);
     uv_loop_close(&loop);

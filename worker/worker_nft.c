@@ -14,6 +14,8 @@
  *                 and conntrack answers a DNS query from the address it was sent to)
  *     chain in    filter input 0: from our veths only tcp :proxy_port, udp :dns_port, icmp
  *                 echo-request; everything else that would reach a host socket is dropped
+ *                 (the guests' FINs to :proxy_port are logged to egressd first, finlog.h)
+ *     chain out   filter output -300: the proxy's FINs and RSTs to our veths logged to egressd
  *     chain fwd   filter forward 0: nothing is forwarded from or to our veths
  *
  * Every DNS query reaches egressd's resolver, whichever resolver the guest names: the template's
@@ -50,8 +52,12 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "finlog.h"
 #include "worker_runtime_int.h"
 #include "xmalloc.h"
+
+#define TCP_FLAG_FIN 0x01
+#define TCP_FLAG_RST 0x04
 
 #define NFT_BUF_SIZE (256 * 1024)
 #define SET_NAME     "sbx"
@@ -211,6 +217,39 @@ static void m_dport(struct nftnl_rule *r, uint16_t port)
     uint16_t be = htons(port);
     e_payload(r, NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, NFT_REG_1);
     e_cmp(r, NFT_REG_1, NFT_CMP_EQ, &be, 2);
+}
+
+static void m_sport(struct nftnl_rule *r, uint16_t port)
+{
+    uint16_t be = htons(port);
+    e_payload(r, NFT_PAYLOAD_TRANSPORT_HEADER, 0, 2, NFT_REG_1);
+    e_cmp(r, NFT_REG_1, NFT_CMP_EQ, &be, 2);
+}
+
+/* tcp flags & mask != 0 */
+static void m_tcp_flags_any(struct nftnl_rule *r, uint8_t mask)
+{
+    uint8_t zero = 0;
+    e_payload(r, NFT_PAYLOAD_TRANSPORT_HEADER, 13, 1, NFT_REG_1);
+    struct nftnl_expr *e = nftnl_expr_alloc("bitwise");
+    nftnl_expr_set_u32(e, NFTNL_EXPR_BITWISE_SREG, NFT_REG_1);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_BITWISE_DREG, NFT_REG_1);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_BITWISE_LEN, 1);
+    nftnl_expr_set(e, NFTNL_EXPR_BITWISE_MASK, &mask, 1);
+    nftnl_expr_set(e, NFTNL_EXPR_BITWISE_XOR, &zero, 1);
+    nftnl_rule_add_expr(r, e);
+    e_cmp(r, NFT_REG_1, NFT_CMP_NEQ, &zero, 1);
+}
+
+/* log group SP_FINLOG_GROUP(proxy port) snaplen SP_FINLOG_SNAPLEN queue-threshold 1: each
+ * packet reaches egressd's socket as it passes (finlog.h). Not a verdict: the rules go on. */
+static void e_finlog(const wk_host_t *h, struct nftnl_rule *r)
+{
+    struct nftnl_expr *e = nftnl_expr_alloc("log");
+    nftnl_expr_set_u16(e, NFTNL_EXPR_LOG_GROUP, SP_FINLOG_GROUP(h->egress_proxy_port));
+    nftnl_expr_set_u32(e, NFTNL_EXPR_LOG_SNAPLEN, SP_FINLOG_SNAPLEN);
+    nftnl_expr_set_u16(e, NFTNL_EXPR_LOG_QTHRESHOLD, 1);
+    nftnl_rule_add_expr(r, e);
 }
 
 static void m_icmp_echo(struct nftnl_rule *r)
@@ -385,6 +424,13 @@ static void build_in(const ctx_t *c)
     e_verdict(r, NFT_RETURN);
     rule_put(c, r);
     if (h->egress_proxy_port) {
+        /* The guests' FINs to the proxy, for egressd (finlog.h). */
+        r = rule_new(c, "in");
+        m_l4proto(r, IPPROTO_TCP);
+        m_dport(r, h->egress_proxy_port);
+        m_tcp_flags_any(r, TCP_FLAG_FIN);
+        e_finlog(h, r);
+        rule_put(c, r);
         r = rule_new(c, "in");
         m_l4proto(r, IPPROTO_TCP);
         m_dport(r, h->egress_proxy_port);
@@ -404,6 +450,23 @@ static void build_in(const ctx_t *c)
     rule_put(c, r);
     r = rule_new(c, "in");
     e_verdict(r, NF_DROP);
+    rule_put(c, r);
+}
+
+/* The proxy's FINs and RSTs to the guests, for egressd (finlog.h). Before any other table's
+ * output chain (raw's priority): one that drops or changes the segment must not hide it. */
+static void build_out(const ctx_t *c)
+{
+    const wk_host_t *h = c->h;
+    chain_put(c, "out", "filter", NF_INET_LOCAL_OUT, -300);
+    if (!h->egress_proxy_port)
+        return;
+    struct nftnl_rule *r = rule_new(c, "out");
+    m_ifprefix(h, r, NFT_META_OIFNAME, NFT_CMP_EQ);
+    m_l4proto(r, IPPROTO_TCP);
+    m_sport(r, h->egress_proxy_port);
+    m_tcp_flags_any(r, TCP_FLAG_FIN | TCP_FLAG_RST);
+    e_finlog(h, r);
     rule_put(c, r);
 }
 
@@ -461,6 +524,7 @@ int wk__nft_setup(wk_host_t *h, char err[WK_ERR_MAX])
     build_pre(&c);
     build_nat(&c);
     build_in(&c);
+    build_out(&c);
     build_fwd(&c);
     rc = batch_send(&t);
     batch_close(&t);

@@ -17,6 +17,7 @@
  * Stack: eventlog, scheduler, worker, egressd, gateway (tests/CMakeLists.txt). */
 #include <arpa/inet.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -1147,21 +1148,11 @@ static void test_suspend_after_closes_cross(void **state)
 
 #define CROSS_TABLE "sp_it_egress_cross"
 
-/* A crossing made certain: an nftables table of the test's drops every FIN and RST from this
- * host to the sandbox. egressd's FIN (the upstream closed at once) never arrives, so when the
- * guest's own FIN comes (nc half-closes half a second later) this host's socket is in CLOSING:
- * egressd sees both ends closed at once. The guest's endpoint is left in FIN_WAIT_2 (the RST
- * that follows is dropped too), as unsaveable as a TIME_WAIT. Before the fix the checkpoint was
- * refused by runsc and the sandbox lost; now the suspend is refused with tcp_time_wait before
- * anything is reset, and the sandbox runs on. */
-static void test_suspend_refused_for_time_wait(void **state)
+/* Drops every FIN and RST from this host to sandbox sd (its veth's host end). */
+static void drop_fins_to(const char *sd)
 {
-    NEED_ROOT();
-    char out[4096], path[128], sd[64], gw[16], veth[64] = "";
-    sp_test_http_resp_t r;
-    create(sd, POLICY_A);
+    char gw[16], veth[64] = "", cmd[256];
     gateway_of(sd, gw);
-    char cmd[256];
     snprintf(cmd, sizeof(cmd), "ip -o -4 addr show | awk '$4 ~ /^%s\\// {print $2}'", gw);
     FILE *f = popen(cmd, "r"); /* NOLINT(cert-env33-c): ip(8) names the sandbox's veth */
     assert_non_null(f);
@@ -1178,16 +1169,38 @@ static void test_suspend_refused_for_time_wait(void **state)
             " out oifname %s 'tcp flags & (fin | rst) != 0' drop",
             veth) != 0)
         fail_msg("cannot add the drop rule on %s", veth);
+}
+
+static void expect_time_wait_refusal(const char *sd, const char *what)
+{
+    char path[128];
+    sp_test_http_resp_t r;
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/suspend", sd);
+    sp_test_http(port, "POST", path, key, NULL, NULL, 0, &r);
+    if (r.status != 409 || !strstr(r.body, "\"tcp_time_wait\""))
+        fail_msg("suspend after %s: %d %s", what, r.status, r.body);
+    sp_test_http_free(&r);
+}
+
+/* A crossing made certain: an nftables table of the test's drops every FIN and RST from this
+ * host to the sandbox. egressd's FIN (the upstream closed at once) never arrives, so when the
+ * guest's own FIN comes (nc half-closes half a second later) this host's socket is in CLOSING:
+ * egressd sees both ends closed at once. The guest's endpoint is left in FIN_WAIT_2 (the RST
+ * that follows is dropped too), as unsaveable as a TIME_WAIT. Before the fix the checkpoint was
+ * refused by runsc and the sandbox lost; now the suspend is refused with tcp_time_wait before
+ * anything is reset, and the sandbox runs on. */
+static void test_suspend_refused_for_time_wait(void **state)
+{
+    NEED_ROOT();
+    char out[4096], sd[64];
+    create(sd, POLICY_A);
+    drop_fins_to(sd);
     run(sd, out, sizeof(out), "(echo now; sleep 0.5) | timeout 2 nc " ECHO_IP " 7777; echo done");
     sp_inet_sh("nft delete table inet " CROSS_TABLE);
     /* A connection open during the refused suspend is left alone (nc ends on a reset). */
     run(sd, out, sizeof(out),
         "(sleep 1000 | nc " ECHO_IP " 7777 > /dev/null 2>&1 &) ; sleep 0.5; echo ok");
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s/suspend", sd);
-    sp_test_http(port, "POST", path, key, NULL, NULL, 0, &r);
-    if (r.status != 409 || !strstr(r.body, "\"tcp_time_wait\""))
-        fail_msg("suspend after crossed closes: %d %s", r.status, r.body);
-    sp_test_http_free(&r);
+    expect_time_wait_refusal(sd, "crossed closes");
     run(sd, out, sizeof(out), "sleep 0.5; ps | grep -c '[n]c " ECHO_IP "'");
     if (strtol(out, NULL, 10) != 1)
         fail_msg("the open connection did not outlive the refused suspend: %s", out);
@@ -1195,6 +1208,38 @@ static void test_suspend_refused_for_time_wait(void **state)
     run(sd, out, sizeof(out), "echo again | nc -w 3 " ECHO_IP " 7777");
     if (!strstr(out, "echo:again"))
         fail_msg("the network after the refusal: %s", out);
+    delete_sandbox(sd);
+}
+
+/* The same crossing, read by egressd only after this host's socket has left CLOSING: egressd
+ * is stopped (SIGSTOP) from after its FIN until the crossing is over. Its own socket then
+ * shows nothing and no timing can tell (the guest's end is read seconds after our FIN); the
+ * FIN log does (finlog.h). Before the log, this lost the sandbox at the checkpoint. */
+static void test_suspend_refused_when_read_late(void **state)
+{
+    NEED_ROOT();
+    char out[4096], sd[64];
+    int eg = sp_test_daemon_pid("space-egressd");
+    assert_true(eg > 0);
+    create(sd, POLICY_A);
+    drop_fins_to(sd);
+    /* The echo server answers and closes at once: egressd's FIN to the guest is dropped. */
+    run(sd, out, sizeof(out),
+        "(sh -c '(echo now; sleep 2) | nc " ECHO_IP " 7777 > /tmp/late.out 2>&1' &) ; echo ok");
+    usleep(1000 * 1000);
+    assert_int_equal(kill(eg, SIGSTOP), 0);
+    /* At 2 s the guest's FIN arrives (this host's socket: CLOSING); then our FIN, retransmitted,
+     * passes and the guest acknowledges it (this host's socket: closed, the guest's endpoint in
+     * TIME_WAIT), all while egressd sleeps. Retransmissions come at about 0.2, 0.6, 1.4, 3, 6 s. */
+    usleep(2500 * 1000);
+    sp_inet_sh("nft delete table inet " CROSS_TABLE);
+    usleep(5000 * 1000);
+    assert_int_equal(kill(eg, SIGCONT), 0);
+    run(sd, out, sizeof(out), "sleep 0.5; cat /tmp/late.out");
+    if (!strstr(out, "echo:now"))
+        fail_msg("the guest's connection: %s", out);
+    expect_time_wait_refusal(sd, "a crossing egressd read late");
+    runs_after_refusal(sd);
     delete_sandbox(sd);
 }
 
@@ -1307,6 +1352,7 @@ int main(void)
         cmocka_unit_test(test_suspend_with_connections),
         cmocka_unit_test(test_suspend_after_closes_cross),
         cmocka_unit_test(test_suspend_refused_for_time_wait),
+        cmocka_unit_test(test_suspend_refused_when_read_late),
         cmocka_unit_test(test_dns_out_of_the_box),
         cmocka_unit_test(test_denials_logged),
     };
