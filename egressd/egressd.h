@@ -174,6 +174,7 @@ typedef struct {
     int64_t host_addrs_ms; /* when they were read: again at most once a second */
     /* egressd_metrics.c */
     sp_metric_t *m_requests, *m_dns, *m_bytes, *m_injections, *m_cred_refusals, *m_masked;
+    sp_metric_t *m_closes;
 } eg_t;
 
 /* ---- metrics (egressd_metrics.c, docs/metrics.md) ---- */
@@ -185,6 +186,8 @@ void eg_metrics_decision(eg_t *eg, bool allowed, const char *protocol, const cha
 void eg_metrics_bytes(eg_t *eg, int dir, size_t n);
 /* A credential injected (used: by its id) or a request refused for one (the reason). */
 void eg_metrics_credential(eg_t *eg, bool used, const char *cred, const char *reason);
+/* A close the FIN log told apart: "clean", "crossed", or "log_overflow". */
+void eg_metrics_close(eg_t *eg, const char *outcome);
 
 int64_t eg_now_ms(void);
 
@@ -247,6 +250,7 @@ void eg_dns_stop(eg_t *eg);
 
 /* ---- proxy (egressd_proxy.c) ---- */
 int eg_proxy_start(eg_t *eg);
+void eg_proxy_stop(eg_t *eg);
 
 /* ---- the FIN log (egressd_finlog.c, finlog.h) ---- */
 /* Binds the worker's FIN log group; when it cannot, logs why and returns 0 (timing decides). */
@@ -259,7 +263,6 @@ void eg_finlog_drain(eg_t *eg);
 void eg_finlog_accepted(eg_t *eg, uint32_t addr_be, uint16_t port_be);
 /* Forgets closes seen only halfway more than a minute ago (at most once a second). */
 void eg_finlog_tick(eg_t *eg);
-void eg_proxy_stop(eg_t *eg);
 
 /* ---- TLS (egressd_tls.c) ---- */
 #include <openssl/ssl.h>

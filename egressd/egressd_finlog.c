@@ -32,7 +32,6 @@
 
 struct eg_finlog {
     struct mnl_socket *nl;
-    unsigned portid;
     uv_poll_t poll;
     sp_finlog_t *table;
     uint16_t group;
@@ -90,6 +89,7 @@ static void lost_messages(eg_t *eg)
         }
     }
     eg->finlog->lost++;
+    eg_metrics_close(eg, "log_overflow");
     sp_log(SP_LOG_WARN, "FIN log overflowed: recent closes count as crossed",
            SP_KU("sandboxes", marked));
 }
@@ -103,11 +103,13 @@ static void on_packet(eg_t *eg, const uint8_t *pkt, size_t len, uint8_t hook)
                                              (uint16_t)eg->cfg->proxy_port, now, &addr_be);
     if (v == SP_FINLOG_CLEAN) {
         fl->clean++;
+        eg_metrics_close(eg, "clean");
         return;
     }
     if (v != SP_FINLOG_CROSSED)
         return;
     fl->crossed++;
+    eg_metrics_close(eg, "crossed");
     eg_sbx_t *s = eg_sbx_by_addr(eg, addr_be);
     if (!s)
         return;
@@ -115,10 +117,6 @@ static void on_packet(eg_t *eg, const uint8_t *pkt, size_t len, uint8_t hook)
     sp_log(SP_LOG_INFO, "both ends closed at once: the guest's end stays in TIME_WAIT",
            SP_KS("sandbox", s->id), SP_KU("seconds", SP_FINLOG_TIME_WAIT_MS / 1000));
 }
-
-typedef struct {
-    eg_t *eg;
-} cb_arg_t;
 
 static int attr_cb(const struct nlattr *a, void *data)
 {
@@ -131,7 +129,6 @@ static int attr_cb(const struct nlattr *a, void *data)
 
 static int msg_cb(const struct nlmsghdr *nlh, void *data)
 {
-    cb_arg_t *arg = data;
     if (nlh->nlmsg_type != ((NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_PACKET))
         return MNL_CB_OK;
     const struct nlattr *tb[NFULA_MAX + 1] = {0};
@@ -141,7 +138,7 @@ static int msg_cb(const struct nlmsghdr *nlh, void *data)
         mnl_attr_get_payload_len(tb[NFULA_PACKET_HDR]) < sizeof(struct nfulnl_msg_packet_hdr))
         return MNL_CB_OK;
     const struct nfulnl_msg_packet_hdr *ph = mnl_attr_get_payload(tb[NFULA_PACKET_HDR]);
-    on_packet(arg->eg, mnl_attr_get_payload(tb[NFULA_PAYLOAD]),
+    on_packet(data, mnl_attr_get_payload(tb[NFULA_PAYLOAD]),
               mnl_attr_get_payload_len(tb[NFULA_PAYLOAD]), ph->hook);
     return MNL_CB_OK;
 }
@@ -152,7 +149,6 @@ void eg_finlog_drain(eg_t *eg)
     if (!fl)
         return;
     char buf[MNL_SOCKET_BUFFER_SIZE];
-    cb_arg_t arg = {.eg = eg};
     for (;;) {
         ssize_t n = mnl_socket_recvfrom(fl->nl, buf, sizeof(buf));
         if (n < 0) {
@@ -166,7 +162,7 @@ void eg_finlog_drain(eg_t *eg)
                 return;
             continue;
         }
-        (void)mnl_cb_run(buf, (size_t)n, 0, 0, msg_cb, &arg);
+        (void)mnl_cb_run(buf, (size_t)n, 0, 0, msg_cb, eg);
     }
 }
 
@@ -234,7 +230,6 @@ int eg_finlog_start(eg_t *eg)
     }
     struct eg_finlog *f = sp_xcalloc(1, sizeof(*f));
     f->nl = nl;
-    f->portid = portid;
     f->group = group;
     f->table = sp_finlog_new();
     uv_poll_init(eg->loop, &f->poll, mnl_socket_get_fd(nl));

@@ -111,9 +111,18 @@ int eg_metrics_init(eg_t *eg, sp_metrics_t *reg)
         "Connections on which a site echoed an injected credential and egressd masked it for "
         "the guest, by credential id (docs/credentials.md).",
         "credential", NULL, 0, CRED_SERIES_MAX);
+    eg->m_closes = sp_metrics_add(
+        reg, SP_METRIC_COUNTER, "space_egressd_guest_closes_total",
+        "Sandbox TCP closes told apart by the FIN log (egressd_finlog.c), by outcome: clean, "
+        "crossed (the guest's end stays in TIME_WAIT: a suspend is refused for a minute), "
+        "log_overflow (log messages lost: recent closes counted as crossed).",
+        "outcome", NULL, 0, 3);
     if (!eg->m_requests || !eg->m_dns || !eg->m_bytes || !eg->m_injections ||
-        !eg->m_cred_refusals || !eg->m_masked)
+        !eg->m_cred_refusals || !eg->m_masked || !eg->m_closes)
         return -1;
+    (void)sp_metric_series1(eg->m_closes, "clean");
+    (void)sp_metric_series1(eg->m_closes, "crossed");
+    (void)sp_metric_series1(eg->m_closes, "log_overflow");
     (void)sp_metric_series1(eg->m_bytes, "up");
     (void)sp_metric_series1(eg->m_bytes, "down");
     for (size_t i = 0; i < N_CRED_REFUSALS; i++)
@@ -151,4 +160,9 @@ void eg_metrics_credential(eg_t *eg, bool used, const char *cred, const char *re
     bool masked = reason && strcmp(reason, "scrubbed") == 0;
     if (cred && sp_id_valid(cred))
         sp_series_inc(sp_metric_series1(masked ? eg->m_masked : eg->m_injections, cred));
+}
+
+void eg_metrics_close(eg_t *eg, const char *outcome)
+{
+    sp_series_inc(sp_metric_series1(eg->m_closes, outcome));
 }
