@@ -261,6 +261,9 @@ bool eg_finlog_running(const eg_t *eg);
 void eg_finlog_drain(eg_t *eg);
 /* A new connection from the guest's addr:port (network order). */
 void eg_finlog_accepted(eg_t *eg, uint32_t addr_be, uint16_t port_be);
+/* A close of s crossed (seen_by: what showed it): its suspends are refused for the guest's
+ * TIME_WAIT from now on; logged once however many ways it was seen. */
+void eg_sbx_time_wait(eg_sbx_t *s, int64_t now_ms, const char *seen_by);
 /* Forgets closes seen only halfway more than a minute ago (at most once a second). */
 void eg_finlog_tick(eg_t *eg);
 

@@ -75,6 +75,16 @@ static void put_mode(struct nlmsghdr *nlh)
     mnl_attr_put_u32(nlh, NFULA_CFG_NLBUFSIZ, htonl(NLBUFSIZ));
 }
 
+void eg_sbx_time_wait(eg_sbx_t *s, int64_t now_ms, const char *seen_by)
+{
+    bool told = s->time_wait_until_ms > now_ms + SP_FINLOG_TIME_WAIT_MS - 1000;
+    s->time_wait_until_ms = now_ms + SP_FINLOG_TIME_WAIT_MS;
+    if (!told) /* one line for a crossing both the log and the socket's state showed */
+        sp_log(SP_LOG_INFO, "both ends closed at once: the guest's end stays in TIME_WAIT",
+               SP_KS("sandbox", s->id), SP_KS("seen_by", seen_by),
+               SP_KU("seconds", SP_FINLOG_TIME_WAIT_MS / 1000));
+}
+
 /* Sandboxes that closed a connection in the last minute: one of their closes may have been
  * in what the kernel dropped. */
 static void lost_messages(eg_t *eg)
@@ -84,7 +94,7 @@ static void lost_messages(eg_t *eg)
     for (size_t i = 0; i < eg->n_sbx; i++) {
         eg_sbx_t *s = eg->sbx[i];
         if (s->closed_ms && now - s->closed_ms <= SP_FINLOG_TIME_WAIT_MS) {
-            s->time_wait_until_ms = now + SP_FINLOG_TIME_WAIT_MS;
+            eg_sbx_time_wait(s, now, "log_overflow");
             marked++;
         }
     }
@@ -111,11 +121,8 @@ static void on_packet(eg_t *eg, const uint8_t *pkt, size_t len, uint8_t hook)
     fl->crossed++;
     eg_metrics_close(eg, "crossed");
     eg_sbx_t *s = eg_sbx_by_addr(eg, addr_be);
-    if (!s)
-        return;
-    s->time_wait_until_ms = now + SP_FINLOG_TIME_WAIT_MS;
-    sp_log(SP_LOG_INFO, "both ends closed at once: the guest's end stays in TIME_WAIT",
-           SP_KS("sandbox", s->id), SP_KU("seconds", SP_FINLOG_TIME_WAIT_MS / 1000));
+    if (s)
+        eg_sbx_time_wait(s, now, "fin_log");
 }
 
 static int attr_cb(const struct nlattr *a, void *data)

@@ -257,12 +257,8 @@ static bool guest_closed(conn_t *c)
 static void closes_crossed(conn_t *c)
 {
     eg_sbx_t *s = eg_sbx_by_id(c->eg, c->sandbox);
-    int64_t now = eg_now_ms();
-    if (!s || s->time_wait_until_ms > now + SP_FINLOG_TIME_WAIT_MS - 1000)
-        return; /* the FIN log said so a moment ago */
-    s->time_wait_until_ms = now + SP_FINLOG_TIME_WAIT_MS;
-    sp_log(SP_LOG_INFO, "both ends closed at once: the guest's end stays in TIME_WAIT",
-           SP_KS("sandbox", c->sandbox), SP_KU("seconds", SP_FINLOG_TIME_WAIT_MS / 1000));
+    if (s)
+        eg_sbx_time_wait(s, eg_now_ms(), "socket_state");
 }
 
 /* The guest's end came after egressd asked for its own FIN to the guest: did the two cross?
