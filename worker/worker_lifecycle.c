@@ -636,11 +636,12 @@ int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev, bool began)
     r.address = info.address; /* a new netns: space-egressd learns the sandbox's source */
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUMED;
     env.sandbox_resumed = &r;
-    rc = wk_publish_fact(w, &env, "resumed", ev->event_id);
+    /* Logged before the fact goes out: whoever reads the answer finds the line. */
     sp_log(SP_LOG_INFO, "resumed from suspend", SP_KS("sandbox", sbx), SP_KU("ms", r.took_ms),
            SP_KU("restore_ms", (uint64_t)ms_since(t_restore)), SP_KI("fetch_ms", fetch_ms),
            SP_KI("downloaded", downloaded), SP_KS("address", info.address),
            SP_KS("disk", info.disk_kept ? "kept" : "received"));
+    rc = wk_publish_fact(w, &env, "resumed", ev->event_id);
     if (rc == 0) {
         /* It runs again: the snapshot has served (a new suspend makes a new one). */
         const char *keys[ARTIFACTS];
