@@ -306,7 +306,7 @@ static int suspend_store(wk_t *w, const sp_envelope_t *ev, const char *sbx, cons
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDED;
     env.sandbox_suspended = &sd;
     rc = wk_publish_fact(w, &env, "suspended", ev->event_id);
-    if (rc == 0 && wk_sandbox_destroy(w->host, sbx, err) < 0)
+    if (rc == 0 && wk_sandbox_destroy_checkpointed(w->host, sbx, ck, err) < 0)
         sp_log(SP_LOG_ERROR, "cannot release a suspended sandbox", SP_KS("sandbox", sbx),
                SP_KS("error", err));
     sp_log(SP_LOG_INFO, "suspended", SP_KS("sandbox", sbx), SP_KU("ms", sd.took_ms),
@@ -975,7 +975,6 @@ int wk_on_snapshot(wk_t *w, const sp_envelope_t *ev)
         rc = wk_snap_put(w, key[i], src[i], sha[i], &art[i].size, err);
         arts[i] = &art[i];
     }
-    wk_checkpoint_dispose(&ck);
     /* The sandbox again, in place, from what was stored (its digests checked on the way).
      * The staging directory stays until then: a worker that dies before the sandbox runs
      * again restores it from there when it starts (wk_snapshot_recover). */
@@ -985,8 +984,9 @@ int wk_on_snapshot(wk_t *w, const sp_envelope_t *ev)
     if (rc == 0)
         named_mark(w, snap, sbx);
     wk_sandbox_info_t info = {0};
-    if (rc == 0 && (rc = wk_sandbox_destroy(w->host, sbx, err)) == 0)
+    if (rc == 0 && (rc = wk_sandbox_destroy_checkpointed(w->host, sbx, &ck, err)) == 0)
         rc = restore_owned(w, &spec, tenant, paths, &info, err);
+    wk_checkpoint_dispose(&ck);
     wk_rm_rf(staging);
     free(staging);
     for (int i = 0; i < ARTIFACTS; i++)

@@ -178,6 +178,11 @@ int wk_sandbox_claim(wk_host_t *h, const char *pool_id, const wk_sandbox_spec_t 
  * veth, address, cgroup directories left by runsc. Idempotent: releasing what is already gone
  * is success. */
 int wk_sandbox_destroy(wk_host_t *h, const char *id, char err[WK_ERR_MAX]);
+/* wk_sandbox_destroy after a checkpoint into ck: without runsc's delete when ck says the
+ * container went already. */
+typedef struct wk_checkpoint wk_checkpoint_t;
+int wk_sandbox_destroy_checkpointed(wk_host_t *h, const char *id, wk_checkpoint_t *ck,
+                                    char err[WK_ERR_MAX]);
 /* The environment that points a sandbox's TLS clients at the deployment CA ("NAME=value":
  * SSL_CERT_FILE, REQUESTS_CA_BUNDLE, NODE_EXTRA_CA_CERTS); 0 entries without a CA. */
 size_t wk_host_trust_env(const wk_host_t *h, const char *const **ret);
@@ -198,19 +203,24 @@ int wk_sandbox_pause(wk_host_t *h, const char *id, bool pause, char err[WK_ERR_M
 
 /* What a checkpoint left in out_dir: the runtime image and the disk's delta against its
  * template, each zstd-compressed (heap paths). */
-typedef struct {
+struct wk_checkpoint {
     char *image_path;  /* checkpoint.img.zst */
     char *rootfs_path; /* rootfs.btrfs.zst: `btrfs send -p <template>` of the sandbox's disk */
     uint32_t checkpoint_ms, rootfs_ms;
-} wk_checkpoint_t;
-/* Checkpoints a running sandbox into out_dir (runsc checkpoint stops it; the container and the
- * rest of its resources stay until wk_sandbox_destroy). On failure the sandbox may still run:
- * the caller asks wk_sandbox_running. */
+    /* runsc's delete of the stopped container, under way (wk_sandbox_checkpoint) */
+    struct wk_container_delete *deleting;
+};
+/* Checkpoints a running sandbox into out_dir (runsc checkpoint stops it and the container is
+ * deleted meanwhile; the rest of its resources stay until wk_sandbox_destroy_checkpointed). On
+ * failure the sandbox may still run: the caller asks wk_sandbox_running. */
 /* keep_snap (a snapshot id, or NULL): the disk's read-only snapshot, once sent, stays on this
  * host as the kept disk of that snapshot (replacing the sandbox's older one), for a resume
  * here to start from instead of receiving the stream (wk_sandbox_spec_t.kept_snap). */
 int wk_sandbox_checkpoint(wk_host_t *h, const char *id, const char *tmpl, const char *out_dir,
                           const char *keep_snap, wk_checkpoint_t *ret, char err[WK_ERR_MAX]);
+/* Waits for the container's delete the checkpoint began: true when runsc's container went. */
+bool wk_checkpoint_container_gone(wk_checkpoint_t *c);
+/* Frees c, after the container's delete the checkpoint began. */
 void wk_checkpoint_dispose(wk_checkpoint_t *c);
 /* The part of wk_sandbox_checkpoint after runsc's: the disk delta and both compressed, from a
  * checkpoint image already in out_dir (a restarted worker completing its predecessor's). */
