@@ -61,6 +61,12 @@ void sp_test_daemon_stop(const char *name, int sig);
 bool sp_test_sandbox_held(const char *state_dir, const char *id);
 /* How many kept disks of suspended sandbox id (worker_runtime.h, keep_snap) that host has. */
 int sp_test_kept_disks(const char *state_dir, const char *id);
+/* The port in $SPACE_HOME/run/<daemon>.metrics (a worker writes it once its start is over:
+ * up to 60 s); fails the test when none comes. */
+int sp_test_metrics_port(const char *daemon);
+/* The value of one sample of that daemon's /metrics, named with its labels as the text has it
+ * (`space_x_total{outcome="clean"}`); -1 when there is no such sample. */
+double sp_test_metric(const char *daemon, const char *sample);
 /* Whether the log file at path has a line with both needles. */
 bool sp_test_log_has(const char *path, const char *a, const char *b);
 /* Runs a shell command line (printf-style); its exit status, -1 when it did not exit. */

@@ -113,6 +113,47 @@ int sp_test_lifecycle(int port, const char *key, const char *id, const char *op,
     return status;
 }
 
+int sp_test_metrics_port(const char *daemon)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/run/%s.metrics", sp_test_env("SPACE_HOME"), daemon);
+    for (int i = 0; i < 600; i++) {
+        FILE *f = fopen(path, "re");
+        if (f) {
+            char line[16] = "";
+            int port = fgets(line, sizeof(line), f) ? (int)strtol(line, NULL, 10) : 0;
+            fclose(f);
+            if (port > 0)
+                return port;
+        }
+        usleep(100 * 1000);
+    }
+    fail_msg("%s wrote no metrics port file %s (see its log)", daemon, path);
+    return 0;
+}
+
+double sp_test_metric(const char *daemon, const char *sample)
+{
+    sp_test_http_resp_t r;
+    sp_test_http(sp_test_metrics_port(daemon), "GET", "/metrics", NULL, NULL, NULL, 0, &r);
+    if (r.status != 200)
+        fail_msg("%s: GET /metrics answered %d", daemon, r.status);
+    char *text = sp_xstrndup(r.body ? r.body : "", r.body_len);
+    sp_test_http_free(&r);
+    double v = -1;
+    size_t n = strlen(sample);
+    for (char *line = text; line && *line;) {
+        char *next = strchr(line, '\n');
+        if (next)
+            *next++ = '\0';
+        if (strncmp(line, sample, n) == 0 && line[n] == ' ')
+            v = strtod(line + n + 1, NULL);
+        line = next;
+    }
+    free(text);
+    return v;
+}
+
 bool sp_test_log_has(const char *path, const char *a, const char *b)
 {
     FILE *f = fopen(path, "re");

@@ -1055,12 +1055,40 @@ static uint32_t connections_reset(const char *id)
  * the refusal stops the sandbox: a suspend with one connection open and one just closed by
  * the guest first (which would leave TIME_WAIT) must still work, the open one reset and
  * counted, and the sandbox's network usable after the resume. */
+/* The guest's TCP closes egressd's FIN log has counted with this outcome (docs/metrics.md). */
+static double closes_counted(const char *outcome)
+{
+    char sample[128];
+    snprintf(sample, sizeof(sample), "space_egressd_guest_closes_total{outcome=\"%s\"}", outcome);
+    double v = sp_test_metric("space-egressd", sample);
+    return v < 0 ? 0 : v; /* none yet */
+}
+
+/* Waits up to 3 s (egressd reads the log on its loop) until the count is above before. */
+static double closes_counted_above(const char *outcome, double before)
+{
+    double v = closes_counted(outcome);
+    for (int i = 0; i < 30 && v <= before; i++) {
+        usleep(100 * 1000);
+        v = closes_counted(outcome);
+    }
+    print_message("guest closes counted %s: %.0f before, %.0f after\n", outcome, before, v);
+    return v;
+}
+
 static void test_suspend_with_connections(void **state)
 {
     NEED_ROOT();
     char out[4096], path[128], sd[64];
     sp_test_http_resp_t r;
     create(sd, POLICY_A);
+    /* Closed by the echo server first ("now" asks it to; nc's input stays open a second
+     * longer): the guest's FIN acknowledges egressd's, which the FIN log counts as clean. */
+    double clean = closes_counted("clean");
+    run(sd, out, sizeof(out), "(echo now; sleep 1) | nc -w 3 " ECHO_IP " 7777");
+    if (!strstr(out, "echo:now"))
+        fail_msg("echo closed by the server: %s", out);
+    assert_true(closes_counted_above("clean", clean) >= clean + 1);
     /* Closed by the guest first: its FIN goes out before the echo server's. egressd ends the
      * guest's side with an RST, so no TIME_WAIT is left: nothing to reset, and it suspends. */
     run(sd, out, sizeof(out), "echo hi | nc -w 1 " ECHO_IP " 7777");
@@ -1222,6 +1250,7 @@ static void test_suspend_refused_when_read_late(void **state)
     int eg = sp_test_daemon_pid("space-egressd");
     assert_true(eg > 0);
     create(sd, POLICY_A);
+    double crossed = closes_counted("crossed");
     drop_fins_to(sd);
     /* The echo server answers and closes at once: egressd's FIN to the guest is dropped. */
     run(sd, out, sizeof(out),
@@ -1238,6 +1267,8 @@ static void test_suspend_refused_when_read_late(void **state)
     run(sd, out, sizeof(out), "sleep 0.5; cat /tmp/late.out");
     if (!strstr(out, "echo:now"))
         fail_msg("the guest's connection: %s", out);
+    /* Counted as what it was, from the log egressd read after it woke. */
+    assert_true(closes_counted_above("crossed", crossed) >= crossed + 1);
     expect_time_wait_refusal(sd, "a crossing egressd read late");
     runs_after_refusal(sd);
     delete_sandbox(sd);

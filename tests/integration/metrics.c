@@ -426,27 +426,6 @@ static const char *const daemons[] = {"space-eventlog", "space-scheduler", "spac
 #define N_DAEMONS (sizeof(daemons) / sizeof(daemons[0]))
 static int ports[N_DAEMONS];
 
-/* The port in $SPACE_HOME/run/<daemon>.metrics; the worker writes it once its start is over
- * (reconciliation, pools), so up to 60 s. */
-static int metrics_port(const char *daemon)
-{
-    char path[512];
-    snprintf(path, sizeof(path), "%s/run/%s.metrics", sp_test_env("SPACE_HOME"), daemon);
-    for (int i = 0; i < 600; i++) {
-        FILE *f = fopen(path, "re");
-        if (f) {
-            char line[16] = "";
-            int port = fgets(line, sizeof(line), f) ? (int)strtol(line, NULL, 10) : 0;
-            fclose(f);
-            if (port > 0)
-                return port;
-        }
-        usleep(100 * 1000);
-    }
-    fail_msg("%s wrote no metrics port file %s (see its log)", daemon, path);
-    return 0;
-}
-
 /* GET path from 127.0.0.1:port; the status, the body into *ret (heap). */
 static int get(int port, const char *method, const char *path, char **ret)
 {
@@ -500,7 +479,7 @@ static int setup(void **state)
     api_port = sp_test_api_port();
     key = sp_test_env("SPACE_API_KEY");
     for (size_t i = 0; i < N_DAEMONS; i++)
-        ports[i] = metrics_port(daemons[i]);
+        ports[i] = sp_test_metrics_port(daemons[i]);
     return 0;
 }
 
