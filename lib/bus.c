@@ -18,6 +18,7 @@
 #include "checkpoint.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -38,6 +39,7 @@
 #define RECONNECT_WAIT_MS     250
 #define RECONNECT_BUF_BYTES   (8 * 1024 * 1024)
 #define CONNECT_RETRY_MS      100
+#define BUS_ERR_LOG_EVERY_MS  1000
 #define NKEY_AUTH_RETRIES     3
 #define ASYNC_MAX_PENDING     4096
 /* The wait for the server's answer to a batch's last ack. An answer lost across a nats-server
@@ -120,6 +122,58 @@ static void on_async_pub_err(jsCtx *js, jsPubAckErr *pae, void *closure)
            SP_KS("subject", pae->Msg ? natsMsg_GetSubject(pae->Msg) : NULL),
            SP_KS("status", natsStatus_GetText(pae->Err)), SP_KI("js_err", pae->ErrCode),
            SP_KS("error", pae->ErrText));
+}
+
+/* What the server reported about this process's connections, process-wide: cnats calls
+ * on_async_error on its own thread, possibly after the sp_bus_t it came from is freed. */
+static atomic_uint_fast64_t bus_refusals;
+static pthread_mutex_t bus_err_mu = PTHREAD_MUTEX_INITIALIZER;
+static char bus_last_refusal[256];
+static int64_t bus_err_logged_ms = -BUS_ERR_LOG_EVERY_MS;
+static uint64_t bus_err_quiet; /* not logged since the last line */
+
+/* A permission refusal (a publish or subscription outside the identity's permissions), a
+ * slow consumer (messages dropped for a subscription that did not keep up) or another
+ * asynchronous error: counted, logged at most once a second. Without it cnats drops them
+ * silently, and a refused request looks like a timeout. */
+static void on_async_error(natsConnection *nc, natsSubscription *sub, natsStatus err, void *closure)
+{
+    (void)closure;
+    const char *text = NULL;
+    (void)natsConnection_GetLastError(nc, &text);
+    const char *subject = sub ? natsSubscription_GetSubject(sub) : NULL;
+    pthread_mutex_lock(&bus_err_mu);
+    if (err == NATS_NOT_PERMITTED) {
+        atomic_fetch_add(&bus_refusals, 1);
+        snprintf(bus_last_refusal, sizeof(bus_last_refusal), "%s", text ? text : "");
+    }
+    int64_t now = mono_ms();
+    bool log = now - bus_err_logged_ms >= BUS_ERR_LOG_EVERY_MS;
+    uint64_t quiet = bus_err_quiet;
+    if (log) {
+        bus_err_logged_ms = now;
+        bus_err_quiet = 0;
+    } else {
+        bus_err_quiet++;
+    }
+    pthread_mutex_unlock(&bus_err_mu);
+    if (log)
+        sp_log(SP_LOG_WARN,
+               err == NATS_NOT_PERMITTED   ? "the NATS server refused a publish or subscription"
+               : err == NATS_SLOW_CONSUMER ? "a NATS subscription fell behind: messages dropped"
+                                           : "NATS reported an error",
+               SP_KS("status", natsStatus_GetText(err)), SP_KS("error", text),
+               SP_KS("subscription", subject), SP_KU("unlogged_before", quiet));
+}
+
+uint64_t sp_bus_refusals(char *last, size_t len)
+{
+    pthread_mutex_lock(&bus_err_mu);
+    uint64_t n = atomic_load(&bus_refusals);
+    if (last && len)
+        snprintf(last, len, "%s", bus_last_refusal);
+    pthread_mutex_unlock(&bus_err_mu);
+    return n;
 }
 
 /* Runs on a cnats thread after each reconnection. */
@@ -238,6 +292,8 @@ int sp_bus_connect(const sp_bus_opts_t *opts, sp_bus_t **ret_bus)
         s = natsOptions_SetReconnectBufSize(no, RECONNECT_BUF_BYTES);
     if (s == NATS_OK)
         s = natsOptions_SetReconnectedCB(no, on_reconnected, bus);
+    if (s == NATS_OK)
+        s = natsOptions_SetErrorHandler(no, on_async_error, NULL);
     if (s == NATS_OK && opts->send_asap)
         s = natsOptions_SetSendAsap(no, true);
     if (s != NATS_OK) {

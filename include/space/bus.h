@@ -148,6 +148,11 @@ int sp_bus_consumer_open(sp_bus_t *bus, const char *durable, const char *filter,
  * change can get it sooner: the event log reopens its consumer from its own position, the
  * worker takes its placements from the log (worker_events.c). */
 uint64_t sp_bus_reconnects(sp_bus_t *bus);
+/* Publishes and subscriptions the NATS server refused to this process's connections (outside
+ * their identity's permissions), and the server's text of the last one, which names the
+ * subject, into last (NULL: not wanted). The server says so asynchronously: a refused request
+ * itself still ends by its timeout. Each is also logged (WARN, at most one line a second). */
+uint64_t sp_bus_refusals(char *last, size_t len);
 /* A shared, long-lived pull consumer: binds to the durable if it exists (keeping its delivery
  * state, so messages a crashed instance never acknowledged are redelivered), else creates it
  * to deliver everything in the stream under filter. Several processes may bind the same

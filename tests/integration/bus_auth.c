@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -131,11 +132,19 @@ static void test_worker_own_subjects_only(void **state)
     assert_true(stored(op, subject));
     free(data);
 
-    /* The same fact on worker-wb's subject: refused, nothing stored. */
+    /* The same fact on worker-wb's subject: refused, nothing stored; the refusal is heard,
+     * naming the subject (and logged), not only seen as a publish that timed out. */
     fact(SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_STARTED, "sbx_busauthother", subject, "wb", &data,
          &len);
+    uint64_t refusals = sp_bus_refusals(NULL, 0);
     assert_true(sp_bus_publish(wa, subject, data, len, NULL, NULL, NULL) < 0);
     assert_false(stored(op, subject));
+    char last[256] = "";
+    for (int i = 0; i < 20 && sp_bus_refusals(last, sizeof(last)) == refusals; i++)
+        usleep(100 * 1000);
+    print_message("refusal heard: %s\n", last);
+    assert_true(sp_bus_refusals(NULL, 0) > refusals);
+    assert_non_null(strstr(last, subject));
     free(data);
     /* An intent is no worker's either. */
     fact(SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED, "sbx_busauthint", subject, NULL,
