@@ -139,13 +139,15 @@ static uint64_t bus_err_quiet; /* not logged since the last line */
 static void on_async_error(natsConnection *nc, natsSubscription *sub, natsStatus err, void *closure)
 {
     (void)closure;
-    const char *text = NULL;
-    (void)natsConnection_GetLastError(nc, &text);
+    const char *last = NULL;
+    char text[256];
+    (void)natsConnection_GetLastError(nc, &last);
+    snprintf(text, sizeof(text), "%s", last ? last : ""); /* cnats may write it again */
     const char *subject = sub ? natsSubscription_GetSubject(sub) : NULL;
     pthread_mutex_lock(&bus_err_mu);
     if (err == NATS_NOT_PERMITTED) {
         atomic_fetch_add(&bus_refusals, 1);
-        snprintf(bus_last_refusal, sizeof(bus_last_refusal), "%s", text ? text : "");
+        snprintf(bus_last_refusal, sizeof(bus_last_refusal), "%s", text);
     }
     int64_t now = mono_ms();
     bool log = now - bus_err_logged_ms >= BUS_ERR_LOG_EVERY_MS;

@@ -1309,14 +1309,17 @@ struct wk_container_delete {
 
 #define DELETE_NICE 10
 
-static void *delete_job_main(void *arg)
+static void delete_job_run(struct wk_container_delete *j)
 {
-    struct wk_container_delete *j = arg;
-    if (j->started)
-        (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), DELETE_NICE);
     (void)wk__runsc_procs_end(j->h, j->id);
     j->rc = wk__runsc_delete(j->h, j->id, j->err);
     j->took_us = wk__now_us() - j->t0;
+}
+
+static void *delete_job_main(void *arg)
+{
+    (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), DELETE_NICE);
+    delete_job_run(arg);
     return NULL;
 }
 
@@ -1328,7 +1331,7 @@ static struct wk_container_delete *delete_job_start(const wk_host_t *h, const ch
     snprintf(j->id, sizeof(j->id), "%s", hid);
     j->started = pthread_create(&j->th, NULL, delete_job_main, j) == 0;
     if (!j->started)
-        delete_job_main(j);
+        delete_job_run(j); /* here and now, at the caller's priority */
     return j;
 }
 
