@@ -1051,10 +1051,6 @@ static uint32_t connections_reset(const char *id)
     return n;
 }
 
-/* gVisor refuses to checkpoint a sandbox holding a TCP connection (TIME_WAIT included), and
- * the refusal stops the sandbox: a suspend with one connection open and one just closed by
- * the guest first (which would leave TIME_WAIT) must still work, the open one reset and
- * counted, and the sandbox's network usable after the resume. */
 /* The guest's TCP closes egressd's FIN log has counted with this outcome (docs/metrics.md). */
 static double closes_counted(const char *outcome)
 {
@@ -1076,6 +1072,10 @@ static double closes_counted_above(const char *outcome, double before)
     return v;
 }
 
+/* gVisor refuses to checkpoint a sandbox holding a TCP connection (TIME_WAIT included), and
+ * the refusal stops the sandbox: a suspend with one connection open and one just closed by
+ * the guest first (which would leave TIME_WAIT) must still work, the open one reset and
+ * counted, and the sandbox's network usable after the resume. */
 static void test_suspend_with_connections(void **state)
 {
     NEED_ROOT();
