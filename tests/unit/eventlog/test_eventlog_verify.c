@@ -127,7 +127,10 @@ static void test_pool_matches_serial(void **state)
         el_pool_t *pool = NULL;
         sp_sigcache_t *cache = NULL;
         assert_int_equal(el_pool_new(threads[t], &pool), 0);
-        assert_int_equal(sp_sigcache_new(4096, &cache), 0);
+        /* The cache is direct-mapped: a key that lands on a root's slot evicts it, and the
+         * root's next member verifies it again (counted once more). At 4096 slots that broke
+         * the count below in 6 of 300 runs; at the most slots a cache may have, rarely. */
+        assert_int_equal(sp_sigcache_new(65536, &cache), 0);
         if (!pool)
             return; /* failed above; tells the analyzer too */
         sp_trust_t trust = {.keyring = ring, .cache = cache};
