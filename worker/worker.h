@@ -133,6 +133,9 @@ typedef struct {
     bool agent_lost;
     int64_t lost_at_ns;
     char lost_why[WK_ERR_MAX];
+    /* While restoring: the host id the restore makes it under (wk_sandbox_restore_host_id),
+     * whose channel socket the agent connects back on; "": id's own. */
+    char host_id[65];
     bool listening;   /* a thread waits for the agent to connect back (worker_chan.c) */
     bool gone;        /* out of the owned table: being deleted or failed */
     bool paused;      /* runsc paused (worker_lifecycle.c) */

@@ -105,7 +105,9 @@ static void *listen_main(void *arg)
 {
     wk_box_t *b = arg;
     wk_t *w = b->w;
-    char *path = wk_sandbox_chan_socket(w->host, b->id);
+    pthread_mutex_lock(&b->mu);
+    char *path = wk_sandbox_chan_socket(w->host, b->host_id[0] ? b->host_id : b->id);
+    pthread_mutex_unlock(&b->mu);
     int lfd = -1;
 
     /* The broken channel's reader has returned from on_lost (or there was none). */

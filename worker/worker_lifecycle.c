@@ -306,7 +306,9 @@ static int suspend_store(wk_t *w, const sp_envelope_t *ev, const char *sbx, cons
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDED;
     env.sandbox_suspended = &sd;
     rc = wk_publish_fact(w, &env, "suspended", ev->event_id);
-    if (rc == 0 && wk_sandbox_destroy_checkpointed(w->host, sbx, ck, err) < 0)
+    /* In the background: a resume asked for now need not wait for it (wk_sandbox_restore's
+     * host_id). */
+    if (rc == 0 && wk_sandbox_release_checkpointed(w->host, sbx, ck, err) < 0)
         sp_log(SP_LOG_ERROR, "cannot release a suspended sandbox", SP_KS("sandbox", sbx),
                SP_KS("error", err));
     sp_log(SP_LOG_INFO, "suspended", SP_KS("sandbox", sbx), SP_KU("ms", sd.took_ms),
@@ -583,8 +585,13 @@ int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev, bool began)
         rc = 0;
         goto out;
     }
+    /* Suspended here moments ago: its release may still run, and the restore is made under
+     * another host id meanwhile. */
+    char hid[65];
+    wk_sandbox_restore_host_id(w->host, sbx, hid);
     pthread_mutex_lock(&b->mu);
     b->restoring = true;
+    snprintf(b->host_id, sizeof(b->host_id), "%s", hid);
     snprintf(b->lost_why, sizeof(b->lost_why), "the sandbox was suspended");
     pthread_mutex_unlock(&b->mu);
     wk_box_listen(b); /* before the restore: the agent connects back as soon as it runs */
@@ -600,6 +607,7 @@ int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev, bool began)
         .memory_mb = si.memory_mb,
         .disk_mb = si.disk_mb,
         .kept_snap = kept[0] ? kept : NULL,
+        .host_id = hid,
     };
     wk_sandbox_info_t info = {0};
     char *work = sp_xasprintf("%s/.staging/restore-%s", w->cfg->snapshot_dir, sbx);
@@ -609,6 +617,7 @@ int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev, bool began)
     free(work);
     pthread_mutex_lock(&b->mu);
     b->restoring = false;
+    b->host_id[0] = '\0'; /* linked: id resolves to it */
     pthread_mutex_unlock(&b->mu);
     if (rc < 0) {
         wk_box_put(wk_owned_remove(w, sbx));

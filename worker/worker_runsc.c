@@ -108,7 +108,7 @@ int wk__runsc_write_config(const wk_host_t *h, const wk__bundle_t *bd, const cha
                   pids, pids);
     sp_buf_json_str(&b, bd->rootfs);
     sp_buf_puts(&b, ",\"readonly\":false},\"hostname\":");
-    sp_buf_json_str(&b, bd->id);
+    sp_buf_json_str(&b, bd->hostname ? bd->hostname : bd->id);
     sp_buf_puts(&b, ",\"mounts\":["
                     "{\"destination\":\"/proc\",\"type\":\"proc\",\"source\":\"proc\"},"
                     "{\"destination\":\"/dev\",\"type\":\"tmpfs\",\"source\":\"tmpfs\"},"

@@ -358,6 +358,8 @@ int wk_host_open(const wk_host_config_t *cfg, wk_host_t **ret_host, char err[WK_
     pthread_mutex_init(&h->pool_lock, NULL);
     pthread_mutex_init(&h->tmpl_lock, NULL);
     pthread_cond_init(&h->tmpl_cond, NULL);
+    pthread_mutex_init(&h->rel_lock, NULL);
+    pthread_cond_init(&h->rel_cond, NULL);
 
     const char *dirs[] = {h->state_dir, h->runsc_root, h->bundles_dir};
     for (size_t i = 0; i < 3; i++) {
@@ -407,6 +409,12 @@ void wk_host_close(wk_host_t *h)
 {
     if (!h)
         return;
+    pthread_mutex_lock(&h->rel_lock);
+    while (h->releasing)
+        pthread_cond_wait(&h->rel_cond, &h->rel_lock);
+    pthread_mutex_unlock(&h->rel_lock);
+    pthread_mutex_destroy(&h->rel_lock);
+    pthread_cond_destroy(&h->rel_cond);
     pthread_mutex_destroy(&h->pool_lock);
     pthread_mutex_destroy(&h->tmpl_lock);
     pthread_cond_destroy(&h->tmpl_cond);
@@ -846,15 +854,13 @@ char *wk_sandbox_chan_socket(const wk_host_t *h, const char *id)
     return sp_xasprintf("%s/%s/%s/%s", h->bundles_dir, hid, AGENT_CHAN_DIR, AGENT_CHAN_SOCKET);
 }
 
-/* container_gone: runsc deleted the container already (wk_checkpoint_container_gone). */
-static int sandbox_destroy(wk_host_t *h, const char *sandbox, bool container_gone,
-                           char err[WK_ERR_MAX])
+static void release_wait(wk_host_t *h, const char *sandbox);
+
+/* sandbox's resources, which carry the host id id. container_gone: runsc deleted the container
+ * already (wk_checkpoint_container_gone). */
+static int destroy_as(wk_host_t *h, const char *sandbox, const char *id, bool container_gone,
+                      char err[WK_ERR_MAX])
 {
-    if (!h || !sandbox || !sp_id_valid(sandbox))
-        return wk__fail(err, -EINVAL, "invalid sandbox id");
-    /* A claimed pool sandbox: its resources carry the pool id; the map goes after them. */
-    char id[65];
-    wk__host_id(h, sandbox, id);
     int64_t t0 = wk__now_us();
     /* A container that will not go away keeps everything else: deleting the disk or the
      * network under a running sandbox would leave it unmanageable. A call a killed worker
@@ -902,6 +908,18 @@ static int sandbox_destroy(wk_host_t *h, const char *sandbox, bool container_gon
            SP_KF("runsc_ms", runsc_ms), SP_KF("total_ms", ms_since(t0)),
            SP_KS("container", container_gone ? "deleted_before" : "deleted"));
     return rc;
+}
+
+static int sandbox_destroy(wk_host_t *h, const char *sandbox, bool container_gone,
+                           char err[WK_ERR_MAX])
+{
+    if (!h || !sandbox || !sp_id_valid(sandbox))
+        return wk__fail(err, -EINVAL, "invalid sandbox id");
+    release_wait(h, sandbox);
+    /* A claimed pool sandbox: its resources carry the pool id; the map goes after them. */
+    char id[65];
+    wk__host_id(h, sandbox, id);
+    return destroy_as(h, sandbox, id, container_gone, err);
 }
 
 int wk_sandbox_destroy(wk_host_t *h, const char *sandbox, char err[WK_ERR_MAX])
@@ -1539,6 +1557,94 @@ void wk_checkpoint_dispose(wk_checkpoint_t *c)
     memset(c, 0, sizeof(*c));
 }
 
+/* ---- the release after a checkpoint, in the background ---- */
+
+struct wk_release {
+    wk_host_t *h;
+    char sandbox[65], hid[65]; /* hid: its host id when the release began */
+    wk_checkpoint_t ck;
+    struct wk_release *next;
+};
+
+static bool releasing_locked(const wk_host_t *h, const char *sandbox)
+{
+    for (const struct wk_release *r = h->releasing; r; r = r->next)
+        if (strcmp(r->sandbox, sandbox) == 0)
+            return true;
+    return false;
+}
+
+/* Until no release of sandbox runs in the background. */
+static void release_wait(wk_host_t *h, const char *sandbox)
+{
+    pthread_mutex_lock(&h->rel_lock);
+    while (releasing_locked(h, sandbox))
+        pthread_cond_wait(&h->rel_cond, &h->rel_lock);
+    pthread_mutex_unlock(&h->rel_lock);
+}
+
+static void release_run(struct wk_release *r)
+{
+    wk_host_t *h = r->h;
+    char err[WK_ERR_MAX] = "";
+    if (destroy_as(h, r->sandbox, r->hid, wk_checkpoint_container_gone(&r->ck), err) < 0)
+        sp_log(SP_LOG_ERROR, "cannot release a suspended sandbox", SP_KS("sandbox", r->sandbox),
+               SP_KS("error", err));
+    wk_checkpoint_dispose(&r->ck);
+    pthread_mutex_lock(&h->rel_lock);
+    for (struct wk_release **p = &h->releasing; *p; p = &(*p)->next)
+        if (*p == r) {
+            *p = r->next;
+            break;
+        }
+    pthread_cond_broadcast(&h->rel_cond);
+    pthread_mutex_unlock(&h->rel_lock);
+    free(r);
+}
+
+static void *release_main(void *arg)
+{
+    (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), DELETE_NICE);
+    release_run(arg);
+    return NULL;
+}
+
+int wk_sandbox_release_checkpointed(wk_host_t *h, const char *id, wk_checkpoint_t *ck,
+                                    char err[WK_ERR_MAX])
+{
+    if (!h || !id || !sp_id_valid(id) || wk_pool_id_is(id) || !ck)
+        return wk__fail(err, -EINVAL, "invalid sandbox id");
+    release_wait(h, id); /* one at a time per sandbox: the list names each once */
+    struct wk_release *r = sp_xcalloc(1, sizeof(*r));
+    r->h = h;
+    snprintf(r->sandbox, sizeof(r->sandbox), "%s", id);
+    /* Resolved now: a restore under a new host id links id to that one once this has ended. */
+    wk__host_id(h, id, r->hid);
+    r->ck = *ck;
+    memset(ck, 0, sizeof(*ck));
+    pthread_mutex_lock(&h->rel_lock);
+    r->next = h->releasing;
+    h->releasing = r;
+    pthread_mutex_unlock(&h->rel_lock);
+    pthread_t th;
+    if (pthread_create(&th, NULL, release_main, r) == 0)
+        pthread_detach(th);
+    else
+        release_run(r); /* here and now */
+    return 0;
+}
+
+void wk_sandbox_restore_host_id(wk_host_t *h, const char *id, char out[65])
+{
+    pthread_mutex_lock(&h->rel_lock);
+    bool busy = releasing_locked(h, id);
+    pthread_mutex_unlock(&h->rel_lock);
+    if (busy)
+        wk_pool_id_new(out);
+    else
+        snprintf(out, 65, "%s", id);
+}
+
 int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *image_zst,
                        const char *rootfs_zst, const char *work_dir, wk_sandbox_info_t *ret_info,
                        char err[WK_ERR_MAX])
@@ -1549,16 +1655,21 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
         return wk__fail(err, -EINVAL, "invalid sandbox id or template");
     if (spec->disk_mb > MAX_DISK_MB || spec->pids > MAX_PIDS)
         return wk__fail(err, -EINVAL, "disk_mb or pids out of range");
+    if (spec->host_id && strcmp(spec->host_id, spec->id) != 0 && !wk_pool_id_is(spec->host_id))
+        return wk__fail(err, -EINVAL, "invalid host id");
     const char *id = spec->id;
+    /* Its resources' names: another id's while the release of this one's still runs. */
+    const char *hid = spec->host_id ? spec->host_id : id;
+    bool aliased = strcmp(hid, id) != 0;
     uint32_t disk_mb = spec->disk_mb ? spec->disk_mb : h->disk_mb_default;
     int64_t t0 = wk__now_us();
-    char *bundle = sp_xasprintf("%s/%s", h->bundles_dir, id);
+    char *bundle = sp_xasprintf("%s/%s", h->bundles_dir, hid);
     char *chan = sp_xasprintf("%s/%s", bundle, AGENT_CHAN_DIR);
-    char *rootfs = sp_xasprintf("%s/%s", h->sandboxes_dir, id);
+    char *rootfs = sp_xasprintf("%s/%s", h->sandboxes_dir, hid);
     const char *of = spec->image_of ? spec->image_of : id;
     /* The stream makes <of>.ro: received into a directory of this restore's own, so that
      * restores of one snapshot under several ids at once do not meet. */
-    char *recv_dir = sp_xasprintf("%s/.recv-%s", h->sandboxes_dir, id);
+    char *recv_dir = sp_xasprintf("%s/.recv-%s", h->sandboxes_dir, hid);
     char *kept = spec->kept_snap && sp_id_valid(spec->kept_snap) && !spec->image_of
                      ? kept_path(h, id, spec->kept_snap)
                      : NULL;
@@ -1568,8 +1679,9 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
     char *img_file = sp_xasprintf("%s/checkpoint.img", img);
     char *stream = sp_xasprintf("%s/rootfs.btrfs", work_dir);
     char netns[WK_NETNS_NAME_MAX];
-    wk__netns_name(h, id, netns);
+    wk__netns_name(h, hid, netns);
     char *netns_path = sp_xasprintf("%s/%s", WK_NETNS_DIR, netns);
+    char *link = aliased ? sp_xasprintf("%s/%s", h->bundles_dir, id) : NULL;
     wk_sandbox_info_t info;
     memset(&info, 0, sizeof(info));
     info.agent_to_fd = info.agent_from_fd = -1;
@@ -1632,13 +1744,14 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
         info.disk_kept = from_kept;
         unlink(stream);
         t_net = wk__now_us();
-        rc = wk__net_create(h, id, info.address, err);
+        rc = wk__net_create(h, hid, info.address, err);
     }
     int64_t t_join = wk__now_us();
     if ((rc = tool_job_join(&zimg, rc, err)) < 0)
         goto out;
     int64_t t_runsc = wk__now_us();
-    wk__bundle_t bd = {.id = id,
+    wk__bundle_t bd = {.id = hid,
+                       .hostname = id,
                        .rootfs = rootfs,
                        .netns_path = netns_path,
                        .vcpu = spec->vcpu,
@@ -1650,26 +1763,39 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
                        .claimable = h->agent_path != NULL};
     if ((rc = wk__runsc_restore(h, &bd, bundle, img, err)) < 0)
         goto out;
+    /* The map from id to its host id, as a pool claim's, once the old resources are gone (by
+     * now, mostly: the release began before this restore). Atomic: from here on a restarted
+     * worker finds the sandbox under id. */
+    int64_t t_link = wk__now_us();
+    if (aliased) {
+        release_wait(h, id);
+        if (symlink(hid, link) < 0) {
+            rc = wk__fail(err, -errno, "link %s: %s", link, strerror(errno));
+            goto out;
+        }
+    }
     info.create_ms = (uint32_t)((wk__now_us() - t0) / 1000);
-    sp_log(SP_LOG_DEBUG, "restore steps", SP_KS("sandbox", id),
+    sp_log(SP_LOG_DEBUG, "restore steps", SP_KS("sandbox", id), SP_KS("host_id", hid),
            SP_KF("unzip_ms", (double)(t_recv - t_unzip) / 1000.0),
            SP_KF("receive_ms", (double)(t_snap - t_recv) / 1000.0),
            SP_KF("snapshot_limit_ms", (double)(t_net - t_snap) / 1000.0),
            SP_KF("net_ms", (double)(t_join - t_net) / 1000.0),
            SP_KF("image_wait_ms", (double)(t_runsc - t_join) / 1000.0),
-           SP_KF("runsc_ms", ms_since(t_runsc)), SP_KF("total_ms", ms_since(t0)),
+           SP_KF("runsc_ms", (double)(t_link - t_runsc) / 1000.0),
+           SP_KF("link_wait_ms", ms_since(t_link)), SP_KF("total_ms", ms_since(t0)),
            SP_KS("disk", from_kept ? "kept" : "received"));
     if (ret_info)
         *ret_info = info;
 out:
     if (rc < 0 && marked)
-        (void)wk_sandbox_destroy(h, id, NULL);
+        (void)wk_sandbox_destroy(h, hid, NULL);
     unlink(stream);
     (void)wk__rm_rf(img);
     (void)wk__subvol_delete(ro, NULL);
     (void)rmdir(recv_dir);
     free(recv_dir);
     free(kept);
+    free(link);
     free(netns_path);
     free(stream);
     free(img_file);

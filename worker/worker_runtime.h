@@ -130,6 +130,9 @@ typedef struct {
      * the host that suspended it): when it is there the disk starts from it, and rootfs_zst is
      * not read; NULL or not there: received from rootfs_zst. */
     const char *kept_snap;
+    /* wk_sandbox_restore only: the id its host resources are made under
+     * (wk_sandbox_restore_host_id); NULL = id. */
+    const char *host_id;
 } wk_sandbox_spec_t;
 
 typedef struct {
@@ -183,6 +186,16 @@ int wk_sandbox_destroy(wk_host_t *h, const char *id, char err[WK_ERR_MAX]);
 typedef struct wk_checkpoint wk_checkpoint_t;
 int wk_sandbox_destroy_checkpointed(wk_host_t *h, const char *id, wk_checkpoint_t *ck,
                                     char err[WK_ERR_MAX]);
+/* wk_sandbox_destroy_checkpointed in the background, at a low priority: returns at once, and
+ * takes ck over (it is left empty). A destroy of id, and the link of a restore of id made
+ * under another host id, wait for it; so does wk_host_close. */
+int wk_sandbox_release_checkpointed(wk_host_t *h, const char *id, wk_checkpoint_t *ck,
+                                    char err[WK_ERR_MAX]);
+/* The host id a restore of id begun now is to use (wk_sandbox_spec_t.host_id): id itself, or
+ * a new one of the pool's form while id's release after its suspend still runs, so that the
+ * restore need not wait for the old container's names to be free
+ * (docs/architecture.md). */
+void wk_sandbox_restore_host_id(wk_host_t *h, const char *id, char out[65]);
 /* The environment that points a sandbox's TLS clients at the deployment CA ("NAME=value":
  * SSL_CERT_FILE, REQUESTS_CA_BUNDLE, NODE_EXTRA_CA_CERTS); 0 entries without a CA. */
 size_t wk_host_trust_env(const wk_host_t *h, const char *const **ret);

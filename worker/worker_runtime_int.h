@@ -17,7 +17,10 @@
  * chars), and every resource above keeps that name for its whole life: runsc cannot rename a
  * container. Its claim adds <state_dir>/bundles/<sandbox id> as a symlink to the pool id: the
  * persisted map from the API's id to the host's, which every entry point of worker_runtime.h
- * resolves first (wk__host_id), and which wk_host_scan reads backwards.
+ * resolves first (wk__host_id), and which wk_host_scan reads backwards. A restore begun while
+ * the same sandbox's release after its suspend still runs (wk_sandbox_restore_host_id) is
+ * made under such an id too, and linked the same way once that release has ended: an id of
+ * this form without its link is never a live sandbox (a restarted worker releases it).
  */
 #ifndef SPACE_WORKER_RUNTIME_INT_H
 #define SPACE_WORKER_RUNTIME_INT_H
@@ -75,6 +78,11 @@ struct wk_host {
     pthread_cond_t tmpl_cond;
     char **building;
     size_t n_building;
+    /* Releases after a checkpoint running in the background (wk_sandbox_release_checkpointed),
+     * under rel_lock; rel_cond is signalled as each ends. */
+    pthread_mutex_t rel_lock;
+    pthread_cond_t rel_cond;
+    struct wk_release *releasing;
 };
 
 /* The id the host's resources of sandbox id carry (out, 65 bytes): the pool id its
@@ -246,7 +254,8 @@ int wk__nft_teardown(wk_host_t *h, char err[WK_ERR_MAX]);
 /* ---- runsc (worker_runsc.c) ---- */
 
 typedef struct {
-    const char *id;
+    const char *id;       /* the container's: the host id */
+    const char *hostname; /* NULL: id */
     const char *rootfs;
     const char *netns_path;
     uint32_t vcpu;

@@ -795,6 +795,92 @@ static void test_kept_disk(void **state)
         wk_checkpoint_dispose(&ck[i]);
 }
 
+static bool usage_equal(const wk_host_usage_t *a, const wk_host_usage_t *b)
+{
+    return a->containers == b->containers && a->subvolumes == b->subvolumes &&
+           a->netns == b->netns && a->veths == b->veths && a->cgroups == b->cgroups;
+}
+
+/* A resume right after a suspend on the same host: the suspended container's release runs in
+ * the background, and a restore begun meanwhile is made under another host id, linked to the
+ * sandbox's once that release has ended. The sandbox then answers under its own id (its disk,
+ * its hostname), the old one's resources are gone, and its destroy leaves nothing of either. */
+static void test_restore_beside_release(void **state)
+{
+    (void)state;
+    NEED_HOST();
+    char err[WK_ERR_MAX] = "", out[256], id[SP_SANDBOX_ID_LEN + 1], snap[SP_SANDBOX_ID_LEN + 1];
+    char dir[256], work[256], link[512], hid[65], target[80];
+    wk_host_usage_t before, after;
+    assert_int_equal(wk_host_usage(host, &before), 0);
+    sp_sandbox_id_new(id);
+    sp_sandbox_id_new(snap);
+    wk_sandbox_spec_t spec = {.id = id, .template_ = "tiny"};
+    if (wk_sandbox_create(host, &spec, NULL, err) < 0)
+        fail_msg("create: %s", err);
+    assert_int_equal(run(id, out, sizeof(out), "sh", "-c", "echo kept > /kept-marker", NULL), 0);
+    snprintf(dir, sizeof(dir), "%s/ck-%s", tmpdir, snap);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    wk_checkpoint_t ck = {0};
+    if (wk_sandbox_checkpoint(host, id, "tiny", dir, snap, &ck, err) < 0)
+        fail_msg("checkpoint %s: %s", id, err);
+    char *image = strdup(ck.image_path);
+    assert_int_equal(wk_sandbox_release_checkpointed(host, id, &ck, err), 0);
+    assert_null(ck.image_path); /* taken over */
+    /* Asked at once: the release (runsc's delete, the netns, the disk) takes tens of ms. */
+    wk_sandbox_restore_host_id(host, id, hid);
+    if (!wk_pool_id_is(hid))
+        fail_msg("the release had ended before the restore began: host id %s", hid);
+    spec.kept_snap = snap;
+    spec.host_id = hid;
+    snprintf(work, sizeof(work), "%s/restore-%s", tmpdir, id);
+    assert_int_equal(mkdir(work, 0700), 0);
+    wk_sandbox_info_t info = {0};
+    int rc =
+        wk_sandbox_restore(host, &spec, image, "/nonexistent/rootfs.btrfs.zst", work, &info, err);
+    (void)rmdir(work);
+    free(image);
+    if (rc < 0)
+        fail_msg("restore under %s: %s", hid, err);
+    assert_true(info.disk_kept);
+    /* The map, as a pool claim's; the old container's resources are gone: one sandbox more. */
+    snprintf(link, sizeof(link), "%s/bundles/%s", state_dir, id);
+    ssize_t n = readlink(link, target, sizeof(target) - 1);
+    assert_true(n > 0);
+    target[n] = '\0';
+    assert_string_equal(target, hid);
+    assert_int_equal(wk_host_usage(host, &after), 0);
+    before.containers++, before.subvolumes++, before.netns++, before.veths++, before.cgroups++;
+    if (!usage_equal(&before, &after))
+        fail_msg("after the restore: containers=%zu subvolumes=%zu netns=%zu veths=%zu "
+                 "cgroups=%zu, want one more than before",
+                 after.containers, after.subvolumes, after.netns, after.veths, after.cgroups);
+    assert_int_equal(run(id, out, sizeof(out), "cat", "/kept-marker", NULL), 0);
+    assert_string_equal(out, "kept\n");
+    assert_int_equal(run(id, out, sizeof(out), "cat", "/proc/sys/kernel/hostname", NULL), 0);
+    char want[80];
+    snprintf(want, sizeof(want), "%s\n", id);
+    assert_string_equal(out, want);
+    wk_host_sandbox_t *list = NULL;
+    size_t nl = 0;
+    assert_int_equal(wk_host_scan(host, &list, &nl), 0);
+    bool as_id = false;
+    for (size_t i = 0; i < nl; i++) {
+        as_id |= strcmp(list[i].id, id) == 0 && list[i].state == WK_RUNNING;
+        assert_string_not_equal(list[i].id, hid);
+    }
+    free(list);
+    assert_true(as_id);
+
+    assert_int_equal(wk_sandbox_destroy(host, id, err), 0);
+    struct stat st;
+    assert_true(lstat(link, &st) < 0 && errno == ENOENT);
+    before.containers--, before.subvolumes--, before.netns--, before.veths--, before.cgroups--;
+    assert_int_equal(wk_host_usage(host, &after), 0);
+    assert_true(usage_equal(&before, &after));
+    wk_rm_rf(dir);
+}
+
 static void test_destroy(void **state)
 {
     (void)state;
@@ -955,12 +1041,13 @@ static void test_latency(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_template_tiny),    cmocka_unit_test(test_create_parallel),
-        cmocka_unit_test(test_exec_isolation),   cmocka_unit_test(test_firewall),
-        cmocka_unit_test(test_firewall_spoof),   cmocka_unit_test(test_procs_end),
-        cmocka_unit_test(test_kept_disk),        cmocka_unit_test(test_destroy),
-        cmocka_unit_test(test_unknown_template), cmocka_unit_test(test_failed_start),
-        cmocka_unit_test(test_base_template),    cmocka_unit_test(test_latency),
+        cmocka_unit_test(test_template_tiny),  cmocka_unit_test(test_create_parallel),
+        cmocka_unit_test(test_exec_isolation), cmocka_unit_test(test_firewall),
+        cmocka_unit_test(test_firewall_spoof), cmocka_unit_test(test_procs_end),
+        cmocka_unit_test(test_kept_disk),      cmocka_unit_test(test_restore_beside_release),
+        cmocka_unit_test(test_destroy),        cmocka_unit_test(test_unknown_template),
+        cmocka_unit_test(test_failed_start),   cmocka_unit_test(test_base_template),
+        cmocka_unit_test(test_latency),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
