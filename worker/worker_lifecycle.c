@@ -546,6 +546,20 @@ static int fetch_artifacts(wk_t *w, const Space__V1__SandboxSuspended *sd, char 
     return 0;
 }
 
+/* Waits (bounded) for the agent of b to connect back; whether it did. */
+static bool agent_back(wk_box_t *b)
+{
+    bool back = false;
+    for (int i = 0; i < AGENT_BACK_MS && !back; i++) {
+        pthread_mutex_lock(&b->mu);
+        back = b->agent != NULL && !b->agent_lost;
+        pthread_mutex_unlock(&b->mu);
+        if (!back)
+            usleep(1000);
+    }
+    return back;
+}
+
 int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev, bool began)
 {
     const char *sbx = ev->aggregate->id;
@@ -626,15 +640,8 @@ int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev, bool began)
         goto out;
     }
     /* Resumed means usable: wait (bounded) for the agent to connect back. */
-    bool back = false;
-    for (int i = 0; i < AGENT_BACK_MS / 5 && !back; i++) {
-        pthread_mutex_lock(&b->mu);
-        back = b->agent != NULL && !b->agent_lost;
-        pthread_mutex_unlock(&b->mu);
-        if (!back)
-            usleep(5000);
-    }
-    if (!back)
+    int64_t t_agent = sp_mono_ns();
+    if (!agent_back(b))
         sp_log(SP_LOG_WARN, "resumed, but the agent has not connected back yet",
                SP_KS("sandbox", sbx));
     wk_box_put(b);
@@ -648,8 +655,8 @@ int wk_on_resume_placed(wk_t *w, const sp_envelope_t *ev, bool began)
     /* Logged before the fact goes out: whoever reads the answer finds the line. */
     sp_log(SP_LOG_INFO, "resumed from suspend", SP_KS("sandbox", sbx), SP_KU("ms", r.took_ms),
            SP_KU("restore_ms", (uint64_t)ms_since(t_restore)), SP_KI("fetch_ms", fetch_ms),
-           SP_KI("downloaded", downloaded), SP_KS("address", info.address),
-           SP_KS("disk", info.disk_kept ? "kept" : "received"));
+           SP_KI("agent_wait_ms", ms_since(t_agent)), SP_KI("downloaded", downloaded),
+           SP_KS("address", info.address), SP_KS("disk", info.disk_kept ? "kept" : "received"));
     rc = wk_publish_fact(w, &env, "resumed", ev->event_id);
     if (rc == 0) {
         /* It runs again: the snapshot has served (a new suspend makes a new one). */
@@ -810,20 +817,6 @@ static uint32_t sandbox_disk_mb(wk_t *w, const char *sbx)
     PQclear(r);
     sp_db_idle_give(w->db, db);
     return mb;
-}
-
-/* Waits (bounded) for the agent of b to connect back; whether it did. */
-static bool agent_back(wk_box_t *b)
-{
-    bool back = false;
-    for (int i = 0; i < AGENT_BACK_MS / 5 && !back; i++) {
-        pthread_mutex_lock(&b->mu);
-        back = b->agent != NULL && !b->agent_lost;
-        pthread_mutex_unlock(&b->mu);
-        if (!back)
-            usleep(5000);
-    }
-    return back;
 }
 
 /* A copy (fork, or a sandbox made from a named snapshot) was restored with its source's

@@ -24,7 +24,7 @@
  * As PID 1 it must not exit: a bad frame is answered with an Error frame and skipped. A broken
  * channel (EOF on its input, an error writing its output: the worker restarted, or closed the
  * channel on a protocol violation) is dropped, the commands keep running (their output while
- * no channel is up is discarded), and every RECONNECT_MS the agent connects to
+ * no channel is up is discarded), and the agent connects again (RECONNECT_MS) to
  * CHAN_SOCKET, the worker's Unix socket for this sandbox (a host socket bind-mounted read-only
  * into the sandbox; runsc --host-uds=open). A new channel starts with a Hello that lists the
  * commands still running, so the worker can follow them again.
@@ -83,7 +83,14 @@
 #define ARGV_KEPT_N     64               /* agent.proto Running.argv */
 #define ARGV_KEPT_BYTES 4096
 #define CHAN_SOCKET     "/.space/chan/agent.sock"
-#define RECONNECT_MS    50 /* cheap: a failed connect() to a missing socket */
+/* Connect attempts after a channel broke: every RECONNECT_FAST_MS for the first
+ * RECONNECT_FAST_N, then every RECONNECT_MS. A suspend closes the channel moments before the
+ * checkpoint freezes the agent, so after the restore it is still in the fast attempts and
+ * comes back within a few ms (at 50 ms it took 20-35 ms of every resume); a worker gone for
+ * longer costs a failed connect() every RECONNECT_MS. */
+#define RECONNECT_MS      50
+#define RECONNECT_FAST_MS 5
+#define RECONNECT_FAST_N  200
 
 typedef Space__Agent__V1__AgentFrame frame_t;
 
@@ -122,6 +129,7 @@ static int chan_out = 1;
 static bool out_dead;        /* no channel to write to: frames are dropped */
 static bool in_eof;          /* no channel to read from */
 static int64_t reconnect_at; /* when down: the next connect attempt (monotonic ms) */
+static int reconnect_tries;  /* attempts since the channel broke */
 static bytes_t in_buf;       /* bytes from fd 0 not yet a whole frame */
 static uint64_t in_skip;     /* bytes of an oversized frame still to discard */
 static int sig_pipe[2] = {-1, -1};
@@ -212,6 +220,7 @@ static void channel_down(void)
     bytes_free(&out_q);
     in_skip = 0;
     reconnect_at = now_ms();
+    reconnect_tries = 0;
 }
 
 /* One attempt to connect to the worker's socket; true when a new channel is up. */
@@ -1329,7 +1338,10 @@ int main(int argc, char **argv)
                 send_hello();
                 flush_out();
             } else {
-                reconnect_at = now_ms() + RECONNECT_MS;
+                reconnect_at = now_ms() + (reconnect_tries < RECONNECT_FAST_N ? RECONNECT_FAST_MS
+                                                                              : RECONNECT_MS);
+                if (reconnect_tries < RECONNECT_FAST_N)
+                    reconnect_tries++;
             }
         }
         if (!in_eof && !stdin_full) {
