@@ -67,6 +67,7 @@ typedef struct {
     int64_t max_commands;
     int64_t command_grace_s;
     int64_t command_buffer_bytes;
+    int64_t command_reply_wait_ms;
     int64_t bus_threads;
     int64_t max_file_bytes;
     int64_t max_file_transfers;
@@ -662,7 +663,7 @@ void gw_cmd_intent_init(gw_cmd_intent_t *in, const gw_cmd_spec_t *s, const char 
  * would not fit in one NATS message (SP_BUS_MAX_MSG). */
 int gw_cmd_exec_pack(const gw_cmd_spec_t *s, const char *sandbox, const char *tenant,
                      const char *cmd_id, const char *intent_event_id, const char *correlation,
-                     uint8_t **ret_buf, size_t *ret_len);
+                     uint32_t reply_wait_ms, uint8_t **ret_buf, size_t *ret_len);
 
 /* Where a sandbox runs, read by a pool job (gateway_locate.c). */
 typedef struct {

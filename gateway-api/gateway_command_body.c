@@ -294,7 +294,7 @@ void gw_cmd_intent_init(gw_cmd_intent_t *in, const gw_cmd_spec_t *s, const char 
 
 int gw_cmd_exec_pack(const gw_cmd_spec_t *s, const char *sandbox, const char *tenant,
                      const char *cmd_id, const char *intent_event_id, const char *correlation,
-                     uint8_t **ret_buf, size_t *ret_len)
+                     uint32_t reply_wait_ms, uint8_t **ret_buf, size_t *ret_len)
 {
     Space__Io__V1__ExecRequest req = SPACE__IO__V1__EXEC_REQUEST__INIT;
     char *env[GW_ENV_MAX];
@@ -324,6 +324,7 @@ int gw_cmd_exec_pack(const gw_cmd_spec_t *s, const char *sandbox, const char *te
     req.stdin_open = s->stdin_open;
     req.pty_rows = s->pty_rows;
     req.pty_cols = s->pty_cols;
+    req.reply_wait_ms = reply_wait_ms;
 
     size_t n = space__io__v1__exec_request__get_packed_size(&req);
     if (n > (size_t)SP_BUS_MAX_MSG) {

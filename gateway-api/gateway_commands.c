@@ -995,6 +995,39 @@ static gw_cmd_outcome_t refusal_outcome(gw_cmd_t *c, const char *error, const ch
     return GW_CMD_WORKER_ERROR;
 }
 
+/* The attach is answered (c->mu held): what arrived live meanwhile, then the exit. Whether the
+ * loop needs waking. */
+static bool release_held(gw_cmd_t *c)
+{
+    bool wake = false;
+    io_chunk_t *held = c->held_head;
+    c->held_head = c->held_tail = NULL;
+    c->held = 0;
+    c->attaching = false;
+    for (io_chunk_t *k = held; k; k = k->next)
+        wake |= accept_chunk(c, k->seq, k->stream, k->data, k->len);
+    free_chunks(held);
+    if (c->held_have_exit)
+        wake |= accept_exit(c, &c->held_exit, c->held_exit_last_seq);
+    return wake;
+}
+
+/* Chunks the worker replayed in its answer (c->mu held): unreadable ones are a hole. Whether
+ * the loop needs waking. */
+static bool accept_replay(gw_cmd_t *c, Space__Io__V1__IoChunk *const *replay, size_t n)
+{
+    bool wake = false;
+    for (size_t i = 0; i < n; i++) {
+        const Space__Io__V1__IoChunk *k = replay[i];
+        if (k->seq == 0 || (k->stream != 1 && k->stream != 2) || k->data.len > CHUNK_DATA_MAX) {
+            c->lost = true;
+            continue;
+        }
+        wake |= accept_chunk(c, k->seq, k->stream, k->data.data, k->data.len);
+    }
+    return wake;
+}
+
 /* Bus thread, attach: the subscription is in place; ask the worker for what it kept after
  * from_seq, apply it, then what arrived live meanwhile (repeats drop out by seq). */
 static int attach_request(gw_cmd_t *c)
@@ -1053,32 +1086,73 @@ static int attach_request(gw_cmd_t *c)
         c->next_seq = r->first_kept_seq;
         c->last_seq = r->first_kept_seq - 1;
     }
-    for (size_t i = 0; i < r->n_replay; i++) {
-        const Space__Io__V1__IoChunk *k = r->replay[i];
-        if (k->seq == 0 || (k->stream != 1 && k->stream != 2) || k->data.len > CHUNK_DATA_MAX) {
-            c->lost = true;
-            continue;
-        }
-        wake |= accept_chunk(c, k->seq, k->stream, k->data.data, k->data.len);
-    }
-    io_chunk_t *held = c->held_head;
-    c->held_head = c->held_tail = NULL;
-    c->held = 0;
-    c->attaching = false;
-    for (io_chunk_t *k = held; k; k = k->next)
-        wake |= accept_chunk(c, k->seq, k->stream, k->data, k->len);
-    free_chunks(held);
+    wake |= accept_replay(c, r->replay, r->n_replay);
     if (r->exit) {
-        exit_info_t ex;
-        exit_info_from(&ex, r->exit);
-        wake |= accept_exit(c, &ex, r->exit->last_seq);
-    } else if (c->held_have_exit) {
-        wake |= accept_exit(c, &c->held_exit, c->held_exit_last_seq);
+        c->held_have_exit = true;
+        exit_info_from(&c->held_exit, r->exit);
+        c->held_exit_last_seq = r->exit->last_seq;
     }
+    wake |= release_held(c);
     pthread_mutex_unlock(&c->mu);
     space__io__v1__ctl_reply__free_unpacked(r, NULL);
     if (wake)
         uv_async_send(&c->async);
+    return 0;
+}
+
+/* Bus thread: the worker answered a waiting ExecRequest (reply_wait_ms). With the command's
+ * end, the answer carries all its output: applied as if it had come live. Without, the command
+ * runs on: followed like an attach of all its output (subscribe, then ask for what is kept). */
+static int waited_reply(gw_cmd_t *c, const Space__Io__V1__ExecReply *r)
+{
+    char subject[160];
+    int rc;
+
+    if (r->exit) {
+        if (strcmp(r->exit->cmd_id, c->cmd_id) != 0) {
+            c->outcome =
+                refusal_outcome(c, "bad_reply", "the worker's reply names another command");
+            return 0;
+        }
+        exit_info_t ex;
+        exit_info_from(&ex, r->exit);
+        pthread_mutex_lock(&c->mu);
+        if (r->pid)
+            c->pid = r->pid;
+        (void)accept_replay(c, r->replay, r->n_replay);
+        (void)accept_exit(c, &ex, r->exit->last_seq);
+        pthread_mutex_unlock(&c->mu);
+        return 0; /* start_output takes the queue */
+    }
+    pthread_mutex_lock(&c->mu);
+    c->attaching = true;
+    pthread_mutex_unlock(&c->mu);
+    c->bus_step = "subscribe";
+    if ((rc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_CMD, c->cmd_id, NULL, NULL)) <
+            0 ||
+        (rc = sp_bus_subscribe(c->gw->bus, subject, NULL, on_msg, c, &c->sub)) < 0)
+        return rc;
+    c->bus_step = "flush";
+    if ((rc = sp_bus_flush(c->gw->bus, FLUSH_TIMEOUT_MS)) < 0)
+        return rc;
+    double waited_s = c->exec_s;
+    rc = attach_request(c);
+    c->exec_s = waited_s;
+    if (rc < 0 || c->outcome != GW_CMD_ACCEPTED) {
+        /* The worker let go of the command since it took it (a suspend, a snapshot or its own
+         * stop: the command runs on inside, and its output comes live again once the sandbox
+         * is back). Followed live, as a command was before reply waits; what it wrote before
+         * is lost. */
+        sp_log(SP_LOG_INFO, "a waited command could not be attached: followed live",
+               SP_KS("cmd_id", c->cmd_id),
+               SP_KS("error", rc < 0 ? sp_strerror(rc) : c->reply_error),
+               SP_KS("request_id", c->request_id));
+        pthread_mutex_lock(&c->mu);
+        c->lost = true;
+        (void)release_held(c);
+        pthread_mutex_unlock(&c->mu);
+        c->outcome = GW_CMD_ACCEPTED;
+    }
     return 0;
 }
 
@@ -1094,7 +1168,13 @@ static void setup_run(gw_cmd_t *c)
 
     c->exec_s = -1;
     c->outcome = GW_CMD_BUS_ERROR;
-    if (!c->spec.background || c->enc->follows_background) {
+    /* A command answered in one JSON document, which nobody feeds: the worker answers at its
+     * end, with its output, when that comes within the wait (no subscription, nothing live). */
+    uint32_t wait_ms = 0;
+    if (!c->attach && !c->streaming && !c->spec.background && !c->spec.stdin_open &&
+        !c->spec.pty_rows)
+        wait_ms = (uint32_t)c->gw->cfg->command_reply_wait_ms;
+    if ((!c->spec.background || c->enc->follows_background) && !wait_ms) {
         c->bus_step = "subscribe";
         /* The filter of the command's output subjects, space.io.cmd.<cmd_id>.> (contract.h);
          * -EINVAL for a command id that is no subject token. */
@@ -1120,12 +1200,13 @@ static void setup_run(gw_cmd_t *c)
         goto out;
     c->bus_step = "request";
     if ((rc = gw_cmd_exec_pack(&c->spec, c->sandbox, c->tenant, c->cmd_id, c->event_id,
-                               c->request_id, &req, &req_len)) < 0)
+                               c->request_id, wait_ms, &req, &req_len)) < 0)
         goto out;
     int64_t t0 = sp_mono_ns();
     rc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_EXEC, c->worker, NULL, NULL);
     if (rc >= 0)
-        rc = sp_request_send(bus, subject, req, req_len, EXEC_TIMEOUT_MS, &reply, &reply_len);
+        rc = sp_request_send(bus, subject, req, req_len, EXEC_TIMEOUT_MS + (int)wait_ms, &reply,
+                             &reply_len);
     c->exec_s = (double)(sp_mono_ns() - t0) / 1e9;
     explicit_bzero(req, req_len);
     free(req);
@@ -1137,8 +1218,9 @@ static void setup_run(gw_cmd_t *c)
         goto out;
 
     /* The reply is untrusted: size first, then decode. */
-    Space__Io__V1__ExecReply *r =
-        reply_len <= REPLY_MAX ? space__io__v1__exec_reply__unpack(NULL, reply_len, reply) : NULL;
+    Space__Io__V1__ExecReply *r = reply_len <= (wait_ms ? (size_t)SP_BUS_MAX_MSG : REPLY_MAX)
+                                      ? space__io__v1__exec_reply__unpack(NULL, reply_len, reply)
+                                      : NULL;
     if (!r) {
         c->outcome = GW_CMD_WORKER_ERROR;
         snprintf(c->reply_error, sizeof(c->reply_error), "bad_reply");
@@ -1148,10 +1230,15 @@ static void setup_run(gw_cmd_t *c)
     } else {
         c->outcome = refusal_outcome(c, r->error, r->detail);
     }
+    rc = 0;
+    if (r && r->accepted && wait_ms)
+        rc = waited_reply(c, r);
     if (r)
         space__io__v1__exec_reply__free_unpacked(r, NULL);
     free(reply);
-    rc = 0;
+    if (rc < 0)
+        c->outcome =
+            rc == SP_ENOTFOUND || rc == SP_ETIMEOUT ? GW_CMD_WORKER_UNAVAILABLE : GW_CMD_BUS_ERROR;
 out:
     c->bus_rc = rc;
     if (c->outcome != GW_CMD_ACCEPTED && c->sub) {
@@ -1468,8 +1555,8 @@ void gw_command_run_body(gw_req_t *rq, const char *body, size_t len)
     }
     uint8_t *probe = NULL;
     size_t probe_len = 0;
-    if (gw_cmd_exec_pack(&spec, rq->path_id, rq->tenant, cmd_id, probe_id, rq->request_id, &probe,
-                         &probe_len) < 0) {
+    if (gw_cmd_exec_pack(&spec, rq->path_id, rq->tenant, cmd_id, probe_id, rq->request_id, 0,
+                         &probe, &probe_len) < 0) {
         gw_respond_error(rq, 413, "request_too_large", NULL,
                          "stdin, env and the command together exceed the data plane's %d bytes",
                          SP_BUS_MAX_MSG);

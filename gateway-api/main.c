@@ -82,6 +82,9 @@ static const sp_cfg_opt_t options[] = {
     SP_CFG_INT_OPT("command-buffer-bytes", gw_config_t, command_buffer_bytes, 1048576, 1073741824,
                    "8388608",
                    "output buffered for a slow SSE client per command; beyond it is dropped"),
+    SP_CFG_INT_OPT("command-reply-wait-ms", gw_config_t, command_reply_wait_ms, 0, 1000, "25",
+                   "a JSON-answered command's worker answers when it ends within this, with all "
+                   "its output (no live output to subscribe to); 0: always live"),
     SP_CFG_INT_OPT("bus-threads", gw_config_t, bus_threads, 1, 256, "8",
                    "threads for blocking NATS calls of commands (exec request/reply)"),
     SP_CFG_INT_OPT("max-file-bytes", gw_config_t, max_file_bytes, 1048576, 68719476736LL,

@@ -96,6 +96,7 @@ typedef struct wk_pool wk_pool_t;
 #define WK_FACT_BYTES      (16 * 1024 * 1024)
 #define WK_FACT_MSG_ID_MAX 160
 typedef struct wk_factq wk_factq_t;
+typedef struct wk_waits wk_waits_t;
 /* Starts the publisher thread. bus must outlive the queue; worker: the subject's token;
  * journal: the file queued facts are kept in until published (NULL: none), whose leftovers
  * from a previous process are published first (worker_factq.c). */
@@ -160,6 +161,7 @@ struct wk {
     sp_verifier_t *verifier;
     sp_request_guard_t *guard;
     wk_factq_t *facts; /* command facts (worker_factq.c) */
+    wk_waits_t *waits; /* requesters waiting for a short command's end (worker_commands.c) */
     wk_host_t *host;
     /* PostgreSQL for the handlers' short reads (a resume's snapshot record, an old placement):
      * connections kept open between them (db.h, sp_db_idle_t). */

@@ -24,10 +24,12 @@
  * facts go through the worker's queue (worker_factq.c): the reader thread never waits for the
  * stream, and a short command's facts are recorded together after its IoExit. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "contract.h"
 #include "credstore.pb-c.h"
@@ -39,6 +41,7 @@
 #include "ids.h"
 #include "log.h"
 #include "publish.h"
+#include "reduce.h"
 #include "worker.h"
 #include "xmalloc.h"
 
@@ -59,6 +62,10 @@
 #define CWD_KEPT_MAX    4096
 #define CTL_MAX         (1024 * 1024)
 #define CTL_STDIN_MAX   (512 * 1024)
+/* ExecRequest.reply_wait_ms: the longest wait honoured, and the output a waiting command may
+ * write before it is answered as running (the answer carries it all; KEEP_CAP keeps more). */
+#define REPLY_WAIT_MAX_MS 1000
+#define QUIET_CAP         (256 * 1024)
 
 typedef struct kept kept_t;
 struct kept {
@@ -82,6 +89,7 @@ struct wk_cmd {
     bool background, pty, stdin_open;
     bool outage;     /* the agent channel was down while it ran: output of that time is lost */
     bool publishing; /* ended, on the done list, its end not published yet: not pruned */
+    bool quiet;      /* see waiter */
     uint64_t seq;
     uint64_t bytes[3]; /* by stream; [0] unused */
     sp_sha256_ctx_t *sha[3];
@@ -99,6 +107,10 @@ struct wk_cmd {
     bool live_truncated;
     kept_t *kept_head, *kept_tail; /* the newest live chunks, KEEP_CAP bytes at most */
     size_t kept_bytes;
+    /* ExecRequest.reply_wait_ms: the requester's reply subject until it is answered (NULL
+     * after); quiet: its output stays off space.io.cmd (until it is answered as running, or
+     * someone attaches). */
+    char *waiter;
     /* Once ended (on the box's done list). */
     int exit_code;
     uint32_t signal;
@@ -115,6 +127,7 @@ static void cmd_free(wk_cmd_t *c)
     sp_redactor_free(c->red[2]);
     sp_cred_key_wipe(&c->dk);
     free(c->line_ct);
+    free(c->waiter);
     for (kept_t *k = c->kept_head; k;) {
         kept_t *n = k->next;
         free(k);
@@ -174,6 +187,8 @@ static bool env_entry_ok(const char *e)
             return false;
     return true;
 }
+
+static void reply(wk_t *w, const char *to, bool accepted, const char *error, const char *detail);
 
 /* Takes cmd out of the box's list (box->mu held); NULL if not there. */
 static wk_cmd_t *take_cmd(wk_box_t *b, const char *cmd_id)
@@ -326,10 +341,48 @@ static void retire_locked(wk_box_t *b, wk_cmd_t *c, int exit_code, int sig, bool
 }
 
 /* Publishes the end of a retired command: CommandExited is queued first (journaled: a worker
- * killed right after still records it at its next start, worker_factq.c), then IoExit, which
- * the gateway answers from, so no answer lacks its fact; the fact's short hold takes the
- * command's held facts with it and lets IoExit leave first. */
+ * killed right after still records it at its next start, worker_factq.c), then the waiting
+ * requester's answer and/or IoExit, which the gateway answers from, so no answer lacks its fact;
+ * the fact's short hold takes the command's held facts with it and lets IoExit leave first. */
 static void audit_flush(wk_box_t *b, wk_cmd_t *c, int stream);
+
+/* Answers a waiting requester (ExecRequest.reply_wait_ms) with the command's end and all its
+ * output: c is retired and being published, so its kept chunks no longer change. */
+static void reply_ended(wk_t *w, const char *to, const wk_cmd_t *c, const Space__Io__V1__IoExit *ex,
+                        uint32_t pid)
+{
+    Space__Io__V1__ExecReply r = SPACE__IO__V1__EXEC_REPLY__INIT;
+    size_t n = 0;
+    for (const kept_t *k = c->kept_head; k; k = k->next)
+        n++;
+    Space__Io__V1__IoChunk *chunks = sp_xcalloc(n ? n : 1, sizeof(*chunks));
+    Space__Io__V1__IoChunk **ptrs = sp_xcalloc(n ? n : 1, sizeof(Space__Io__V1__IoChunk *));
+    size_t i = 0;
+    for (kept_t *k = c->kept_head; k; k = k->next, i++) {
+        space__io__v1__io_chunk__init(&chunks[i]);
+        chunks[i].cmd_id = (char *)c->id;
+        chunks[i].seq = k->seq;
+        chunks[i].stream = k->stream;
+        chunks[i].data = (ProtobufCBinaryData){k->len, k->data};
+        ptrs[i] = &chunks[i];
+    }
+    r.accepted = true;
+    r.error = r.detail = "";
+    r.exit = (Space__Io__V1__IoExit *)ex;
+    r.replay = ptrs;
+    r.n_replay = n;
+    r.pid = pid;
+    size_t len = space__io__v1__exec_reply__get_packed_size(&r);
+    uint8_t *buf = sp_xmalloc(len ? len : 1);
+    space__io__v1__exec_reply__pack(&r, buf);
+    int rc = sp_bus_publish_core(w->bus, to, buf, len);
+    if (rc < 0)
+        sp_log(SP_LOG_WARN, "cannot answer a command's requester", SP_KS("cmd", c->id),
+               SP_KS("error", sp_strerror(rc)));
+    free(buf);
+    free(chunks);
+    free(ptrs);
+}
 
 static void finish(wk_box_t *b, wk_cmd_t *c)
 {
@@ -367,7 +420,17 @@ static void finish(wk_box_t *b, wk_cmd_t *c)
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED;
     env.command_exited = &done;
     publish_command_event(b, c, &env, "exited", 0, WK_FACT_END_MS);
-    publish_io(b, c->id, "exit", &ex.base);
+    pthread_mutex_lock(&b->mu);
+    char *waiter = c->waiter;
+    c->waiter = NULL;
+    bool quiet = c->quiet;
+    uint32_t pid = c->pid;
+    pthread_mutex_unlock(&b->mu);
+    if (waiter)
+        reply_ended(b->w, waiter, c, &ex, pid);
+    if (!quiet)
+        publish_io(b, c->id, "exit", &ex.base);
+    free(waiter);
     sp_log(SP_LOG_INFO, "command done", SP_KS("sandbox", b->id), SP_KS("cmd", c->id),
            SP_KI("exit_code", c->exit_code), SP_KU("signal", c->signal),
            SP_KU("ms", c->duration_ms), SP_KS("error", c->error), SP_KS("corr", c->corr));
@@ -417,6 +480,9 @@ void wk_box_forget_commands(wk_box_t *b)
         wk_cmd_t *next = list->next;
         for (int s = 1; s <= 2; s++)
             sp_sha256_final(list->sha[s], (uint8_t[SP_SHA256_LEN]){0});
+        /* A waiting requester hears "running" as when its wait is over, and follows it. */
+        if (list->waiter)
+            reply(b->w, list->waiter, true, NULL, NULL);
         cmd_free(list);
         list = next;
     }
@@ -460,7 +526,8 @@ static void on_started(void *arg, const char *cmd_id, uint32_t pid)
     Space__Io__V1__IoStart io = SPACE__IO__V1__IO_START__INIT;
     io.cmd_id = copy.id;
     io.pid = pid;
-    publish_io(b, copy.id, "start", &io.base);
+    if (!copy.quiet)
+        publish_io(b, copy.id, "start", &io.base);
 
     sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
     Space__V1__CommandStarted st = SPACE__V1__COMMAND_STARTED__INIT;
@@ -579,6 +646,7 @@ static void on_output(void *arg, const char *cmd_id, int stream, const uint8_t *
     wk_box_t *b = arg;
     uint64_t seq = 0;
     bool live = false;
+    char *waiter = NULL;
     sp_buf_t red;
     sp_buf_init(&red);
 
@@ -592,8 +660,15 @@ static void on_output(void *arg, const char *cmd_id, int stream, const uint8_t *
     sp_sha256_update(c->sha[stream], data, len);
     if (!c->live_truncated && c->bytes[1] + c->bytes[2] <= LIVE_CAP) {
         seq = ++c->seq;
-        live = true;
         keep_chunk(c, seq, stream, data, len);
+        if (c->waiter && c->kept_bytes > QUIET_CAP) {
+            /* More than an answer carries (also when someone attached meanwhile): the
+             * requester follows it from here. */
+            waiter = c->waiter;
+            c->waiter = NULL;
+            c->quiet = false;
+        }
+        live = !c->quiet;
     } else {
         c->live_truncated = true;
     }
@@ -607,6 +682,10 @@ static void on_output(void *arg, const char *cmd_id, int stream, const uint8_t *
     snprintf(id, sizeof(id), "%s", c->id);
     /* c stays valid after b->mu is released: only this reader thread retires it. */
     record_unlock(b, c, stream, &red);
+    if (waiter) {
+        reply(b->w, waiter, true, NULL, NULL);
+        free(waiter);
+    }
 
     if (live) {
         Space__Io__V1__IoChunk ch = SPACE__IO__V1__IO_CHUNK__INIT;
@@ -786,6 +865,137 @@ static void reply(wk_t *w, const char *to, bool accepted, const char *error, con
     sp_bus_publish_core(w->bus, to, buf, len);
 }
 
+/* ---- waiting requesters (ExecRequest.reply_wait_ms) ---- */
+
+/* A requester waiting for its command's end, due an answer at due_ns. Entries whose command
+ * ended first are dropped when due (the end took the waiter): at most one per command started
+ * in the last REPLY_WAIT_MAX_MS. */
+typedef struct wait_entry wait_entry_t;
+struct wait_entry {
+    wait_entry_t *next;
+    int64_t due_ns;
+    char sandbox[SP_ID_MAX + 1];
+    char cmd_id[sizeof(((wk_cmd_t *)0)->id)];
+};
+
+struct wk_waits {
+    wk_t *w;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;  /* CLOCK_MONOTONIC */
+    wait_entry_t *head; /* by due_ns */
+    bool stop;
+    pthread_t thread;
+};
+
+static void waits_add(wk_waits_t *ws, const char *sandbox, const char *cmd_id, uint32_t wait_ms)
+{
+    wait_entry_t *e = sp_xcalloc(1, sizeof(*e));
+    e->due_ns = sp_mono_ns() + (int64_t)wait_ms * 1000000;
+    snprintf(e->sandbox, sizeof(e->sandbox), "%s", sandbox);
+    snprintf(e->cmd_id, sizeof(e->cmd_id), "%s", cmd_id);
+    pthread_mutex_lock(&ws->mu);
+    wait_entry_t **pp = &ws->head;
+    while (*pp && (*pp)->due_ns <= e->due_ns)
+        pp = &(*pp)->next;
+    e->next = *pp;
+    *pp = e;
+    if (ws->head == e)
+        pthread_cond_signal(&ws->cv);
+    pthread_mutex_unlock(&ws->mu);
+}
+
+/* The wait is over and the command still runs: answer "accepted" (no exit), and its output
+ * goes out live from now on; the requester attaches for what came before. */
+static void wait_due(wk_t *w, const wait_entry_t *e)
+{
+    wk_box_t *b = wk_owned_get(w, e->sandbox);
+    if (!b)
+        return;
+    pthread_mutex_lock(&b->mu);
+    wk_cmd_t *c = find_cmd(b, e->cmd_id);
+    char *waiter = NULL;
+    if (c && c->waiter) {
+        waiter = c->waiter;
+        c->waiter = NULL;
+        c->quiet = false;
+    }
+    pthread_mutex_unlock(&b->mu);
+    if (waiter)
+        reply(w, waiter, true, NULL, NULL);
+    free(waiter);
+    wk_box_put(b);
+}
+
+static void *waits_main(void *arg)
+{
+    wk_waits_t *ws = arg;
+    pthread_mutex_lock(&ws->mu);
+    while (!ws->stop) {
+        wait_entry_t *e = ws->head;
+        if (e && e->due_ns <= sp_mono_ns()) {
+            ws->head = e->next;
+            pthread_mutex_unlock(&ws->mu);
+            wait_due(ws->w, e);
+            free(e);
+            pthread_mutex_lock(&ws->mu);
+            continue;
+        }
+        if (!e) {
+            pthread_cond_wait(&ws->cv, &ws->mu);
+            continue;
+        }
+        struct timespec ts = {.tv_sec = e->due_ns / 1000000000, .tv_nsec = e->due_ns % 1000000000};
+        pthread_cond_timedwait(&ws->cv, &ws->mu, &ts);
+    }
+    pthread_mutex_unlock(&ws->mu);
+    return NULL;
+}
+
+static int waits_start(wk_t *w)
+{
+    wk_waits_t *ws = sp_xcalloc(1, sizeof(*ws));
+    pthread_condattr_t ca;
+    ws->w = w;
+    pthread_mutex_init(&ws->mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&ws->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    int rc = pthread_create(&ws->thread, NULL, waits_main, ws);
+    if (rc != 0) {
+        pthread_cond_destroy(&ws->cv);
+        pthread_mutex_destroy(&ws->mu);
+        free(ws);
+        return -rc;
+    }
+    w->waits = ws;
+    return 0;
+}
+
+/* After the exec subscription is gone: answers every waiter still due one (their commands
+ * keep running and keep their output for an attach). */
+static void waits_stop(wk_t *w)
+{
+    wk_waits_t *ws = w->waits;
+    if (!ws)
+        return;
+    pthread_mutex_lock(&ws->mu);
+    ws->stop = true;
+    pthread_cond_signal(&ws->cv);
+    pthread_mutex_unlock(&ws->mu);
+    pthread_join(ws->thread, NULL);
+    w->waits = NULL;
+    for (wait_entry_t *e = ws->head; e;) {
+        wait_entry_t *next = e->next;
+        wait_due(w, e);
+        free(e);
+        e = next;
+    }
+    pthread_cond_destroy(&ws->cv);
+    pthread_mutex_destroy(&ws->mu);
+    free(ws);
+}
+
 /* Checks a request; returns NULL or the machine-readable refusal, with detail. */
 static const char *check(const Space__Io__V1__ExecRequest *q, char *detail, size_t dlen)
 {
@@ -873,6 +1083,11 @@ static void exec_request(void *arg, const char *subject, const char *reply_to, c
         return;
     }
     const char *refusal = check(q, detail, sizeof(detail));
+    /* Only a command nobody else feeds or follows waits (no stdin, pty or background). */
+    uint32_t wait_ms = 0;
+    if (q->reply_wait_ms && reply_to && w->waits && !q->background && !q->stdin_open &&
+        !q->pty_rows)
+        wait_ms = q->reply_wait_ms < REPLY_WAIT_MAX_MS ? q->reply_wait_ms : REPLY_WAIT_MAX_MS;
     wk_box_t *b = refusal ? NULL : wk_owned_get(w, q->sandbox);
     if (!refusal && (!b || strcmp(b->tenant, q->tenant) != 0)) {
         refusal = "sandbox_not_running";
@@ -932,6 +1147,10 @@ static void exec_request(void *arg, const char *subject, const char *reply_to, c
             for (int s = 1; s <= 2; s++) {
                 c->red[s] = sp_redactor_new();
                 sp_redactor_add_env(c->red[s], q->env, q->n_env);
+            }
+            if (wait_ms) {
+                c->waiter = sp_xstrdup(reply_to);
+                c->quiet = true;
             }
             c->next = b->cmds;
             b->cmds = c;
@@ -1003,7 +1222,11 @@ static void exec_request(void *arg, const char *subject, const char *reply_to, c
         reply(w, reply_to, false, rc == -EBUSY ? "too_many_commands" : "agent_unavailable",
               sp_strerror(rc));
     } else {
-        reply(w, reply_to, true, NULL, NULL);
+        /* A waiting requester is answered when the command ends, or by the waits' thread. */
+        if (wait_ms)
+            waits_add(w->waits, q->sandbox, q->cmd_id, wait_ms);
+        else
+            reply(w, reply_to, true, NULL, NULL);
         sp_log(SP_LOG_INFO, "command accepted", SP_KS("sandbox", q->sandbox),
                SP_KS("cmd", q->cmd_id), SP_KS("corr", q->correlation_id));
     }
@@ -1163,6 +1386,9 @@ static void ctl_attach(wk_box_t *b, const char *to, const char *cmd_id, uint64_t
                    cmd_id, b->id, DONE_TTL_S);
         return;
     }
+    /* Someone follows it now: its output goes out live from here (after what this answer
+     * replays; repeats drop out by seq). */
+    c->quiet = false;
     char *argv_pool[ARGV_KEPT_N];
     info_of(&info, c, running, &strings, &at, argv_pool);
     x.r.first_kept_seq = c->kept_head ? c->kept_head->seq : 0;
@@ -1330,7 +1556,11 @@ static void on_ctl_request(void *arg, const char *subject, const char *reply_to,
 int wk_commands_start(wk_t *w)
 {
     char subject[128];
-    int rc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_EXEC, w->cfg->id, NULL, NULL);
+    int rc = waits_start(w);
+    if (rc < 0)
+        sp_log(SP_LOG_WARN, "no thread for waiting requesters: every command answers at once",
+               SP_KS("error", sp_strerror(rc)));
+    rc = sp_subject_build(subject, sizeof(subject), SP_SUBJ_IO_EXEC, w->cfg->id, NULL, NULL);
     if (rc >= 0)
         rc = sp_bus_subscribe(w->bus, subject, NULL, on_exec_request, w, &w->exec_sub);
     if (rc < 0) {
@@ -1352,6 +1582,7 @@ void wk_commands_stop(wk_t *w)
     w->exec_sub = NULL;
     sp_bus_unsubscribe(w->ctl_sub);
     w->ctl_sub = NULL;
+    waits_stop(w);
 }
 
 /* One command of the log without its end. */

@@ -469,6 +469,129 @@ static void test_short_command_one_transaction(void **state)
     PQfinish(db);
 }
 
+/* The worker answers a JSON command at its end when that comes within the gateway's
+ * command-reply-wait-ms (1000 ms for this stack, SPACE_IT_ENV_commands; 25 by default), with all
+ * its output and nothing on the live subjects; past the wait, or past what one answer carries
+ * (256 KiB), the gateway follows the command like an attach. A client sees the same either
+ * way: all of the output, in order, and the exit. */
+typedef struct {
+    const char *id;
+    const char *body;
+    result_t r;
+} bg_run_t;
+
+static void *bg_run_main(void *arg)
+{
+    bg_run_t *j = arg;
+    j->r = run(j->id, j->body);
+    return NULL;
+}
+
+/* The id of the command of sandbox id whose command line is cmdline, once it is listed. */
+static void find_running(const char *id, const char *cmdline, char cid[64])
+{
+    char path[256];
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/commands", id);
+    for (int i = 0; i < 500; i++) {
+        sp_test_http_resp_t r;
+        sp_test_http(port, "GET", path, key, NULL, NULL, 0, &r);
+        sp_json_doc_t *doc = body_json(&r);
+        const sp_json_t *list = sp_json_get(sp_json_root(doc), "commands");
+        bool found = false;
+        for (size_t k = 0; k < sp_json_len(list) && !found; k++) {
+            const sp_json_t *c = sp_json_at(list, k);
+            const char *line = sp_json_str(sp_json_get(c, "cmd"), NULL);
+            if (line && strstr(line, cmdline)) {
+                snprintf(cid, 64, "%s", sp_json_str(sp_json_get(c, "cmd_id"), NULL));
+                found = true;
+            }
+        }
+        sp_json_doc_free(doc);
+        sp_test_http_free(&r);
+        if (found)
+            return;
+        usleep(5 * 1000);
+    }
+    fail_msg("no command \"%s\" listed in 2.5 s", cmdline);
+}
+
+static void test_reply_wait(void **state)
+{
+    (void)state;
+    /* Within the wait: both streams and the exit, from the worker's one answer. */
+    result_t r = run(sbx[0], "{\"cmd\":\"echo out; echo err >&2; exit 4\"}");
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.stdout_s, "out\n");
+    assert_string_equal(r.stderr_s, "err\n");
+    assert_int_equal(r.exit_code, 4);
+    result_free(&r);
+
+    /* More than one answer carries: 600,000 bytes, every one of them. */
+    r = run(sbx[0], "{\"cmd\":\"yes abcdefghi | head -c 600000\"}");
+    assert_int_equal(r.status, 200);
+    assert_int_equal(strlen(r.stdout_s), 600000);
+    for (size_t i = 0; i < 600000; i += 10)
+        if (memcmp(r.stdout_s + i, "abcdefghi\n", 10) != 0)
+            fail_msg("byte %zu differs", i);
+    assert_false(r.truncated);
+    result_free(&r);
+
+    /* Past the wait: what came before it and after, in order. */
+    sp_buf_t want;
+    sp_buf_init(&want);
+    for (int i = 1; i <= 4000; i++)
+        sp_buf_printf(&want, "%d\n", i);
+    r = run(sbx[0], "{\"cmd\":\"seq 1 2000; sleep 1.3; seq 2001 4000\"}");
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.stdout_s, want.data);
+    result_free(&r);
+    sp_buf_dispose(&want);
+
+    /* Someone attaches while the worker still holds the answer: from then on the output goes
+     * out live, and both see all of it. */
+    bg_run_t j = {.id = sbx[0],
+                  .body = "{\"cmd\":\"echo first; sleep 0.6; echo second-wait-attach\"}"};
+    pthread_t t;
+    pthread_create(&t, NULL, bg_run_main, &j);
+    char cid[64];
+    find_running(sbx[0], "second-wait-attach", cid);
+    watch_t w = {0};
+    sp_buf_init(&w.out);
+    watch(sbx[0], cid, 0, &w);
+    pthread_join(t, NULL);
+    assert_int_equal(w.status, 200);
+    assert_false(w.bad);
+    assert_true(w.exited);
+    assert_string_equal(w.out.data ? w.out.data : "", "first\nsecond-wait-attach\n");
+    assert_int_equal(j.r.status, 200);
+    assert_string_equal(j.r.stdout_s, "first\nsecond-wait-attach\n");
+    result_free(&j.r);
+    watch_free(&w);
+}
+
+/* A suspend while the worker holds a waiting answer: the worker lets go of the command (it
+ * runs on inside) and answers "running"; the gateway cannot attach to it then and follows it
+ * live, as it followed every command before reply waits: the client's answer comes once the
+ * sandbox is back and the command ends. */
+static void test_reply_wait_suspend(void **state)
+{
+    (void)state;
+    char id[64], out[64];
+    create(id);
+    bg_run_t j = {.id = id, .body = "{\"cmd\":\"sleep 2; echo after-the-suspend\"}"};
+    pthread_t t;
+    pthread_create(&t, NULL, bg_run_main, &j);
+    char cid[64];
+    find_running(id, "after-the-suspend", cid);
+    assert_int_equal(sp_test_lifecycle(port, key, id, "suspend", "", out, sizeof(out)), 200);
+    assert_int_equal(sp_test_lifecycle(port, key, id, "resume", "", out, sizeof(out)), 200);
+    pthread_join(t, NULL);
+    assert_int_equal(j.r.status, 200);
+    assert_int_equal(j.r.exit_code, 0);
+    assert_string_equal(j.r.stdout_s, "after-the-suspend\n");
+    result_free(&j.r);
+}
+
 typedef struct {
     int i;
     result_t r;
@@ -644,10 +767,12 @@ int main(void)
         cmocka_unit_test(test_cli),
         cmocka_unit_test(test_basics),
         cmocka_unit_test(test_short_command_one_transaction),
+        cmocka_unit_test(test_reply_wait),
         cmocka_unit_test(test_fifty_concurrent),
         cmocka_unit_test(test_stdin_signal_pty),
         cmocka_unit_test(test_hostile_guest),
         cmocka_unit_test(test_background_reattached),
+        cmocka_unit_test(test_reply_wait_suspend),
         cmocka_unit_test(test_worker_restart),
     };
     return cmocka_run_group_tests(tests, setup, NULL);

@@ -648,7 +648,11 @@ static void start_gateway(void)
         }
         execl(bin, "space-gateway", "--listen-host", "127.0.0.1", "--port", "0", "--port-file",
               port_file, "--sse-keepalive-s", "1", "--sse-write-timeout-s", "20",
-              "--command-grace-s", GRACE_S, (char *)NULL);
+              "--command-grace-s", GRACE_S,
+              /* This file's worker answers at once and streams live, the path of SSE and of
+               * workers older than reply waits; the waiting answer is tested with the real
+               * worker (integration.commands, test_reply_wait). */
+              "--command-reply-wait-ms", "0", (char *)NULL);
         _exit(127);
     }
     port = sp_test_port_file(port_file, log_file);
