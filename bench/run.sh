@@ -58,6 +58,13 @@ print("JSON " + json.dumps({"bench": "eventlog-nodes", "runs": b["runs"],
 PY
   exit
 fi
+# Every packet on this host, loopback included, passes every worker's nftables table: tables
+# left by stacks that were not purged make the bus, the database and the daemons dearer
+# (docs/machine-notes.md, "Leftover nftables tables").
+left=$(nft list tables 2>/dev/null | grep -c ' space_' || true)
+if [ "${left:-0}" -gt 0 ]; then
+  echo "bench: $left nftables table(s) of other stacks on this host (nft list tables); they tax every packet" >&2
+fi
 home=$(mktemp -d "${SPACE_BENCH_TMP:-/tmp/space-bench}.XXXXXX")
 chmod 0755 "$home"
 trap 'SPACE_HOME=$home "$bin/space" down --purge >/dev/null 2>&1 || rm -rf "$home"' EXIT
