@@ -433,7 +433,8 @@ static void finish(wk_box_t *b, wk_cmd_t *c)
     free(waiter);
     sp_log(SP_LOG_INFO, "command done", SP_KS("sandbox", b->id), SP_KS("cmd", c->id),
            SP_KI("exit_code", c->exit_code), SP_KU("signal", c->signal),
-           SP_KU("ms", c->duration_ms), SP_KS("error", c->error), SP_KS("corr", c->corr));
+           SP_KU("ms", c->duration_ms), SP_KU("us", (uint64_t)(c->ended_ns - c->t0_ns) / 1000),
+           SP_KS("error", c->error), SP_KS("corr", c->corr));
 
     pthread_mutex_lock(&b->mu);
     c->publishing = false;
