@@ -1338,10 +1338,9 @@ int main(int argc, char **argv)
                 send_hello();
                 flush_out();
             } else {
-                reconnect_at = now_ms() + (reconnect_tries < RECONNECT_FAST_N ? RECONNECT_FAST_MS
-                                                                              : RECONNECT_MS);
-                if (reconnect_tries < RECONNECT_FAST_N)
-                    reconnect_tries++;
+                bool fast = reconnect_tries < RECONNECT_FAST_N;
+                reconnect_at = now_ms() + (fast ? RECONNECT_FAST_MS : RECONNECT_MS);
+                reconnect_tries += fast;
             }
         }
         if (!in_eof && !stdin_full) {
