@@ -477,10 +477,12 @@ int sp_natsauth_write(sp_buf_t *out, const sp_natsauth_user_t *users, size_t n)
             sp_buf_puts(out, " }\n        subscribe: { ");
             put_list(out, "allow", sub);
             sp_buf_puts(out, " }\n");
-            /* Answering a request: one reply to the reply subject of each message received
-             * (nats-server's default for true), instead of publish rights on every inbox. */
+            /* Answering a request: one reply to the reply subject of each message received,
+             * within 2 minutes (nats-server's defaults for `true`, written out so that they
+             * hold whatever the server's defaults become), instead of publish rights on every
+             * inbox. Our longest answer comes within the requester's ~11 s. */
             if (responses)
-                sp_buf_puts(out, "        allow_responses: true\n");
+                sp_buf_puts(out, "        allow_responses: { max: 1, expires: \"2m\" }\n");
         }
         sp_buf_puts(out, "      }\n    }\n");
     }

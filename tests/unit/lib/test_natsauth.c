@@ -402,6 +402,7 @@ static void test_checkpoints_eventlog_only(void **state)
 
 typedef struct {
     sp_bus_t *bus;
+    bool twice;
 } responder_t;
 
 static void on_exec(void *arg, const char *subject, const char *reply, const uint8_t *data,
@@ -410,6 +411,11 @@ static void on_exec(void *arg, const char *subject, const char *reply, const uin
     responder_t *r = arg;
     if (reply)
         sp_bus_publish_core(r->bus, reply, "ok", 2);
+    /* A responder that answers twice: the server lets the first through only. */
+    if (reply && r->twice) {
+        sp_bus_publish_core(r->bus, reply, "again", 5);
+        sp_bus_flush(r->bus, 2000);
+    }
 }
 
 /* JetStream and request/reply with the identities' buses: the flows daemons use. */
@@ -472,6 +478,19 @@ static void test_jetstream_and_requests(void **state)
     assert_int_equal(rlen, 2);
     assert_memory_equal(reply, "ok", 2);
     free(reply);
+
+    /* One answer per request (allow_responses max 1): a second publish to the same reply
+     * subject is refused by the server, which tells the responder. */
+    char why[256] = "";
+    uint64_t before = sp_bus_refusals(NULL, 0);
+    r.twice = true;
+    assert_int_equal(sp_bus_request(gw, "space.io.wkr.w1.exec", "run", 3, 2000, &reply, &rlen), 0);
+    assert_memory_equal(reply, "ok", 2);
+    free(reply);
+    for (int i = 0; i < 200 && sp_bus_refusals(NULL, 0) == before; i++)
+        usleep(10 * 1000);
+    assert_int_equal(sp_bus_refusals(why, sizeof(why)), before + 1);
+    assert_non_null(strstr(why, "Permissions Violation for Publish to \"_INBOX.gateway"));
     sp_bus_unsubscribe(sub);
 
     /* The stream refuses purges and message deletion, even from the operator. */
