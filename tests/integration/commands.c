@@ -241,15 +241,24 @@ static void ctl(const char *id, const char *cid, const char *action, const char 
     sp_json_doc_free(doc);
 }
 
-/* Waits (polling the list) until command cid has written at least one chunk. */
-static void wait_output(const char *id, const char *cid)
+/* GET /v1/sandboxes/{id}/commands, parsed. */
+static sp_json_doc_t *list_commands(const char *id)
 {
     char path[256];
     snprintf(path, sizeof(path), "/v1/sandboxes/%s/commands", id);
+    sp_json_doc_t *doc;
+    sp_test_http_resp_t r;
+    sp_test_http(port, "GET", path, key, NULL, NULL, 0, &r);
+    doc = body_json(&r);
+    sp_test_http_free(&r);
+    return doc;
+}
+
+/* Waits (polling the list) until command cid has written at least one chunk. */
+static void wait_output(const char *id, const char *cid)
+{
     for (int i = 0; i < 500; i++) {
-        sp_test_http_resp_t r;
-        sp_test_http(port, "GET", path, key, NULL, NULL, 0, &r);
-        sp_json_doc_t *doc = body_json(&r);
+        sp_json_doc_t *doc = list_commands(id);
         const sp_json_t *list = sp_json_get(sp_json_root(doc), "commands");
         int64_t seq = 0;
         for (size_t k = 0; k < sp_json_len(list); k++) {
@@ -258,7 +267,6 @@ static void wait_output(const char *id, const char *cid)
                 sp_json_int(sp_json_get(c, "last_seq"), 0, INT64_MAX, &seq);
         }
         sp_json_doc_free(doc);
-        sp_test_http_free(&r);
         if (seq > 0)
             return;
         usleep(10 * 1000);
@@ -490,12 +498,8 @@ static void *bg_run_main(void *arg)
 /* The id of the command of sandbox id whose command line is cmdline, once it is listed. */
 static void find_running(const char *id, const char *cmdline, char cid[64])
 {
-    char path[256];
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s/commands", id);
     for (int i = 0; i < 500; i++) {
-        sp_test_http_resp_t r;
-        sp_test_http(port, "GET", path, key, NULL, NULL, 0, &r);
-        sp_json_doc_t *doc = body_json(&r);
+        sp_json_doc_t *doc = list_commands(id);
         const sp_json_t *list = sp_json_get(sp_json_root(doc), "commands");
         bool found = false;
         for (size_t k = 0; k < sp_json_len(list) && !found; k++) {
@@ -507,7 +511,6 @@ static void find_running(const char *id, const char *cmdline, char cid[64])
             }
         }
         sp_json_doc_free(doc);
-        sp_test_http_free(&r);
         if (found)
             return;
         usleep(5 * 1000);
