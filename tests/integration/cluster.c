@@ -581,6 +581,14 @@ static void test_resume_after_host_gone(void **state)
 
     sp_test_host_gone(gone);
     sp_test_host_wait_live(gone, false);
+    /* The resume needs the other host live in the log's view: after the faults of the test
+     * before, the event log can be behind with its heartbeats (one CI run: the resume was
+     * refused no_capacity: no worker live as the scheduler saw it). How long that took is
+     * printed. */
+    int64_t t_live = sp_mono_ns();
+    sp_test_host_wait_live(other, true);
+    fprintf(stderr, "%s live in the log after %.1f s\n", sp_test_host_id(other),
+            (double)(sp_mono_ns() - t_live) / 1e9);
     sp_test_stop_ending(&stop);
     assert_int_equal(sp_test_lifecycle(port, key, sbx, "resume", NULL, st, sizeof(st)), 200);
     assert_string_equal(st, "running");
