@@ -213,6 +213,11 @@ bool sp_test_sandbox_held(const char *state_dir, const char *id)
     return found;
 }
 
+bool sp_test_nft_table_exists(const char *tag)
+{
+    return sp_test_sh("nft list table inet space_%s >/dev/null 2>&1", tag) == 0;
+}
+
 void sp_test_start_counter(int port, const char *key, const char *id)
 {
     sp_test_cmd_t r = sp_test_run(port, key, id,
