@@ -93,6 +93,8 @@ typedef enum {
     CS_LOOKUP_FORBIDDEN,
     CS_LOOKUP_INVALID,
     CS_LOOKUP_MALFORMED,
+    CS_LOOKUP_NOT_PLACED,  /* the sandbox is not on the asking egressd's host */
+    CS_LOOKUP_UNAVAILABLE, /* the placement could not be read (database) */
     CS_LOOKUP_OUTCOMES,
 } cs_lookup_outcome_t;
 /* The families in reg, and the collect callback (which takes mu); -1 on a programming error. */
@@ -127,6 +129,10 @@ int cs_store_delete(cs_t *cs, cs_cred_t *c);
 int cs_store_open_value(cs_t *cs, const cs_cred_t *c, uint8_t *out);
 void cs_cred_free(cs_cred_t *c);
 void cs_cred_meta(const cs_cred_t *c, Space__Cred__V1__CredMeta *m);
+/* Whether sandbox is tenant's and, worker not NULL, placed on worker, by the projection's
+ * sandboxes table: 1 yes, 0 no, SP_EDB. The one placement check of the data key and lookup
+ * paths (a host's worker or egressd asks only for its own host's sandboxes). */
+int cs_placed_on(cs_t *cs, const char *tenant, const char *sandbox, const char *worker);
 
 /* ---- admin (credstore_admin.c) and lookup (credstore_lookup.c) ---- */
 int cs_admin_start(cs_t *cs);

@@ -34,19 +34,6 @@ static void answer(cs_t *cs, const char *reply, Space__Cred__V1__DataKeyReply *r
     explicit_bzero(buf, sizeof(buf));
 }
 
-/* Whether sandbox is tenant's and placed on worker (with verification on). */
-static int placed_on(cs_t *cs, const char *tenant, const char *sandbox, const char *worker)
-{
-    const char *p[2] = {sandbox, tenant};
-    PGresult *r = PQexecParams(cs->db, "SELECT worker FROM sandboxes WHERE id = $1 AND tenant = $2",
-                               2, NULL, p, NULL, NULL, 0);
-    int rc = sp_db_check(r, PGRES_TUPLES_OK);
-    if (rc == 0)
-        rc = PQntuples(r) == 1 && (!worker || strcmp(PQgetvalue(r, 0, 0), worker) == 0) ? 1 : 0;
-    PQclear(r);
-    return rc;
-}
-
 /* The sandbox's data key, made and stored on first use: 0, -ENOKEY (forgotten), -EBADMSG (a
  * row that does not open), SP_EDB. Holds mu. */
 static int data_key(cs_t *cs, const char *tenant, const char *sandbox, sp_cred_key_t *ret)
@@ -208,7 +195,7 @@ static void on_datakey(void *arg, const char *subject, const char *reply, const 
         worker = id.instance;
     sp_cred_key_t dk;
     pthread_mutex_lock(&cs->mu);
-    int rc = placed_on(cs, q->tenant, q->sandbox, worker);
+    int rc = cs_placed_on(cs, q->tenant, q->sandbox, worker);
     if (rc == 1)
         rc = data_key(cs, q->tenant, q->sandbox, &dk);
     else if (rc == 0)

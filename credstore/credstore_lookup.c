@@ -5,8 +5,9 @@
  * target (a header name in any case, Authorization for bearer and basic, a query parameter)
  * the nearest scope again, then the smaller name, is injected without a placeholder. Every
  * grant carries its value, so a placeholder may name any of them. An expired credential is
- * answered without its value. The reply goes to the asker's inbox only, and its buffers are
- * wiped once sent. */
+ * answered without its value. With verification on, only for a sandbox the projection places
+ * on the asker's host (signer egressd-<worker>; else "not_placed", nothing else in the reply).
+ * The reply goes to the asker's inbox only, and its buffers are wiped once sent. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,8 +28,9 @@ bool cs_caller_allowed(cs_t *cs, cs_caller_t kind, const char *signer, const cha
 {
     /* Behind the NATS permissions (only gateways publish admin requests, only egressd
      * lookups; each identity reads only its own inbox) and the signed request: the answer
-     * (values, for a lookup) goes only to the signer's own inbox. Not checked: that a lookup's
-     * sandbox lives on the asking egressd's host. */
+     * (values, for a lookup) goes only to the signer's own inbox. That a lookup's sandbox
+     * lives on the asking egressd's host (and a data key's on the asking worker) is checked
+     * after this, against the projection (cs_placed_on). */
     if (sp_verifier_mode(cs->verifier) == SP_VERIFY_OFF)
         return true;
     sp_identity_t id;
@@ -125,6 +127,23 @@ static void lookup(cs_t *cs, const char *subject, const char *reply, const uint8
         goto send;
     }
     pthread_mutex_lock(&cs->mu);
+    if (sp_verifier_mode(cs->verifier) != SP_VERIFY_OFF) {
+        /* Only for a sandbox the projection places on the signer's host (egressd-<worker>):
+         * an egressd never reads another host's credentials. */
+        sp_identity_t id;
+        int rc = sp_identity_parse(signer, &id) < 0
+                     ? 0
+                     : cs_placed_on(cs, q->tenant, q->sandbox, id.instance);
+        if (rc != 1) {
+            pthread_mutex_unlock(&cs->mu);
+            rep.error = rc == 0 ? "not_placed" : "db_unavailable";
+            cs_metrics_lookup(cs, rc == 0 ? CS_LOOKUP_NOT_PLACED : CS_LOOKUP_UNAVAILABLE);
+            sp_log(SP_LOG_WARN, "lookup refused", SP_KS("signer", signer),
+                   SP_KS("tenant", q->tenant), SP_KS("sandbox", q->sandbox),
+                   SP_KS("error", rep.error));
+            goto send;
+        }
+    }
     cs->lookups++;
     for (size_t i = 0; i < cs->n_creds; i++) {
         const cs_cred_t *c = cs->creds[i];

@@ -3,9 +3,10 @@
 #include "credstore.h"
 
 static const char *const outcomes[CS_LOOKUP_OUTCOMES] = {
-    [CS_LOOKUP_GRANTED] = "granted",     [CS_LOOKUP_NONE] = "none",
-    [CS_LOOKUP_FORBIDDEN] = "forbidden", [CS_LOOKUP_INVALID] = "invalid",
-    [CS_LOOKUP_MALFORMED] = "malformed",
+    [CS_LOOKUP_GRANTED] = "granted",         [CS_LOOKUP_NONE] = "none",
+    [CS_LOOKUP_FORBIDDEN] = "forbidden",     [CS_LOOKUP_INVALID] = "invalid",
+    [CS_LOOKUP_MALFORMED] = "malformed",     [CS_LOOKUP_NOT_PLACED] = "not_placed",
+    [CS_LOOKUP_UNAVAILABLE] = "unavailable",
 };
 
 /* At scrape: the table's size, under mu (held briefly by lookups and admin requests too). */
@@ -25,7 +26,9 @@ int cs_metrics_init(cs_t *cs, sp_metrics_t *reg)
         reg, SP_METRIC_COUNTER, "space_credstore_lookups_total",
         "Credential lookups from space-egressd, by outcome: granted (one credential or more), "
         "none (no credential covers the host), forbidden (the caller may not ask), invalid (bad "
-        "tenant, sandbox or host), malformed (undecodable, or no reply subject).",
+        "tenant, sandbox or host), malformed (undecodable, or no reply subject), not_placed (the "
+        "sandbox is not placed on the asking egressd's host), unavailable (its placement could "
+        "not be read).",
         "outcome", NULL, 0, CS_LOOKUP_OUTCOMES);
     cs->m_refused = sp_metrics_add(reg, SP_METRIC_COUNTER, "space_credstore_requests_refused_total",
                                    "Requests of any kind (admin, lookup, data key) refused by "

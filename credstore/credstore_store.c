@@ -596,3 +596,15 @@ int cs_store_delete(cs_t *cs, cs_cred_t *c)
     cs_cred_free(c);
     return 0;
 }
+
+int cs_placed_on(cs_t *cs, const char *tenant, const char *sandbox, const char *worker)
+{
+    const char *p[2] = {sandbox, tenant};
+    PGresult *r = PQexecParams(cs->db, "SELECT worker FROM sandboxes WHERE id = $1 AND tenant = $2",
+                               2, NULL, p, NULL, NULL, 0);
+    int rc = sp_db_check(r, PGRES_TUPLES_OK);
+    if (rc == 0)
+        rc = PQntuples(r) == 1 && (!worker || strcmp(PQgetvalue(r, 0, 0), worker) == 0) ? 1 : 0;
+    PQclear(r);
+    return rc;
+}

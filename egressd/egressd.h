@@ -322,8 +322,9 @@ void eg_cred_stop(eg_t *eg);
  * to *scrub (the connection's, created here on first need). 0: *ret_out (heap, the caller
  * wipes and frees it) holds *ret_len bytes. < 0: refused, with *ret_status (403, 429, 503) and
  * *ret_reason (static): credential_scope, credential_expired, rate_limited,
- * credstore_unavailable, scrub_limit (the connection's scrubber is full); the refusal is a
- * CredentialDenied. A cache miss asks credstore on the bus and waits (at most
+ * credstore_unavailable, credential_not_placed (credstore's projection does not place s on this
+ * host: asked again for 375 ms first), scrub_limit (the connection's scrubber is full); the
+ * refusal is a CredentialDenied. A cache miss asks credstore on the bus and waits (at most
  * cred_timeout_ms): the loop blocks meanwhile. */
 int eg_cred_rewrite(eg_t *eg, const eg_sbx_t *s, const char *host, const uint8_t *head,
                     const sp_http_head_t *hh, eg_scrub_t **scrub, uint8_t **ret_out,

@@ -12,6 +12,10 @@
  * credstore not answering refuses the request (credstore_unavailable, 503): a request never
  * leaves without the credentials it should carry. For a second after a failed lookup egressd
  * does not ask again (so a dead credstore costs one timeout per second, not one per request).
+ * credstore answering "not_placed" (its projection does not place the sandbox on this host)
+ * refuses that sandbox's request (credential_not_placed, 503) after a few quick retries
+ * (NOT_PLACED_WAIT_MS); the answer is cached as a grant would be, the credstore is not
+ * marked down for the other sandboxes.
  *
  * Values live in the cached answers (wiped when dropped) and in the rewritten head (wiped by
  * the caller once sent). Nothing here logs a value or puts one in an event. Every use and
@@ -23,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+#include <time.h>
 
 #include "b64.h"
 #include "buf.h"
@@ -36,17 +41,21 @@
 #include "redact.h"
 #include "xmalloc.h"
 
-#define CACHE_MAX  4096
-#define USES_MAX   1024
-#define DOWN_MS    1000
-#define LOOKUP_MAX (1024 * 1024)
+#define CACHE_MAX 4096
+#define USES_MAX  1024
+#define DOWN_MS   1000
+/* "not_placed" (the projection does not place the sandbox on this host yet: a resume here
+ * may be milliseconds ahead of it): asked again after 25, 50, 100, 200 ms, at most this
+ * long in all, on the loop's thread. */
+#define NOT_PLACED_WAIT_MS 400
+#define LOOKUP_MAX         (1024 * 1024)
 
 typedef struct {
     char sandbox[65];
     char host[254];
     int64_t at_ms;
     uint64_t gen;
-    Space__Cred__V1__CredLookupReply *reply;
+    Space__Cred__V1__CredLookupReply *reply; /* NULL in a used slot: "not_placed" */
 } centry_t;
 
 typedef struct {
@@ -230,8 +239,10 @@ void eg_cred_flush(eg_t *eg)
     cr->uses_dropped = 0;
 }
 
-/* The cached answer for (s, host), asked for on a miss. NULL: credstore did not answer. */
-static const Space__Cred__V1__CredLookupReply *lookup(eg_t *eg, const eg_sbx_t *s, const char *host)
+/* The cached answer for (s, host), asked for on a miss. NULL: refused, *why the reason
+ * (credstore_unavailable, credential_not_placed). */
+static const Space__Cred__V1__CredLookupReply *lookup(eg_t *eg, const eg_sbx_t *s, const char *host,
+                                                      const char **why)
 {
     eg_cred_t *cr = eg->cred;
     int64_t now = eg_now_ms();
@@ -241,8 +252,10 @@ static const Space__Cred__V1__CredLookupReply *lookup(eg_t *eg, const eg_sbx_t *
         centry_t *e = &cr->cache[i];
         if (strcmp(e->sandbox, s->id) != 0 || strcmp(e->host, host) != 0)
             continue;
-        if (e->gen == gen && now - e->at_ms < eg->cfg->cred_cache_ms)
+        if (e->gen == gen && now - e->at_ms < eg->cfg->cred_cache_ms) {
+            *why = "credential_not_placed"; /* when there is no reply */
             return e->reply;
+        }
         slot = e;
         break;
     }
@@ -262,6 +275,7 @@ static const Space__Cred__V1__CredLookupReply *lookup(eg_t *eg, const eg_sbx_t *
     reply_free(slot->reply);
     slot->reply = NULL;
     slot->sandbox[0] = '\0';
+    *why = "credstore_unavailable";
     if (now < cr->down_until_ms)
         return NULL;
     Space__Cred__V1__CredLookupRequest q = SPACE__CRED__V1__CRED_LOOKUP_REQUEST__INIT;
@@ -275,16 +289,39 @@ static const Space__Cred__V1__CredLookupReply *lookup(eg_t *eg, const eg_sbx_t *
     if (len > sizeof(buf))
         return NULL;
     space__cred__v1__cred_lookup_request__pack(&q, buf);
-    uint8_t *data = NULL;
-    size_t dlen = 0;
-    int rc = sp_request_send(eg->bus, SP_CRED_SUBJECT_LOOKUP, buf, len,
-                             (int)eg->cfg->cred_timeout_ms, &data, &dlen);
     Space__Cred__V1__CredLookupReply *r = NULL;
-    if (rc == 0 && dlen <= LOOKUP_MAX)
-        r = space__cred__v1__cred_lookup_reply__unpack(NULL, dlen, data);
-    if (data) {
-        explicit_bzero(data, dlen);
-        free(data);
+    int rc;
+    for (int wait_ms = 25, waited = 0;; waited += wait_ms, wait_ms *= 2) {
+        uint8_t *data = NULL;
+        size_t dlen = 0;
+        rc = sp_request_send(eg->bus, SP_CRED_SUBJECT_LOOKUP, buf, len,
+                             (int)eg->cfg->cred_timeout_ms, &data, &dlen);
+        if (rc == 0 && dlen <= LOOKUP_MAX)
+            r = space__cred__v1__cred_lookup_reply__unpack(NULL, dlen, data);
+        if (data) {
+            explicit_bzero(data, dlen);
+            free(data);
+        }
+        if (!r || r->ok || strcmp(r->error, "not_placed") != 0)
+            break;
+        if (waited + wait_ms > NOT_PLACED_WAIT_MS) {
+            /* This sandbox's answer, cached (the credstore is up). */
+            sp_log(SP_LOG_WARN,
+                   "space-credstore does not place the sandbox on this host: its requests "
+                   "are refused",
+                   SP_KS("sandbox", s->id), SP_KS("host", host));
+            reply_free(r);
+            snprintf(slot->sandbox, sizeof(slot->sandbox), "%s", s->id);
+            snprintf(slot->host, sizeof(slot->host), "%s", host);
+            slot->at_ms = eg_now_ms();
+            slot->gen = gen;
+            *why = "credential_not_placed";
+            return NULL;
+        }
+        reply_free(r);
+        r = NULL;
+        struct timespec ts = {0, (long)wait_ms * 1000000};
+        nanosleep(&ts, NULL);
     }
     if (!r || !r->ok) {
         sp_log(SP_LOG_WARN, "space-credstore did not answer a lookup: requests are refused",
@@ -554,11 +591,12 @@ int eg_cred_rewrite(eg_t *eg, const eg_sbx_t *s, const char *host, const uint8_t
     size_t path_len = qm ? (size_t)(qm - t) : tl;
     const Space__Cred__V1__CredLookupReply *r = NULL;
     if (eg->cfg->credentials) {
-        r = lookup(eg, s, host);
+        const char *why = NULL;
+        r = lookup(eg, s, host, &why);
         if (!r) {
-            record(eg, s, false, "", "", 0, host, hh->method, t, path_len, "credstore_unavailable");
+            record(eg, s, false, "", "", 0, host, hh->method, t, path_len, why);
             *ret_status = 503;
-            *ret_reason = "credstore_unavailable";
+            *ret_reason = why;
             return -EAGAIN;
         }
     }

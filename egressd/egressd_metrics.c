@@ -22,6 +22,7 @@ static const char *const reasons[] = {
     "connect_unsupported",
     "connection_limit",
     "credential_expired",
+    "credential_not_placed",
     "credential_scope",
     "credstore_unavailable",
     "denied_by_rule",
@@ -69,8 +70,9 @@ static const char *const reasons[] = {
 static const char *const protocols[] = {"http", "https", "tls", "tcp"};
 #define N_PROTOCOLS (sizeof(protocols) / sizeof(protocols[0]))
 
-static const char *const cred_refusals[] = {"credential_scope", "credential_expired",
-                                            "rate_limited", "credstore_unavailable", "scrub_limit"};
+static const char *const cred_refusals[] = {"credential_scope",      "credential_expired",
+                                            "rate_limited",          "credstore_unavailable",
+                                            "credential_not_placed", "scrub_limit"};
 #define N_CRED_REFUSALS (sizeof(cred_refusals) / sizeof(cred_refusals[0]))
 
 /* Credential ids as labels: registered credentials only (credstore's grants), at most this

@@ -29,11 +29,17 @@
 #include "apikey.h"
 #include "b64.h"
 #include "buf.h"
+#include "busid.h"
+#include "cred.h"
+#include "credstore.pb-c.h"
 #include "envelope.h"
+#include "error.h"
 #include "egress/test_internet.h"
 #include "harness.h"
 #include "ids.h"
 #include "json.h"
+#include "publish.h"
+#include "request.h"
 #include "xmalloc.h"
 
 #define NS        "cst-inet"
@@ -1068,6 +1074,94 @@ static void test_master_key_rotation(void **state)
     PQfinish(db);
 }
 
+/* A lookup for sa signed as identity (its own NATS login and signing key, made by `space
+ * identity add`), to host: the raw reply bytes, decoded into *ret. */
+static void lookup_as(const char *identity, const char *tenant, const char *host, uint8_t **raw,
+                      size_t *raw_len, Space__Cred__V1__CredLookupReply **ret)
+{
+    sp_busid_t id = {0};
+    sp_bus_opts_t o = {.url = sp_test_env("SPACE_NATS_URL"), .name = identity, .timeout_ms = 5000};
+    char err[SP_BUSID_ERR_MAX];
+    sp_bus_t *bus = NULL;
+    if (sp_busid_setup(sp_test_env("SPACE_CREDS_DIR"), identity, NULL, &id, &o, err) < 0)
+        fail_msg("identity %s: %s", identity, err);
+    int rc = sp_bus_connect(&o, &bus);
+    if (rc < 0)
+        fail_msg("%s cannot connect: %s", identity, sp_strerror(rc));
+    Space__Cred__V1__CredLookupRequest q = SPACE__CRED__V1__CRED_LOOKUP_REQUEST__INIT;
+    q.tenant = (char *)tenant;
+    q.project = "p1";
+    q.sandbox = sa;
+    q.host = (char *)host;
+    q.egressd = (char *)identity + strlen("egressd-");
+    uint8_t buf[512];
+    size_t len = space__cred__v1__cred_lookup_request__get_packed_size(&q);
+    assert_true(len <= sizeof(buf));
+    space__cred__v1__cred_lookup_request__pack(&q, buf);
+    rc = sp_request_send(bus, SP_CRED_SUBJECT_LOOKUP, buf, len, 5000, raw, raw_len);
+    if (rc < 0)
+        fail_msg("lookup as %s: %s", identity, sp_strerror(rc));
+    *ret = space__cred__v1__cred_lookup_reply__unpack(NULL, *raw_len, *raw);
+    assert_non_null(*ret);
+    sp_bus_free(bus);
+    sp_busid_dispose(&id);
+}
+
+static bool bytes_have(const uint8_t *b, size_t n, const char *s)
+{
+    size_t sl = strlen(s);
+    for (size_t i = 0; i + sl <= n; i++)
+        if (memcmp(b + i, s, sl) == 0)
+            return true;
+    return false;
+}
+
+/* A lookup answers only the egressd of the sandbox's host (docs/trust.md): signed by
+ * egressd-<its worker> it carries the values; signed by another host's egressd (a real
+ * identity, with its NATS login and key) it is "not_placed" and carries no value at all. */
+static void test_lookup_other_host(void **state)
+{
+    NEED_ROOT();
+    PGconn *db = sp_test_db();
+    char sql[256], worker[80], tenant[80], here[96];
+    snprintf(sql, sizeof(sql), "SELECT worker FROM sandboxes WHERE id = '%s'", sa);
+    db_text(db, sql, worker, sizeof(worker));
+    snprintf(sql, sizeof(sql), "SELECT tenant FROM sandboxes WHERE id = '%s'", sa);
+    db_text(db, sql, tenant, sizeof(tenant));
+    PQfinish(db);
+    assert_true(worker[0] && tenant[0]);
+    snprintf(here, sizeof(here), "egressd-%s", worker);
+    uint8_t *raw = NULL;
+    size_t raw_len = 0;
+    Space__Cred__V1__CredLookupReply *r = NULL;
+
+    /* The control: sa's own host gets the grant, with its value in the bytes. */
+    lookup_as(here, tenant, "allowed.test", &raw, &raw_len, &r);
+    assert_true(r->ok);
+    assert_true(r->n_grants > 0);
+    if (!bytes_have(raw, raw_len, V[V_HDR]))
+        fail_msg("the control: the value is not in %s's reply", here);
+    space__cred__v1__cred_lookup_reply__free_unpacked(r, NULL);
+    free(raw);
+
+    /* Another host's egressd, made as an operator adds a host (nats.conf reloaded). */
+    assert_int_equal(sp_test_space("identity add egressd cstother >/dev/null"), 0);
+    lookup_as("egressd-cstother", tenant, "allowed.test", &raw, &raw_len, &r);
+    /* No value, not even a part of one, in the bytes as they came. */
+    if (bytes_have(raw, raw_len, R))
+        fail_msg("another host's egressd read sa's credential values (%zu grants)", r->n_grants);
+    assert_false(r->ok);
+    assert_string_equal(r->error, "not_placed");
+    assert_int_equal(r->n_grants, 0);
+    space__cred__v1__cred_lookup_reply__free_unpacked(r, NULL);
+    free(raw);
+    /* Logged, without any value (the logs' part of test_guest_never_holds_a_value). */
+    assert_int_equal(sp_inet_sh("grep 'lookup refused' %s/log/space-credstore.log | grep -q "
+                                "'egressd-cstother'",
+                                sp_test_env("SPACE_HOME")),
+                     0);
+}
+
 /* credstore down: requests are refused (503), never sent without their credential. */
 static void test_credstore_down(void **state)
 {
@@ -1392,6 +1486,7 @@ int main(void)
         cmocka_unit_test(test_bench_injection),
         cmocka_unit_test(test_tenant_isolation),
         cmocka_unit_test(test_master_key_rotation),
+        cmocka_unit_test(test_lookup_other_host),
         cmocka_unit_test(test_credstore_down),
         cmocka_unit_test(test_guest_never_holds_a_value),
     };
