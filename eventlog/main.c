@@ -362,13 +362,19 @@ static void linger(const el_config_t *cfg, sp_bus_consumer_t *c, sp_bus_batch_t 
 
 /* Consumes until stopped or until something fails that needs a fresh start from the head.
  *
- * Pipelined (docs/trust.md, "Cost in the event log"): while the log is behind (the last fetch
- * was a full batch), the next batch is fetched and handed to the verifier pool before the
- * current one is stored, so decoding and signature verification overlap PostgreSQL's work.
- * When it keeps up, a batch is stored as soon as it is prepared: fetching first would add a
- * fetch's wait to every event's lag. Either way a batch is acknowledged only after its commit,
- * and a failure drops every batch not yet stored, unacknowledged, to be fetched again from the
- * head. */
+ * Pipelined (docs/trust.md, "Cost in the event log"): while the log is behind (the server
+ * said, with the last message it sent, that more are waiting), the next batch is fetched and
+ * handed to the verifier pool before the current one is stored, so decoding and signature
+ * verification overlap PostgreSQL's work. When it keeps up, a batch is stored as soon as it is
+ * prepared: fetching first would add a fetch's wait to every event's lag. Either way a batch
+ * is acknowledged only after its commit, and a failure drops every batch not yet stored,
+ * unacknowledged, to be fetched again from the head.
+ *
+ * Behind, a fetch asks for exactly what the server said is waiting (at most batch-max), with
+ * the usual fetch-timeout-ms: asked for more, nats-server 2.9 may hold the request to its
+ * expiry, and a short expiry instead leaves requests the client gave up on, after which a
+ * fetch was held too. Either one stalled the log for ~1 s at a time, several times a second
+ * of backlog (docs/machine-notes.md, "A fetch held to its expiry"). */
 static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_pool_t *pool)
 {
     sp_bus_consumer_t *c = NULL;
@@ -400,6 +406,7 @@ static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_poo
     int64_t next_stats = sp_mono_ns() + cfg->stats_interval_s * 1000000000LL;
     const sp_trust_t *trust = st->verify == EL_VERIFY_OFF ? NULL : &st->trust;
     el_batch_t *ready = NULL; /* prepared, to be stored before the next one */
+    uint64_t pending = 0;     /* waiting after the last fetched message, as the server said */
     int bus_errors = 0;
     uint64_t reconnects = sp_bus_reconnects(bus);
     bool again = false;
@@ -415,13 +422,14 @@ static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_poo
         }
         sp_bus_batch_t *fetched = NULL;
         el_batch_t *next = NULL;
-        /* With a batch waiting to be stored, do not wait for more: if the backlog ended
-         * exactly at a full batch, that wait would delay its storing by fetch-timeout-ms. */
-        rc = sp_bus_fetch(c, (size_t)cfg->batch_max, ready ? 1 : (int)cfg->fetch_timeout_ms,
-                          &fetched);
+        size_t want = (size_t)cfg->batch_max;
+        if (pending > 0 && pending < (uint64_t)want)
+            want = (size_t)pending;
+        rc = sp_bus_fetch(c, want, (int)cfg->fetch_timeout_ms, &fetched);
         if (rc < 0) {
             sp_log(SP_LOG_WARN, "fetch failed", SP_KS("error", sp_strerror(rc)));
             sp_bus_batch_free(fetched);
+            pending = 0;
             /* What was prepared is stored first: it was fetched fine. */
             if (ready && (rc = store_and_ack(st, ready)) < 0)
                 break;
@@ -438,6 +446,7 @@ static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_poo
         bus_errors = 0;
         if (!ready && cfg->linger_ms > 0)
             linger(cfg, c, fetched);
+        pending = sp_bus_batch_pending(fetched);
         next = el_batch_new(&fetched);
         if (next->n > 0)
             el_pool_start(pool, next, trust);
@@ -455,8 +464,8 @@ static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_poo
             el_batch_free(next);
             break;
         }
-        /* Behind (a full batch): fetch the next one before storing this one. */
-        if (next->n >= (size_t)cfg->batch_max) {
+        /* Behind: fetch the next one before storing this one. */
+        if (next->n > 0 && pending > 0) {
             ready = next;
         } else {
             if (next->n > 0)

@@ -180,9 +180,16 @@ typedef struct {
 
 /* Fetches up to max messages (at most 4096 and 64 MiB per batch), waiting up to timeout_ms for
  * the first one and returning what is available once one came. On timeout returns 0 with an
- * empty batch (never NULL). */
+ * empty batch (never NULL). timeout_ms below 20 is taken as 20: the server is asked to end
+ * the wait 10 ms before the client does (lib/bus.c). */
 int sp_bus_fetch(sp_bus_consumer_t *c, size_t max, int timeout_ms, sp_bus_batch_t **ret_batch);
 size_t sp_bus_batch_len(const sp_bus_batch_t *b);
+/* How many messages of the consumer were still to be delivered when the server sent the
+ * batch's last one (its metadata's pending count; 0 for an empty batch). More may have come
+ * since. A consumer that knows a backlog waits asks for exactly it: a fetch for more than is
+ * there can be held by the server up to its expiry (docs/machine-notes.md, "A fetch held to
+ * its expiry"). */
+uint64_t sp_bus_batch_pending(const sp_bus_batch_t *b);
 const sp_bus_msg_t *sp_bus_batch_msg(const sp_bus_batch_t *b, size_t i);
 /* Moves every message of *from (fetched from the same consumer) to the end of into, in order,
  * and frees *from (set to NULL). Pointers from sp_bus_batch_msg(into, ...) taken before are

@@ -277,6 +277,50 @@ static void test_async_bulk_in_order(void **state)
     sp_bus_consumer_free(c);
 }
 
+/* A batch says how many of the consumer's messages the server still had to deliver after its
+ * last one; the event log asks for exactly that backlog (eventlog/main.c, consume). Merged
+ * batches say what the later one said. */
+static void test_batch_pending(void **state)
+{
+    char id[96], data[16];
+    sp_bus_consumer_t *c = NULL;
+    sp_bus_batch_t *b = NULL, *more = NULL;
+
+    for (int i = 0; i < 10; i++) {
+        int n = snprintf(data, sizeof(data), "p-%d", i);
+        snprintf(id, sizeof(id), "bus-rt-%s-pending-%d", run, i);
+        assert_int_equal(sp_bus_publish_async(bus, subj("pending"), data, (size_t)n, id), 0);
+    }
+    assert_int_equal(sp_bus_publish_async_complete(bus, 30000), 0);
+    assert_int_equal(sp_bus_consumer_open(bus, durable("pending"), subj("pending"), 0, 0, &c), 0);
+
+    assert_int_equal(sp_bus_fetch(c, 4, 2000, &b), 0);
+    assert_int_equal(sp_bus_batch_len(b), 4);
+    assert_int_equal(sp_bus_batch_pending(b), 6);
+    assert_int_equal(sp_bus_fetch(c, 2, 2000, &more), 0);
+    assert_int_equal(sp_bus_batch_pending(more), 4);
+    assert_int_equal(sp_bus_batch_merge(b, &more), 0);
+    assert_int_equal(sp_bus_batch_len(b), 6);
+    assert_int_equal(sp_bus_batch_pending(b), 4);
+    assert_int_equal(sp_bus_batch_ack(b), 0);
+    sp_bus_batch_free(b);
+
+    /* Asked for exactly what waits: all of it, and nothing left. */
+    assert_int_equal(sp_bus_fetch(c, 4, 2000, &b), 0);
+    assert_int_equal(sp_bus_batch_len(b), 4);
+    assert_memory_equal(sp_bus_batch_msg(b, 3)->data, "p-9", 3);
+    assert_int_equal(sp_bus_batch_pending(b), 0);
+    assert_int_equal(sp_bus_batch_ack(b), 0);
+    sp_bus_batch_free(b);
+
+    /* An empty batch has nothing behind it either. */
+    assert_int_equal(sp_bus_fetch(c, 10, 200, &b), 0);
+    assert_int_equal(sp_bus_batch_len(b), 0);
+    assert_int_equal(sp_bus_batch_pending(b), 0);
+    sp_bus_batch_free(b);
+    sp_bus_consumer_free(c);
+}
+
 static void test_unacked_redelivered(void **state)
 {
     sp_bus_consumer_t *c = NULL;
@@ -464,6 +508,7 @@ int main(void)
         cmocka_unit_test(test_duplicate_stored_once),
         cmocka_unit_test(test_async_failure_counted),
         cmocka_unit_test(test_async_bulk_in_order),
+        cmocka_unit_test(test_batch_pending),
         cmocka_unit_test(test_unacked_redelivered),
         cmocka_unit_test(test_bound_durable_keeps_its_ack_wait),
         cmocka_unit_test(test_fetch_wakes_on_publish),
