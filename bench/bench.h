@@ -100,6 +100,9 @@ int bench_create_sandbox(bench_ctx_t *c, char id[80]);
 char *bench_make_bundle(const char *rootfs, const char *args_json);
 /* Runs argv with stdio on /dev/null; its exit status, or -1. */
 int bench_run_quiet(char *const argv[]);
+/* Stops the stack's daemon name (SIGTERM, waits for it to exit); bench_restart_daemons or
+ * `space up` starts it again. */
+void bench_stop_daemon(bench_ctx_t *c, const char *name);
 /* Stops the stack's daemons names[0..n) (SIGTERM to run/NAME.pid, waiting until each is gone)
  * and starts them again with `space up` (it starts what is not running), from bin_dir's
  * build, or NULL: the stack's own SPACE_BIN_DIR as the bench found it. Sets SPACE_HOME and

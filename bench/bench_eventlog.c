@@ -7,6 +7,11 @@
  *     cannot beat it),
  *   - "insert per event": the same event bytes stored one autocommit INSERT per event into a
  *     scratch table (the obvious design without batching, chain or projections).
+ * Drain (the log's capacity): N events published while the log is stopped, then the log starts
+ * and stores the backlog; the rate is taken from the rows' own stored_at, first to last, so
+ * neither the publisher nor the log's start shares the window. Each run also reports the
+ * longest pause between two consecutive rows: a fetch held by the server shows there
+ * (docs/machine-notes.md, "A fetch held to its expiry").
  * Latency: publish at a fixed rate (1,000 events/s by default) and read, per stored row, the
  * time from the stream accepting the message (published_at, JetStream's timestamp) to the row
  * being written (stored_at, clock_timestamp() inside the storing transaction; its commit
@@ -436,6 +441,8 @@ static int mode_at(unsigned r, int k)
 typedef struct {
     double *log_eps, *pub_eps, *lat;
     double *cpu_us[CPU_PARTS + 1]; /* per run: each part's CPU per event, then their sum */
+    double *drain_eps;             /* per run: the backlog's drain rate (run_drain) */
+    double *drain_pause_ms;        /* per run: the longest pause between two stored rows */
     size_t nl;
     signing_t sg;
 } mode_result_t;
@@ -452,10 +459,61 @@ static void run_mode(bench_ctx_t *c, size_t n, unsigned r, unsigned seed, mode_r
     }
 }
 
+/* The event log's capacity, run r of mode m: n events are published while the log is stopped,
+ * then it starts (verify-signatures=verify, checkpoints on or off) and stores the backlog.
+ * The rate is from the first measured row's stored_at to the last one's (clock_timestamp() per
+ * row): the log's start, its connections and the publishing are outside it, and no publisher
+ * shares the cores meanwhile, so what it measures is what each event costs the log's pipeline
+ * (fetch, decode, verification, COPY, projections, chain, acks) when it is always behind.
+ * bin_dir: another build's event log (NULL: this one's). No CPU per event here: any window
+ * /proc can be read around holds the restart (`space up`, the log's start), which cost more
+ * than the drain itself; the throughput runs above measure it. */
+static void run_drain(bench_ctx_t *c, const bench_keys_t *k, size_t n, unsigned r, unsigned seed,
+                      const char *verify, bool checkpoints, const char *bin_dir, mode_result_t *m)
+{
+    sp_eventgen_msg_t *ev = make_events(n, seed);
+    uint64_t first = 0, msgs = 0, last = 0;
+    maybe_sign(&m->sg, ev, n);
+    bench_stop_daemon(c, "space-eventlog");
+    sp_bus_stream_info(c->bus, &first, &msgs);
+    if (publish_all(c->bus, ev, n, &last) < 0) {
+        fprintf(stderr, "space-bench: publish failed\n");
+        exit(1);
+    }
+    free_events(ev, n);
+    restart_eventlog_from(c, k, verify, checkpoints, bin_dir); /* returns once all is stored */
+    count_rejected(c, &m->sg, first, last);
+
+    /* And the longest pause between two rows in stream order: a stalled fetch shows here. */
+    char sql[512];
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*), extract(epoch from max(stored_at) - min(stored_at)), "
+             "coalesce(max(gap), 0) FROM (SELECT stored_at, extract(epoch from stored_at - "
+             "lag(stored_at) OVER (ORDER BY stream_seq)) * 1000 AS gap FROM events "
+             "WHERE stream_seq > %" PRIu64 " AND stream_seq <= %" PRIu64 ") x",
+             first, last);
+    PGresult *res = PQexec(c->db, sql);
+    long long rows = 0;
+    double secs = 0;
+    if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1) {
+        rows = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+        secs = strtod(PQgetvalue(res, 0, 1), NULL);
+        m->drain_pause_ms[r] = strtod(PQgetvalue(res, 0, 2), NULL);
+    }
+    PQclear(res);
+    if (rows != (long long)n || secs <= 0) {
+        fprintf(stderr, "space-bench: drain stored %lld of %zu events\n", rows, n);
+        exit(1);
+    }
+    m->drain_eps[r] = (double)(rows - 1) / secs;
+}
+
 static void mode_alloc(mode_result_t *m, unsigned runs)
 {
     m->log_eps = sp_xcalloc(runs, sizeof(double));
     m->pub_eps = sp_xcalloc(runs, sizeof(double));
+    m->drain_eps = sp_xcalloc(runs, sizeof(double));
+    m->drain_pause_ms = sp_xcalloc(runs, sizeof(double));
     for (int i = 0; i <= CPU_PARTS; i++)
         m->cpu_us[i] = sp_xcalloc(runs, sizeof(double));
 }
@@ -465,6 +523,8 @@ static void mode_dispose(mode_result_t *m)
     free(m->log_eps);
     free(m->pub_eps);
     free(m->lat);
+    free(m->drain_eps);
+    free(m->drain_pause_ms);
     for (int i = 0; i <= CPU_PARTS; i++)
         free(m->cpu_us[i]);
 }
@@ -687,17 +747,47 @@ int bench_eventlog(bench_ctx_t *c)
         printf("  run %u insert-per-event %.0f ev/s\n", r + 1, ins_eps[r]);
         fflush(stdout);
     }
+    printf("eventlog drain: %u runs of %zu events per mode, published while the log is "
+           "stopped\n",
+           runs, n);
     for (unsigned r = 0; r < runs; r++) {
         for (int k = 0; k < N_MODES; k++) {
             int md = mode_at(r, k);
-            double *ms = NULL;
-            restart_eventlog(c, &keys, verify_mode[md], md != MODE_NOCKPT);
-            size_t got =
-                run_latency(c, c->rate, c->seconds, r + 100 * (unsigned)md, &res[md].sg, &ms);
-            res[md].lat = sp_xreallocarray(res[md].lat, res[md].nl + got, sizeof(double));
-            memcpy(res[md].lat + res[md].nl, ms, got * sizeof(double));
-            res[md].nl += got;
-            free(ms);
+            for (int v = 0; v < (base ? 2 : 1); v++) {
+                bool other = base && (v ^ (int)(r & 1));
+                run_drain(c, &keys, n, r, r + 100 * (unsigned)md + (other ? 4000 : 3000),
+                          verify_mode[md], md != MODE_NOCKPT, other ? c->baseline_bin : NULL,
+                          other ? &base[md] : &res[md]);
+            }
+        }
+        for (int md = 0; md < N_MODES; md++)
+            printf("  run %u %-22s drain %.0f ev/s (x%.2f), longest pause %.0f ms\n", r + 1,
+                   mode_name[md], res[md].drain_eps[r],
+                   res[md].drain_eps[r] / res[MODE_OFF].drain_eps[r], res[md].drain_pause_ms[r]);
+        for (int md = 0; base && md < N_MODES; md++)
+            printf("  run %u %-22s baseline build drain %.0f ev/s (x%.2f), longest pause %.0f "
+                   "ms; this build x%.2f of it\n",
+                   r + 1, mode_name[md], base[md].drain_eps[r],
+                   base[md].drain_eps[r] / base[MODE_OFF].drain_eps[r], base[md].drain_pause_ms[r],
+                   res[md].drain_eps[r] / base[md].drain_eps[r]);
+        fflush(stdout);
+    }
+    for (unsigned r = 0; r < runs; r++) {
+        for (int k = 0; k < N_MODES; k++) {
+            int md = mode_at(r, k);
+            for (int v = 0; v < (base ? 2 : 1); v++) {
+                bool other = base && (v ^ (int)(r & 1));
+                mode_result_t *m = other ? &base[md] : &res[md];
+                double *ms = NULL;
+                restart_eventlog_from(c, &keys, verify_mode[md], md != MODE_NOCKPT,
+                                      other ? c->baseline_bin : NULL);
+                size_t got = run_latency(c, c->rate, c->seconds,
+                                         r + 100 * (unsigned)md + (other ? 5000 : 0), &m->sg, &ms);
+                m->lat = sp_xreallocarray(m->lat, m->nl + got, sizeof(double));
+                memcpy(m->lat + m->nl, ms, got * sizeof(double));
+                m->nl += got;
+                free(ms);
+            }
         }
     }
     bench_output(c, &keys);
@@ -711,6 +801,14 @@ int bench_eventlog(bench_ctx_t *c)
         run_ratio[md] = run_ratio_p50(res[md].log_eps, res[MODE_OFF].log_eps, runs);
         cpu_ratio[md] =
             run_ratio_p50(res[md].cpu_us[CPU_PARTS], res[MODE_OFF].cpu_us[CPU_PARTS], runs);
+    }
+    double drain_ratio[N_MODES], drain_p50[N_MODES];
+    for (int md = 0; md < N_MODES; md++)
+        drain_ratio[md] = run_ratio_p50(res[md].drain_eps, res[MODE_OFF].drain_eps, runs);
+    double drain_vs_base[N_MODES], base_drain_ratio[N_MODES];
+    for (int md = 0; base && md < N_MODES; md++) {
+        drain_vs_base[md] = run_ratio_p50(res[md].drain_eps, base[md].drain_eps, runs);
+        base_drain_ratio[md] = run_ratio_p50(base[md].drain_eps, base[MODE_OFF].drain_eps, runs);
     }
     /* This build against the baseline build, mode by mode, and the baseline's own ratios to
      * its unsigned runs (before bench_pct sorts the arrays in place). */
@@ -769,6 +867,31 @@ int bench_eventlog(bench_ctx_t *c)
                cpu_ratio[md], (p[CPU_PARTS] + sign_us[md]) / cpu_p50[MODE_OFF]);
     }
 
+    printf("\n  %-34s %10s %10s %10s  %-9s %s\n", "drain: the log's capacity", "p50", "p90", "p99",
+           "unit", "vs unsigned: p50s, per-run p50");
+    double drain_base = bench_pct(res[MODE_OFF].drain_eps, runs, 50);
+    for (int md = 0; md < N_MODES; md++) {
+        drain_p50[md] = bench_pct(res[md].drain_eps, runs, 50);
+        print_row(mode_name[md], "ev/s", res[md].drain_eps, runs, drain_base, drain_ratio[md]);
+    }
+    for (int md = 0; base && md < N_MODES; md++) {
+        char what[64];
+        snprintf(what, sizeof(what), "baseline, %s", mode_name[md]);
+        print_row(what, "ev/s", base[md].drain_eps, runs,
+                  bench_pct(base[MODE_OFF].drain_eps, runs, 50), base_drain_ratio[md]);
+    }
+    for (int md = 0; base && md < N_MODES; md++)
+        printf("  this build vs baseline, drain, %-19s x%.3f (per-run p50)\n", mode_name[md],
+               drain_vs_base[md]);
+    for (int md = 0; md < N_MODES; md++)
+        print_row(md == MODE_OFF ? "longest pause, unsigned" : mode_name[md], "ms",
+                  res[md].drain_pause_ms, runs, -1, -1);
+    for (int md = 0; base && md < N_MODES; md++) {
+        char what[64];
+        snprintf(what, sizeof(what), "longest pause, baseline, %s", mode_name[md]);
+        print_row(what, "ms", base[md].drain_pause_ms, runs, -1, -1);
+    }
+
     printf("\n  publish-to-persisted lag at %u ev/s   %8s %8s %8s %8s   %s\n", c->rate, "p50",
            "p90", "p99", "max", "p50/p99 vs unsigned");
     double l[N_MODES][4];
@@ -780,6 +903,15 @@ int bench_eventlog(bench_ctx_t *c)
         l[md][3] = m->nl ? m->lat[m->nl - 1] : NAN;
         printf("  %-36s %6.2fms %6.2fms %6.2fms %6.2fms   x%.2f / x%.2f\n", mode_name[md], l[md][0],
                l[md][1], l[md][2], l[md][3], l[md][0] / l[MODE_OFF][0], l[md][2] / l[MODE_OFF][2]);
+    }
+    for (int md = 0; base && md < N_MODES; md++) {
+        mode_result_t *m = &base[md];
+        double p50 = bench_pct(m->lat, m->nl, 50), p90 = bench_pct(m->lat, m->nl, 90),
+               p99 = bench_pct(m->lat, m->nl, 99);
+        char what[64];
+        snprintf(what, sizeof(what), "baseline, %s", mode_name[md]);
+        printf("  %-36s %6.2fms %6.2fms %6.2fms %6.2fms   this build x%.2f / x%.2f of it\n", what,
+               p50, p90, p99, m->nl ? m->lat[m->nl - 1] : NAN, l[md][0] / p50, l[md][2] / p99);
     }
     printf("\n  producer signing (before the clock): batches %.2f us/event, batch of 1 %.2f "
            "us/event\n",
@@ -805,7 +937,9 @@ int bench_eventlog(bench_ctx_t *c)
            "\"ratio_ckpt\":%.3f,\"run_ratio_ckpt_p50\":%.3f,"
            "\"rejected\":[%" PRIu64 ",%" PRIu64 ",%" PRIu64 "],"
            "\"cpu_us_per_event_p50\":[%.2f,%.2f,%.2f,%.2f],\"sign_us_per_event\":[%.2f,%.2f],"
-           "\"cpu_run_ratio_p50\":[%.3f,%.3f,%.3f]}\n",
+           "\"cpu_run_ratio_p50\":[%.3f,%.3f,%.3f],"
+           "\"drain_eps_p50\":[%.0f,%.0f,%.0f,%.0f],\"drain_run_ratio_p50\":[%.3f,%.3f,%.3f],"
+           "\"drain_pause_ms_max\":[%.1f,%.1f,%.1f,%.1f]}\n",
            n, runs, c->sign_batch, base_eps, bench_pct(res[MODE_BATCH].log_eps, runs, 50),
            bench_pct(res[MODE_SINGLE].log_eps, runs, 50),
            bench_pct(res[MODE_BATCH].log_eps, runs, 50) / base_eps,
@@ -816,16 +950,30 @@ int bench_eventlog(bench_ctx_t *c)
            ckpt_run_ratio, res[MODE_OFF].sg.rejected, res[MODE_BATCH].sg.rejected,
            res[MODE_SINGLE].sg.rejected, cpu_p50[MODE_OFF], cpu_p50[MODE_BATCH],
            cpu_p50[MODE_SINGLE], cpu_p50[MODE_NOCKPT], sign_us[MODE_BATCH], sign_us[MODE_SINGLE],
-           cpu_ratio[MODE_BATCH], cpu_ratio[MODE_SINGLE], cpu_ratio[MODE_NOCKPT]);
+           cpu_ratio[MODE_BATCH], cpu_ratio[MODE_SINGLE], cpu_ratio[MODE_NOCKPT],
+           drain_p50[MODE_OFF], drain_p50[MODE_BATCH], drain_p50[MODE_SINGLE],
+           drain_p50[MODE_NOCKPT], drain_ratio[MODE_BATCH], drain_ratio[MODE_SINGLE],
+           drain_ratio[MODE_NOCKPT], bench_pct(res[0].drain_pause_ms, runs, 100),
+           bench_pct(res[1].drain_pause_ms, runs, 100), bench_pct(res[2].drain_pause_ms, runs, 100),
+           bench_pct(res[3].drain_pause_ms, runs, 100));
     if (base) {
         printf("JSON {\"bench\":\"eventlog-baseline\",\"baseline_bin\":\"%s\",\"runs\":%u,"
                "\"eps_p50\":[%.0f,%.0f,%.0f,%.0f],\"run_ratio_p50\":[%.3f,%.3f,%.3f,%.3f],"
                "\"vs_baseline_run_ratio_p50\":[%.3f,%.3f,%.3f,%.3f],"
+               "\"drain_run_ratio_p50\":[%.3f,%.3f,%.3f,%.3f],"
+               "\"drain_vs_baseline_run_ratio_p50\":[%.3f,%.3f,%.3f,%.3f],"
+               "\"drain_pause_ms_max\":[%.1f,%.1f,%.1f,%.1f],"
                "\"rejected\":[%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 "]}\n",
                c->baseline_bin, runs, bench_pct(base[0].log_eps, runs, 50),
                bench_pct(base[1].log_eps, runs, 50), bench_pct(base[2].log_eps, runs, 50),
                bench_pct(base[3].log_eps, runs, 50), base_ratio[0], base_ratio[1], base_ratio[2],
-               base_ratio[3], vs_base[0], vs_base[1], vs_base[2], vs_base[3], base[0].sg.rejected,
+               base_ratio[3], vs_base[0], vs_base[1], vs_base[2], vs_base[3], base_drain_ratio[0],
+               base_drain_ratio[1], base_drain_ratio[2], base_drain_ratio[3], drain_vs_base[0],
+               drain_vs_base[1], drain_vs_base[2], drain_vs_base[3],
+               bench_pct(base[0].drain_pause_ms, runs, 100),
+               bench_pct(base[1].drain_pause_ms, runs, 100),
+               bench_pct(base[2].drain_pause_ms, runs, 100),
+               bench_pct(base[3].drain_pause_ms, runs, 100), base[0].sg.rejected,
                base[1].sg.rejected, base[2].sg.rejected, base[3].sg.rejected);
         for (int md = 0; md < N_MODES; md++)
             mode_dispose(&base[md]);

@@ -202,6 +202,11 @@ static void stop_pid(long pid)
     }
 }
 
+void bench_stop_daemon(bench_ctx_t *c, const char *name)
+{
+    stop_pid(bench_pid_file(c->home, name));
+}
+
 int bench_restart_daemons(bench_ctx_t *c, const char *const *names, size_t n, const char *bin_dir)
 {
     char exe[4096];
