@@ -374,7 +374,11 @@ static void linger(const el_config_t *cfg, sp_bus_consumer_t *c, sp_bus_batch_t 
  * the usual fetch-timeout-ms: asked for more, nats-server 2.9 may hold the request to its
  * expiry, and a short expiry instead leaves requests the client gave up on, after which a
  * fetch was held too. Either one stalled the log for ~1 s at a time, several times a second
- * of backlog (docs/machine-notes.md, "A fetch held to its expiry"). */
+ * of backlog (docs/machine-notes.md, "A fetch held to its expiry"). With a batch waiting to be
+ * stored the wait is READY_WAIT_MS: long enough for the server to answer before the client
+ * gives up (cnats asks it to end the request 10 ms early), short enough that a batch never
+ * waits long for a backlog that is not there. */
+#define READY_WAIT_MS 50
 static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_pool_t *pool)
 {
     sp_bus_consumer_t *c = NULL;
@@ -425,7 +429,9 @@ static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_poo
         size_t want = (size_t)cfg->batch_max;
         if (pending > 0 && pending < (uint64_t)want)
             want = (size_t)pending;
-        rc = sp_bus_fetch(c, want, (int)cfg->fetch_timeout_ms, &fetched);
+        /* With a batch waiting to be stored, a short wait all the same: should the count be
+         * stale, that batch waits READY_WAIT_MS, not fetch-timeout-ms. */
+        rc = sp_bus_fetch(c, want, ready ? READY_WAIT_MS : (int)cfg->fetch_timeout_ms, &fetched);
         if (rc < 0) {
             sp_log(SP_LOG_WARN, "fetch failed", SP_KS("error", sp_strerror(rc)));
             sp_bus_batch_free(fetched);
