@@ -450,8 +450,23 @@ static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_poo
             continue;
         }
         bus_errors = 0;
-        if (!ready && cfg->linger_ms > 0)
+        /* The linger is for a log that keeps up: what this fetch took is all there was. A
+         * batch prepared before it (its own count was above 0) is stored first, so that it
+         * does not wait with the command; the fetched one then waits for the command's end
+         * as a first batch would (a short command's intent and facts in one transaction). */
+        if (cfg->linger_ms > 0 && sp_bus_batch_pending(fetched) == 0 &&
+            open_commands(fetched) > 0) {
+            if (ready) {
+                rc = store_and_ack(st, ready);
+                el_batch_free(ready);
+                ready = NULL;
+                if (rc < 0) {
+                    sp_bus_batch_free(fetched);
+                    break;
+                }
+            }
             linger(cfg, c, fetched);
+        }
         pending = sp_bus_batch_pending(fetched);
         next = el_batch_new(&fetched);
         if (next->n > 0)
