@@ -370,14 +370,13 @@ static void linger(const el_config_t *cfg, sp_bus_consumer_t *c, sp_bus_batch_t 
  * is acknowledged only after its commit, and a failure drops every batch not yet stored,
  * unacknowledged, to be fetched again from the head.
  *
- * Behind, a fetch asks for exactly what the server said is waiting (at most batch-max), with
- * the usual fetch-timeout-ms: asked for more, nats-server 2.9 may hold the request to its
- * expiry, and a short expiry instead leaves requests the client gave up on, after which a
- * fetch was held too. Either one stalled the log for ~1 s at a time, several times a second
- * of backlog (docs/machine-notes.md, "A fetch held to its expiry"). With a batch waiting to be
- * stored the wait is READY_WAIT_MS: long enough for the server to answer before the client
- * gives up (cnats asks it to end the request 10 ms early), short enough that a batch never
- * waits long for a backlog that is not there. */
+ * Behind, a fetch asks for exactly what the server said is waiting (at most batch-max):
+ * asked for more, nats-server 2.9 may hold the request to its expiry, and a 1 ms wait left
+ * requests the client gave up on, after which a fetch was held too; either stalled the log
+ * ~1 s at a time (docs/machine-notes.md, "A fetch held to its expiry"). With a batch waiting
+ * to be stored the wait is READY_WAIT_MS: long enough for the server to answer before the
+ * client gives up (cnats asks it to end the request 10 ms early), short enough that a batch
+ * never waits long for a backlog that is not there. */
 #define READY_WAIT_MS 50
 static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_pool_t *pool)
 {

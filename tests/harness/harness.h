@@ -62,9 +62,10 @@ bool sp_test_sandbox_held(const char *state_dir, const char *id);
 /* How many kept disks of suspended sandbox id (worker_runtime.h, keep_snap) that host has. */
 int sp_test_kept_disks(const char *state_dir, const char *id);
 /* Whether the nftables table of the worker whose tag is tag (`inet space_<tag>`, worker_nft.c)
- * is on the host: a test that opened a worker host itself checks at its end that it is gone
- * (every such table hooks every packet of the host, docs/machine-notes.md). */
-bool sp_test_nft_table_exists(const char *tag);
+ * is still on the host; if so it says so on stderr and deletes it, for the next runs. A test
+ * that opened a worker host itself checks this after its teardown (every such table hooks
+ * every packet of the host, docs/machine-notes.md). */
+bool sp_test_nft_table_left(const char *tag);
 /* The port in $SPACE_HOME/run/<daemon>.metrics (a worker writes it once its start is over:
  * up to 60 s); fails the test when none comes. */
 int sp_test_metrics_port(const char *daemon);

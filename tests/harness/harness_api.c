@@ -213,9 +213,13 @@ bool sp_test_sandbox_held(const char *state_dir, const char *id)
     return found;
 }
 
-bool sp_test_nft_table_exists(const char *tag)
+bool sp_test_nft_table_left(const char *tag)
 {
-    return sp_test_sh("nft list table inet space_%s >/dev/null 2>&1", tag) == 0;
+    if (sp_test_sh("nft list table inet space_%s >/dev/null 2>&1", tag) != 0)
+        return false;
+    fprintf(stderr, "teardown: nftables table inet space_%s left on the host\n", tag);
+    (void)sp_test_sh("nft delete table inet space_%s", tag);
+    return true;
 }
 
 void sp_test_start_counter(int port, const char *key, const char *id)

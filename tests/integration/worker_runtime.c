@@ -293,11 +293,8 @@ static int group_teardown(void **state)
         host = NULL;
     }
     int rc = 0;
-    if (tag[0] && sp_test_nft_table_exists(tag)) {
-        fprintf(stderr, "teardown: nftables table inet space_%s left on the host\n", tag);
-        (void)sp_test_sh("nft delete table inet space_%s", tag); /* the next runs' hosts */
+    if (tag[0] && sp_test_nft_table_left(tag))
         rc = -1;
-    }
     /* The image mount (its loop device goes with it: autoclear). */
     for (int i = 0; i < 50; i++) {
         if (umount2(vol_dir, 0) == 0 || errno == EINVAL || errno == ENOENT)
