@@ -1081,8 +1081,10 @@ static int attach_request(gw_cmd_t *c)
     c->next_seq = c->from_seq + 1;
     c->last_seq = c->from_seq;
     if (r->first_kept_seq > c->next_seq) {
-        /* Older output did not fit in what the worker keeps. */
+        /* Older output did not fit in what the worker keeps: for a command this request
+         * started (a reply wait's), output it lacks. */
         c->skipped = true;
+        c->lost |= !c->attach;
         c->next_seq = r->first_kept_seq;
         c->last_seq = r->first_kept_seq - 1;
     }
@@ -1100,9 +1102,10 @@ static int attach_request(gw_cmd_t *c)
     return 0;
 }
 
-/* Bus thread: the worker answered a waiting ExecRequest (reply_wait_ms). With the command's
- * end, the answer carries all its output: applied as if it had come live. Without, the command
- * runs on: followed like an attach of all its output (subscribe, then ask for what is kept). */
+/* Bus thread: the worker answered a waiting ExecRequest (reply_wait_ms) with the command's output
+ * so far, applied as if it had come live. With the command's end, that is all. Without, the
+ * command runs on: followed like an attach of what came after the answer (subscribe, then ask
+ * for it; the worker keeps it until asked, worker_commands.c). */
 static int waited_reply(gw_cmd_t *c, const Space__Io__V1__ExecReply *r)
 {
     char subject[160];
@@ -1125,6 +1128,10 @@ static int waited_reply(gw_cmd_t *c, const Space__Io__V1__ExecReply *r)
         return 0; /* start_output takes the queue */
     }
     pthread_mutex_lock(&c->mu);
+    if (r->pid)
+        c->pid = r->pid;
+    (void)accept_replay(c, r->replay, r->n_replay);
+    c->from_seq = c->last_seq;
     c->attaching = true;
     pthread_mutex_unlock(&c->mu);
     c->bus_step = "subscribe";

@@ -130,7 +130,9 @@ typedef struct {
     int refs; /* under w->mu */
 
     pthread_mutex_t mu; /* guards what follows */
-    wk_agent_t *agent;  /* NULL: no channel (adopted after a worker restart, or lost) */
+    /* CLOCK_MONOTONIC, with mu: a command's pinned output was attached for (worker_commands.c) */
+    pthread_cond_t pin_cv;
+    wk_agent_t *agent; /* NULL: no channel (adopted after a worker restart, or lost) */
     bool agent_lost;
     int64_t lost_at_ns;
     char lost_why[WK_ERR_MAX];

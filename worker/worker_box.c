@@ -27,6 +27,11 @@ wk_box_t *wk_box_new(wk_t *w, const char *id, const char *tenant, const char *tm
     b->memory_mb = memory_mb;
     b->refs = 1;
     pthread_mutex_init(&b->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&b->pin_cv, &ca);
+    pthread_condattr_destroy(&ca);
     return b;
 }
 
@@ -54,6 +59,7 @@ wk_box_t *wk_owned_add(wk_t *w, const char *id, const char *tenant, const char *
 {
     wk_box_t *b = wk_box_new(w, id, tenant, tmpl, vcpu, memory_mb);
     if (!wk_owned_insert(w, b)) {
+        pthread_cond_destroy(&b->pin_cv);
         pthread_mutex_destroy(&b->mu);
         free(b);
         return NULL;
@@ -144,6 +150,7 @@ void wk_box_put(wk_box_t *b)
         wk_box_forget_commands(b);
     wk_box_free_commands(b);
     wk_box_fail_files(b, "sandbox released");
+    pthread_cond_destroy(&b->pin_cv);
     pthread_mutex_destroy(&b->mu);
     sp_cred_key_wipe(&b->dk);
     wk_samples_free(b->samples);

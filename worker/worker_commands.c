@@ -66,6 +66,12 @@
  * write before it is answered as running (the answer carries it all; KEEP_CAP keeps more). */
 #define REPLY_WAIT_MAX_MS 1000
 #define QUIET_CAP         (256 * 1024)
+/* A requester answered as running attaches for the output after its answer: until it has (at
+ * most PIN_WAIT_MS), that output stays kept whatever KEEP_CAP says, up to PIN_CAP bytes (an
+ * attach's answer stays within SP_BUS_MAX_MSG); beyond, the box's reader waits for it, which
+ * back-pressures the command through the agent's pipe. */
+#define PIN_CAP     (768 * 1024)
+#define PIN_WAIT_MS 5000
 
 typedef struct kept kept_t;
 struct kept {
@@ -111,6 +117,11 @@ struct wk_cmd {
      * after); quiet: its output stays off space.io.cmd (until it is answered as running, or
      * someone attaches). */
     char *waiter;
+    /* Answered as running with its output up to pin_seq: what came after stays kept until the
+     * requester attaches for it or pin_until_ns (0: not pinned); pin_bytes of it so far. */
+    uint64_t pin_seq;
+    int64_t pin_until_ns;
+    size_t pin_bytes;
     /* Once ended (on the box's done list). */
     int exit_code;
     uint32_t signal;
@@ -121,6 +132,15 @@ struct wk_cmd {
     wk_cmd_t *more; /* a list of the caller's, apart from next */
 };
 
+static void free_kept(kept_t *k)
+{
+    while (k) {
+        kept_t *n = k->next;
+        free(k);
+        k = n;
+    }
+}
+
 static void cmd_free(wk_cmd_t *c)
 {
     sp_redactor_free(c->red[1]);
@@ -128,15 +148,39 @@ static void cmd_free(wk_cmd_t *c)
     sp_cred_key_wipe(&c->dk);
     free(c->line_ct);
     free(c->waiter);
-    for (kept_t *k = c->kept_head; k;) {
-        kept_t *n = k->next;
-        free(k);
-        k = n;
-    }
+    free_kept(c->kept_head);
     free(c);
 }
 
-/* Keeps a live chunk (box->mu held), dropping the oldest beyond KEEP_CAP. */
+/* A copy of the chunks kept after from_seq (box->mu held), and how many. */
+static kept_t *copy_kept(const wk_cmd_t *c, uint64_t from_seq, size_t *ret_n)
+{
+    kept_t *copies = NULL, **tail = &copies;
+    size_t n = 0;
+    for (const kept_t *k = c->kept_head; k; k = k->next) {
+        if (k->seq <= from_seq)
+            continue;
+        kept_t *d = sp_xmalloc(sizeof(*d) + k->len);
+        memcpy(d, k, sizeof(*d) + k->len);
+        d->next = NULL;
+        *tail = d;
+        tail = &d->next;
+        n++;
+    }
+    *ret_n = n;
+    return copies;
+}
+
+/* The requester attached, or PIN_WAIT_MS passed (box->mu held): KEEP_CAP applies again. */
+static void unpin(wk_box_t *b, wk_cmd_t *c)
+{
+    c->pin_until_ns = 0;
+    c->pin_bytes = 0;
+    pthread_cond_broadcast(&b->pin_cv);
+}
+
+/* Keeps a live chunk (box->mu held), dropping the oldest beyond KEEP_CAP (but none a requester
+ * is about to attach for). */
 static void keep_chunk(wk_cmd_t *c, uint64_t seq, int stream, const uint8_t *data, size_t len)
 {
     kept_t *k = sp_xmalloc(sizeof(*k) + len);
@@ -151,12 +195,31 @@ static void keep_chunk(wk_cmd_t *c, uint64_t seq, int stream, const uint8_t *dat
         c->kept_head = k;
     c->kept_tail = k;
     c->kept_bytes += len;
+    if (c->pin_until_ns)
+        c->pin_bytes += len;
     while (c->kept_bytes > KEEP_CAP && c->kept_head != c->kept_tail) {
+        if (c->pin_until_ns && c->kept_head->seq > c->pin_seq)
+            break;
         kept_t *old = c->kept_head;
         c->kept_head = old->next;
         c->kept_bytes -= old->len;
         free(old);
     }
+}
+
+/* Takes c's waiting requester to answer it as running (box->mu held), with a copy of the output
+ * so far (*ret_kept, to free); what comes after stays kept until it attaches for it. */
+static char *hand_off(wk_cmd_t *c, kept_t **ret_kept)
+{
+    char *waiter = c->waiter;
+    size_t n;
+    c->waiter = NULL;
+    c->quiet = false;
+    *ret_kept = copy_kept(c, 0, &n);
+    c->pin_seq = c->seq;
+    c->pin_until_ns = sp_mono_ns() + (int64_t)PIN_WAIT_MS * 1000000;
+    c->pin_bytes = 0;
+    return waiter;
 }
 
 /* Drops ended commands beyond DONE_KEEP or older than DONE_TTL_S (box->mu held). */
@@ -188,8 +251,6 @@ static bool env_entry_ok(const char *e)
     return true;
 }
 
-static void reply(wk_t *w, const char *to, bool accepted, const char *error, const char *detail);
-
 /* Takes cmd out of the box's list (box->mu held); NULL if not there. */
 static wk_cmd_t *take_cmd(wk_box_t *b, const char *cmd_id)
 {
@@ -198,6 +259,7 @@ static wk_cmd_t *take_cmd(wk_box_t *b, const char *cmd_id)
             wk_cmd_t *c = *pp;
             *pp = c->next;
             b->n_cmds--;
+            pthread_cond_broadcast(&b->pin_cv); /* a reader waiting for it finds it gone */
             return c;
         }
     }
@@ -346,24 +408,24 @@ static void retire_locked(wk_box_t *b, wk_cmd_t *c, int exit_code, int sig, bool
  * the fact's short hold takes the command's held facts with it and lets IoExit leave first. */
 static void audit_flush(wk_box_t *b, wk_cmd_t *c, int stream);
 
-/* Answers a waiting requester (ExecRequest.reply_wait_ms) with the command's end and all its
- * output: c is retired and being published, so its kept chunks no longer change. */
-static void reply_ended(wk_t *w, const char *to, const wk_cmd_t *c, const Space__Io__V1__IoExit *ex,
-                        uint32_t pid)
+/* Answers a waiting requester (ExecRequest.reply_wait_ms) with kept, the command's output so
+ * far (all of it: the answer comes before QUIET_CAP), and ex, its end (NULL: it runs on). */
+static void reply_output(wk_t *w, const char *to, const char *cmd_id, const kept_t *kept,
+                         const Space__Io__V1__IoExit *ex, uint32_t pid)
 {
     Space__Io__V1__ExecReply r = SPACE__IO__V1__EXEC_REPLY__INIT;
     size_t n = 0;
-    for (const kept_t *k = c->kept_head; k; k = k->next)
+    for (const kept_t *k = kept; k; k = k->next)
         n++;
     Space__Io__V1__IoChunk *chunks = sp_xcalloc(n ? n : 1, sizeof(*chunks));
     Space__Io__V1__IoChunk **ptrs = sp_xcalloc(n ? n : 1, sizeof(Space__Io__V1__IoChunk *));
     size_t i = 0;
-    for (kept_t *k = c->kept_head; k; k = k->next, i++) {
+    for (const kept_t *k = kept; k; k = k->next, i++) {
         space__io__v1__io_chunk__init(&chunks[i]);
-        chunks[i].cmd_id = (char *)c->id;
+        chunks[i].cmd_id = (char *)cmd_id;
         chunks[i].seq = k->seq;
         chunks[i].stream = k->stream;
-        chunks[i].data = (ProtobufCBinaryData){k->len, k->data};
+        chunks[i].data = (ProtobufCBinaryData){k->len, (uint8_t *)k->data};
         ptrs[i] = &chunks[i];
     }
     r.accepted = true;
@@ -377,7 +439,7 @@ static void reply_ended(wk_t *w, const char *to, const wk_cmd_t *c, const Space_
     space__io__v1__exec_reply__pack(&r, buf);
     int rc = sp_bus_publish_core(w->bus, to, buf, len);
     if (rc < 0)
-        sp_log(SP_LOG_WARN, "cannot answer a command's requester", SP_KS("cmd", c->id),
+        sp_log(SP_LOG_WARN, "cannot answer a command's requester", SP_KS("cmd", cmd_id),
                SP_KS("error", sp_strerror(rc)));
     free(buf);
     free(chunks);
@@ -426,8 +488,9 @@ static void finish(wk_box_t *b, wk_cmd_t *c)
     bool quiet = c->quiet;
     uint32_t pid = c->pid;
     pthread_mutex_unlock(&b->mu);
+    /* c is retired and being published: its kept chunks no longer change. */
     if (waiter)
-        reply_ended(b->w, waiter, c, &ex, pid);
+        reply_output(b->w, waiter, c->id, c->kept_head, &ex, pid);
     if (!quiet)
         publish_io(b, c->id, "exit", &ex.base);
     free(waiter);
@@ -476,14 +539,16 @@ void wk_box_forget_commands(wk_box_t *b)
     wk_cmd_t *list = b->cmds;
     b->cmds = NULL;
     b->n_cmds = 0;
+    pthread_cond_broadcast(&b->pin_cv); /* a reader waiting for one finds it gone */
     pthread_mutex_unlock(&b->mu);
     while (list) {
         wk_cmd_t *next = list->next;
         for (int s = 1; s <= 2; s++)
             sp_sha256_final(list->sha[s], (uint8_t[SP_SHA256_LEN]){0});
-        /* A waiting requester hears "running" as when its wait is over, and follows it. */
+        /* A waiting requester hears "running" with what it wrote so far, as when its wait is
+         * over; its attach then finds no command here, and it follows what comes live. */
         if (list->waiter)
-            reply(b->w, list->waiter, true, NULL, NULL);
+            reply_output(b->w, list->waiter, list->id, list->kept_head, NULL, 0);
         cmd_free(list);
         list = next;
     }
@@ -648,11 +713,23 @@ static void on_output(void *arg, const char *cmd_id, int stream, const uint8_t *
     uint64_t seq = 0;
     bool live = false;
     char *waiter = NULL;
+    kept_t *so_far = NULL;
     sp_buf_t red;
     sp_buf_init(&red);
 
     pthread_mutex_lock(&b->mu);
     wk_cmd_t *c = find_cmd(b, cmd_id);
+    /* Its requester is about to attach for what is pinned, and that is full: wait for it. */
+    while (c && c->pin_until_ns && c->pin_bytes + len > PIN_CAP) {
+        if (sp_mono_ns() >= c->pin_until_ns) {
+            unpin(b, c);
+            break;
+        }
+        struct timespec ts = {.tv_sec = c->pin_until_ns / 1000000000,
+                              .tv_nsec = c->pin_until_ns % 1000000000};
+        pthread_cond_timedwait(&b->pin_cv, &b->mu, &ts);
+        c = find_cmd(b, cmd_id); /* forgotten meanwhile (a suspend) */
+    }
     if (!c) {
         pthread_mutex_unlock(&b->mu);
         return;
@@ -662,13 +739,10 @@ static void on_output(void *arg, const char *cmd_id, int stream, const uint8_t *
     if (!c->live_truncated && c->bytes[1] + c->bytes[2] <= LIVE_CAP) {
         seq = ++c->seq;
         keep_chunk(c, seq, stream, data, len);
-        if (c->waiter && c->kept_bytes > QUIET_CAP) {
-            /* More than an answer carries (also when someone attached meanwhile): the
-             * requester follows it from here. */
-            waiter = c->waiter;
-            c->waiter = NULL;
-            c->quiet = false;
-        }
+        /* More than an answer carries (also when someone attached meanwhile): the requester
+         * follows it from here. */
+        if (c->waiter && c->kept_bytes > QUIET_CAP)
+            waiter = hand_off(c, &so_far);
         live = !c->quiet;
     } else {
         c->live_truncated = true;
@@ -684,8 +758,9 @@ static void on_output(void *arg, const char *cmd_id, int stream, const uint8_t *
     /* c stays valid after b->mu is released: only this reader thread retires it. */
     record_unlock(b, c, stream, &red);
     if (waiter) {
-        reply(b->w, waiter, true, NULL, NULL);
+        reply_output(b->w, waiter, id, so_far, NULL, 0);
         free(waiter);
+        free_kept(so_far);
     }
 
     if (live) {
@@ -905,8 +980,8 @@ static void waits_add(wk_waits_t *ws, const char *sandbox, const char *cmd_id, u
     pthread_mutex_unlock(&ws->mu);
 }
 
-/* The wait is over and the command still runs: answer "accepted" (no exit), and its output
- * goes out live from now on; the requester attaches for what came before. */
+/* The wait is over and the command still runs: answer "accepted" (no exit) with its output so
+ * far, which goes out live from now on; the requester attaches for what came in between. */
 static void wait_due(wk_t *w, const wait_entry_t *e)
 {
     wk_box_t *b = wk_owned_get(w, e->sandbox);
@@ -915,15 +990,14 @@ static void wait_due(wk_t *w, const wait_entry_t *e)
     pthread_mutex_lock(&b->mu);
     wk_cmd_t *c = find_cmd(b, e->cmd_id);
     char *waiter = NULL;
-    if (c && c->waiter) {
-        waiter = c->waiter;
-        c->waiter = NULL;
-        c->quiet = false;
-    }
+    kept_t *so_far = NULL;
+    if (c && c->waiter)
+        waiter = hand_off(c, &so_far);
     pthread_mutex_unlock(&b->mu);
     if (waiter)
-        reply(w, waiter, true, NULL, NULL);
+        reply_output(w, waiter, e->cmd_id, so_far, NULL, 0);
     free(waiter);
+    free_kept(so_far);
     wk_box_put(b);
 }
 
@@ -1370,7 +1444,7 @@ static void ctl_attach(wk_box_t *b, const char *to, const char *cmd_id, uint64_t
     space__io__v1__io_exit__init(&x.exit);
     Space__Io__V1__CommandInfo info;
     Space__Io__V1__CommandInfo *info_ptr = &info;
-    kept_t *copies = NULL, **copy_tail = &copies;
+    kept_t *copies = NULL;
     size_t n = 0;
     char *strings = sp_xmalloc(INFO_STRINGS + 1);
     size_t at = 0;
@@ -1390,19 +1464,13 @@ static void ctl_attach(wk_box_t *b, const char *to, const char *cmd_id, uint64_t
     /* Someone follows it now: its output goes out live from here (after what this answer
      * replays; repeats drop out by seq). */
     c->quiet = false;
+    /* The requester answered as running, attaching for what came after its answer. */
+    if (c->pin_until_ns && from_seq >= c->pin_seq)
+        unpin(b, c);
     char *argv_pool[ARGV_KEPT_N];
     info_of(&info, c, running, &strings, &at, argv_pool);
     x.r.first_kept_seq = c->kept_head ? c->kept_head->seq : 0;
-    for (kept_t *k = c->kept_head; k; k = k->next) {
-        if (k->seq <= from_seq)
-            continue;
-        kept_t *d = sp_xmalloc(sizeof(*d) + k->len);
-        memcpy(d, k, sizeof(*d) + k->len);
-        d->next = NULL;
-        *copy_tail = d;
-        copy_tail = &d->next;
-        n++;
-    }
+    copies = copy_kept(c, from_seq, &n);
     if (!running) {
         x.exit.cmd_id = info.cmd_id;
         x.exit.exit_code = c->exit_code;
@@ -1435,11 +1503,7 @@ static void ctl_attach(wk_box_t *b, const char *to, const char *cmd_id, uint64_t
     x.r.replay = x.chunk_ptrs;
     x.r.n_replay = n;
     ctl_send(b->w, to, &x.r);
-    while (copies) {
-        kept_t *next = copies->next;
-        free(copies);
-        copies = next;
-    }
+    free_kept(copies);
     free(x.chunks);
     free(x.chunk_ptrs);
     free(strings);

@@ -114,7 +114,7 @@ typedef struct {
     int status;
     char *stdout_s, *stderr_s, *error; /* error: the answer's error, or the body when not 200 */
     int64_t exit_code, signal;
-    bool timed_out, truncated;
+    bool timed_out, truncated, output_lost;
 } sp_test_cmd_t;
 sp_test_cmd_t sp_test_run(int port, const char *key, const char *id, const char *body);
 /* The build's program name (from SPACE_BIN_DIR) into guest_path of sandbox id, mode 0755,

@@ -78,6 +78,7 @@ sp_test_cmd_t sp_test_run(int port, const char *key, const char *id, const char 
         sp_json_int(sp_json_get(root, "signal"), 0, 1000, &res.signal);
         sp_json_bool(sp_json_get(root, "timed_out"), &res.timed_out);
         sp_json_bool(sp_json_get(root, "truncated"), &res.truncated);
+        sp_json_bool(sp_json_get(root, "output_lost"), &res.output_lost);
         sp_json_doc_free(doc);
     } else {
         res.error = sp_xstrdup(r.body);

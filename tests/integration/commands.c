@@ -1,6 +1,7 @@
 /* Commands in real sandboxes, through HTTP only: the guest agent, the worker's data plane and
  * the gateway together. Stack: eventlog + scheduler + worker + gateway. */
 #include <pthread.h>
+#include <signal.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -529,15 +530,60 @@ static void test_reply_wait(void **state)
     assert_int_equal(r.exit_code, 4);
     result_free(&r);
 
-    /* More than one answer carries: 600,000 bytes, every one of them. */
-    r = run(sbx[0], "{\"cmd\":\"yes abcdefghi | head -c 600000\"}");
-    assert_int_equal(r.status, 200);
-    assert_int_equal(strlen(r.stdout_s), 600000);
-    for (size_t i = 0; i < 600000; i += 10)
-        if (memcmp(r.stdout_s + i, "abcdefghi\n", 10) != 0)
-            fail_msg("byte %zu differs", i);
-    assert_false(r.truncated);
-    result_free(&r);
+    /* More than one answer carries, written as fast as the guest can: every byte, also those
+     * written between the worker's answer and the gateway's attach (600,000 of them once failed
+     * here: 73,728 were lost without a word). */
+    static const size_t sizes[] = {600000, 4000000};
+    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+        char body[96];
+        snprintf(body, sizeof(body), "{\"cmd\":\"yes abcdefghi | head -c %zu\"}", sizes[s]);
+        r = run(sbx[0], body);
+        assert_int_equal(r.status, 200);
+        assert_false(r.output_lost);
+        assert_false(r.truncated);
+        assert_int_equal(strlen(r.stdout_s), sizes[s]);
+        for (size_t i = 0; i < sizes[s]; i += 10)
+            if (memcmp(r.stdout_s + i, "abcdefghi\n", 10) != 0)
+                fail_msg("byte %zu of %zu differs", i, sizes[s]);
+        result_free(&r);
+    }
+
+    /* The same while the gateway is slow to follow: stopped from before the command writes
+     * until long after it would have written everything (the worker holds the output back). */
+    int gw = sp_test_daemon_pid("space-gateway");
+    assert_true(gw > 0);
+    bg_run_t slow = {.id = sbx[0],
+                     .body = "{\"cmd\":\"sleep 0.3; yes abcdefghi | head -c 4000000\"}"};
+    pthread_t st;
+    pthread_create(&st, NULL, bg_run_main, &slow);
+    usleep(150 * 1000);
+    kill(gw, SIGSTOP);
+    usleep(1500 * 1000);
+    kill(gw, SIGCONT);
+    pthread_join(st, NULL);
+    assert_int_equal(slow.r.status, 200);
+    assert_false(slow.r.output_lost);
+    assert_int_equal(strlen(slow.r.stdout_s), 4000000);
+    for (size_t i = 0; i < 4000000; i += 10)
+        if (memcmp(slow.r.stdout_s + i, "abcdefghi\n", 10) != 0)
+            fail_msg("byte %zu differs (slow follower)", i);
+    result_free(&slow.r);
+
+    /* Held back for 5 s at most (a gateway gone for good must not stall the sandbox): a
+     * follower slower than that gets the output that is still kept, and is told the rest is
+     * lost. */
+    slow.r = (result_t){0};
+    pthread_create(&st, NULL, bg_run_main, &slow);
+    usleep(150 * 1000);
+    kill(gw, SIGSTOP);
+    usleep(6500 * 1000);
+    kill(gw, SIGCONT);
+    pthread_join(st, NULL);
+    assert_int_equal(slow.r.status, 200);
+    assert_true(slow.r.output_lost);
+    assert_true(strlen(slow.r.stdout_s) < 4000000);
+    assert_int_equal(slow.r.exit_code, 0);
+    result_free(&slow.r);
 
     /* Past the wait: what came before it and after, in order. */
     sp_buf_t want;
