@@ -333,6 +333,11 @@ const char *sp_envelope_plaintext_content(const sp_envelope_t *env)
         return env->command_requested->sealed ? NULL : "command line";
     case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT:
         return env->command_output->data.len ? "command output" : NULL;
+    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED: /* a short command's, with its output */
+        for (size_t i = 0; i < env->command_exited->n_output; i++)
+            if (env->command_exited->output[i]->data.len)
+                return "command output";
+        return NULL;
     default:
         return NULL;
     }
@@ -369,6 +374,70 @@ static int check_file_paths(const sp_envelope_t *e, char reason[SP_REASON_MAX])
     CHECK_PATH(*fp.path, fp.to ? "from" : "path");
     if (fp.to)
         CHECK_PATH(*fp.to, "to");
+    return 0;
+}
+
+static int validate_started(const Space__V1__CommandStarted *p, char reason[SP_REASON_MAX])
+{
+    CHECK_ID(p->cmd_id, "cmd_id");
+    if (p->cmdline_ciphertext.len || p->cmdline_nonce.len || p->cmdline_key_id[0])
+        return check_sealed(p->cmdline_ciphertext.len, SP_COMMAND_LINE_SEALED_MAX,
+                            p->cmdline_nonce.len, p->cmdline_key_id, "cmdline_", reason);
+    return 0;
+}
+
+static int validate_output(const Space__V1__CommandOutput *p, char reason[SP_REASON_MAX])
+{
+    CHECK_ID(p->cmd_id, "cmd_id");
+    if (p->stream != 1 && p->stream != 2)
+        return fail(reason, SP_ESCHEMA, "stream: %u, want 1 or 2", p->stream);
+    if (p->data.len > SP_COMMAND_OUTPUT_CHUNK_MAX)
+        return fail(reason, SP_ESCHEMA, "data: %zu bytes, at most %d", p->data.len,
+                    SP_COMMAND_OUTPUT_CHUNK_MAX);
+    /* Sealed output (docs/audit.md): never next to plaintext, a whole nonce and tag. */
+    if (p->ciphertext.len || p->nonce.len || p->key_id[0]) {
+        if (p->data.len)
+            return fail(reason, SP_ESCHEMA, "data: plaintext next to a ciphertext");
+        return check_sealed(p->ciphertext.len, SP_COMMAND_OUTPUT_CHUNK_MAX, p->nonce.len,
+                            p->key_id, "", reason);
+    }
+    return 0;
+}
+
+/* A CommandExited, with a short command's start and output inside (space.proto): each as
+ * its own event would be, all of the same command, within the carry bounds. */
+static int validate_exited(const Space__V1__CommandExited *p, char reason[SP_REASON_MAX])
+{
+    CHECK_ID(p->cmd_id, "cmd_id");
+    CHECK_TEXT(p->error, TEXT_MAX * 4, "error");
+    if ((p->stdout_sha256.len != 0 && p->stdout_sha256.len != 32) ||
+        (p->stderr_sha256.len != 0 && p->stderr_sha256.len != 32))
+        return fail(reason, SP_ESCHEMA, "sha256: want 32 bytes");
+    if (p->n_output && !p->started)
+        return fail(reason, SP_ESCHEMA, "output: only with started");
+    if (p->n_output > SP_COMMAND_EXITED_OUTPUT_MAX)
+        return fail(reason, SP_ESCHEMA, "output: %zu entries, at most %d", p->n_output,
+                    SP_COMMAND_EXITED_OUTPUT_MAX);
+    size_t carried = 0;
+    int rc;
+    if (p->started) {
+        if ((rc = validate_started(p->started, reason)) < 0)
+            return rc;
+        if (strcmp(p->started->cmd_id, p->cmd_id) != 0)
+            return fail(reason, SP_ESCHEMA, "started.cmd_id: not the command's");
+        carried += p->started->cmdline_ciphertext.len;
+    }
+    for (size_t i = 0; i < p->n_output; i++) {
+        const Space__V1__CommandOutput *o = p->output[i];
+        if ((rc = validate_output(o, reason)) < 0)
+            return rc;
+        if (strcmp(o->cmd_id, p->cmd_id) != 0)
+            return fail(reason, SP_ESCHEMA, "output.cmd_id: not the command's");
+        carried += o->data.len + o->ciphertext.len;
+    }
+    if (carried > SP_COMMAND_EXITED_CARRY_MAX)
+        return fail(reason, SP_ESCHEMA, "started and output: %zu bytes, at most %d", carried,
+                    SP_COMMAND_EXITED_CARRY_MAX);
     return 0;
 }
 
@@ -549,40 +618,12 @@ static int validate_payload(const sp_envelope_t *e, char reason[SP_REASON_MAX])
             return fail(reason, SP_ESCHEMA, "timeout_s: %u, want 1..2592000",
                         e->sandbox_timeout_requested->timeout_s);
         return 0;
-    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED: {
-        const Space__V1__CommandStarted *p = e->command_started;
-        CHECK_ID(p->cmd_id, "cmd_id");
-        if (p->cmdline_ciphertext.len || p->cmdline_nonce.len || p->cmdline_key_id[0])
-            return check_sealed(p->cmdline_ciphertext.len, SP_COMMAND_LINE_SEALED_MAX,
-                                p->cmdline_nonce.len, p->cmdline_key_id, "cmdline_", reason);
-        return 0;
-    }
-    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT: {
-        const Space__V1__CommandOutput *p = e->command_output;
-        CHECK_ID(p->cmd_id, "cmd_id");
-        if (p->stream != 1 && p->stream != 2)
-            return fail(reason, SP_ESCHEMA, "stream: %u, want 1 or 2", p->stream);
-        if (p->data.len > SP_COMMAND_OUTPUT_CHUNK_MAX)
-            return fail(reason, SP_ESCHEMA, "data: %zu bytes, at most %d", p->data.len,
-                        SP_COMMAND_OUTPUT_CHUNK_MAX);
-        /* Sealed output (docs/audit.md): never next to plaintext, a whole nonce and tag. */
-        if (p->ciphertext.len || p->nonce.len || p->key_id[0]) {
-            if (p->data.len)
-                return fail(reason, SP_ESCHEMA, "data: plaintext next to a ciphertext");
-            return check_sealed(p->ciphertext.len, SP_COMMAND_OUTPUT_CHUNK_MAX, p->nonce.len,
-                                p->key_id, "", reason);
-        }
-        return 0;
-    }
-    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED: {
-        const Space__V1__CommandExited *p = e->command_exited;
-        CHECK_ID(p->cmd_id, "cmd_id");
-        CHECK_TEXT(p->error, TEXT_MAX * 4, "error");
-        if ((p->stdout_sha256.len != 0 && p->stdout_sha256.len != 32) ||
-            (p->stderr_sha256.len != 0 && p->stderr_sha256.len != 32))
-            return fail(reason, SP_ESCHEMA, "sha256: want 32 bytes");
-        return 0;
-    }
+    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED:
+        return validate_started(e->command_started, reason);
+    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT:
+        return validate_output(e->command_output, reason);
+    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED:
+        return validate_exited(e->command_exited, reason);
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_ADOPTED:
         CHECK_ID(e->sandbox_adopted->worker, "worker");
         return 0;

@@ -81,16 +81,15 @@ int replay_forget(PGconn *db, const replay_config_t *cfg);
 typedef struct replay_keys replay_keys_t;
 int replay_keys_open(PGconn *db, const replay_config_t *cfg, replay_keys_t **ret);
 void replay_keys_close(replay_keys_t *k);
-/* The field a row shows beside its payload: "output" for a CommandOutput, "cmdline" for a
- * CommandStarted with a sealed command line, "paths" for a file event with sealed paths, NULL
- * for anything else. */
-const char *replay_sealed_field(const sp_envelope_t *e);
-/* Appends that field's value as JSON: the output text, the command line (argv as an array, a
- * cmd as a string), the paths ({"path", "to"}) once opened; "<encrypted N bytes>" without keys;
- * "<forgotten: N bytes>",
- * "<no data key: N bytes>", "<does not open: N bytes>". Only for a replay_sealed_field. */
-void replay_sealed_text(replay_keys_t *k, const char *sandbox, const sp_envelope_t *e,
-                        sp_buf_t *out);
+/* Appends the fields a row shows beside its payload, as `,"name":value` (json) or `  name=value`:
+ * "output" for a CommandOutput, "cmdline" for a CommandStarted with a sealed command line,
+ * "paths" for a file event with sealed paths, and for a short command's CommandExited with
+ * its start and output inside, "cmdline" and "output" (an array, one per output entry). Each
+ * value is JSON: the output text, the command line (argv as an array, a cmd as a string), the
+ * paths ({"path", "to"}) once opened; "<encrypted N bytes>" without keys; "<forgotten: N
+ * bytes>", "<no data key: N bytes>", "<does not open: N bytes>". Nothing for other events. */
+void replay_sealed_append(replay_keys_t *k, const char *sandbox, const sp_envelope_t *e, bool json,
+                          sp_buf_t *out);
 
 /* Which stored events a walk visits. Strings are borrowed; NULL or "" = any. */
 typedef struct {

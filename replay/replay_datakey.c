@@ -106,19 +106,6 @@ static cached_t *key_of(replay_keys_t *k, const char *sandbox)
     return c;
 }
 
-const char *replay_sealed_field(const sp_envelope_t *e)
-{
-    sp_file_paths_t fp;
-    if (sp_envelope_file_paths((sp_envelope_t *)e, &fp))
-        return *fp.sealed ? "paths" : NULL;
-    if (e->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT)
-        return "output";
-    if (e->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED &&
-        e->command_started->cmdline_ciphertext.len)
-        return "cmdline";
-    return NULL;
-}
-
 /* The sandbox's data key if it is the one (key_id) a sealed field names; else NULL after
  * appending the note that says why it is not shown ("<encrypted N bytes>" without keys). */
 static const sp_cred_key_t *key_for(replay_keys_t *k, const char *sandbox, const char *key_id,
@@ -207,19 +194,10 @@ static void paths_text(replay_keys_t *k, const char *sandbox, const sp_envelope_
     space__v1__file_paths__free_unpacked(fp, NULL);
 }
 
-void replay_sealed_text(replay_keys_t *k, const char *sandbox, const sp_envelope_t *e,
+/* A CommandOutput's text: its data, or its ciphertext opened. */
+static void output_text(replay_keys_t *k, const char *sandbox, const Space__V1__CommandOutput *o,
                         sp_buf_t *out)
 {
-    sp_file_paths_t fp;
-    if (sp_envelope_file_paths((sp_envelope_t *)e, &fp)) {
-        paths_text(k, sandbox, e, *fp.sealed, out);
-        return;
-    }
-    if (e->payload_case == SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED) {
-        cmdline_text(k, sandbox, e->command_started, out);
-        return;
-    }
-    const Space__V1__CommandOutput *o = e->command_output;
     if (!o->ciphertext.len) {
         sp_buf_json_strn(out, o->data.data, o->data.len);
         return;
@@ -239,6 +217,56 @@ void replay_sealed_text(replay_keys_t *k, const char *sandbox, const sp_envelope
         does_not_open(n, out);
     explicit_bzero(pt, n);
     free(pt);
+}
+
+/* `,"name":` (json) or `  name=` before a field's value. */
+static void field_name(bool json, const char *name, sp_buf_t *out)
+{
+    sp_buf_printf(out, json ? ",\"%s\":" : "  %s=", name);
+}
+
+void replay_sealed_append(replay_keys_t *k, const char *sandbox, const sp_envelope_t *e, bool json,
+                          sp_buf_t *out)
+{
+    sp_file_paths_t fp;
+    const Space__V1__CommandStarted *st = NULL;
+    if (sp_envelope_file_paths((sp_envelope_t *)e, &fp)) {
+        if (*fp.sealed) {
+            field_name(json, "paths", out);
+            paths_text(k, sandbox, e, *fp.sealed, out);
+        }
+        return;
+    }
+    switch (e->payload_case) {
+    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT:
+        field_name(json, "output", out);
+        output_text(k, sandbox, e->command_output, out);
+        return;
+    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED:
+        st = e->command_started;
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED:
+        /* A short command's: its start and output are inside (docs/architecture.md). */
+        st = e->command_exited->started;
+        break;
+    default:
+        return;
+    }
+    if (st && st->cmdline_ciphertext.len) {
+        field_name(json, "cmdline", out);
+        cmdline_text(k, sandbox, st, out);
+    }
+    if (e->payload_case != SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED ||
+        !e->command_exited->n_output)
+        return;
+    field_name(json, "output", out);
+    sp_buf_putc(out, '[');
+    for (size_t i = 0; i < e->command_exited->n_output; i++) {
+        if (i)
+            sp_buf_putc(out, ',');
+        output_text(k, sandbox, e->command_exited->output[i], out);
+    }
+    sp_buf_putc(out, ']');
 }
 
 int replay_forget_check(const replay_config_t *cfg)

@@ -76,11 +76,8 @@ static int export_page(replay_event_t *evs, size_t n, void *arg)
             sp_envelope_to_json(ev->env, b);
             /* Command output and sealed command lines as text (--decrypt) or "<encrypted N
              * bytes>" (docs/audit.md). */
-            const char *field = replay_sealed_field(ev->env);
-            if (field && strcmp(ev->aggregate_kind, "sandbox") == 0) {
-                sp_buf_printf(b, ",\"%s\":", field);
-                replay_sealed_text(x->keys, ev->aggregate_id, ev->env, b);
-            }
+            if (strcmp(ev->aggregate_kind, "sandbox") == 0)
+                replay_sealed_append(x->keys, ev->aggregate_id, ev->env, true, b);
         } else {
             sp_buf_puts(b, "null,\"payload_base64\":\"");
             sp_b64_encode(b, ev->payload, ev->payload_len);

@@ -102,11 +102,7 @@ int replay_timeline(PGconn *db, const replay_config_t *cfg)
             sp_buf_json_str(&line, sp_sbx_state_name(s.state));
             sp_buf_puts(&line, ",\"event\":");
             sp_envelope_to_json(e, &line);
-            const char *field = replay_sealed_field(e);
-            if (field) {
-                sp_buf_printf(&line, ",\"%s\":", field);
-                replay_sealed_text(keys, cfg->sandbox, e, &line);
-            }
+            replay_sealed_append(keys, cfg->sandbox, e, true, &line);
             sp_buf_putc(&line, '}');
         } else {
             sp_buf_printf(&line, "%s  seq=%-8" PRIu64 " %-24s state=%-10s actor=%s", when, seq,
@@ -117,11 +113,7 @@ int replay_timeline(PGconn *db, const replay_config_t *cfg)
                 sp_buf_printf(&line, "  REJECTED: %s", stored_reason);
             sp_buf_puts(&line, "  ");
             payload_json(e, &line);
-            const char *field = replay_sealed_field(e);
-            if (field) {
-                sp_buf_printf(&line, "  %s=", field);
-                replay_sealed_text(keys, cfg->sandbox, e, &line);
-            }
+            replay_sealed_append(keys, cfg->sandbox, e, false, &line);
         }
         puts(line.data);
         sp_envelope_free(e);

@@ -554,6 +554,7 @@ out:
     }
     for (int i = 0; i < 200 && atomic_load(&w.listeners) > 0; i++)
         usleep(10 * 1000);
+    wk_commands_free(&w);
     wk_factq_free(w.facts);
     sp_bus_free(w.bus);
     sp_db_idle_free(w.db);

@@ -86,10 +86,11 @@ typedef struct wk_pool wk_pool_t;
 /* Command facts (worker_factq.c): published from a thread of their own, in the order queued,
  * each batch retried whole until the stream has it (message ids make that idempotent). A fact
  * waits for its hold to end, or goes out earlier with a later fact whose hold ends first:
- * CommandStarted and CommandOutput wait up to WK_FACT_HOLD_MS for their CommandExited, which
- * waits WK_FACT_END_MS (the gateway's answer from the IoExit leaves meanwhile), so a short
- * command's facts reach the stream together once it has ended. At most WK_FACT_ITEMS facts or
- * WK_FACT_BYTES bytes wait; a push then blocks. */
+ * CommandOutput waits up to WK_FACT_HOLD_MS for its CommandExited, which waits WK_FACT_END_MS
+ * (the gateway's answer from the IoExit leaves meanwhile). Before that, worker_commands.c holds
+ * a command's start and first output WK_FACT_HOLD_MS itself: a command that ends within it is
+ * one CommandExited with them inside. At most WK_FACT_ITEMS facts or WK_FACT_BYTES bytes wait;
+ * a push then blocks. */
 #define WK_FACT_HOLD_MS    100
 #define WK_FACT_END_MS     5
 #define WK_FACT_ITEMS      4096
@@ -276,6 +277,8 @@ int wk_commands_start(wk_t *w);
  * the same IoExit, so a gateway still following it answers at once. */
 int wk_commands_reconcile(wk_t *w, PGconn *db, const char *tenant, const char *sbx);
 void wk_commands_stop(wk_t *w);
+/* After every box is released (their reader threads ask the stopped waits' thread). */
+void wk_commands_free(wk_t *w);
 /* Attaches the agent channel of a new sandbox (takes the fds; -1 fds: no channel). */
 int wk_box_attach_agent(wk_box_t *b, int to_fd, int from_fd);
 /* Ends every running command of the box with error (the sandbox is going away). */

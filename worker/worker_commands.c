@@ -73,6 +73,18 @@
 #define PIN_CAP     (768 * 1024)
 #define PIN_WAIT_MS 5000
 
+/* Output of a command whose start is not recorded yet (box->mu): redacted bytes of stream at
+ * offset, or the audit cap's marker. */
+typedef struct deferred deferred_t;
+struct deferred {
+    deferred_t *next;
+    uint32_t stream;
+    uint64_t offset;
+    bool truncated;
+    size_t len;
+    uint8_t data[];
+};
+
 typedef struct kept kept_t;
 struct kept {
     kept_t *next;
@@ -122,6 +134,13 @@ struct wk_cmd {
     uint64_t pin_seq;
     int64_t pin_until_ns;
     size_t pin_bytes;
+    /* A short command in one fact (docs/architecture.md): its CommandStarted (pid, line_ct)
+     * and CommandOutput wait here to go out inside its CommandExited, until it has run
+     * WK_FACT_HOLD_MS or its output is more than that fact carries; then they are recorded as
+     * their own facts (record_deferred). */
+    bool deferring;
+    deferred_t *def_head, *def_tail;
+    size_t n_def, def_bytes; /* def_bytes: as carried (sealed: with the tags) */
     /* Once ended (on the box's done list). */
     int exit_code;
     uint32_t signal;
@@ -141,8 +160,19 @@ static void free_kept(kept_t *k)
     }
 }
 
+static void free_deferred(deferred_t *d)
+{
+    while (d) {
+        deferred_t *n = d->next;
+        explicit_bzero(d->data, d->len);
+        free(d);
+        d = n;
+    }
+}
+
 static void cmd_free(wk_cmd_t *c)
 {
+    free_deferred(c->def_head);
     sp_redactor_free(c->red[1]);
     sp_redactor_free(c->red[2]);
     sp_cred_key_wipe(&c->dk);
@@ -446,6 +476,20 @@ static void reply_output(wk_t *w, const char *to, const char *cmd_id, const kept
     free(ptrs);
 }
 
+/* A short command's start and output inside its CommandExited (merge_deferred). */
+typedef struct {
+    Space__V1__CommandStarted st;
+    Space__V1__CommandOutput out[SP_COMMAND_EXITED_OUTPUT_MAX];
+    Space__V1__CommandOutput *ptrs[SP_COMMAND_EXITED_OUTPUT_MAX];
+    uint8_t nonce[SP_COMMAND_EXITED_OUTPUT_MAX][SP_CRED_NONCE_LEN];
+    uint8_t *ct[SP_COMMAND_EXITED_OUTPUT_MAX];
+    uint8_t *line_ct;
+    deferred_t *defs;
+} merged_t;
+static void merge_deferred(wk_box_t *b, wk_cmd_t *c, Space__V1__CommandExited *done, merged_t *m);
+static void merged_dispose(merged_t *m);
+static void record_deferred(wk_box_t *b, wk_cmd_t *c, int hold_ms);
+
 static void finish(wk_box_t *b, wk_cmd_t *c)
 {
     for (int s = 1; s <= 2; s++)
@@ -479,9 +523,12 @@ static void finish(wk_box_t *b, wk_cmd_t *c)
     done.stderr_sha256 = (ProtobufCBinaryData){SP_SHA256_LEN, digest[2]};
     done.duration_ms = c->duration_ms;
     done.output_truncated = c->live_truncated;
+    merged_t merged;
+    merge_deferred(b, c, &done, &merged);
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED;
     env.command_exited = &done;
     publish_command_event(b, c, &env, "exited", 0, WK_FACT_END_MS);
+    merged_dispose(&merged);
     pthread_mutex_lock(&b->mu);
     char *waiter = c->waiter;
     c->waiter = NULL;
@@ -543,6 +590,10 @@ void wk_box_forget_commands(wk_box_t *b)
     pthread_mutex_unlock(&b->mu);
     while (list) {
         wk_cmd_t *next = list->next;
+        /* It runs on, followed again after the resume: its start is recorded now. */
+        pthread_mutex_lock(&b->mu);
+        record_deferred(b, list, 0);
+        pthread_mutex_unlock(&b->mu);
         for (int s = 1; s <= 2; s++)
             sp_sha256_final(list->sha[s], (uint8_t[SP_SHA256_LEN]){0});
         /* A waiting requester hears "running" with what it wrote so far, as when its wait is
@@ -570,6 +621,178 @@ void wk_box_fail_commands(wk_box_t *b, const char *error)
 
 /* ---- agent callbacks (the box's reader thread) ---- */
 
+/* What a timer of the waits' thread is for: a waiting requester's answer, or a command's start
+ * that waited for its end (record_deferred). */
+enum { WAIT_REPLY, WAIT_FACTS };
+/* false once the waits' thread has stopped (the worker stops). */
+static bool waits_add(wk_waits_t *ws, const char *sandbox, const char *cmd_id, uint32_t wait_ms,
+                      int kind);
+
+/* Fills st, c's CommandStarted, with its sealed command line line_ct when there is one. */
+static void started_fill(const wk_cmd_t *c, uint8_t *line_ct, const char *line_key_id,
+                         Space__V1__CommandStarted *st)
+{
+    space__v1__command_started__init(st);
+    st->cmd_id = (char *)c->id;
+    st->pid = c->pid;
+    /* The sealed command line (docs/audit.md): the gateway's intent does not carry it. */
+    if (line_ct) {
+        st->cmdline_ciphertext = (ProtobufCBinaryData){c->line_ct_len, line_ct};
+        st->cmdline_nonce = (ProtobufCBinaryData){SP_CRED_NONCE_LEN, (uint8_t *)c->line_nonce};
+        st->cmdline_key_id = (char *)line_key_id;
+    }
+}
+
+/* Fills out, a CommandOutput of c: n redacted bytes of stream at offset, or the audit cap's
+ * marker; sealed into ct (n plus the tag) and nonce when c seals. -1 when sealing failed
+ * (logged: the chunk is not recorded). */
+static int output_fill(const wk_box_t *b, const wk_cmd_t *c, uint32_t stream, uint64_t offset,
+                       const uint8_t *data, size_t n, bool truncated, uint8_t *ct,
+                       uint8_t nonce[SP_CRED_NONCE_LEN], Space__V1__CommandOutput *out)
+{
+    space__v1__command_output__init(out);
+    out->cmd_id = (char *)c->id;
+    out->stream = stream;
+    out->offset = offset;
+    out->truncated = truncated;
+    if (truncated)
+        return 0;
+    if (c->seal > 0) {
+        if (sp_output_seal(&c->dk, b->id, c->id, stream, offset, data, n, nonce, ct) < 0) {
+            sp_log(SP_LOG_ERROR, "cannot seal output: not recorded", SP_KS("cmd", c->id));
+            return -1;
+        }
+        out->ciphertext = (ProtobufCBinaryData){n + SP_CRED_TAG_LEN, ct};
+        out->nonce = (ProtobufCBinaryData){SP_CRED_NONCE_LEN, nonce};
+        out->key_id = (char *)c->dk.id;
+    } else {
+        out->data = (ProtobufCBinaryData){n, (uint8_t *)data};
+    }
+    return 0;
+}
+
+/* Queues one CommandOutput fact of c (see output_fill). */
+static void output_record(wk_box_t *b, const wk_cmd_t *c, uint32_t stream, uint64_t offset,
+                          const uint8_t *data, size_t n, bool truncated, uint8_t *ct, int hold_ms)
+{
+    uint8_t nonce[SP_CRED_NONCE_LEN];
+    sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
+    Space__V1__CommandOutput out;
+    if (output_fill(b, c, stream, offset, data, n, truncated, ct, nonce, &out) < 0)
+        return;
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT;
+    env.command_output = &out;
+    publish_command_event(b, c, &env,
+                          truncated     ? "truncated"
+                          : stream == 1 ? "out"
+                                        : "err",
+                          truncated ? 0 : offset, hold_ms);
+}
+
+/* c's start and the output that waited with it go out as facts of their own (box->mu held,
+ * so that nothing else of c is queued before them): it runs on past WK_FACT_HOLD_MS, wrote
+ * more than one fact carries, or the worker lets go of it. */
+static void record_deferred(wk_box_t *b, wk_cmd_t *c, int hold_ms)
+{
+    if (!c->deferring)
+        return;
+    c->deferring = false;
+    sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
+    Space__V1__CommandStarted st;
+    started_fill(c, c->line_ct, c->dk.id, &st);
+    env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED;
+    env.command_started = &st;
+    publish_command_event(b, c, &env, "started", 0, hold_ms);
+    free(c->line_ct);
+    c->line_ct = NULL;
+    uint8_t *ct = c->seal > 0 ? sp_xmalloc(SP_COMMAND_OUTPUT_CHUNK_MAX + SP_CRED_TAG_LEN) : NULL;
+    for (const deferred_t *d = c->def_head; d; d = d->next)
+        output_record(b, c, d->stream, d->offset, d->data, d->len, d->truncated, ct, hold_ms);
+    free(ct);
+    free_deferred(c->def_head);
+    c->def_head = c->def_tail = NULL;
+    c->n_def = c->def_bytes = 0;
+}
+
+/* c ended (retired: only its finish uses it): when its start still waits, it and its output
+ * go inside done, its CommandExited, as one fact. */
+static void merge_deferred(wk_box_t *b, wk_cmd_t *c, Space__V1__CommandExited *done, merged_t *m)
+{
+    memset(m, 0, sizeof(*m));
+    pthread_mutex_lock(&b->mu);
+    bool merge = c->deferring;
+    if (merge) {
+        c->deferring = false;
+        m->line_ct = c->line_ct;
+        m->defs = c->def_head;
+        c->line_ct = NULL;
+        c->def_head = c->def_tail = NULL;
+        c->n_def = c->def_bytes = 0;
+    }
+    pthread_mutex_unlock(&b->mu);
+    if (!merge)
+        return;
+    started_fill(c, m->line_ct, c->dk.id, &m->st);
+    done->started = &m->st;
+    size_t n = 0;
+    for (const deferred_t *d = m->defs; d && n < SP_COMMAND_EXITED_OUTPUT_MAX; d = d->next) {
+        m->ct[n] = c->seal > 0 && !d->truncated ? sp_xmalloc(d->len + SP_CRED_TAG_LEN) : NULL;
+        if (output_fill(b, c, d->stream, d->offset, d->data, d->len, d->truncated, m->ct[n],
+                        m->nonce[n], &m->out[n]) < 0) {
+            free(m->ct[n]);
+            m->ct[n] = NULL;
+            continue;
+        }
+        m->ptrs[n] = &m->out[n];
+        n++;
+    }
+    done->output = m->ptrs;
+    done->n_output = n;
+}
+
+static void merged_dispose(merged_t *m)
+{
+    for (size_t i = 0; i < SP_COMMAND_EXITED_OUTPUT_MAX; i++)
+        free(m->ct[i]);
+    free(m->line_ct);
+    free_deferred(m->defs);
+}
+
+/* Keeps n redacted bytes of stream at offset (then the marker, when truncated) for c's
+ * CommandExited when that still carries them (box->mu held); false when it does not. */
+static bool defer_output(wk_cmd_t *c, int stream, uint64_t offset, const uint8_t *data, size_t n,
+                         bool truncated)
+{
+    size_t pieces = (n + SP_COMMAND_OUTPUT_CHUNK_MAX - 1) / SP_COMMAND_OUTPUT_CHUNK_MAX;
+    size_t carried = n + (c->seal > 0 ? pieces * SP_CRED_TAG_LEN : 0);
+    if (c->n_def + pieces + (truncated ? 1 : 0) > SP_COMMAND_EXITED_OUTPUT_MAX ||
+        c->line_ct_len + c->def_bytes + carried > SP_COMMAND_EXITED_CARRY_MAX)
+        return false;
+    for (size_t at = 0; at <= n; at += SP_COMMAND_OUTPUT_CHUNK_MAX) {
+        bool marker = at == n;
+        if (marker && !truncated)
+            break;
+        size_t len = marker                                 ? 0
+                     : n - at < SP_COMMAND_OUTPUT_CHUNK_MAX ? n - at
+                                                            : SP_COMMAND_OUTPUT_CHUNK_MAX;
+        deferred_t *d = sp_xmalloc(sizeof(*d) + len);
+        d->next = NULL;
+        d->stream = (uint32_t)stream;
+        d->offset = offset + at;
+        d->truncated = marker;
+        d->len = len;
+        memcpy(d->data, data + at, len);
+        if (c->def_tail)
+            c->def_tail->next = d;
+        else
+            c->def_head = d;
+        c->def_tail = d;
+        c->n_def++;
+    }
+    c->def_bytes += carried;
+    return true;
+}
+
 static void on_started(void *arg, const char *cmd_id, uint32_t pid)
 {
     wk_box_t *b = arg;
@@ -578,10 +801,17 @@ static void on_started(void *arg, const char *cmd_id, uint32_t pid)
     wk_cmd_t copy;
     uint8_t *line_ct = NULL;
     char line_key_id[SP_CRED_KEY_ID_LEN + 1] = "";
+    bool defer = false;
     if (c) {
         c->pid = pid;
-        line_ct = c->line_ct; /* this event's own: not left behind in c for the copy */
-        c->line_ct = NULL;
+        /* Its start waits for its end (a timer of the waits' thread ends the wait), unless
+         * the command line alone is more than that end may carry. */
+        defer = b->w->waits && c->line_ct_len <= SP_COMMAND_EXITED_CARRY_MAX;
+        c->deferring = defer;
+        if (!defer) {
+            line_ct = c->line_ct; /* this event's own: not left behind in c for the copy */
+            c->line_ct = NULL;
+        }
         memcpy(line_key_id, c->dk.id, sizeof(line_key_id));
         copy = *c;
         sp_cred_key_wipe(&copy.dk); /* not needed here: no copy of the key on this stack */
@@ -594,19 +824,18 @@ static void on_started(void *arg, const char *cmd_id, uint32_t pid)
     io.pid = pid;
     if (!copy.quiet)
         publish_io(b, copy.id, "start", &io.base);
-
-    sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
-    Space__V1__CommandStarted st = SPACE__V1__COMMAND_STARTED__INIT;
-    st.cmd_id = copy.id;
-    st.pid = pid;
-    /* The sealed command line (docs/audit.md): the gateway's intent does not carry it. */
-    if (line_ct) {
-        st.cmdline_ciphertext.data = line_ct;
-        st.cmdline_ciphertext.len = copy.line_ct_len;
-        st.cmdline_nonce.data = copy.line_nonce;
-        st.cmdline_nonce.len = SP_CRED_NONCE_LEN;
-        st.cmdline_key_id = line_key_id;
+    if (defer && waits_add(b->w->waits, b->id, copy.id, WK_FACT_HOLD_MS, WAIT_FACTS))
+        return;
+    if (defer) { /* no timer any more (the worker stops): recorded now */
+        pthread_mutex_lock(&b->mu);
+        if ((c = find_cmd(b, cmd_id)))
+            record_deferred(b, c, 0);
+        pthread_mutex_unlock(&b->mu);
+        return;
     }
+    sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
+    Space__V1__CommandStarted st;
+    started_fill(&copy, line_ct, line_key_id, &st);
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_STARTED;
     env.command_started = &st;
     publish_command_event(b, &copy, &env, "started", 0, WK_FACT_HOLD_MS);
@@ -614,7 +843,8 @@ static void on_started(void *arg, const char *cmd_id, uint32_t pid)
 }
 
 /* Records len redacted bytes of stream as CommandOutput chunks at the command's audit offset,
- * within the cap, then the marker once the cap is reached. Called with box->mu held, which it
+ * within the cap, then the marker once the cap is reached: kept for its CommandExited while
+ * its start waits and they fit, else queued as facts. Called with box->mu held, which it
  * releases after the accounting: the events go out from a copy of *c. */
 static void audit_record(wk_box_t *b, wk_cmd_t *c, int stream, const uint8_t *data, size_t len)
 {
@@ -636,49 +866,28 @@ static void audit_record(wk_box_t *b, wk_cmd_t *c, int stream, const uint8_t *da
             mark_truncated = true;
         }
     }
+    if (c->deferring) {
+        if (defer_output(c, stream, audit_from, data, audit_len, mark_truncated)) {
+            pthread_mutex_unlock(&b->mu);
+            return;
+        }
+        record_deferred(b, c, WK_FACT_HOLD_MS);
+    }
     wk_cmd_t copy = *c;
     pthread_mutex_unlock(&b->mu);
     /* Audit chunks: the reader thread is this command's only writer of events and the queue
      * keeps its order, so their order in the log is the output's order. */
     uint8_t *ct = copy.seal > 0 ? sp_xmalloc(SP_COMMAND_OUTPUT_CHUNK_MAX + SP_CRED_TAG_LEN) : NULL;
-    uint8_t nonce[SP_CRED_NONCE_LEN];
     for (size_t at = 0; at < audit_len; at += SP_COMMAND_OUTPUT_CHUNK_MAX) {
         size_t n = audit_len - at < SP_COMMAND_OUTPUT_CHUNK_MAX ? audit_len - at
                                                                 : SP_COMMAND_OUTPUT_CHUNK_MAX;
-        sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
-        Space__V1__CommandOutput out = SPACE__V1__COMMAND_OUTPUT__INIT;
-        out.cmd_id = copy.id;
-        out.stream = (uint32_t)stream;
-        out.offset = audit_from + at;
-        if (ct) {
-            if (sp_output_seal(&copy.dk, b->id, copy.id, (uint32_t)stream, out.offset, data + at, n,
-                               nonce, ct) < 0) {
-                sp_log(SP_LOG_ERROR, "cannot seal output: not recorded", SP_KS("cmd", copy.id));
-                break;
-            }
-            out.ciphertext = (ProtobufCBinaryData){n + SP_CRED_TAG_LEN, ct};
-            out.nonce = (ProtobufCBinaryData){SP_CRED_NONCE_LEN, nonce};
-            out.key_id = copy.dk.id;
-        } else {
-            out.data = (ProtobufCBinaryData){n, (uint8_t *)data + at};
-        }
-        env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT;
-        env.command_output = &out;
-        publish_command_event(b, &copy, &env, stream == 1 ? "out" : "err", out.offset,
-                              WK_FACT_HOLD_MS);
+        output_record(b, &copy, (uint32_t)stream, audit_from + at, data + at, n, false, ct,
+                      WK_FACT_HOLD_MS);
     }
     free(ct);
-    if (mark_truncated) {
-        sp_envelope_t env = SPACE__V1__ENVELOPE__INIT;
-        Space__V1__CommandOutput out = SPACE__V1__COMMAND_OUTPUT__INIT;
-        out.cmd_id = copy.id;
-        out.stream = (uint32_t)stream;
-        out.offset = audit_from + audit_len;
-        out.truncated = true;
-        env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_OUTPUT;
-        env.command_output = &out;
-        publish_command_event(b, &copy, &env, "truncated", 0, WK_FACT_HOLD_MS);
-    }
+    if (mark_truncated)
+        output_record(b, &copy, (uint32_t)stream, audit_from + audit_len, NULL, 0, true, NULL,
+                      WK_FACT_HOLD_MS);
     sp_cred_key_wipe(&copy.dk);
 }
 
@@ -950,6 +1159,7 @@ typedef struct wait_entry wait_entry_t;
 struct wait_entry {
     wait_entry_t *next;
     int64_t due_ns;
+    int kind; /* WAIT_REPLY, WAIT_FACTS */
     char sandbox[SP_ID_MAX + 1];
     char cmd_id[sizeof(((wk_cmd_t *)0)->id)];
 };
@@ -963,13 +1173,20 @@ struct wk_waits {
     pthread_t thread;
 };
 
-static void waits_add(wk_waits_t *ws, const char *sandbox, const char *cmd_id, uint32_t wait_ms)
+static bool waits_add(wk_waits_t *ws, const char *sandbox, const char *cmd_id, uint32_t wait_ms,
+                      int kind)
 {
     wait_entry_t *e = sp_xcalloc(1, sizeof(*e));
     e->due_ns = sp_mono_ns() + (int64_t)wait_ms * 1000000;
+    e->kind = kind;
     snprintf(e->sandbox, sizeof(e->sandbox), "%s", sandbox);
     snprintf(e->cmd_id, sizeof(e->cmd_id), "%s", cmd_id);
     pthread_mutex_lock(&ws->mu);
+    if (ws->stop) {
+        pthread_mutex_unlock(&ws->mu);
+        free(e);
+        return false;
+    }
     wait_entry_t **pp = &ws->head;
     while (*pp && (*pp)->due_ns <= e->due_ns)
         pp = &(*pp)->next;
@@ -978,6 +1195,7 @@ static void waits_add(wk_waits_t *ws, const char *sandbox, const char *cmd_id, u
     if (ws->head == e)
         pthread_cond_signal(&ws->cv);
     pthread_mutex_unlock(&ws->mu);
+    return true;
 }
 
 /* The wait is over and the command still runs: answer "accepted" (no exit) with its output so
@@ -991,7 +1209,9 @@ static void wait_due(wk_t *w, const wait_entry_t *e)
     wk_cmd_t *c = find_cmd(b, e->cmd_id);
     char *waiter = NULL;
     kept_t *so_far = NULL;
-    if (c && c->waiter)
+    if (c && e->kind == WAIT_FACTS)
+        record_deferred(b, c, 0); /* it runs on: its start is recorded now */
+    else if (c && c->waiter)
         waiter = hand_off(c, &so_far);
     pthread_mutex_unlock(&b->mu);
     if (waiter)
@@ -1059,16 +1279,17 @@ static void waits_stop(wk_t *w)
     pthread_cond_signal(&ws->cv);
     pthread_mutex_unlock(&ws->mu);
     pthread_join(ws->thread, NULL);
-    w->waits = NULL;
-    for (wait_entry_t *e = ws->head; e;) {
+    /* Stays allocated until wk_commands_free: reader threads still ask it (and are refused). */
+    pthread_mutex_lock(&ws->mu);
+    wait_entry_t *list = ws->head;
+    ws->head = NULL;
+    pthread_mutex_unlock(&ws->mu);
+    for (wait_entry_t *e = list; e;) {
         wait_entry_t *next = e->next;
         wait_due(w, e);
         free(e);
         e = next;
     }
-    pthread_cond_destroy(&ws->cv);
-    pthread_mutex_destroy(&ws->mu);
-    free(ws);
 }
 
 /* Checks a request; returns NULL or the machine-readable refusal, with detail. */
@@ -1299,7 +1520,7 @@ static void exec_request(void *arg, const char *subject, const char *reply_to, c
     } else {
         /* A waiting requester is answered when the command ends, or by the waits' thread. */
         if (wait_ms)
-            waits_add(w->waits, q->sandbox, q->cmd_id, wait_ms);
+            (void)waits_add(w->waits, q->sandbox, q->cmd_id, wait_ms, WAIT_REPLY);
         else
             reply(w, reply_to, true, NULL, NULL);
         sp_log(SP_LOG_INFO, "command accepted", SP_KS("sandbox", q->sandbox),
@@ -1648,6 +1869,17 @@ void wk_commands_stop(wk_t *w)
     sp_bus_unsubscribe(w->ctl_sub);
     w->ctl_sub = NULL;
     waits_stop(w);
+}
+
+void wk_commands_free(wk_t *w)
+{
+    wk_waits_t *ws = w->waits;
+    if (!ws)
+        return;
+    w->waits = NULL;
+    pthread_cond_destroy(&ws->cv);
+    pthread_mutex_destroy(&ws->mu);
+    free(ws);
 }
 
 /* One command of the log without its end. */

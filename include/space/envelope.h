@@ -22,6 +22,10 @@ typedef Space__V1__Envelope__PayloadCase sp_event_type_t;
 #define SP_REASON_MAX     256
 /* Largest data of one CommandOutput audit event. */
 #define SP_COMMAND_OUTPUT_CHUNK_MAX (16 * 1024)
+/* A short command's CommandExited carrying its start and output (space.proto): at most this
+ * many CommandOutput, and this many bytes of sealed command line and output together. */
+#define SP_COMMAND_EXITED_OUTPUT_MAX 4
+#define SP_COMMAND_EXITED_CARRY_MAX  (32 * 1024)
 /* Largest packed CommandLine sealed into a CommandStarted (docs/audit.md): longer argv lists
  * are cut at an entry and marked truncated, so the event stays under SP_ENVELOPE_MAX. */
 #define SP_COMMAND_LINE_SEALED_MAX (48 * 1024)

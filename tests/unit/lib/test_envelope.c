@@ -380,6 +380,84 @@ static void test_sealed_command_line(void **state)
     assert_string_equal(sp_envelope_plaintext_content(&f.env), "command output");
 }
 
+/* A short command's CommandExited with its start and output inside: each checked as its own
+ * event would be, of the same command, within the bounds; plaintext output inside counts. */
+static void test_short_command_exited(void **state)
+{
+    fixture_t f;
+    char reason[SP_REASON_MAX];
+    uint8_t ct[40] = {0}, nonce[12] = {0}, text[3] = "hi\n";
+    static uint8_t big[SP_COMMAND_OUTPUT_CHUNK_MAX];
+    Space__V1__CommandExited ex = SPACE__V1__COMMAND_EXITED__INIT;
+    Space__V1__CommandStarted st = SPACE__V1__COMMAND_STARTED__INIT;
+    Space__V1__CommandOutput o[SP_COMMAND_EXITED_OUTPUT_MAX + 1];
+    Space__V1__CommandOutput *op[SP_COMMAND_EXITED_OUTPUT_MAX + 1];
+    (void)state;
+    make_create(&f);
+    for (size_t i = 0; i <= SP_COMMAND_EXITED_OUTPUT_MAX; i++) {
+        space__v1__command_output__init(&o[i]);
+        o[i].cmd_id = "cmd_1";
+        o[i].stream = 1;
+        o[i].offset = i * 3;
+        o[i].data = (ProtobufCBinaryData){3, text};
+        op[i] = &o[i];
+    }
+    ex.cmd_id = "cmd_1";
+    st.cmd_id = "cmd_1";
+    st.pid = 7;
+    f.env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED;
+    f.env.command_exited = &ex;
+    sp_envelope_stamp(&f.env, f.id);
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+    /* Output only with its start. */
+    ex.output = op;
+    ex.n_output = 1;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    assert_non_null(strstr(reason, "only with started"));
+    ex.started = &st;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+    assert_string_equal(sp_envelope_plaintext_content(&f.env), "command output");
+    /* Round trip: what the worker sends is what the log decodes. */
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(sp_envelope_encode(&f.env, &buf, &len), 0);
+    sp_envelope_t *back = NULL;
+    assert_int_equal(sp_envelope_decode(buf, len, &back, reason), 0);
+    assert_int_equal(back->command_exited->started->pid, 7);
+    assert_int_equal(back->command_exited->n_output, 1);
+    assert_memory_equal(back->command_exited->output[0]->data.data, "hi\n", 3);
+    sp_envelope_free(back);
+    free(buf);
+    /* Another command's start or output. */
+    st.cmd_id = "cmd_2";
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    st.cmd_id = "cmd_1";
+    o[0].cmd_id = "cmd_2";
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    o[0].cmd_id = "cmd_1";
+    /* Each entry checked as a CommandOutput: a bad stream, plaintext next to a ciphertext. */
+    o[0].stream = 3;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    o[0].stream = 1;
+    o[0].ciphertext = (ProtobufCBinaryData){sizeof(ct), ct};
+    o[0].nonce = (ProtobufCBinaryData){sizeof(nonce), nonce};
+    o[0].key_id = "0123456789abcdef";
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    o[0].data = (ProtobufCBinaryData){0, NULL};
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+    assert_null(sp_envelope_plaintext_content(&f.env)); /* sealed */
+    /* Bounds: entries, and bytes carried. */
+    ex.n_output = SP_COMMAND_EXITED_OUTPUT_MAX;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), 0);
+    ex.n_output = SP_COMMAND_EXITED_OUTPUT_MAX + 1;
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    ex.n_output = 3;
+    o[1].data = (ProtobufCBinaryData){sizeof(big), big};
+    o[2].data = (ProtobufCBinaryData){sizeof(big), big};
+    assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
+    assert_non_null(strstr(reason, "at most"));
+}
+
 /* Sealed file paths: the clear paths or the sealed ones, never both; a sealed field whole. */
 static void test_sealed_file_paths(void **state)
 {
@@ -605,6 +683,7 @@ int main(void)
         cmocka_unit_test(test_encode_refuses_invalid),
         cmocka_unit_test(test_file_events),
         cmocka_unit_test(test_sealed_output),
+        cmocka_unit_test(test_short_command_exited),
         cmocka_unit_test(test_sealed_command_line),
         cmocka_unit_test(test_sealed_file_paths),
         cmocka_unit_test(test_network),
