@@ -758,6 +758,26 @@ static void merged_dispose(merged_t *m)
     free_deferred(m->defs);
 }
 
+/* Appends one waiting output entry to c (box->mu held). */
+static void defer_add(wk_cmd_t *c, int stream, uint64_t offset, const uint8_t *data, size_t len,
+                      bool marker)
+{
+    deferred_t *d = sp_xmalloc(sizeof(*d) + len);
+    d->next = NULL;
+    d->stream = (uint32_t)stream;
+    d->offset = offset;
+    d->truncated = marker;
+    d->len = len;
+    if (len)
+        memcpy(d->data, data, len);
+    if (c->def_tail)
+        c->def_tail->next = d;
+    else
+        c->def_head = d;
+    c->def_tail = d;
+    c->n_def++;
+}
+
 /* Keeps n redacted bytes of stream at offset (then the marker, when truncated) for c's
  * CommandExited when that still carries them (box->mu held); false when it does not. */
 static bool defer_output(wk_cmd_t *c, int stream, uint64_t offset, const uint8_t *data, size_t n,
@@ -768,27 +788,12 @@ static bool defer_output(wk_cmd_t *c, int stream, uint64_t offset, const uint8_t
     if (c->n_def + pieces + (truncated ? 1 : 0) > SP_COMMAND_EXITED_OUTPUT_MAX ||
         c->line_ct_len + c->def_bytes + carried > SP_COMMAND_EXITED_CARRY_MAX)
         return false;
-    for (size_t at = 0; at <= n; at += SP_COMMAND_OUTPUT_CHUNK_MAX) {
-        bool marker = at == n;
-        if (marker && !truncated)
-            break;
-        size_t len = marker                                 ? 0
-                     : n - at < SP_COMMAND_OUTPUT_CHUNK_MAX ? n - at
-                                                            : SP_COMMAND_OUTPUT_CHUNK_MAX;
-        deferred_t *d = sp_xmalloc(sizeof(*d) + len);
-        d->next = NULL;
-        d->stream = (uint32_t)stream;
-        d->offset = offset + at;
-        d->truncated = marker;
-        d->len = len;
-        memcpy(d->data, data + at, len);
-        if (c->def_tail)
-            c->def_tail->next = d;
-        else
-            c->def_head = d;
-        c->def_tail = d;
-        c->n_def++;
-    }
+    for (size_t at = 0; at < n; at += SP_COMMAND_OUTPUT_CHUNK_MAX)
+        defer_add(c, stream, offset + at, data + at,
+                  n - at < SP_COMMAND_OUTPUT_CHUNK_MAX ? n - at : SP_COMMAND_OUTPUT_CHUNK_MAX,
+                  false);
+    if (truncated)
+        defer_add(c, stream, offset + n, NULL, 0, true);
     c->def_bytes += carried;
     return true;
 }

@@ -520,8 +520,9 @@ static sp_envelope_t *newest_command_events(PGconn *db, const char *id, long lon
     types[0] = '\0';
     for (int i = 0; i < PQntuples(r); i++) {
         bool ok = strcmp(PQgetvalue(r, i, 2), "accepted") == 0;
-        at += (size_t)snprintf(types + at, cap - at, "%s%s%s%s%s", i ? "," : "", PQgetvalue(r, i, 0),
-                               ok ? "" : " (", ok ? "" : PQgetvalue(r, i, 3), ok ? "" : ")");
+        at +=
+            (size_t)snprintf(types + at, cap - at, "%s%s%s%s%s", i ? "," : "", PQgetvalue(r, i, 0),
+                             ok ? "" : " (", ok ? "" : PQgetvalue(r, i, 3), ok ? "" : ")");
         assert_true(at < cap);
         if (strcmp(PQgetvalue(r, i, 0), "CommandExited") == 0) {
             char reason[SP_REASON_MAX];
@@ -535,6 +536,28 @@ static sp_envelope_t *newest_command_events(PGconn *db, const char *id, long lon
     return exited;
 }
 
+/* Runs body in sandbox id (its stdout: want) until the log records it as one CommandExited
+ * (a guest slower than the worker's hold now and then makes a short command several facts:
+ * three tries); that event, decoded. */
+static sp_envelope_t *run_one_fact(PGconn *db, const char *id, const char *body, const char *want)
+{
+    char types[512];
+    for (int i = 0; i < 3; i++) {
+        long long before = intents(db, id);
+        result_t r = run(id, body);
+        assert_int_equal(r.status, 200);
+        assert_string_equal(r.stdout_s, want);
+        result_free(&r);
+        sp_envelope_t *ex = newest_command_events(db, id, before, types, sizeof(types));
+        if (strcmp(types, "CommandExited") == 0)
+            return ex;
+        print_message("short command recorded as %s\n", types);
+        sp_envelope_free(ex);
+    }
+    fail_msg("no short command recorded as one fact in three tries");
+    return NULL;
+}
+
 /* A short command is one fact: what its CommandStarted and CommandOutput would hold is inside
  * its CommandExited (docs/architecture.md, "A short command in one fact"). A command that runs
  * on past the worker's hold (100 ms) has them as events of their own, in order, the output
@@ -544,42 +567,49 @@ static void test_short_command_one_fact(void **state)
     (void)state;
     PGconn *db = sp_test_db();
     char types[512];
-    bool one = false;
-    /* A guest slower than the hold now and then makes one short command two facts: three
-     * tries. */
-    for (int i = 0; i < 3 && !one; i++) {
-        long long before = intents(db, sbx[0]);
-        result_t r = run(sbx[0], "{\"cmd\":\"echo one-fact; echo err-fact >&2\"}");
-        assert_int_equal(r.status, 200);
-        assert_string_equal(r.stdout_s, "one-fact\n");
-        result_free(&r);
-        sp_envelope_t *ex = newest_command_events(db, sbx[0], before, types, sizeof(types));
-        one = strcmp(types, "CommandExited") == 0;
-        if (one) {
-            const Space__V1__CommandExited *e = ex->command_exited;
-            assert_non_null(e->started);
-            assert_string_equal(e->started->cmd_id, e->cmd_id);
-            assert_true(e->started->pid > 0);
-            assert_int_equal(e->n_output, 2);
-            assert_int_equal(e->output[0]->stream, 1);
-            assert_int_equal(e->output[1]->stream, 2);
-            /* In the clear or sealed, as the deployment records output (this stack: clear). */
-            const ProtobufCBinaryData *d = &e->output[0]->data;
-            assert_int_equal(d->len, 9);
-            assert_memory_equal(d->data, "one-fact\n", 9);
-            assert_int_equal(e->stdout_bytes, 9);
-        } else {
-            print_message("short command recorded as %s\n", types);
-        }
-        sp_envelope_free(ex);
+    sp_envelope_t *ex =
+        run_one_fact(db, sbx[0], "{\"cmd\":\"echo one-fact; echo err-fact >&2\"}", "one-fact\n");
+    const Space__V1__CommandExited *e = ex->command_exited;
+    assert_non_null(e->started);
+    assert_string_equal(e->started->cmd_id, e->cmd_id);
+    assert_true(e->started->pid > 0);
+    assert_int_equal(e->n_output, 2);
+    assert_int_equal(e->output[0]->stream, 1);
+    assert_int_equal(e->output[1]->stream, 2);
+    /* In the clear or sealed, as the deployment records output (this stack: clear). */
+    assert_int_equal(e->output[0]->data.len, 9);
+    assert_memory_equal(e->output[0]->data.data, "one-fact\n", 9);
+    assert_int_equal(e->output[1]->data.len, 9);
+    assert_memory_equal(e->output[1]->data.data, "err-fact\n", 9);
+    assert_int_equal(e->stdout_bytes, 9);
+    sp_envelope_free(ex);
+
+    /* Past the audit cap (4 KiB for this stack): what is recorded, then the cap's marker. */
+    sp_buf_t want;
+    sp_buf_init(&want);
+    for (int i = 0; i < 2500; i++)
+        sp_buf_puts(&want, "a\n");
+    ex = run_one_fact(db, sbx[0], "{\"cmd\":\"yes a | head -c 5000\"}", want.data);
+    sp_buf_dispose(&want);
+    e = ex->command_exited;
+    assert_true(e->n_output >= 2);
+    size_t recorded = 0;
+    for (size_t i = 0; i + 1 < e->n_output; i++) {
+        assert_false(e->output[i]->truncated);
+        assert_int_equal(e->output[i]->offset, recorded);
+        recorded += e->output[i]->data.len;
     }
-    assert_true(one);
+    assert_int_equal(recorded, 4096);
+    assert_true(e->output[e->n_output - 1]->truncated);
+    assert_int_equal(e->output[e->n_output - 1]->offset, 4096);
+    assert_int_equal(e->stdout_bytes, 5000);
+    sp_envelope_free(ex);
 
     long long before = intents(db, sbx[0]);
     result_t r = run(sbx[0], "{\"cmd\":\"echo early; sleep 0.4; echo late\"}");
     assert_string_equal(r.stdout_s, "early\nlate\n");
     result_free(&r);
-    sp_envelope_t *ex = newest_command_events(db, sbx[0], before, types, sizeof(types));
+    ex = newest_command_events(db, sbx[0], before, types, sizeof(types));
     assert_string_equal(types, "CommandStarted,CommandOutput,CommandOutput,CommandExited");
     assert_null(ex->command_exited->started);
     assert_int_equal(ex->command_exited->n_output, 0);
