@@ -398,8 +398,8 @@ static int validate_output(const Space__V1__CommandOutput *p, char reason[SP_REA
     if (p->ciphertext.len || p->nonce.len || p->key_id[0]) {
         if (p->data.len)
             return fail(reason, SP_ESCHEMA, "data: plaintext next to a ciphertext");
-        return check_sealed(p->ciphertext.len, SP_COMMAND_OUTPUT_CHUNK_MAX, p->nonce.len,
-                            p->key_id, "", reason);
+        return check_sealed(p->ciphertext.len, SP_COMMAND_OUTPUT_CHUNK_MAX, p->nonce.len, p->key_id,
+                            "", reason);
     }
     return 0;
 }

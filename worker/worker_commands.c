@@ -108,6 +108,7 @@ struct wk_cmd {
     bool outage;     /* the agent channel was down while it ran: output of that time is lost */
     bool publishing; /* ended, on the done list, its end not published yet: not pruned */
     bool quiet;      /* see waiter */
+    bool deferring;  /* see def_head */
     uint64_t seq;
     uint64_t bytes[3]; /* by stream; [0] unused */
     sp_sha256_ctx_t *sha[3];
@@ -134,11 +135,10 @@ struct wk_cmd {
     uint64_t pin_seq;
     int64_t pin_until_ns;
     size_t pin_bytes;
-    /* A short command in one fact (docs/architecture.md): its CommandStarted (pid, line_ct)
-     * and CommandOutput wait here to go out inside its CommandExited, until it has run
-     * WK_FACT_HOLD_MS or its output is more than that fact carries; then they are recorded as
-     * their own facts (record_deferred). */
-    bool deferring;
+    /* A short command in one fact (docs/architecture.md): while deferring, its CommandStarted
+     * (pid, line_ct) and CommandOutput wait here to go out inside its CommandExited, until it
+     * has run WK_FACT_HOLD_MS or its output is more than that fact carries; then they are
+     * recorded as their own facts (record_deferred). */
     deferred_t *def_head, *def_tail;
     size_t n_def, def_bytes; /* def_bytes: as carried (sealed: with the tags) */
     /* Once ended (on the box's done list). */
