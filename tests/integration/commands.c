@@ -438,12 +438,26 @@ static void test_basics(void **state)
     PQfinish(db);
 }
 
-/* Transactions that stored the newest command of sandbox id's CommandRequested and its
- * CommandExited (their distinct xmin: 1 or 2), once the exit is in. */
-static long long newest_command_transactions(PGconn *db, const char *id)
+static long long intents(PGconn *db, const char *id)
 {
-    char last[256], sql[768];
-    snprintf(last, sizeof(last),
+    char sql[256];
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type = 'CommandRequested'",
+             id);
+    return sp_test_db_scalar(db, sql);
+}
+
+/* Waits until the log holds the command of sandbox id that came after `before` others
+ * (intents() before it ran) and its CommandExited: the log may lag the command's answer.
+ * Into last, SQL for the stream_seq of its CommandRequested. */
+static void command_logged(PGconn *db, const char *id, long long before, char last[256])
+{
+    char sql[768];
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type = 'CommandRequested'",
+             id);
+    assert_int_equal(sp_test_db_wait_scalar(db, sql, before + 1, 10000), before + 1);
+    snprintf(last, 256,
              "(SELECT max(stream_seq) FROM events WHERE aggregate_id = '%s' AND "
              "type = 'CommandRequested')",
              id);
@@ -452,6 +466,14 @@ static long long newest_command_transactions(PGconn *db, const char *id)
              "AND stream_seq > %s",
              id, last);
     assert_int_equal(sp_test_db_wait_scalar(db, sql, 1, 10000), 1);
+}
+
+/* Transactions that stored that command's CommandRequested and its CommandExited (their
+ * distinct xmin: 1 or 2). */
+static long long command_transactions(PGconn *db, const char *id, long long before)
+{
+    char last[256], sql[768];
+    command_logged(db, id, before, last);
     snprintf(sql, sizeof(sql),
              "SELECT count(DISTINCT xmin::text) FROM events WHERE aggregate_id = '%s' AND "
              "stream_seq >= %s AND type IN ('CommandRequested', 'CommandExited')",
@@ -467,48 +489,27 @@ static void test_short_command_one_transaction(void **state)
 {
     (void)state;
     PGconn *db = sp_test_db();
+    long long before = intents(db, sbx[0]);
     result_t r = run(sbx[0], "{\"cmd\":\"echo one-transaction\"}");
     assert_int_equal(r.status, 200);
     result_free(&r);
-    assert_int_equal(newest_command_transactions(db, sbx[0]), 1);
+    assert_int_equal(command_transactions(db, sbx[0], before), 1);
 
+    before = intents(db, sbx[0]);
     r = run(sbx[0], "{\"cmd\":\"sleep 1.5; echo late\"}");
     assert_string_equal(r.stdout_s, "late\n");
     result_free(&r);
-    assert_int_equal(newest_command_transactions(db, sbx[0]), 2);
+    assert_int_equal(command_transactions(db, sbx[0], before), 2);
     PQfinish(db);
 }
 
-static long long intents(PGconn *db, const char *id)
-{
-    char sql[256];
-    snprintf(sql, sizeof(sql),
-             "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type = 'CommandRequested'",
-             id);
-    return sp_test_db_scalar(db, sql);
-}
-
-/* The command of sandbox id that came after `before` others (intents() before it ran), as the
- * log holds it once its CommandExited is there (the log may lag the command's answer): its
- * events' types after its CommandRequested, comma-separated, into types; its CommandExited
- * decoded (sp_envelope_free). */
+/* That command's events (command_logged): their types after its CommandRequested,
+ * comma-separated, into types; its CommandExited decoded (sp_envelope_free). */
 static sp_envelope_t *newest_command_events(PGconn *db, const char *id, long long before,
                                             char *types, size_t cap)
 {
     char last[256], sql[768];
-    snprintf(sql, sizeof(sql),
-             "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type = 'CommandRequested'",
-             id);
-    assert_int_equal(sp_test_db_wait_scalar(db, sql, before + 1, 10000), before + 1);
-    snprintf(last, sizeof(last),
-             "(SELECT max(stream_seq) FROM events WHERE aggregate_id = '%s' AND "
-             "type = 'CommandRequested')",
-             id);
-    snprintf(sql, sizeof(sql),
-             "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type = 'CommandExited' "
-             "AND stream_seq > %s",
-             id, last);
-    assert_int_equal(sp_test_db_wait_scalar(db, sql, 1, 10000), 1);
+    command_logged(db, id, before, last);
     snprintf(sql, sizeof(sql),
              "SELECT type, payload, status, coalesce(reject_reason, '') FROM events WHERE "
              "aggregate_id = '%s' AND stream_seq > %s ORDER BY stream_seq",
