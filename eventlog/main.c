@@ -362,22 +362,20 @@ static void linger(const el_config_t *cfg, sp_bus_consumer_t *c, sp_bus_batch_t 
 
 /* Consumes until stopped or until something fails that needs a fresh start from the head.
  *
- * Pipelined (docs/trust.md, "Cost in the event log"): while the log is behind (the server
- * said, with the last message it sent, that more are waiting), the next batch is fetched and
- * handed to the verifier pool before the current one is stored, so decoding and signature
- * verification overlap PostgreSQL's work. When it keeps up, a batch is stored as soon as it is
- * prepared: fetching first would add a fetch's wait to every event's lag. Either way a batch
- * is acknowledged only after its commit, and a failure drops every batch not yet stored,
- * unacknowledged, to be fetched again from the head.
+ * The durable is pushed (sp_bus_consumer_push; docs/architecture.md, "The event log's consumer
+ * is pushed"): the server sends events as they are stored, at most two batches' worth
+ * unacknowledged, and one ack per stored batch acknowledges it all. A fetch is a wait on what
+ * has arrived here, with no request to the server.
  *
- * Behind, a fetch asks for exactly what the server said is waiting (at most batch-max):
- * asked for more, nats-server 2.9 may hold the request to its expiry, and a 1 ms wait left
- * requests the client gave up on, after which a fetch was held too; either stalled the log
- * ~1 s at a time (docs/machine-notes.md, "A fetch held to its expiry"). With a batch waiting
- * to be stored the wait is READY_WAIT_MS: long enough for the server to answer before the
- * client gives up (cnats asks it to end the request 10 ms early), short enough that a batch
- * never waits long for a backlog that is not there. */
-#define READY_WAIT_MS 50
+ * Pipelined (docs/trust.md, "Cost in the event log"): while the log is behind (the server
+ * said, with the last message it sent, that more are waiting, or more are queued here), the
+ * next batch is taken and handed to the verifier pool before the current one is stored, so
+ * decoding and signature verification overlap PostgreSQL's work. When it keeps up, a batch is
+ * stored as soon as it is prepared: waiting for the next first would add that wait to every
+ * event's lag. Either way a batch is acknowledged only after its commit, and a failure drops
+ * every batch not yet stored, unacknowledged, to be delivered again from the head. With a
+ * batch waiting to be stored, the next fetch takes only what has arrived (READY_WAIT_MS). */
+#define READY_WAIT_MS 0
 static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_pool_t *pool)
 {
     sp_bus_consumer_t *c = NULL;
@@ -397,8 +395,8 @@ static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_poo
      * from where: a row accepted after it passed sp_trust_verify). */
     if (st->verify == EL_VERIFY_ON && st->verify_from == 0)
         st->verify_from = st->head.seq + 1;
-    rc = sp_bus_consumer_open(bus, cfg->durable, SP_BUS_SUBJECTS, st->head.seq + 1,
-                              (int)cfg->ack_wait_ms, &c);
+    rc = sp_bus_consumer_push(bus, cfg->durable, SP_BUS_SUBJECTS, st->head.seq + 1,
+                              (int)cfg->ack_wait_ms, 2 * (size_t)cfg->batch_max, &c);
     if (rc < 0) {
         sp_log(SP_LOG_ERROR, "cannot open the consumer", SP_KS("error", sp_strerror(rc)));
         return rc;
@@ -425,16 +423,11 @@ static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_poo
         }
         sp_bus_batch_t *fetched = NULL;
         el_batch_t *next = NULL;
-        size_t want = (size_t)cfg->batch_max;
-        if (pending > 0 && pending < (uint64_t)want)
-            want = (size_t)pending;
-        /* With a batch waiting to be stored, a short wait all the same: should the count be
-         * stale, that batch waits READY_WAIT_MS, not fetch-timeout-ms. */
-        rc = sp_bus_fetch(c, want, ready ? READY_WAIT_MS : (int)cfg->fetch_timeout_ms, &fetched);
+        rc = sp_bus_fetch(c, (size_t)cfg->batch_max,
+                          ready ? READY_WAIT_MS : (int)cfg->fetch_timeout_ms, &fetched);
         if (rc < 0) {
             sp_log(SP_LOG_WARN, "fetch failed", SP_KS("error", sp_strerror(rc)));
             sp_bus_batch_free(fetched);
-            pending = 0;
             /* What was prepared is stored first: it was fetched fine. */
             if (ready && (rc = store_and_ack(st, ready)) < 0)
                 break;

@@ -28,6 +28,7 @@
 #include <nats/nats.h>
 
 #include "error.h"
+#include "ids.h"
 #include "log.h"
 #include "natsauth.h"
 #include "sign.h"
@@ -54,11 +55,15 @@
 #define FETCH_MAX_BYTES   ((int64_t)64 * 1024 * 1024)
 #define MAX_ACK_PENDING   20000
 #define FETCH_MIN_WAIT_MS 20
+/* A pushed durable (sp_bus_consumer_push): its idle heartbeat, which flow control requires and
+ * which also carries a flow-control answer the server still waits for. */
+#define PUSH_HEARTBEAT_MS 5000
 
 struct sp_bus_consumer {
     sp_bus_t *bus;
     natsSubscription *sub;
     int ack_wait_ms; /* the durable's, as the server has it */
+    bool push;       /* delivered into our inbox, acknowledged as a prefix (ack policy all) */
     /* Batches not yet freed: their messages need the subscription to be acked, so a consumer
      * freed before them is only unsubscribed and is destroyed with its last batch. */
     size_t live_batches;
@@ -287,6 +292,7 @@ int sp_bus_connect(const sp_bus_opts_t *opts, sp_bus_t **ret_bus)
     }
     if (s == NATS_OK && opts->inbox_prefix)
         s = natsOptions_SetCustomInboxPrefix(no, opts->inbox_prefix);
+    bus->inbox_prefix = sp_xstrdup(opts->inbox_prefix ? opts->inbox_prefix : "_INBOX");
     /* Reconnect forever: the daemons outlive a nats-server restart. */
     if (s == NATS_OK)
         s = natsOptions_SetMaxReconnect(no, -1);
@@ -359,8 +365,10 @@ out:
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);
     natsOptions_Destroy(no);
-    if (bus)
+    if (bus) {
         free(bus->nkey_seed_file);
+        free(bus->inbox_prefix);
+    }
     free(bus);
     return rc;
 }
@@ -386,6 +394,7 @@ void sp_bus_free(sp_bus_t *bus)
      * bytes of bus are left to it rather than freed under it. */
     if (drained) {
         free(bus->nkey_seed_file);
+        free(bus->inbox_prefix);
         free(bus);
     }
 }
@@ -778,18 +787,29 @@ int sp_bus_consumer_delete(sp_bus_t *bus, const char *durable)
  * no other one. cnats 3.4.1's js_AddConsumer sends $JS.API.CONSUMER.DURABLE.CREATE.<stream>.
  * <durable>, which carries no filter and is therefore granted to nobody but the event log and
  * the operator. The server accepts an identical configuration twice. */
+/* deliver: NULL for a pull durable (acknowledged one by one), else the subject a pushed one
+ * delivers to (acknowledged as a prefix, flow-controlled, at most max_inflight unacked). */
 static int consumer_create(sp_bus_t *bus, const char *durable, const char *filter,
-                           uint64_t start_seq, int ack_wait_ms)
+                           uint64_t start_seq, int ack_wait_ms, const char *deliver_to,
+                           int max_inflight)
 {
-    char subject[512], *req, deliver[96] = "\"deliver_policy\":\"all\"";
+    char subject[512], *req, deliver[96] = "\"deliver_policy\":\"all\"", mode[320];
     natsMsg *reply = NULL;
     natsStatus s;
     int rc = 0;
 
     /* Both come from the contract (contract.c) or the caller's configuration: no quote,
      * backslash or space, which would break the JSON below or the subject. */
-    if (strpbrk(durable, "\"\\ .*>") || strpbrk(filter, "\"\\ "))
+    if (strpbrk(durable, "\"\\ .*>") || strpbrk(filter, "\"\\ ") ||
+        (deliver_to && strpbrk(deliver_to, "\"\\ *>")))
         return -EINVAL;
+    if (deliver_to)
+        snprintf(mode, sizeof(mode),
+                 "\"deliver_subject\":\"%s\",\"ack_policy\":\"all\",\"flow_control\":true,"
+                 "\"idle_heartbeat\":%lld",
+                 deliver_to, (long long)PUSH_HEARTBEAT_MS * 1000000);
+    else
+        snprintf(mode, sizeof(mode), "\"ack_policy\":\"explicit\"");
     if ((size_t)snprintf(subject, sizeof(subject), "$JS.API.CONSUMER.CREATE.%s.%s.%s",
                          SP_BUS_STREAM, durable, filter) >= sizeof(subject))
         return -EINVAL;
@@ -798,12 +818,11 @@ static int consumer_create(sp_bus_t *bus, const char *durable, const char *filte
                  "\"deliver_policy\":\"by_start_sequence\",\"opt_start_seq\":%llu",
                  (unsigned long long)start_seq);
     req = sp_xasprintf("{\"stream_name\":\"%s\",\"config\":{\"durable_name\":\"%s\","
-                       "\"name\":\"%s\",\"filter_subject\":\"%s\",%s,"
-                       "\"ack_policy\":\"explicit\",\"ack_wait\":%lld,"
+                       "\"name\":\"%s\",\"filter_subject\":\"%s\",%s,%s,\"ack_wait\":%lld,"
                        "\"max_ack_pending\":%d,\"replay_policy\":\"instant\"}}",
-                       SP_BUS_STREAM, durable, durable, filter, deliver,
+                       SP_BUS_STREAM, durable, durable, filter, deliver, mode,
                        (long long)(ack_wait_ms > 0 ? ack_wait_ms : DEFAULT_ACK_WAIT_MS) * 1000000,
-                       MAX_ACK_PENDING);
+                       max_inflight);
     s = natsConnection_Request(&reply, bus->nc, subject, req, (int)strlen(req),
                                (int64_t)bus->timeout_ms);
     free(req);
@@ -867,9 +886,54 @@ int sp_bus_consumer_open(sp_bus_t *bus, const char *durable, const char *filter,
     if (rc < 0 && rc != SP_ENOTFOUND)
         return rc;
 
-    if ((rc = consumer_create(bus, durable, filter, start_seq, ack_wait_ms)) < 0)
+    if ((rc = consumer_create(bus, durable, filter, start_seq, ack_wait_ms, NULL,
+                              MAX_ACK_PENDING)) < 0)
         return rc;
     return subscribe_bound(bus, durable, filter, ack_wait_ms, ret_consumer);
+}
+
+int sp_bus_consumer_push(sp_bus_t *bus, const char *durable, const char *filter, uint64_t start_seq,
+                         int ack_wait_ms, size_t max_inflight, sp_bus_consumer_t **ret_consumer)
+{
+    natsSubscription *sub = NULL;
+    char deliver[256], token[SP_UUID_STR_LEN + 1];
+    natsStatus s;
+    int rc;
+
+    if (!durable || !*durable || !ret_consumer || ack_wait_ms < 0 || max_inflight == 0 ||
+        max_inflight > MAX_ACK_PENDING)
+        return -EINVAL;
+    if (!filter || !*filter)
+        filter = SP_BUS_SUBJECTS;
+    /* In this identity's inbox, which only it may read (natsauth.c); a fresh name per open, so
+     * a message pushed to the consumer this one replaces cannot land in this subscription. */
+    sp_uuid7_str(token);
+    if ((size_t)snprintf(deliver, sizeof(deliver), "%s.%s.%s", bus->inbox_prefix, durable, token) >=
+        sizeof(deliver))
+        return -EINVAL;
+    /* Subscribed first: a durable with no interest does not deliver, so nothing is pushed
+     * before anyone listens, and nothing pushed after is missed. */
+    s = natsConnection_SubscribeSync(&sub, bus->nc, deliver);
+    if (s != NATS_OK)
+        return sp__bus_status(s, 0, "natsConnection_SubscribeSync");
+    /* Bounded by the server instead: max_inflight unacknowledged messages and flow control's
+     * bytes in flight; the client's own limit would only drop (a slow consumer). */
+    natsSubscription_SetPendingLimits(sub, -1, -1);
+    rc = sp_bus_consumer_delete(bus, durable);
+    if (rc >= 0 || rc == SP_ENOTFOUND)
+        rc = consumer_create(bus, durable, filter, start_seq, ack_wait_ms, deliver,
+                             (int)max_inflight);
+    if (rc < 0) {
+        natsSubscription_Destroy(sub);
+        return rc;
+    }
+    sp_bus_consumer_t *c = sp_xcalloc(1, sizeof(*c));
+    c->bus = bus;
+    c->sub = sub;
+    c->push = true;
+    c->ack_wait_ms = ack_wait_ms > 0 ? ack_wait_ms : DEFAULT_ACK_WAIT_MS;
+    *ret_consumer = c;
+    return 0;
 }
 
 int sp_bus_consumer_bind(sp_bus_t *bus, const char *durable, const char *filter, int ack_wait_ms,
@@ -907,7 +971,7 @@ int sp_bus_consumer_bind(sp_bus_t *bus, const char *durable, const char *filter,
             return rc;
         /* Another instance may create it at the same moment: the server accepts an identical
          * configuration twice, so both then bind to the one consumer. */
-        if ((rc = consumer_create(bus, durable, filter, 0, ack_wait_ms)) < 0)
+        if ((rc = consumer_create(bus, durable, filter, 0, ack_wait_ms, NULL, MAX_ACK_PENDING)) < 0)
             return rc;
         rc = subscribe_bound(bus, durable, filter, ack_wait_ms, ret_consumer);
     }
@@ -936,6 +1000,91 @@ void sp_bus_consumer_free(sp_bus_consumer_t *c)
         consumer_destroy(c);
 }
 
+/* The stream message's place in the batch; false (m untouched) when it is not one. */
+static bool batch_put(sp_bus_batch_t *b, natsMsg *m)
+{
+    jsMsgMetaData *meta = NULL;
+
+    if (natsMsg_GetMetaData(&meta, m) != NATS_OK) {
+        sp_log(SP_LOG_DEBUG, "bus fetch skipped a non-stream message",
+               SP_KS("subject", natsMsg_GetSubject(m)));
+        return false;
+    }
+    sp_bus_msg_t *it = &b->e[b->n].pub;
+    it->subject = natsMsg_GetSubject(m);
+    it->len = (size_t)natsMsg_GetDataLength(m);
+    it->data = it->len ? (const uint8_t *)natsMsg_GetData(m) : NULL;
+    it->stream_seq = meta->Sequence.Stream;
+    it->delivered = meta->NumDelivered;
+    it->published_ns = meta->Timestamp;
+    b->pending = meta->NumPending;
+    b->e[b->n++].msg = m;
+    jsMsgMetaData_Destroy(meta);
+    return true;
+}
+
+/* A pushed durable's control messages, answered as they are taken, that is once everything
+ * the server sent before them has been taken too: flow control (the server pauses past some
+ * bytes in flight until answered) and an idle heartbeat, which names an answer the server
+ * still waits for ("Nats-Consumer-Stalled") after one was lost. True when m was one. */
+static bool push_control(const sp_bus_consumer_t *c, natsMsg *m)
+{
+    const char *reply = natsMsg_GetReply(m), *stalled = NULL;
+
+    if (reply && strncmp(reply, "$JS.ACK.", 8) == 0)
+        return false;
+    if (reply && strncmp(reply, "$JS.FC.", 7) == 0)
+        (void)natsConnection_Publish(c->bus->nc, reply, NULL, 0);
+    else if (natsMsgHeader_Get(m, "Nats-Consumer-Stalled", &stalled) == NATS_OK && stalled &&
+             strncmp(stalled, "$JS.FC.", 7) == 0)
+        (void)natsConnection_Publish(c->bus->nc, stalled, NULL, 0);
+    return true;
+}
+
+/* What the server pushed: waits up to timeout_ms for the first message, then takes what has
+ * arrived, up to max messages and FETCH_MAX_BYTES. */
+static int fetch_pushed(sp_bus_consumer_t *c, size_t max, int timeout_ms, sp_bus_batch_t *b)
+{
+    const int64_t deadline = mono_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+    size_t cap = 0, bytes = 0;
+
+    while (b->n < max && bytes < (size_t)FETCH_MAX_BYTES) {
+        natsMsg *m = NULL;
+        int queued = 0;
+        int64_t wait = 0;
+        if (natsSubscription_GetPending(c->sub, &queued, NULL) != NATS_OK)
+            queued = 0;
+        if (queued <= 0) {
+            if (b->n > 0 || (wait = deadline - mono_ms()) <= 0)
+                break;
+        }
+        /* With messages queued the call returns at once; cnats waits only for none. */
+        natsStatus s = natsSubscription_NextMsg(&m, c->sub, wait > 0 ? wait : 1);
+        if (s == NATS_TIMEOUT)
+            break;
+        if (s != NATS_OK)
+            return b->n > 0 ? 0 : sp__bus_status(s, 0, "natsSubscription_NextMsg");
+        if (push_control(c, m)) {
+            natsMsg_Destroy(m);
+            continue;
+        }
+        if (b->n == cap) {
+            cap = cap ? cap * 2 : 16;
+            b->e = sp_xreallocarray(b->e, cap, sizeof(*b->e));
+        }
+        if (!batch_put(b, m)) {
+            natsMsg_Destroy(m);
+            continue;
+        }
+        bytes += b->e[b->n - 1].pub.len;
+    }
+    /* Waiting: what the server has not sent yet, and what it sent that is still queued here. */
+    int queued = 0;
+    if (b->n > 0 && natsSubscription_GetPending(c->sub, &queued, NULL) == NATS_OK && queued > 0)
+        b->pending += (uint64_t)queued;
+    return 0;
+}
+
 int sp_bus_fetch(sp_bus_consumer_t *c, size_t max, int timeout_ms, sp_bus_batch_t **ret_batch)
 {
     sp_bus_batch_t *b;
@@ -947,6 +1096,21 @@ int sp_bus_fetch(sp_bus_consumer_t *c, size_t max, int timeout_ms, sp_bus_batch_
         return -EINVAL;
     if (max > FETCH_MAX_MSGS)
         max = FETCH_MAX_MSGS;
+    if (c->push) {
+        b = sp_xcalloc(1, sizeof(*b));
+        b->consumer = c;
+        int rc = fetch_pushed(c, max, timeout_ms, b);
+        if (rc < 0) {
+            for (size_t i = 0; i < b->n; i++)
+                natsMsg_Destroy(b->e[i].msg);
+            free(b->e);
+            free(b);
+            return rc;
+        }
+        c->live_batches++;
+        *ret_batch = b;
+        return 0;
+    }
     /* cnats 3.4 asks the server to expire the request 10 ms before its own wait ends, but only
      * for waits of 20 ms and more; a shorter one gives up when the server's answer is due, and
      * the server still serves a request nobody waits for. Measured on the event log: such
@@ -973,29 +1137,11 @@ int sp_bus_fetch(sp_bus_consumer_t *c, size_t max, int timeout_ms, sp_bus_batch_
     b->consumer = c;
     if (list.Count > 0)
         b->e = sp_xreallocarray(NULL, (size_t)list.Count, sizeof(*b->e));
-    for (int i = 0; i < list.Count; i++) {
-        natsMsg *m = list.Msgs[i];
-        jsMsgMetaData *meta = NULL;
-
-        /* cnats filters status messages (404/408/409, no data, a Status header); anything
-         * else that is not a stream message has no metadata and is dropped here too. */
-        if (natsMsg_GetMetaData(&meta, m) != NATS_OK) {
-            sp_log(SP_LOG_DEBUG, "bus fetch skipped a non-stream message",
-                   SP_KS("subject", natsMsg_GetSubject(m)));
-            continue;
-        }
-        list.Msgs[i] = NULL;
-        sp_bus_msg_t *it = &b->e[b->n].pub;
-        it->subject = natsMsg_GetSubject(m);
-        it->len = (size_t)natsMsg_GetDataLength(m);
-        it->data = it->len ? (const uint8_t *)natsMsg_GetData(m) : NULL;
-        it->stream_seq = meta->Sequence.Stream;
-        it->delivered = meta->NumDelivered;
-        it->published_ns = meta->Timestamp;
-        b->pending = meta->NumPending;
-        b->e[b->n++].msg = m;
-        jsMsgMetaData_Destroy(meta);
-    }
+    /* cnats filters status messages (404/408/409, no data, a Status header); anything else
+     * that is not a stream message has no metadata and is dropped here too. */
+    for (int i = 0; i < list.Count; i++)
+        if (batch_put(b, list.Msgs[i]))
+            list.Msgs[i] = NULL;
     natsMsgList_Destroy(&list);
     c->live_batches++;
     *ret_batch = b;
@@ -1045,6 +1191,13 @@ int sp_bus_batch_ack(sp_bus_batch_t *b)
         return -EINVAL;
     if (b->n == 0)
         return 0;
+    /* Pushed: the last message's ack acknowledges the batch and everything before it. Not
+     * waited for: one lost only brings the messages again, which the reader filters. */
+    if (b->consumer->push)
+        return sp__bus_status(natsConnection_PublishString(b->consumer->bus->nc,
+                                                           natsMsg_GetReply(b->e[b->n - 1].msg),
+                                                           "+ACK"),
+                              0, "ack");
     for (size_t i = 0; i + 1 < b->n && s == NATS_OK; i++)
         s = natsMsg_Ack(b->e[i].msg, NULL);
     if (s != NATS_OK)
@@ -1058,21 +1211,21 @@ int sp_bus_batch_ack(sp_bus_batch_t *b)
 
 int sp_bus_batch_ack_one(sp_bus_batch_t *b, size_t i)
 {
-    if (!b || i >= b->n)
+    if (!b || i >= b->n || b->consumer->push)
         return -EINVAL;
     return sp__bus_status(natsMsg_Ack(b->e[i].msg, NULL), 0, "natsMsg_Ack");
 }
 
 int sp_bus_batch_nak_one(sp_bus_batch_t *b, size_t i)
 {
-    if (!b || i >= b->n)
+    if (!b || i >= b->n || b->consumer->push)
         return -EINVAL;
     return sp__bus_status(natsMsg_Nak(b->e[i].msg, NULL), 0, "natsMsg_Nak");
 }
 
 int sp_bus_batch_in_progress(sp_bus_batch_t *b, size_t i)
 {
-    if (!b || i >= b->n)
+    if (!b || i >= b->n || b->consumer->push)
         return -EINVAL;
     return sp__bus_status(natsMsg_InProgress(b->e[i].msg, NULL), 0, "natsMsg_InProgress");
 }

@@ -25,6 +25,9 @@ struct sp_bus {
     /* The NKey seed file, read on each (re)connect to sign the server's nonce; the seed is
      * in memory only for the signature. */
     char *nkey_seed_file;
+    /* Where this connection's inboxes live ("_INBOX" or the identity's, natsauth.c): the only
+     * subjects besides its own that it may subscribe to, so a pushed durable delivers there. */
+    char *inbox_prefix;
 };
 
 /* Maps a cnats status (and the JetStream error code, when the server sent one) to our codes

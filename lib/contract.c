@@ -254,12 +254,12 @@ bool sp_subject_match(sp_subject_id_t id, const char *subject, char worker[SP_IN
 
 /* ---- durables ---- */
 static const sp_consumer_def_t consumers[] = {
-    {"eventlog", "space.ev.>", SP_KIND_EVENTLOG, true, 30000},
-    {"scheduler", "space.ev.sbx._.>", SP_KIND_SCHEDULER, false, 10000},
+    {"eventlog", "space.ev.>", SP_KIND_EVENTLOG, true, true, 30000},
+    {"scheduler", "space.ev.sbx._.>", SP_KIND_SCHEDULER, false, false, 10000},
     /* Short: the worker tells a long create "in progress" every third of it
      * (worker_events.c), and a delivery lost with a connection comes back this soon. */
-    {"worker-{worker}", "space.ev.sbx.{worker}.>", SP_KIND_WORKER, false, 15000},
-    {"egressd-{worker}", "space.ev.sbx.{worker}.>", SP_KIND_EGRESSD, true, 30000},
+    {"worker-{worker}", "space.ev.sbx.{worker}.>", SP_KIND_WORKER, false, false, 15000},
+    {"egressd-{worker}", "space.ev.sbx.{worker}.>", SP_KIND_EGRESSD, true, false, 30000},
 };
 
 const sp_consumer_def_t *sp_contract_consumers(size_t *ret_n)

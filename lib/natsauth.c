@@ -6,6 +6,9 @@
  *   - a pull consumer: $JS.API.CONSUMER.INFO.<stream>.<durable> (bind),
  *     $JS.API.CONSUMER.MSG.NEXT.<stream>.<durable> (fetch), $JS.ACK.<stream>.<durable>.>
  *     (acks are publishes to the message's reply subject).
+ *   - a pushed durable (the event log's, sp_bus_consumer_push): delivered into the reader's
+ *     own inbox, which only it may subscribe to; it answers flow control on
+ *     $JS.FC.<stream>.<durable>.>.
  *   - creating a durable: cnats 3.4.1 sends $JS.API.CONSUMER.DURABLE.CREATE.<stream>.<durable>
  *     (seen in tests/unit/lib/test_natsauth.c), which carries no filter: whoever may send it
  *     may give its durable any filter, so it is granted only where the filter is the whole
@@ -376,7 +379,13 @@ static void perms_for(const sp_identity_t *id, rules_t *pub, rules_t *sub, rules
         expand(dur, sizeof(dur), cons[i].durable, own);
         expand(filt, sizeof(filt), cons[i].filter, own);
         add(pub, "$JS.API.CONSUMER.INFO.%s.%s", SP_BUS_STREAM, dur);
+        /* Pull: the fetch. Kept for a pushed one too, which the server refuses fetches for
+         * anyway, so that an event log of a build before it was pushed runs under this
+         * configuration (a rolling upgrade; bench/run.sh --baseline-bin). Pushed: the answer
+         * to the server's flow control. */
         add(pub, "$JS.API.CONSUMER.MSG.NEXT.%s.%s", SP_BUS_STREAM, dur);
+        if (cons[i].pushed)
+            add(pub, "$JS.FC.%s.%s.>", SP_BUS_STREAM, dur);
         add(pub, "$JS.ACK.%s.%s.>", SP_BUS_STREAM, dur);
         add(pub, "$JS.API.CONSUMER.CREATE.%s.%s.%s", SP_BUS_STREAM, dur, filt);
         if (strcmp(filt, SP_BUS_SUBJECTS) == 0)

@@ -142,6 +142,15 @@ int sp_bus_request(sp_bus_t *bus, const char *subject, const void *data, size_t 
  * ack_wait_ms: redelivery timeout for unacked messages (0 = 30 s). */
 int sp_bus_consumer_open(sp_bus_t *bus, const char *durable, const char *filter, uint64_t start_seq,
                          int ack_wait_ms, sp_bus_consumer_t **ret_consumer);
+/* The same durable (recreated from start_seq the same way), pushed: the server sends its
+ * messages as they are stored, into this connection's inbox, with no fetch request per batch
+ * and no status answer to one, at most max_inflight (<= 20000) unacknowledged and flow-
+ * controlled by bytes. Acknowledging a batch acknowledges it and every message before it
+ * (ack policy all) with one message and no wait: for a reader that handles messages strictly
+ * in stream order, as the event log does (docs/architecture.md, "The event log's consumer is
+ * pushed"). sp_bus_batch_ack_one, _nak_one and _in_progress refuse its batches (-EINVAL). */
+int sp_bus_consumer_push(sp_bus_t *bus, const char *durable, const char *filter, uint64_t start_seq,
+                         int ack_wait_ms, size_t max_inflight, sp_bus_consumer_t **ret_consumer);
 /* How many times the connection has reconnected since sp_bus_connect. A message the server
  * delivered to a pull fetch just before the connection dropped never arrives, yet counts as
  * delivered: it comes again only after the consumer's ack wait. A reader that sees this number
@@ -180,8 +189,9 @@ typedef struct {
 
 /* Fetches up to max messages (at most 4096 and 64 MiB per batch), waiting up to timeout_ms for
  * the first one and returning what is available once one came. On timeout returns 0 with an
- * empty batch (never NULL). timeout_ms below 20 is taken as 20: the server is asked to end
- * the wait 10 ms before the client does (lib/bus.c). */
+ * empty batch (never NULL). Pull: timeout_ms below 20 is taken as 20, the server is asked to
+ * end the wait 10 ms before the client does (lib/bus.c). Pushed: takes from what the server
+ * has sent, which involves no request; timeout_ms 0 takes only what has arrived. */
 int sp_bus_fetch(sp_bus_consumer_t *c, size_t max, int timeout_ms, sp_bus_batch_t **ret_batch);
 size_t sp_bus_batch_len(const sp_bus_batch_t *b);
 /* How many messages of the consumer were still to be delivered when the server sent the
@@ -195,8 +205,9 @@ const sp_bus_msg_t *sp_bus_batch_msg(const sp_bus_batch_t *b, size_t i);
  * and frees *from (set to NULL). Pointers from sp_bus_batch_msg(into, ...) taken before are
  * invalid after. -EINVAL (nothing moved) for batches of two consumers. */
 int sp_bus_batch_merge(sp_bus_batch_t *into, sp_bus_batch_t **from);
-/* Acknowledges every message of the batch, and waits (at most the bus's timeout, and 2 s) for
- * the server to confirm the last: an error says it did not, and the messages may come again. */
+/* Acknowledges every message of the batch. Pull: waits (at most the bus's timeout, and 2 s)
+ * for the server to confirm the last: an error says it did not, and the messages may come
+ * again. Pushed: one ack, not waited for (a lost one also brings the messages again). */
 int sp_bus_batch_ack(sp_bus_batch_t *b);
 /* One message: acknowledge, negatively acknowledge (redeliver now), or tell the server it is
  * still being worked on (restarts its ack_wait). Safe from any thread while the batch lives. */

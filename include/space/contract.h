@@ -118,6 +118,7 @@ typedef struct {
     const char *filter;
     sp_kind_t kind;
     bool recreated;  /* sp_bus_consumer_open (deleted and created on start) vs _bind */
+    bool pushed;     /* sp_bus_consumer_push: delivered into the reader's inbox (recreated) */
     int ack_wait_ms; /* the reader's default --ack-wait-ms, for the operator's creation */
 } sp_consumer_def_t;
 
