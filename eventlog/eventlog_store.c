@@ -2,6 +2,7 @@
  * the reducers, extend the hash chain, COPY the rows and upsert the projections, all in one
  * transaction so the events and the state derived from them never disagree. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -482,20 +483,36 @@ static int load_rows(el_store_t *st, item_t *items, size_t n)
     return rc;
 }
 
-/* rows: the tuples only; the binary format's header and trailer are sent around them. */
-static int copy_in(PGconn *db, const sp_buf_t *rows)
+/* Opens the batch's transaction and copies its rows in. BEGIN travels with the COPY, one
+ * simple query of two statements, so both cost one round trip (libpq hands back each one's
+ * result; a failed BEGIN runs no COPY). rows: the tuples only; the binary format's header and
+ * trailer are sent around them. */
+static int begin_copy_in(PGconn *db, const sp_buf_t *rows)
 {
     sp_buf_t head, trailer;
-    PGresult *r = PQexec(db, "COPY events (" COPY_COLUMNS ") FROM STDIN WITH (FORMAT binary)");
-    int ok = r && PQresultStatus(r) == PGRES_COPY_IN;
-    PQclear(r);
-    if (!ok)
+    PGresult *r;
+    bool begun = false, copying = false;
+    if (!PQsendQuery(db, "BEGIN; COPY events (" COPY_COLUMNS ") FROM STDIN WITH (FORMAT binary)"))
+        return SP_EDB;
+    /* BEGIN's result, then COPY's; after that one no PQgetResult until the COPY ends. A
+     * failure ends the query: its results are read to the end (NULL). */
+    while (!copying && (r = PQgetResult(db)) != NULL) {
+        ExecStatusType st = PQresultStatus(r);
+        PQclear(r);
+        if (st == PGRES_COPY_IN)
+            copying = true;
+        else
+            begun = st == PGRES_COMMAND_OK;
+    }
+    if (!copying)
         return SP_EDB;
     sp_buf_init(&head);
     sp_buf_init(&trailer);
     sp_pgcopy_header(&head);
     sp_pgcopy_trailer(&trailer);
-    int sent = PQputCopyData(db, head.data, (int)head.len) == 1 &&
+    /* Copying without BEGIN cannot happen (a failed BEGIN runs no COPY); were it to, the COPY
+     * is ended with an error like a failed send. */
+    int sent = begun && PQputCopyData(db, head.data, (int)head.len) == 1 &&
                PQputCopyData(db, rows->data, (int)rows->len) == 1 &&
                PQputCopyData(db, trailer.data, (int)trailer.len) == 1;
     sp_buf_dispose(&head);
@@ -561,11 +578,8 @@ static int store_items(el_store_t *st, const el_prep_t *prep, size_t n, int quar
     if (st->verify != EL_VERIFY_OFF)
         apply_signatures(st, items, n);
 
-    if ((rc = sp_db_exec(st->db, "BEGIN")) < 0) {
-        remember_error(st, "begin");
-        goto out;
-    }
-    in_tx = 1;
+    /* Read before the transaction: the event log is the only writer of these tables (its
+     * advisory lock), so they read the same outside it, and BEGIN rides with the COPY. */
     if ((rc = find_duplicates(st, items, n)) < 0)
         goto out;
     if ((rc = load_rows(st, items, n)) < 0)
@@ -620,31 +634,30 @@ static int store_items(el_store_t *st, const el_prep_t *prep, size_t n, int quar
         }
     }
 
-    if (rows.len > 0 && (rc = copy_in(st->db, &rows)) < 0) {
-        remember_error(st, "COPY events");
-        goto out;
-    }
-    if ((rc = sp_projection_flush(st->proj, st->db)) < 0) {
-        remember_error(st, "projection flush");
-        goto out;
-    }
-    /* Readers that need their own write reflected (the gateway answering a create) LISTEN on
-     * this channel; PostgreSQL delivers it at commit. */
+    /* Nothing to write (every message a redelivery): no transaction. Rows are the only way
+     * the projections change (an accepted message is a row). */
     if (rows.len > 0) {
-        char notify[64];
-        snprintf(notify, sizeof(notify), "NOTIFY " SP_EVENTLOG_CHANNEL ", '%llu'",
-                 (unsigned long long)head.seq);
-        if ((rc = sp_db_exec(st->db, notify)) < 0) {
-            remember_error(st, "notify");
+        in_tx = 1;
+        if ((rc = begin_copy_in(st->db, &rows)) < 0) {
+            remember_error(st, "COPY events");
             goto out;
         }
-    }
-    if ((rc = sp_db_exec(st->db, "COMMIT")) < 0) {
-        remember_error(st, "commit");
+        if ((rc = sp_projection_flush(st->proj, st->db)) < 0) {
+            remember_error(st, "projection flush");
+            goto out;
+        }
+        /* Readers that need their own write reflected (the gateway answering a create) LISTEN
+         * on this channel; PostgreSQL delivers it at commit. One simple query with COMMIT: a
+         * failed NOTIFY runs no COMMIT. */
+        char end[96];
+        snprintf(end, sizeof(end), "NOTIFY " SP_EVENTLOG_CHANNEL ", '%llu'; COMMIT",
+                 (unsigned long long)head.seq);
+        if ((rc = sp_db_exec(st->db, end)) < 0) {
+            remember_error(st, "notify and commit"); /* rolled back below, if still open */
+            goto out;
+        }
         in_tx = 0;
-        goto out;
     }
-    in_tx = 0;
     st->head = head;
     st->counts.accepted += counts.accepted;
     st->counts.rejected += counts.rejected;

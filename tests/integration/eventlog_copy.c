@@ -218,8 +218,7 @@ static void test_limits_read_back(void **state)
         assert_int_equal(copy_row(&rows, &tmp, &in[i], head), 0);
         memcpy(want_hash[i], head, SP_SHA256_LEN);
     }
-    assert_int_equal(sp_db_exec(db, "BEGIN"), 0);
-    assert_int_equal(copy_in(db, &rows), 0);
+    assert_int_equal(begin_copy_in(db, &rows), 0);
     assert_int_equal(sp_db_exec(db, "COMMIT"), 0);
 
     PGresult *r = read_rows();
