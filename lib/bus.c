@@ -507,8 +507,11 @@ int sp_bus_apply_stream_limits(sp_bus_t *bus, int *ret_changed)
     if (s != NATS_OK)
         return sp__bus_status(s, jerr, "js_GetStreamInfo");
     stream_config(bus, &d, subjects, &cfg);
+    /* A stream made before deny_delete/deny_purge (docs/trust.md, "Upgrading a deployment
+     * without credentials") gets them with the same update. */
     bool same = si->Config->MaxAge == cfg.MaxAge && si->Config->MaxBytes == cfg.MaxBytes &&
-                si->Config->Discard == cfg.Discard && si->Config->Replicas == cfg.Replicas;
+                si->Config->Discard == cfg.Discard && si->Config->Replicas == cfg.Replicas &&
+                si->Config->DenyDelete && si->Config->DenyPurge;
     /* Keep what the stream was made with but the limits (an update cannot change storage). */
     cfg.Duplicates = si->Config->Duplicates;
     cfg.MaxMsgSize = si->Config->MaxMsgSize;

@@ -66,8 +66,9 @@ void sp_bus_free(sp_bus_t *bus);
  * anyone (deleting the whole stream is left to NATS permissions: the operator's alone), and the
  * limits of the opts (the oldest messages are dropped past them). */
 int sp_bus_ensure_stream(sp_bus_t *bus);
-/* Gives an existing SPACE_EVENTS the opts' limits and replicas (the operator's: `space up`);
- * *ret_changed says whether it had others. */
+/* Gives an existing SPACE_EVENTS the opts' limits and replicas, and deny_delete and deny_purge
+ * if it was made without them (the operator's: `space up`); *ret_changed says whether it had
+ * other settings. Stored messages stay. */
 int sp_bus_apply_stream_limits(sp_bus_t *bus, int *ret_changed);
 /* Creates the event log's checkpoint stream (checkpoint.h) if missing: SP_CKPT_STREAM over
  * SP_CKPT_SUBJECTS, deny_delete and deny_purge, no limits. Only the operator may create it;

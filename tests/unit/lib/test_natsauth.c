@@ -462,6 +462,58 @@ static void test_eventlog_pushed_durable(void **state)
     sp_bus_free(op);
 }
 
+/* A SPACE_EVENTS made before deny_delete and deny_purge (docs/trust.md, "Upgrading a
+ * deployment without credentials"): `space up`'s update as the operator
+ * (sp_bus_apply_stream_limits) adds them and keeps the messages; a purge is refused after. */
+static void test_old_stream_hardened(void **state)
+{
+    SKIP_WITHOUT_SERVER();
+    sp_bus_t *op = bus_as("operator", 5000);
+    uint8_t *reply = NULL;
+    size_t len = 0;
+    int changed = -1;
+
+    /* Deleting the whole stream is the operator's (its permissions), as an old one is made. */
+    assert_int_equal(
+        sp_bus_request(op, "$JS.API.STREAM.DELETE.SPACE_EVENTS", "", 0, 5000, &reply, &len), 0);
+    free(reply);
+    /* The limits `space up` sets (the defaults), so that only the deny flags differ. */
+    char old[512];
+    snprintf(old, sizeof(old),
+             "{\"name\":\"SPACE_EVENTS\",\"subjects\":[\"space.ev.>\"],\"retention\":\"limits\","
+             "\"storage\":\"file\",\"max_msgs\":-1,\"max_bytes\":%lld,\"max_age\":%lld,"
+             "\"discard\":\"old\",\"num_replicas\":1,\"duplicate_window\":120000000000}",
+             (long long)SP_BUS_STREAM_MAX_BYTES, (long long)SP_BUS_STREAM_MAX_AGE_S * 1000000000LL);
+    assert_int_equal(sp_bus_request(op, "$JS.API.STREAM.CREATE.SPACE_EVENTS", old, strlen(old),
+                                    5000, &reply, &len),
+                     0);
+    assert_null(strstr((const char *)reply, "\"error\""));
+    assert_non_null(strstr((const char *)reply, "\"deny_purge\":false"));
+    free(reply);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(sp_bus_publish(op, "space.ev.wkr.w1.Old", "old", 3, NULL, NULL, NULL), 0);
+    /* Before: the stream itself would let the operator purge (not tried: it would). */
+
+    assert_int_equal(sp_bus_apply_stream_limits(op, &changed), 0);
+    assert_int_equal(changed, 1);
+    assert_int_equal(
+        sp_bus_request(op, "$JS.API.STREAM.INFO.SPACE_EVENTS", "", 0, 5000, &reply, &len), 0);
+    assert_non_null(strstr((const char *)reply, "\"deny_delete\":true"));
+    assert_non_null(strstr((const char *)reply, "\"deny_purge\":true"));
+    free(reply);
+    assert_int_equal(
+        sp_bus_request(op, "$JS.API.STREAM.PURGE.SPACE_EVENTS", "", 0, 5000, &reply, &len), 0);
+    assert_non_null(strstr((const char *)reply, "error"));
+    free(reply);
+    sp_bus_stream_state_t st;
+    assert_int_equal(sp_bus_stream_state(op, SP_BUS_STREAM, &st), 0);
+    assert_int_equal(st.msgs, 3);
+    /* Once hardened, nothing more to change. */
+    assert_int_equal(sp_bus_apply_stream_limits(op, &changed), 0);
+    assert_int_equal(changed, 0);
+    sp_bus_free(op);
+}
+
 typedef struct {
     sp_bus_t *bus;
     bool twice;
@@ -616,6 +668,7 @@ int main(void)
         cmocka_unit_test(test_jetstream_and_requests),
         /* After: the stream it makes would keep the probes of the tests above. */
         cmocka_unit_test(test_eventlog_pushed_durable),
+        cmocka_unit_test(test_old_stream_hardened),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
