@@ -376,6 +376,32 @@ static void linger(const el_config_t *cfg, sp_bus_consumer_t *c, sp_bus_batch_t 
  * every batch not yet stored, unacknowledged, to be delivered again from the head. With a
  * batch waiting to be stored, the next fetch takes only what has arrived (READY_WAIT_MS). */
 #define READY_WAIT_MS 0
+
+/* The first stream sequence missing between *after and the batch's messages, 0 for none;
+ * *after moves to the last one in order. Redeliveries (at or below *after) are no gap. */
+static uint64_t delivery_gap(const sp_bus_batch_t *b, uint64_t *after)
+{
+    for (size_t i = 0; i < sp_bus_batch_len(b); i++) {
+        uint64_t seq = sp_bus_batch_msg(b, i)->stream_seq;
+        if (seq <= *after)
+            continue;
+        if (seq > *after + 1)
+            return *after + 1;
+        *after = seq;
+    }
+    return 0;
+}
+
+/* Whether the stream still holds seq: then a gap before it is a delivery lost in flight (a
+ * consumer's leader that died with messages on their way, which the new leader redelivers
+ * only after the ack wait), not messages the stream's limits dropped, and must not be stored
+ * as lost. Unknown (the stream cannot be asked) counts as held: reading again is safe. */
+static bool stream_holds(sp_bus_t *bus, uint64_t seq)
+{
+    sp_bus_stream_state_t ss;
+    return sp_bus_stream_state(bus, SP_BUS_STREAM, &ss) < 0 || ss.first_seq <= seq;
+}
+
 static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_pool_t *pool)
 {
     sp_bus_consumer_t *c = NULL;
@@ -406,8 +432,9 @@ static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_poo
 
     int64_t next_stats = sp_mono_ns() + cfg->stats_interval_s * 1000000000LL;
     const sp_trust_t *trust = st->verify == EL_VERIFY_OFF ? NULL : &st->trust;
-    el_batch_t *ready = NULL; /* prepared, to be stored before the next one */
-    uint64_t pending = 0;     /* waiting after the last fetched message, as the server said */
+    el_batch_t *ready = NULL;     /* prepared, to be stored before the next one */
+    uint64_t pending = 0;         /* waiting after the last fetched message, as the server said */
+    uint64_t seen = st->head.seq; /* the last sequence delivered in order */
     int bus_errors = 0;
     uint64_t reconnects = sp_bus_reconnects(bus);
     bool again = false;
@@ -458,6 +485,21 @@ static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_poo
                 }
             }
             linger(cfg, c, fetched);
+        }
+        /* A gap the stream can still fill: what came before it is stored, then everything
+         * is read again from the head (the stream's limits are the only reason to store a
+         * gap, as lost rows). */
+        uint64_t missing = delivery_gap(fetched, &seen);
+        if (missing && stream_holds(bus, missing)) {
+            sp_log(SP_LOG_WARN,
+                   "a delivery skipped messages the stream holds; reading again "
+                   "from the log head",
+                   SP_KU("missing_seq", missing));
+            sp_bus_batch_free(fetched);
+            if (ready && (rc = store_and_ack(st, ready)) < 0)
+                break;
+            again = true;
+            break;
         }
         pending = sp_bus_batch_pending(fetched);
         next = el_batch_new(&fetched);
