@@ -432,8 +432,8 @@ static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_poo
 
     int64_t next_stats = sp_mono_ns() + cfg->stats_interval_s * 1000000000LL;
     const sp_trust_t *trust = st->verify == EL_VERIFY_OFF ? NULL : &st->trust;
-    el_batch_t *ready = NULL;     /* prepared, to be stored before the next one */
-    uint64_t pending = 0;         /* waiting after the last fetched message, as the server said */
+    el_batch_t *ready = NULL; /* prepared, to be stored before the next one */
+    uint64_t pending = 0; /* waiting after the last fetched message: not sent yet, or queued here */
     uint64_t seen = st->head.seq; /* the last sequence delivered in order */
     int bus_errors = 0;
     uint64_t reconnects = sp_bus_reconnects(bus);
