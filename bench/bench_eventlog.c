@@ -86,11 +86,14 @@ static void free_events(sp_eventgen_msg_t *m, size_t n)
 
 /* ---- signing modes ---- */
 
-/* Checkpoints (docs/audit.md) are on in every mode but the last, which is the batch mode with
- * them off: its ratio to the batch mode is what the anchoring costs. */
-enum { MODE_OFF, MODE_BATCH, MODE_SINGLE, MODE_NOCKPT, N_MODES };
+/* Checkpoints (docs/audit.md) are on in every mode but MODE_NOCKPT, the batch mode with them
+ * off: its ratio to the batch mode is what the anchoring costs. MODE_BYTES is the batch mode's
+ * events (signed, 420 bytes) with verification off: against unsigned it is what the bytes a
+ * signed event carries cost, against the batch mode what verifying them costs. */
+enum { MODE_OFF, MODE_BATCH, MODE_SINGLE, MODE_NOCKPT, MODE_BYTES, N_MODES };
 static const char *const mode_name[N_MODES] = {"unsigned, verify off", "signed, batches",
-                                               "signed, batch of 1", "signed, batches, no ckpt"};
+                                               "signed, batch of 1", "signed, batches, no ckpt",
+                                               "signed, batches, verify off"};
 
 typedef struct {
     char dir[4096];
@@ -433,8 +436,9 @@ static double run_ratio_p50(const double *mode, const double *unsigned_eps, unsi
  * checkpoints, swap places every run, behind a rotation of the other two. */
 static int mode_at(unsigned r, int k)
 {
-    static const int order[2][N_MODES] = {{MODE_OFF, MODE_SINGLE, MODE_BATCH, MODE_NOCKPT},
-                                          {MODE_SINGLE, MODE_OFF, MODE_NOCKPT, MODE_BATCH}};
+    static const int order[2][N_MODES] = {
+        {MODE_OFF, MODE_SINGLE, MODE_BATCH, MODE_BYTES, MODE_NOCKPT},
+        {MODE_BYTES, MODE_SINGLE, MODE_OFF, MODE_NOCKPT, MODE_BATCH}};
     return order[r % 2][k];
 }
 
@@ -686,7 +690,7 @@ int bench_eventlog(bench_ctx_t *c)
     size_t ins_n = n / 10 > 0 ? n / 10 : 1; /* per-row INSERT is slow: a tenth is enough */
     mode_result_t res[N_MODES];
     bench_keys_t keys;
-    static const char *const verify_mode[N_MODES] = {"off", "on", "on", "on"};
+    static const char *const verify_mode[N_MODES] = {"off", "on", "on", "on", "off"};
 
     mode_result_t *base = NULL; /* the baseline build's runs (--baseline-bin) */
     memset(res, 0, sizeof(res));
@@ -698,7 +702,7 @@ int bench_eventlog(bench_ctx_t *c)
     for (int md = 0; md < N_MODES; md++) {
         mode_alloc(&res[md], runs);
         res[md].sg.keys = md == MODE_OFF ? NULL : &keys;
-        res[md].sg.batch = md == MODE_BATCH || md == MODE_NOCKPT ? c->sign_batch : 1;
+        res[md].sg.batch = md == MODE_SINGLE ? 1 : c->sign_batch;
     }
     if (c->baseline_bin) {
         base = sp_xcalloc(N_MODES, sizeof(*base));
@@ -820,6 +824,11 @@ int bench_eventlog(bench_ctx_t *c)
     /* What anchoring costs: the batch mode with checkpoints against the same without, run by
      * run (before bench_pct sorts the arrays in place). */
     double ckpt_run_ratio = run_ratio_p50(res[MODE_BATCH].log_eps, res[MODE_NOCKPT].log_eps, runs);
+    /* What verification costs on top of the bytes: the batch mode against the same events
+     * with verification off, run by run. */
+    double bytes_to_batch = run_ratio_p50(res[MODE_BATCH].log_eps, res[MODE_BYTES].log_eps, runs);
+    double bytes_to_batch_cpu =
+        run_ratio_p50(res[MODE_BATCH].cpu_us[CPU_PARTS], res[MODE_BYTES].cpu_us[CPU_PARTS], runs);
     double ckpt_ratio = bench_pct(res[MODE_BATCH].log_eps, runs, 50) /
                         bench_pct(res[MODE_NOCKPT].log_eps, runs, 50);
     double ins_p50 = bench_pct(ins_eps, runs, 50);
@@ -918,9 +927,13 @@ int bench_eventlog(bench_ctx_t *c)
            res[MODE_BATCH].sg.sign_s / (double)res[MODE_BATCH].sg.n_signed * 1e6,
            res[MODE_SINGLE].sg.sign_s / (double)res[MODE_SINGLE].sg.n_signed * 1e6);
     printf("  rejected rows among the measured events: unsigned %" PRIu64 ", batches %" PRIu64
-           ", batch of 1 %" PRIu64 ", no ckpt %" PRIu64 "\n",
+           ", batch of 1 %" PRIu64 ", no ckpt %" PRIu64 ", verify off %" PRIu64 "\n",
            res[MODE_OFF].sg.rejected, res[MODE_BATCH].sg.rejected, res[MODE_SINGLE].sg.rejected,
-           res[MODE_NOCKPT].sg.rejected);
+           res[MODE_NOCKPT].sg.rejected, res[MODE_BYTES].sg.rejected);
+    printf("  what signing costs, split (signed batches against unsigned = bytes x verification):"
+           " throughput x%.3f = x%.3f x x%.3f, CPU x%.3f = x%.3f x x%.3f (per-run p50s)\n",
+           run_ratio[MODE_BATCH], run_ratio[MODE_BYTES], bytes_to_batch, cpu_ratio[MODE_BATCH],
+           cpu_ratio[MODE_BYTES], bytes_to_batch_cpu);
     printf("  checkpoints on vs off (signed, batches): throughput x%.3f (p50s), x%.3f (per-run "
            "p50); lag p50 x%.2f, p99 x%.2f\n",
            ckpt_ratio, ckpt_run_ratio, l[MODE_BATCH][0] / l[MODE_NOCKPT][0],
@@ -939,7 +952,11 @@ int bench_eventlog(bench_ctx_t *c)
            "\"cpu_us_per_event_p50\":[%.2f,%.2f,%.2f,%.2f],\"sign_us_per_event\":[%.2f,%.2f],"
            "\"cpu_run_ratio_p50\":[%.3f,%.3f,%.3f],"
            "\"drain_eps_p50\":[%.0f,%.0f,%.0f,%.0f],\"drain_run_ratio_p50\":[%.3f,%.3f,%.3f],"
-           "\"drain_pause_ms_max\":[%.1f,%.1f,%.1f,%.1f]}\n",
+           "\"drain_pause_ms_max\":[%.1f,%.1f,%.1f,%.1f],"
+           "\"verify_off\":{\"eps_p50\":%.0f,\"run_ratio_p50\":%.3f,\"cpu_us_per_event_p50\":%.2f,"
+           "\"cpu_run_ratio_p50\":%.3f,\"drain_eps_p50\":%.0f,\"drain_run_ratio_p50\":%.3f,"
+           "\"batch_vs_verify_off_run_ratio_p50\":%.3f,\"batch_vs_verify_off_cpu_ratio_p50\":%.3f,"
+           "\"lag_ms\":[%.3f,%.3f,%.3f]}}\n",
            n, runs, c->sign_batch, base_eps, bench_pct(res[MODE_BATCH].log_eps, runs, 50),
            bench_pct(res[MODE_SINGLE].log_eps, runs, 50),
            bench_pct(res[MODE_BATCH].log_eps, runs, 50) / base_eps,
@@ -955,7 +972,10 @@ int bench_eventlog(bench_ctx_t *c)
            drain_p50[MODE_NOCKPT], drain_ratio[MODE_BATCH], drain_ratio[MODE_SINGLE],
            drain_ratio[MODE_NOCKPT], bench_pct(res[0].drain_pause_ms, runs, 100),
            bench_pct(res[1].drain_pause_ms, runs, 100), bench_pct(res[2].drain_pause_ms, runs, 100),
-           bench_pct(res[3].drain_pause_ms, runs, 100));
+           bench_pct(res[3].drain_pause_ms, runs, 100),
+           bench_pct(res[MODE_BYTES].log_eps, runs, 50), run_ratio[MODE_BYTES], cpu_p50[MODE_BYTES],
+           cpu_ratio[MODE_BYTES], drain_p50[MODE_BYTES], drain_ratio[MODE_BYTES], bytes_to_batch,
+           bytes_to_batch_cpu, l[MODE_BYTES][0], l[MODE_BYTES][1], l[MODE_BYTES][2]);
     if (base) {
         printf("JSON {\"bench\":\"eventlog-baseline\",\"baseline_bin\":\"%s\",\"runs\":%u,"
                "\"eps_p50\":[%.0f,%.0f,%.0f,%.0f],\"run_ratio_p50\":[%.3f,%.3f,%.3f,%.3f],"
