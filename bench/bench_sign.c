@@ -84,7 +84,7 @@ int bench_sign(bench_ctx_t *c)
     for (size_t i = 0; i < n; i++) {
         sp_envelope_t *e = NULL;
         if (sp_envelope_decode(buf, len, &e, reason) < 0 ||
-            sp_trust_check(&t, e, buf, len, subject, reason) < 0) {
+            sp_trust_check(&t, e, buf, len, subject, 0, reason) < 0) {
             fprintf(stderr, "space-bench: %s\n", reason);
             sp_envelope_free(e);
             free(buf);
@@ -129,7 +129,7 @@ int bench_sign(bench_ctx_t *c)
         for (size_t i = 0; i < B; i++) {
             sp_envelope_t *e = NULL;
             if (sp_envelope_decode(bbufs[i], blens[i], &e, reason) < 0 ||
-                sp_trust_check(&t, e, bbufs[i], blens[i], subject, reason) < 0) {
+                sp_trust_check(&t, e, bbufs[i], blens[i], subject, 0, reason) < 0) {
                 fprintf(stderr, "space-bench: %s\n", reason);
                 goto out;
             }

@@ -48,7 +48,7 @@ _space() {
     events) opts="--follow --help" ;;
     keys) opts="create ls revoke --tenant --name --admin --json --help" ;;
     creds) opts="add ls rm rotate rotate-master --json --help" ;;
-    identity) opts="add ls conf" ;;
+    identity) opts="add ls conf rotate" ;;
     platform) opts="add ls publish --tenants --tenant" ;;
     down) opts="--purge --home --help" ;;
     help) opts="create ls rm exec cp events creds keys" ;;

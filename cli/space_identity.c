@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "busid.h"
@@ -20,6 +21,7 @@
 #include "natsauth.h"
 #include "objstore.h"
 #include "publish.h"
+#include "sign.h"
 #include "xmalloc.h"
 
 #define CREDS_DIR      "creds"
@@ -354,6 +356,102 @@ int sp__identity_add(const sp_stack_t *st, const char *kind, const char *instanc
     r = 0;
 out:
     free(dir);
+    return r;
+}
+
+/* Copies src to dst through dst.tmp and a rename, mode 0644. */
+static int copy_public(const char *src, const char *dst)
+{
+    char buf[4096];
+    char *tmp = sp_xasprintf("%s.tmp", dst);
+    FILE *in = fopen(src, "re"), *out = NULL;
+    size_t n = 0;
+    int r = -EIO;
+
+    if (!in) {
+        r = -errno;
+        goto out;
+    }
+    n = fread(buf, 1, sizeof(buf), in);
+    if (n == 0 || n == sizeof(buf) || !(out = fopen(tmp, "we")))
+        goto out;
+    if (fwrite(buf, 1, n, out) != n || fflush(out) != 0 || fsync(fileno(out)) != 0)
+        goto out;
+    if (fclose(out) != 0) {
+        out = NULL;
+        goto out;
+    }
+    out = NULL;
+    if (chmod(tmp, 0644) < 0 || rename(tmp, dst) < 0) {
+        r = -errno;
+        goto out;
+    }
+    r = 0;
+out:
+    if (in)
+        fclose(in);
+    if (out)
+        fclose(out);
+    if (r < 0)
+        unlink(tmp);
+    free(tmp);
+    return r;
+}
+
+int sp__identity_rotate(const sp_stack_t *st, const char *name, long long grace_s)
+{
+    char *dir = sp__identity_dir(st->home);
+    char *key = sp_xasprintf("%s/%s.key", dir, name), *pub = sp_xasprintf("%s/%s.pub", dir, name);
+    char *next = sp_xasprintf("%s/%s.key.next", dir, name), *retired = NULL;
+    long long until = (long long)time(NULL) + grace_s;
+    sp_identity_t id;
+    struct stat sb;
+    int r = -1, e;
+
+    if (sp_identity_parse(name, &id) < 0 || id.kind == SP_KIND_OPERATOR) {
+        fprintf(stderr, "space identity rotate: %s is not an identity that signs\n", name);
+        goto out;
+    }
+    if (stat(key, &sb) < 0 || stat(pub, &sb) < 0) {
+        fprintf(stderr, "space identity rotate: %s has no key in %s (space identity add)\n", name,
+                dir);
+        goto out;
+    }
+    /* Two rotations within one second: each retired key keeps its own file. */
+    for (;; until++) {
+        free(retired);
+        retired = sp_xasprintf("%s/%s@%lld.pub", dir, name, until);
+        if (stat(retired, &sb) < 0)
+            break;
+    }
+    /* The old public key first: a verifier reading the directory at any moment finds the old
+     * key retired or current, never missing. */
+    if ((e = copy_public(pub, retired)) < 0) {
+        fprintf(stderr, "space identity rotate: cannot write %s: %s\n", retired, sp_strerror(e));
+        goto out;
+    }
+    unlink(next); /* left by a rotation that was interrupted */
+    if ((e = sp_sign_keygen(next, pub)) < 0 || rename(next, key) < 0) {
+        e = e < 0 ? e : -errno;
+        fprintf(stderr, "space identity rotate: cannot make the new key of %s: %s\n", name,
+                sp_strerror(e));
+        unlink(next);
+        goto out;
+    }
+    char when[32];
+    time_t t = (time_t)until;
+    struct tm tm;
+    strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
+    printf("%s: new signing key %s/%s.{key,pub}\n"
+           "%s: the old key is retired as %s: it counts for messages published until %s\n",
+           name, dir, name, name, retired, when);
+    r = 0;
+out:
+    free(dir);
+    free(key);
+    free(pub);
+    free(next);
+    free(retired);
     return r;
 }
 

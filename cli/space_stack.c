@@ -1052,18 +1052,54 @@ static int identity_activate(sp_stack_t *st, const char *name)
     return e < 0 ? -1 : 0;
 }
 
+/* Stops the daemons of this stack that run as identity name: how many ran. */
+static int daemons_down_as(const sp_stack_t *st, const char *name)
+{
+    int n = 0;
+    for (size_t i = 0; i < N_DAEMONS; i++) {
+        bool per_worker = daemons[i].kind == SP_KIND_WORKER || daemons[i].kind == SP_KIND_EGRESSD;
+        char *pidfile = sp_xasprintf("%s/%s.pid", st->run_dir, daemons[i].name);
+        sp_identity_t id;
+        pid_t pid;
+        if (sp_identity_format(daemons[i].kind, per_worker ? st->cfg->worker_id : NULL, &id) == 0 &&
+            strcmp(id.name, name) == 0 &&
+            sp_proc_pidfile_check(pidfile, daemons[i].name, &pid) == 1 &&
+            daemon_down(st, daemons[i].name) == 0)
+            n++;
+        free(pidfile);
+    }
+    return n;
+}
+
+/* --grace SECONDS of `space identity rotate`: 0 to ten years; 3600 when absent. */
+static int grace_arg(int argc, char **argv, long long *ret)
+{
+    char *end;
+    *ret = 3600;
+    if (argc == 2)
+        return 0;
+    if (argc != 4 || strcmp(argv[2], "--grace") != 0)
+        return -1;
+    errno = 0;
+    *ret = strtoll(argv[3], &end, 10);
+    return argv[3][0] >= '0' && argv[3][0] <= '9' && !*end && !errno && *ret <= 315360000LL ? 0
+                                                                                            : -1;
+}
+
 int sp_stack_identity(const sp_stack_config_t *cfg, int argc, char **argv)
 {
     const char *sub = argc > 0 ? argv[0] : "";
     char name[SP_IDENTITY_MAX + 1];
-    int r = SP_STACK_EXIT_FAIL, lock = -1, exists;
+    int r = SP_STACK_EXIT_FAIL, lock = -1, exists, stopped = 0;
+    long long grace = 0;
     sp_stack_t st = {0};
 
     if (validate(cfg) < 0)
         return SP_STACK_EXIT_USAGE;
     if (!((strcmp(sub, "add") == 0 && (argc == 2 || argc == 3)) ||
           ((strcmp(sub, "ls") == 0 || strcmp(sub, "conf") == 0) && argc == 1) ||
-          (strcmp(sub, "ls") == 0 && argc == 2 && strcmp(argv[1], "--json") == 0))) {
+          (strcmp(sub, "ls") == 0 && argc == 2 && strcmp(argv[1], "--json") == 0) ||
+          (strcmp(sub, "rotate") == 0 && grace_arg(argc, argv, &grace) == 0))) {
         fputs(SP_STACK_IDENTITY_USAGE, stderr);
         return SP_STACK_EXIT_USAGE;
     }
@@ -1079,6 +1115,19 @@ int sp_stack_identity(const sp_stack_config_t *cfg, int argc, char **argv)
         goto out;
     if (strcmp(sub, "ls") == 0) {
         r = sp__identity_list(&st, argc == 2) < 0 ? SP_STACK_EXIT_FAIL : SP_STACK_EXIT_OK;
+        goto out;
+    }
+    if (strcmp(sub, "rotate") == 0) {
+        if (sp__identity_rotate(&st, argv[1], grace) < 0)
+            goto out;
+        /* This stack's daemons that sign as argv[1] start again with the new key; elsewhere
+         * (more hosts) the operator copies the files and restarts them within the grace. */
+        stopped = daemons_down_as(&st, argv[1]);
+        if (stopped == 0)
+            printf("%s: no daemon of %s runs as it: restart those that do (other hosts: copy "
+                   "the new files there first, docs/trust.md) before the old key's time ends\n",
+                   argv[1], st.home);
+        r = SP_STACK_EXIT_OK;
         goto out;
     }
     if (strcmp(sub, "conf") == 0) {
@@ -1107,6 +1156,9 @@ out:
     if (lock >= 0)
         close(lock);
     stack_dispose(&st);
+    /* After the lock: `up` takes it, and starts what was stopped (with the new key). */
+    if (stopped > 0 && r == SP_STACK_EXIT_OK)
+        r = sp_stack_up(cfg);
     return r;
 }
 

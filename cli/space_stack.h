@@ -200,6 +200,9 @@ int sp__identity_add(const sp_stack_t *st, const char *kind, const char *instanc
                      char ret_name[SP_IDENTITY_MAX + 1]);
 /* Prints the identities that have credentials, one a line. */
 int sp__identity_list(const sp_stack_t *st, bool json);
+/* `space identity rotate NAME --grace S` (docs/trust.md, "Rotating a key"): NAME's .pub kept
+ * as NAME@<now + S>.pub, a new NAME.key and NAME.pub. 0, or -1 after printing why. */
+int sp__identity_rotate(const sp_stack_t *st, const char *name, long long grace_s);
 /* The identities that have credentials in dir (<name>.nkpub), sorted; heap array of heap
  * strings (free with sp__identity_names_free). -errno when dir cannot be read. */
 int sp__identity_names(const char *dir, char ***ret_names, size_t *ret_n);
@@ -224,7 +227,9 @@ int sp_stack_platform(const sp_stack_config_t *cfg, int argc, char **argv);
     "usage: space platform add NAME --tenants T1,T2 | ls [--json]\n"                               \
     "       space platform publish NAME --tenant T create TEMPLATE [--timeout S] [--wait-s N]\n"   \
     "       space platform publish NAME --tenant T delete ID [--wait-s N]\n"
-#define SP_STACK_IDENTITY_USAGE "usage: space identity add KIND [INSTANCE] | ls [--json] | conf\n"
+#define SP_STACK_IDENTITY_USAGE                                                                    \
+    "usage: space identity add KIND [INSTANCE] | ls [--json] | conf\n"                             \
+    "       space identity rotate NAME [--grace SECONDS]\n"
 /* `space identity add|ls|conf` (space_stack.c). */
 int sp_stack_identity(const sp_stack_config_t *cfg, int argc, char **argv);
 /* Rewrites nats.conf of a running nats-server (with its current port) and has it reload

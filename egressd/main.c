@@ -150,7 +150,8 @@ static void *events_main(void *arg)
                 continue;
             }
             /* The signature here (the costly half, off the loop); the contract on the loop. */
-            int vr = sp_verifier_verify(eg->verifier, env, m->data, m->len, reason);
+            int vr =
+                sp_verifier_verify(eg->verifier, env, m->data, m->len, m->published_ns, reason);
             /* Replays: egressd reads its subjects from the stream's start at every start, so
              * an original always comes before its copies and no log lookup is needed. */
             if (vr >= 0) {

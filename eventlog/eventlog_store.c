@@ -375,15 +375,17 @@ static void refused(const el_store_t *st, item_t *it, const char *reason)
 }
 
 /* A signer the keyring does not know but whose public key is now in the keyring directory
- * (an identity added while the log runs: space identity add), or a platform whose tenants file
+ * (an identity added while the log runs: space identity add), a platform whose tenants file
  * changed (space platform add NAME --tenants ...; checked only for a batch with a platform's
- * message, one stat per platform): the directory is read again and the messages whose signer
- * was unknown are verified once more. A made-up signer costs one failed stat, so a flood of
- * them costs no directory reads. Runs while no pool job is in flight: the keyring it replaces
- * is not in use. */
+ * message, one stat per platform), or a signature that did not verify while the directory
+ * changed (a key rotated: space identity rotate; one stat per batch with such a message): the
+ * directory is read again and the messages whose signer was unknown or whose signature did not
+ * verify are verified once more. A made-up signer costs one failed stat, so a flood of them
+ * costs no directory reads. Runs while no pool job is in flight: the keyring it replaces is
+ * not in use. */
 void el_store_recheck_signers(el_store_t *st, el_batch_t *b)
 {
-    bool reload = false, platform = false;
+    bool reload = false, platform = false, bad_sig = false;
     if (st->verify == EL_VERIFY_OFF)
         return;
     for (size_t i = 0; i < b->n && !reload && st->keyring_dir; i++) {
@@ -392,6 +394,7 @@ void el_store_recheck_signers(el_store_t *st, el_batch_t *b)
         if (!e || !e->signer || !e->signer[0] || sp_identity_parse(e->signer, &id) < 0)
             continue;
         platform = platform || id.kind == SP_KIND_PLATFORM;
+        bad_sig = bad_sig || b->items[i].sig_rc == SP_ESIGNATURE;
         if (b->items[i].sig_rc != SP_ESIGNER || sp_keyring_has(st->trust.keyring, e->signer))
             continue;
         char path[4096];
@@ -399,7 +402,7 @@ void el_store_recheck_signers(el_store_t *st, el_batch_t *b)
         snprintf(path, sizeof(path), "%s/%s.pub", st->keyring_dir, id.name);
         reload = stat(path, &sb) == 0;
     }
-    if (!reload && platform)
+    if (!reload && (platform || bad_sig))
         reload = sp_keyring_stale(st->trust.keyring);
     if (!reload)
         return;
@@ -410,15 +413,15 @@ void el_store_recheck_signers(el_store_t *st, el_batch_t *b)
                SP_KS("error", sp_strerror(rc)));
         return;
     }
-    sp_log(SP_LOG_INFO, "keyring read again: a new identity or tenants",
+    sp_log(SP_LOG_INFO, "keyring read again: a new identity, tenants or key",
            SP_KS("keyring_dir", st->keyring_dir), SP_KU("identities", sp_keyring_size(kr)));
     sp_keyring_free((sp_keyring_t *)st->trust.keyring);
     st->trust.keyring = kr;
     for (size_t i = 0; i < b->n; i++) {
         el_prep_t *it = &b->items[i];
-        if (it->sig_rc == SP_ESIGNER)
-            it->sig_rc =
-                sp_trust_verify(&st->trust, it->env, it->msg->data, it->msg->len, it->reason);
+        if (it->sig_rc == SP_ESIGNER || it->sig_rc == SP_ESIGNATURE)
+            it->sig_rc = sp_trust_verify(&st->trust, it->env, it->msg->data, it->msg->len,
+                                         it->msg->published_ns, it->reason);
     }
 }
 

@@ -73,7 +73,7 @@ void el_prep_one(el_prep_t *it, const sp_trust_t *trust)
     it->rc = sp_envelope_check_subject(it->env, m->subject, it->reason);
     if (it->rc < 0 || !trust)
         return;
-    it->sig_rc = sp_trust_verify(trust, it->env, m->data, m->len, it->reason);
+    it->sig_rc = sp_trust_verify(trust, it->env, m->data, m->len, m->published_ns, it->reason);
 }
 
 /* Claims the next chunk of job gen: false when the job is done or another one runs. */

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "contract.h"
@@ -34,10 +35,19 @@ struct sp_sign_key {
     EVP_PKEY *pkey;
 };
 
+/* A retired key (`space identity rotate`): valid for messages published before until_ns. */
+typedef struct {
+    EVP_PKEY *pkey;
+    uint8_t pub[SP_PUBKEY_LEN];
+    int64_t until_ns;
+} kr_retired_t;
+
 typedef struct {
     char name[SP_IDENTITY_MAX + 1];
-    EVP_PKEY *pkey;
+    EVP_PKEY *pkey;             /* the current key; NULL when the identity has retired ones only */
     uint8_t pub[SP_PUBKEY_LEN]; /* raw, for the signature cache's key */
+    kr_retired_t *retired;
+    size_t n_retired;
     char **tenants;
     size_t n_tenants;
     /* The .tenants file read (platforms): present, and its stat, for sp_keyring_stale. */
@@ -48,7 +58,8 @@ typedef struct {
 struct sp_keyring {
     kr_entry_t *e; /* sorted by name */
     size_t n;
-    char *dir; /* sp_keyring_load's directory, else NULL */
+    char *dir;          /* sp_keyring_load's directory, else NULL */
+    struct stat dir_st; /* the directory as it was read (its mtime: files made or renamed) */
 };
 
 int sp_sign_keygen(const char *priv_path, const char *pub_path)
@@ -246,41 +257,92 @@ static kr_entry_t *find(const sp_keyring_t *kr, const char *identity)
 static void entry_dispose(kr_entry_t *e)
 {
     EVP_PKEY_free(e->pkey);
+    for (size_t i = 0; i < e->n_retired; i++)
+        EVP_PKEY_free(e->retired[i].pkey);
+    free(e->retired);
     for (size_t i = 0; i < e->n_tenants; i++)
         free(e->tenants[i]);
     free(e->tenants);
 }
 
-static int add_pkey(sp_keyring_t *kr, const char *identity, EVP_PKEY *pkey)
+/* identity's entry, made (with no key) when absent; NULL when identity is not an identity. */
+static kr_entry_t *entry_get(sp_keyring_t *kr, const char *identity)
 {
-    uint8_t pub[SP_PUBKEY_LEN];
-    size_t publen = SP_PUBKEY_LEN;
     sp_identity_t id;
     kr_entry_t *e;
 
-    if (!kr || sp_identity_parse(identity, &id) < 0) {
-        EVP_PKEY_free(pkey);
-        return -EINVAL;
-    }
+    if (!kr || sp_identity_parse(identity, &id) < 0)
+        return NULL;
+    if ((e = find(kr, identity)))
+        return e;
+    kr->e = sp_xreallocarray(kr->e, kr->n + 1, sizeof(*kr->e));
+    e = &kr->e[kr->n++];
+    memset(e, 0, sizeof(*e));
+    memcpy(e->name, id.name, strlen(id.name) + 1);
+    qsort(kr->e, kr->n, sizeof(*kr->e), entry_cmp);
+    return find(kr, identity);
+}
+
+/* Takes pkey: identity's current key (retired: until_ns > 0, one of its retired keys). */
+static int add_pkey_until(sp_keyring_t *kr, const char *identity, EVP_PKEY *pkey, int64_t until_ns)
+{
+    uint8_t pub[SP_PUBKEY_LEN];
+    size_t publen = SP_PUBKEY_LEN;
+    kr_entry_t *e;
+
     if (EVP_PKEY_get_raw_public_key(pkey, pub, &publen) != 1 || publen != SP_PUBKEY_LEN) {
         EVP_PKEY_free(pkey);
         return SP_ECONFIG;
     }
-    e = find(kr, identity);
-    if (e) {
+    if (!(e = entry_get(kr, identity))) {
+        EVP_PKEY_free(pkey);
+        return -EINVAL;
+    }
+    if (until_ns <= 0) {
         EVP_PKEY_free(e->pkey);
         e->pkey = pkey;
         memcpy(e->pub, pub, SP_PUBKEY_LEN);
         return 0;
     }
-    kr->e = sp_xreallocarray(kr->e, kr->n + 1, sizeof(*kr->e));
-    e = &kr->e[kr->n++];
-    memset(e, 0, sizeof(*e));
-    memcpy(e->name, id.name, strlen(id.name) + 1);
-    e->pkey = pkey;
-    memcpy(e->pub, pub, SP_PUBKEY_LEN);
-    qsort(kr->e, kr->n, sizeof(*kr->e), entry_cmp);
+    if (e->n_retired == SP_KEYRING_RETIRED_MAX) {
+        EVP_PKEY_free(pkey);
+        return SP_ETOOBIG;
+    }
+    /* Kept in the order of their until (retired_valid). */
+    e->retired = sp_xreallocarray(e->retired, e->n_retired + 1, sizeof(*e->retired));
+    size_t at = e->n_retired++;
+    while (at > 0 && e->retired[at - 1].until_ns > until_ns) {
+        e->retired[at] = e->retired[at - 1];
+        at--;
+    }
+    kr_retired_t *r = &e->retired[at];
+    r->pkey = pkey;
+    memcpy(r->pub, pub, SP_PUBKEY_LEN);
+    r->until_ns = until_ns;
     return 0;
+}
+
+static int add_pkey(sp_keyring_t *kr, const char *identity, EVP_PKEY *pkey)
+{
+    return add_pkey_until(kr, identity, pkey, 0);
+}
+
+int sp_keyring_add_retired(sp_keyring_t *kr, const char *identity, const uint8_t pub[SP_PUBKEY_LEN],
+                           int64_t until_ns)
+{
+    if (until_ns <= 0)
+        return -EINVAL;
+    EVP_PKEY *pkey = EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, NULL, pub, SP_PUBKEY_LEN);
+    if (!pkey)
+        return SP_ECONFIG;
+    return add_pkey_until(kr, identity, pkey, until_ns);
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
 int sp_keyring_add(sp_keyring_t *kr, const char *identity, const uint8_t pub[SP_PUBKEY_LEN])
@@ -323,13 +385,29 @@ bool sp_keyring_has_tenant(const sp_keyring_t *kr, const char *identity, const c
     return false;
 }
 
+int sp_keyring_verify_at(const sp_keyring_t *kr, const char *identity, const void *data, size_t len,
+                         const uint8_t sig[SP_SIG_LEN], int64_t at_ns)
+{
+    const kr_entry_t *e = find(kr, identity);
+    int rc = SP_ESIGNATURE;
+
+    if (!e)
+        return SP_ESIGNER;
+    if (e->pkey && (rc = verify_pkey(e->pkey, data, len, sig)) != SP_ESIGNATURE)
+        return rc;
+    if (!at_ns)
+        at_ns = now_ns();
+    for (size_t i = 0; i < e->n_retired; i++)
+        if (e->retired[i].until_ns > at_ns &&
+            (rc = verify_pkey(e->retired[i].pkey, data, len, sig)) != SP_ESIGNATURE)
+            return rc;
+    return SP_ESIGNATURE;
+}
+
 int sp_keyring_verify(const sp_keyring_t *kr, const char *identity, const void *data, size_t len,
                       const uint8_t sig[SP_SIG_LEN])
 {
-    const kr_entry_t *e = find(kr, identity);
-    if (!e)
-        return SP_ESIGNER;
-    return verify_pkey(e->pkey, data, len, sig);
+    return sp_keyring_verify_at(kr, identity, data, len, sig, 0);
 }
 
 size_t sp_keyring_size(const sp_keyring_t *kr)
@@ -395,17 +473,33 @@ int sp_keyring_load(const char *dir, sp_keyring_t **ret_kr)
     if (!d)
         return -errno;
     sp_keyring_new(&kr);
+    /* The directory before its entries are read: a change made while they are cannot be missed
+     * by sp_keyring_stale. */
+    if (fstat(dirfd(d), &kr->dir_st) < 0)
+        memset(&kr->dir_st, 0, sizeof(kr->dir_st));
     while ((de = readdir(d))) {
-        char name[SP_IDENTITY_MAX + 1];
+        char name[SP_IDENTITY_MAX + 1 + 1 + 20];
         size_t len = strlen(de->d_name);
         sp_identity_t id;
         EVP_PKEY *pkey;
         FILE *f;
+        int64_t until_ns = 0;
 
-        if (len <= 4 || strcmp(de->d_name + len - 4, ".pub") != 0 || len - 4 > SP_IDENTITY_MAX)
+        if (len <= 4 || strcmp(de->d_name + len - 4, ".pub") != 0 || len - 4 >= sizeof(name))
             continue;
         memcpy(name, de->d_name, len - 4);
         name[len - 4] = '\0';
+        /* "<identity>@<until>": a retired key, valid for messages published before <until>. */
+        char *at = strchr(name, '@');
+        if (at) {
+            char *end;
+            errno = 0;
+            long long until = strtoll(at + 1, &end, 10);
+            if (at[1] < '1' || at[1] > '9' || *end || errno || until > INT64_MAX / 1000000000LL)
+                continue;
+            *at = '\0';
+            until_ns = until * 1000000000LL;
+        }
         if (sp_identity_parse(name, &id) < 0)
             continue;
         char *path = sp_xasprintf("%s/%s", dir, de->d_name);
@@ -422,9 +516,9 @@ int sp_keyring_load(const char *dir, sp_keyring_t **ret_kr)
             rc = SP_ECONFIG;
             break;
         }
-        if ((rc = add_pkey(kr, name, pkey)) < 0)
+        if ((rc = add_pkey_until(kr, name, pkey, until_ns)) < 0)
             break;
-        if (id.kind == SP_KIND_PLATFORM && (rc = load_tenants(kr, dir, name)) < 0)
+        if (!until_ns && id.kind == SP_KIND_PLATFORM && (rc = load_tenants(kr, dir, name)) < 0)
             break;
     }
     closedir(d);
@@ -445,8 +539,12 @@ static bool same_file(const struct stat *a, const struct stat *b)
 
 bool sp_keyring_stale(const sp_keyring_t *kr)
 {
+    struct stat dst;
+
     if (!kr || !kr->dir)
         return false;
+    if (stat(kr->dir, &dst) == 0 && !same_file(&dst, &kr->dir_st))
+        return true;
     for (size_t i = 0; i < kr->n; i++) {
         const kr_entry_t *e = &kr->e[i];
         sp_identity_t id;
@@ -744,6 +842,22 @@ static cache_result_t cache_lookup(sp_sigcache_t *c, const uint8_t key[SP_SHA256
     return r;
 }
 
+/* Whether key is cached, without waiting for a claim or making one (a retired key's
+ * signature: looked for before the current key is tried, so that the members of a batch
+ * signed with it cost no failed verification by the current key each). */
+static bool cache_peek(sp_sigcache_t *c, const uint8_t key[SP_SHA256_LEN])
+{
+    const cache_slot_t *s = &c->slot[cache_index(c, key)];
+    bool hit;
+
+    pthread_mutex_lock(&c->mu);
+    hit = s->used && memcmp(s->key, key, SP_SHA256_LEN) == 0;
+    if (hit)
+        c->hits++;
+    pthread_mutex_unlock(&c->mu);
+    return hit;
+}
+
 /* The end of a verification of key, claimed (r) or not: a success goes into its slot, and a
  * claim is released either way. */
 static void cache_settle(sp_sigcache_t *c, const uint8_t key[SP_SHA256_LEN], cache_result_t r,
@@ -942,13 +1056,49 @@ int sp_envelope_encode_signed(sp_envelope_t *env, const char *signer, const sp_s
     return sp_envelope_encode_signed_batch(&env, 1, signer, key, ret_buf, ret_len);
 }
 
-int sp_envelope_verify(const sp_keyring_t *kr, sp_sigcache_t *cache, const sp_envelope_t *env,
-                       const uint8_t *raw, size_t len)
+/* One key's Ed25519 verification of msg through the cache: a hit, or a verification that
+ * settles its claim on every path (other threads may be waiting for it). */
+static int verify_cached(sp_sigcache_t *cache, EVP_PKEY *pkey, const uint8_t pub[SP_PUBKEY_LEN],
+                         const uint8_t msg[SP_SIG_MSG_LEN], const uint8_t sig[SP_SIG_LEN])
 {
+    uint8_t ckey[SP_SHA256_LEN];
+    cache_result_t cr = CACHE_MISS;
+    int rc;
+
+    if (cache) {
+        cache_key(pub, msg, sig, ckey);
+        if ((cr = cache_lookup(cache, ckey)) == CACHE_HIT)
+            return 0;
+    }
+    rc = verify_pkey(pkey, msg, SP_SIG_MSG_LEN, sig);
+    if (cache)
+        cache_settle(cache, ckey, cr, rc == 0);
+    return rc;
+}
+
+/* The signer's retired keys that count for a message published at at_ns, at most max of them:
+ * first the one retired next after at_ns (the key that was current then), then later ones. */
+static size_t retired_valid(const kr_entry_t *e, int64_t at_ns, const kr_retired_t **out,
+                            size_t max)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < e->n_retired && n < max; i++)
+        if (e->retired[i].until_ns > at_ns)
+            out[n++] = &e->retired[i];
+    return n;
+}
+
+int sp_envelope_verify(const sp_keyring_t *kr, sp_sigcache_t *cache, const sp_envelope_t *env,
+                       const uint8_t *raw, size_t len, int64_t at_ns)
+{
+    /* Most retired keys tried for one message, those retired soonest after it first: the key
+     * that signed a message is the one retired next after it was published, unless the
+     * signer's daemon ran on with an older one through several rotations. */
+    const kr_retired_t *old[8];
+    size_t n_old;
     uint8_t leaf[SP_SIG_HASH_LEN], root[SP_SIG_HASH_LEN], msg[SP_SIG_MSG_LEN];
     uint8_t ckey[SP_SHA256_LEN];
     const kr_entry_t *e;
-    cache_result_t cr = CACHE_MISS;
     uint8_t *canon;
     size_t clen;
     uint32_t count;
@@ -974,6 +1124,7 @@ int sp_envelope_verify(const sp_keyring_t *kr, sp_sigcache_t *cache, const sp_en
     if (rc < 0)
         return SP_EDECODE;
     count = env->sig_count ? env->sig_count : 1;
+    /* The memo holds walks verified under the current key only. */
     memo_walk_t w = {.c = cache,
                      .pub = e->pub,
                      .sig = env->signature.data,
@@ -981,7 +1132,7 @@ int sp_envelope_verify(const sp_keyring_t *kr, sp_sigcache_t *cache, const sp_en
                      .plen = env->sig_proof.len,
                      .count = count};
     rc = proof_walk(leaf, env->sig_index, count, env->sig_proof.data, env->sig_proof.len, root,
-                    cache && count > 1 ? memo_step : NULL, &w);
+                    cache && count > 1 && e->pkey ? memo_step : NULL, &w);
     if (rc < 0)
         return SP_ESIGNATURE;
     if (rc == 1) {
@@ -989,21 +1140,21 @@ int sp_envelope_verify(const sp_keyring_t *kr, sp_sigcache_t *cache, const sp_en
         return 0;
     }
     sp_sig_message(count, root, msg);
-    if (cache) {
-        cache_key(e->pub, msg, env->signature.data, ckey);
-        if ((cr = cache_lookup(cache, ckey)) == CACHE_HIT) {
-            if (count > 1)
-                memo_remember(&w);
+    n_old = retired_valid(e, at_ns ? at_ns : now_ns(), old, sizeof(old) / sizeof(old[0]));
+    for (size_t i = 0; cache && i < n_old; i++) {
+        cache_key(old[i]->pub, msg, env->signature.data, ckey);
+        if (cache_peek(cache, ckey))
             return 0;
-        }
     }
-    /* A claimed slot is settled on every path: other threads may be waiting for it. */
-    rc = verify_pkey(e->pkey, msg, sizeof(msg), env->signature.data);
-    if (cache)
-        cache_settle(cache, ckey, cr, rc == 0);
+    rc = SP_ESIGNATURE;
+    if (e->pkey) {
+        rc = verify_cached(cache, e->pkey, e->pub, msg, env->signature.data);
+        if (rc == 0 && cache && count > 1)
+            memo_remember(&w);
+    }
+    for (size_t i = 0; rc == SP_ESIGNATURE && i < n_old; i++)
+        rc = verify_cached(cache, old[i]->pkey, old[i]->pub, msg, env->signature.data);
     if (rc < 0)
         return rc == -ENOMEM ? rc : SP_ESIGNATURE;
-    if (cache && count > 1)
-        memo_remember(&w);
     return 0;
 }

@@ -128,13 +128,13 @@ static int check_taker(const sp_trust_t *t, const sp_envelope_t *env, const char
 }
 
 int sp_trust_verify(const sp_trust_t *t, const sp_envelope_t *env, const uint8_t *raw,
-                    size_t raw_len, char reason[SP_REASON_MAX])
+                    size_t raw_len, int64_t at_ns, char reason[SP_REASON_MAX])
 {
     int rc;
 
     if (!t || !env || !raw)
         return refuse(reason, SP_ESCHEMA, "missing argument");
-    rc = sp_envelope_verify(t->keyring, t->cache, env, raw, raw_len);
+    rc = sp_envelope_verify(t->keyring, t->cache, env, raw, raw_len, at_ns);
     switch (rc) {
     case 0:
         return 0;
@@ -154,9 +154,9 @@ int sp_trust_verify(const sp_trust_t *t, const sp_envelope_t *env, const uint8_t
 }
 
 int sp_trust_check(const sp_trust_t *t, const sp_envelope_t *env, const uint8_t *raw,
-                   size_t raw_len, const char *subject, char reason[SP_REASON_MAX])
+                   size_t raw_len, const char *subject, int64_t at_ns, char reason[SP_REASON_MAX])
 {
-    int rc = sp_trust_verify(t, env, raw, raw_len, reason);
+    int rc = sp_trust_verify(t, env, raw, raw_len, at_ns, reason);
     return rc < 0 ? rc : sp_trust_authorize(t, env, subject, reason);
 }
 

@@ -194,16 +194,36 @@ static int answer(const sp_verifier_t *v, int rc)
     return v->mode == SP_VERIFY_LOG ? 1 : rc;
 }
 
+/* After a signature that did not verify: when the directory changed since the keyring was
+ * read (a key rotated: `space identity rotate`), reads it again. Whether it did. One stat
+ * when nothing changed, so a flood of bad signatures reads no directory. */
+static bool reload_if_stale(sp_verifier_t *v)
+{
+    bool reloaded = false;
+    pthread_rwlock_wrlock(&v->lock);
+    sp_keyring_t *kr = NULL;
+    if (sp_keyring_stale(v->keyring) && sp_keyring_load(v->dir, &kr) == 0) {
+        sp_keyring_free(v->keyring);
+        v->keyring = kr;
+        reloaded = true;
+    }
+    pthread_rwlock_unlock(&v->lock);
+    return reloaded;
+}
+
 int sp_verifier_verify(sp_verifier_t *v, const sp_envelope_t *env, const uint8_t *raw,
-                       size_t raw_len, char reason[SP_REASON_MAX])
+                       size_t raw_len, int64_t at_ns, char reason[SP_REASON_MAX])
 {
     if (!v || v->mode == SP_VERIFY_OFF)
         return 0;
-    lock_for(v, env ? env->signer : NULL);
-    sp_trust_t t = {.keyring = v->keyring, .cache = v->cache};
-    int rc = sp_trust_verify(&t, env, raw, raw_len, reason);
-    pthread_rwlock_unlock(&v->lock);
-    return answer(v, rc);
+    for (int pass = 0;; pass++) {
+        lock_for(v, env ? env->signer : NULL);
+        sp_trust_t t = {.keyring = v->keyring, .cache = v->cache};
+        int rc = sp_trust_verify(&t, env, raw, raw_len, at_ns, reason);
+        pthread_rwlock_unlock(&v->lock);
+        if (rc != SP_ESIGNATURE || pass > 0 || !reload_if_stale(v))
+            return answer(v, rc);
+    }
 }
 
 int sp_verifier_authorize(sp_verifier_t *v, const sp_envelope_t *env, const char *subject,
@@ -223,10 +243,11 @@ int sp_verifier_authorize(sp_verifier_t *v, const sp_envelope_t *env, const char
 }
 
 int sp_verifier_check(sp_verifier_t *v, const sp_envelope_t *env, const uint8_t *raw,
-                      size_t raw_len, const char *subject, sp_trust_placement_fn placement,
-                      void *placement_arg, char reason[SP_REASON_MAX])
+                      size_t raw_len, const char *subject, int64_t at_ns,
+                      sp_trust_placement_fn placement, void *placement_arg,
+                      char reason[SP_REASON_MAX])
 {
-    int rc = sp_verifier_verify(v, env, raw, raw_len, reason);
+    int rc = sp_verifier_verify(v, env, raw, raw_len, at_ns, reason);
     if (rc < 0)
         return rc;
     int ra =
@@ -246,9 +267,13 @@ int sp_verifier_verify_raw(sp_verifier_t *v, const char *signer, const void *dat
                      signer && signer[0] ? "signature" : "signer");
         return answer(v, SP_EUNSIGNED);
     }
-    lock_for(v, signer);
-    rc = sp_keyring_verify(v->keyring, signer, data, len, sig);
-    pthread_rwlock_unlock(&v->lock);
+    for (int pass = 0;; pass++) {
+        lock_for(v, signer);
+        rc = sp_keyring_verify(v->keyring, signer, data, len, sig);
+        pthread_rwlock_unlock(&v->lock);
+        if (rc != SP_ESIGNATURE || pass > 0 || !reload_if_stale(v))
+            break;
+    }
     if (rc < 0 && reason)
         snprintf(reason, SP_REASON_MAX, "%s: %.80s %s", sp_trust_refusal_name(rc), signer,
                  rc == SP_ESIGNER ? "is not a known identity" : "did not sign this");
@@ -315,10 +340,11 @@ int sp_verifier_once(sp_verifier_t *v, const sp_envelope_t *env, uint64_t stream
 
 int sp_verifier_admit(sp_verifier_t *v, const sp_envelope_t *env, const uint8_t *raw,
                       size_t raw_len, const char *subject, uint64_t stream_seq,
-                      sp_trust_placement_fn placement, void *placement_arg,
+                      int64_t published_ns, sp_trust_placement_fn placement, void *placement_arg,
                       sp_verifier_lookup_fn lookup, void *lookup_arg, char reason[SP_REASON_MAX])
 {
-    int rc = sp_verifier_check(v, env, raw, raw_len, subject, placement, placement_arg, reason);
+    int rc = sp_verifier_check(v, env, raw, raw_len, subject, published_ns, placement,
+                               placement_arg, reason);
     if (rc < 0)
         return rc;
     int once = sp_verifier_once(v, env, stream_seq, lookup, lookup_arg, rc ? NULL : reason);

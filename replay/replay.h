@@ -113,6 +113,10 @@ typedef struct {
     const char *correlation_id, *causation_id;
     bool has_occurred_at;
     int64_t occurred_at_us, stored_at_us;
+    /* The stream's timestamp of the message: when a retired key's signature counts
+     * (sp_envelope_verify). Not in the hash chain; it only ever decides for rows the log
+     * accepted, which it verified at the same time. */
+    int64_t published_at_us;
     bool has_schema_version;
     int64_t schema_version;
     bool hashes_ok; /* prev_hash and hash are 32 bytes each (else they read as zero) */

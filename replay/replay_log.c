@@ -39,6 +39,7 @@ enum {
     C_CHAIN_V,
     C_PAYLOAD_SIZE,
     C_PAYLOAD_SHA,
+    C_PUBLISHED_US,
 };
 
 /* Binary results: integers come back big-endian, text as its bytes, bytea as raw bytes. A
@@ -49,7 +50,8 @@ static const char walk_sql[] =
     " (extract(epoch from occurred_at) * 1000000)::bigint,"
     " (extract(epoch from stored_at) * 1000000)::bigint, correlation_id, causation_id::text,"
     " prev_hash, hash, payload, status, subject, schema_version::bigint, chain_v::bigint,"
-    " payload_size, payload_sha256 FROM events"
+    " payload_size, payload_sha256, (extract(epoch from published_at) * 1000000)::bigint"
+    " FROM events"
     " WHERE stream_seq > $1::bigint AND stream_seq <= $2::bigint"
     " AND ($3::text IS NULL OR tenant = $3)"
     " AND ($4::text IS NULL OR aggregate_kind = $4)"
@@ -103,6 +105,7 @@ static void fill_event(PGresult *r, int row, replay_event_t *ev)
     ev->has_occurred_at = !PQgetisnull(r, row, C_OCCURRED_US);
     ev->occurred_at_us = i64_col(r, row, C_OCCURRED_US);
     ev->stored_at_us = i64_col(r, row, C_STORED_US);
+    ev->published_at_us = i64_col(r, row, C_PUBLISHED_US);
     ev->correlation_id = text_col(r, row, C_CORR);
     ev->causation_id = text_col(r, row, C_CAUSE);
     ev->hashes_ok =

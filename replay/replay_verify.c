@@ -456,7 +456,8 @@ static void check_signature(chain_t *c, const replay_event_t *ev)
         g->unverified++;
         return;
     } else {
-        rc = sp_envelope_verify(g->kr, g->cache, e, ev->payload, ev->payload_len);
+        rc = sp_envelope_verify(g->kr, g->cache, e, ev->payload, ev->payload_len,
+                                ev->published_at_us * 1000);
         if (rc == 0) {
             g->signed_ok++;
             return;

@@ -390,8 +390,8 @@ int sched_handle(sched_t *s, const sp_bus_msg_t *m)
         /* Intents only (no worker's fact is acted on here): no placement hook. No
          * SandboxRequestRejected for a refused one: the log stores the intent rejected with
          * the reason, and a forged message must not make the platform speak. */
-        rc = sp_verifier_admit(s->verifier, env, m->data, m->len, m->subject, m->stream_seq, NULL,
-                               NULL, sp_db_accepted_seq, s->db, reason);
+        rc = sp_verifier_admit(s->verifier, env, m->data, m->len, m->subject, m->stream_seq,
+                               m->published_ns, NULL, NULL, sp_db_accepted_seq, s->db, reason);
         if (rc != 0) {
             sp_log(rc < 0 ? SP_LOG_WARN : SP_LOG_INFO,
                    rc < 0 ? "refused: not acted on" : "would be refused (verify-signatures=log)",

@@ -304,8 +304,8 @@ static int handle(wk_t *w, const sp_bus_msg_t *m)
         /* What the worker acts on: intents and placements (the gateway's, the scheduler's,
          * a platform's), never a worker's fact, so no placement hook is needed. */
         acted_on = true;
-        rc = sp_verifier_admit(w->verifier, ev, m->data, m->len, m->subject, m->stream_seq, NULL,
-                               NULL, log_lookup, w, reason);
+        rc = sp_verifier_admit(w->verifier, ev, m->data, m->len, m->subject, m->stream_seq,
+                               m->published_ns, NULL, NULL, log_lookup, w, reason);
         if (rc != 0) {
             sp_log(rc < 0 ? SP_LOG_WARN : SP_LOG_INFO,
                    rc < 0 ? "refused: not acted on" : "would be refused (verify-signatures=log)",

@@ -5,10 +5,14 @@
  *   <dir>/<identity>.key      private key, PKCS#8 PEM, mode 0600, never logged
  *   <dir>/<identity>.pub      public key, SubjectPublicKeyInfo PEM
  *   <dir>/<identity>.tenants  platforms only: the tenant ids it may act for, one per line
+ *   <dir>/<identity>@<until>.pub  a retired public key (`space identity rotate`): its
+ *                             signatures count for messages published before <until> (unix
+ *                             seconds), so that a daemon still signing with it keeps working
+ *                             until it restarts and the log written with it keeps verifying
  * A keyring is the set of .pub (and .tenants) files of a directory, loaded once; it is
  * immutable afterwards and may be used from any thread. A consumer that runs for long reads
- * the directory again when sp_keyring_stale says a platform's tenants changed (`space platform
- * add` rewrites the file by rename) or when an unknown signer's .pub appears.
+ * the directory again when sp_keyring_stale says it changed: a platform's tenants (`space
+ * platform add` rewrites the file by rename), a key rotated, an identity added.
  *
  * Signatures go through OpenSSL's EVP_DigestSign/EVP_DigestVerify with a NULL digest
  * (Ed25519 is one-shot, RFC 8032 PureEdDSA).
@@ -61,14 +65,27 @@ int sp_keyring_add_tenant(sp_keyring_t *kr, const char *identity, const char *te
 bool sp_keyring_has(const sp_keyring_t *kr, const char *identity);
 /* Whether tenant is one of the identity's tenants. */
 bool sp_keyring_has_tenant(const sp_keyring_t *kr, const char *identity, const char *tenant);
-/* SP_ESIGNER if identity is not in the keyring, SP_ESIGNATURE if sig does not verify, else 0. */
+/* Adds a retired key to identity (made if absent, then with no current key): signatures by it
+ * count for messages published before until_ns (ns since the epoch). At most
+ * SP_KEYRING_RETIRED_MAX per identity (SP_ETOOBIG): they are kept for good, since the log
+ * written under them is verified with them (space-replay verify). */
+#define SP_KEYRING_RETIRED_MAX 256
+int sp_keyring_add_retired(sp_keyring_t *kr, const char *identity, const uint8_t pub[SP_PUBKEY_LEN],
+                           int64_t until_ns);
+/* SP_ESIGNER if identity is not in the keyring, SP_ESIGNATURE if sig does not verify by its
+ * current key nor by a retired one still valid now, else 0. */
 int sp_keyring_verify(const sp_keyring_t *kr, const char *identity, const void *data, size_t len,
                       const uint8_t sig[SP_SIG_LEN]);
+/* The same for data signed at at_ns (0: now): the retired keys that count are those whose
+ * until is after it. */
+int sp_keyring_verify_at(const sp_keyring_t *kr, const char *identity, const void *data, size_t len,
+                         const uint8_t sig[SP_SIG_LEN], int64_t at_ns);
 size_t sp_keyring_size(const sp_keyring_t *kr);
-/* Whether a platform's <identity>.tenants in the directory kr was loaded from is not the file
- * it read (another inode, size or modification time; made or removed since). One stat per
- * platform identity; false for a keyring not made by sp_keyring_load. New identities are not
- * seen here: their .pub appears with their first message (the event log checks for it). */
+/* Whether the directory kr was loaded from changed since: a file made, renamed or removed in
+ * it (a key rotated, an identity or a platform added; the tools replace files by rename), or a
+ * platform's <identity>.tenants that is not the file it read (another inode, size or
+ * modification time). One stat, and one per platform identity; false for a keyring not made
+ * by sp_keyring_load. */
 bool sp_keyring_stale(const sp_keyring_t *kr);
 void sp_keyring_free(sp_keyring_t *kr);
 
@@ -143,10 +160,12 @@ int sp_envelope_encode_signed_batch(sp_envelope_t *const *envs, size_t n, const 
 
 /* Verifies the signature of env, decoded (and schema-valid) from raw: canonical bytes -> leaf
  * -> root through the proof -> Ed25519 over the root with the signer's key from kr, looked up
- * in and added to cache (NULL: no cache). 0 when it verifies; SP_EUNSIGNED (no signer or no
- * signature), SP_ESIGNER (signer not in kr), SP_ESIGNATURE, SP_EDECODE (raw is not protobuf),
- * SP_ETOOBIG (raw over SP_ENVELOPE_MAX). Thread-safe. */
+ * in and added to cache (NULL: no cache). The signer's keys that count are its current one
+ * and its retired ones whose time runs past at_ns, the time the message was published (the
+ * stream's timestamp, which no publisher sets; 0: now). 0 when it verifies; SP_EUNSIGNED (no
+ * signer or no signature), SP_ESIGNER (signer not in kr), SP_ESIGNATURE, SP_EDECODE (raw is
+ * not protobuf), SP_ETOOBIG (raw over SP_ENVELOPE_MAX). Thread-safe. */
 int sp_envelope_verify(const sp_keyring_t *kr, sp_sigcache_t *cache, const sp_envelope_t *env,
-                       const uint8_t *raw, size_t len);
+                       const uint8_t *raw, size_t len, int64_t at_ns);
 
 #endif

@@ -63,11 +63,12 @@ typedef struct {
     sp_sigcache_t *cache;
 } sp_trust_t;
 
-/* env is the decoded (and schema-valid) envelope of raw, which arrived on subject. 0 when the
- * message may be acted on; otherwise a refusal code and reason (SP_REASON_MAX bytes).
- * sp_trust_verify then sp_trust_authorize. */
+/* env is the decoded (and schema-valid) envelope of raw, which arrived on subject, published at
+ * at_ns (the stream's timestamp, ns since the epoch; 0: now), the time a retired key of the
+ * signer is judged at (sp_envelope_verify). 0 when the message may be acted on; otherwise a
+ * refusal code and reason (SP_REASON_MAX bytes). sp_trust_verify then sp_trust_authorize. */
 int sp_trust_check(const sp_trust_t *t, const sp_envelope_t *env, const uint8_t *raw,
-                   size_t raw_len, const char *subject, char reason[SP_REASON_MAX]);
+                   size_t raw_len, const char *subject, int64_t at_ns, char reason[SP_REASON_MAX]);
 
 /* The two halves, for a consumer that verifies a whole batch of messages before it applies
  * them in order (the event log: signatures on the fetched batch, then the contract inside the
@@ -78,7 +79,7 @@ int sp_trust_check(const sp_trust_t *t, const sp_envelope_t *env, const uint8_t 
  * sp_trust_authorize: what the contract lets the (verified) signer say on subject; calls the
  * placement hook on the caller's thread. */
 int sp_trust_verify(const sp_trust_t *t, const sp_envelope_t *env, const uint8_t *raw,
-                    size_t raw_len, char reason[SP_REASON_MAX]);
+                    size_t raw_len, int64_t at_ns, char reason[SP_REASON_MAX]);
 int sp_trust_authorize(const sp_trust_t *t, const sp_envelope_t *env, const char *subject,
                        char reason[SP_REASON_MAX]);
 

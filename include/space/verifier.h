@@ -60,15 +60,18 @@ const char *sp_verifier_dir(const sp_verifier_t *v);
 size_t sp_verifier_identities(sp_verifier_t *v);
 void sp_verifier_stats(const sp_verifier_t *v, uint64_t *ret_hits, uint64_t *ret_verified);
 
-/* The trust check (sp_trust_check) of env, decoded from raw, received on subject, with the
- * caller's placement hook (NULL: worker and egressd sandbox events are refused). */
+/* The trust check (sp_trust_check) of env, decoded from raw, received on subject, published at
+ * at_ns (the stream's timestamp; 0: now), with the caller's placement hook (NULL: worker and
+ * egressd sandbox events are refused). A signature that does not verify while the keyring's
+ * directory changed (a key rotated) is checked again against the directory read anew. */
 int sp_verifier_check(sp_verifier_t *v, const sp_envelope_t *env, const uint8_t *raw,
-                      size_t raw_len, const char *subject, sp_trust_placement_fn placement,
-                      void *placement_arg, char reason[SP_REASON_MAX]);
+                      size_t raw_len, const char *subject, int64_t at_ns,
+                      sp_trust_placement_fn placement, void *placement_arg,
+                      char reason[SP_REASON_MAX]);
 /* Its halves (trust.h): a consumer whose state lives on another thread verifies where the
  * message arrives and authorizes where the state is. Same answers. */
 int sp_verifier_verify(sp_verifier_t *v, const sp_envelope_t *env, const uint8_t *raw,
-                       size_t raw_len, char reason[SP_REASON_MAX]);
+                       size_t raw_len, int64_t at_ns, char reason[SP_REASON_MAX]);
 int sp_verifier_authorize(sp_verifier_t *v, const sp_envelope_t *env, const char *subject,
                           sp_trust_placement_fn placement, void *placement_arg,
                           char reason[SP_REASON_MAX]);
@@ -91,11 +94,12 @@ typedef int (*sp_verifier_lookup_fn)(void *arg, const char *event_id, uint64_t *
 int sp_verifier_once(sp_verifier_t *v, const sp_envelope_t *env, uint64_t stream_seq,
                      sp_verifier_lookup_fn lookup, void *lookup_arg, char reason[SP_REASON_MAX]);
 
-/* What a consumer calls for a message it is about to act on: sp_verifier_check, then (when
- * that lets it through) sp_verifier_once. Same answers: 0 act, 1 log mode, < 0 refused. */
+/* What a consumer calls for a message it is about to act on: sp_verifier_check (at
+ * published_ns), then (when that lets it through) sp_verifier_once. Same answers: 0 act, 1
+ * log mode, < 0 refused. */
 int sp_verifier_admit(sp_verifier_t *v, const sp_envelope_t *env, const uint8_t *raw,
                       size_t raw_len, const char *subject, uint64_t stream_seq,
-                      sp_trust_placement_fn placement, void *placement_arg,
+                      int64_t published_ns, sp_trust_placement_fn placement, void *placement_arg,
                       sp_verifier_lookup_fn lookup, void *lookup_arg, char reason[SP_REASON_MAX]);
 
 /* A plain signature by signer over data (signed data-plane requests, request.h): 0, 1 (log

@@ -376,7 +376,7 @@ static int check(msg_t *m, const sp_trust_t *t, char reason[SP_REASON_MAX])
     sp_envelope_t *e = NULL;
     int rc = sp_envelope_decode(m->raw, m->len, &e, reason);
     if (rc == 0)
-        rc = sp_trust_check(t, e, m->raw, m->len, m->subject, reason);
+        rc = sp_trust_check(t, e, m->raw, m->len, m->subject, 0, reason);
     sp_envelope_free(e);
     free(m->raw);
     m->raw = NULL;
@@ -424,7 +424,7 @@ static void test_trust_unsigned(void **state)
     assert_int_equal(sp_envelope_encode(&m.env, &m.raw, &m.len), 0);
     sp_envelope_subject(&m.env, NULL, m.subject, sizeof(m.subject));
     assert_int_equal(sp_envelope_decode(m.raw, m.len, &e, reason), 0);
-    assert_int_equal(sp_trust_check(&t, e, m.raw, m.len, m.subject, reason), SP_EUNSIGNED);
+    assert_int_equal(sp_trust_check(&t, e, m.raw, m.len, m.subject, 0, reason), SP_EUNSIGNED);
     assert_int_equal(strncmp(reason, "unsigned: ", 10), 0);
     sp_envelope_free(e);
     free(m.raw);

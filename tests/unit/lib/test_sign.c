@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -392,6 +393,187 @@ static void test_signer_validation(void **state)
     assert_int_equal(sp_envelope_validate(&f.env, reason), SP_ESCHEMA);
 }
 
+/* Copies src to dst (a retired key's file is the current .pub it replaced). */
+static void copy_file(const char *src, const char *dst)
+{
+    char buf[4096];
+    FILE *in = fopen(src, "re"), *out = fopen(dst, "we");
+    assert_non_null(in);
+    assert_non_null(out);
+    size_t n = fread(buf, 1, sizeof(buf), in);
+    assert_true(n > 0);
+    assert_int_equal(fwrite(buf, 1, n, out), n);
+    fclose(in);
+    assert_int_equal(fclose(out), 0);
+}
+
+static int64_t wall_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* One message signed alone and a batch of three, by key as signer. */
+typedef struct {
+    fixture_t f[4];
+    uint8_t *buf[4];
+    size_t len[4];
+    sp_envelope_t *env[4];
+} signed_set_t;
+
+static void sign_set(signed_set_t *s, const char *signer, const sp_sign_key_t *key)
+{
+    sp_envelope_t *envs[3];
+    char reason[SP_REASON_MAX];
+
+    for (int i = 0; i < 4; i++)
+        make_create(&s->f[i]);
+    assert_int_equal(sp_envelope_encode_signed(&s->f[0].env, signer, key, &s->buf[0], &s->len[0]),
+                     0);
+    for (int i = 0; i < 3; i++)
+        envs[i] = &s->f[i + 1].env;
+    assert_int_equal(sp_envelope_encode_signed_batch(envs, 3, signer, key, s->buf + 1, s->len + 1),
+                     0);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(sp_envelope_decode(s->buf[i], s->len[i], &s->env[i], reason), 0);
+}
+
+static void set_free(signed_set_t *s)
+{
+    for (int i = 0; i < 4; i++) {
+        sp_envelope_free(s->env[i]);
+        free(s->buf[i]);
+    }
+}
+
+/* Every message of the set verifies (want 0) or not (SP_ESIGNATURE) at at_ns, with and without
+ * a cache; with the cache twice, so that an entry cached by the first pass cannot let
+ * through what the second must refuse. */
+static void expect_set(const sp_keyring_t *kr, sp_sigcache_t *cache, const signed_set_t *s,
+                       int64_t at_ns, int want)
+{
+    for (int pass = 0; pass < 3; pass++)
+        for (int i = 0; i < 4; i++)
+            assert_int_equal(
+                sp_envelope_verify(kr, pass ? cache : NULL, s->env[i], s->buf[i], s->len[i], at_ns),
+                want);
+}
+
+/* Key rotation (space identity rotate, docs/trust.md): the old .pub kept as
+ * <identity>@<until>.pub counts for messages published before <until>, never after, whatever
+ * the signature cache holds; the new key counts from the start; the directory's change makes
+ * the keyring stale; malformed retired names are skipped. */
+static void test_keyring_rotation(void **state)
+{
+    char *key = path("scheduler.key"), *pub = path("scheduler.pub");
+    char *oldkey = path("scheduler.key.old");
+    sp_sign_key_t *k_old = NULL, *k_new = NULL;
+    sp_keyring_t *kr0 = NULL, *kr = NULL;
+    sp_sigcache_t *cache = NULL;
+    signed_set_t s_old, s_new;
+    int64_t now = wall_ns(), until_s = now / 1000000000LL + 100;
+    char name[128];
+
+    assert_int_equal(sp_sign_keygen(key, pub), 0);
+    assert_int_equal(sp_sign_key_load(key, &k_old), 0);
+    sign_set(&s_old, "scheduler", k_old);
+    assert_int_equal(sp_keyring_load(dir, &kr0), 0);
+    expect_set(kr0, NULL, &s_old, 0, 0);
+
+    /* The rotation: the old public key retired until now + 100 s, a new pair. */
+    snprintf(name, sizeof(name), "scheduler@%lld.pub", (long long)until_s);
+    char *retired = path(name);
+    copy_file(pub, retired);
+    assert_int_equal(rename(key, oldkey), 0);
+    assert_int_equal(sp_sign_keygen(key, pub), 0);
+    assert_int_equal(sp_sign_key_load(key, &k_new), 0);
+    sign_set(&s_new, "scheduler", k_new);
+    assert_true(sp_keyring_stale(kr0));
+    expect_set(kr0, NULL, &s_new, 0, SP_ESIGNATURE); /* the old keyring knows the old key only */
+
+    assert_int_equal(sp_keyring_load(dir, &kr), 0);
+    assert_false(sp_keyring_stale(kr));
+    assert_int_equal(sp_sigcache_new(64, &cache), 0);
+    expect_set(kr, cache, &s_new, 0, 0);
+    expect_set(kr, cache, &s_new, (until_s + 1000) * 1000000000LL, 0); /* current: no end */
+    expect_set(kr, cache, &s_old, 0, 0);                               /* now: before until */
+    expect_set(kr, cache, &s_old, now, 0);
+    expect_set(kr, cache, &s_old, until_s * 1000000000LL - 1, 0);
+    /* Published at or after until: refused, though the cache verified the same roots. */
+    expect_set(kr, cache, &s_old, until_s * 1000000000LL, SP_ESIGNATURE);
+    expect_set(kr, cache, &s_old, (until_s + 1) * 1000000000LL, SP_ESIGNATURE);
+
+    /* Plain signatures (the data plane) judge a retired key at now. */
+    uint8_t sig[SP_SIG_LEN];
+    const char data[] = "an exec request";
+    assert_int_equal(sp_sign(k_old, data, sizeof(data), sig), 0);
+    assert_int_equal(sp_keyring_verify(kr, "scheduler", data, sizeof(data), sig), 0);
+    assert_int_equal(sp_keyring_verify(kr0, "scheduler", data, sizeof(data), sig), 0);
+    /* Data that names its time (a checkpoint): judged at it. */
+    assert_int_equal(
+        sp_keyring_verify_at(kr, "scheduler", data, sizeof(data), sig, until_s * 1000000000LL - 1),
+        0);
+    assert_int_equal(
+        sp_keyring_verify_at(kr, "scheduler", data, sizeof(data), sig, until_s * 1000000000LL),
+        SP_ESIGNATURE);
+    sp_keyring_free(kr);
+
+    /* Names that are not <identity>@<unix seconds>.pub are skipped, whatever they hold: with
+     * only such copies of the old key beside the new one, the old key counts for nothing. */
+    static const char *const bad[] = {"scheduler@abc.pub",    "scheduler@0.pub",
+                                      "scheduler@-5.pub",     "scheduler@099.pub",
+                                      "scheduler@1x.pub",     "scheduler@99999999999999999999.pub",
+                                      "nobody@5000000000.pub"};
+    const size_t n_bad = sizeof(bad) / sizeof(bad[0]);
+    for (size_t i = 0; i < n_bad; i++) {
+        char *b = path(bad[i]);
+        copy_file(retired, b);
+        free(b);
+    }
+    assert_int_equal(unlink(retired), 0);
+    assert_int_equal(sp_keyring_load(dir, &kr), 0);
+    expect_set(kr, NULL, &s_old, 0, SP_ESIGNATURE);
+    expect_set(kr, NULL, &s_new, 0, 0);
+    sp_keyring_free(kr);
+    for (size_t i = 0; i < n_bad; i++) {
+        char *b = path(bad[i]);
+        unlink(b);
+        free(b);
+    }
+
+    /* A key file that is not a public key fails the load, retired or not. */
+    char *past = path("scheduler@1.pub");
+    copy_file(oldkey, past);
+    assert_int_equal(sp_keyring_load(dir, &kr), SP_ECONFIG);
+    unlink(past);
+
+    /* A retired key and no current one (an identity gone for good, whose log is still
+     * verified): known, and it counts only for messages published before its until. */
+    uint8_t raw_old[SP_PUBKEY_LEN];
+    assert_int_equal(sp_sign_key_public(k_old, raw_old), 0);
+    assert_int_equal(sp_keyring_new(&kr), 0);
+    assert_int_equal(sp_keyring_add_retired(kr, "scheduler", raw_old, 1000000000LL), 0);
+    assert_true(sp_keyring_has(kr, "scheduler"));
+    expect_set(kr, cache, &s_old, 0, SP_ESIGNATURE);
+    expect_set(kr, cache, &s_old, 999999999LL, 0);
+    expect_set(kr, cache, &s_new, 999999999LL, SP_ESIGNATURE);
+    assert_int_equal(sp_keyring_add_retired(kr, "scheduler", raw_old, 0), -EINVAL);
+    assert_int_equal(sp_keyring_add_retired(kr, "not an identity", raw_old, 5), -EINVAL);
+    sp_keyring_free(kr);
+    free(past);
+    free(retired);
+    sp_keyring_free(kr0);
+    sp_sigcache_free(cache);
+    set_free(&s_old);
+    set_free(&s_new);
+    sp_sign_key_free(k_old);
+    sp_sign_key_free(k_new);
+    free(key);
+    free(pub);
+    free(oldkey);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -403,6 +585,7 @@ int main(void)
         cmocka_unit_test(test_canonical_keeps_unknown_fields),
         cmocka_unit_test(test_canonical_malformed),
         cmocka_unit_test(test_signer_validation),
+        cmocka_unit_test(test_keyring_rotation),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

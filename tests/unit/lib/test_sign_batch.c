@@ -102,7 +102,7 @@ static int verify(const uint8_t *raw, size_t len, sp_sigcache_t *cache)
     int rc = sp_envelope_decode(raw, len, &e, reason);
     if (rc < 0)
         return rc;
-    rc = sp_envelope_verify(ring, cache, e, raw, len);
+    rc = sp_envelope_verify(ring, cache, e, raw, len, 0);
     sp_envelope_free(e);
     return rc;
 }
