@@ -181,9 +181,20 @@ int sp__platform_list(const char *dir, bool json)
 
 /* ---- publish ---- */
 
+/* What a platform may publish (docs/platforms.md), and the state each one ends in. */
+typedef enum { OP_CREATE, OP_DELETE, OP_PAUSE, OP_RESUME, OP_SUSPEND, OP_TIMEOUT, OP__COUNT } op_t;
+static const struct {
+    const char *name;
+    const char *ends_in; /* the sandbox's state when it is done; NULL: the timeout set */
+} ops[OP__COUNT] = {
+    {"create", "running"}, {"delete", "deleted"},    {"pause", "paused"},
+    {"resume", "running"}, {"suspend", "suspended"}, {"timeout", NULL},
+};
+
 typedef struct {
     const char *tenant;
-    const char *op; /* "create" or "delete" */
+    const char *op_name;
+    op_t op;
     const char *arg;
     uint32_t timeout_s;
     int wait_s;
@@ -240,12 +251,16 @@ static int parse_publish(int argc, char **argv, pub_args_t *a)
             return -1;
         }
     }
-    a->op = pos[0];
+    a->op_name = pos[0];
     a->arg = pos[1];
-    if (!a->tenant || !a->op || !a->arg ||
-        (strcmp(a->op, "create") != 0 && strcmp(a->op, "delete") != 0)) {
+    a->op = OP__COUNT;
+    for (int o = 0; a->op_name && o < OP__COUNT; o++)
+        if (strcmp(a->op_name, ops[o].name) == 0)
+            a->op = (op_t)o;
+    if (!a->tenant || a->op == OP__COUNT || !a->arg) {
         fprintf(stderr, "usage: space platform publish NAME --tenant T create TEMPLATE "
-                        "[--timeout S] | delete ID  [--wait-s N]\n");
+                        "[--timeout S] | delete ID | pause ID | resume ID | suspend ID | "
+                        "timeout ID --timeout S  [--wait-s N]\n");
         return -1;
     }
     return 0;
@@ -292,16 +307,16 @@ static outcome_t refusal(PGconn *db, const char *const p[2])
 }
 
 /* What the log says about the intent so far; prints the outcome once there is one. */
-static outcome_t look(PGconn *db, const sp_envelope_t *env, bool create)
+static outcome_t look(PGconn *db, const sp_envelope_t *env, op_t op)
 {
+    bool create = op == OP_CREATE;
     const char *sbx = env->aggregate->id, *tenant = env->tenant;
     const char *p[2] = {env->event_id, sbx};
     PGresult *r;
     int rows = 0;
     outcome_t out = OUT_NONE;
 
-    /* 1. The log's verdict on the first copy it stored (a delete forwarded by the scheduler to
-     *    the sandbox's worker arrives twice; the second copy is stored as a replay). */
+    /* 1. The log's verdict on the first copy it stored. */
     r = PQexecParams(db,
                      "SELECT status, coalesce(reject_reason, '') FROM events WHERE event_id = "
                      "$1::uuid ORDER BY stream_seq LIMIT 1",
@@ -326,8 +341,8 @@ static outcome_t look(PGconn *db, const sp_envelope_t *env, bool create)
     /* 3. The sandbox as the projection has it. */
     const char *q[2] = {sbx, tenant};
     r = PQexecParams(db,
-                     "SELECT state, coalesce(worker, ''), coalesce(failure_reason, '') FROM "
-                     "sandboxes WHERE id = $1 AND tenant = $2",
+                     "SELECT state, coalesce(worker, ''), coalesce(failure_reason, ''), "
+                     "timeout_s FROM sandboxes WHERE id = $1 AND tenant = $2",
                      2, NULL, q, NULL, NULL, 0);
     if (sp_db_check(r, PGRES_TUPLES_OK) < 0) {
         PQclear(r);
@@ -335,11 +350,15 @@ static outcome_t look(PGconn *db, const sp_envelope_t *env, bool create)
     }
     if (PQntuples(r) == 1) {
         const char *state = PQgetvalue(r, 0, 0);
-        if (create && strcmp(state, "running") == 0) {
-            printf("sandbox %s running on %s\n", sbx, PQgetvalue(r, 0, 1));
+        if (op == OP_TIMEOUT &&
+            strtoul(PQgetvalue(r, 0, 3), NULL, 10) == env->sandbox_timeout_requested->timeout_s) {
+            printf("sandbox %s %s, timeout %s s\n", sbx, state, PQgetvalue(r, 0, 3));
             out = OUT_DONE;
-        } else if (!create && strcmp(state, "deleted") == 0) {
-            printf("sandbox %s deleted\n", sbx);
+        } else if (ops[op].ends_in && strcmp(state, ops[op].ends_in) == 0) {
+            if (strcmp(state, "running") == 0)
+                printf("sandbox %s %s on %s\n", sbx, state, PQgetvalue(r, 0, 1));
+            else
+                printf("sandbox %s %s\n", sbx, state);
             out = OUT_DONE;
         } else if (strcmp(state, "failed") == 0 || (create && strcmp(state, "deleted") == 0)) {
             /* The refusal and the failure it caused are committed together: one that was not
@@ -393,8 +412,12 @@ int sp__platform_publish(const char *creds_dir, const char *nats_url, const char
     Space__V1__Aggregate agg = SPACE__V1__AGGREGATE__INIT;
     Space__V1__SandboxCreateRequested create = SPACE__V1__SANDBOX_CREATE_REQUESTED__INIT;
     Space__V1__SandboxDeleteRequested del = SPACE__V1__SANDBOX_DELETE_REQUESTED__INIT;
+    Space__V1__SandboxPauseRequested pause = SPACE__V1__SANDBOX_PAUSE_REQUESTED__INIT;
+    Space__V1__SandboxResumeRequested resume = SPACE__V1__SANDBOX_RESUME_REQUESTED__INIT;
+    Space__V1__SandboxSuspendRequested suspend = SPACE__V1__SANDBOX_SUSPEND_REQUESTED__INIT;
+    Space__V1__SandboxTimeoutRequested timeout = SPACE__V1__SANDBOX_TIMEOUT_REQUESTED__INIT;
     Space__V1__Resources res = SPACE__V1__RESOURCES__INIT;
-    bool is_create = strcmp(a.op, "create") == 0;
+    bool is_create = a.op == OP_CREATE;
 
     agg.kind = "sandbox";
     if (is_create) {
@@ -410,9 +433,31 @@ int sp__platform_publish(const char *creds_dir, const char *nats_url, const char
         env.sandbox_create_requested = &create;
     } else {
         agg.id = (char *)a.arg;
-        del.reason = "platform";
-        env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED;
-        env.sandbox_delete_requested = &del;
+        switch (a.op) {
+        case OP_PAUSE:
+            env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSE_REQUESTED;
+            env.sandbox_pause_requested = &pause;
+            break;
+        case OP_RESUME:
+            env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUME_REQUESTED;
+            env.sandbox_resume_requested = &resume;
+            break;
+        case OP_SUSPEND:
+            suspend.reason = "api";
+            env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_REQUESTED;
+            env.sandbox_suspend_requested = &suspend;
+            break;
+        case OP_TIMEOUT:
+            timeout.timeout_s = a.timeout_s;
+            env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_TIMEOUT_REQUESTED;
+            env.sandbox_timeout_requested = &timeout;
+            break;
+        default:
+            del.reason = "platform";
+            env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED;
+            env.sandbox_delete_requested = &del;
+            break;
+        }
     }
     sp_uuid7_str(corr); /* a platform passes its own request id: it follows the intent */
     env.aggregate = &agg;
@@ -445,7 +490,7 @@ int sp__platform_publish(const char *creds_dir, const char *nats_url, const char
     int64_t deadline = mono_ms() + (int64_t)a.wait_s * 1000;
     outcome_t o = OUT_NONE;
     for (;;) {
-        o = look(db, &env, is_create);
+        o = look(db, &env, a.op);
         if (o != OUT_NONE || mono_ms() >= deadline)
             break;
         usleep(POLL_MS * 1000);

@@ -226,7 +226,8 @@ int sp_stack_platform(const sp_stack_config_t *cfg, int argc, char **argv);
 #define SP_STACK_PLATFORM_USAGE                                                                    \
     "usage: space platform add NAME --tenants T1,T2 | ls [--json]\n"                               \
     "       space platform publish NAME --tenant T create TEMPLATE [--timeout S] [--wait-s N]\n"   \
-    "       space platform publish NAME --tenant T delete ID [--wait-s N]\n"
+    "       space platform publish NAME --tenant T delete|pause|resume|suspend ID [--wait-s N]\n"  \
+    "       space platform publish NAME --tenant T timeout ID --timeout S [--wait-s N]\n"
 #define SP_STACK_IDENTITY_USAGE                                                                    \
     "usage: space identity add KIND [INSTANCE] | ls [--json] | conf\n"                             \
     "       space identity rotate NAME [--grace SECONDS]\n"

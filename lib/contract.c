@@ -269,11 +269,11 @@ const sp_consumer_def_t *sp_contract_consumers(size_t *ret_n)
 }
 
 /* ---- event types ----
- * Internal platforms (docs/platforms.md) create and delete, nothing else: both go to the
- * scheduler's subject ("_", natsauth.c gives platforms no other), where the scheduler applies
- * the trust and intent checks before anything happens. Pause, resume, suspend and timeout go
- * to the sandbox's worker, and workers do not check signers yet (docs/trust.md), so they stay
- * the gateway's until they do. Commands and network policy need the data plane, which
+ * Internal platforms (docs/platforms.md) create, delete, pause, resume, suspend and set the
+ * timeout of their tenants' sandboxes, all on the scheduler's subject ("_", natsauth.c gives
+ * platforms no other), where the scheduler applies the trust and intent checks before anything
+ * happens; what goes to a sandbox's worker, the scheduler forwards in an intent it signs
+ * itself (scheduler_place.c). Commands and network policy need the data plane, which
  * platforms do not have. */
 static unsigned emitters(sp_event_type_t t)
 {
@@ -282,18 +282,21 @@ static unsigned emitters(sp_event_type_t t)
         return K(GATEWAY) | K(PLATFORM);
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSE_REQUESTED:
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUME_REQUESTED:
+        return K(GATEWAY) | K(PLATFORM) | K(SCHEDULER);
+    /* The projection applies it; the timeout controller acts on it (nothing to forward). */
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_TIMEOUT_REQUESTED:
+        return K(GATEWAY) | K(PLATFORM);
     case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED:
     case SPACE__V1__ENVELOPE__PAYLOAD_NETWORK_POLICY_UPDATE_REQUESTED:
     /* Named snapshots (docs/snapshots.md): to the sandbox's worker, to the worker that took it. */
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SNAPSHOT_REQUESTED:
     case SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETE_REQUESTED:
         return K(GATEWAY);
-    /* The scheduler's controllers: delete when the timeout runs out, suspend when idle. */
+    /* The scheduler's controllers: delete when the timeout runs out, suspend when idle; and
+     * what it forwards of a platform's intents. */
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED:
-        return K(GATEWAY) | K(PLATFORM) | K(SCHEDULER);
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_REQUESTED:
-        return K(GATEWAY) | K(SCHEDULER);
+        return K(GATEWAY) | K(PLATFORM) | K(SCHEDULER);
 
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED:
         return K(SCHEDULER);

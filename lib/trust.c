@@ -208,6 +208,10 @@ int sp_trust_authorize(const sp_trust_t *t, const sp_envelope_t *env, const char
         return check_placed(t, env, env->signer, id.instance, reason);
     }
     case SP_KIND_PLATFORM:
+        /* Its NATS permissions say so too; here whatever the server's configuration. */
+        if (strcmp(subj_worker, "_") != 0)
+            return refuse(reason, SP_ENOTOWN, "%s published on %.128s, not the scheduler's",
+                          env->signer, subject);
         if (!sp_keyring_has_tenant(t->keyring, env->signer, env->tenant))
             return refuse(reason, SP_ETENANT, "%s may not act for tenant %.64s", env->signer,
                           env->tenant);

@@ -10,6 +10,7 @@
  * applies before it publishes: an internal platform publishes on the bus directly, and what it
  * asks is refused here, in the open, with SandboxRequestRejected (reason = the check's code,
  * detail = which field and why), never silently dropped. */
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,13 +35,19 @@ static int emit(sched_t *s, sp_envelope_t *env, char id[37], const char *worker,
     return sp_publish_event(s->bus, env, id, worker, msg_id, NULL);
 }
 
-/* The projection's state of a sandbox, SP_SBX_NONE when absent (also: not stored yet). */
-static int sandbox_state(sched_t *s, const char *id, sp_sbx_state_t *ret_state, char *worker,
-                         size_t worker_len)
+/* The projection's state of a sandbox, SP_SBX_NONE when absent (also: not stored yet) or,
+ * with tenant, when another tenant owns it: an intent naming a tenant acts only on that
+ * tenant's sandboxes (a platform may name any of its tenants, so its signature alone does not
+ * say whose sandbox it is; the event log refuses the rest as well, but workers act on the
+ * stream before the log stores anything). */
+static int sandbox_state(sched_t *s, const char *id, const char *tenant, sp_sbx_state_t *ret_state,
+                         char *worker, size_t worker_len)
 {
-    const char *params[1] = {id};
-    PGresult *r = PQexecParams(s->db, "SELECT state, worker FROM sandboxes WHERE id = $1", 1, NULL,
-                               params, NULL, NULL, 0);
+    const char *params[2] = {id, tenant};
+    PGresult *r = PQexecParams(s->db,
+                               "SELECT state, worker FROM sandboxes WHERE id = $1"
+                               " AND ($2::text IS NULL OR tenant = $2)",
+                               2, NULL, params, NULL, NULL, 0);
     int rc = sp_db_check(r, PGRES_TUPLES_OK);
     if (rc == 0) {
         *ret_state = PQntuples(r) ? sp_sbx_state_from_name(PQgetvalue(r, 0, 0)) : SP_SBX_NONE;
@@ -200,6 +207,46 @@ static int checked(sched_t *s, const sp_envelope_t *intent)
     return reject(s, intent, code, reason);
 }
 
+/* A pause, suspend or resume on the scheduler's subject (an internal platform's:
+ * natsauth.c gives platforms no other): the sandbox's worker gets it, in the scheduler's own
+ * signed intent caused by the request (a second copy of the signed request itself is what a
+ * replay looks like, and workers refuse those). A sandbox on no worker has nobody to do it:
+ * refused, as the gateway's state check would (gateway_lifecycle.c). */
+static int forward_to_owner(sched_t *s, const sp_envelope_t *intent)
+{
+    char owner[65], id[37], msg_id[64];
+    sp_sbx_state_t state = SP_SBX_NONE;
+    int rc = sandbox_state(s, intent->aggregate->id, intent->tenant, &state, owner, sizeof(owner));
+    if (rc < 0)
+        return rc;
+    if (state == SP_SBX_NONE)
+        return reject(s, intent, "not_found", "no such sandbox");
+    if ((rc = checked(s, intent)) <= 0)
+        return rc;
+    if (!owner[0] || state == SP_SBX_DELETED)
+        return reject(s, intent, "illegal_transition", "the sandbox is on no worker");
+    sp_envelope_t fwd;
+    Space__V1__Aggregate fagg;
+    sp_envelope_answer(&fwd, &fagg, intent, intent->actor);
+    /* The same payload (a reason at most), borrowed from intent. */
+    fwd.payload_case = intent->payload_case;
+    switch (intent->payload_case) {
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSE_REQUESTED:
+        fwd.sandbox_pause_requested = intent->sandbox_pause_requested;
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUME_REQUESTED:
+        fwd.sandbox_resume_requested = intent->sandbox_resume_requested;
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_REQUESTED:
+        fwd.sandbox_suspend_requested = intent->sandbox_suspend_requested;
+        break;
+    default:
+        return -EINVAL;
+    }
+    snprintf(msg_id, sizeof(msg_id), "forward:%s", intent->event_id);
+    return emit(s, &fwd, id, owner, msg_id);
+}
+
 static int place(sched_t *s, const sp_envelope_t *intent)
 {
     const Space__V1__SandboxCreateRequested *req = intent->sandbox_create_requested;
@@ -208,7 +255,7 @@ static int place(sched_t *s, const sp_envelope_t *intent)
     pick_t pick;
     int rc;
 
-    if ((rc = sandbox_state(s, intent->aggregate->id, &state, owner, sizeof(owner))) < 0)
+    if ((rc = sandbox_state(s, intent->aggregate->id, NULL, &state, owner, sizeof(owner))) < 0)
         return rc;
     if (state != SP_SBX_NONE && state != SP_SBX_REQUESTED)
         return 0; /* placed or refused before (a redelivery) */
@@ -281,15 +328,15 @@ static void suspended_on(sched_t *s, const char *sbx, char out[65])
  * carries no create request: that tells the worker to restore. */
 static int place_resume(sched_t *s, const sp_envelope_t *intent)
 {
-    const char *params[1] = {intent->aggregate->id};
+    const char *params[2] = {intent->aggregate->id, intent->tenant};
     PGresult *r = PQexecParams(s->db,
                                "SELECT state, coalesce(worker, ''), template, vcpu, disk_mb"
-                               " FROM sandboxes WHERE id = $1",
-                               1, NULL, params, NULL, NULL, 0);
+                               " FROM sandboxes WHERE id = $1 AND tenant = $2",
+                               2, NULL, params, NULL, NULL, 0);
     int rc = sp_db_check(r, PGRES_TUPLES_OK);
     if (rc < 0 || PQntuples(r) != 1) {
         PQclear(r);
-        return rc; /* not stored yet: redelivered later (or refused by the log) */
+        return rc; /* not stored yet, or another tenant's: the log refuses it */
     }
     sp_sbx_state_t state = sp_sbx_state_from_name(PQgetvalue(r, 0, 0));
     bool placed = PQgetvalue(r, 0, 1)[0] != '\0';
@@ -298,6 +345,8 @@ static int place_resume(sched_t *s, const sp_envelope_t *intent)
     uint32_t vcpu = (uint32_t)strtoul(PQgetvalue(r, 0, 3), NULL, 10);
     uint32_t disk_mb = (uint32_t)strtoul(PQgetvalue(r, 0, 4), NULL, 10);
     PQclear(r);
+    if (state == SP_SBX_PAUSED && placed)
+        return forward_to_owner(s, intent); /* a platform's resume of a paused sandbox */
     if (state != SP_SBX_SUSPENDED || placed) {
         if (state == SP_SBX_SUSPENDED || state == SP_SBX_RESUMING || state == SP_SBX_RUNNING)
             return 0; /* placed before (a redelivery) */
@@ -338,7 +387,7 @@ static int delete_unplaced(sched_t *s, const sp_envelope_t *intent)
 {
     char owner[65], id[37], msg_id[64];
     sp_sbx_state_t state = SP_SBX_NONE;
-    int rc = sandbox_state(s, intent->aggregate->id, &state, owner, sizeof(owner));
+    int rc = sandbox_state(s, intent->aggregate->id, intent->tenant, &state, owner, sizeof(owner));
     if (rc < 0)
         return rc;
     if (state == SP_SBX_NONE || state == SP_SBX_DELETED)
@@ -387,6 +436,8 @@ int sched_handle(sched_t *s, const sp_bus_msg_t *m)
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED:
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED:
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUME_REQUESTED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSE_REQUESTED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_REQUESTED:
         /* Intents only (no worker's fact is acted on here): no placement hook. No
          * SandboxRequestRejected for a refused one: the log stores the intent rejected with
          * the reason, and a forged message must not make the platform speak. */
@@ -418,8 +469,14 @@ int sched_handle(sched_t *s, const sp_bus_msg_t *m)
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUME_REQUESTED:
         rc = place_resume(s, env);
         break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSE_REQUESTED:
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_REQUESTED:
+        rc = forward_to_owner(s, env);
+        break;
     default:
-        break; /* our own answers and other facts on "_": nothing to do */
+        /* Our own answers and other facts on "_": nothing to do. A platform's timeout too:
+         * the projection applies it and the timeout controller acts on it. */
+        break;
     }
     if (rc < 0)
         sp_log(SP_LOG_WARN, "will retry", SP_KS("sandbox", env->aggregate->id),

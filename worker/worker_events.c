@@ -322,6 +322,20 @@ static int handle(wk_t *w, const sp_bus_msg_t *m)
     default:
         break; /* our own facts, and intents of later issues */
     }
+    /* An intent acts on its tenant's sandbox only: a platform may name any of its tenants
+     * (docs/platforms.md), so a valid signature does not say whose sandbox it is. */
+    if (acted_on && ev->payload_case != SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED) {
+        wk_box_t *b = wk_owned_get(w, ev->aggregate->id);
+        bool other = b && strcmp(b->tenant, ev->tenant) != 0;
+        wk_box_put(b);
+        if (other) {
+            sp_log(SP_LOG_WARN, "refused: not acted on", SP_KU("seq", m->stream_seq),
+                   SP_KS("type", ev->type), SP_KS("sandbox", ev->aggregate->id),
+                   SP_KS("signer", ev->signer), SP_KS("reason", "another tenant's sandbox"));
+            sp_envelope_free(ev);
+            return 0; /* the event log stores it rejected (the tenant owns no such sandbox) */
+        }
+    }
     /* Placements have checks of their own (placement_wanted); an answered intent is done. */
     if (acted_on && ev->payload_case != SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PLACED &&
         intent_answered(w, ev, m->delivered > 1)) {

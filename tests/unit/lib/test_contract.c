@@ -180,12 +180,17 @@ static void test_every_event_type_has_owners(void **state)
                              (SP_KIND_BIT(SP_KIND_OPERATOR) | SP_KIND_BIT(SP_KIND_READER) |
                               SP_KIND_BIT(SP_KIND_EVENTLOG)),
                          0);
-        /* Intents (100-199) come from gateways; platforms create and delete only (they go to
-         * the scheduler, which checks them; the other intents go to workers). Neither emits
-         * anything else. */
+        /* Intents (100-199) come from gateways; platforms create, delete, pause, resume,
+         * suspend and set timeouts (all to the scheduler, which checks them and forwards what a
+         * worker does; commands, policies and snapshots need the data plane or the gateway).
+         * Neither emits anything else. */
         unsigned front = SP_KIND_BIT(SP_KIND_GATEWAY) | SP_KIND_BIT(SP_KIND_PLATFORM);
         bool platform_may = t == SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED ||
-                            t == SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED;
+                            t == SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED ||
+                            t == SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSE_REQUESTED ||
+                            t == SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_RESUME_REQUESTED ||
+                            t == SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPEND_REQUESTED ||
+                            t == SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_TIMEOUT_REQUESTED;
         if (f->id >= 100 && f->id < 200)
             assert_int_equal(sp_event_emitters(t) & front,
                              platform_may ? front : SP_KIND_BIT(SP_KIND_GATEWAY));
@@ -306,6 +311,7 @@ typedef struct {
     Space__V1__EgressDenied denied;
     Space__V1__EgressDecision decision;
     Space__V1__SnapshotDeleted snap_deleted;
+    Space__V1__SandboxPauseRequested pause;
     char id[37];
     uint8_t *raw;
     size_t len;
@@ -347,6 +353,10 @@ static void msg_init(msg_t *m, sp_event_type_t t, const char *tenant, const char
         m->decision.count = 1;
         m->denied.decision = &m->decision;
         m->env.egress_denied = &m->denied;
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSE_REQUESTED:
+        space__v1__sandbox_pause_requested__init(&m->pause);
+        m->env.sandbox_pause_requested = &m->pause;
         break;
     case SPACE__V1__ENVELOPE__PAYLOAD_SNAPSHOT_DELETED:
         space__v1__snapshot_deleted__init(&m->snap_deleted);
@@ -653,6 +663,15 @@ static void test_trust_platform_tenant(void **state)
     msg_sign(&m, PLATFORM_ACME, NULL);
     assert_int_equal(check(&m, &t, reason), SP_ETENANT);
     assert_non_null(strstr(reason, "globex"));
+    /* Its own tenant, on the scheduler's subject: allowed; on a worker's subject: not its own
+     * to use, whatever NATS let through. */
+    msg_init(&m, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSE_REQUESTED, "acme", "sbx_a");
+    msg_sign(&m, PLATFORM_ACME, NULL);
+    assert_int_equal(check(&m, &t, reason), 0);
+    msg_init(&m, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSE_REQUESTED, "acme", "sbx_a");
+    msg_sign(&m, PLATFORM_ACME, "w1");
+    assert_int_equal(check(&m, &t, reason), SP_ENOTOWN);
+    assert_non_null(strstr(reason, "not the scheduler's"));
     /* The gateway serves every tenant. */
     msg_init(&m, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_CREATE_REQUESTED, "globex", "sbx_new");
     msg_sign(&m, GATEWAY, NULL);

@@ -337,14 +337,20 @@ static void test_gateway_intents_only(void **state)
     assert_false(may_publish("gateway", "space.ev.wkr.w1.WorkerHeartbeat"));
     assert_false(may_publish("gateway", "space.io.cmd.c1.out"));
     assert_true(may_subscribe("gateway", "space.io.cmd.c1.>"));
-    /* Platforms: create and delete on the scheduler's subject only (contract.c), no data
-     * plane. */
+    /* Platforms: their intents on the scheduler's subject only (contract.c), no data plane,
+     * no facts. */
     assert_true(may_publish("platform-acme", "space.ev.sbx._.sbx_1.SandboxCreateRequested"));
     assert_true(may_publish("platform-acme", "space.ev.sbx._.sbx_1.SandboxDeleteRequested"));
+    assert_true(may_publish("platform-acme", "space.ev.sbx._.sbx_1.SandboxPauseRequested"));
+    assert_true(may_publish("platform-acme", "space.ev.sbx._.sbx_1.SandboxResumeRequested"));
+    assert_true(may_publish("platform-acme", "space.ev.sbx._.sbx_1.SandboxSuspendRequested"));
+    assert_true(may_publish("platform-acme", "space.ev.sbx._.sbx_1.SandboxTimeoutRequested"));
     assert_false(may_publish("platform-acme", "space.ev.sbx.w1.sbx_1.SandboxDeleteRequested"));
     assert_false(may_publish("platform-acme", "space.ev.sbx.w1.sbx_1.SandboxCreateRequested"));
     assert_false(may_publish("platform-acme", "space.ev.sbx.w1.sbx_1.SandboxPauseRequested"));
-    assert_false(may_publish("platform-acme", "space.ev.sbx._.sbx_1.SandboxResumeRequested"));
+    assert_false(may_publish("platform-acme", "space.ev.sbx.w1.sbx_1.SandboxResumeRequested"));
+    assert_false(may_publish("platform-acme", "space.ev.sbx._.sbx_1.SandboxSnapshotRequested"));
+    assert_false(may_publish("platform-acme", "space.ev.sbx._.sbx_1.SandboxPlaced"));
     assert_false(may_publish("platform-acme", "space.ev.io.w1.sbx_1.CommandRequested"));
     assert_false(may_publish("platform-acme", "space.io.wkr.w1.exec"));
     assert_false(may_publish("platform-acme", "space.ev.sbx.w1.sbx_1.SandboxStarted"));
