@@ -207,30 +207,22 @@ static int checked(sched_t *s, const sp_envelope_t *intent)
     return reject(s, intent, code, reason);
 }
 
-/* A pause, suspend or resume on the scheduler's subject (an internal platform's:
- * natsauth.c gives platforms no other): the sandbox's worker gets it, in the scheduler's own
- * signed intent caused by the request (a second copy of the signed request itself is what a
- * replay looks like, and workers refuse those). A sandbox on no worker has nobody to do it:
- * refused, as the gateway's state check would (gateway_lifecycle.c). */
-static int forward_to_owner(sched_t *s, const sp_envelope_t *intent)
+/* intent, which came to the scheduler's subject, to its sandbox's worker owner: in the
+ * scheduler's own signed intent of the same type and payload, caused by it (not the request's
+ * bytes again: a second copy of a signed event is what a replay looks like, and consumers
+ * refuse those, verifier.h). */
+static int forward(sched_t *s, const sp_envelope_t *intent, const char *owner)
 {
-    char owner[65], id[37], msg_id[64];
-    sp_sbx_state_t state = SP_SBX_NONE;
-    int rc = sandbox_state(s, intent->aggregate->id, intent->tenant, &state, owner, sizeof(owner));
-    if (rc < 0)
-        return rc;
-    if (state == SP_SBX_NONE)
-        return reject(s, intent, "not_found", "no such sandbox");
-    if ((rc = checked(s, intent)) <= 0)
-        return rc;
-    if (!owner[0] || state == SP_SBX_DELETED)
-        return reject(s, intent, "illegal_transition", "the sandbox is on no worker");
+    char id[37], msg_id[64];
     sp_envelope_t fwd;
     Space__V1__Aggregate fagg;
     sp_envelope_answer(&fwd, &fagg, intent, intent->actor);
     /* The same payload (a reason at most), borrowed from intent. */
     fwd.payload_case = intent->payload_case;
     switch (intent->payload_case) {
+    case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED:
+        fwd.sandbox_delete_requested = intent->sandbox_delete_requested;
+        break;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSE_REQUESTED:
         fwd.sandbox_pause_requested = intent->sandbox_pause_requested;
         break;
@@ -245,6 +237,26 @@ static int forward_to_owner(sched_t *s, const sp_envelope_t *intent)
     }
     snprintf(msg_id, sizeof(msg_id), "forward:%s", intent->event_id);
     return emit(s, &fwd, id, owner, msg_id);
+}
+
+/* A pause, suspend or resume on the scheduler's subject (an internal platform's:
+ * natsauth.c gives platforms no other): forwarded to the sandbox's worker. A sandbox on no
+ * worker has nobody to do it: refused, as the gateway's state check would
+ * (gateway_lifecycle.c). */
+static int forward_to_owner(sched_t *s, const sp_envelope_t *intent)
+{
+    char owner[65];
+    sp_sbx_state_t state = SP_SBX_NONE;
+    int rc = sandbox_state(s, intent->aggregate->id, intent->tenant, &state, owner, sizeof(owner));
+    if (rc < 0)
+        return rc;
+    if (state == SP_SBX_NONE)
+        return reject(s, intent, "not_found", "no such sandbox");
+    if ((rc = checked(s, intent)) <= 0)
+        return rc;
+    if (!owner[0] || state == SP_SBX_DELETED)
+        return reject(s, intent, "illegal_transition", "the sandbox is on no worker");
+    return forward(s, intent, owner);
 }
 
 static int place(sched_t *s, const sp_envelope_t *intent)
@@ -394,20 +406,8 @@ static int delete_unplaced(sched_t *s, const sp_envelope_t *intent)
         return 0;
     if ((rc = checked(s, intent)) <= 0)
         return rc;
-    if (owner[0]) {
-        /* Placed meanwhile: the scheduler asks its owner itself, in its own signed intent
-         * caused by the request (not the request's bytes again: a second copy of a signed
-         * event is what a replay looks like, and consumers refuse those, verifier.h). */
-        sp_envelope_t fwd;
-        Space__V1__Aggregate fagg;
-        Space__V1__SandboxDeleteRequested req = SPACE__V1__SANDBOX_DELETE_REQUESTED__INIT;
-        sp_envelope_answer(&fwd, &fagg, intent, intent->actor);
-        req.reason = intent->sandbox_delete_requested->reason;
-        fwd.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_DELETE_REQUESTED;
-        fwd.sandbox_delete_requested = &req;
-        snprintf(msg_id, sizeof(msg_id), "forward:%s", intent->event_id);
-        return emit(s, &fwd, id, owner, msg_id);
-    }
+    if (owner[0])
+        return forward(s, intent, owner); /* placed meanwhile: its owner deletes it */
     sp_envelope_t env;
     Space__V1__Aggregate agg;
     Space__V1__SandboxDeleted del = SPACE__V1__SANDBOX_DELETED__INIT;
