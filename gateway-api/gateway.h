@@ -44,6 +44,12 @@
 #define GW_EVENT_ID_LEN   36
 
 /* One immutable config, filled from the table in main.c. */
+/* The keyring that checks E2B access tokens made before a rotation of the gateway's key
+ * (gateway_auth.c). */
+typedef struct gw_token_ring gw_token_ring_t;
+gw_token_ring_t *gw_token_ring_new(const char *dir, const char *identity);
+void gw_token_ring_free(gw_token_ring_t *r);
+
 typedef struct {
     char *listen_host;
     int64_t port;
@@ -903,6 +909,9 @@ struct gw {
     gw_auth_cache_t auth;
     uint64_t keys_gen;        /* notify.keys_gen the cache was last flushed for */
     sp_sign_key_t *token_key; /* signs E2B access tokens: the identity's key (borrowed) */
+    /* Tokens made with a key since rotated (docs/trust.md, "Rotating a key"): the identity's
+     * retired keys, from its keyring directory; NULL without an identity. */
+    gw_token_ring_t *token_ring;
     /* Waiters and the one check job that may be in flight for them. */
     gw_waiter_t *waiters;
     size_t n_waiters;

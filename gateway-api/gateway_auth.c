@@ -25,6 +25,7 @@
 #include "gateway.h"
 
 #include <openssl/crypto.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -107,19 +108,83 @@ void gw_auth_sync(gw_t *gw)
 
 /* ---- E2B access tokens ---- */
 
+/* What a token signs. NUL-separated: none of the three can hold a NUL, so the fields cannot
+ * run together. */
+static void token_msg(sp_buf_t *m, const char *sandbox, const char *tenant, const char *key_id)
+{
+    sp_buf_append(m, TOKEN_DOMAIN, sizeof(TOKEN_DOMAIN));
+    sp_buf_append(m, sandbox, strlen(sandbox) + 1);
+    sp_buf_append(m, tenant, strlen(tenant) + 1);
+    sp_buf_append(m, key_id, strlen(key_id));
+}
+
 static int token_sig(const gw_t *gw, const char *sandbox, const char *tenant, const char *key_id,
                      uint8_t sig[SP_SIG_LEN])
 {
     sp_buf_t m;
     sp_buf_init(&m);
-    /* NUL-separated: none of the three can hold a NUL, so the fields cannot run together. */
-    sp_buf_append(&m, TOKEN_DOMAIN, sizeof(TOKEN_DOMAIN));
-    sp_buf_append(&m, sandbox, strlen(sandbox) + 1);
-    sp_buf_append(&m, tenant, strlen(tenant) + 1);
-    sp_buf_append(&m, key_id, strlen(key_id));
+    token_msg(&m, sandbox, tenant, key_id);
     int rc = sp_sign(gw->token_key, m.data, m.len, sig);
     sp_buf_dispose(&m);
     return rc;
+}
+
+struct gw_token_ring {
+    pthread_mutex_t mu;
+    char *dir, *identity;
+    sp_keyring_t *kr; /* read when first needed, again when the directory changed */
+};
+
+gw_token_ring_t *gw_token_ring_new(const char *dir, const char *identity)
+{
+    gw_token_ring_t *r = sp_xcalloc(1, sizeof(*r));
+    pthread_mutex_init(&r->mu, NULL);
+    r->dir = sp_xstrdup(dir);
+    r->identity = sp_xstrdup(identity);
+    return r;
+}
+
+void gw_token_ring_free(gw_token_ring_t *r)
+{
+    if (!r)
+        return;
+    sp_keyring_free(r->kr);
+    pthread_mutex_destroy(&r->mu);
+    free(r->dir);
+    free(r->identity);
+    free(r);
+}
+
+/* Whether sig (the token's, base64url) is a signature of (sandbox, tenant, key id) by one of
+ * the gateway identity's retired keys still valid now: a token handed out before the key was
+ * rotated keeps opening its sandbox for the rotation's grace. Pool thread. */
+static bool token_retired_ok(const gw_t *gw, const char *sandbox, const char *tenant,
+                             const char *key_id, const char *sig_b64)
+{
+    gw_token_ring_t *r = gw->token_ring;
+    uint8_t *sig = NULL;
+    size_t sig_len = 0;
+    bool ok = false;
+
+    if (!r || sp_b64url_decode(sig_b64, strlen(sig_b64), &sig, &sig_len) < 0)
+        return false;
+    if (sig_len == SP_SIG_LEN) {
+        sp_buf_t m;
+        sp_buf_init(&m);
+        token_msg(&m, sandbox, tenant, key_id);
+        pthread_mutex_lock(&r->mu);
+        sp_keyring_t *kr = NULL;
+        if ((!r->kr || sp_keyring_stale(r->kr)) && sp_keyring_load(r->dir, &kr) == 0) {
+            sp_keyring_free(r->kr);
+            r->kr = kr;
+        }
+        ok = r->kr && sp_keyring_has_retired(r->kr, r->identity) &&
+             sp_keyring_verify(r->kr, r->identity, m.data, m.len, sig) == 0;
+        pthread_mutex_unlock(&r->mu);
+        sp_buf_dispose(&m);
+    }
+    free(sig);
+    return ok;
 }
 
 int gw_access_token(const gw_t *gw, const char *sandbox, const char *tenant, const char *key_id,
@@ -170,7 +235,8 @@ static int token_check(const gw_t *gw, PGconn *db, const char *token, const char
     sp_buf_t want;
     sp_buf_init(&want);
     rc = gw_access_token(gw, sandbox, ret->tenant, key_id, &want);
-    if (rc == 0 && (want.len != strlen(token) || CRYPTO_memcmp(want.data, token, want.len) != 0))
+    if (rc == 0 && (want.len != strlen(token) || CRYPTO_memcmp(want.data, token, want.len) != 0) &&
+        !token_retired_ok(gw, sandbox, ret->tenant, key_id, token + strlen(token) - TOKEN_SIG_B64))
         rc = SP_ENOTFOUND;
     sp_buf_dispose(&want);
     return rc;

@@ -350,6 +350,8 @@ int main(int argc, char **argv)
      * deployment shares; without one (no creds-dir) a key of this process's own, so its tokens
      * end with it. */
     gw.token_key = busid.key;
+    if (gw.token_key)
+        gw.token_ring = gw_token_ring_new(cfg.creds_dir, busid.name);
     if (!gw.token_key) {
         uint8_t raw[32];
         sp_random_bytes(raw, sizeof(raw));
@@ -424,6 +426,7 @@ out:
     sp_bus_free(gw.bus);
     sp_busid_dispose(&busid);
     sp_sign_key_free(own_token_key);
+    gw_token_ring_free(gw.token_ring);
     gw_signed_dispose(&gw.signed_urls);
     sp_config_dispose(options, N_OPTIONS, &cfg);
     free(err);

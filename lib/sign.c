@@ -373,6 +373,16 @@ bool sp_keyring_has(const sp_keyring_t *kr, const char *identity)
     return find(kr, identity) != NULL;
 }
 
+bool sp_keyring_has_retired(const sp_keyring_t *kr, const char *identity)
+{
+    const kr_entry_t *e = find(kr, identity);
+    int64_t now = now_ns();
+    for (size_t i = 0; e && i < e->n_retired; i++)
+        if (e->retired[i].until_ns > now)
+            return true;
+    return false;
+}
+
 bool sp_keyring_has_tenant(const sp_keyring_t *kr, const char *identity, const char *tenant)
 {
     const kr_entry_t *e = find(kr, identity);

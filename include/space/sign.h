@@ -63,6 +63,8 @@ int sp_keyring_add(sp_keyring_t *kr, const char *identity, const uint8_t pub[SP_
 int sp_keyring_add_tenant(sp_keyring_t *kr, const char *identity, const char *tenant);
 /* Whether the identity is in the keyring. */
 bool sp_keyring_has(const sp_keyring_t *kr, const char *identity);
+/* Whether it has a retired key that still counts now. */
+bool sp_keyring_has_retired(const sp_keyring_t *kr, const char *identity);
 /* Whether tenant is one of the identity's tenants. */
 bool sp_keyring_has_tenant(const sp_keyring_t *kr, const char *identity, const char *tenant);
 /* Adds a retired key to identity (made if absent, then with no current key): signatures by it

@@ -402,6 +402,45 @@ static void *watch_env(void *arg)
     return NULL;
 }
 
+/* A rotation of the gateway's key (`space identity rotate gateway`, docs/trust.md): a token
+ * handed out before keeps opening its sandbox while the old key's grace runs, and not after;
+ * a token made after the rotation (the new key) opens it too. */
+static void test_e2b_token_across_rotation(void **state)
+{
+    (void)state;
+    char kid[32], a[64], hdr[512];
+    char *key = create_key(admin_key, "tenant-r", false, kid);
+    char *told = NULL, *tnew = NULL;
+    e2b_create(key, a, &told);
+    seen[n_seen++] = sp_xstrdup(told);
+    snprintf(hdr, sizeof(hdr), "X-Access-Token: %s\r\n", told);
+    assert_int_equal(envd_list(hdr), 200);
+
+    time_t rotated = time(NULL);
+    assert_int_equal(sp_test_space("identity rotate gateway --grace 5"), 0);
+    sp_test_stack_load(); /* the restarted gateway's API URL (SPACE_API_PORT=0: a new port) */
+    port = sp_test_api_port();
+    /* Within the grace: the old token still opens its sandbox. */
+    assert_int_equal(envd_list(hdr), 200);
+    /* A token of the new key for another sandbox of the same key. */
+    char b[64];
+    e2b_create(key, b, &tnew);
+    seen[n_seen++] = sp_xstrdup(tnew);
+    assert_string_not_equal(tnew + strlen(b), told + strlen(a));
+    char hdr_new[512];
+    snprintf(hdr_new, sizeof(hdr_new), "X-Access-Token: %s\r\n", tnew);
+    assert_int_equal(envd_list(hdr_new), 200);
+    /* Past it: the old token is refused (the gateway's auth cache keeps an answer 10 s at most,
+     * so ask after that too), the new one still opens. */
+    while (time(NULL) <= rotated + 5 + 11)
+        usleep(250 * 1000);
+    assert_int_equal(envd_list(hdr), 401);
+    assert_int_equal(envd_list(hdr_new), 200);
+    free(told);
+    free(tnew);
+    free(key);
+}
+
 static void test_up_keeps_key(void **state)
 {
     (void)state;
@@ -479,9 +518,13 @@ static void test_no_key_in_logs_or_events(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_create_use_list_revoke),   cmocka_unit_test(test_revoke_elsewhere),
-        cmocka_unit_test(test_non_admin_forbidden),      cmocka_unit_test(test_tenants),
-        cmocka_unit_test(test_e2b_access_token),         cmocka_unit_test(test_up_keeps_key),
+        cmocka_unit_test(test_create_use_list_revoke),
+        cmocka_unit_test(test_revoke_elsewhere),
+        cmocka_unit_test(test_non_admin_forbidden),
+        cmocka_unit_test(test_tenants),
+        cmocka_unit_test(test_e2b_access_token),
+        cmocka_unit_test(test_e2b_token_across_rotation),
+        cmocka_unit_test(test_up_keeps_key),
         cmocka_unit_test(test_no_key_in_logs_or_events),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
