@@ -71,9 +71,12 @@ test('listSnapshots pages: limit per page, x-next-token to the next, each snapsh
 })
 
 test('fork: copies that count on by themselves, each with its own network', async () => {
-  await sbx.commands.run('n=0; while :; do n=$((n+1)); echo $n > /tmp/c; sleep 0.2; done', {
-    background: true,
-  })
+  // Written aside and renamed over: a reader never meets the file truncated and empty (a CI
+  // run once read "" there, counted as 0).
+  await sbx.commands.run(
+    'n=0; while :; do n=$((n+1)); echo $n > /tmp/c.t; mv /tmp/c.t /tmp/c; sleep 0.2; done',
+    { background: true },
+  )
   await new Promise((resolve) => setTimeout(resolve, 600))
   const copies = await sbx.fork({ count: 2 })
   assert.equal(copies.length, 2)
