@@ -10,6 +10,7 @@
 #include "hash.h"
 #include "metrics.h"
 #include "projection.h"
+#include "sighead.h"
 #include "sign.h"
 #include "trust.h"
 
@@ -67,6 +68,9 @@ typedef struct {
     uint64_t rows;        /* rows of events up to head (the checkpoints' row count) */
     uint64_t verify_from; /* the first seq this process stored verifying signatures; 0: none */
     struct el_ckpt *ckpt; /* the checkpointer (NULL: no checkpoints) */
+    /* Heads of headed batches accepted lately (sighead.h): their members are verified against
+     * them in the storing transaction, in stream order. */
+    sp_sighead_ring_t heads;
     el_counts_t counts;
     char last_error[256]; /* the database's message for the last failed store */
 } el_store_t;
@@ -79,6 +83,9 @@ typedef struct {
     sp_envelope_t *env; /* NULL when undecodable or invalid (rc < 0) */
     int rc;             /* decode or subject check: 0, or < 0 and reason says why */
     int sig_rc;         /* sp_trust_verify's result (0 when verification is off) */
+    /* sig_rc SP_EHEADED (a headed batch's member): its leaf, for the store to find in the
+     * list of its head (sighead.h), which may be earlier in this very batch. */
+    uint8_t leaf[SP_SIG_HASH_LEN];
     char reason[SP_REASON_MAX];
 } el_prep_t;
 
@@ -110,6 +117,9 @@ void el_pool_start(el_pool_t *p, el_batch_t *b, const sp_trust_t *trust);
 void el_pool_wait(el_pool_t *p);
 /* Prepares one message on the calling thread: what a pool thread does for each. */
 void el_prep_one(el_prep_t *it, const sp_trust_t *trust);
+/* Its signature's part of that, for a decoded message: sig_rc, reason and, for a headed
+ * batch's member, its leaf. */
+void el_prep_verify(el_prep_t *it, const sp_trust_t *trust);
 
 /* After el_pool_wait, on the consuming thread: a signer the keyring did not know but whose
  * public key is now in keyring_dir makes the store read the directory again and verify

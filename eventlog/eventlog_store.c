@@ -420,8 +420,7 @@ void el_store_recheck_signers(el_store_t *st, el_batch_t *b)
     for (size_t i = 0; i < b->n; i++) {
         el_prep_t *it = &b->items[i];
         if (it->sig_rc == SP_ESIGNER || it->sig_rc == SP_ESIGNATURE)
-            it->sig_rc = sp_trust_verify(&st->trust, it->env, it->msg->data, it->msg->len,
-                                         it->msg->published_ns, it->reason);
+            el_prep_verify(it, &st->trust);
     }
 }
 
@@ -433,13 +432,32 @@ static void apply_signatures(const el_store_t *st, item_t *items, size_t n)
 
     for (size_t i = 0; i < n; i++) {
         item_t *it = &items[i];
-        if (it->disp != M_ACCEPT || it->prep->sig_rc == 0)
+        /* A headed member is judged against its head in stream order (verify_member). */
+        if (it->disp != M_ACCEPT || it->prep->sig_rc == 0 || it->prep->sig_rc == SP_EHEADED)
             continue;
         if (st->verify == EL_VERIFY_LOG && logged++ >= REJECTS_LOGGED_PER_BATCH)
             it->refused = 1;
         else
             refused(st, it, it->prep->reason);
     }
+}
+
+/* A headed batch's member against its head (sighead.h): the accepted head before it, from
+ * this batch so far, the ring, or the table. 0 when it belongs; < 0 otherwise (refused, or
+ * SP_EDB: the batch is not stored). */
+static int verify_member(el_store_t *st, item_t *it)
+{
+    char reason[SP_REASON_MAX];
+    int rc = sp_sighead_verify_member(&st->heads, st->db, st->trust.keyring, st->trust.cache,
+                                      it->env, it->prep->leaf, it->msg->stream_seq, reason);
+    if (rc == SP_EDB) {
+        snprintf(st->last_error, sizeof(st->last_error), "%.120s: %.120s", reason,
+                 PQerrorMessage(st->db));
+        return rc;
+    }
+    if (rc < 0)
+        refused(st, it, reason);
+    return rc;
 }
 
 /* What the contract lets the verified signer say, in stream order inside the transaction. */
@@ -601,10 +619,23 @@ static int store_items(el_store_t *st, const el_prep_t *prep, size_t n, int quar
             counts.rows++;
         }
         counts.duplicates += it->duplicate;
+        bool sig_ok = it->prep->sig_rc == 0;
+        if (it->disp == M_ACCEPT && st->verify != EL_VERIFY_OFF && it->prep->sig_rc == SP_EHEADED) {
+            int vrc = verify_member(st, it);
+            if (vrc == SP_EDB) {
+                rc = vrc;
+                goto out;
+            }
+            sig_ok = vrc == 0;
+        }
         if (it->disp == M_ACCEPT && st->verify != EL_VERIFY_OFF)
             authorize(st, it);
         if (it->disp == M_ACCEPT && sp_projection_apply(st->proj, it->env, seq, it->reason) < 0)
             it->disp = M_REJECT;
+        /* A head whose signature verified and that is accepted: its members may follow. */
+        if (it->disp == M_ACCEPT && st->verify != EL_VERIFY_OFF && it->prep->sig_rc == 0 &&
+            it->env->sig_leaves.len)
+            sp_sighead_ring_add(&st->heads, it->msg->data, it->msg->len, seq);
         row_t row = {.seq = seq,
                      .subject = it->msg->subject,
                      .env = it->env,
@@ -630,7 +661,7 @@ static int store_items(el_store_t *st, const el_prep_t *prep, size_t n, int quar
         counts.refused += (unsigned)it->refused;
         /* The pool's verdict on its signature, for what reached the verifier (decoded). */
         if (st->verify != EL_VERIFY_OFF && !it->quarantine && it->prep->rc == 0) {
-            if (it->prep->sig_rc == 0)
+            if (sig_ok)
                 counts.sig_verified++;
             else
                 counts.sig_failed++;
@@ -692,6 +723,8 @@ static int store_items(el_store_t *st, const el_prep_t *prep, size_t n, int quar
 out:
     if (in_tx)
         sp_db_exec(st->db, "ROLLBACK");
+    if (rc < 0) /* the heads this attempt accepted were not stored */
+        sp_sighead_ring_drop_after(&st->heads, st->head.seq);
     sp_projection_clear(st->proj);
     free(items);
     sp_buf_dispose(&rows);

@@ -73,7 +73,16 @@ void el_prep_one(el_prep_t *it, const sp_trust_t *trust)
     it->rc = sp_envelope_check_subject(it->env, m->subject, it->reason);
     if (it->rc < 0 || !trust)
         return;
+    el_prep_verify(it, trust);
+}
+
+void el_prep_verify(el_prep_t *it, const sp_trust_t *trust)
+{
+    const sp_bus_msg_t *m = it->msg;
+
     it->sig_rc = sp_trust_verify(trust, it->env, m->data, m->len, m->published_ns, it->reason);
+    if (it->sig_rc == SP_EHEADED && sp_envelope_leaf(m->data, m->len, it->leaf) < 0)
+        it->sig_rc = SP_ESIGNATURE; /* cannot happen: it decoded */
 }
 
 /* Claims the next chunk of job gen: false when the job is done or another one runs. */

@@ -550,6 +550,7 @@ int main(int argc, char **argv)
     sp_bus_t *bus = NULL;
     sp_busid_t busid = {0};
     el_store_t st = {0};
+    sp_sighead_ring_init(&st.heads);
     sp_log_level_t level;
     sp_log_format_t format;
     sp_keyring_t *keyring = NULL;
@@ -662,6 +663,7 @@ out:
     sp_projection_free(st.proj);
     sp_sigcache_free(sigcache);
     sp_keyring_free(keyring);
+    sp_sighead_ring_dispose(&st.heads);
     sp_keyring_free((sp_keyring_t *)st.trust.keyring);
     free((char *)st.keyring_dir);
     PQfinish(st.db);

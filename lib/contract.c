@@ -268,6 +268,44 @@ const sp_consumer_def_t *sp_contract_consumers(size_t *ret_n)
     return consumers;
 }
 
+/* Whether a durable's filter covers a concrete subject: tokens equal, "*" or a {placeholder}
+ * any one token, ">" all the rest. */
+static bool filter_covers(const char *f, const char *s)
+{
+    while (*f && *s) {
+        size_t fl = strcspn(f, "."), sl = strcspn(s, ".");
+        if (fl == 1 && f[0] == '>')
+            return sl > 0;
+        bool any = (fl == 1 && f[0] == '*') || (fl > 2 && f[0] == '{' && f[fl - 1] == '}');
+        if (!any && (fl != sl || memcmp(f, s, fl) != 0))
+            return false;
+        f += fl;
+        s += sl;
+        if (*f != *s)
+            return false;
+        if (*f == '.') {
+            f++;
+            s++;
+        }
+    }
+    return !*f && !*s;
+}
+
+bool sp_subject_log_only(const char *subject)
+{
+    bool logged = false;
+    if (!subject)
+        return false;
+    for (size_t i = 0; i < sizeof(consumers) / sizeof(consumers[0]); i++) {
+        if (!filter_covers(consumers[i].filter, subject))
+            continue;
+        if (consumers[i].kind != SP_KIND_EVENTLOG)
+            return false;
+        logged = true;
+    }
+    return logged;
+}
+
 /* ---- event types ----
  * Internal platforms (docs/platforms.md) create, delete, pause, resume, suspend and set the
  * timeout of their tenants' sandboxes, all on the scheduler's subject ("_", natsauth.c gives
@@ -417,6 +455,7 @@ const char *sp_trust_refusal_name(int code)
     case SP_ESIGNER:
         return "unknown_signer";
     case SP_ESIGNATURE:
+    case SP_EHEADED: /* where its head cannot be looked up, it cannot be verified */
         return "bad_signature";
     case SP_ENOTALLOWED:
         return "type_not_allowed";

@@ -32,10 +32,10 @@
 #define CMD_MAX_BYTES      16384
 #define FILE_PATH_MAX      SP_FSPATH_MAX
 #define SIG_LEN            64 /* Ed25519 (sign.h) */
-/* Envelope.signature (11), sig_proof (12), sig_index (13), sig_count (14): what the signature
- * adds, never what it covers. */
+/* Envelope.signature (11), sig_proof (12), sig_index (13), sig_count (14), sig_leaves (15),
+ * sig_head (16): what the signature adds, never what it covers. */
 #define SIG_FIELD_FIRST 11
-#define SIG_FIELD_LAST  14
+#define SIG_FIELD_LAST  16
 /* sign.h's SP_SIG_BATCH_MAX and SP_SIG_PROOF_MAX (envelope.h does not include sign.h). */
 #define SIG_BATCH_MAX 4096
 #define SIG_PROOF_MAX (12 * 32)
@@ -794,6 +794,26 @@ int sp_envelope_validate(const sp_envelope_t *e, char reason[SP_REASON_MAX])
     if (e->sig_proof.len > SIG_PROOF_MAX || e->sig_proof.len % 32 != 0)
         return fail(reason, SP_ESCHEMA, "sig_proof: %zu bytes, want a multiple of 32 up to %d",
                     e->sig_proof.len, SIG_PROOF_MAX);
+    /* A headed batch (docs/trust.md): the head lists the leaves under its signature, and
+     * every other member names its head instead of carrying a signature. */
+    if (e->sig_leaves.len) {
+        if (!e->signature.len || e->sig_proof.len || e->sig_index != 0 || e->sig_head.len ||
+            e->sig_leaves.len % 32 != 0 || e->sig_leaves.len / 32 < 2 ||
+            e->sig_leaves.len / 32 != e->sig_count)
+            return fail(reason, SP_ESCHEMA,
+                        "sig_leaves: %zu bytes, want 32 x sig_count (2..%d) on a signed head at "
+                        "index 0 without proof or head",
+                        e->sig_leaves.len, SIG_BATCH_MAX);
+        return validate_payload(e, reason);
+    }
+    if (e->sig_head.len) {
+        if (e->signature.len || e->sig_proof.len || e->sig_index == 0 || e->sig_count < 2 ||
+            !e->signer[0] || e->sig_head.len != 16)
+            return fail(reason, SP_ESCHEMA,
+                        "sig_head: want a head's 16-byte event_id on an unsigned member with a "
+                        "signer, at index 1 or later of at least 2");
+        return validate_payload(e, reason);
+    }
     if ((e->sig_proof.len || e->sig_count) && !e->signature.len)
         return fail(reason, SP_ESCHEMA, "sig_proof, sig_count: without signature");
     return validate_payload(e, reason);

@@ -25,6 +25,7 @@ static const char *const sp_messages[] = {
     [SP_ENOTOWN - SP_EFIRST] = "not the signer's own subject or sandbox",
     [SP_ETENANT - SP_EFIRST] = "tenant not among the signer's tenants",
     [SP_ESTALE - SP_EFIRST] = "request outside its time window or replayed",
+    [SP_EHEADED - SP_EFIRST] = "signed through the head of its batch",
 };
 
 _Static_assert(sizeof(sp_messages) / sizeof(sp_messages[0]) == SP_ELAST - SP_EFIRST,

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include <errno.h>
+#include <stdbool.h>
 
 #include "contract.h"
 #include "datakey.h"
@@ -191,10 +192,10 @@ void sp_eventgen_msg_dispose(sp_eventgen_msg_t *m)
     m->len = 0;
 }
 
-int sp_eventgen_sign(sp_eventgen_msg_t *const *msgs, size_t n, const char *signer,
-                     const sp_sign_key_t *key)
+static int sign_msgs(sp_eventgen_msg_t *const *msgs, size_t n, const char *signer,
+                     const sp_sign_key_t *key, bool headed)
 {
-    if (!msgs || n == 0 || n > SP_SIG_BATCH_MAX)
+    if (!msgs || n < (headed ? 2 : 1) || n > SP_SIG_BATCH_MAX)
         return -EINVAL;
     uint8_t **bufs = sp_xcalloc(n, sizeof(*bufs));
     size_t *lens = sp_xcalloc(n, sizeof(*lens));
@@ -202,7 +203,8 @@ int sp_eventgen_sign(sp_eventgen_msg_t *const *msgs, size_t n, const char *signe
         bufs[i] = msgs[i]->data;
         lens[i] = msgs[i]->len;
     }
-    int rc = sp_envelope_sign_encoded(bufs, lens, n, signer, key);
+    int rc = headed ? sp_envelope_sign_encoded_headed(bufs, lens, n, signer, key)
+                    : sp_envelope_sign_encoded(bufs, lens, n, signer, key);
     if (rc == 0) {
         for (size_t i = 0; i < n; i++) {
             msgs[i]->data = bufs[i];
@@ -212,6 +214,18 @@ int sp_eventgen_sign(sp_eventgen_msg_t *const *msgs, size_t n, const char *signe
     free(bufs);
     free(lens);
     return rc;
+}
+
+int sp_eventgen_sign(sp_eventgen_msg_t *const *msgs, size_t n, const char *signer,
+                     const sp_sign_key_t *key)
+{
+    return sign_msgs(msgs, n, signer, key, false);
+}
+
+int sp_eventgen_sign_headed(sp_eventgen_msg_t *const *msgs, size_t n, const char *signer,
+                            const sp_sign_key_t *key)
+{
+    return sign_msgs(msgs, n, signer, key, true);
 }
 
 const char *sp_eventgen_signer(sp_event_type_t type, const char *worker, char *buf, size_t len)

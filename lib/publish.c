@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "contract.h"
 #include "error.h"
 #include "xmalloc.h"
 
@@ -90,8 +91,8 @@ void sp_envelope_answer(sp_envelope_t *env, Space__V1__Aggregate *agg, const sp_
     env->causation_id = cause->event_id;
 }
 
-int sp_envelope_sign_encoded(uint8_t **in, size_t *in_lens, size_t n, const char *signer,
-                             const sp_sign_key_t *key)
+static int sign_encoded(uint8_t **in, size_t *in_lens, size_t n, const char *signer,
+                        const sp_sign_key_t *key, bool headed)
 {
     sp_envelope_t **envs;
     uint8_t **bufs;
@@ -112,13 +113,16 @@ int sp_envelope_sign_encoded(uint8_t **in, size_t *in_lens, size_t n, const char
     sp_envelope_t *saved = sp_xcalloc(n, sizeof(*saved));
     for (size_t i = 0; i < n; i++)
         saved[i] = *envs[i];
-    rc = sp_envelope_encode_signed_batch(envs, n, signer, key, bufs, lens);
+    rc = headed ? sp_envelope_encode_signed_headed(envs, n, signer, key, bufs, lens)
+                : sp_envelope_encode_signed_batch(envs, n, signer, key, bufs, lens);
     for (size_t i = 0; i < n; i++) {
         envs[i]->signer = saved[i].signer;
         envs[i]->signature = saved[i].signature;
         envs[i]->sig_proof = saved[i].sig_proof;
         envs[i]->sig_index = saved[i].sig_index;
         envs[i]->sig_count = saved[i].sig_count;
+        envs[i]->sig_leaves = saved[i].sig_leaves;
+        envs[i]->sig_head = saved[i].sig_head;
     }
     free(saved);
     if (rc < 0)
@@ -137,10 +141,32 @@ out:
     return rc;
 }
 
-int sp_publish_sign_burst(uint8_t **bufs, size_t *lens, size_t n)
+int sp_envelope_sign_encoded(uint8_t **in, size_t *in_lens, size_t n, const char *signer,
+                             const sp_sign_key_t *key)
 {
-    if (!signer_key)
-        return 0;
+    return sign_encoded(in, in_lens, n, signer, key, false);
+}
+
+int sp_envelope_sign_encoded_headed(uint8_t **in, size_t *in_lens, size_t n, const char *signer,
+                                    const sp_sign_key_t *key)
+{
+    return sign_encoded(in, in_lens, n, signer, key, true);
+}
+
+/* Whether every subject is one only the event log reads (contract.h). */
+static bool all_log_only(const char *const *subjects, size_t n)
+{
+    if (!subjects)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!sp_subject_log_only(subjects[i]))
+            return false;
+    return true;
+}
+
+/* bufs[0..n) as Merkle batches of at most SP_SIG_BATCH_DEFAULT by the process's signer. */
+static int sign_merkle(uint8_t **bufs, size_t *lens, size_t n)
+{
     for (size_t off = 0; off < n; off += SP_SIG_BATCH_DEFAULT) {
         size_t k = n - off < SP_SIG_BATCH_DEFAULT ? n - off : SP_SIG_BATCH_DEFAULT;
         int rc = sp_envelope_sign_encoded(bufs + off, lens + off, k, signer_name, signer_key);
@@ -148,6 +174,59 @@ int sp_publish_sign_burst(uint8_t **bufs, size_t *lens, size_t n)
             return rc;
     }
     return 0;
+}
+
+int sp_publish_sign_burst(uint8_t **bufs, size_t *lens, const char *const *subjects, size_t n,
+                          bool *heads)
+{
+    bool headed = n >= 2 && all_log_only(subjects, n);
+
+    if (heads)
+        memset(heads, 0, n * sizeof(*heads));
+    if (!signer_key)
+        return 0;
+    if (!headed)
+        return sign_merkle(bufs, lens, n);
+    for (size_t off = 0; off < n; off += SP_SIG_HEADED_DEFAULT) {
+        size_t k = n - off < SP_SIG_HEADED_DEFAULT ? n - off : SP_SIG_HEADED_DEFAULT;
+        int rc = SP_ETOOBIG;
+        if (k >= 2)
+            rc =
+                sp_envelope_sign_encoded_headed(bufs + off, lens + off, k, signer_name, signer_key);
+        if (rc == 0 && heads)
+            heads[off] = true;
+        /* A chunk of one, or a head that would not fit with its list: Merkle batches. */
+        if (rc == SP_ETOOBIG)
+            rc = sign_merkle(bufs + off, lens + off, k);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+int sp_publish_burst_async(sp_bus_t *bus, uint8_t **bufs, size_t *lens, const char *const *subjects,
+                           const char *const *msg_ids, size_t n)
+{
+    bool *heads = sp_xcalloc(n ? n : 1, sizeof(*heads));
+    int first = n ? sp_publish_sign_burst(bufs, lens, subjects, n, heads) : 0;
+
+    for (size_t i = 0; i < n && first == 0; i++) {
+        int rc;
+        if (heads[i]) {
+            /* Acked before its members go: in the stream, a head precedes its batch. */
+            rc = sp_bus_publish(bus, subjects[i], bufs[i], lens[i], msg_ids[i], NULL, NULL);
+            if (rc < 0) {
+                first = rc;
+                break; /* its members would be refused: the caller publishes again */
+            }
+            continue;
+        }
+        rc = sp_bus_publish_async(bus, subjects[i], bufs[i], lens[i], msg_ids[i]);
+        if (rc < 0 && first == 0)
+            first = rc;
+    }
+    free(heads);
+    return first;
 }
 
 void sp_burst_init(sp_burst_t *b)
@@ -193,12 +272,15 @@ int sp_burst_add(sp_burst_t *b, sp_envelope_t *env, const char *worker)
 
 int sp_burst_publish_async(sp_bus_t *bus, sp_burst_t *b)
 {
-    int first = b->n ? sp_publish_sign_burst(b->bufs, b->lens, b->n) : 0;
-    for (size_t i = 0; i < b->n && first == 0; i++) {
-        int rc = sp_bus_publish_async(bus, b->subjects[i], b->bufs[i], b->lens[i], b->msg_ids[i]);
-        if (rc < 0 && first == 0)
-            first = rc;
+    const char **subjects = sp_xcalloc(b->n ? b->n : 1, sizeof(*subjects));
+    const char **msg_ids = sp_xcalloc(b->n ? b->n : 1, sizeof(*msg_ids));
+    for (size_t i = 0; i < b->n; i++) {
+        subjects[i] = b->subjects[i];
+        msg_ids[i] = b->msg_ids[i];
     }
+    int first = sp_publish_burst_async(bus, b->bufs, b->lens, subjects, msg_ids, b->n);
+    free(subjects);
+    free(msg_ids);
     for (size_t i = 0; i < b->n; i++)
         free(b->bufs[i]);
     b->n = 0;

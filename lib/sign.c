@@ -659,6 +659,62 @@ void sp_sig_message(uint32_t count, const uint8_t root[SP_SIG_HASH_LEN],
     memcpy(msg + 19, root, SP_SIG_HASH_LEN);
 }
 
+static const uint8_t list_domain[15] = "SPACE-C lst v1"; /* and its NUL */
+
+void sp_sig_list_message(const uint8_t *leaves, uint32_t count, uint8_t msg[SP_SIG_MSG_LEN])
+{
+    memcpy(msg, list_domain, sizeof(list_domain));
+    msg[15] = (uint8_t)(count >> 24);
+    msg[16] = (uint8_t)(count >> 16);
+    msg[17] = (uint8_t)(count >> 8);
+    msg[18] = (uint8_t)count;
+    sp_sha256(leaves, (size_t)count * SP_SIG_HASH_LEN, msg + 19);
+}
+
+int sp_envelope_leaf(const uint8_t *raw, size_t len, uint8_t leaf[SP_SIG_HASH_LEN])
+{
+    uint8_t *canon;
+    size_t clen;
+    int rc;
+
+    if ((!raw && len) || len > SP_ENVELOPE_MAX)
+        return len > SP_ENVELOPE_MAX ? SP_ETOOBIG : -EINVAL;
+    /* The leaf's 0x00 prefix goes in front of the canonical bytes: one hash call. */
+    canon = sp_xmalloc(len + 1);
+    canon[0] = 0x00;
+    rc = sp_envelope_canonical(raw, len, canon + 1, &clen);
+    if (rc == 0)
+        sp_sha256(canon, clen + 1, leaf);
+    free(canon);
+    return rc < 0 ? SP_EDECODE : 0;
+}
+
+void sp_sig_head_id(const sp_envelope_t *env, char out[37])
+{
+    out[0] = '\0';
+    if (env && env->sig_head.len == 16)
+        sp_uuid_format(env->sig_head.data, out);
+}
+
+int sp_sig_member_check(const sp_envelope_t *head, const sp_envelope_t *env,
+                        const uint8_t leaf[SP_SIG_HASH_LEN])
+{
+    uint32_t n;
+
+    if (!head || !env || !leaf)
+        return -EINVAL;
+    n = (uint32_t)(head->sig_leaves.len / SP_SIG_HASH_LEN);
+    uint8_t head_id[16];
+    if (n < 2 || env->sig_head.len != 16 || sp_uuid_parse(head->event_id, head_id) < 0 ||
+        memcmp(env->sig_head.data, head_id, 16) != 0 || strcmp(env->signer, head->signer) != 0 ||
+        env->sig_count != n || env->sig_index == 0 || env->sig_index >= n)
+        return SP_ESIGNATURE;
+    if (memcmp(head->sig_leaves.data + (size_t)env->sig_index * SP_SIG_HASH_LEN, leaf,
+               SP_SIG_HASH_LEN) != 0)
+        return SP_ESIGNATURE;
+    return 0;
+}
+
 /* The tree, level by level: level 0 the leaves; a level's last node without a right sibling
  * moves up unchanged, which gives RFC 6962's Merkle Tree Hash (split at the largest power of
  * two below n) without recursion. */
@@ -975,6 +1031,30 @@ static size_t put_varint(uint8_t *p, uint64_t v)
     return n;
 }
 
+/* env as signer will sign it: its signer set, every signature field (11-16) cleared. The
+ * generated struct has no const; the envelope never writes through signer. */
+static void unsigned_as(sp_envelope_t *env, const char *signer)
+{
+    env->signer = (char *)signer;
+    env->signature.data = NULL;
+    env->signature.len = 0;
+    env->sig_proof.data = NULL;
+    env->sig_proof.len = 0;
+    env->sig_index = 0;
+    env->sig_count = 0;
+    env->sig_leaves.data = NULL;
+    env->sig_leaves.len = 0;
+    env->sig_head.data = NULL;
+    env->sig_head.len = 0;
+}
+
+/* Most that a headed batch of n adds to member i: the head's signature, count and list; a
+ * member's index, count and head id (keys, lengths and varints included). */
+static size_t headed_trailer_max(size_t i, size_t n)
+{
+    return i == 0 ? SP_SIG_FIELD_LEN + 6 + 1 + 5 + n * SP_SIG_HASH_LEN : 6 + 6 + 3 + 16;
+}
+
 int sp_envelope_encode_signed_batch(sp_envelope_t *const *envs, size_t n, const char *signer,
                                     const sp_sign_key_t *key, uint8_t **ret_bufs, size_t *ret_lens)
 {
@@ -996,14 +1076,7 @@ int sp_envelope_encode_signed_batch(sp_envelope_t *const *envs, size_t n, const 
             rc = -EINVAL;
             goto out;
         }
-        /* The generated struct has no const; the envelope never writes through it. */
-        env->signer = (char *)signer;
-        env->signature.data = NULL;
-        env->signature.len = 0;
-        env->sig_proof.data = NULL;
-        env->sig_proof.len = 0;
-        env->sig_index = 0;
-        env->sig_count = 0;
+        unsigned_as(env, signer);
         if ((rc = sp_envelope_encode(env, &bufs[i], &lens[i])) < 0)
             goto out;
         if (lens[i] + (n == 1 ? SP_SIG_FIELD_LEN : SP_SIG_TRAILER_MAX) > SP_ENVELOPE_MAX) {
@@ -1066,6 +1139,84 @@ int sp_envelope_encode_signed(sp_envelope_t *env, const char *signer, const sp_s
     return sp_envelope_encode_signed_batch(&env, 1, signer, key, ret_buf, ret_len);
 }
 
+int sp_envelope_encode_signed_headed(sp_envelope_t *const *envs, size_t n, const char *signer,
+                                     const sp_sign_key_t *key, uint8_t **ret_bufs, size_t *ret_lens)
+{
+    uint8_t(*leaves)[SP_SIG_HASH_LEN] = NULL;
+    uint8_t msg[SP_SIG_MSG_LEN], sig[SP_SIG_LEN];
+    uint8_t **bufs = NULL;
+    size_t *lens = NULL;
+    uint8_t head_uuid[16];
+    int rc = 0;
+
+    if (!envs || n < 2 || n > SP_SIG_BATCH_MAX || !signer || !key || !ret_bufs || !ret_lens ||
+        !envs[0] || !envs[0]->event_id || strlen(envs[0]->event_id) != 36)
+        return -EINVAL;
+    if (sp_uuid_parse(envs[0]->event_id, head_uuid) < 0)
+        return -EINVAL;
+    bufs = sp_xcalloc(n, sizeof(*bufs));
+    lens = sp_xcalloc(n, sizeof(*lens));
+    leaves = sp_xcalloc(n, sizeof(*leaves));
+    for (size_t i = 0; i < n; i++) {
+        sp_envelope_t *env = envs[i];
+        if (!env) {
+            rc = -EINVAL;
+            goto out;
+        }
+        unsigned_as(env, signer);
+        if ((rc = sp_envelope_encode(env, &bufs[i], &lens[i])) < 0)
+            goto out;
+        if (lens[i] + headed_trailer_max(i, n) > SP_ENVELOPE_MAX) {
+            rc = SP_ETOOBIG;
+            goto out;
+        }
+        sp_sig_leaf(bufs[i], lens[i], leaves[i]);
+    }
+    sp_sig_list_message((const uint8_t *)leaves, (uint32_t)n, msg);
+    if ((rc = sp_sign(key, msg, sizeof(msg), sig)) < 0)
+        goto out;
+    /* Fields 11-16 go last, after the canonical bytes (as in a Merkle batch). */
+    for (size_t i = 0; i < n; i++) {
+        size_t k = lens[i];
+        uint8_t *b = sp_xrealloc(bufs[i], k + headed_trailer_max(i, n));
+        if (i == 0) {
+            b[k++] = (11 << 3) | 2;
+            b[k++] = SP_SIG_LEN;
+            memcpy(b + k, sig, SP_SIG_LEN);
+            k += SP_SIG_LEN;
+            b[k++] = (14 << 3) | 0;
+            k += put_varint(b + k, n);
+            b[k++] = (15 << 3) | 2;
+            k += put_varint(b + k, n * SP_SIG_HASH_LEN);
+            memcpy(b + k, leaves, n * SP_SIG_HASH_LEN);
+            k += n * SP_SIG_HASH_LEN;
+        } else {
+            b[k++] = (13 << 3) | 0;
+            k += put_varint(b + k, i);
+            b[k++] = (14 << 3) | 0;
+            k += put_varint(b + k, n);
+            k += put_varint(b + k, (16 << 3) | 2); /* two bytes: field 16 */
+            b[k++] = 16;
+            memcpy(b + k, head_uuid, 16);
+            k += 16;
+        }
+        bufs[i] = b;
+        lens[i] = k;
+    }
+    for (size_t i = 0; i < n; i++) {
+        ret_bufs[i] = bufs[i];
+        ret_lens[i] = lens[i];
+    }
+    n = 0; /* handed over */
+out:
+    for (size_t i = 0; i < n; i++)
+        free(bufs[i]);
+    free(bufs);
+    free(lens);
+    free(leaves);
+    return rc;
+}
+
 /* One key's Ed25519 verification of msg through the cache: a hit, or a verification that
  * settles its claim on every path (other threads may be waiting for it). */
 static int verify_cached(sp_sigcache_t *cache, EVP_PKEY *pkey, const uint8_t pub[SP_PUBKEY_LEN],
@@ -1098,42 +1249,67 @@ static size_t retired_valid(const kr_entry_t *e, int64_t at_ns, const kr_retired
     return n;
 }
 
-int sp_envelope_verify(const sp_keyring_t *kr, sp_sigcache_t *cache, const sp_envelope_t *env,
-                       const uint8_t *raw, size_t len, int64_t at_ns)
+/* Ed25519 of msg by e's keys that count at at_ns: a retired key's verdict already cached, then
+ * the current key, then the retired ones (sp_envelope_verify). 1: verified by the current key,
+ * 0: by a retired one, < 0 (SP_ESIGNATURE, -ENOMEM) otherwise. */
+static int verify_message(const kr_entry_t *e, sp_sigcache_t *cache,
+                          const uint8_t msg[SP_SIG_MSG_LEN], const uint8_t sig[SP_SIG_LEN],
+                          int64_t at_ns)
 {
     /* Most retired keys tried for one message, those retired soonest after it first: the key
      * that signed a message is the one retired next after it was published, unless the
      * signer's daemon ran on with an older one through several rotations. */
     const kr_retired_t *old[8];
-    size_t n_old;
-    uint8_t leaf[SP_SIG_HASH_LEN], root[SP_SIG_HASH_LEN], msg[SP_SIG_MSG_LEN];
     uint8_t ckey[SP_SHA256_LEN];
+    size_t n_old = retired_valid(e, at_ns ? at_ns : now_ns(), old, sizeof(old) / sizeof(old[0]));
+    int rc;
+
+    for (size_t i = 0; cache && i < n_old; i++) {
+        cache_key(old[i]->pub, msg, sig, ckey);
+        if (cache_peek(cache, ckey))
+            return 0;
+    }
+    rc = SP_ESIGNATURE;
+    if (e->pkey && (rc = verify_cached(cache, e->pkey, e->pub, msg, sig)) == 0)
+        return 1;
+    for (size_t i = 0; rc == SP_ESIGNATURE && i < n_old; i++)
+        rc = verify_cached(cache, old[i]->pkey, old[i]->pub, msg, sig);
+    if (rc < 0)
+        return rc == -ENOMEM ? rc : SP_ESIGNATURE;
+    return 0;
+}
+
+int sp_envelope_verify(const sp_keyring_t *kr, sp_sigcache_t *cache, const sp_envelope_t *env,
+                       const uint8_t *raw, size_t len, int64_t at_ns)
+{
+    uint8_t leaf[SP_SIG_HASH_LEN], root[SP_SIG_HASH_LEN], msg[SP_SIG_MSG_LEN];
     const kr_entry_t *e;
-    uint8_t *canon;
-    size_t clen;
     uint32_t count;
     int rc;
 
     if (!env || (!raw && len))
         return -EINVAL;
-    if (!env->signer || !env->signer[0] || env->signature.len == 0)
+    if (!env->signer || !env->signer[0] || (env->signature.len == 0 && env->sig_head.len == 0))
         return SP_EUNSIGNED;
     if (!(e = find(kr, env->signer)))
         return SP_ESIGNER;
+    if (env->signature.len == 0)
+        return SP_EHEADED; /* only its head can say (sp_sig_member_check) */
     if (env->signature.len != SP_SIG_LEN)
         return SP_ESIGNATURE;
-    if (len > SP_ENVELOPE_MAX)
-        return SP_ETOOBIG;
-    /* The leaf's 0x00 prefix goes in front of the canonical bytes: one hash call. */
-    canon = sp_xmalloc(len + 1);
-    canon[0] = 0x00;
-    rc = sp_envelope_canonical(raw, len, canon + 1, &clen);
-    if (rc == 0)
-        sp_sha256(canon, clen + 1, leaf);
-    free(canon);
-    if (rc < 0)
-        return SP_EDECODE;
+    if ((rc = sp_envelope_leaf(raw, len, leaf)) < 0)
+        return rc == SP_ETOOBIG ? rc : SP_EDECODE;
     count = env->sig_count ? env->sig_count : 1;
+    if (env->sig_leaves.len) {
+        /* A headed batch's head: its own leaf first in the list it signs. */
+        if (env->sig_leaves.len != (size_t)count * SP_SIG_HASH_LEN || count < 2 ||
+            env->sig_index != 0 || env->sig_proof.len ||
+            memcmp(env->sig_leaves.data, leaf, SP_SIG_HASH_LEN) != 0)
+            return SP_ESIGNATURE;
+        sp_sig_list_message(env->sig_leaves.data, count, msg);
+        rc = verify_message(e, cache, msg, env->signature.data, at_ns);
+        return rc < 0 ? rc : 0;
+    }
     /* The memo holds walks verified under the current key only. */
     memo_walk_t w = {.c = cache,
                      .pub = e->pub,
@@ -1150,21 +1326,8 @@ int sp_envelope_verify(const sp_keyring_t *kr, sp_sigcache_t *cache, const sp_en
         return 0;
     }
     sp_sig_message(count, root, msg);
-    n_old = retired_valid(e, at_ns ? at_ns : now_ns(), old, sizeof(old) / sizeof(old[0]));
-    for (size_t i = 0; cache && i < n_old; i++) {
-        cache_key(old[i]->pub, msg, env->signature.data, ckey);
-        if (cache_peek(cache, ckey))
-            return 0;
-    }
-    rc = SP_ESIGNATURE;
-    if (e->pkey) {
-        rc = verify_cached(cache, e->pkey, e->pub, msg, env->signature.data);
-        if (rc == 0 && cache && count > 1)
-            memo_remember(&w);
-    }
-    for (size_t i = 0; rc == SP_ESIGNATURE && i < n_old; i++)
-        rc = verify_cached(cache, old[i]->pkey, old[i]->pub, msg, env->signature.data);
-    if (rc < 0)
-        return rc == -ENOMEM ? rc : SP_ESIGNATURE;
-    return 0;
+    rc = verify_message(e, cache, msg, env->signature.data, at_ns);
+    if (rc == 1 && cache && count > 1)
+        memo_remember(&w);
+    return rc < 0 ? rc : 0;
 }

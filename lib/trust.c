@@ -147,6 +147,14 @@ int sp_trust_verify(const sp_trust_t *t, const sp_envelope_t *env, const uint8_t
         return refuse(reason, rc, "envelope of %zu bytes", raw_len);
     case SP_EDECODE:
         return refuse(reason, rc, "not a protobuf encoding");
+    case SP_EHEADED: {
+        char head[37];
+        sp_sig_head_id(env, head);
+        return refuse(reason, rc,
+                      "%s %s is signed through its batch head %s, which only the event log "
+                      "looks up",
+                      env->type, env->event_id, head);
+    }
     default:
         return refuse(reason, SP_ESIGNATURE, "%s %s does not verify for %s", env->type,
                       env->event_id, env->signer);

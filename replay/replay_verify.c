@@ -25,6 +25,8 @@
  * --keyring-dir, default $SPACE_HOME/creds): "signed" rows verify, "unsigned" ones are rows
  * from before signing (reported, never counted as trusted; bad when a checkpoint says the log
  * verified signatures when it stored them), "bad" ones fail, and the first of them is named.
+ * A headed batch's member (sign.h) is verified against the accepted head before it, by the
+ * event log's own rule (sighead.h).
  * Rejected rows are not verified: they changed nothing. Without a keyring neither the
  * signatures nor the checkpoints can be verified, and verify says so. Whether the signer was
  * allowed to say what it said (the contract) is the event log's check at store time and is not
@@ -49,6 +51,7 @@
 #include "hash.h"
 #include "ids.h"
 #include "replay.h"
+#include "sighead.h"
 #include "sign.h"
 #include "xmalloc.h"
 
@@ -59,6 +62,11 @@ typedef struct {
     uint64_t bad_seq;
     char bad_id[37];
     const char *bad_reason;
+    char bad_reason_buf[SP_REASON_MAX];
+    /* Headed batches (sighead.h): the heads verified so far, and the log to read older ones
+     * from, by the event log's own rule. */
+    sp_sighead_ring_t heads;
+    PGconn *db;
 } sigs_t;
 
 /* One checkpoint, from the file, the stream or both (matched by the line's bytes). */
@@ -439,6 +447,7 @@ static void check_signature(chain_t *c, const replay_event_t *ev)
     sigs_t *g = &c->sigs;
     const sp_envelope_t *e = ev->env;
     const anchors_t *a = c->a;
+    char why[SP_REASON_MAX] = ""; /* a headed member's refusal, in the log's words */
     int rc;
 
     if (!ev->accepted || !e)
@@ -458,6 +467,16 @@ static void check_signature(chain_t *c, const replay_event_t *ev)
     } else {
         rc = sp_envelope_verify(g->kr, g->cache, e, ev->payload, ev->payload_len,
                                 ev->published_at_us * 1000);
+        if (rc == SP_EHEADED) {
+            /* A headed batch's member: against the accepted head before it, as the log did. */
+            uint8_t leaf[SP_SIG_HASH_LEN];
+            rc = sp_envelope_leaf(ev->payload, ev->payload_len, leaf);
+            if (rc == 0)
+                rc = sp_sighead_verify_member(&g->heads, g->db, g->kr, g->cache, e, leaf, ev->seq,
+                                              why);
+        } else if (rc == 0 && e->sig_leaves.len) {
+            sp_sighead_ring_add(&g->heads, ev->payload, ev->payload_len, ev->seq);
+        }
         if (rc == 0) {
             g->signed_ok++;
             return;
@@ -467,10 +486,12 @@ static void check_signature(chain_t *c, const replay_event_t *ev)
         const char *name = sp_trust_refusal_name(rc);
         g->bad_seq = ev->seq;
         snprintf(g->bad_id, sizeof(g->bad_id), "%s", e->event_id);
-        g->bad_reason = rc == SP_EUNSIGNED ? "unsigned, accepted while the log verified "
-                                             "signatures (its checkpoint says so)"
-                        : name             ? name
-                                           : "bad_signature";
+        snprintf(g->bad_reason_buf, sizeof(g->bad_reason_buf), "%s", why);
+        g->bad_reason = why[0]               ? g->bad_reason_buf
+                        : rc == SP_EUNSIGNED ? "unsigned, accepted while the log verified "
+                                               "signatures (its checkpoint says so)"
+                        : name               ? name
+                                             : "bad_signature";
     }
 }
 
@@ -800,6 +821,8 @@ int replay_verify(PGconn *db, const replay_config_t *cfg)
     if (load_keyring(cfg, &kr) < 0)
         return REPLAY_EUSAGE;
     c.sigs.kr = kr;
+    c.sigs.db = db;
+    sp_sighead_ring_init(&c.sigs.heads);
     sp_sigcache_new(4096, &c.sigs.cache);
 
     /* The anchors first: every checkpoint read names rows already committed, so a checkpoint
@@ -903,6 +926,7 @@ out:
     sp_bus_free(bus);
     sp_busid_dispose(&busid);
     sp_sigcache_free(c.sigs.cache);
+    sp_sighead_ring_dispose(&c.sigs.heads);
     sp_keyring_free(kr);
     return code;
 }

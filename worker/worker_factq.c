@@ -231,7 +231,7 @@ static int journal_replay(sp_bus_t *bus, const char *path, int fd)
         size_t blen = (size_t)(end - p);
         uint8_t *one = sp_xmalloc(blen ? blen : 1);
         memcpy(one, p, blen);
-        rc = sp_publish_sign_burst(&one, &blen, 1);
+        rc = sp_publish_sign_burst(&one, &blen, NULL, 1, NULL);
         if (rc == 0)
             rc = sp_bus_publish(bus, subject, one, blen, msg_id, NULL, NULL);
         free(one);
@@ -249,8 +249,10 @@ static int journal_replay(sp_bus_t *bus, const char *path, int fd)
     return rc;
 }
 
-/* Signs a batch as bursts (sp_publish_sign_burst), publishes it pipelined and waits for its
- * acks: 0, or < 0 when any failed. The queued facts stay unsigned (a retry signs again). */
+/* Signs a batch as bursts and publishes it pipelined (sp_publish_burst_async: command facts
+ * are read by the event log alone, so they go as headed batches, each head acked before its
+ * members) and waits for its acks: 0, or < 0 when any failed. The queued facts stay unsigned
+ * (a retry signs again). */
 static int publish_batch(wk_factq_t *q, const fact_t *batch)
 {
     size_t n = 0, k = 0;
@@ -258,19 +260,22 @@ static int publish_batch(wk_factq_t *q, const fact_t *batch)
         n++;
     uint8_t **bufs = sp_xcalloc(n ? n : 1, sizeof(*bufs));
     size_t *lens = sp_xcalloc(n ? n : 1, sizeof(*lens));
+    const char **subjects = sp_xcalloc(n ? n : 1, sizeof(*subjects));
+    const char **msg_ids = sp_xcalloc(n ? n : 1, sizeof(*msg_ids));
     for (const fact_t *f = batch; f; f = f->next, k++) {
         bufs[k] = sp_xmalloc(f->len);
         memcpy(bufs[k], f->data, f->len);
         lens[k] = f->len;
+        subjects[k] = f->subject;
+        msg_ids[k] = f->msg_id;
     }
-    int rc = sp_publish_sign_burst(bufs, lens, n);
-    k = 0;
-    for (const fact_t *f = batch; f && rc == 0; f = f->next, k++)
-        rc = sp_bus_publish_async(q->bus, f->subject, bufs[k], lens[k], f->msg_id);
+    int rc = sp_publish_burst_async(q->bus, bufs, lens, subjects, msg_ids, n);
     for (size_t i = 0; i < n; i++)
         free(bufs[i]);
     free(bufs);
     free(lens);
+    free(subjects);
+    free(msg_ids);
     /* Even after a failed call, the ones before it are in flight: wait for them too. */
     int failed = sp_bus_publish_async_complete(q->bus, ACK_WAIT_MS);
     if (rc == 0 && failed > 0)

@@ -124,6 +124,10 @@ typedef struct {
 
 /* The durables of the contract; *ret_n gets their number. */
 const sp_consumer_def_t *sp_contract_consumers(size_t *ret_n);
+/* Whether subject (concrete) is a stream subject that only the event log reads: no durable of
+ * another reader covers it (their {placeholders} taken as any token). Producers sign such
+ * events as headed batches (sign.h), which only the log can verify. */
+bool sp_subject_log_only(const char *subject);
 
 /* The JetStream object store bucket of the workers' snapshots (objstore.h; the worker's
  * --snapshot-bucket default): stream "OBJ_" SP_SNAPSHOT_BUCKET, subjects $O.<bucket>.>. Workers

@@ -28,6 +28,7 @@ enum {
     SP_ENOTOWN,     /* subject, aggregate or sandbox is not the signer's own */
     SP_ETENANT,     /* a platform signed for a tenant that is not among its tenants */
     SP_ESTALE,      /* a signed request outside its time window, or seen before (replayed) */
+    SP_EHEADED,     /* a headed batch member: verifiable only against its head (sign.h) */
     SP_ELAST
 };
 

@@ -36,6 +36,10 @@ int sp_eventgen_output(const char *tenant, const char *sandbox, const char *work
  * as a producer publishing a burst would. On failure the messages are unchanged. */
 int sp_eventgen_sign(sp_eventgen_msg_t *const *msgs, size_t n, const char *signer,
                      const sp_sign_key_t *key);
+/* The same as one headed batch (sign.h): msgs[0] becomes the head, which must reach the stream
+ * before the others. n: 2..SP_SIG_BATCH_MAX. */
+int sp_eventgen_sign_headed(sp_eventgen_msg_t *const *msgs, size_t n, const char *signer,
+                            const sp_sign_key_t *key);
 /* The identity a single-instance stack would have sign this event type: "gateway" for intents,
  * "scheduler" for what only the scheduler emits, "worker-<worker>" for worker facts. */
 const char *sp_eventgen_signer(sp_event_type_t type, const char *worker, char *buf, size_t len);

@@ -9,6 +9,7 @@
 #ifndef SPACE_PUBLISH_H
 #define SPACE_PUBLISH_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "bus.h"
@@ -56,10 +57,26 @@ const char *sp_publish_signer(void);
  * (bytes that do not decode, SP_ETOOBIG) nothing is changed. */
 int sp_envelope_sign_encoded(uint8_t **bufs, size_t *lens, size_t n, const char *signer,
                              const sp_sign_key_t *key);
-/* The same with the process's signer, in batches of at most SP_SIG_BATCH_DEFAULT, for any n:
- * a producer that publishes a burst calls it once (one Ed25519 signature per batch). Without
- * a signer: nothing is changed. */
-int sp_publish_sign_burst(uint8_t **bufs, size_t *lens, size_t n);
+/* The same as one headed batch (sign.h): bufs[0] becomes the head. n: 2..SP_SIG_BATCH_MAX. */
+int sp_envelope_sign_encoded_headed(uint8_t **bufs, size_t *lens, size_t n, const char *signer,
+                                    const sp_sign_key_t *key);
+/* The same with the process's signer, for any n: a producer that publishes a burst calls it
+ * once. When every subjects[i] (bufs[i]'s subject; subjects NULL: unknown) is one only the
+ * event log reads (sp_subject_log_only) and n >= 2, headed batches of at most
+ * SP_SIG_HEADED_DEFAULT (one Ed25519 signature each, ~45 bytes per member), and heads[i] (n
+ * entries; may be NULL) is set for each head, which must reach the stream before the rest of
+ * its batch (sp_publish_burst_async does that); else Merkle batches of at most
+ * SP_SIG_BATCH_DEFAULT. Without a signer: nothing is changed. */
+int sp_publish_sign_burst(uint8_t **bufs, size_t *lens, const char *const *subjects, size_t n,
+                          bool *heads);
+/* Signs a burst (sp_publish_sign_burst) and publishes it in order: a head synchronously (its
+ * ack received before its members go), everything else asynchronously; the caller waits for
+ * those acks (sp_bus_publish_async_complete). bufs[i] are replaced by their signed bytes
+ * (the caller frees them). 0, or the first failure: after a head that failed nothing more is
+ * published (its members would be refused), so the caller publishes the burst again (the
+ * message ids drop what the stream has). */
+int sp_publish_burst_async(sp_bus_t *bus, uint8_t **bufs, size_t *lens, const char *const *subjects,
+                           const char *const *msg_ids, size_t n);
 /* A burst: events a producer emits at one moment (egressd's audit flush, the scheduler's
  * answers to one fetched batch of intents), published as one signed batch. Add each (stamped,
  * its subject made, encoded; env is not kept), then publish them all asynchronously

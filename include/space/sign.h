@@ -160,13 +160,49 @@ int sp_envelope_encode_signed(sp_envelope_t *env, const char *signer, const sp_s
 int sp_envelope_encode_signed_batch(sp_envelope_t *const *envs, size_t n, const char *signer,
                                     const sp_sign_key_t *key, uint8_t **ret_bufs, size_t *ret_lens);
 
+/* ---- headed batches (docs/trust.md, "Headed batches") ----
+ *
+ * For subjects only the event log reads (contract.h, sp_subject_log_only): the log sees every
+ * member, in stream order, so a member need not carry its proof. The first member (the head)
+ * carries the list of all n leaves (field 15, its own first) and the signature
+ *   signed = Ed25519 over "SPACE-C lst v1\0" || n (uint32 big-endian) || SHA-256(leaves)
+ * (another domain string than a Merkle root's, so neither signature means the other); member
+ * i > 0 carries no signature, only sig_index (13) = i, sig_count (14) = n and sig_head (16) =
+ * the head's event_id: ~45 bytes instead of a Merkle member's 66 + 32 x log2 n. A member
+ * verifies against its head as the log stored it (sighead.h); the producer publishes the head
+ * and waits for the stream's ack before the members (publish.h), so a head always precedes
+ * its members. Anyone else (a consumer without the log) refuses a member: SP_EHEADED. */
+#define SP_SIG_HEADED_DEFAULT 256 /* members per head: the head grows by 32 bytes per member */
+
+/* The bytes Ed25519 signs for a head listing count leaves (count x 32 bytes). */
+void sp_sig_list_message(const uint8_t *leaves, uint32_t count, uint8_t msg[SP_SIG_MSG_LEN]);
+/* leaf = SHA-256(0x00 || canonical bytes of raw). SP_EDECODE when raw is not protobuf,
+ * SP_ETOOBIG over SP_ENVELOPE_MAX. */
+int sp_envelope_leaf(const uint8_t *raw, size_t len, uint8_t leaf[SP_SIG_HASH_LEN]);
+/* Encodes n (2..SP_SIG_BATCH_MAX) envelopes as one headed batch by signer: envs[0] (stamped:
+ * its event_id names the head) becomes the head. Same contract as
+ * sp_envelope_encode_signed_batch; SP_ETOOBIG also when the head with its list, or a member
+ * with its trailer, would not fit under SP_ENVELOPE_MAX (then sign as a Merkle batch). */
+int sp_envelope_encode_signed_headed(sp_envelope_t *const *envs, size_t n, const char *signer,
+                                     const sp_sign_key_t *key, uint8_t **ret_bufs,
+                                     size_t *ret_lens);
+/* The event_id a headed member names as its head (sig_head), as text; "" when it names none. */
+void sp_sig_head_id(const sp_envelope_t *env, char out[37]);
+/* Whether member env, whose leaf is leaf (sp_envelope_leaf of its bytes), belongs to the
+ * batch of head, a head that verified (sp_envelope_verify): it names head, has head's signer
+ * and count, and its leaf is the list's entry at its index (> 0). 0 or SP_ESIGNATURE. */
+int sp_sig_member_check(const sp_envelope_t *head, const sp_envelope_t *env,
+                        const uint8_t leaf[SP_SIG_HASH_LEN]);
+
 /* Verifies the signature of env, decoded (and schema-valid) from raw: canonical bytes -> leaf
  * -> root through the proof -> Ed25519 over the root with the signer's key from kr, looked up
  * in and added to cache (NULL: no cache). The signer's keys that count are its current one
  * and its retired ones whose time runs past at_ns, the time the message was published (the
- * stream's timestamp, which no publisher sets; 0: now). 0 when it verifies; SP_EUNSIGNED (no
- * signer or no signature), SP_ESIGNER (signer not in kr), SP_ESIGNATURE, SP_EDECODE (raw is
- * not protobuf), SP_ETOOBIG (raw over SP_ENVELOPE_MAX). Thread-safe. */
+ * stream's timestamp, which no publisher sets; 0: now). A headed batch's head verifies its
+ * list's signature and that its own leaf is the list's first. 0 when it verifies; SP_EUNSIGNED
+ * (no signer or no signature), SP_ESIGNER (signer not in kr), SP_EHEADED (a headed member of a
+ * known signer: only sp_sig_member_check against its head can say), SP_ESIGNATURE, SP_EDECODE
+ * (raw is not protobuf), SP_ETOOBIG (raw over SP_ENVELOPE_MAX). Thread-safe. */
 int sp_envelope_verify(const sp_keyring_t *kr, sp_sigcache_t *cache, const sp_envelope_t *env,
                        const uint8_t *raw, size_t len, int64_t at_ns);
 

@@ -481,6 +481,35 @@ static long long command_transactions(PGconn *db, const char *id, long long befo
     return sp_test_db_scalar(db, sql);
 }
 
+/* That command's facts as the worker signed them: how many are heads of a headed batch and
+ * how many its members (docs/trust.md, "Headed batches": command facts are read by the event
+ * log alone); every one of them accepted. */
+static void command_signing(PGconn *db, const char *id, long long before, int *ret_heads,
+                            int *ret_members)
+{
+    char last[256], sql[768];
+    command_logged(db, id, before, last);
+    snprintf(sql, sizeof(sql),
+             "SELECT payload, status FROM events WHERE aggregate_id = '%s' AND stream_seq > %s "
+             "AND type LIKE 'Command%%' AND type <> 'CommandRequested'",
+             id, last);
+    PGresult *r = PQexecParams(db, sql, 0, NULL, NULL, NULL, NULL, 1);
+    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+    *ret_heads = *ret_members = 0;
+    for (int i = 0; i < PQntuples(r); i++) {
+        char reason[SP_REASON_MAX];
+        sp_envelope_t *e = NULL;
+        assert_string_equal(PQgetvalue(r, i, 1), "accepted");
+        assert_int_equal(sp_envelope_decode((const uint8_t *)PQgetvalue(r, i, 0),
+                                            (size_t)PQgetlength(r, i, 0), &e, reason),
+                         0);
+        *ret_heads += e->sig_leaves.len > 0;
+        *ret_members += e->sig_head.len > 0;
+        sp_envelope_free(e);
+    }
+    PQclear(r);
+}
+
 /* The event log's linger (eventlog/main.c; the stack sets linger-ms to 500 ms so that a busy
  * sanitizer run cannot make a short command longer than it): a short command's intent and
  * its facts are stored in one transaction; a command longer than the linger has its intent
@@ -500,6 +529,13 @@ static void test_short_command_one_transaction(void **state)
     assert_string_equal(r.stdout_s, "late\n");
     result_free(&r);
     assert_int_equal(command_transactions(db, sbx[0], before), 2);
+    /* Its CommandStarted went out alone (signed alone), its output and its end together: one
+     * headed batch, a head and its member, both accepted. */
+    int heads = 0, members = 0;
+    command_signing(db, sbx[0], before, &heads, &members);
+    print_message("late command: %d heads, %d members\n", heads, members);
+    assert_true(heads >= 1);
+    assert_true(members >= 1);
     PQfinish(db);
 }
 

@@ -18,7 +18,8 @@
 
 #include <cmocka.h>
 
-#include "../../eventlog/eventlog_store.c" /* NOLINT(bugprone-suspicious-include) */
+#include "../../eventlog/eventlog_store.c"  /* NOLINT(bugprone-suspicious-include) */
+#include "../../eventlog/eventlog_verify.c" /* NOLINT(bugprone-suspicious-include) */
 #include "harness.h"
 
 #define UUID_UPPER "0190F5A2-7B3C-7D4E-8F60-ABCDEFABCDEF"
