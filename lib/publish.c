@@ -205,14 +205,14 @@ int sp_publish_sign_burst(uint8_t **bufs, size_t *lens, const char *const *subje
 }
 
 int sp_publish_burst_async(sp_bus_t *bus, uint8_t **bufs, size_t *lens, const char *const *subjects,
-                           const char *const *msg_ids, size_t n)
+                           const char *const *msg_ids, size_t n, bool wait_heads)
 {
     bool *heads = sp_xcalloc(n ? n : 1, sizeof(*heads));
     int first = n ? sp_publish_sign_burst(bufs, lens, subjects, n, heads) : 0;
 
     for (size_t i = 0; i < n && first == 0; i++) {
         int rc;
-        if (heads[i]) {
+        if (heads[i] && wait_heads) {
             /* Acked before its members go: in the stream, a head precedes its batch. */
             rc = sp_bus_publish(bus, subjects[i], bufs[i], lens[i], msg_ids[i], NULL, NULL);
             if (rc < 0) {
@@ -278,7 +278,11 @@ int sp_burst_publish_async(sp_bus_t *bus, sp_burst_t *b)
         subjects[i] = b->subjects[i];
         msg_ids[i] = b->msg_ids[i];
     }
-    int first = sp_publish_burst_async(bus, b->bufs, b->lens, subjects, msg_ids, b->n);
+    /* Heads not waited for: in order on the one connection, the stream stores a head before
+     * its members; the callers (egressd's flushes on its event loop, the scheduler) do not
+     * publish again, so a head lost with the connection costs its members (stored rejected,
+     * naming the head) as a lost publish cost the event before, without stalling the loop. */
+    int first = sp_publish_burst_async(bus, b->bufs, b->lens, subjects, msg_ids, b->n, false);
     free(subjects);
     free(msg_ids);
     for (size_t i = 0; i < b->n; i++)

@@ -199,6 +199,14 @@ static int answer(const sp_verifier_t *v, int rc)
  * when nothing changed, so a flood of bad signatures reads no directory. */
 static bool reload_if_stale(sp_verifier_t *v)
 {
+    /* Under the shared lock first: a flood of bad signatures costs each thread its stats (the
+     * keyring only reads), and only a keyring that did change takes the exclusive lock, which
+     * would otherwise serialise every verifying thread behind each bad message. */
+    pthread_rwlock_rdlock(&v->lock);
+    bool stale = sp_keyring_stale(v->keyring);
+    pthread_rwlock_unlock(&v->lock);
+    if (!stale)
+        return false;
     bool reloaded = false;
     pthread_rwlock_wrlock(&v->lock);
     sp_keyring_t *kr = NULL;

@@ -269,7 +269,7 @@ static int publish_batch(wk_factq_t *q, const fact_t *batch)
         subjects[k] = f->subject;
         msg_ids[k] = f->msg_id;
     }
-    int rc = sp_publish_burst_async(q->bus, bufs, lens, subjects, msg_ids, n);
+    int rc = sp_publish_burst_async(q->bus, bufs, lens, subjects, msg_ids, n, true);
     for (size_t i = 0; i < n; i++)
         free(bufs[i]);
     free(bufs);

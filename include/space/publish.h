@@ -69,14 +69,16 @@ int sp_envelope_sign_encoded_headed(uint8_t **bufs, size_t *lens, size_t n, cons
  * SP_SIG_BATCH_DEFAULT. Without a signer: nothing is changed. */
 int sp_publish_sign_burst(uint8_t **bufs, size_t *lens, const char *const *subjects, size_t n,
                           bool *heads);
-/* Signs a burst (sp_publish_sign_burst) and publishes it in order: a head synchronously (its
- * ack received before its members go), everything else asynchronously; the caller waits for
- * those acks (sp_bus_publish_async_complete). bufs[i] are replaced by their signed bytes
- * (the caller frees them). 0, or the first failure: after a head that failed nothing more is
- * published (its members would be refused), so the caller publishes the burst again (the
- * message ids drop what the stream has). */
+/* Signs a burst (sp_publish_sign_burst) and publishes it in order, asynchronously; the caller
+ * waits for the acks (sp_bus_publish_async_complete). bufs[i] are replaced by their signed
+ * bytes (the caller frees them). With wait_heads, each head is published synchronously (its
+ * ack received before its members go) and after a head that failed nothing more is published
+ * (its members would be refused): for a caller that publishes the burst again on failure (the
+ * message ids drop what the stream has). Without, heads go in order with the rest (the stream
+ * stores one connection's messages in order), for a caller that must not block. 0, or the
+ * first failure. */
 int sp_publish_burst_async(sp_bus_t *bus, uint8_t **bufs, size_t *lens, const char *const *subjects,
-                           const char *const *msg_ids, size_t n);
+                           const char *const *msg_ids, size_t n, bool wait_heads);
 /* A burst: events a producer emits at one moment (egressd's audit flush, the scheduler's
  * answers to one fetched batch of intents), published as one signed batch. Add each (stamped,
  * its subject made, encoded; env is not kept), then publish them all asynchronously
