@@ -23,7 +23,14 @@
  * events the publisher pre-signs the way bursting producers would: each producer's next
  * --sign-batch events under one Merkle root, and the worst case, every event signed alone.
  * Signing happens before the clock starts (its cost per event is printed apart); verification
- * is inside the measured time. Each run does all three modes back to back, in an order that
+ * is inside the measured time. A sixth mode signs the same events as headed batches of
+ * SP_SIG_HEADED_DEFAULT (sign.h: one head listing its members' leaves, members carrying only
+ * their place and the head's id), the form producers use for the subjects only the log reads
+ * (command facts, egress and credential audit, heartbeats); here the lifecycle events take that
+ * form too, so that the two signed forms are compared on the same events. The publisher sends
+ * every message asynchronously in order on one connection (a head is stored before its
+ * members); a real producer also waits for its head's ack, one round trip per batch, on its
+ * publishing thread. Each run does all the modes back to back, in an order that
  * rotates from run to run; the ratios to unsigned are given both as the ratio of the p50s and
  * as the p50 of each run's own ratio (the machine's load changes less within a run).
  *
@@ -90,10 +97,11 @@ static void free_events(sp_eventgen_msg_t *m, size_t n)
  * off: its ratio to the batch mode is what the anchoring costs. MODE_BYTES is the batch mode's
  * events (signed, 420 bytes) with verification off: against unsigned it is what the bytes a
  * signed event carries cost, against the batch mode what verifying them costs. */
-enum { MODE_OFF, MODE_BATCH, MODE_SINGLE, MODE_NOCKPT, MODE_BYTES, N_MODES };
-static const char *const mode_name[N_MODES] = {"unsigned, verify off", "signed, batches",
-                                               "signed, batch of 1", "signed, batches, no ckpt",
-                                               "signed, batches, verify off"};
+enum { MODE_OFF, MODE_BATCH, MODE_SINGLE, MODE_NOCKPT, MODE_BYTES, MODE_HEADED, N_MODES };
+static const char *const mode_name[N_MODES] = {
+    "unsigned, verify off",        "signed, batches",
+    "signed, batch of 1",          "signed, batches, no ckpt",
+    "signed, batches, verify off", "signed, headed batches"};
 
 typedef struct {
     char dir[4096];
@@ -140,8 +148,10 @@ static int producer_of(sp_event_type_t t)
 }
 
 /* Signs m[0..n) as three producers would: each one's events in publish order, batch at a
- * time. Returns the seconds it took. */
-static double sign_events(const bench_keys_t *k, sp_eventgen_msg_t *m, size_t n, size_t batch)
+ * time, as Merkle batches or headed ones (MODE_HEADED; a lone event is signed alone). Returns
+ * the seconds it took. */
+static double sign_events(const bench_keys_t *k, sp_eventgen_msg_t *m, size_t n, size_t batch,
+                          bool headed)
 {
     sp_eventgen_msg_t **pending[3];
     size_t np[3] = {0};
@@ -153,7 +163,10 @@ static double sign_events(const bench_keys_t *k, sp_eventgen_msg_t *m, size_t n,
         for (int p = 0; p < 3; p++) {
             if (np[p] == 0 || (np[p] < batch && i < n))
                 continue;
-            if (sp_eventgen_sign(pending[p], np[p], k->identity[p], k->key[p]) < 0) {
+            int rc = headed && np[p] >= 2
+                         ? sp_eventgen_sign_headed(pending[p], np[p], k->identity[p], k->key[p])
+                         : sp_eventgen_sign(pending[p], np[p], k->identity[p], k->key[p]);
+            if (rc < 0) {
                 fprintf(stderr, "space-bench: cannot sign\n");
                 exit(1);
             }
@@ -261,13 +274,14 @@ typedef struct {
     size_t n_signed;
     uint64_t rejected;    /* rows of the measured events the log rejected (should be 0) */
     size_t bytes, n_msgs; /* the measured messages' bytes as published (signatures included) */
+    bool headed;          /* headed batches (sign.h) instead of Merkle ones */
 } signing_t;
 
 static void maybe_sign(signing_t *sg, sp_eventgen_msg_t *m, size_t n)
 {
     if (!sg->keys)
         return;
-    sg->sign_s += sign_events(sg->keys, m, n, sg->batch);
+    sg->sign_s += sign_events(sg->keys, m, n, sg->batch, sg->headed);
     sg->n_signed += n;
 }
 
@@ -437,8 +451,8 @@ static double run_ratio_p50(const double *mode, const double *unsigned_eps, unsi
 static int mode_at(unsigned r, int k)
 {
     static const int order[2][N_MODES] = {
-        {MODE_OFF, MODE_SINGLE, MODE_BATCH, MODE_BYTES, MODE_NOCKPT},
-        {MODE_BYTES, MODE_SINGLE, MODE_OFF, MODE_NOCKPT, MODE_BATCH}};
+        {MODE_OFF, MODE_SINGLE, MODE_BATCH, MODE_HEADED, MODE_BYTES, MODE_NOCKPT},
+        {MODE_BYTES, MODE_HEADED, MODE_SINGLE, MODE_OFF, MODE_NOCKPT, MODE_BATCH}};
     return order[r % 2][k];
 }
 
@@ -690,7 +704,7 @@ int bench_eventlog(bench_ctx_t *c)
     size_t ins_n = n / 10 > 0 ? n / 10 : 1; /* per-row INSERT is slow: a tenth is enough */
     mode_result_t res[N_MODES];
     bench_keys_t keys;
-    static const char *const verify_mode[N_MODES] = {"off", "on", "on", "on", "off"};
+    static const char *const verify_mode[N_MODES] = {"off", "on", "on", "on", "off", "on"};
 
     mode_result_t *base = NULL; /* the baseline build's runs (--baseline-bin) */
     memset(res, 0, sizeof(res));
@@ -702,7 +716,10 @@ int bench_eventlog(bench_ctx_t *c)
     for (int md = 0; md < N_MODES; md++) {
         mode_alloc(&res[md], runs);
         res[md].sg.keys = md == MODE_OFF ? NULL : &keys;
-        res[md].sg.batch = md == MODE_SINGLE ? 1 : c->sign_batch;
+        res[md].sg.batch = md == MODE_SINGLE   ? 1
+                           : md == MODE_HEADED ? SP_SIG_HEADED_DEFAULT
+                                               : c->sign_batch;
+        res[md].sg.headed = md == MODE_HEADED;
     }
     if (c->baseline_bin) {
         base = sp_xcalloc(N_MODES, sizeof(*base));
@@ -710,6 +727,7 @@ int bench_eventlog(bench_ctx_t *c)
             mode_alloc(&base[md], runs);
             base[md].sg.keys = res[md].sg.keys;
             base[md].sg.batch = res[md].sg.batch;
+            base[md].sg.headed = res[md].sg.headed;
         }
         printf("baseline build: %s/space-eventlog, each throughput mode run with both builds\n",
                c->baseline_bin);
@@ -927,9 +945,26 @@ int bench_eventlog(bench_ctx_t *c)
            res[MODE_BATCH].sg.sign_s / (double)res[MODE_BATCH].sg.n_signed * 1e6,
            res[MODE_SINGLE].sg.sign_s / (double)res[MODE_SINGLE].sg.n_signed * 1e6);
     printf("  rejected rows among the measured events: unsigned %" PRIu64 ", batches %" PRIu64
-           ", batch of 1 %" PRIu64 ", no ckpt %" PRIu64 ", verify off %" PRIu64 "\n",
+           ", batch of 1 %" PRIu64 ", no ckpt %" PRIu64 ", verify off %" PRIu64 ", headed %" PRIu64
+           "\n",
            res[MODE_OFF].sg.rejected, res[MODE_BATCH].sg.rejected, res[MODE_SINGLE].sg.rejected,
-           res[MODE_NOCKPT].sg.rejected, res[MODE_BYTES].sg.rejected);
+           res[MODE_NOCKPT].sg.rejected, res[MODE_BYTES].sg.rejected, res[MODE_HEADED].sg.rejected);
+    printf(
+        "  headed batches of %d against unsigned (per-run p50s): throughput x%.3f, CPU x%.3f "
+        "(x%.3f with signing), drain x%.3f, lag p50 x%.2f / p99 x%.2f; against Merkle "
+        "batches: throughput x%.3f, CPU x%.3f; bytes per event %.0f / %.0f / %.0f "
+        "(unsigned / Merkle / headed)\n",
+        SP_SIG_HEADED_DEFAULT, run_ratio[MODE_HEADED], cpu_ratio[MODE_HEADED],
+        (cpu_p50[MODE_HEADED] + sign_us[MODE_HEADED]) / cpu_p50[MODE_OFF], drain_ratio[MODE_HEADED],
+        l[MODE_HEADED][0] / l[MODE_OFF][0], l[MODE_HEADED][2] / l[MODE_OFF][2],
+        run_ratio_p50(res[MODE_HEADED].log_eps, res[MODE_BATCH].log_eps, runs),
+        run_ratio_p50(res[MODE_HEADED].cpu_us[CPU_PARTS], res[MODE_BATCH].cpu_us[CPU_PARTS], runs),
+        (double)res[MODE_OFF].sg.bytes /
+            (double)(res[MODE_OFF].sg.n_msgs ? res[MODE_OFF].sg.n_msgs : 1),
+        (double)res[MODE_BATCH].sg.bytes /
+            (double)(res[MODE_BATCH].sg.n_msgs ? res[MODE_BATCH].sg.n_msgs : 1),
+        (double)res[MODE_HEADED].sg.bytes /
+            (double)(res[MODE_HEADED].sg.n_msgs ? res[MODE_HEADED].sg.n_msgs : 1));
     printf("  what signing costs, split (signed batches against unsigned = bytes x verification):"
            " throughput x%.3f = x%.3f x x%.3f, CPU x%.3f = x%.3f x x%.3f (per-run p50s)\n",
            run_ratio[MODE_BATCH], run_ratio[MODE_BYTES], bytes_to_batch, cpu_ratio[MODE_BATCH],
@@ -956,7 +991,11 @@ int bench_eventlog(bench_ctx_t *c)
            "\"verify_off\":{\"eps_p50\":%.0f,\"run_ratio_p50\":%.3f,\"cpu_us_per_event_p50\":%.2f,"
            "\"cpu_run_ratio_p50\":%.3f,\"drain_eps_p50\":%.0f,\"drain_run_ratio_p50\":%.3f,"
            "\"batch_vs_verify_off_run_ratio_p50\":%.3f,\"batch_vs_verify_off_cpu_ratio_p50\":%.3f,"
-           "\"lag_ms\":[%.3f,%.3f,%.3f]}}\n",
+           "\"lag_ms\":[%.3f,%.3f,%.3f]},"
+           "\"headed\":{\"batch\":%d,\"eps_p50\":%.0f,\"run_ratio_p50\":%.3f,"
+           "\"cpu_us_per_event_p50\":%.2f,\"cpu_run_ratio_p50\":%.3f,\"sign_us_per_event\":%.2f,"
+           "\"drain_eps_p50\":%.0f,\"drain_run_ratio_p50\":%.3f,\"lag_ms\":[%.3f,%.3f,%.3f],"
+           "\"rejected\":%" PRIu64 "}}\n",
            n, runs, c->sign_batch, base_eps, bench_pct(res[MODE_BATCH].log_eps, runs, 50),
            bench_pct(res[MODE_SINGLE].log_eps, runs, 50),
            bench_pct(res[MODE_BATCH].log_eps, runs, 50) / base_eps,
@@ -975,7 +1014,11 @@ int bench_eventlog(bench_ctx_t *c)
            bench_pct(res[3].drain_pause_ms, runs, 100),
            bench_pct(res[MODE_BYTES].log_eps, runs, 50), run_ratio[MODE_BYTES], cpu_p50[MODE_BYTES],
            cpu_ratio[MODE_BYTES], drain_p50[MODE_BYTES], drain_ratio[MODE_BYTES], bytes_to_batch,
-           bytes_to_batch_cpu, l[MODE_BYTES][0], l[MODE_BYTES][1], l[MODE_BYTES][2]);
+           bytes_to_batch_cpu, l[MODE_BYTES][0], l[MODE_BYTES][1], l[MODE_BYTES][2],
+           SP_SIG_HEADED_DEFAULT, bench_pct(res[MODE_HEADED].log_eps, runs, 50),
+           run_ratio[MODE_HEADED], cpu_p50[MODE_HEADED], cpu_ratio[MODE_HEADED],
+           sign_us[MODE_HEADED], drain_p50[MODE_HEADED], drain_ratio[MODE_HEADED],
+           l[MODE_HEADED][0], l[MODE_HEADED][1], l[MODE_HEADED][2], res[MODE_HEADED].sg.rejected);
     if (base) {
         printf("JSON {\"bench\":\"eventlog-baseline\",\"baseline_bin\":\"%s\",\"runs\":%u,"
                "\"eps_p50\":[%.0f,%.0f,%.0f,%.0f],\"run_ratio_p50\":[%.3f,%.3f,%.3f,%.3f],"
