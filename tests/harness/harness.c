@@ -21,6 +21,7 @@
 #include "contract.h"
 #include "error.h"
 #include "eventgen.h"
+#include "hash.h"
 #include "natsauth.h"
 #include "publish.h"
 #include "sign.h"
@@ -296,6 +297,62 @@ void sp_test_rehash(PGconn *db, uint64_t from)
     if (PQresultStatus(r) != PGRES_COMMAND_OK)
         fail_msg("rehash: %s", PQerrorMessage(db));
     PQclear(r);
+}
+
+sp_envelope_t *sp_test_stored_envelope(PGconn *db, uint64_t seq)
+{
+    char sql[128], reason[SP_REASON_MAX];
+    sp_envelope_t *e = NULL;
+    snprintf(sql, sizeof(sql), "SELECT payload FROM events WHERE stream_seq = %llu",
+             (unsigned long long)seq);
+    PGresult *r = PQexecParams(db, sql, 0, NULL, NULL, NULL, NULL, 1);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1)
+        fail_msg("no row at seq %llu: %s", (unsigned long long)seq, PQerrorMessage(db));
+    if (sp_envelope_decode((const uint8_t *)PQgetvalue(r, 0, 0), (size_t)PQgetlength(r, 0, 0), &e,
+                           reason) < 0)
+        fail_msg("row %llu: %s", (unsigned long long)seq, reason);
+    PQclear(r);
+    return e;
+}
+
+void sp_test_rewrite_row(PGconn *db, uint64_t seq, const sp_envelope_t *env)
+{
+    size_t len = space__v1__envelope__get_packed_size(env);
+    uint8_t *data = sp_xmalloc(len);
+    space__v1__envelope__pack(env, data);
+    char *hex = sp_xmalloc(2 * len + 1);
+    sp_hex_encode(data, len, hex);
+    char *update = sp_xasprintf("UPDATE events SET payload = '\\x%s' WHERE stream_seq = %llu", hex,
+                                (unsigned long long)seq);
+    PGresult *r = PQexec(db, update);
+    if (PQresultStatus(r) != PGRES_COMMAND_OK)
+        fail_msg("rewrite of row %llu: %s", (unsigned long long)seq, PQerrorMessage(db));
+    PQclear(r);
+    free(update);
+    free(hex);
+    free(data);
+    sp_test_rehash(db, seq);
+}
+
+sp_sign_key_t *sp_test_identity(const char *dir, const char *identity)
+{
+    char *priv = sp_xasprintf("%s/%s.key", dir, identity);
+    char *pub = sp_xasprintf("%s/%s.pub", dir, identity);
+    sp_sign_key_t *k = NULL;
+    unlink(priv);
+    if (sp_sign_keygen(priv, pub) < 0 || sp_sign_key_load(priv, &k) < 0)
+        fail_msg("cannot make the key of %s in %s", identity, dir);
+    free(priv);
+    free(pub);
+    return k;
+}
+
+uint64_t sp_test_stream_last(sp_bus_t *bus)
+{
+    uint64_t last = 0, msgs = 0;
+    if (sp_bus_publish_async_complete(bus, 10000) != 0 || sp_bus_stream_info(bus, &last, &msgs) < 0)
+        fail_msg("publishes not acknowledged, or no stream info");
+    return last;
 }
 
 int sp_test_replay(const char *args, char *out, size_t outlen)

@@ -9,8 +9,10 @@
 #include <stdint.h>
 
 #include "bus.h"
+#include "envelope.h"
 #include "httpc.h"
 #include "json.h"
+#include "sign.h"
 
 /* Fails the test (cmocka fail_msg) when the stack is not there. */
 void sp_test_stack_load(void);
@@ -36,6 +38,16 @@ PGconn *sp_test_db(void);
  * recomputes prev_hash and hash of every row of events (in db's search_path) from stream_seq
  * from on, v1 and v2 rows each by their own formula. Fails the test on a database error. */
 void sp_test_rehash(PGconn *db, uint64_t from);
+/* Row seq's stored envelope, decoded (sp_envelope_free): what a superuser edits. */
+sp_envelope_t *sp_test_stored_envelope(PGconn *db, uint64_t seq);
+/* Packs env as it is (signature fields kept), stores it as row seq's payload and recomputes
+ * the chain from there (sp_test_rehash): a rewrite no hash shows. */
+void sp_test_rewrite_row(PGconn *db, uint64_t seq, const sp_envelope_t *env);
+/* A fresh Ed25519 key pair for identity in dir (<identity>.key and .pub, an old one
+ * replaced), loaded (sp_sign_key_free). */
+sp_sign_key_t *sp_test_identity(const char *dir, const char *identity);
+/* Waits for the acks of bus's asynchronous publishes; the stream's last sequence. */
+uint64_t sp_test_stream_last(sp_bus_t *bus);
 /* Runs `space <args>` (the CLI next to the test binaries, $SPACE_BIN_DIR/space) and returns
  * its exit status. */
 int sp_test_space(const char *args);

@@ -22,7 +22,6 @@
 
 #include "eventgen.h"
 #include "harness.h"
-#include "hash.h"
 #include "sign.h"
 #include "xmalloc.h"
 
@@ -30,19 +29,6 @@ static sp_bus_t *bus;
 static PGconn *db;
 static sp_sign_key_t *k_gateway, *k_scheduler, *k_w1, *k_w2;
 static uint64_t s_forged; /* an accepted create whose payload the second test rewrites */
-
-static sp_sign_key_t *make_identity(const char *dir, const char *identity)
-{
-    char *priv = sp_xasprintf("%s/%s.key", dir, identity);
-    char *pub = sp_xasprintf("%s/%s.pub", dir, identity);
-    sp_sign_key_t *k = NULL;
-    unlink(priv);
-    assert_int_equal(sp_sign_keygen(priv, pub), 0);
-    assert_int_equal(sp_sign_key_load(priv, &k), 0);
-    free(priv);
-    free(pub);
-    return k;
-}
 
 /* One event signed alone (a batch of one) by identity with key. */
 static void make_signed(sp_event_type_t type, const char *sbx, const char *worker,
@@ -61,10 +47,7 @@ static void publish(const sp_eventgen_msg_t *m, const char *msg_id)
 
 static uint64_t last_seq(void)
 {
-    uint64_t last = 0, msgs = 0;
-    assert_int_equal(sp_bus_publish_async_complete(bus, 10000), 0);
-    assert_int_equal(sp_bus_stream_info(bus, &last, &msgs), 0);
-    return last;
+    return sp_test_stream_last(bus);
 }
 
 #define expect_row(seq, status, needle) sp_test_expect_row(db, (seq), (status), (needle), true)
@@ -82,10 +65,10 @@ static void test_eventlog_verifies(void **state)
     /* What `space up` will create: one key per identity. The eventlog reads the public half. */
     char *dir = sp_xasprintf("%s/creds", sp_test_env("SPACE_HOME"));
     mkdir(dir, 0700);
-    k_gateway = make_identity(dir, "gateway");
-    k_scheduler = make_identity(dir, "scheduler");
-    k_w1 = make_identity(dir, "worker-w1");
-    k_w2 = make_identity(dir, "worker-w2");
+    k_gateway = sp_test_identity(dir, "gateway");
+    k_scheduler = sp_test_identity(dir, "scheduler");
+    k_w1 = sp_test_identity(dir, "worker-w1");
+    k_w2 = sp_test_identity(dir, "worker-w2");
     free(dir);
     sp_test_daemon_stop("space-eventlog", SIGTERM);
     assert_int_equal(sp_test_space("up >/dev/null"), 0);
@@ -193,7 +176,6 @@ static void test_eventlog_verifies(void **state)
 static void test_replay_verifies_signatures(void **state)
 {
     char *out = sp_xmalloc(1 << 16);
-    char sql[1024];
 
     /* Before the rewrite: intact, the 6 accepted rows signed, the 8 rejected not looked at. */
     assert_int_equal(sp_test_replay("verify --json", out, 1 << 16), 0);
@@ -202,33 +184,12 @@ static void test_replay_verifies_signatures(void **state)
     assert_non_null(strstr(out, "\"signed\":6"));
     assert_non_null(strstr(out, "\"bad\":0"));
 
-    /* The rewrite: decode the stored create, change its timeout, re-encode keeping the
-     * signature fields (so the row still looks signed), store it and recompute the chain. */
-    snprintf(sql, sizeof(sql), "SELECT payload FROM events WHERE stream_seq = %llu",
-             (unsigned long long)s_forged);
-    PGresult *r = PQexecParams(db, sql, 0, NULL, NULL, NULL, NULL, 1);
-    assert_int_equal(PQntuples(r), 1);
-    char reason[SP_REASON_MAX];
-    sp_envelope_t *e = NULL;
-    assert_int_equal(sp_envelope_decode((const uint8_t *)PQgetvalue(r, 0, 0),
-                                        (size_t)PQgetlength(r, 0, 0), &e, reason),
-                     0);
-    PQclear(r);
+    /* The rewrite: the stored create with a longer timeout, its signature fields kept (so the
+     * row still looks signed), stored with the chain recomputed from there. */
+    sp_envelope_t *e = sp_test_stored_envelope(db, s_forged);
     e->sandbox_create_requested->timeout_s = 86400;
-    size_t len = space__v1__envelope__get_packed_size(e);
-    uint8_t *forged = sp_xmalloc(len);
-    space__v1__envelope__pack(e, forged);
+    sp_test_rewrite_row(db, s_forged, e);
     sp_envelope_free(e);
-    char *hex = sp_xmalloc(2 * len + 1);
-    sp_hex_encode(forged, len, hex);
-    char *update = sp_xasprintf("UPDATE events SET payload = '\\x%s' WHERE stream_seq = %llu", hex,
-                                (unsigned long long)s_forged);
-    r = PQexec(db, update);
-    assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
-    PQclear(r);
-    free(update);
-    /* Recompute the chain (hash.h's formulas) from the rewritten row on, in order. */
-    sp_test_rehash(db, s_forged);
 
     int rc = sp_test_replay("verify --json", out, 1 << 16);
     print_message("%s", out);
@@ -242,8 +203,6 @@ static void test_replay_verifies_signatures(void **state)
     assert_int_equal(sp_test_replay("verify", out, 1 << 16), 2);
     assert_non_null(strstr(out, "bad_signature"));
     assert_non_null(strstr(out, "not the stream's message"));
-    free(hex);
-    free(forged);
     free(out);
     sp_sign_key_free(k_gateway);
     sp_sign_key_free(k_scheduler);

@@ -22,7 +22,6 @@
 
 #include "eventgen.h"
 #include "harness.h"
-#include "hash.h"
 #include "ids.h"
 #include "sign.h"
 #include "xmalloc.h"
@@ -35,19 +34,6 @@ static int64_t n_accepted; /* accepted rows after the first test */
 
 #define N 6 /* members per batch, the head included */
 
-static sp_sign_key_t *make_identity(const char *dir, const char *identity)
-{
-    char *priv = sp_xasprintf("%s/%s.key", dir, identity);
-    char *pub = sp_xasprintf("%s/%s.pub", dir, identity);
-    sp_sign_key_t *k = NULL;
-    unlink(priv);
-    assert_int_equal(sp_sign_keygen(priv, pub), 0);
-    assert_int_equal(sp_sign_key_load(priv, &k), 0);
-    free(priv);
-    free(pub);
-    return k;
-}
-
 static void publish(const sp_eventgen_msg_t *m, const char *msg_id)
 {
     assert_int_equal(
@@ -56,10 +42,7 @@ static void publish(const sp_eventgen_msg_t *m, const char *msg_id)
 
 static uint64_t last_seq(void)
 {
-    uint64_t last = 0, msgs = 0;
-    assert_int_equal(sp_bus_publish_async_complete(bus, 10000), 0);
-    assert_int_equal(sp_bus_stream_info(bus, &last, &msgs), 0);
-    return last;
+    return sp_test_stream_last(bus);
 }
 
 #define expect_row(seq, status, needle)     sp_test_expect_row(db, (seq), (status), (needle), true)
@@ -127,10 +110,10 @@ static void test_eventlog_headed(void **state)
     db = sp_test_db();
     char *dir = sp_xasprintf("%s/creds", sp_test_env("SPACE_HOME"));
     mkdir(dir, 0700);
-    k_gateway = make_identity(dir, "gateway");
-    k_scheduler = make_identity(dir, "scheduler");
-    k_w1 = make_identity(dir, "worker-w1");
-    k_w2 = make_identity(dir, "worker-w2");
+    k_gateway = sp_test_identity(dir, "gateway");
+    k_scheduler = sp_test_identity(dir, "scheduler");
+    k_w1 = sp_test_identity(dir, "worker-w1");
+    k_w2 = sp_test_identity(dir, "worker-w2");
     free(dir);
     sp_test_daemon_stop("space-eventlog", SIGTERM);
     assert_int_equal(sp_test_space("up >/dev/null"), 0);
@@ -258,35 +241,14 @@ static void test_replay_headed(void **state)
     assert_non_null(strstr(out, "\"bad\":0"));
 
     /* The rewrite: another output in an accepted member, its fields 13-16 kept. */
-    char sql[256];
-    snprintf(sql, sizeof(sql), "SELECT payload FROM events WHERE stream_seq = %llu",
-             (unsigned long long)s_member);
-    PGresult *r = PQexecParams(db, sql, 0, NULL, NULL, NULL, NULL, 1);
-    assert_int_equal(PQntuples(r), 1);
-    char reason[SP_REASON_MAX];
-    sp_envelope_t *e = NULL;
-    assert_int_equal(sp_envelope_decode((const uint8_t *)PQgetvalue(r, 0, 0),
-                                        (size_t)PQgetlength(r, 0, 0), &e, reason),
-                     0);
-    PQclear(r);
+    sp_envelope_t *e = sp_test_stored_envelope(db, s_member);
     assert_int_equal(e->sig_head.len, 16);
     ProtobufCBinaryData saved = e->command_output->data;
     e->command_output->data.data = (uint8_t *)"all good\n";
     e->command_output->data.len = 9;
-    size_t len = space__v1__envelope__get_packed_size(e);
-    uint8_t *forged = sp_xmalloc(len);
-    space__v1__envelope__pack(e, forged);
+    sp_test_rewrite_row(db, s_member, e);
     e->command_output->data = saved;
     sp_envelope_free(e);
-    char *hex = sp_xmalloc(2 * len + 1);
-    sp_hex_encode(forged, len, hex);
-    char *update = sp_xasprintf("UPDATE events SET payload = '\\x%s' WHERE stream_seq = %llu", hex,
-                                (unsigned long long)s_member);
-    r = PQexec(db, update);
-    assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
-    PQclear(r);
-    free(update);
-    sp_test_rehash(db, s_member);
 
     int rc = sp_test_replay("verify --json", out, 1 << 16);
     print_message("%s", out);
@@ -294,8 +256,6 @@ static void test_replay_headed(void **state)
     snprintf(want, sizeof(want), "\"stream_seq\":%llu", (unsigned long long)s_member);
     assert_non_null(strstr(out, want));
     assert_non_null(strstr(out, "is not member"));
-    free(hex);
-    free(forged);
     free(out);
     sp_sign_key_free(k_gateway);
     sp_sign_key_free(k_scheduler);
