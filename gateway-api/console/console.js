@@ -234,14 +234,13 @@
 
   // ---- one sandbox ----
 
-  const ENVELOPE = new Set(["event_id", "type", "aggregate", "tenant", "actor", "occurred_at_us",
-    "correlation_id", "causation_id", "schema_version", "signer", "signature", "sig_proof",
-    "sig_index", "sig_count"]);
-
-  // The payload of an event record: the one field that is not the envelope's.
+  // The payload of an event record: the envelope's member named after its type
+  // ("CommandRequested" -> "command_requested"; the log refuses an event whose type does not
+  // name its payload), so fields the envelope gains (the signature's, say) are never taken for it.
   function payloadOf(ev) {
-    for (const [k, v] of Object.entries(ev || {})) if (!ENVELOPE.has(k)) return v;
-    return null;
+    if (!ev || typeof ev.type !== "string") return null;
+    const key = ev.type.replace(/(?!^)([A-Z])/g, "_$1").toLowerCase();
+    return Object.prototype.hasOwnProperty.call(ev, key) ? ev[key] : null;
   }
 
   function parseRecord(e) {

@@ -210,6 +210,13 @@ try {
   log("ok: the command's events (CommandRequested \"echo hi\", CommandExited) are in the timeline");
   check(await page.locator('#timeline-rows .row[data-type="SandboxCreateRequested"]').count() === 1,
     "the timeline starts at the sandbox's creation");
+  // The long command's facts go to the log as a headed batch (docs/trust.md): the head carries
+  // the members' hashes beside its payload, which the page must not show in its place.
+  const startedRow = page.locator('#timeline-rows .row[data-type="CommandStarted"]').first();
+  await startedRow.waitFor({ timeout: 30000 });
+  const startedPayload = await startedRow.locator(".payload").textContent();
+  check(startedPayload.includes('"cmd_id"'),
+    `a CommandStarted row shows its payload, not its signature's fields (${startedPayload.slice(0, 80)})`);
   check(await page.locator("#live-events .ev", { hasText: "CommandRequested" }).count() >= 1,
     "the live view got the command events as they happened");
   await shot("sandbox-timeline");
