@@ -1048,6 +1048,23 @@ static void unsigned_as(sp_envelope_t *env, const char *signer)
     env->sig_head.len = 0;
 }
 
+/* The end of a batch encoder: on success (rc 0) the n encodings are handed to ret_bufs and
+ * ret_lens, otherwise freed (bufs[i] not yet made are NULL); the arrays go either way. */
+static void encoded_finish(uint8_t **bufs, size_t *lens, size_t n, int rc, uint8_t **ret_bufs,
+                           size_t *ret_lens)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (rc == 0) {
+            ret_bufs[i] = bufs[i];
+            ret_lens[i] = lens[i];
+        } else {
+            free(bufs[i]);
+        }
+    }
+    free(bufs);
+    free(lens);
+}
+
 /* Most that a headed batch of n adds to member i: the head's signature, count and list; a
  * member's index, count and head id (keys, lengths and varints included). */
 static size_t headed_trailer_max(size_t i, size_t n)
@@ -1116,16 +1133,8 @@ int sp_envelope_encode_signed_batch(sp_envelope_t *const *envs, size_t n, const 
         bufs[i] = b;
         lens[i] = k;
     }
-    for (size_t i = 0; i < n; i++) {
-        ret_bufs[i] = bufs[i];
-        ret_lens[i] = lens[i];
-    }
-    n = 0; /* handed over */
 out:
-    for (size_t i = 0; i < n; i++)
-        free(bufs[i]);
-    free(bufs);
-    free(lens);
+    encoded_finish(bufs, lens, n, rc, ret_bufs, ret_lens);
     free(leaves);
     free(tree.node);
     return rc;
@@ -1203,16 +1212,8 @@ int sp_envelope_encode_signed_headed(sp_envelope_t *const *envs, size_t n, const
         bufs[i] = b;
         lens[i] = k;
     }
-    for (size_t i = 0; i < n; i++) {
-        ret_bufs[i] = bufs[i];
-        ret_lens[i] = lens[i];
-    }
-    n = 0; /* handed over */
 out:
-    for (size_t i = 0; i < n; i++)
-        free(bufs[i]);
-    free(bufs);
-    free(lens);
+    encoded_finish(bufs, lens, n, rc, ret_bufs, ret_lens);
     free(leaves);
     return rc;
 }
