@@ -98,10 +98,8 @@ static const sp_envelope_t *load(sp_sighead_ring_t *r, PGconn *db, const sp_keyr
         sp_envelope_t *env = NULL;
         if (sp_envelope_decode(raw, len, &env, reason) == 0 && env->sig_leaves.len &&
             sp_envelope_verify(kr, cache, env, raw, len, us * 1000) == 0 &&
-            sp_sighead_ring_add(r, raw, len, rseq) == 0) {
-            r->loaded++;
+            sp_sighead_ring_add(r, raw, len, rseq) == 0)
             head = ring_find(r, id, seq);
-        }
         sp_envelope_free(env);
     }
     PQclear(res);

@@ -21,7 +21,6 @@ typedef struct {
     sp_envelope_t *env[SP_SIGHEAD_RING]; /* verified heads, decoded (owned) */
     uint64_t seq[SP_SIGHEAD_RING];       /* the stream sequence each was accepted at */
     size_t next;
-    uint64_t loaded; /* heads read from the events table (not found in the ring) */
 } sp_sighead_ring_t;
 
 void sp_sighead_ring_init(sp_sighead_ring_t *r);
