@@ -23,6 +23,8 @@
 #include "xmalloc.h"
 
 #define REJECTS_LOGGED_PER_BATCH 10
+/* Projection rows kept between batches (sp_projection_retain): a few MB at most. */
+#define PROJECTION_ROWS_KEPT 4096
 
 typedef enum { M_SKIP = 0, M_ACCEPT, M_REJECT } disposition_t;
 
@@ -75,6 +77,9 @@ static void remember_error(el_store_t *st, const char *what)
 
 int el_store_load_head(el_store_t *st)
 {
+    /* The head is read after every (re)connect: the writer lock may have been another
+     * process's meanwhile, and the rows it wrote are not what was kept. */
+    sp_projection_clear(st->proj);
     PGresult *r = PQexec(st->db, "SELECT stream_seq, hash, (SELECT count(*) FROM events) FROM "
                                  "events ORDER BY stream_seq DESC LIMIT 1");
     int rc = sp_db_check(r, PGRES_TUPLES_OK);
@@ -725,7 +730,12 @@ out:
         sp_db_exec(st->db, "ROLLBACK");
     if (rc < 0) /* the heads this attempt accepted were not stored */
         sp_sighead_ring_drop_after(&st->heads, st->head.seq);
-    sp_projection_clear(st->proj);
+    /* Committed, the rows are what the tables hold: this process is their only writer (its
+     * writer lock), so the next batch need not read them again. */
+    if (rc < 0)
+        sp_projection_clear(st->proj);
+    else
+        sp_projection_retain(st->proj, PROJECTION_ROWS_KEPT);
     free(items);
     sp_buf_dispose(&rows);
     sp_buf_dispose(&tmp);

@@ -1,6 +1,7 @@
 /* Projection cache and its PostgreSQL load/flush (projection.h). */
 #include "projection.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,6 +105,17 @@ void sp_projection_clear(sp_projection_t *p)
         memset(p->wkr_map.slots, 0, p->wkr_map.cap * sizeof(uint32_t));
 }
 
+void sp_projection_retain(sp_projection_t *p, size_t max_rows)
+{
+    bool dirty = false;
+    for (size_t i = 0; i < p->n_sbx && !dirty; i++)
+        dirty = p->sbx[i].dirty;
+    for (size_t i = 0; i < p->n_wkr && !dirty; i++)
+        dirty = p->wkr[i].dirty;
+    if (dirty || p->n_sbx + p->n_wkr > max_rows)
+        sp_projection_clear(p);
+}
+
 void sp_projection_free(sp_projection_t *p)
 {
     if (!p)
@@ -204,7 +216,9 @@ int sp_projection_apply(sp_projection_t *p, const sp_envelope_t *env, uint64_t s
     sp_sandbox_t next;
     sp_sandbox_copy(&next, &e->row);
     rc = sp_reduce_sandbox(&next, env, seq, reason);
-    if (rc < 0) {
+    /* Refused, or accepted with the row as it was (activity within its step): nothing to
+     * write. */
+    if (rc < 0 || next.version == e->row.version) {
         sp_sandbox_dispose(&next);
         return rc;
     }

@@ -262,7 +262,10 @@ int sp_reduce_sandbox(sp_sandbox_t *s, const sp_envelope_t *env, uint64_t seq,
     case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED:
     case SPACE__V1__ENVELOPE__PAYLOAD_EGRESS_ALLOWED:
         /* Activity: what keeps a sandbox from being suspended for idleness (commands, file
-         * changes, and connections space-egressd let out). */
+         * changes, and connections space-egressd let out). Within a step of the recorded
+         * activity (or before it: another host's clock) the row stays as it is (reduce.h). */
+        if (env->occurred_at_us < s->last_activity_us + SP_ACTIVITY_GRAIN_US)
+            return 0;
         s->last_activity_us = env->occurred_at_us;
         break;
     case SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDING:

@@ -14,6 +14,7 @@
 #include "ids.h"
 #include "log.h"
 #include "publish.h"
+#include "reduce.h"
 #include "scheduler.h"
 
 #define TICK_LIMIT 100 /* sandboxes acted on per query and tick */
@@ -58,9 +59,10 @@ static int ask(sched_t *s, const char *id, const char *tenant, const char *worke
 
 int sched_timeouts_tick(sched_t *s)
 {
-    char idle[32];
+    char idle[32], grain[16];
     snprintf(idle, sizeof(idle), "%lld", (long long)s->cfg->idle_suspend_s);
-    const char *p[1] = {idle};
+    snprintf(grain, sizeof(grain), "%d", SP_ACTIVITY_GRAIN_S);
+    const char *p[2] = {idle, grain};
     /* Deadlines passed. */
     PGresult *r = PQexec(s->db, "SELECT id, tenant, coalesce(worker, ''), on_timeout,"
                                 " (extract(epoch FROM timeout_at) * 1000000)::int8"
@@ -73,15 +75,17 @@ int sched_timeouts_tick(sched_t *s)
     PQclear(r);
     if (rc < 0)
         return rc;
-    /* Idle: running, and nothing happened in it for its (or the default) idle time. */
+    /* Idle: running, and nothing happened in it for its (or the default) idle time. The
+     * recorded activity may be up to a step older than the last (SP_ACTIVITY_GRAIN_S): the
+     * step is added, so that no sandbox is suspended early. */
     r = PQexecParams(s->db,
                      "SELECT id, tenant, coalesce(worker, ''),"
                      " (extract(epoch FROM last_activity_at) * 1000000)::int8"
                      " FROM sandboxes WHERE state = 'running' AND last_activity_at IS NOT NULL"
                      " AND last_activity_at < now() - make_interval(secs => CASE WHEN"
-                     " idle_suspend_s > 0 THEN idle_suspend_s ELSE $1::int END)"
+                     " idle_suspend_s > 0 THEN idle_suspend_s ELSE $1::int END + $2::int)"
                      " ORDER BY last_activity_at LIMIT 100",
-                     1, NULL, p, NULL, NULL, 0);
+                     2, NULL, p, NULL, NULL, 0);
     rc = sp_db_check(r, PGRES_TUPLES_OK);
     for (int i = 0; rc == 0 && i < PQntuples(r); i++)
         (void)ask(s, PQgetvalue(r, i, 0), PQgetvalue(r, i, 1), PQgetvalue(r, i, 2), true, "idle",

@@ -3,7 +3,9 @@
  * A sp_projection_t is a write-back cache of the rows one transaction touches: load the rows a
  * batch of events needs (one query per table), apply the events in order (reduce.h), then flush
  * the changed rows (one upsert per table) inside the same transaction that stores the events.
- * After commit or rollback, clear it: rows are never kept across transactions.
+ * After a rollback, clear it. After a commit, clear it too, unless the process is the tables'
+ * only writer (the event log, under its writer lock): then sp_projection_retain keeps the
+ * rows, which are then what the tables hold, and the next batch loads only the others.
  *
  * schema names where the tables live ("public" normally; replay rebuilds into a scratch
  * schema). Not thread-safe: one per thread.
@@ -25,6 +27,9 @@ extern const size_t sp_projection_n_tables;
 sp_projection_t *sp_projection_new(const char *schema);
 void sp_projection_free(sp_projection_t *p);
 void sp_projection_clear(sp_projection_t *p);
+/* After a commit that flushed every changed row: keeps the rows for the next transaction, or
+ * clears them when any is still unflushed or there are more than max_rows. */
+void sp_projection_retain(sp_projection_t *p, size_t max_rows);
 
 /* Loads the rows for these aggregate ids that are not cached yet; ids absent from the table
  * become rows in state "none" (not existing). */

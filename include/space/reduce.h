@@ -4,7 +4,9 @@
  *
  * A reducer either applies the event (returns 0, row updated) or refuses it (returns
  * SP_ETRANSITION with a reason, row untouched): an event that breaks the state machine is
- * recorded as rejected, never silently applied.
+ * recorded as rejected, never silently applied. One kind of accepted event may leave the row
+ * as it was (returns 0, version unchanged): activity (a command, a file change, an allowed
+ * connection) within SP_ACTIVITY_GRAIN_US of the activity the row already records.
  */
 #ifndef SPACE_REDUCE_H
 #define SPACE_REDUCE_H
@@ -14,6 +16,14 @@
 #include "envelope.h"
 
 #define SP_ID_MAX 64
+
+/* last_activity_at moves in steps of at least this: activity less than a second after the
+ * recorded one changes no row, so a sandbox running commands back to back costs its
+ * projection one write a second, not one per command (docs/architecture.md, "Activity in
+ * steps of a second"). The recorded time is never later than the true last activity, and at
+ * most this much earlier: whatever acts on idleness adds it (scheduler_timeouts.c). */
+#define SP_ACTIVITY_GRAIN_US 1000000
+#define SP_ACTIVITY_GRAIN_S  1
 
 typedef enum {
     SP_SBX_NONE = 0, /* no such sandbox (yet) */
@@ -50,11 +60,11 @@ typedef struct {
     int64_t created_at_us, started_at_us, updated_at_us, deleted_at_us; /* 0 = unset */
     /* Timeouts: the deadline (0 = none), what happens then, and idleness. */
     int64_t timeout_at_us;
-    char on_timeout[16];     /* "delete" or "suspend" */
-    uint32_t idle_suspend_s; /* 0: the platform's default */
-    int64_t last_activity_us;
-    uint32_t version; /* events applied */
-    uint64_t last_seq;
+    char on_timeout[16];      /* "delete" or "suspend" */
+    uint32_t idle_suspend_s;  /* 0: the platform's default */
+    int64_t last_activity_us; /* the first activity of its step (SP_ACTIVITY_GRAIN_US) */
+    uint32_t version;         /* events that changed the row */
+    uint64_t last_seq;        /* the last of them */
 } sp_sandbox_t;
 
 void sp_sandbox_init(sp_sandbox_t *s, const char *id);

@@ -28,6 +28,8 @@ typedef struct {
         Space__V1__SandboxDeleted deleted;
         Space__V1__SandboxPaused paused;
         Space__V1__SandboxSuspending suspending;
+        Space__V1__CommandRequested cmd;
+        Space__V1__CommandExited exited;
         Space__V1__SandboxSuspended suspended;
         Space__V1__EgressAllowed egress;
     } p;
@@ -98,6 +100,14 @@ static sp_envelope_t *ev(ev_t *e, sp_event_type_t t, const char *worker)
         e->p.rejected.request_type = "SandboxCreateRequested";
         e->p.rejected.reason = "no_capacity";
         e->env.sandbox_request_rejected = &e->p.rejected;
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED:
+        space__v1__command_requested__init(&e->p.cmd);
+        e->env.command_requested = &e->p.cmd;
+        break;
+    case SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED:
+        space__v1__command_exited__init(&e->p.exited);
+        e->env.command_exited = &e->p.exited;
         break;
     case SPACE__V1__ENVELOPE__PAYLOAD_EGRESS_ALLOWED:
         space__v1__egress_allowed__init(&e->p.egress);
@@ -223,6 +233,44 @@ static void test_egress_is_activity(void **state)
     assert_int_equal(sp_reduce_sandbox(&s, env, ++seq, reason), 0);
     assert_int_equal(s.last_activity_us, before + 5000000);
     assert_int_equal(s.state, SP_SBX_RUNNING);
+    sp_sandbox_dispose(&s);
+}
+
+/* Activity moves last_activity_at in steps of a second: a command less than a second after
+ * the recorded activity (or stamped before it by another host's clock) is accepted and leaves
+ * the row as it was, version and last_seq included; one a step later moves it. A command in a
+ * sandbox that is not running is refused whatever its time. */
+static void test_activity_in_steps(void **state)
+{
+    sp_sandbox_t s;
+    ev_t e;
+    char reason[SP_REASON_MAX];
+    uint64_t seq = 0;
+    (void)state;
+    make_running(&s, &seq);
+    const int64_t t0 = s.last_activity_us;
+    const uint32_t v0 = s.version;
+    const uint64_t seq0 = s.last_seq;
+    int64_t at[] = {t0 + 1, t0 + SP_ACTIVITY_GRAIN_US - 1, t0 - 5000000};
+    for (size_t i = 0; i < sizeof(at) / sizeof(at[0]); i++) {
+        sp_envelope_t *env = ev(&e, SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_EXITED, NULL);
+        env->occurred_at_us = at[i];
+        assert_int_equal(sp_reduce_sandbox(&s, env, ++seq, reason), 0);
+        assert_int_equal(s.last_activity_us, t0);
+        assert_int_equal(s.version, v0);
+        assert_int_equal(s.last_seq, seq0);
+    }
+    sp_envelope_t *env = ev(&e, SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED, NULL);
+    env->occurred_at_us = t0 + SP_ACTIVITY_GRAIN_US;
+    assert_int_equal(sp_reduce_sandbox(&s, env, ++seq, reason), 0);
+    assert_int_equal(s.last_activity_us, t0 + SP_ACTIVITY_GRAIN_US);
+    assert_int_equal(s.version, v0 + 1);
+    assert_int_equal(s.last_seq, seq);
+    /* Paused: a command is refused, in its step or not. */
+    assert_int_equal(APPLY(&s, SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_PAUSED, NULL), 0);
+    env = ev(&e, SPACE__V1__ENVELOPE__PAYLOAD_COMMAND_REQUESTED, NULL);
+    env->occurred_at_us = t0 + SP_ACTIVITY_GRAIN_US + 1;
+    assert_int_equal(sp_reduce_sandbox(&s, env, ++seq, reason), SP_ETRANSITION);
     sp_sandbox_dispose(&s);
 }
 
@@ -370,6 +418,7 @@ int main(void)
         cmocka_unit_test(test_full_lifecycle),
         cmocka_unit_test(test_egress_is_activity),
         cmocka_unit_test(test_failed_host_lost),
+        cmocka_unit_test(test_activity_in_steps),
         cmocka_unit_test(test_refusals_leave_row_untouched),
         cmocka_unit_test(test_disk_mb),
         cmocka_unit_test(test_worker_heartbeats),
