@@ -350,7 +350,7 @@ int main(int argc, char **argv)
         sp_log(SP_LOG_INFO, "stopping", SP_KU("connections", eg.conns_total),
                SP_KU("denied", eg.conns_denied), SP_KU("credentials_masked", eg.scrubbed));
     }
-    sp_daemon_stopping = 1;
+    sp_daemon_stop();
     if (et.started)
         pthread_join(et.thread, NULL);
     eg_reset_stop(&eg);

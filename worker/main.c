@@ -528,7 +528,7 @@ int main(int argc, char **argv)
     wk_serve(&w);
     code = 0;
 out:
-    sp_daemon_stopping = 1;
+    sp_daemon_stop();
     /* First: its scrapes read the owned table, the pool and the host. */
     sp_metrics_server_free(msrv);
     msrv = NULL;

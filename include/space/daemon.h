@@ -13,7 +13,11 @@
 extern atomic_int sp_daemon_stopping;
 
 void sp_daemon_signals(void);
-/* Sleeps ms milliseconds, returning early when a stop is asked for. */
+/* Asks for a stop as SIGTERM does: sets sp_daemon_stopping and ends every sp_daemon_sleep_ms
+ * at once. Async-signal-safe. */
+void sp_daemon_stop(void);
+/* Sleeps ms milliseconds, returning early when a stop is asked for (sp_daemon_stop, or a
+ * signal once sp_daemon_signals has run). */
 void sp_daemon_sleep_ms(int ms);
 
 #endif
