@@ -286,8 +286,17 @@ static int setup_checkpoints(const el_config_t *cfg, sp_bus_t *bus, const sp_bus
 }
 
 /* Stores a prepared batch and acknowledges it; < 0 when nothing of it was stored (it is not
- * acknowledged, the caller starts over from the head). The checkpointer learns the new head. */
+ * acknowledged, the caller starts over from the head). The checkpointer learns the new head.
+ *
+ * The ack is held (sp_bus_batch_ack_deferred) until ACK_HOLD_MS after the first batch it
+ * covers, or until it covers batch-max messages (half of what the durable lets wait
+ * unacknowledged), or the log goes idle (an empty fetch), or it stops: a short command's
+ * batch cost nats-server an ack and a rewrite of the durable's state file each. What a held
+ * ack costs: a log that dies meanwhile is sent those messages again, which its head
+ * filters. */
+#define ACK_HOLD_MS 250
 static el_metrics_t metrics;
+static size_t ack_hold_msgs; /* batch-max */
 
 static int store_and_ack(el_store_t *st, el_batch_t *b)
 {
@@ -298,7 +307,7 @@ static int store_and_ack(el_store_t *st, el_batch_t *b)
     el_metrics_stored(&metrics, st, b->n, (double)(sp_mono_ns() - t0) / 1e9);
     el_ckpt_note(st->ckpt, st->head.seq, st->rows, st->head.hash, st->verify_from);
     /* Stored: a lost ack only causes a redelivery, which the head filters out. */
-    if (sp_bus_batch_ack(b->batch) < 0)
+    if (sp_bus_batch_ack_deferred(b->batch, ACK_HOLD_MS, ack_hold_msgs) < 0)
         sp_log(SP_LOG_WARN, "ack failed; stored events will be redelivered and skipped");
     return 0;
 }
@@ -429,6 +438,7 @@ static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_poo
     }
     sp_log(SP_LOG_INFO, "consuming", SP_KU("from_seq", st->head.seq + 1),
            SP_KS("durable", cfg->durable));
+    ack_hold_msgs = (size_t)cfg->batch_max;
 
     int64_t next_stats = sp_mono_ns() + cfg->stats_interval_s * 1000000000LL;
     const sp_trust_t *trust = st->verify == EL_VERIFY_OFF ? NULL : &st->trust;
@@ -469,6 +479,8 @@ static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_poo
             continue;
         }
         bus_errors = 0;
+        if (sp_bus_batch_len(fetched) == 0)
+            (void)sp_bus_consumer_ack_flush(c); /* idle: what is held goes now */
         /* The linger is for a log that keeps up: what this fetch took is all there was. A
          * batch prepared before it (its own count was above 0) is stored first, so that it
          * does not wait with the command; the fetched one then waits for the command's end
@@ -534,8 +546,10 @@ static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_poo
             next_stats = sp_mono_ns() + cfg->stats_interval_s * 1000000000LL;
         }
     }
-    /* Stopping or failing: a prepared batch not stored is not acknowledged (redelivered). */
+    /* Stopping or failing: a prepared batch not stored is not acknowledged (redelivered);
+     * the held ack covers stored batches only. */
     el_batch_free(ready);
+    (void)sp_bus_consumer_ack_flush(c);
     sp_bus_consumer_free(c);
     return sp_daemon_stopping || again ? 0 : (rc < 0 ? rc : SP_EBUS);
 }

@@ -68,6 +68,12 @@ struct sp_bus_consumer {
      * freed before them is only unsubscribed and is destroyed with its last batch. */
     size_t live_batches;
     bool freed;
+    /* Pushed: the ack sp_bus_batch_ack_deferred holds back (the reply subject of the last
+     * message of the newest stored batch; NULL: none), the messages it covers and when the
+     * first of them was held. */
+    char *ack_reply;
+    size_t ack_msgs;
+    int64_t ack_since_ms;
 };
 
 /* The public view of a message beside the cnats message it borrows from. */
@@ -989,6 +995,7 @@ int sp_bus_consumer_ack_wait_ms(const sp_bus_consumer_t *c)
 static void consumer_destroy(sp_bus_consumer_t *c)
 {
     natsSubscription_Destroy(c->sub);
+    free(c->ack_reply);
     free(c);
 }
 
@@ -1210,6 +1217,40 @@ int sp_bus_batch_ack(sp_bus_batch_t *b)
                                                                : ACK_REPLY_WAIT_MS;
     s = natsMsg_AckSync(b->e[b->n - 1].msg, &jo, &jerr);
     return sp__bus_status(s, jerr, "natsMsg_AckSync");
+}
+
+int sp_bus_consumer_ack_flush(sp_bus_consumer_t *c)
+{
+    if (!c || !c->ack_reply)
+        return 0;
+    natsStatus s = natsConnection_PublishString(c->bus->nc, c->ack_reply, "+ACK");
+    free(c->ack_reply);
+    c->ack_reply = NULL;
+    c->ack_msgs = 0;
+    return sp__bus_status(s, 0, "ack");
+}
+
+int sp_bus_batch_ack_deferred(sp_bus_batch_t *b, int max_ms, size_t max_msgs)
+{
+    if (!b)
+        return -EINVAL;
+    sp_bus_consumer_t *c = b->consumer;
+    if (!c->push)
+        return sp_bus_batch_ack(b);
+    if (b->n == 0)
+        return 0;
+    /* Ack policy all: this batch's last ack covers every batch held before it. */
+    const char *reply = natsMsg_GetReply(b->e[b->n - 1].msg);
+    if (!reply)
+        return -EINVAL;
+    if (!c->ack_reply)
+        c->ack_since_ms = mono_ms();
+    free(c->ack_reply);
+    c->ack_reply = sp_xstrdup(reply);
+    c->ack_msgs += b->n;
+    if (c->ack_msgs >= max_msgs || mono_ms() - c->ack_since_ms >= max_ms)
+        return sp_bus_consumer_ack_flush(c);
+    return 0;
 }
 
 int sp_bus_batch_ack_one(sp_bus_batch_t *b, size_t i)

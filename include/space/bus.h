@@ -210,6 +210,15 @@ int sp_bus_batch_merge(sp_bus_batch_t *into, sp_bus_batch_t **from);
  * for the server to confirm the last: an error says it did not, and the messages may come
  * again. Pushed: one ack, not waited for (a lost one also brings the messages again). */
 int sp_bus_batch_ack(sp_bus_batch_t *b);
+/* Pushed consumers: acknowledges the batch, and every one held before it, once the held
+ * messages number max_msgs or the first of them was held max_ms ago; until then the ack is
+ * held (the consumer keeps it after the batch is freed). For a reader that stores in stream
+ * order and filters redeliveries, whose ack only spares the server a redelivery: each ack is
+ * a message, and nats-server rewrites the durable's state file for each. Keep max_msgs
+ * below the durable's max_ack_pending, or deliveries stop. Pull consumers: sp_bus_batch_ack. */
+int sp_bus_batch_ack_deferred(sp_bus_batch_t *b, int max_ms, size_t max_msgs);
+/* Sends the ack sp_bus_batch_ack_deferred holds, if any (when the reader goes idle). */
+int sp_bus_consumer_ack_flush(sp_bus_consumer_t *c);
 /* One message: acknowledge, negatively acknowledge (redeliver now), or tell the server it is
  * still being worked on (restarts its ack_wait). Safe from any thread while the batch lives. */
 int sp_bus_batch_ack_one(sp_bus_batch_t *b, size_t i);
