@@ -259,10 +259,22 @@ static void mark_copy(const el_store_t *st, item_t *it, const char *stored_id)
              it->env->event_id, stored_id ? "accepted" : "in this batch");
 }
 
-/* Marks duplicates: within the batch (a later copy of an earlier message) and against accepted
- * rows already stored. A different message reusing a stored event_id is rejected, not
- * deduplicated: the id is the event's identity, and two contents cannot share it. */
-static int find_duplicates(el_store_t *st, item_t *items, size_t n)
+/* Marks duplicates: within the batch (a later copy of an earlier message) and, with stored,
+ * against accepted rows already stored. A different message reusing a stored event_id is
+ * rejected, not deduplicated: the id is the event's identity, and two contents cannot share
+ * it.
+ *
+ * The lookup of stored ids is a round trip per batch that almost never finds anything (a
+ * publisher's retries within JetStream's window never reach the stream, redeliveries are
+ * below the head). So a batch is first stored without it (stored false), and again with it
+ * (ESTORED_ID) when that cannot be the verdict the lookup would give: the unique index on
+ * accepted event ids refused the COPY (an id is taken), or something in the batch was
+ * rejected (a copy of a stored event may fail the reducers first, and must be named a copy).
+ * The second pass records the copy or the reuse as before. */
+#define ESTORED_ID     (-EEXIST)
+#define EVENT_ID_INDEX "events_event_id_accepted"
+
+static int find_duplicates(el_store_t *st, item_t *items, size_t n, bool stored)
 {
     item_t **by_id = sp_xcalloc(n ? n : 1, sizeof(item_t *));
     size_t k = 0;
@@ -300,7 +312,7 @@ static int find_duplicates(el_store_t *st, item_t *items, size_t n)
         sp_buf_puts(&arr, items[i].env->event_id);
     }
     sp_buf_putc(&arr, '}');
-    if (arr.len == 2)
+    if (arr.len == 2 || !stored)
         goto out;
 
     const char *params[1] = {arr.data};
@@ -548,15 +560,20 @@ static int begin_copy_in(PGconn *db, const sp_buf_t *rows)
         return SP_EDB;
     int rc = sent ? 0 : SP_EDB;
     while ((r = PQgetResult(db)) != NULL) {
-        if (PQresultStatus(r) != PGRES_COMMAND_OK)
-            rc = SP_EDB;
+        if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+            const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+            const char *index = PQresultErrorField(r, PG_DIAG_CONSTRAINT_NAME);
+            bool taken =
+                state && strcmp(state, "23505") == 0 && index && strcmp(index, EVENT_ID_INDEX) == 0;
+            rc = taken && rc == 0 ? ESTORED_ID : SP_EDB;
+        }
         PQclear(r);
     }
     return rc;
 }
 
 static int store_items(el_store_t *st, const el_prep_t *prep, size_t n, int quarantine,
-                       const char *why)
+                       const char *why, bool stored_ids)
 {
     item_t *items = sp_xcalloc(n ? n : 1, sizeof(*items));
     el_counts_t counts = {0};
@@ -606,7 +623,7 @@ static int store_items(el_store_t *st, const el_prep_t *prep, size_t n, int quar
 
     /* Read before the transaction: the event log is the only writer of these tables (its
      * advisory lock), so they read the same outside it, and BEGIN rides with the COPY. */
-    if ((rc = find_duplicates(st, items, n)) < 0)
+    if ((rc = find_duplicates(st, items, n, stored_ids)) < 0)
         goto out;
     if ((rc = load_rows(st, items, n)) < 0)
         goto out;
@@ -673,12 +690,20 @@ static int store_items(el_store_t *st, const el_prep_t *prep, size_t n, int quar
         }
     }
 
+    /* A rejection without the stored ids looked up may have a truer reason: a copy of a
+     * stored event is a replay before it is, say, a second create of its sandbox. Rare: the
+     * batch is walked again with them. */
+    if (!stored_ids && counts.rejected > 0) {
+        rc = ESTORED_ID;
+        goto out;
+    }
     /* Nothing to write (every message a redelivery): no transaction. Rows are the only way
      * the projections change (an accepted message is a row). */
     if (rows.len > 0) {
         in_tx = 1;
         if ((rc = begin_copy_in(st->db, &rows)) < 0) {
-            remember_error(st, "COPY events");
+            if (rc != ESTORED_ID)
+                remember_error(st, "COPY events");
             goto out;
         }
         if ((rc = sp_projection_flush(st->proj, st->db)) < 0) {
@@ -744,7 +769,15 @@ out:
 
 int el_store_msgs(el_store_t *st, const el_prep_t *items, size_t n)
 {
-    return store_items(st, items, n, 0, NULL);
+    int rc = store_items(st, items, n, 0, NULL, false);
+    if (rc == ESTORED_ID) {
+        sp_log(SP_LOG_DEBUG,
+               "a rejection or a taken event id in the batch: storing it again "
+               "against the stored ids",
+               SP_KU("first_seq", n ? items[0].msg->stream_seq : 0), SP_KU("messages", n));
+        rc = store_items(st, items, n, 0, NULL, true);
+    }
+    return rc;
 }
 
 int el_store_batch(el_store_t *st, const el_batch_t *b)
@@ -765,7 +798,7 @@ int el_store_batch(el_store_t *st, const el_batch_t *b)
                 snprintf(why, sizeof(why), "%s", st->last_error);
                 sp_log(SP_LOG_ERROR, "message not storable; recording it as rejected",
                        SP_KU("seq", msgs[i].msg->stream_seq), SP_KS("error", why));
-                rc = store_items(st, &msgs[i], 1, 1, why);
+                rc = store_items(st, &msgs[i], 1, 1, why, true);
             }
         }
     }
