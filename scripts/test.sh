@@ -26,13 +26,13 @@ fi
 rm -rf "$asan_logs"
 
 echo "== build with TSan and test what runs threads of its own (the event log's verifier pool,"
-echo "   the signature cache, the metrics registry and listener):"
+echo "   the signature cache, the metrics registry and listener, the daemons' stoppable sleeps):"
 echo "   only those targets and tests, a few minutes"
 tsan_logs=$(mktemp -d /tmp/space-tsan.XXXXXX)
 cmake -S . -B build-tsan -DSPACE_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPACE_TSAN=ON >/dev/null
 cmake --build build-tsan -j"$(nproc)" --target space-cli space-eventlog space-replay \
   space-scheduler space-worker space-gateway space-agent \
-  test_eventlog_verify test_sign_batch test_sign_headed test_metrics it_eventlog_trust \
+  test_eventlog_verify test_sign_batch test_sign_headed test_metrics test_daemon it_eventlog_trust \
   it_eventlog_exactly_once it_headed it_commands
 # NOT RUN HERE: integration.worker_crash. On 2026-12-04, after the merges of that day, its
 # test_nats_killed_mid_work failed 2 of 3 under TSan (a create after NATS came back: 503
@@ -48,7 +48,7 @@ cmake --build build-tsan -j"$(nproc)" --target space-cli space-eventlog space-re
 # handling for the parent's threads), so report_thread_leaks is on again.
 TSAN_OPTIONS="log_path=$tsan_logs/tsan" SPACE_AGENT_LOST_GRACE_MS=30000 \
   ctest --test-dir build-tsan --output-on-failure \
-  -R '^(unit\.test_eventlog_verify|unit\.test_sign_batch|unit\.test_sign_headed|unit\.test_metrics|integration\.(eventlog_trust|eventlog_exactly_once|headed|commands)(\.up|\.down)?)$'
+  -R '^(unit\.test_eventlog_verify|unit\.test_sign_batch|unit\.test_sign_headed|unit\.test_metrics|unit\.test_daemon|integration\.(eventlog_trust|eventlog_exactly_once|headed|commands)(\.up|\.down)?)$'
 if [ -n "$(ls -A "$tsan_logs")" ]; then
   echo "thread sanitizer reports (from a test or a daemon):"
   cat "$tsan_logs"/*

@@ -19,6 +19,7 @@
 #include "envelope.h"
 #include "harness.h"
 #include "httpc.h"
+#include "ids.h"
 #include "json.h"
 #include "sse.h"
 #include "xmalloc.h"
@@ -540,6 +541,79 @@ static void test_short_command_one_transaction(void **state)
     PQfinish(db);
 }
 
+/* Waits until the log holds n commands of sandbox id, each with its CommandExited (in a burst
+ * a command's end may be stored after the next one's intent: its answer does not wait). */
+static void all_logged(PGconn *db, const char *id, long long n)
+{
+    char sql[256];
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type = 'CommandRequested'",
+             id);
+    assert_int_equal(sp_test_db_wait_scalar(db, sql, n, 10000), n);
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM events WHERE aggregate_id = '%s' AND type = 'CommandExited'",
+             id);
+    assert_int_equal(sp_test_db_wait_scalar(db, sql, n, 10000), n);
+}
+
+/* Activity in steps of a second (docs/architecture.md, "Activity in steps of a second"): a
+ * burst of commands moves the sandbox's row about once a second, not per command; what the row
+ * says is never after the newest command and at most a second before it; a command a step
+ * later moves it; and the live row is what a rebuild from the log makes of it. */
+static void test_activity_in_steps(void **state)
+{
+    (void)state;
+    PGconn *db = sp_test_db();
+    char sql[512];
+    const char *id = sbx[0];
+    snprintf(sql, sizeof(sql), "SELECT version FROM sandboxes WHERE id = '%s'", id);
+    /* A step after the commands of the tests before: the burst's first command moves it. */
+    usleep(1100 * 1000);
+    long long v0 = sp_test_db_scalar(db, sql);
+    long long before = intents(db, id);
+    int64_t t0 = sp_mono_ns();
+    const int n = 12;
+    for (int i = 0; i < n; i++) {
+        result_t r = run(id, "{\"cmd\":\"true\"}");
+        assert_int_equal(r.status, 200);
+        result_free(&r);
+    }
+    double secs = (double)(sp_mono_ns() - t0) / 1e9;
+    all_logged(db, id, before + n);
+    long long moved = sp_test_db_scalar(db, sql) - v0;
+    print_message("%d commands in %.2f s moved the row %lld times\n", n, secs, moved);
+    /* 24 events; a step moves it once (two steps where a burst crosses one more second). */
+    assert_true(moved >= 1 && moved <= (long long)secs + 2);
+    /* Never after the newest activity, at most a step before it. */
+    snprintf(sql, sizeof(sql),
+             "SELECT (extract(epoch FROM (SELECT max(occurred_at) FROM events WHERE aggregate_id "
+             "= '%s' AND type IN ('CommandRequested', 'CommandExited')) - s.last_activity_at) * "
+             "1000)::int8 FROM sandboxes s WHERE s.id = '%s'",
+             id, id);
+    long long behind_ms = sp_test_db_scalar(db, sql);
+    assert_true(behind_ms >= 0 && behind_ms < 1000);
+    /* A command a step later moves it. */
+    snprintf(sql, sizeof(sql),
+             "SELECT (extract(epoch FROM last_activity_at) * 1000)::int8 FROM sandboxes WHERE "
+             "id = '%s'",
+             id);
+    long long at = sp_test_db_scalar(db, sql);
+    usleep(1100 * 1000);
+    before = intents(db, id);
+    result_t r = run(id, "{\"cmd\":\"true\"}");
+    assert_int_equal(r.status, 200);
+    result_free(&r);
+    all_logged(db, id, before + 1);
+    assert_true(sp_test_db_scalar(db, sql) >= at + 1000);
+    PQfinish(db);
+    /* The live projection is the log's. */
+    char out[4096] = "";
+    int st = sp_test_replay("rebuild", out, sizeof(out));
+    print_message("%s", out);
+    assert_int_equal(st, 0);
+    assert_non_null(strstr(out, " 0 differences"));
+}
+
 /* That command's events (command_logged): their types after its CommandRequested,
  * comma-separated, into types; its CommandExited decoded (sp_envelope_free). */
 static sp_envelope_t *newest_command_events(PGconn *db, const char *id, long long before,
@@ -994,6 +1068,7 @@ int main(void)
         cmocka_unit_test(test_basics),
         cmocka_unit_test(test_short_command_one_transaction),
         cmocka_unit_test(test_short_command_one_fact),
+        cmocka_unit_test(test_activity_in_steps),
         cmocka_unit_test(test_reply_wait),
         cmocka_unit_test(test_fifty_concurrent),
         cmocka_unit_test(test_stdin_signal_pty),

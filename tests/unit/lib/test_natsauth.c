@@ -486,6 +486,78 @@ static void test_eventlog_pushed_durable(void **state)
     sp_bus_free(op);
 }
 
+/* The event log's held ack (sp_bus_batch_ack_deferred): held, the server sends the batch
+ * again after the ack wait; once sent (a flush, or as soon as it covers max_msgs messages),
+ * nothing comes again. The ack wait is the server's 1 s: this test waits for it. */
+/* Fetches until want messages came or a fetch of wait_ms brings none (pushed messages arrive
+ * one by one); *first: the first one's stream sequence. */
+static size_t fetch_seqs(sp_bus_consumer_t *c, size_t want, int wait_ms, uint64_t *first,
+                         sp_bus_batch_t **ret)
+{
+    sp_bus_batch_t *b = NULL;
+    assert_int_equal(sp_bus_fetch(c, 16, wait_ms, &b), 0);
+    while (sp_bus_batch_len(b) > 0 && sp_bus_batch_len(b) < want) {
+        sp_bus_batch_t *more = NULL;
+        assert_int_equal(sp_bus_fetch(c, 16, wait_ms, &more), 0);
+        if (sp_bus_batch_len(more) == 0) {
+            sp_bus_batch_free(more);
+            break;
+        }
+        assert_int_equal(sp_bus_batch_merge(b, &more), 0);
+    }
+    size_t n = sp_bus_batch_len(b);
+    *first = n ? sp_bus_batch_msg(b, 0)->stream_seq : 0;
+    *ret = b;
+    return n;
+}
+
+static void test_pushed_ack_held(void **state)
+{
+    SKIP_WITHOUT_SERVER();
+    sp_bus_t *op = bus_as("operator", 5000), *el = bus_as("eventlog", 5000);
+    sp_bus_consumer_t *c = NULL;
+    sp_bus_batch_t *b = NULL;
+    uint64_t first = 0, seq = 0, got = 0;
+
+    assert_int_equal(sp_bus_ensure_stream(op), 0);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(sp_bus_publish(op, "space.ev.wkr.w1.HeldAck", "x", 1, NULL, &seq, NULL),
+                         0);
+        if (i == 0)
+            first = seq;
+    }
+    assert_int_equal(sp_bus_consumer_push(el, "eventlog", SP_BUS_SUBJECTS, first, 1000, 64, &c), 0);
+    assert_int_equal(fetch_seqs(c, 3, 5000, &got, &b), 3);
+    assert_int_equal(got, first);
+    /* Held: neither old enough nor covering enough. */
+    assert_int_equal(sp_bus_batch_ack_deferred(b, 60000, 100), 0);
+    sp_bus_batch_free(b);
+    /* Not acknowledged: the server sends them again after its ack wait. */
+    assert_int_equal(fetch_seqs(c, 3, 4000, &got, &b), 3);
+    assert_int_equal(got, first);
+    assert_int_equal(sp_bus_batch_ack_deferred(b, 60000, 100), 0);
+    sp_bus_batch_free(b);
+    /* Sent: nothing comes again. */
+    assert_int_equal(sp_bus_consumer_ack_flush(c), 0);
+    assert_int_equal(sp_bus_consumer_ack_flush(c), 0); /* nothing held: nothing sent */
+    assert_int_equal(fetch_seqs(c, 1, 2500, &got, &b), 0);
+    sp_bus_batch_free(b);
+
+    /* Covering max_msgs, it goes at once. */
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(sp_bus_publish(op, "space.ev.wkr.w1.HeldAck", "y", 1, NULL, &seq, NULL),
+                         0);
+    assert_int_equal(fetch_seqs(c, 2, 5000, &got, &b), 2);
+    assert_int_equal(got, first + 3);
+    assert_int_equal(sp_bus_batch_ack_deferred(b, 60000, 2), 0);
+    sp_bus_batch_free(b);
+    assert_int_equal(fetch_seqs(c, 1, 2500, &got, &b), 0);
+    sp_bus_batch_free(b);
+    sp_bus_consumer_free(c);
+    sp_bus_free(el);
+    sp_bus_free(op);
+}
+
 /* A SPACE_EVENTS made before deny_delete and deny_purge (docs/trust.md, "Upgrading a
  * deployment without credentials"): `space up`'s update as the operator
  * (sp_bus_apply_stream_limits) adds them and keeps the messages; a purge is refused after. */
@@ -692,6 +764,7 @@ int main(void)
         cmocka_unit_test(test_jetstream_and_requests),
         /* After: the stream it makes would keep the probes of the tests above. */
         cmocka_unit_test(test_eventlog_pushed_durable),
+        cmocka_unit_test(test_pushed_ack_held),
         cmocka_unit_test(test_old_stream_hardened),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
