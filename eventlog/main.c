@@ -297,6 +297,7 @@ static int setup_checkpoints(const el_config_t *cfg, sp_bus_t *bus, const sp_bus
 #define ACK_HOLD_MS 250
 static el_metrics_t metrics;
 static size_t ack_hold_msgs; /* batch-max */
+static int ack_hold_ms;      /* ACK_HOLD_MS, or 0 with an ack wait too short for holding */
 
 static int store_and_ack(el_store_t *st, el_batch_t *b)
 {
@@ -307,7 +308,7 @@ static int store_and_ack(el_store_t *st, el_batch_t *b)
     el_metrics_stored(&metrics, st, b->n, (double)(sp_mono_ns() - t0) / 1e9);
     el_ckpt_note(st->ckpt, st->head.seq, st->rows, st->head.hash, st->verify_from);
     /* Stored: a lost ack only causes a redelivery, which the head filters out. */
-    if (sp_bus_batch_ack_deferred(b->batch, ACK_HOLD_MS, ack_hold_msgs) < 0)
+    if (sp_bus_batch_ack_deferred(b->batch, ack_hold_ms, ack_hold_msgs) < 0)
         sp_log(SP_LOG_WARN, "ack failed; stored events will be redelivered and skipped");
     return 0;
 }
@@ -438,7 +439,10 @@ static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_poo
     }
     sp_log(SP_LOG_INFO, "consuming", SP_KU("from_seq", st->head.seq + 1),
            SP_KS("durable", cfg->durable));
+    /* A held ack goes at the latest one fetch timeout after the hold (an empty fetch): far
+     * inside the ack wait, or nothing is held. */
     ack_hold_msgs = (size_t)cfg->batch_max;
+    ack_hold_ms = cfg->ack_wait_ms >= 4 * (ACK_HOLD_MS + cfg->fetch_timeout_ms) ? ACK_HOLD_MS : 0;
 
     int64_t next_stats = sp_mono_ns() + cfg->stats_interval_s * 1000000000LL;
     const sp_trust_t *trust = st->verify == EL_VERIFY_OFF ? NULL : &st->trust;
