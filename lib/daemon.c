@@ -9,6 +9,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ids.h"
+
 atomic_int sp_daemon_stopping;
 
 /* Written once by a stop and never read: its read end stays readable from then on, so every
@@ -51,13 +53,6 @@ void sp_daemon_signals(void)
     signal(SIGPIPE, SIG_IGN);
 }
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 void sp_daemon_sleep_ms(int ms)
 {
     pthread_once(&stop_pipe_once, make_stop_pipe);
@@ -74,8 +69,9 @@ void sp_daemon_sleep_ms(int ms)
     }
     /* One wake-up per sleep, not one every 50 ms: idle threads cost the host wake-ups
      * (docs/machine-notes.md, "exec, ninth pass"). A stop makes the pipe readable. */
-    const int64_t end = mono_ms() + ms;
-    for (int left = ms; left > 0 && !sp_daemon_stopping; left = (int)(end - mono_ms())) {
+    const int64_t end_ms = sp_mono_ns() / 1000000 + ms;
+    for (int left = ms; left > 0 && !sp_daemon_stopping;
+         left = (int)(end_ms - sp_mono_ns() / 1000000)) {
         struct pollfd p = {.fd = stop_pipe[0], .events = POLLIN};
         if (poll(&p, 1, left) > 0)
             return;
