@@ -306,15 +306,16 @@ static int suspend_store(wk_t *w, const sp_envelope_t *ev, const char *sbx, cons
     env.payload_case = SPACE__V1__ENVELOPE__PAYLOAD_SANDBOX_SUSPENDED;
     env.sandbox_suspended = &sd;
     rc = wk_publish_fact(w, &env, "suspended", ev->event_id);
+    /* Before the release, which takes the checkpoint over (and clears it). */
+    sp_log(SP_LOG_INFO, "suspended", SP_KS("sandbox", sbx), SP_KU("ms", sd.took_ms),
+           SP_KU("image_bytes", art[0].size), SP_KU("rootfs_bytes", art[1].size),
+           SP_KU("checkpoint_ms", ck->checkpoint_ms), SP_KU("rootfs_ms", ck->rootfs_ms),
+           SP_KU("connections_reset", reset));
     /* In the background: a resume asked for now need not wait for it (wk_sandbox_restore's
      * host_id). */
     if (rc == 0 && wk_sandbox_release_checkpointed(w->host, sbx, ck, err) < 0)
         sp_log(SP_LOG_ERROR, "cannot release a suspended sandbox", SP_KS("sandbox", sbx),
                SP_KS("error", err));
-    sp_log(SP_LOG_INFO, "suspended", SP_KS("sandbox", sbx), SP_KU("ms", sd.took_ms),
-           SP_KU("image_bytes", art[0].size), SP_KU("rootfs_bytes", art[1].size),
-           SP_KU("checkpoint_ms", ck->checkpoint_ms), SP_KU("rootfs_ms", ck->rootfs_ms),
-           SP_KU("connections_reset", reset));
     return rc;
 }
 
