@@ -12,7 +12,7 @@ PKGS=(
   libuv1-dev libh2o-dev zlib1g-dev
   libnftnl-dev libmnl-dev nftables
   libssl-dev openssl
-  libbtrfsutil-dev btrfs-progs zstd
+  libbtrfsutil-dev btrfs-progs zstd libzstd-dev
   runsc busybox-static debootstrap
   iproute2 procps psmisc curl util-linux python3 chromium
   python3-yaml systemd jq

@@ -1268,39 +1268,42 @@ static int run_tool(const char *const *argv, const char *what, char err[WK_ERR_M
     return wk__run_tool(argv, what, WK_RUNSC_TIMEOUT_MS, err);
 }
 
-/* A host tool run on a thread of its own beside the caller's next steps: a suspend compresses
- * the memory image while it sends the disk, a resume decompresses it while it receives the
- * disk (issue 21 part 3: what is independent runs at once). */
+/* A file compressed or decompressed (in-process, worker_stream.c) on a thread of its own beside
+ * the caller's next steps: a suspend compresses the memory image while it sends the disk, a
+ * resume decompresses it while it receives the disk (issue 21 part 3: what is independent runs
+ * at once). */
 typedef struct {
-    const char *const *argv;
-    const char *what;
+    const char *in, *out;
+    bool decompress;
     pthread_t th;
     bool started;
     int rc;
     char err[WK_ERR_MAX];
-} tool_job_t;
+} zstd_job_t;
 
-static void *tool_job_main(void *arg)
+static void *zstd_job_main(void *arg)
 {
-    tool_job_t *j = arg;
-    j->rc = run_tool(j->argv, j->what, j->err);
+    zstd_job_t *j = arg;
+    j->rc = j->decompress ? wk__unzstd_file(j->in, j->out, j->err)
+                          : wk__zstd_file(j->in, j->out, WK_ZSTD_LEVEL, j->err);
     return NULL;
 }
 
-/* Starts argv; when no thread can be made it runs here and now. */
-static void tool_job_start(tool_job_t *j, const char *const *argv, const char *what)
+/* Starts the job; when no thread can be made it runs here and now. */
+static void zstd_job_start(zstd_job_t *j, const char *in, const char *out, bool decompress)
 {
     memset(j, 0, sizeof(*j));
-    j->argv = argv;
-    j->what = what;
-    j->started = pthread_create(&j->th, NULL, tool_job_main, j) == 0;
+    j->in = in;
+    j->out = out;
+    j->decompress = decompress;
+    j->started = pthread_create(&j->th, NULL, zstd_job_main, j) == 0;
     if (!j->started)
-        tool_job_main(j);
+        zstd_job_main(j);
 }
 
 /* Waits for the job; rc is the caller's own outcome so far: the first failure is the one
  * reported in err. */
-static int tool_job_join(tool_job_t *j, int rc, char err[WK_ERR_MAX])
+static int zstd_job_join(zstd_job_t *j, int rc, char err[WK_ERR_MAX])
 {
     if (j->started)
         pthread_join(j->th, NULL);
@@ -1499,22 +1502,20 @@ int wk_sandbox_checkpoint_finish(wk_host_t *h, const char *id, const char *tmpl,
     char *ro = sp_xasprintf("%s/%s.ro", h->sandboxes_dir, id);
     char *rootfs = sp_xasprintf("%s/%s", h->sandboxes_dir, hid);
     char *parent = sp_xasprintf("%s/%s", h->templates_dir, tmpl);
-    char *stream = sp_xasprintf("%s/rootfs.btrfs", out_dir);
     char *img_file = sp_xasprintf("%s/checkpoint.img", img);
     ret->image_path = sp_xasprintf("%s/checkpoint.img.zst", out_dir);
     ret->rootfs_path = sp_xasprintf("%s/rootfs.btrfs.zst", out_dir);
     /* The disk as a delta against the template: a read-only snapshot, sent with the template
-     * as parent, then compressed. The sandbox is stopped: its disk is what the image saw. */
-    /* The image is compressed while the disk is snapshotted, sent and compressed. */
-    const char *z2[] = {"zstd", "-1", "-q", "-f", img_file, "-o", ret->image_path, NULL};
-    tool_job_t zimg;
-    tool_job_start(&zimg, z2, "zstd checkpoint");
+     * as parent and compressed as it is sent. The sandbox is stopped: its disk is what the
+     * image saw. The image is compressed meanwhile. */
+    zstd_job_t zimg;
+    zstd_job_start(&zimg, img_file, ret->image_path, false);
     (void)wk__subvol_delete(ro, NULL);
     int rc = wk__subvol_snapshot(rootfs, ro, true, err);
-    if (rc == 0) {
-        const char *send[] = {"btrfs", "send", "-q", "-p", parent, "-f", stream, ro, NULL};
-        rc = run_tool(send, "btrfs send", err);
-    }
+    int64_t t_send = wk__now_us(), t_keep = 0, t_join = 0;
+    if (rc == 0)
+        rc = wk__btrfs_send_zstd(ro, parent, ret->rootfs_path, WK_ZSTD_LEVEL, err);
+    t_keep = wk__now_us();
     if (rc == 0 && keep_snap) {
         /* Sent: what the stream holds, here already, for a resume on this host. */
         kept_filter_t f = {.sbx = id};
@@ -1526,11 +1527,14 @@ int wk_sandbox_checkpoint_finish(wk_host_t *h, const char *id, const char *tmpl,
         free(kept);
     }
     (void)wk__subvol_delete(ro, NULL); /* not kept */
-    const char *z1[] = {"zstd", "-1", "-q", "-f", "--rm", stream, "-o", ret->rootfs_path, NULL};
-    if (rc == 0)
-        rc = run_tool(z1, "zstd rootfs", err);
-    rc = tool_job_join(&zimg, rc, err);
+    t_join = wk__now_us();
+    rc = zstd_job_join(&zimg, rc, err);
     ret->rootfs_ms = (uint32_t)ms_since(t);
+    sp_log(SP_LOG_DEBUG, "checkpoint disk steps", SP_KS("sandbox", id),
+           SP_KF("snapshot_ms", (double)(t_send - t) / 1000.0),
+           SP_KF("send_zstd_ms", (double)(t_keep - t_send) / 1000.0),
+           SP_KF("keep_ms", (double)(t_join - t_keep) / 1000.0),
+           SP_KF("image_wait_ms", ms_since(t_join)));
     if (rc < 0) {
         free(ret->image_path);
         free(ret->rootfs_path);
@@ -1538,9 +1542,7 @@ int wk_sandbox_checkpoint_finish(wk_host_t *h, const char *id, const char *tmpl,
     } else {
         (void)wk__rm_rf(img); /* compressed: the raw image has served */
     }
-    unlink(stream);
     free(img_file);
-    free(stream);
     free(parent);
     free(rootfs);
     free(ro);
@@ -1701,8 +1703,6 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
     /* The disk: the delta received against this worker's template, then a writable snapshot
      * of what it made; or, on the host that suspended it, a writable snapshot of the disk it
      * kept (the same bytes: what the stream was sent from). */
-    const char *z1[] = {"zstd", "-d", "-q", "-f", rootfs_zst, "-o", stream, NULL};
-    const char *z2[] = {"zstd", "-d", "-q", "-f", image_zst, "-o", img_file, NULL};
     const char *recv[] = {"btrfs", "receive", "-q", "-f", stream, recv_dir, NULL};
     (void)wk__subvol_delete(ro, NULL);
     (void)rmdir(recv_dir);
@@ -1711,8 +1711,8 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
         goto out;
     }
     /* The image is decompressed while the disk is received and the network made. */
-    tool_job_t zimg;
-    tool_job_start(&zimg, z2, "zstd image");
+    zstd_job_t zimg;
+    zstd_job_start(&zimg, image_zst, img_file, true);
     /* When each step began, for the debug log below. */
     int64_t t_unzip = wk__now_us(), t_recv = 0, t_snap = 0, t_net = 0;
     if (from_kept) {
@@ -1726,7 +1726,7 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
             t_snap = 0;
         }
     }
-    if (!from_kept && (rc = run_tool(z1, "zstd rootfs", err)) == 0 &&
+    if (!from_kept && (rc = wk__unzstd_file(rootfs_zst, stream, err)) == 0 &&
         (t_recv = wk__now_us(), rc = run_tool(recv, "btrfs receive", err)) == 0) {
         t_snap = wk__now_us();
         rc = wk__subvol_snapshot(ro, rootfs, false, err);
@@ -1747,7 +1747,7 @@ int wk_sandbox_restore(wk_host_t *h, const wk_sandbox_spec_t *spec, const char *
         rc = wk__net_create(h, hid, info.address, err);
     }
     int64_t t_join = wk__now_us();
-    if ((rc = tool_job_join(&zimg, rc, err)) < 0)
+    if ((rc = zstd_job_join(&zimg, rc, err)) < 0)
         goto out;
     int64_t t_runsc = wk__now_us();
     wk__bundle_t bd = {.id = hid,

@@ -94,6 +94,22 @@ void wk__host_id(const wk_host_t *h, const char *id, char out[65]);
 int wk__fail(char *err, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int64_t wk__now_us(void);
 
+/* ---- streams: zstd and btrfs send in-process (worker_stream.c) ---- */
+
+/* The level of a suspend's artifacts (`zstd -1`'s). */
+#define WK_ZSTD_LEVEL 1
+/* in_path compressed into out_path (made 0600, replaced; removed on failure), frames as the
+ * zstd tool's (content checksum on). */
+int wk__zstd_file(const char *in_path, const char *out_path, int level, char err[WK_ERR_MAX]);
+/* zstd frames in in_path decompressed into out_path (made as wk__zstd_file makes it). A
+ * truncated, corrupt or empty input is -EBADMSG. */
+int wk__unzstd_file(const char *in_path, const char *out_path, char err[WK_ERR_MAX]);
+/* `btrfs send -p parent subvol | zstd -<level> > out_path` without either tool: the kernel's
+ * send ioctl writes into a pipe that a thread of this process compresses as it reads. subvol
+ * and parent are read-only subvolumes of one filesystem. */
+int wk__btrfs_send_zstd(const char *subvol, const char *parent, const char *out_path, int level,
+                        char err[WK_ERR_MAX]);
+
 /* ---- the deployment CA in sandboxes (worker_trust.c) ---- */
 
 #define WK_TRUST_CA     "/etc/ssl/certs/space-deployment-ca.pem"
