@@ -172,6 +172,40 @@ static double placed_to_resuming(bench_ctx_t *c, const char *id)
     return ms;
 }
 
+/* Where the newest suspend of a sandbox went, from the log (every stamp on this host's clock)
+ * and the wall clock of the HTTP call around it (t0_us, t1_us): the request to the worker's
+ * SandboxSuspending (gateway, bus, the worker taking it), SandboxSuspending to SandboxSuspended
+ * (the worker's checkpoint, disk and store), SandboxSuspended published to stored (the event
+ * log), stored to the answer (the gateway seeing it). */
+static void suspend_phases(bench_ctx_t *c, const char *id, int64_t t0_us, int64_t t1_us,
+                           double out[4])
+{
+    const char *p[1] = {id};
+    PGresult *r = PQexecParams(
+        c->db,
+        "SELECT (extract(epoch FROM g.occurred_at) * 1000000)::int8, "
+        "(extract(epoch FROM d.occurred_at) * 1000000)::int8, "
+        "(extract(epoch FROM d.stored_at) * 1000000)::int8 FROM "
+        "(SELECT occurred_at FROM events WHERE aggregate_kind = 'sandbox' AND aggregate_id = $1 "
+        "AND type = 'SandboxSuspending' AND status = 'accepted' ORDER BY stream_seq DESC "
+        "LIMIT 1) g, (SELECT occurred_at, stored_at FROM events WHERE aggregate_kind = "
+        "'sandbox' AND aggregate_id = $1 AND type = 'SandboxSuspended' AND status = 'accepted' "
+        "ORDER BY stream_seq DESC LIMIT 1) d",
+        1, NULL, p, NULL, NULL, 0);
+    if (sp_db_check(r, PGRES_TUPLES_OK) < 0 || PQntuples(r) != 1) {
+        fprintf(stderr, "space-bench: no SandboxSuspending and SandboxSuspended of %s\n", id);
+        exit(1);
+    }
+    int64_t suspending = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    int64_t suspended = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
+    int64_t stored = strtoll(PQgetvalue(r, 0, 2), NULL, 10);
+    PQclear(r);
+    out[0] = (double)(suspending - t0_us) / 1000;
+    out[1] = (double)(suspended - suspending) / 1000;
+    out[2] = (double)(stored - suspended) / 1000;
+    out[3] = (double)(t1_us - stored) / 1000;
+}
+
 /* A new sandbox (a warm pool's, when ready: the refill of the one before may still run), then
  * its DELETE, timed: answered once the log has it deleted. */
 static double create_delete(bench_ctx_t *c)
@@ -212,7 +246,7 @@ static double timed(char *const argv[], const char *what)
 int bench_lifecycle(bench_ctx_t *c)
 {
     size_t n = c->rounds;
-    enum { V_N = 16 };
+    enum { V_N = 20 };
     double *v[V_N];
     const char *store = getenv("SPACE_SNAPSHOT_STORE");
     bool remote = store && strcmp(store, "nats") == 0;
@@ -258,7 +292,12 @@ int bench_lifecycle(bench_ctx_t *c)
     for (size_t i = 0; i < n; i++) {
         v[0][i] = api_op(c, id, "pause", "paused");
         v[1][i] = api_op(c, id, "resume", "running");
+        int64_t t0_us = sp_now_us();
         v[2][i] = api_op(c, id, "suspend", "suspended");
+        double ph[4];
+        suspend_phases(c, id, t0_us, sp_now_us(), ph);
+        for (int k = 0; k < 4; k++)
+            v[16 + k][i] = ph[k];
         snapshot_sizes(c, id, &v[8][i], &v[9][i]);
         v[3][i] = api_op(c, id, "resume", "running");
         v[12][i] = placed_to_resuming(c, id);
@@ -349,6 +388,10 @@ int bench_lifecycle(bench_ctx_t *c)
     bench_row("pause (HTTP, until paused in the log)", v[0], n);
     bench_row("resume from paused (HTTP)", v[1], n);
     bench_row("suspend (HTTP: checkpoint + disk delta + store)", v[2], n);
+    bench_row("  of which the request to SandboxSuspending", v[16], n);
+    bench_row("  of which SandboxSuspending to Suspended (worker)", v[17], n);
+    bench_row("  of which SandboxSuspended to stored (log)", v[18], n);
+    bench_row("  of which stored to the answer (gateway)", v[19], n);
     bench_row(remote ? "resume from suspended, cached (HTTP)"
                      : "resume from suspended, same host (HTTP)",
               v[3], n);
