@@ -474,11 +474,21 @@ static void test_cluster_survives_faults(void **state)
         fail_msg("%d commands answered, %lld CommandExited in the log", ok, exited);
 
     /* Nothing transient; the host holds exactly what the log says runs. */
-    assert_int_equal(sp_test_db_wait_scalar(db,
-                                            "SELECT count(*) FROM sandboxes WHERE state IN "
-                                            "('requested', 'placed', 'suspending', 'resuming')",
-                                            0, 60000),
-                     0);
+    if (sp_test_db_wait_scalar(db,
+                               "SELECT count(*) FROM sandboxes WHERE state IN "
+                               "('requested', 'placed', 'suspending', 'resuming')",
+                               0, 60000) != 0) {
+        PGresult *stuck = PQexec(db, "SELECT id, state, coalesce(worker, '') FROM sandboxes "
+                                     "WHERE state IN ('requested', 'placed', 'suspending', "
+                                     "'resuming')");
+        for (int i = 0; PQresultStatus(stuck) == PGRES_TUPLES_OK && i < PQntuples(stuck); i++) {
+            fprintf(stderr, "stuck: %s %s on '%s'\n", PQgetvalue(stuck, i, 0),
+                    PQgetvalue(stuck, i, 1), PQgetvalue(stuck, i, 2));
+            print_history(db, PQgetvalue(stuck, i, 0));
+        }
+        PQclear(stuck);
+        fail_msg("sandboxes stayed in transient states after the faults");
+    }
     PGresult *r = PQexec(db, "SELECT id, state, coalesce(worker, '') FROM sandboxes");
     assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
     for (int i = 0; i < PQntuples(r); i++) {
