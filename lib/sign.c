@@ -4,6 +4,11 @@
  * at load. An EVP_MD_CTX per call keeps sp_keyring_verify thread-safe (OpenSSL allows one
  * EVP_PKEY to be used by many threads at once for verification).
  *
+ * The Ed25519 arithmetic itself is libsodium's: OpenSSL 3.0 parses and stores the keys (PEM),
+ * libsodium signs and verifies, 1.5-2x faster on these hosts (docs/trust.md, "The cost").
+ * Signatures are the same bytes (Ed25519 is deterministic); libsodium's verification is the
+ * stricter one (it also refuses small-order keys and R, and a non-canonical S or key).
+ *
  * Batches: Ed25519 verification costs ~180 us on the 2-core VM this was measured on, SHA-256
  * of an envelope ~1 us; one signature per batch of envelopes, each member proving its way to
  * the root with log2(n) hashes, makes the event log's cost per event mostly hashing.
@@ -16,6 +21,7 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <pthread.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,19 +39,35 @@
 
 struct sp_sign_key {
     EVP_PKEY *pkey;
+    /* libsodium's form of the same key: the seed, then the public key. Cleared at free. */
+    uint8_t sk[crypto_sign_SECRETKEYBYTES];
 };
+
+static pthread_once_t sodium_once = PTHREAD_ONCE_INIT;
+
+static void sodium_start(void)
+{
+    /* Only fails where the library cannot work at all (no entropy source for its own random
+     * numbers, which signing and verifying do not use). */
+    if (sodium_init() < 0)
+        abort();
+}
+
+static void sodium_ready(void)
+{
+    pthread_once(&sodium_once, sodium_start);
+}
 
 /* A retired key (`space identity rotate`): valid for messages published before until_ns. */
 typedef struct {
-    EVP_PKEY *pkey;
     uint8_t pub[SP_PUBKEY_LEN];
     int64_t until_ns;
 } kr_retired_t;
 
 typedef struct {
     char name[SP_IDENTITY_MAX + 1];
-    EVP_PKEY *pkey;             /* the current key; NULL when the identity has retired ones only */
-    uint8_t pub[SP_PUBKEY_LEN]; /* raw, for the signature cache's key */
+    bool has_key;               /* a current key; false when the identity has retired ones only */
+    uint8_t pub[SP_PUBKEY_LEN]; /* the current key, raw */
     kr_retired_t *retired;
     size_t n_retired;
     char **tenants;
@@ -121,10 +143,20 @@ out:
     return rc;
 }
 
+/* Takes pkey; NULL (pkey freed) when it has no Ed25519 private key to give. */
 static sp_sign_key_t *key_wrap(EVP_PKEY *pkey)
 {
+    uint8_t seed[crypto_sign_SEEDBYTES], pub[crypto_sign_PUBLICKEYBYTES];
+    size_t n = sizeof(seed);
+    if (EVP_PKEY_get_raw_private_key(pkey, seed, &n) != 1 || n != sizeof(seed)) {
+        EVP_PKEY_free(pkey);
+        return NULL;
+    }
+    sodium_ready();
     sp_sign_key_t *k = sp_xcalloc(1, sizeof(*k));
     k->pkey = pkey;
+    crypto_sign_seed_keypair(pub, k->sk, seed);
+    sodium_memzero(seed, sizeof(seed));
     return k;
 }
 
@@ -158,7 +190,7 @@ int sp_sign_key_load(const char *priv_path, sp_sign_key_t **ret_key)
         return SP_ECONFIG;
     }
     *ret_key = key_wrap(pkey);
-    return 0;
+    return *ret_key ? 0 : SP_ECONFIG;
 }
 
 int sp_sign_key_from_raw(const uint8_t priv[32], sp_sign_key_t **ret_key)
@@ -167,7 +199,7 @@ int sp_sign_key_from_raw(const uint8_t priv[32], sp_sign_key_t **ret_key)
     if (!pkey)
         return SP_ECONFIG;
     *ret_key = key_wrap(pkey);
-    return 0;
+    return *ret_key ? 0 : SP_ECONFIG;
 }
 
 void sp_sign_key_free(sp_sign_key_t *key)
@@ -175,6 +207,7 @@ void sp_sign_key_free(sp_sign_key_t *key)
     if (!key)
         return;
     EVP_PKEY_free(key->pkey);
+    sodium_memzero(key->sk, sizeof(key->sk));
     free(key);
 }
 
@@ -188,45 +221,28 @@ int sp_sign_key_public(const sp_sign_key_t *key, uint8_t out[SP_PUBKEY_LEN])
 
 int sp_sign(const sp_sign_key_t *key, const void *data, size_t len, uint8_t sig[SP_SIG_LEN])
 {
-    EVP_MD_CTX *ctx;
-    size_t n = SP_SIG_LEN;
-    int ok;
-
     if (!key || (!data && len))
         return -EINVAL;
-    ctx = EVP_MD_CTX_new();
-    if (!ctx)
-        return -ENOMEM;
-    ok = EVP_DigestSignInit(ctx, NULL, NULL, NULL, key->pkey) == 1 &&
-         EVP_DigestSign(ctx, sig, &n, data, len) == 1 && n == SP_SIG_LEN;
-    EVP_MD_CTX_free(ctx);
-    return ok ? 0 : SP_ECONFIG;
+    return crypto_sign_detached(sig, NULL, data ? data : (const void *)"", len, key->sk) == 0
+               ? 0
+               : SP_ECONFIG;
 }
 
-static int verify_pkey(EVP_PKEY *pkey, const void *data, size_t len, const uint8_t sig[SP_SIG_LEN])
+static int verify_pub(const uint8_t pub[SP_PUBKEY_LEN], const void *data, size_t len,
+                      const uint8_t sig[SP_SIG_LEN])
 {
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    int ok;
-
-    if (!ctx)
-        return -ENOMEM;
-    ok = EVP_DigestVerifyInit(ctx, NULL, NULL, NULL, pkey) == 1 &&
-         EVP_DigestVerify(ctx, sig, SP_SIG_LEN, data, len) == 1;
-    EVP_MD_CTX_free(ctx);
-    return ok ? 0 : SP_ESIGNATURE;
+    if (!data && len)
+        return -EINVAL;
+    sodium_ready();
+    return crypto_sign_verify_detached(sig, data ? data : (const void *)"", len, pub) == 0
+               ? 0
+               : SP_ESIGNATURE;
 }
 
 int sp_verify_raw(const uint8_t pub[SP_PUBKEY_LEN], const void *data, size_t len,
                   const uint8_t sig[SP_SIG_LEN])
 {
-    EVP_PKEY *pkey = EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, NULL, pub, SP_PUBKEY_LEN);
-    int rc;
-
-    if (!pkey)
-        return SP_ESIGNATURE;
-    rc = verify_pkey(pkey, data, len, sig);
-    EVP_PKEY_free(pkey);
-    return rc;
+    return verify_pub(pub, data, len, sig);
 }
 
 /* ---- keyring ---- */
@@ -256,9 +272,6 @@ static kr_entry_t *find(const sp_keyring_t *kr, const char *identity)
 
 static void entry_dispose(kr_entry_t *e)
 {
-    EVP_PKEY_free(e->pkey);
-    for (size_t i = 0; i < e->n_retired; i++)
-        EVP_PKEY_free(e->retired[i].pkey);
     free(e->retired);
     for (size_t i = 0; i < e->n_tenants; i++)
         free(e->tenants[i]);
@@ -283,31 +296,21 @@ static kr_entry_t *entry_get(sp_keyring_t *kr, const char *identity)
     return find(kr, identity);
 }
 
-/* Takes pkey: identity's current key (retired: until_ns > 0, one of its retired keys). */
-static int add_pkey_until(sp_keyring_t *kr, const char *identity, EVP_PKEY *pkey, int64_t until_ns)
+/* identity's current key (retired: until_ns > 0, one of its retired keys). */
+static int add_pub_until(sp_keyring_t *kr, const char *identity, const uint8_t pub[SP_PUBKEY_LEN],
+                         int64_t until_ns)
 {
-    uint8_t pub[SP_PUBKEY_LEN];
-    size_t publen = SP_PUBKEY_LEN;
     kr_entry_t *e;
 
-    if (EVP_PKEY_get_raw_public_key(pkey, pub, &publen) != 1 || publen != SP_PUBKEY_LEN) {
-        EVP_PKEY_free(pkey);
-        return SP_ECONFIG;
-    }
-    if (!(e = entry_get(kr, identity))) {
-        EVP_PKEY_free(pkey);
+    if (!pub || !(e = entry_get(kr, identity)))
         return -EINVAL;
-    }
     if (until_ns <= 0) {
-        EVP_PKEY_free(e->pkey);
-        e->pkey = pkey;
+        e->has_key = true;
         memcpy(e->pub, pub, SP_PUBKEY_LEN);
         return 0;
     }
-    if (e->n_retired == SP_KEYRING_RETIRED_MAX) {
-        EVP_PKEY_free(pkey);
+    if (e->n_retired == SP_KEYRING_RETIRED_MAX)
         return SP_ETOOBIG;
-    }
     /* Kept in the order of their until (retired_valid). */
     e->retired = sp_xreallocarray(e->retired, e->n_retired + 1, sizeof(*e->retired));
     size_t at = e->n_retired++;
@@ -316,15 +319,9 @@ static int add_pkey_until(sp_keyring_t *kr, const char *identity, EVP_PKEY *pkey
         at--;
     }
     kr_retired_t *r = &e->retired[at];
-    r->pkey = pkey;
     memcpy(r->pub, pub, SP_PUBKEY_LEN);
     r->until_ns = until_ns;
     return 0;
-}
-
-static int add_pkey(sp_keyring_t *kr, const char *identity, EVP_PKEY *pkey)
-{
-    return add_pkey_until(kr, identity, pkey, 0);
 }
 
 int sp_keyring_add_retired(sp_keyring_t *kr, const char *identity, const uint8_t pub[SP_PUBKEY_LEN],
@@ -332,10 +329,7 @@ int sp_keyring_add_retired(sp_keyring_t *kr, const char *identity, const uint8_t
 {
     if (until_ns <= 0)
         return -EINVAL;
-    EVP_PKEY *pkey = EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, NULL, pub, SP_PUBKEY_LEN);
-    if (!pkey)
-        return SP_ECONFIG;
-    return add_pkey_until(kr, identity, pkey, until_ns);
+    return add_pub_until(kr, identity, pub, until_ns);
 }
 
 static int64_t now_ns(void)
@@ -347,10 +341,7 @@ static int64_t now_ns(void)
 
 int sp_keyring_add(sp_keyring_t *kr, const char *identity, const uint8_t pub[SP_PUBKEY_LEN])
 {
-    EVP_PKEY *pkey = EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, NULL, pub, SP_PUBKEY_LEN);
-    if (!pkey)
-        return SP_ECONFIG;
-    return add_pkey(kr, identity, pkey);
+    return add_pub_until(kr, identity, pub, 0);
 }
 
 int sp_keyring_add_tenant(sp_keyring_t *kr, const char *identity, const char *tenant)
@@ -403,13 +394,13 @@ int sp_keyring_verify_at(const sp_keyring_t *kr, const char *identity, const voi
 
     if (!e)
         return SP_ESIGNER;
-    if (e->pkey && (rc = verify_pkey(e->pkey, data, len, sig)) != SP_ESIGNATURE)
+    if (e->has_key && (rc = verify_pub(e->pub, data, len, sig)) != SP_ESIGNATURE)
         return rc;
     if (!at_ns)
         at_ns = now_ns();
     for (size_t i = 0; i < e->n_retired; i++)
         if (e->retired[i].until_ns > at_ns &&
-            (rc = verify_pkey(e->retired[i].pkey, data, len, sig)) != SP_ESIGNATURE)
+            (rc = verify_pub(e->retired[i].pub, data, len, sig)) != SP_ESIGNATURE)
             return rc;
     return SP_ESIGNATURE;
 }
@@ -526,7 +517,13 @@ int sp_keyring_load(const char *dir, sp_keyring_t **ret_kr)
             rc = SP_ECONFIG;
             break;
         }
-        if ((rc = add_pkey_until(kr, name, pkey, until_ns)) < 0)
+        uint8_t pub[SP_PUBKEY_LEN];
+        size_t publen = SP_PUBKEY_LEN;
+        rc = EVP_PKEY_get_raw_public_key(pkey, pub, &publen) == 1 && publen == SP_PUBKEY_LEN
+                 ? add_pub_until(kr, name, pub, until_ns)
+                 : SP_ECONFIG;
+        EVP_PKEY_free(pkey);
+        if (rc < 0)
             break;
         if (!until_ns && id.kind == SP_KIND_PLATFORM && (rc = load_tenants(kr, dir, name)) < 0)
             break;
@@ -1220,7 +1217,7 @@ out:
 
 /* One key's Ed25519 verification of msg through the cache: a hit, or a verification that
  * settles its claim on every path (other threads may be waiting for it). */
-static int verify_cached(sp_sigcache_t *cache, EVP_PKEY *pkey, const uint8_t pub[SP_PUBKEY_LEN],
+static int verify_cached(sp_sigcache_t *cache, const uint8_t pub[SP_PUBKEY_LEN],
                          const uint8_t msg[SP_SIG_MSG_LEN], const uint8_t sig[SP_SIG_LEN])
 {
     uint8_t ckey[SP_SHA256_LEN];
@@ -1232,7 +1229,7 @@ static int verify_cached(sp_sigcache_t *cache, EVP_PKEY *pkey, const uint8_t pub
         if ((cr = cache_lookup(cache, ckey)) == CACHE_HIT)
             return 0;
     }
-    rc = verify_pkey(pkey, msg, SP_SIG_MSG_LEN, sig);
+    rc = verify_pub(pub, msg, SP_SIG_MSG_LEN, sig);
     if (cache)
         cache_settle(cache, ckey, cr, rc == 0);
     return rc;
@@ -1271,10 +1268,10 @@ static int verify_message(const kr_entry_t *e, sp_sigcache_t *cache,
             return 0;
     }
     rc = SP_ESIGNATURE;
-    if (e->pkey && (rc = verify_cached(cache, e->pkey, e->pub, msg, sig)) == 0)
+    if (e->has_key && (rc = verify_cached(cache, e->pub, msg, sig)) == 0)
         return 1;
     for (size_t i = 0; rc == SP_ESIGNATURE && i < n_old; i++)
-        rc = verify_cached(cache, old[i]->pkey, old[i]->pub, msg, sig);
+        rc = verify_cached(cache, old[i]->pub, msg, sig);
     if (rc < 0)
         return rc == -ENOMEM ? rc : SP_ESIGNATURE;
     return 0;
@@ -1319,7 +1316,7 @@ int sp_envelope_verify(const sp_keyring_t *kr, sp_sigcache_t *cache, const sp_en
                      .plen = env->sig_proof.len,
                      .count = count};
     rc = proof_walk(leaf, env->sig_index, count, env->sig_proof.data, env->sig_proof.len, root,
-                    cache && count > 1 && e->pkey ? memo_step : NULL, &w);
+                    cache && count > 1 && e->has_key ? memo_step : NULL, &w);
     if (rc < 0)
         return SP_ESIGNATURE;
     if (rc == 1) {

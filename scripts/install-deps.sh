@@ -11,7 +11,7 @@ PKGS=(
   libpq-dev postgresql postgresql-contrib
   libuv1-dev libh2o-dev zlib1g-dev
   libnftnl-dev libmnl-dev nftables
-  libssl-dev openssl
+  libssl-dev openssl libsodium-dev
   libbtrfsutil-dev btrfs-progs zstd libzstd-dev
   runsc busybox-static debootstrap
   iproute2 procps psmisc curl util-linux python3 chromium

@@ -15,6 +15,7 @@
 
 #include "envelope.h"
 #include "error.h"
+#include "hash.h"
 #include "sign.h"
 #include "xmalloc.h"
 
@@ -121,6 +122,73 @@ static void test_sign_verify_raw(void **state)
     sig[10] ^= 1;
     assert_int_equal(sp_verify_raw(pub, msg, sizeof(msg) - 1, sig), SP_ESIGNATURE);
     sp_sign_key_free(k);
+}
+
+/* RFC 8032, 7.1, TEST 1 and TEST 2: the signatures are the standard's bytes (Ed25519 is
+ * deterministic), whichever library does the arithmetic; and a key that OpenSSL wrote as PEM
+ * signs what the openssl tool verifies. */
+static void test_rfc8032_vectors(void **state)
+{
+    static const struct {
+        const char *seed, *pub, *msg, *sig;
+    } v[] = {
+        {"9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60",
+         "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a", "",
+         "e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e065224901555fb8821590a33bac"
+         "c61e39701cf9b46bd25bf5f0595bbe24655141438e7a100b"},
+        {"4ccd089b28ff96da9db6c346ec114e0f5b8a319f35aba624da8cf6ed4fb8a6fb",
+         "3d4017c3e843895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c", "72",
+         "92a009a9f0d4cab8720e820b5f642540a2b27b5416503f8fb3762223ebdb69da085ac1e43e15996e"
+         "458f3613d0f11d8c387b2eaeb4302aeeb00d291612bb0c00"},
+    };
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+        uint8_t seed[32], pub[SP_PUBKEY_LEN], want_pub[SP_PUBKEY_LEN], msg[1];
+        uint8_t sig[SP_SIG_LEN], want_sig[SP_SIG_LEN];
+        size_t mlen = strlen(v[i].msg) / 2;
+        sp_sign_key_t *k = NULL;
+        assert_int_equal(sp_hex_decode(v[i].seed, seed, sizeof(seed)), 0);
+        assert_int_equal(sp_hex_decode(v[i].pub, want_pub, sizeof(want_pub)), 0);
+        assert_int_equal(sp_hex_decode(v[i].sig, want_sig, sizeof(want_sig)), 0);
+        if (mlen)
+            assert_int_equal(sp_hex_decode(v[i].msg, msg, mlen), 0);
+        assert_int_equal(sp_sign_key_from_raw(seed, &k), 0);
+        assert_int_equal(sp_sign_key_public(k, pub), 0);
+        assert_memory_equal(pub, want_pub, SP_PUBKEY_LEN);
+        assert_int_equal(sp_sign(k, mlen ? msg : NULL, mlen, sig), 0);
+        assert_memory_equal(sig, want_sig, SP_SIG_LEN);
+        assert_int_equal(sp_verify_raw(want_pub, mlen ? msg : NULL, mlen, want_sig), 0);
+        want_sig[63] ^= 0x10;
+        assert_int_equal(sp_verify_raw(want_pub, mlen ? msg : NULL, mlen, want_sig),
+                         SP_ESIGNATURE);
+        sp_sign_key_free(k);
+    }
+
+    char *priv = path("tool.key"), *pubf = path("tool.pub"), *data = path("tool.data");
+    char *sigf = path("tool.sig");
+    assert_int_equal(sp_sign_keygen(priv, pubf), 0);
+    sp_sign_key_t *k = NULL;
+    assert_int_equal(sp_sign_key_load(priv, &k), 0);
+    const char text[] = "signed here, verified by the openssl tool";
+    uint8_t sig[SP_SIG_LEN];
+    assert_int_equal(sp_sign(k, text, sizeof(text) - 1, sig), 0);
+    FILE *f = fopen(data, "w");
+    assert_non_null(f);
+    assert_int_equal(fwrite(text, 1, sizeof(text) - 1, f), sizeof(text) - 1);
+    fclose(f);
+    f = fopen(sigf, "w");
+    assert_non_null(f);
+    assert_int_equal(fwrite(sig, 1, sizeof(sig), f), sizeof(sig));
+    fclose(f);
+    char *cmd = sp_xasprintf("openssl pkeyutl -verify -pubin -inkey '%s' -rawin -in '%s' "
+                             "-sigfile '%s' >/dev/null 2>&1",
+                             pubf, data, sigf);
+    assert_int_equal(system(cmd), 0);
+    free(cmd);
+    sp_sign_key_free(k);
+    free(priv);
+    free(pubf);
+    free(data);
+    free(sigf);
 }
 
 static void test_keyring_dir(void **state)
@@ -579,6 +647,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_keygen_files),
         cmocka_unit_test(test_sign_verify_raw),
+        cmocka_unit_test(test_rfc8032_vectors),
         cmocka_unit_test(test_keyring_dir),
         cmocka_unit_test(test_keyring_stale),
         cmocka_unit_test(test_envelope_signed),
