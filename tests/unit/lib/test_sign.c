@@ -158,8 +158,7 @@ static void test_rfc8032_vectors(void **state)
         assert_memory_equal(sig, want_sig, SP_SIG_LEN);
         assert_int_equal(sp_verify_raw(want_pub, mlen ? msg : NULL, mlen, want_sig), 0);
         want_sig[63] ^= 0x10;
-        assert_int_equal(sp_verify_raw(want_pub, mlen ? msg : NULL, mlen, want_sig),
-                         SP_ESIGNATURE);
+        assert_int_equal(sp_verify_raw(want_pub, mlen ? msg : NULL, mlen, want_sig), SP_ESIGNATURE);
         sp_sign_key_free(k);
     }
 
