@@ -23,6 +23,7 @@
 #include "buf.h"
 #include "bus_int.h"
 #include "error.h"
+#include "fdio.h"
 #include "json.h"
 #include "xmalloc.h"
 
@@ -266,22 +267,6 @@ static int publish_info(sp_bus_t *bus, const char *bucket, const char *name,
     return rc;
 }
 
-static ssize_t read_full(int fd, uint8_t *buf, size_t len)
-{
-    size_t got = 0;
-    while (got < len) {
-        ssize_t n = read(fd, buf + got, len - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return -errno;
-        if (n == 0)
-            break;
-        got += (size_t)n;
-    }
-    return (ssize_t)got;
-}
-
 int sp_obj_put(sp_bus_t *bus, const char *bucket, const char *name, int fd, sp_obj_info_t *ret_info)
 {
     sp_obj_info_t old, info = {0};
@@ -296,7 +281,7 @@ int sp_obj_put(sp_bus_t *bus, const char *bucket, const char *name, int fd, sp_o
     sp_sha256_ctx_t *sha = sp_sha256_new();
     rc = 0;
     for (;;) {
-        ssize_t n = read_full(fd, buf, SP_OBJ_CHUNK_BYTES);
+        ssize_t n = sp_read_full(fd, buf, SP_OBJ_CHUNK_BYTES);
         if (n < 0) {
             rc = (int)n;
             break;

@@ -49,6 +49,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "fdio.h"
 #include "log.h"
 #include "publish.h"
 #include "worker.h"
@@ -114,21 +115,6 @@ static void free_list(fact_t *f)
 
 /* ---- the journal ---- */
 
-static int write_all(int fd, const void *buf, size_t len)
-{
-    const uint8_t *p = buf;
-    while (len) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -errno;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
 static void put_u32(uint8_t *p, uint32_t v)
 {
     p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8),
@@ -155,7 +141,7 @@ static int journal_append(int fd, const fact_t *f, uint64_t *ret_bytes)
     memcpy(p, f->msg_id, lm);
     p += lm;
     memcpy(p, f->data, f->len);
-    int rc = write_all(fd, rec, 4 + rest);
+    int rc = sp_write_all(fd, rec, 4 + rest);
     free(rec);
     if (rc == 0)
         *ret_bytes += 4 + rest;

@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fdio.h"
 #include "worker_runtime_int.h"
 #include "xmalloc.h"
 
@@ -86,20 +87,6 @@ static int read_small(int fd, char **ret_text, size_t *ret_len)
     return 1;
 }
 
-static int write_all(int fd, const char *p, size_t len)
-{
-    while (len > 0) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return -errno;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
 /* Writes head + keep as etc/resolv.conf: a new file beside it, then renamed over whatever is
  * there (a link is replaced, never followed). */
 static int replace(int etc, const char *head, const char *keep, size_t keep_len)
@@ -109,9 +96,9 @@ static int replace(int etc, const char *head, const char *keep, size_t keep_len)
         fd = openat(etc, RESOLV_TMP, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0)
         return -errno;
-    int rc = write_all(fd, head, strlen(head));
+    int rc = sp_write_all(fd, head, strlen(head));
     if (rc == 0)
-        rc = write_all(fd, keep, keep_len);
+        rc = sp_write_all(fd, keep, keep_len);
     if (rc == 0 && fchmod(fd, 0644) < 0) /* whatever the worker's umask */
         rc = -errno;
     if (close(fd) < 0 && rc == 0)

@@ -22,6 +22,7 @@
 
 #include <btrfsutil.h>
 
+#include "fdio.h"
 #include "worker_runtime_int.h"
 #include "xmalloc.h"
 
@@ -104,37 +105,6 @@ static void ctx_put(stream_ctx_t *s)
 
 /* ---- fds ---- */
 
-static int write_all(int fd, const uint8_t *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return -errno;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-/* Up to cap bytes; fewer only at the end of the input. */
-static ssize_t read_full(int fd, uint8_t *p, size_t cap)
-{
-    size_t got = 0;
-    while (got < cap) {
-        ssize_t r = read(fd, p + got, cap - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            return -errno;
-        if (r == 0)
-            break;
-        got += (size_t)r;
-    }
-    return (ssize_t)got;
-}
-
 static int open_out(const char *path, char err[WK_ERR_MAX])
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -156,7 +126,7 @@ static int compress_fd(int in_fd, int out_fd, int level, const char *what, char 
     if (ZSTD_isError(e))
         rc = wk__fail(err, -EINVAL, "zstd %s: %s", what, ZSTD_getErrorName(e));
     for (bool last = false; rc == 0 && !last;) {
-        ssize_t n = read_full(in_fd, s->in, s->in_cap);
+        ssize_t n = sp_read_full(in_fd, s->in, s->in_cap);
         if (n < 0) {
             rc = wk__fail(err, (int)n, "read %s: %s", what, strerror((int)-n));
             break;
@@ -171,7 +141,7 @@ static int compress_fd(int in_fd, int out_fd, int level, const char *what, char 
                 rc = wk__fail(err, -EIO, "zstd %s: %s", what, ZSTD_getErrorName(left));
                 break;
             }
-            int w = write_all(out_fd, s->out, out.pos);
+            int w = sp_write_all(out_fd, s->out, out.pos);
             if (w < 0)
                 rc = wk__fail(err, w, "write %s compressed: %s", what, strerror(-w));
             done = last ? left == 0 : in.pos == in.size;
@@ -189,7 +159,7 @@ static int decompress_fd(int in_fd, int out_fd, const char *what, char err[WK_ER
     size_t left = 0; /* nonzero: a frame not finished */
     bool any = false;
     for (;;) {
-        ssize_t n = read_full(in_fd, s->in, s->in_cap);
+        ssize_t n = sp_read_full(in_fd, s->in, s->in_cap);
         if (n < 0) {
             rc = wk__fail(err, (int)n, "read %s: %s", what, strerror((int)-n));
             break;
@@ -205,7 +175,7 @@ static int decompress_fd(int in_fd, int out_fd, const char *what, char err[WK_ER
                 rc = wk__fail(err, -EBADMSG, "zstd -d %s: %s", what, ZSTD_getErrorName(left));
                 break;
             }
-            int w = write_all(out_fd, s->out, out.pos);
+            int w = sp_write_all(out_fd, s->out, out.pos);
             if (w < 0)
                 rc = wk__fail(err, w, "write %s: %s", what, strerror(-w));
         }
@@ -223,7 +193,7 @@ static int decompress_fd(int in_fd, int out_fd, const char *what, char err[WK_ER
         }
         if (out.pos == 0)
             break; /* no progress without input: truncated */
-        int w = write_all(out_fd, s->out, out.pos);
+        int w = sp_write_all(out_fd, s->out, out.pos);
         if (w < 0)
             rc = wk__fail(err, w, "write %s: %s", what, strerror(-w));
     }

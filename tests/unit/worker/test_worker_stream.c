@@ -17,17 +17,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
-/* worker_runtime.c's, which the unit does not link. */
-int wk__fail(char *err, int rc, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, WK_ERR_MAX, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
+#include "wk_fail_stub.h"
 
 static char dir[] = "/tmp/test_worker_stream.XXXXXX";
 
@@ -54,7 +44,7 @@ static void write_bytes(const char *p, const uint8_t *b, size_t n)
 {
     int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     assert_true(fd >= 0);
-    assert_int_equal(write_all(fd, b, n), 0);
+    assert_int_equal(sp_write_all(fd, b, n), 0);
     close(fd);
 }
 
@@ -65,7 +55,7 @@ static uint8_t *read_bytes(const char *p, size_t *n)
     uint8_t *b = sp_xmalloc((size_t)st.st_size + 1);
     int fd = open(p, O_RDONLY);
     assert_true(fd >= 0);
-    assert_int_equal(read_full(fd, b, (size_t)st.st_size), st.st_size);
+    assert_int_equal(sp_read_full(fd, b, (size_t)st.st_size), st.st_size);
     close(fd);
     *n = (size_t)st.st_size;
     return b;
