@@ -318,21 +318,6 @@ int sp_obj_put(sp_bus_t *bus, const char *bucket, const char *name, int fd, sp_o
     return rc;
 }
 
-static int write_full(int fd, const void *data, size_t len)
-{
-    const uint8_t *p = data;
-    while (len > 0) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return -errno;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
 int sp_obj_get(sp_bus_t *bus, const char *bucket, const char *name, uint64_t max_size, int fd,
                sp_obj_info_t *ret_info)
 {
@@ -368,7 +353,7 @@ int sp_obj_get(sp_bus_t *bus, const char *bucket, const char *name, uint64_t max
                 seq = (uint64_t)at + 1;
                 got += (uint64_t)len;
                 sp_sha256_update(sha, natsMsg_GetData(m), (size_t)len);
-                rc = write_full(fd, natsMsg_GetData(m), (size_t)len);
+                rc = sp_write_all(fd, natsMsg_GetData(m), (size_t)len);
             }
         }
         natsMsg_Destroy(m);
