@@ -131,6 +131,7 @@ static int rotate_live(cs_t *cs, const char *key_path, const char *next_path, un
 
 int main(int argc, char **argv)
 {
+    sp_daemon_no_core(); /* before any secret is read */
     cs_config_t cfg = {0};
     cs_t cs = {.cfg = &cfg};
     sp_cred_key_t previous;

@@ -249,6 +249,7 @@ static void close_any(uv_handle_t *h, void *arg)
 
 int main(int argc, char **argv)
 {
+    sp_daemon_no_core(); /* before any secret is read */
     eg_config_t cfg = {0};
     eg_t eg = {.cfg = &cfg};
     events_t et = {.eg = &eg};

@@ -560,6 +560,7 @@ static int consume(const el_config_t *cfg, sp_bus_t *bus, el_store_t *st, el_poo
 
 int main(int argc, char **argv)
 {
+    sp_daemon_no_core(); /* before any secret is read */
     el_config_t cfg = {0};
     char *err = NULL;
     int argi = 0;

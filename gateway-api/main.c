@@ -35,6 +35,7 @@
 
 #include "busid.h"
 #include "config.h"
+#include "daemon.h"
 #include "error.h"
 #include "gateway.h"
 #include "ids.h"
@@ -285,6 +286,7 @@ static int bound_port(void)
 
 int main(int argc, char **argv)
 {
+    sp_daemon_no_core(); /* before any secret is read */
     gw_config_t cfg = {0};
     uv_loop_t loop;
     bool loop_ready = false;

@@ -6,12 +6,34 @@
 #include <poll.h>
 #include <stdint.h>
 #include <pthread.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "ids.h"
 
 atomic_int sp_daemon_stopping;
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define UNDER_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define UNDER_SANITIZER 1
+#endif
+#endif
+
+void sp_daemon_no_core(void)
+{
+    struct rlimit r;
+    if (getrlimit(RLIMIT_CORE, &r) == 0) {
+        r.rlim_cur = 0;
+        (void)setrlimit(RLIMIT_CORE, &r);
+    }
+#ifndef UNDER_SANITIZER
+    (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+#endif
+}
 
 /* Written once by a stop and never read: its read end stays readable from then on, so every
  * sleeper's poll returns, however many there are and whenever they start. */

@@ -131,6 +131,7 @@ static int run(sched_t *s)
 
 int main(int argc, char **argv)
 {
+    sp_daemon_no_core(); /* before any secret is read */
     sched_config_t cfg = {0};
     sched_t s = {.cfg = &cfg};
     char *err = NULL;

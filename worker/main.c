@@ -377,6 +377,7 @@ static char *default_ca(void)
 
 int main(int argc, char **argv)
 {
+    sp_daemon_no_core(); /* before any secret is read */
     wk_config_t cfg = {0};
     wk_t w = {.cfg = &cfg};
     char *err = NULL, *volume_dir = NULL, *agent_path = NULL, *ca_path = NULL;

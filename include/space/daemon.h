@@ -19,5 +19,12 @@ void sp_daemon_stop(void);
 /* Sleeps ms milliseconds, returning early when a stop is asked for (sp_daemon_stop, or a
  * signal once sp_daemon_signals has run). */
 void sp_daemon_sleep_ms(int ms);
+/* Keeps the daemon's memory (keys, credential values, data keys) out of core dumps: the soft
+ * core size limit goes to 0 (the hard one stays, so a child such as a sandbox may raise its
+ * own again), and the process is made non-dumpable, which also holds where the host pipes
+ * cores to a helper and ignores the limit. Not dumpable is set only in builds without ASan or
+ * TSan: LeakSanitizer stops the process's threads through ptrace. Every daemon's main calls it
+ * before it loads a secret. */
+void sp_daemon_no_core(void);
 
 #endif

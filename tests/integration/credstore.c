@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1469,6 +1470,54 @@ static void test_guest_never_holds_a_value(void **state)
     sp_test_http_free(&r);
 }
 
+/* The soft core size limit of a running daemon, as /proc says it ("0", "unlimited", ...). */
+static void core_limit(const char *daemon, char soft[32])
+{
+    int pid = sp_test_daemon_pid(daemon);
+    if (pid <= 0)
+        fail_msg("%s is not running", daemon);
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/limits", pid);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    soft[0] = '\0';
+    while (!soft[0] && fgets(line, sizeof(line), f))
+        if (sscanf(line, "Max core file size %31s", soft) != 1)
+            soft[0] = '\0';
+    fclose(f);
+    if (!soft[0])
+        fail_msg("no core size limit in %s", path);
+}
+
+/* A crash of a daemon leaves no core file holding its keys, credential values or data keys:
+ * each one's soft core size limit is 0 (sp_daemon_no_core), even when it was started with core
+ * dumps allowed (the credstore, restarted so, below). Outside sanitizer builds the daemons also
+ * make themselves non-dumpable, which /proc does not show for a process running as root. */
+static void test_no_core_dumps(void **state)
+{
+    (void)state;
+    const char *daemons[] = {"space-eventlog",  "space-scheduler", "space-worker",
+                             "space-credstore", "space-egressd",   "space-gateway"};
+    char soft[32];
+    for (size_t i = 0; i < sizeof(daemons) / sizeof(daemons[0]); i++) {
+        core_limit(daemons[i], soft);
+        if (strcmp(soft, "0") != 0)
+            fail_msg("%s may dump core: soft limit %s", daemons[i], soft);
+    }
+    /* Started by a shell that allows cores (most hosts' default is 0 already, which would
+     * prove nothing). */
+    struct rlimit before, all = {RLIM_INFINITY, RLIM_INFINITY};
+    assert_int_equal(getrlimit(RLIMIT_CORE, &before), 0);
+    assert_int_equal(setrlimit(RLIMIT_CORE, &all), 0);
+    sp_test_daemon_stop("space-credstore", SIGTERM);
+    int up = sp_test_space("up >/dev/null");
+    assert_int_equal(setrlimit(RLIMIT_CORE, &before), 0);
+    assert_int_equal(up, 0);
+    core_limit("space-credstore", soft);
+    if (strcmp(soft, "0") != 0)
+        fail_msg("space-credstore started with cores allowed may dump core: soft limit %s", soft);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1489,6 +1538,7 @@ int main(void)
         cmocka_unit_test(test_lookup_other_host),
         cmocka_unit_test(test_credstore_down),
         cmocka_unit_test(test_guest_never_holds_a_value),
+        cmocka_unit_test(test_no_core_dumps),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
