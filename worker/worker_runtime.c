@@ -1419,8 +1419,9 @@ int wk_sandbox_checkpoint(wk_host_t *h, const char *id, const char *tmpl, const 
 int wk_checkpoint_outcome(const char *out_dir, int wait_ms)
 {
     char *rc_path = sp_xasprintf("%s/" CK_RC_FILE, out_dir);
-    /* What a worker that died left running on out_dir (its runsc checkpoint, a btrfs send or
-     * zstd: each names a path inside on its command line) finishes first. */
+    /* What a worker that died left running on out_dir (its runsc checkpoint, which names a
+     * path inside on its command line; the disk's send and compression ran in the worker and
+     * died with it) finishes first. */
     for (int waited = 0; waited < wait_ms && wk__process_mentions(out_dir); waited += 50)
         usleep(50 * 1000);
     int st = wk__checkpoint_status(rc_path);
