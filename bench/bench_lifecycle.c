@@ -148,58 +148,49 @@ static void w1_stop(bench_ctx_t *c)
     free(pidfile);
 }
 
-/* The time from the sandbox's newest placement to its worker's SandboxResuming, from the
- * log (both stamped on this host's clock): a resume's wait before its restore begins. */
-static double placed_to_resuming(bench_ctx_t *c, const char *id)
+/* A stamp (column occurred_at or stored_at, in us since the epoch, on this host's clock) of
+ * the sandbox's newest accepted event of that type in the log; the bench ends without one. */
+static int64_t last_event_us(bench_ctx_t *c, const char *id, const char *type, bool stored)
 {
-    const char *p[1] = {id};
+    const char *p[2] = {id, type};
     PGresult *r = PQexecParams(
         c->db,
-        "SELECT extract(epoch FROM (r.occurred_at - p.occurred_at)) * 1000 FROM (SELECT "
-        "occurred_at FROM events WHERE aggregate_kind = 'sandbox' AND aggregate_id = $1 AND "
-        "type = 'SandboxPlaced' AND status = 'accepted' ORDER BY stream_seq DESC LIMIT 1) p, "
-        "(SELECT occurred_at FROM events WHERE aggregate_kind = 'sandbox' AND aggregate_id = $1 "
-        "AND type = 'SandboxResuming' AND status = 'accepted' ORDER BY stream_seq DESC LIMIT 1) r",
-        1, NULL, p, NULL, NULL, 0);
-    double ms = sp_db_check(r, PGRES_TUPLES_OK) == 0 && PQntuples(r) == 1
-                    ? strtod(PQgetvalue(r, 0, 0), NULL)
-                    : -1;
-    PQclear(r);
-    if (ms < 0) {
-        fprintf(stderr, "space-bench: no placement and resuming of %s in the log\n", id);
+        stored ? "SELECT (extract(epoch FROM stored_at) * 1000000)::int8 FROM events WHERE "
+                 "aggregate_kind = 'sandbox' AND aggregate_id = $1 AND type = $2 AND status = "
+                 "'accepted' ORDER BY stream_seq DESC LIMIT 1"
+               : "SELECT (extract(epoch FROM occurred_at) * 1000000)::int8 FROM events WHERE "
+                 "aggregate_kind = 'sandbox' AND aggregate_id = $1 AND type = $2 AND status = "
+                 "'accepted' ORDER BY stream_seq DESC LIMIT 1",
+        2, NULL, p, NULL, NULL, 0);
+    if (sp_db_check(r, PGRES_TUPLES_OK) < 0 || PQntuples(r) != 1) {
+        fprintf(stderr, "space-bench: no %s of %s in the log\n", type, id);
         exit(1);
     }
-    return ms;
+    int64_t us = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    return us;
 }
 
-/* Where the newest suspend of a sandbox went, from the log (every stamp on this host's clock)
- * and the wall clock of the HTTP call around it (t0_us, t1_us): the request to the worker's
- * SandboxSuspending (gateway, bus, the worker taking it), SandboxSuspending to SandboxSuspended
- * (the worker's checkpoint, disk and store), SandboxSuspended published to stored (the event
- * log), stored to the answer (the gateway seeing it). */
+/* The time from the sandbox's newest placement to its worker's SandboxResuming: a resume's
+ * wait before its restore begins. */
+static double placed_to_resuming(bench_ctx_t *c, const char *id)
+{
+    return (double)(last_event_us(c, id, "SandboxResuming", false) -
+                    last_event_us(c, id, "SandboxPlaced", false)) /
+           1000;
+}
+
+/* Where the newest suspend of a sandbox went, from the log's stamps and the wall clock of the
+ * HTTP call around it (t0_us, t1_us): the request to the worker's SandboxSuspending (gateway,
+ * bus, the worker taking it), SandboxSuspending to SandboxSuspended (the worker's checkpoint,
+ * disk and store), SandboxSuspended published to stored (the event log), stored to the answer
+ * (the gateway seeing it). */
 static void suspend_phases(bench_ctx_t *c, const char *id, int64_t t0_us, int64_t t1_us,
                            double out[4])
 {
-    const char *p[1] = {id};
-    PGresult *r = PQexecParams(
-        c->db,
-        "SELECT (extract(epoch FROM g.occurred_at) * 1000000)::int8, "
-        "(extract(epoch FROM d.occurred_at) * 1000000)::int8, "
-        "(extract(epoch FROM d.stored_at) * 1000000)::int8 FROM "
-        "(SELECT occurred_at FROM events WHERE aggregate_kind = 'sandbox' AND aggregate_id = $1 "
-        "AND type = 'SandboxSuspending' AND status = 'accepted' ORDER BY stream_seq DESC "
-        "LIMIT 1) g, (SELECT occurred_at, stored_at FROM events WHERE aggregate_kind = "
-        "'sandbox' AND aggregate_id = $1 AND type = 'SandboxSuspended' AND status = 'accepted' "
-        "ORDER BY stream_seq DESC LIMIT 1) d",
-        1, NULL, p, NULL, NULL, 0);
-    if (sp_db_check(r, PGRES_TUPLES_OK) < 0 || PQntuples(r) != 1) {
-        fprintf(stderr, "space-bench: no SandboxSuspending and SandboxSuspended of %s\n", id);
-        exit(1);
-    }
-    int64_t suspending = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
-    int64_t suspended = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
-    int64_t stored = strtoll(PQgetvalue(r, 0, 2), NULL, 10);
-    PQclear(r);
+    int64_t suspending = last_event_us(c, id, "SandboxSuspending", false);
+    int64_t suspended = last_event_us(c, id, "SandboxSuspended", false);
+    int64_t stored = last_event_us(c, id, "SandboxSuspended", true);
     out[0] = (double)(suspending - t0_us) / 1000;
     out[1] = (double)(suspended - suspending) / 1000;
     out[2] = (double)(stored - suspended) / 1000;
